@@ -1,0 +1,411 @@
+"""The discrete knowledge model (section 2 of the brief): templates, tasks, task sets.
+
+A *template* is a sequence of words with exactly one subject slot ⋆1 and one object
+slot ⋆2, ⋆1 first. A *task* is a non-empty set of templates and a finite dictionary
+mapping each subject to one object. A *task set* is an ordered tuple of tasks with
+unique names; its vocabulary is the template words followed by the entities, each
+sorted, so token ids do not depend on the order in which tasks or facts were given.
+
+Rules checked here (each raises :class:`~tasks.errors.TaskError`):
+
+* a template has exactly one ⋆1 and one ⋆2, ⋆1 before ⋆2, and non-empty words
+  without whitespace;
+* a task has a name, at least one template, no template twice, at least one fact;
+* a subject has one object (a second, different object is an error; the same fact
+  twice is harmless and kept once);
+* task names are unique;
+* no token is both a template word and an entity. Allowing it would make a prefix's
+  parse ambiguous (is ``Of`` the subject or the word?), so it is rejected with both
+  uses named.
+
+The data-level routability rule (no object query shared by two tasks) needs the
+prefix structure and lives in :mod:`tasks.structure`.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Iterable, Iterator, Mapping, Sequence
+
+import numpy as np
+
+from tasks.errors import TaskError
+
+
+class Slot(enum.Enum):
+    """The two wildcard slots of a template."""
+
+    SUBJECT = "⋆1"
+    OBJECT = "⋆2"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+SUBJECT = Slot.SUBJECT
+OBJECT = Slot.OBJECT
+Symbol = "str | Slot"
+
+#: Spellings accepted for the slots in template text: the paper's and ASCII.
+SLOT_SPELLINGS: dict[str, Slot] = {"⋆1": SUBJECT, "⋆2": OBJECT, "*1": SUBJECT, "*2": OBJECT}
+
+
+def check_name(text: object, what: str) -> str:
+    """A token (word or entity) name: a string, stripped, non-empty, one line."""
+    if not isinstance(text, str):
+        raise TaskError(
+            f"{what} {text!r} is a {type(text).__name__}, not a string",
+            fix="write it in quotes",
+        )
+    name = text.strip()
+    if not name:
+        raise TaskError(f"{what} is empty", fix="give it a name")
+    if "\n" in name or "\r" in name or "\t" in name:
+        raise TaskError(f"{what} {name!r} contains a tab or line break", fix="remove it")
+    if name in SLOT_SPELLINGS:
+        raise TaskError(f"{what} {name!r} is spelled like a slot marker", fix="rename it")
+    return name
+
+
+@dataclass(frozen=True)
+class Template:
+    """A word sequence with one subject slot and one object slot (subject first).
+
+    ``parts`` holds words (``str``) and the two :class:`Slot` markers. Positions are
+    1-based in the brief; the attributes here are 0-based indices into ``parts``.
+    """
+
+    parts: tuple
+
+    def __post_init__(self) -> None:
+        parts = tuple(self.parts)
+        object.__setattr__(self, "parts", parts)
+        text = " ".join(str(p) for p in parts)
+        if not parts:
+            raise TaskError("a template is empty", fix="write words with ⋆1 and ⋆2, e.g. 'the capital of ⋆1 is ⋆2'")
+        for slot, name in ((SUBJECT, "subject slot ⋆1"), (OBJECT, "object slot ⋆2")):
+            count = sum(1 for p in parts if p is slot)
+            if count == 0:
+                raise TaskError(
+                    f"template '{text}' has no {name}",
+                    fix=f"put {slot.value} (or *{slot.value[-1]}) where the {name.split()[0]} goes",
+                )
+            if count > 1:
+                raise TaskError(f"template '{text}' has {count} {name}s", fix="keep exactly one")
+        if parts.index(OBJECT) < parts.index(SUBJECT):
+            raise TaskError(
+                f"template '{text}' has ⋆2 before ⋆1",
+                fix="the subject ⋆1 must come first; swap the slots or reverse the relation",
+            )
+        for p in parts:
+            if not isinstance(p, Slot):
+                if not isinstance(p, str) or not p or any(c.isspace() for c in p):
+                    raise TaskError(f"template '{text}' has a bad word {p!r}", fix="words are non-empty and contain no spaces")
+
+    @classmethod
+    def parse(cls, text: object) -> "Template":
+        """Parse ``'the capital of ⋆1 is ⋆2'`` (``*1``/``*2`` also accepted)."""
+        if not isinstance(text, str):
+            raise TaskError(f"template {text!r} is a {type(text).__name__}, not a string", fix="write it in quotes")
+        words = text.split()
+        if not words:
+            raise TaskError("a template is empty", fix="write words with ⋆1 and ⋆2, e.g. 'the capital of ⋆1 is ⋆2'")
+        return cls(tuple(SLOT_SPELLINGS.get(w, w) for w in words))
+
+    @property
+    def length(self) -> int:
+        """|t|: the number of parts, slots included."""
+        return len(self.parts)
+
+    @property
+    def subject_index(self) -> int:
+        return self.parts.index(SUBJECT)
+
+    @property
+    def object_index(self) -> int:
+        return self.parts.index(OBJECT)
+
+    @property
+    def words(self) -> tuple[str, ...]:
+        return tuple(p for p in self.parts if isinstance(p, str))
+
+    def fill(self, subject: str, obj: str) -> tuple[str, ...]:
+        """The sentence t[⋆1 := subject, ⋆2 := obj] as a token tuple."""
+        return tuple(subject if p is SUBJECT else obj if p is OBJECT else p for p in self.parts)
+
+    def text(self, ascii: bool = False) -> str:
+        marks = {SUBJECT: "*1", OBJECT: "*2"} if ascii else {SUBJECT: "⋆1", OBJECT: "⋆2"}
+        return " ".join(marks[p] if isinstance(p, Slot) else p for p in self.parts)
+
+    def __str__(self) -> str:
+        return self.text()
+
+
+class Facts(Mapping[str, str]):
+    """An immutable dictionary subject -> object.
+
+    Stored as two parallel tuples of names (subjects in first-seen order). Lookups go
+    through a lazily built dict. The compiled, integer form used for enumeration and
+    model building lives in :class:`TaskSet` (``fact_ids``).
+    """
+
+    __slots__ = ("_subjects", "_objects", "_index")
+
+    def __init__(self, pairs: Iterable[tuple[str, str]] | Mapping[str, str] = ()) -> None:
+        items = pairs.items() if isinstance(pairs, Mapping) else pairs
+        index: dict[str, int] = {}
+        subjects: list[str] = []
+        objects: list[str] = []
+        for pair in items:
+            subject, obj = pair
+            subject = check_name(subject, "subject")
+            obj = check_name(obj, "object")
+            if subject in index:
+                old = objects[index[subject]]
+                if old != obj:
+                    raise TaskError(
+                        f"subject '{subject}' has two objects, '{old}' and '{obj}'",
+                        fix="a task maps each subject to one object; keep one",
+                    )
+                continue
+            index[subject] = len(subjects)
+            subjects.append(subject)
+            objects.append(obj)
+        self._subjects = tuple(subjects)
+        self._objects = tuple(objects)
+        self._index = index
+
+    @property
+    def subjects(self) -> tuple[str, ...]:
+        return self._subjects
+
+    @property
+    def objects(self) -> tuple[str, ...]:
+        return self._objects
+
+    def __getitem__(self, subject: str) -> str:
+        return self._objects[self._index[subject]]
+
+    def __contains__(self, subject: object) -> bool:
+        return subject in self._index
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._subjects)
+
+    def __len__(self) -> int:
+        return len(self._subjects)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Mapping):
+            return NotImplemented
+        return len(self) == len(other) and all(other.get(s, None) == o for s, o in self.items())
+
+    def __hash__(self) -> int:
+        return hash(frozenset(zip(self._subjects, self._objects)))
+
+    def __repr__(self) -> str:
+        shown = ", ".join(f"{s!r}: {o!r}" for s, o in list(self.items())[:4])
+        more = ", ..." if len(self) > 4 else ""
+        return f"Facts({{{shown}{more}}})"
+
+    def items(self):  # type: ignore[override]
+        return zip(self._subjects, self._objects)
+
+
+@dataclass(frozen=True)
+class Task:
+    """A knowledge task k = (T(k), D_k)."""
+
+    name: str
+    templates: tuple[Template, ...]
+    facts: Facts
+
+    def __post_init__(self) -> None:
+        name = check_name(self.name, "task name")
+        object.__setattr__(self, "name", name)
+        templates = tuple(t if isinstance(t, Template) else Template.parse(t) for t in self.templates)
+        object.__setattr__(self, "templates", templates)
+        if not isinstance(self.facts, Facts):
+            object.__setattr__(self, "facts", Facts(self.facts))
+        if not templates:
+            raise TaskError(f"task '{name}' has no templates", fix="give it at least one template")
+        seen: set[tuple] = set()
+        for t in templates:
+            if t.parts in seen:
+                raise TaskError(f"task '{name}' lists template '{t}' twice", fix="remove the copy")
+            seen.add(t.parts)
+        if len(self.facts) == 0:
+            raise TaskError(f"task '{name}' has an empty dictionary", fix="give it at least one fact")
+
+    @property
+    def n_templates(self) -> int:
+        """|T(k)|."""
+        return len(self.templates)
+
+    @property
+    def n_facts(self) -> int:
+        """N_k = |D_k|."""
+        return len(self.facts)
+
+    def sentences(self) -> Iterator[tuple[tuple[str, ...], Template, str]]:
+        """Every dataset sentence of this task, with its template and subject."""
+        for t in self.templates:
+            for s, o in self.facts.items():
+                yield t.fill(s, o), t, s
+
+
+@dataclass(frozen=True)
+class Vocabulary:
+    """Token ids: template words 0..W-1 (sorted), then entities W..V-1 (sorted)."""
+
+    words: tuple[str, ...]
+    entities: tuple[str, ...]
+
+    @cached_property
+    def _ids(self) -> dict[str, int]:
+        ids = {w: i for i, w in enumerate(self.words)}
+        ids.update({e: len(self.words) + i for i, e in enumerate(self.entities)})
+        return ids
+
+    @property
+    def n_words(self) -> int:
+        return len(self.words)
+
+    @property
+    def size(self) -> int:
+        """|V|: the number of tokens the model can predict."""
+        return len(self.words) + len(self.entities)
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __contains__(self, token: object) -> bool:
+        return token in self._ids
+
+    def id(self, token: str) -> int:
+        try:
+            return self._ids[token]
+        except KeyError:
+            raise TaskError(f"unknown token {token!r}", fix="use a template word or an entity of the task set") from None
+
+    def token(self, i: int) -> str:
+        i = int(i)
+        return self.words[i] if i < len(self.words) else self.entities[i - len(self.words)]
+
+    def is_entity(self, i: int) -> bool:
+        return int(i) >= len(self.words)
+
+    @cached_property
+    def tokens(self) -> tuple[str, ...]:
+        return self.words + self.entities
+
+    def entity_ids(self, names: Sequence[str]) -> np.ndarray:
+        ids = self._ids
+        return np.fromiter((ids[n] for n in names), dtype=np.int64, count=len(names))
+
+
+@dataclass(frozen=True)
+class TaskSet:
+    """An ordered set of tasks with unique names, plus optional ε and parameters."""
+
+    tasks: tuple[Task, ...]
+    epsilon: float | None = None
+    parameters: Mapping[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        tasks = tuple(self.tasks)
+        object.__setattr__(self, "tasks", tasks)
+        object.__setattr__(self, "parameters", dict(self.parameters))
+        if not tasks:
+            raise TaskError("the task set has no tasks", fix="add at least one task under 'tasks:'")
+        names: dict[str, int] = {}
+        for k, task in enumerate(tasks):
+            if task.name in names:
+                raise TaskError(f"two tasks are named '{task.name}'", fix="give every task its own name")
+            names[task.name] = k
+        if self.epsilon is not None and not (0 < self.epsilon < 1):
+            raise TaskError(f"epsilon {self.epsilon} is not between 0 and 1", fix="use a number such as 0.01")
+        self._check_words_are_not_entities()
+
+    def _check_words_are_not_entities(self) -> None:
+        word_use: dict[str, str] = {}
+        for task in self.tasks:
+            for t in task.templates:
+                for w in t.words:
+                    word_use.setdefault(w, f"a word of template '{t}' in task '{task.name}'")
+        for task in self.tasks:
+            for s, o in task.facts.items():
+                for name, role in ((s, "subject"), (o, "object")):
+                    if name in word_use:
+                        raise TaskError(
+                            f"token '{name}' is {word_use[name]} and also the {role} of a fact in task '{task.name}'",
+                            fix="a token is either a template word or an entity; rename one of them",
+                        )
+
+    # --- sizes -----------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return len(self.tasks)
+
+    def __iter__(self) -> Iterator[Task]:
+        return iter(self.tasks)
+
+    def index(self, name: str) -> int:
+        for k, t in enumerate(self.tasks):
+            if t.name == name:
+                return k
+        raise KeyError(name)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(t.name for t in self.tasks)
+
+    @cached_property
+    def L(self) -> int:
+        """The largest template length (slots counted)."""
+        return max(t.length for task in self.tasks for t in task.templates)
+
+    def complexity(self, k: int) -> int:
+        """c(k) = L·|T(k)| + N_k, the bound of Theorem 4.2 on expert k's width."""
+        task = self.tasks[k]
+        return self.L * task.n_templates + task.n_facts
+
+    @cached_property
+    def vocabulary(self) -> Vocabulary:
+        words = sorted({w for task in self.tasks for t in task.templates for w in t.words})
+        entities: set[str] = set()
+        for task in self.tasks:
+            entities.update(task.facts.subjects)
+            entities.update(task.facts.objects)
+        return Vocabulary(tuple(words), tuple(sorted(entities)))
+
+    @cached_property
+    def fact_ids(self) -> tuple[tuple[np.ndarray, np.ndarray], ...]:
+        """Per task, (subject ids, object ids) as token ids, sorted by subject id."""
+        vocab = self.vocabulary
+        out = []
+        for task in self.tasks:
+            s = vocab.entity_ids(task.facts.subjects)
+            o = vocab.entity_ids(task.facts.objects)
+            order = np.argsort(s, kind="stable")
+            s, o = s[order], o[order]
+            s.setflags(write=False)
+            o.setflags(write=False)
+            out.append((s, o))
+        return tuple(out)
+
+    def sentences(self) -> Iterator[tuple[tuple[str, ...], int, Template, str]]:
+        """Every dataset sentence: (tokens, task index, template, subject)."""
+        for k, task in enumerate(self.tasks):
+            for sentence, t, s in task.sentences():
+                yield sentence, k, t, s
+
+    @property
+    def n_facts(self) -> int:
+        return sum(t.n_facts for t in self.tasks)
+
+    def without(self, name: str) -> "TaskSet":
+        """The same task set without one task (for modularity checks)."""
+        return TaskSet(tuple(t for t in self.tasks if t.name != name), self.epsilon, self.parameters)

@@ -1,0 +1,203 @@
+"""Every query of a task set, with its valid next tokens, in vectorised groups.
+
+A *query* is a proper prefix of a dataset sentence; its *valid next tokens* are the
+tokens that follow it in some dataset sentence. Queries are grouped by the structure
+trie node σ of their prefix (:mod:`tasks.structure`), which makes enumeration linear in
+the number of facts:
+
+* ``plain`` group (σ has no entity): one query, the structure itself;
+* ``subject`` group (σ contains ⋆1, not ⋆2): one query per subject s of a task in K(σ);
+* ``object`` group (σ contains ⋆1 and ⋆2): one query per (s, D_k(s)) pair.
+
+Within a group, per query:
+
+* ``subjects`` / ``objects``: entity token ids (-1 where absent);
+* ``allowed`` (CSR ``allowed_ptr``/``allowed``): the consistent tasks, ascending;
+* ``valid`` (CSR ``valid_ptr``/``valid``): the valid next token ids, ascending;
+* ``object_query``: True if ⋆2 follows for a consistent task;
+* ``determined``: the task index if exactly one task is consistent, else -1;
+* ``witness``: a (task, template) whose sentence has this prefix, for messages.
+
+A prefix *determines* task k when every sentence starting with it belongs to k, i.e.
+when k is its only consistent task.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterator
+
+import numpy as np
+
+from tasks.model import TaskSet
+from tasks.structure import OBJ, SUBJ, Node, StructureTrie
+
+
+@dataclass(frozen=True)
+class QueryGroup:
+    node: Node
+    kind: str  # "plain", "subject" or "object"
+    subjects: np.ndarray
+    objects: np.ndarray
+    allowed_ptr: np.ndarray
+    allowed: np.ndarray
+    valid_ptr: np.ndarray
+    valid: np.ndarray
+    object_query: np.ndarray
+    determined: np.ndarray
+    witness_task: np.ndarray
+    witness_template: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.subjects)
+
+    @property
+    def depth(self) -> int:
+        return self.node.depth
+
+    def prefix_ids(self, i: int, vocab) -> tuple[int, ...]:
+        """Token ids of query i's prefix."""
+        out = []
+        for c in self.node.symbols:
+            out.append(int(self.subjects[i]) if c == SUBJ else int(self.objects[i]) if c == OBJ else c)
+        return tuple(out)
+
+    def prefix_tokens(self, i: int, vocab) -> tuple[str, ...]:
+        return tuple(vocab.token(t) for t in self.prefix_ids(i, vocab))
+
+    def allowed_of(self, i: int) -> np.ndarray:
+        return self.allowed[self.allowed_ptr[i] : self.allowed_ptr[i + 1]]
+
+    def valid_of(self, i: int) -> np.ndarray:
+        return self.valid[self.valid_ptr[i] : self.valid_ptr[i + 1]]
+
+
+@dataclass(frozen=True)
+class Query:
+    """One query in readable form."""
+
+    prefix: tuple[str, ...]
+    valid: frozenset[str]
+    tasks: tuple[str, ...]          # consistent tasks
+    determined: str | None          # the task it determines, if any
+    object_query: bool
+    witness: tuple[str, str]        # (task name, template text)
+
+
+def _csr(rows: np.ndarray, values: np.ndarray, n_rows: int) -> tuple[np.ndarray, np.ndarray]:
+    """Unique (row, value) pairs as CSR with ascending values per row."""
+    if rows.size:
+        order = np.lexsort((values, rows))
+        rows, values = rows[order], values[order]
+        keep = np.ones(rows.size, dtype=bool)
+        keep[1:] = (rows[1:] != rows[:-1]) | (values[1:] != values[:-1])
+        rows, values = rows[keep], values[keep]
+    ptr = np.zeros(n_rows + 1, dtype=np.int64)
+    np.add.at(ptr, rows + 1, 1)
+    return np.cumsum(ptr), values.astype(np.int64)
+
+
+def _words(children: set[int]) -> np.ndarray:
+    return np.array(sorted(c for c in children if c >= 0), dtype=np.int64)
+
+
+def build_group(taskset: TaskSet, trie: StructureTrie, node: Node) -> QueryGroup:
+    """The queries whose prefix has structure ``node``."""
+    ids = taskset.fact_ids
+    tasks = node.tasks
+    if not node.has_subject:
+        # One query: the words of σ. Consistent with every task through σ.
+        allowed = np.array(tasks, dtype=np.int64)
+        valid_parts = []
+        for k in tasks:
+            valid_parts.append(_words(node.children[k]))
+            if SUBJ in node.children[k]:
+                valid_parts.append(ids[k][0])
+        valid = np.unique(np.concatenate(valid_parts)) if valid_parts else np.zeros(0, np.int64)
+        oq = np.zeros(1, dtype=bool)
+        return QueryGroup(
+            node, "plain",
+            np.full(1, -1, np.int64), np.full(1, -1, np.int64),
+            np.array([0, allowed.size], np.int64), allowed,
+            np.array([0, valid.size], np.int64), valid.astype(np.int64),
+            oq, np.array([tasks[0] if len(tasks) == 1 else -1], np.int64),
+            np.array([tasks[0]], np.int64), np.array([node.templates[tasks[0]][0]], np.int64),
+        )
+
+    with_object = node.has_object
+    # (query key, task) pairs: one per fact of each task through σ.
+    subj_parts, obj_parts, task_parts = [], [], []
+    for k in tasks:
+        s, o = ids[k]
+        subj_parts.append(s)
+        obj_parts.append(o)
+        task_parts.append(np.full(s.size, k, np.int64))
+    subj = np.concatenate(subj_parts)
+    obj = np.concatenate(obj_parts)
+    task = np.concatenate(task_parts)
+    if with_object:
+        keys = np.stack([subj, obj], axis=1)
+        uniq, inverse = np.unique(keys, axis=0, return_inverse=True)
+        inverse = inverse.reshape(-1)
+        q_subj, q_obj = uniq[:, 0], uniq[:, 1]
+    else:
+        q_subj, inverse = np.unique(subj, return_inverse=True)
+        inverse = inverse.reshape(-1)
+        q_obj = np.full(q_subj.size, -1, np.int64)
+    n = q_subj.size
+    allowed_ptr, allowed = _csr(inverse, task, n)
+
+    # Valid next tokens: each consistent task's word children, and D_k(s) where ⋆2 follows.
+    v_rows, v_vals = [], []
+    oq = np.zeros(n, dtype=bool)
+    for k in tasks:
+        rows_k = inverse[task == k]
+        words = _words(node.children[k])
+        if words.size:
+            v_rows.append(np.repeat(rows_k, words.size))
+            v_vals.append(np.tile(words, rows_k.size))
+        if OBJ in node.children[k]:
+            v_rows.append(rows_k)
+            v_vals.append(obj[task == k])
+            oq[rows_k] = True
+    valid_ptr, valid = _csr(np.concatenate(v_rows), np.concatenate(v_vals), n)
+
+    counts = np.diff(allowed_ptr)
+    first = allowed[allowed_ptr[:-1]]
+    determined = np.where(counts == 1, first, -1)
+    first_template = {k: node.templates[k][0] for k in tasks}
+    witness_template = np.array([first_template[int(k)] for k in first], np.int64) if n else np.zeros(0, np.int64)
+    return QueryGroup(
+        node, "object" if with_object else "subject",
+        q_subj.astype(np.int64), q_obj.astype(np.int64),
+        allowed_ptr, allowed, valid_ptr, valid, oq, determined.astype(np.int64),
+        first.astype(np.int64), witness_template,
+    )
+
+
+def query_groups(taskset: TaskSet, trie: StructureTrie | None = None) -> Iterator[QueryGroup]:
+    """Every query of the task set, one group per structure node."""
+    trie = trie or StructureTrie(taskset)
+    for node in trie:
+        yield build_group(taskset, trie, node)
+
+
+def iter_queries(taskset: TaskSet, trie: StructureTrie | None = None) -> Iterator[Query]:
+    """Every query in readable form (small sets; use :func:`query_groups` at scale)."""
+    vocab = taskset.vocabulary
+    names = taskset.names
+    for g in query_groups(taskset, trie):
+        for i in range(len(g)):
+            k = int(g.witness_task[i])
+            yield Query(
+                prefix=g.prefix_tokens(i, vocab),
+                valid=frozenset(vocab.token(t) for t in g.valid_of(i)),
+                tasks=tuple(names[j] for j in g.allowed_of(i)),
+                determined=names[g.determined[i]] if g.determined[i] >= 0 else None,
+                object_query=bool(g.object_query[i]),
+                witness=(names[k], str(taskset.tasks[k].templates[int(g.witness_template[i])])),
+            )
+
+
+def count_queries(taskset: TaskSet, trie: StructureTrie | None = None) -> int:
+    return sum(len(g) for g in query_groups(taskset, trie))
