@@ -1,0 +1,114 @@
+"""Labelled vector spaces: a direct sum of named blocks of basis directions.
+
+In the spirit of tracr's ``craft/bases.py``: every coordinate of every space has a
+readable label such as ``word:capital``, ``pos:3``, ``slot2:of``, ``subj:Paris``.
+A space is stored as an ordered tuple of :class:`Block` (a name and a tuple of
+labels), so spaces with millions of entity directions stay cheap: a label is only
+formatted when asked for, and an index is an offset plus a position in the block.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Iterable, Sequence
+
+
+@dataclass(frozen=True)
+class Block:
+    """A named block of directions; ``labels`` name its coordinates."""
+
+    name: str
+    labels: tuple
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    @cached_property
+    def _index(self) -> dict:
+        return {label: i for i, label in enumerate(self.labels)}
+
+    def position(self, label) -> int:
+        try:
+            return self._index[label]
+        except KeyError:
+            raise KeyError(f"{self.name}:{label}") from None
+
+    def __contains__(self, label) -> bool:
+        return label in self._index
+
+
+@dataclass(frozen=True)
+class Space:
+    """An ordered direct sum of blocks."""
+
+    blocks: tuple[Block, ...]
+
+    @staticmethod
+    def of(*blocks: Block) -> "Space":
+        names = [b.name for b in blocks]
+        if len(set(names)) != len(names):
+            raise ValueError(f"duplicate block names in {names}")
+        return Space(tuple(blocks))
+
+    @cached_property
+    def offsets(self) -> tuple[int, ...]:
+        out, total = [], 0
+        for b in self.blocks:
+            out.append(total)
+            total += len(b)
+        return tuple(out)
+
+    @cached_property
+    def dim(self) -> int:
+        return sum(len(b) for b in self.blocks)
+
+    def __len__(self) -> int:
+        return self.dim
+
+    @cached_property
+    def _by_name(self) -> dict[str, int]:
+        return {b.name: i for i, b in enumerate(self.blocks)}
+
+    def block(self, name: str) -> Block:
+        return self.blocks[self._by_name[name]]
+
+    def has_block(self, name: str) -> bool:
+        return name in self._by_name
+
+    def offset(self, name: str) -> int:
+        return self.offsets[self._by_name[name]]
+
+    def index(self, name: str, label) -> int:
+        """The coordinate of direction ``name:label``."""
+        b = self._by_name[name]
+        return self.offsets[b] + self.blocks[b].position(label)
+
+    def indices(self, name: str, labels: Iterable) -> list[int]:
+        b = self._by_name[name]
+        off, block = self.offsets[b], self.blocks[b]
+        return [off + block.position(label) for label in labels]
+
+    def span(self, name: str) -> range:
+        """The coordinates of a whole block."""
+        off = self.offset(name)
+        return range(off, off + len(self.block(name)))
+
+    def locate(self, i: int) -> tuple[str, object]:
+        """(block name, label) of coordinate ``i``."""
+        b = bisect_right(self.offsets, i) - 1
+        if not 0 <= i < self.dim:
+            raise IndexError(i)
+        return self.blocks[b].name, self.blocks[b].labels[i - self.offsets[b]]
+
+    def label(self, i: int) -> str:
+        name, label = self.locate(i)
+        return name if len(self.blocks[self._by_name[name]]) == 1 and label == "" else f"{name}:{label}"
+
+    def labels(self) -> list[str]:
+        return [self.label(i) for i in range(self.dim)]
+
+
+def block(name: str, labels: Sequence = ("",)) -> Block:
+    return Block(name, tuple(labels))

@@ -1,0 +1,138 @@
+"""Expert k: template neurons and an associative memory of task k's dictionary.
+
+Built from task k alone (its templates and facts), so building the model without
+another task leaves this expert's labelled weights identical.
+
+**Template neuron** for each structure σ = (σ_1..σ_p) that is a proper prefix of a
+template of task k and is followed, in some template of k, by a word or by ⋆1::
+
+    z = 2·Σ_{m<=p} slot<m>:σ_m + 2·pos:p − (2p + 1)
+    writes 2·next:w for each word w that follows σ in k,
+    and    2·next:s for every subject s of k if ⋆1 follows σ.
+
+*Claim* (δ = δ_p < 1/2, heads as in construction.heads). At a prefix of length p
+with structure σ the neuron's activation is in [1 − 2pδ, 1]; at every other prefix
+it is exactly 0.
+
+*Proof.* Each slot<m>:σ_m <= 1 and pos:p ∈ {0, 1}. Match: every slot<m>:σ_m >= 1−δ,
+so z >= 2p(1−δ) + 2 − 2p − 1 = 1 − 2pδ, and z <= 1. Same length, some m with
+σ'_m != σ_m: that slot holds only leak (<= δ), so z <= 2(p − 1 + δ) + 2 − 2p − 1 =
+2δ − 1 < 0. Other length q: pos:p = 0; if q > p, z <= 2p − 2p − 1 < 0; if q < p,
+slots beyond q hold <= δ in total, z <= 2(q + δ) − 2p − 1 < 0. ∎
+
+**Dictionary neuron** for each fact s -> D_k(s)::
+
+    z = 2·subj:s − 1,     writes 1·next:D_k(s).
+
+*Claim.* Between ⋆1 and ⋆2 (one entity, the subject s) the neuron of s has
+activation 1 − 2δ_p and every other dictionary neuron is 0. Past ⋆2 (entities s != o)
+all dictionary neurons are 0; if s = o the neuron of s has activation <= 1.
+
+*Proof.* By the subject-head claim, subj:s = 1 − δ_p and subj:s' = 0 for s' != s.
+Past ⋆2, subj:s, subj:o < 1/2, so z < 0. ∎
+
+Width: the template neurons number at most Σ_t (|t| − 2) <= (L − 2)·|T(k)| (a prefix
+followed only by ⋆2 needs none, and there is one per template), the dictionary
+neurons N_k: width <= L·|T(k)| + N_k, the bound of Theorem 4.2.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from construction.bases import Space, block
+from construction.residual import ENTITY_SYMBOL
+from construction.symbolic import SymMatrix
+from tasks.model import SUBJECT, Slot, Task, TaskSet
+
+
+@dataclass(frozen=True)
+class SymExpert:
+    task: str
+    neurons: Space
+    W_1: SymMatrix
+    b_1: SymMatrix  # (width, 1)
+    W_2: SymMatrix
+
+    @property
+    def width(self) -> int:
+        return self.neurons.dim
+
+
+def _symbol(part) -> str:
+    return ENTITY_SYMBOL if isinstance(part, Slot) else part
+
+
+def template_nodes(task: Task) -> list[tuple[tuple[str, ...], list[str], bool]]:
+    """(structure σ as slot labels, words following σ, ⋆1 follows σ) for task k's neurons.
+
+    One entry per distinct proper prefix σ of a template of k that is followed by a word
+    or by ⋆1 in some template of k; in first-seen order.
+    """
+    follow: dict[tuple[str, ...], tuple[list[str], list[bool]]] = {}
+    for t in task.templates:
+        parts = t.parts
+        for p in range(1, len(parts)):
+            sigma = tuple(_symbol(x) for x in parts[:p])
+            words, subj = follow.setdefault(sigma, ([], [False]))
+            nxt = parts[p]
+            if isinstance(nxt, str):
+                if nxt not in words:
+                    words.append(nxt)
+            elif nxt is SUBJECT:
+                subj[0] = True
+    return [(sigma, words, subj[0]) for sigma, (words, subj) in follow.items() if words or subj[0]]
+
+
+def build_expert(taskset: TaskSet, k: int, residual: Space) -> SymExpert:
+    task = taskset.tasks[k]
+    vocab = taskset.vocabulary
+    nodes = template_nodes(task)
+    subj_ids, obj_ids = taskset.fact_ids[k]
+    n_t, n_d = len(nodes), int(subj_ids.size)
+    W = vocab.n_words
+    subjects = tuple(vocab.entities[i - W] for i in subj_ids)
+    labels = tuple(f"template:{' '.join(sigma)}" for sigma, _, _ in nodes) + tuple(f"fact:{s}" for s in subjects)
+    neurons = Space.of(block("neuron", labels))
+
+    r1, c1, v1, b, r2, c2, v2 = [], [], [], [], [], [], []
+    next_off = residual.offset("next")
+    for n, (sigma, words, subj_follows) in enumerate(nodes):
+        p = len(sigma)
+        for m, sym in enumerate(sigma, start=1):
+            r1.append(n); c1.append(residual.index(f"slot{m}", sym)); v1.append(2.0)
+        r1.append(n); c1.append(residual.index("pos", p)); v1.append(2.0)
+        b.append(-(2.0 * p + 1.0))
+        for w in words:
+            r2.append(residual.index("next", w)); c2.append(n); v2.append(2.0)
+        if subj_follows:
+            r2.extend((next_off + subj_ids).tolist()); c2.extend([n] * n_d); v2.extend([2.0] * n_d)
+
+    rows = np.arange(n_t, n_t + n_d)
+    W_1 = SymMatrix.build(neurons, residual, (
+        np.concatenate([np.asarray(r1, np.int64), rows]),
+        np.concatenate([np.asarray(c1, np.int64), residual.offset("subj") + (subj_ids - W)]),
+        np.concatenate([np.asarray(v1), np.full(n_d, 2.0)]),
+    ))
+    bias = np.concatenate([np.asarray(b), np.full(n_d, -1.0)])
+    b_1 = SymMatrix.build(neurons, Space.of(block("bias")), (np.arange(n_t + n_d), np.zeros(n_t + n_d, np.int64), bias))
+    W_2 = SymMatrix.build(residual, neurons, (
+        np.concatenate([np.asarray(r2, np.int64), next_off + obj_ids]),
+        np.concatenate([np.asarray(c2, np.int64), rows]),
+        np.concatenate([np.asarray(v2), np.ones(n_d)]),
+    ))
+    return SymExpert(task.name, neurons, W_1, b_1, W_2)
+
+
+def labelled_entries(expert: SymExpert) -> dict[tuple[str, str, str], str]:
+    """Every nonzero weight of an expert keyed by (matrix, row label, column label).
+
+    Labels, not indices, so experts of different task sets can be compared.
+    """
+    out: dict[tuple[str, str, str], str] = {}
+    for name, m in (("W_1", expert.W_1), ("b_1", expert.b_1), ("W_2", expert.W_2)):
+        for i, j, expr in m.nonzeros():
+            out[(name, m.rows.label(i), m.cols.label(j))] = str(expr)
+    return out

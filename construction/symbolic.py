@@ -1,0 +1,122 @@
+"""Sparse matrices with exact symbolic entries.
+
+A :class:`SymMatrix` is a finite sum ``Σ_t c_t · M_t`` where each ``c_t`` is a sympy
+expression in the construction's parameters (β, γ) and each ``M_t`` is a
+``scipy.sparse`` matrix whose entries are exact binary fractions (integers, 1/2,
+1/16, ...), so float64 stores them without rounding. Entry (i, j) is the exact
+expression ``Σ_t c_t · M_t[i, j]``.
+
+Instantiation substitutes parameter values. When the values are themselves binary
+fractions of few bits (the construction chooses them so), every product ``c_t · M_t``
+is exact in float64, and :func:`SymMatrix.numeric` equals :func:`SymMatrix.exact`
+entry for entry; ``tests/test_construction.py`` checks it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Iterator, Mapping
+
+import numpy as np
+import scipy.sparse as sp
+import sympy
+
+from construction.bases import Space
+
+
+def rational(x: float) -> sympy.Rational:
+    """The exact rational value of a float (binary fraction)."""
+    f = Fraction(float(x))
+    return sympy.Rational(f.numerator, f.denominator)
+
+
+@dataclass(frozen=True)
+class SymMatrix:
+    rows: Space
+    cols: Space
+    terms: tuple[tuple[sympy.Expr, sp.csr_matrix], ...]
+
+    @staticmethod
+    def build(rows: Space, cols: Space, entries, coefficient: sympy.Expr = sympy.Integer(1)) -> "SymMatrix":
+        """From (row, col, value) triples; ``value`` a float that is an exact binary fraction."""
+        r, c, v = (np.asarray(a) for a in entries) if entries else (np.zeros(0, int), np.zeros(0, int), np.zeros(0))
+        m = sp.coo_matrix((v.astype(np.float64), (r.astype(np.int64), c.astype(np.int64))), shape=(rows.dim, cols.dim)).tocsr()
+        m.sum_duplicates()
+        m.eliminate_zeros()
+        return SymMatrix(rows, cols, ((sympy.sympify(coefficient), m),))
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.rows.dim, self.cols.dim)
+
+    @property
+    def nnz(self) -> int:
+        return sum(m.nnz for _, m in self.terms)
+
+    @property
+    def free_symbols(self) -> set[sympy.Symbol]:
+        out: set[sympy.Symbol] = set()
+        for c, _ in self.terms:
+            out |= c.free_symbols
+        return out
+
+    def __add__(self, other: "SymMatrix") -> "SymMatrix":
+        assert self.shape == other.shape
+        return SymMatrix(self.rows, self.cols, self.terms + other.terms)
+
+    def entry(self, i: int, j: int) -> sympy.Expr:
+        """The exact symbolic entry (i, j)."""
+        total = sympy.Integer(0)
+        for c, m in self.terms:
+            v = m[i, j]
+            if v != 0:
+                total += c * rational(v)
+        return sympy.simplify(total) if len(self.terms) > 1 else total
+
+    def entry_by_label(self, row: tuple[str, object], col: tuple[str, object]) -> sympy.Expr:
+        return self.entry(self.rows.index(*row), self.cols.index(*col))
+
+    def nonzeros(self) -> Iterator[tuple[int, int, sympy.Expr]]:
+        """Every structurally nonzero entry with its exact expression."""
+        support = self.support()
+        for i, j in zip(*support.nonzero()):
+            yield int(i), int(j), self.entry(int(i), int(j))
+
+    def support(self) -> sp.csr_matrix:
+        total = None
+        for _, m in self.terms:
+            s = (m != 0).astype(np.int8)
+            total = s if total is None else total + s
+        return total.tocsr()
+
+    def numeric(self, values: Mapping[sympy.Symbol, float]) -> sp.csr_matrix:
+        """Float64 instantiation (exact when parameters are short binary fractions)."""
+        out = sp.csr_matrix(self.shape, dtype=np.float64)
+        for c, m in self.terms:
+            factor = float(c.subs(values)) if c.free_symbols else float(c)
+            out = out + factor * m
+        out = out.tocsr()
+        out.sum_duplicates()
+        out.eliminate_zeros()
+        return out
+
+    def exact(self, values: Mapping[sympy.Symbol, sympy.Rational]) -> dict[tuple[int, int], sympy.Rational]:
+        """Exact rational instantiation of every nonzero entry."""
+        out: dict[tuple[int, int], sympy.Rational] = {}
+        for c, m in self.terms:
+            factor = sympy.nsimplify(c.subs(values), rational=True) if c.free_symbols else c
+            coo = m.tocoo()
+            for i, j, v in zip(coo.row, coo.col, coo.data):
+                key = (int(i), int(j))
+                out[key] = out.get(key, sympy.Integer(0)) + factor * rational(v)
+        return {k: v for k, v in out.items() if v != 0}
+
+    def describe(self, i: int, j: int) -> str:
+        return f"[{self.rows.label(i)}, {self.cols.label(j)}] = {self.entry(i, j)}"
+
+
+def vector_space(n: int, name: str = "index") -> Space:
+    from construction.bases import Block
+
+    return Space((Block(name, tuple(range(n))),))
