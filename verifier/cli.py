@@ -1,0 +1,223 @@
+"""``python -m verifier``: build, verify, inspect, export and explain.
+
+Exit status: 0 certified (or the command succeeded), 1 not certified, 2 bad input
+(one line on stderr, no traceback).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from typing import Sequence
+
+from tasks.errors import TaskError
+
+EXIT_OK, EXIT_NOT_CERTIFIED, EXIT_BAD_INPUT = 0, 1, 2
+
+
+def _epsilon(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"epsilon must be a number, got {text!r}") from None
+    if not 0 < value < 1:
+        raise argparse.ArgumentTypeError(f"epsilon must be between 0 and 1, got {value}")
+    return value
+
+
+def _positive(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {value}")
+    return value
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m verifier", description=(
+        "Construct a single-layer mixture-of-experts transformer for a set of knowledge tasks "
+        "(Theorem 4.2) and verify it soundly: error below epsilon on every query, routing to each "
+        "task's own expert, expert sizes within L|T(k)| + N_k, no cross-task entanglement."))
+    sub = p.add_subparsers(dest="command", required=True)
+
+    def common(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument("tasks", help="the tasks.yaml file")
+        sp.add_argument("--epsilon", type=_epsilon, help="target error (default: the file's, else 0.01)")
+        sp.add_argument("--beta", type=_positive, help="attention inverse temperature (default: computed)")
+        sp.add_argument("--gamma", type=_positive, help="logit scale (default: computed)")
+
+    c = sub.add_parser("check", help="build (or load) the model and verify it", description="Build the model (or load --weights) and verify every query.")
+    common(c)
+    c.add_argument("--weights", help="verify these weights (an .npz in the documented layout) instead of building")
+    c.add_argument("--json", metavar="PATH", help="write the JSON report to PATH ('-' for stdout)")
+    c.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    c.add_argument("--no-isolation", action="store_true", help="skip the rebuild-without-each-task modularity check")
+
+    i = sub.add_parser("inspect", help="expert sizes against the bound, parameters, closed-form bound", description="Show the construction without verifying it.")
+    common(i)
+    i.add_argument("--json", metavar="PATH", help="write the same as JSON to PATH ('-' for stdout)")
+
+    b = sub.add_parser("build", help="export the weights", description="Build the model and write its weights (.npz, documented layout).")
+    common(b)
+    b.add_argument("-o", "--output", required=True, help="output .npz file")
+
+    e = sub.add_parser("explain", help="trace one prefix through the model", description="Show one query's attention, gate, neurons and next tokens.")
+    common(e)
+    e.add_argument("prefix", help="the prefix, e.g. \"the capital of France is\"")
+    e.add_argument("--weights", help="use these weights instead of building")
+    e.add_argument("--json", metavar="PATH", help="write the trace as JSON")
+    return p
+
+
+def _write_text(path: str, text: str, inputs: Sequence[str]) -> None:
+    """Write atomically; never overwrite an input file."""
+    if path == "-":
+        sys.stdout.write(text + "\n")
+        return
+    target = os.path.abspath(path)
+    for src in inputs:
+        if src and os.path.exists(src) and os.path.abspath(src) == target:
+            raise TaskError("refusing to overwrite an input file", file=path, fix="choose another output path")
+    if os.path.isdir(target):
+        raise TaskError("is a directory", file=path, fix="give a file path")
+    directory = os.path.dirname(target)
+    if not os.path.isdir(directory):
+        raise TaskError("the output directory does not exist", file=path, fix="create it first")
+    fd, tmp = tempfile.mkstemp(prefix=".report-", dir=directory)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text + "\n")
+        os.replace(tmp, target)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def _load(args):
+    from tasks.io import load_tasks
+
+    return load_tasks(args.tasks)
+
+
+def _build(args, taskset):
+    from construction.model import build
+
+    return build(taskset, epsilon=args.epsilon, beta=args.beta, gamma=args.gamma)
+
+
+def cmd_check(args) -> int:
+    from verifier import layout
+    from verifier.report import dumps, summary
+    from verifier.verify import stderr_progress, verify
+
+    taskset = _load(args)
+    model = None
+    if args.weights:
+        weights = layout.load(args.weights)
+        epsilon = args.epsilon or taskset.epsilon or 0.01
+    else:
+        model = _build(args, taskset)
+        weights = model.instantiate()
+        epsilon = model.epsilon
+    report = verify(taskset, weights, epsilon, model=model, source=args.weights or "weights",
+                    progress=stderr_progress(args.quiet), isolation=not args.no_isolation)
+    if args.json:
+        _write_text(args.json, dumps(report), [args.tasks, args.weights])
+    if args.json != "-":
+        print(summary(report))
+    return EXIT_OK if report.certified else EXIT_NOT_CERTIFIED
+
+
+def inspect_data(model) -> dict:
+    ts = model.taskset
+    return {
+        "epsilon": model.epsilon,
+        "parameters": {"beta": str(model.beta), "gamma": str(model.gamma)},
+        "gate": model.gate.method,
+        "gate_ideal_margin": float(model.gate.ideal_margin),
+        "closed_form": str(model.error_bound()),
+        "bound": model.bound_value(),
+        "conditions": model.conditions(),
+        "L": ts.L,
+        "vocabulary": ts.vocabulary.size,
+        "residual_width": model.residual.dim,
+        "experts": [{"task": t.name, "templates": t.n_templates, "facts": t.n_facts, "width": w, "bound": c,
+                     "template_neurons": w - t.n_facts, "dictionary_neurons": t.n_facts}
+                    for t, w, c in zip(ts.tasks, model.widths, model.bounds)],
+    }
+
+
+def cmd_inspect(args) -> int:
+    model = _build(args, _load(args))
+    data = inspect_data(model)
+    if args.json:
+        _write_text(args.json, json.dumps(data, indent=2, ensure_ascii=False), [args.tasks])
+        if args.json == "-":
+            return EXIT_OK
+    print(f"L = {data['L']}, |V| = {data['vocabulary']}, residual width d = {data['residual_width']}, gate: {data['gate']}")
+    print(f"parameters: beta = {data['parameters']['beta']}, gamma = {data['parameters']['gamma']}, epsilon = {data['epsilon']}")
+    print(f"closed-form bound: eps(beta, gamma) = {data['closed_form']}")
+    print(f"  at these parameters: {data['bound']:.6g} (proven upper bound); leak delta = {data['conditions']['delta']:.3g} "
+          f"(gate needs < {data['conditions']['delta_max_gate']:.3g})")
+    name_w = max(4, *(len(e["task"]) for e in data["experts"]))
+    print(f"{'task'.ljust(name_w)}  |T|  N_k  template  dictionary  width  bound L|T|+N_k")
+    for e in data["experts"]:
+        print(f"{e['task'].ljust(name_w)}  {e['templates']:>3}  {e['facts']:>3}  {e['template_neurons']:>8}  {e['dictionary_neurons']:>10}  "
+              f"{e['width']:>5}  {e['bound']:>5}  {'ok' if e['width'] <= e['bound'] else 'OVER'}")
+    return EXIT_OK
+
+
+def cmd_build(args) -> int:
+    from verifier import layout
+
+    model = _build(args, _load(args))
+    out = os.path.abspath(args.output)
+    if os.path.abspath(args.tasks) == out:
+        raise TaskError("refusing to overwrite the tasks file", file=args.output, fix="choose another output path")
+    if not os.path.isdir(os.path.dirname(out)):
+        raise TaskError("the output directory does not exist", file=args.output, fix="create it first")
+    layout.save(model.instantiate(), out)
+    print(f"wrote {args.output}: {len(model.experts)} experts, widths {list(model.widths)}, beta = {model.beta}, gamma = {model.gamma}")
+    return EXIT_OK
+
+
+def cmd_explain(args) -> int:
+    from verifier import layout
+    from verifier.explain import explain, render
+
+    taskset = _load(args)
+    weights = layout.load(args.weights) if args.weights else _build(args, taskset).instantiate()
+    info = explain(taskset, weights, args.prefix)
+    if args.json:
+        _write_text(args.json, json.dumps(info, indent=2, ensure_ascii=False), [args.tasks, args.weights])
+        if args.json == "-":
+            return EXIT_OK
+    print(render(info))
+    return EXIT_OK
+
+
+COMMANDS = {"check": cmd_check, "inspect": cmd_inspect, "build": cmd_build, "explain": cmd_explain}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        return COMMANDS[args.command](args)
+    except TaskError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except RecursionError:
+        print("error: input nested too deeply", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except MemoryError:
+        print("error: out of memory on this input", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130

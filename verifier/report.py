@@ -1,0 +1,118 @@
+"""Rendering a :class:`verifier.verify.Report`: the per-task table and the JSON record.
+
+JSON field names are stable (documented in the README, "JSON report").
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from verifier.verify import Report, TaskRecord
+
+
+def _num(x: float | None) -> float | None:
+    if x is None or (isinstance(x, float) and (math.isinf(x) or math.isnan(x))):
+        return None
+    return float(x)
+
+
+def task_json(r: TaskRecord) -> dict[str, Any]:
+    return {
+        "name": r.name,
+        "templates": r.templates,
+        "facts": r.facts,
+        "L": r.L,
+        "bound": r.bound,
+        "expert": r.expert,
+        "width": r.width,
+        "queries": r.queries,
+        "object_queries": r.object_queries,
+        "worst_error_bound": _num(r.closed_form_bound),
+        "worst_error_measured": _num(r.worst_error),
+        "worst_error_measured_lower": _num(r.worst_error_lower),
+        "worst_query": r.worst_query,
+        "min_gate_margin": _num(r.min_margin),
+        "misrouted": r.misrouted,
+        "over_epsilon": r.over_epsilon,
+        "ablation_broken": r.ablation_broken,
+        "isolated": r.isolated,
+        "checks": {"error": r.error_ok, "routing": r.routing_ok, "size": r.size_ok, "entanglement": r.entanglement_ok},
+        "certified": r.certified,
+    }
+
+
+def report_json(report: Report) -> dict[str, Any]:
+    ratio = None
+    if report.closed_form_value and report.measured_worst:
+        ratio = report.closed_form_value / report.measured_worst
+    return {
+        "verdict": report.verdict,
+        "certified": report.certified,
+        "epsilon": report.epsilon,
+        "parameters": report.parameters,
+        "queries": report.queries,
+        "seconds": round(report.seconds, 3),
+        "gate": report.gate,
+        "closed_form": {
+            "expression": report.closed_form,
+            "bound": _num(report.closed_form_value),
+            "measured_worst": _num(report.measured_worst),
+            "bound_over_measured": _num(ratio),
+        },
+        "foreign_queries": report.foreign,
+        "tasks": [task_json(r) for r in report.tasks],
+        "counterexamples": report.counterexamples,
+        "notes": report.notes,
+    }
+
+
+def dumps(report: Report) -> str:
+    return json.dumps(report_json(report), indent=2, ensure_ascii=False)
+
+
+def _fmt(x: float | None, digits: int = 2) -> str:
+    if x is None or (isinstance(x, float) and math.isinf(x)):
+        return "-"
+    return f"{x:.{digits}e}" if (x != 0 and (abs(x) < 1e-2 or abs(x) >= 1e4)) else f"{x:.{digits + 2}g}"
+
+
+def table(report: Report) -> str:
+    head = ["task", "|T|", "N", "L", "c(k)", "width", "queries", "err bound", "err measured", "margin", "routing", "ok"]
+    rows = []
+    for r in report.tasks:
+        rows.append([
+            r.name, str(r.templates), str(r.facts), str(r.L), str(r.bound), "-" if r.width is None else str(r.width),
+            str(r.queries), _fmt(r.closed_form_bound), _fmt(r.worst_error), _fmt(r.min_margin),
+            "ok" if r.routing_ok else f"{r.misrouted} bad", "yes" if r.certified else "NO",
+        ])
+    widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(head)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(head, widths)), "  ".join("-" * w for w in widths)]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in rows]
+    return "\n".join(lines)
+
+
+def summary(report: Report) -> str:
+    lines = [table(report), ""]
+    if report.closed_form:
+        lines.append(f"closed-form bound: eps(beta, gamma) = {report.closed_form}")
+        lines.append(f"  at the parameters: {_fmt(report.closed_form_value, 4)}; measured worst error: {_fmt(report.measured_worst, 4)}")
+    params = ", ".join(f"{k}={v}" for k, v in report.parameters.items())
+    lines.append(f"parameters: {params}; gate: {report.gate or 'given'}; queries: {report.queries}; time: {report.seconds:.2f}s")
+    for note in report.notes:
+        lines.append(f"note: {note}")
+    for c in report.counterexamples[:5]:
+        nums = {k: v for k, v in c.items() if k not in ("check", "task", "template", "subject", "prefix", "valid_next", "consistent_tasks")}
+        lines.append(f"counterexample [{c['check']}]: task '{c['task']}', template '{c['template']}', subject {c['subject']!r}, "
+                     f"prefix '{c['prefix']}', valid next {c['valid_next']}: {nums}")
+    if len(report.counterexamples) > 5:
+        lines.append(f"... {len(report.counterexamples) - 5} more counterexamples in the JSON report")
+    failed = [r.name for r in report.tasks if not r.certified]
+    verdict = f"verdict: {report.verdict.upper()} at epsilon = {report.epsilon}"
+    if failed:
+        verdict += f" (failing tasks: {', '.join(failed[:5])}{' ...' if len(failed) > 5 else ''})"
+    if report.foreign:
+        verdict += f"; {report.foreign} determined queries reached another task's expert"
+    lines.append(verdict)
+    return "\n".join(lines)
