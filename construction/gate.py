@@ -247,7 +247,8 @@ def build_gate(taskset: TaskSet, residual: Space, trie: StructureTrie) -> GateRe
     margin, rivals = ideal_margins(S, eta, cells)
     if margin.size == 0 or margin.min() > 0:
         W_G, b_G = _assemble(taskset, residual, index, F_k, eta)
-        t = Fraction(float(margin.min())) if margin.size else Fraction(1)
+        finite = margin[np.isfinite(margin)]
+        t = Fraction(float(finite.min())) if finite.size else Fraction(1)  # one task: no competitor
         return GateResult(W_G, b_G, "closed form", t, _mass(F_k, index))
 
     bad = np.flatnonzero(margin <= 0)

@@ -87,7 +87,7 @@ class SymbolicModel:
             expert_tasks=self.taskset.names,
             gate_mode="top1",
             residual_labels=tuple(self.residual.labels()) if self.residual.dim <= 200_000 else None,
-            neuron_labels=tuple(tuple(e.neurons.labels()) for e in self.experts) if sum(self.widths) <= 200_000 else None,
+            neuron_labels=tuple(tuple(e.neurons.blocks[0].labels) for e in self.experts) if sum(self.widths) <= 200_000 else None,
             parameters={"beta": str(self.beta if beta is None else beta), "gamma": str(self.gamma if gamma is None else gamma),
                         "epsilon": self.epsilon, "gate": self.gate.method},
         )

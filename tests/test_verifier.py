@@ -1,0 +1,227 @@
+"""The verifier: exactness of its enclosures, and every check shown failing on a model that violates it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import mpmath
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from tasks.queries import query_groups
+from tasks.structure import OBJ, SUBJ
+from verifier import layout
+from verifier.exact import exact_forward
+from verifier.forward import run_batch
+from verifier.layout import Expert
+from verifier.verify import verify
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE = ROOT / "examples" / "capitals.yaml"
+
+
+@pytest.fixture(scope="module")
+def weights(capitals_model):
+    return capitals_model.instantiate()
+
+
+def checks(report):
+    return {r.name: r for r in report.tasks}
+
+
+def test_example_certifies(capitals_set, capitals_model, weights):
+    report = verify(capitals_set, weights, 0.01, model=capitals_model)
+    assert report.certified, report.counterexamples
+    assert report.queries == 67
+    assert all(r.isolated for r in report.tasks)
+    assert all(r.ablation_broken == r.object_queries > 0 for r in report.tasks)
+    assert report.measured_worst < 0.01
+    assert report.measured_worst == pytest.approx(report.closed_form_value, rel=1e-9)
+
+
+def test_enclosures_contain_the_exact_values(capitals_set, weights):
+    """An independent 60-digit evaluation lies inside every enclosure the verifier reports."""
+    vocab = capitals_set.vocabulary
+    checked = 0
+    for g in query_groups(capitals_set):
+        pos = [weights.bos] + [g.subjects if c == SUBJ else g.objects if c == OBJ else c for c in g.node.symbols]
+        res = run_batch(weights, pos, len(g), g.valid_ptr, g.valid)
+        for i in range(len(g)):
+            ex = exact_forward(weights, list(g.prefix_ids(i, vocab)), set(g.valid_of(i).tolist()))
+            assert ex["expert"] == res.expert[i]
+            assert mpmath.mpf(res.err_lo[i]) <= ex["error"] <= mpmath.mpf(res.err_hi[i])
+            for k, gk in enumerate(ex["gates"]):
+                assert mpmath.mpf(res.gate_lo[i, k]) <= gk <= mpmath.mpf(res.gate_hi[i, k])
+            e = int(res.expert[i])
+            others = max(gk for k, gk in enumerate(ex["gates"]) if k != e)
+            assert mpmath.mpf(res.margin[i]) <= ex["gates"][e] - others
+            checked += 1
+    assert checked == 67
+
+
+# --- every check fails on a model that violates it -------------------------------------------
+
+
+def _expert(weights, k, W_1=None, b_1=None, W_2=None):
+    e = weights.experts[k]
+    new = Expert(W_1 if W_1 is not None else e.W_1, b_1 if b_1 is not None else e.b_1, W_2 if W_2 is not None else e.W_2)
+    experts = list(weights.experts)
+    experts[k] = new
+    return weights.replace(experts=tuple(experts))
+
+
+def _neuron(weights, k, label):
+    return weights.neuron_labels[k].index(label)
+
+
+def test_swapped_facts_fail_with_counterexample(capitals_set, weights):
+    i, j = _neuron(weights, 0, "fact:France"), _neuron(weights, 0, "fact:Germany")
+    W_2 = weights.experts[0].W_2.tolil()
+    ci, cj = W_2[:, i].copy(), W_2[:, j].copy()
+    W_2[:, i], W_2[:, j] = cj, ci
+    report = verify(capitals_set, _expert(weights, 0, W_2=W_2.tocsr()), 0.01)
+    assert not report.certified
+    assert not checks(report)["capital"].error_ok
+    assert checks(report)["continent"].certified and checks(report)["located"].certified
+    bad = [c for c in report.counterexamples if c["check"] == "error"]
+    assert {c["subject"] for c in bad} == {"France", "Germany"}
+    assert all(c["task"] == "capital" and c["error_lower"] > 0.5 for c in bad)
+    assert any(c["prefix"] == "the capital of France is" and c["predicted"] == "Berlin" for c in bad)
+
+
+def test_beta_too_small_fails(capitals_set, capitals_model):
+    report = verify(capitals_set, capitals_model.instantiate(beta=1), 0.01)
+    assert not report.certified
+    assert any(not r.error_ok for r in report.tasks)
+
+
+def test_gamma_too_small_fails(capitals_set, capitals_model):
+    report = verify(capitals_set, capitals_model.instantiate(gamma=capitals_model.gamma - 1), 0.01)
+    assert not report.certified
+    assert {c["check"] for c in report.counterexamples} == {"error"}
+    assert all(not r.error_ok for r in report.tasks)
+
+
+def test_disturbed_gate_row_misroutes(capitals_set, weights):
+    W_G = weights.W_G.tolil()
+    W_G[1] = W_G[1] + W_G[0] * 2  # 'continent' now also claims every 'capital' feature
+    report = verify(capitals_set, weights.replace(W_G=W_G.tocsr()), 0.01)
+    assert not report.certified
+    assert not checks(report)["capital"].routing_ok
+    bad = [c for c in report.counterexamples if c["check"] == "routing"]
+    assert bad and all(c["routed_task"] == "continent" for c in bad)
+    assert report.foreign > 0
+
+
+def test_removed_template_neuron_fails(capitals_set, weights):
+    drop = _neuron(weights, 0, "template:the capital")
+    keep = [i for i in range(weights.experts[0].width) if i != drop]
+    e = weights.experts[0]
+    report = verify(capitals_set, _expert(weights, 0, e.W_1[keep], e.b_1[keep], e.W_2[:, keep]), 0.01)
+    assert not report.certified
+    bad = [c for c in report.counterexamples if c["check"] == "error"]
+    assert [c["prefix"] for c in bad] == ["the capital"]
+
+
+def test_ablated_expert_fails(capitals_set, weights):
+    e = weights.experts[2]
+    report = verify(capitals_set, _expert(weights, 2, W_2=sp.csr_matrix(e.W_2.shape)), 0.01)
+    assert not checks(report)["located"].error_ok
+    assert checks(report)["capital"].certified
+
+
+def test_oversized_expert_fails_size(capitals_set, weights):
+    e = weights.experts[2]
+    extra = 10  # zero neurons: harmless for the predictions, but over the bound c(k) = 11
+    W_1 = sp.vstack([e.W_1, sp.csr_matrix((extra, e.W_1.shape[1]))]).tocsr()
+    W_2 = sp.hstack([e.W_2, sp.csr_matrix((e.W_2.shape[0], extra))]).tocsr()
+    report = verify(capitals_set, _expert(weights, 2, W_1, np.concatenate([e.b_1, -np.ones(extra)]), W_2), 0.01)
+    rec = checks(report)["located"]
+    assert rec.error_ok and rec.routing_ok and not rec.size_ok and not report.certified
+
+
+def test_knowledge_outside_the_expert_fails_entanglement(capitals_set, weights):
+    # The unembedding itself maps subj:France -> Paris: ablating the capital expert no longer breaks that fact.
+    U = weights.U.tolil()
+    U[weights.vocab.index("Paris"), weights.residual_labels.index("subj:France")] = 1000.0
+    report = verify(capitals_set, weights.replace(U=U.tocsr()), 0.01)
+    rec = checks(report)["capital"]
+    assert not rec.entanglement_ok
+    assert any(c["check"] == "entanglement" and c["subject"] == "France" for c in report.counterexamples)
+
+
+def test_isolation_check_detects_a_non_modular_construction(capitals_set, capitals_model, monkeypatch):
+    import construction.experts as experts
+
+    real = experts.build_expert
+
+    def leaky(taskset, k, residual):  # depends on how many tasks there are
+        e = real(taskset, k, residual)
+        if len(taskset.tasks) > 1:
+            return experts.SymExpert(e.task, e.neurons, e.W_1 + e.W_1, e.b_1, e.W_2)
+        return e
+
+    monkeypatch.setattr(experts, "build_expert", leaky)
+    report = verify(capitals_set, capitals_model.instantiate(), 0.01, model=capitals_model)
+    assert all(r.isolated is False for r in report.tasks)
+    assert not report.certified
+
+
+# --- command line -------------------------------------------------------------------------------
+
+
+def run(*args, cwd=ROOT):
+    return subprocess.run([sys.executable, "-m", "verifier", *args], capture_output=True, text=True, cwd=cwd)
+
+
+def test_cli_check_certifies_and_json():
+    out = run("check", str(EXAMPLE), "--json", "-")
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert data["verdict"] == "certified" and data["epsilon"] == 0.01
+    assert [t["name"] for t in data["tasks"]] == ["capital", "continent", "located"]
+    t = data["tasks"][0]
+    assert {"bound", "width", "queries", "worst_error_bound", "worst_error_measured", "min_gate_margin", "checks"} <= set(t)
+
+
+def test_cli_weights_round_trip_and_perturbed_fails(tmp_path, capitals_set, weights):
+    path = tmp_path / "w.npz"
+    assert run("build", str(EXAMPLE), "-o", str(path)).returncode == 0
+    assert run("check", str(EXAMPLE), "--weights", str(path)).returncode == 0
+    w = layout.load(path)
+    i, j = _neuron(w, 0, "fact:France"), _neuron(w, 0, "fact:Japan")
+    W_2 = w.experts[0].W_2.tolil()
+    ci, cj = W_2[:, i].copy(), W_2[:, j].copy()
+    W_2[:, i], W_2[:, j] = cj, ci
+    bad = tmp_path / "bad.npz"
+    layout.save(_expert(w, 0, W_2=W_2.tocsr()), bad)
+    out = run("check", str(EXAMPLE), "--weights", str(bad), "--json", str(tmp_path / "r.json"))
+    assert out.returncode == 1
+    data = json.loads((tmp_path / "r.json").read_text())
+    assert data["verdict"] == "not certified"
+    assert any(c["subject"] == "France" and c["check"] == "error" for c in data["counterexamples"])
+    assert "counterexample [error]" in out.stdout
+
+
+def test_cli_bad_inputs_exit_2(tmp_path):
+    junk = tmp_path / "junk.npz"
+    junk.write_bytes(b"PK\x03\x04 truncated")
+    out = run("check", str(EXAMPLE), "--weights", str(junk))
+    assert out.returncode == 2 and "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1
+    out = run("check", str(tmp_path / "missing.yaml"))
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    out = run("explain", str(EXAMPLE), "the capital of Atlantis is")
+    assert out.returncode == 2 and "Atlantis" in out.stderr
+
+
+def test_cli_explain_and_inspect():
+    out = run("explain", str(EXAMPLE), "the capital of France is")
+    assert out.returncode == 0, out.stderr
+    assert "routed to expert 0 (capital)" in out.stdout and "fact:France" in out.stdout and "next: Paris" in out.stdout
+    out = run("inspect", str(EXAMPLE), "--json", "-")
+    data = json.loads(out.stdout)
+    assert [e["width"] for e in data["experts"]] == [10, 10, 9] and [e["bound"] for e in data["experts"]] == [16, 16, 11]
