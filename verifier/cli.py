@@ -71,6 +71,17 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument("prefix", help="the prefix, e.g. \"the capital of France is\"")
     e.add_argument("--weights", help="use these weights instead of building")
     e.add_argument("--json", metavar="PATH", help="write the trace as JSON")
+
+    pl = sub.add_parser("plot", help="draw routing, widths and bound-vs-beta pictures (PNG)", description=(
+        "Build and verify the model, then write NAME_routing.png (task x expert routing), NAME_widths.png (expert "
+        "width against c(k)) and NAME_bound_vs_beta.png (closed-form bound and measured worst error against beta at "
+        "the model's gamma; each beta is a full verification). Needs matplotlib: pip install -e .[plots]"))
+    common(pl)
+    pl.add_argument("--out", required=True, metavar="DIR", help="output directory (created if missing)")
+    pl.add_argument("--name", help="file name prefix (default: the tasks file's name, or its directory's for tasks.yaml)")
+    pl.add_argument("--betas", type=_positive, nargs="+", metavar="BETA",
+                    help="beta values for the bound-vs-beta picture (default: integers from the chosen beta - 4 to + 3)")
+    pl.add_argument("--quiet", action="store_true", help="no progress on stderr")
     return p
 
 
@@ -202,7 +213,31 @@ def cmd_explain(args) -> int:
     return EXIT_OK
 
 
-COMMANDS = {"check": cmd_check, "inspect": cmd_inspect, "build": cmd_build, "explain": cmd_explain}
+def cmd_plot(args) -> int:
+    from verifier.plots import plot_all, require_matplotlib
+
+    require_matplotlib()
+    taskset = _load(args)
+    out = os.path.abspath(args.out)
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise TaskError("is not a directory", file=args.out, fix="give a directory for the pictures")
+    try:
+        os.makedirs(out, exist_ok=True)
+    except OSError as exc:
+        raise TaskError(f"cannot create the output directory: {exc.strerror or exc}", file=args.out) from None
+    name = args.name
+    if not name:
+        stem = os.path.splitext(os.path.basename(args.tasks))[0]
+        parent = os.path.basename(os.path.dirname(os.path.abspath(args.tasks)))
+        name = parent if stem == "tasks" and parent else stem
+    model = _build(args, taskset)
+    progress = None if args.quiet else (lambda text: print(text, file=sys.stderr, flush=True))
+    for path in plot_all(taskset, model, args.out, name, args.betas, progress):
+        print(path)
+    return EXIT_OK
+
+
+COMMANDS = {"check": cmd_check, "inspect": cmd_inspect, "build": cmd_build, "explain": cmd_explain, "plot": cmd_plot}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -214,6 +249,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_BAD_INPUT
     except RecursionError:
         print("error: input nested too deeply", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except OSError as exc:
+        print(f"error: {exc.filename or ''}: {exc.strerror or exc}".replace("\n", " "), file=sys.stderr)
         return EXIT_BAD_INPUT
     except MemoryError:
         print("error: out of memory on this input", file=sys.stderr)

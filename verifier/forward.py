@@ -85,8 +85,10 @@ def _softmax_bounds(s_lo: np.ndarray, s_hi: np.ndarray, s_mid: np.ndarray):
 
 
 def _from_bounds(lo: np.ndarray, hi: np.ndarray):
-    mid = 0.5 * lo + 0.5 * hi
-    rad = np.maximum(I.up(hi - mid), I.up(mid - lo))
+    """Mid-radius form of [lo, hi]; a point interval stays a point (radius exactly 0)."""
+    point = lo == hi
+    mid = np.where(point, lo, 0.5 * lo + 0.5 * hi)
+    rad = np.where(point, 0.0, np.maximum(I.up(hi - mid), I.up(mid - lo)))
     return mid, rad
 
 

@@ -132,6 +132,9 @@ class Weights:
         need(len(self.expert_tasks) == K, f"expert_tasks has {len(self.expert_tasks)} entries for {K} experts")
         need(self.gate_mode in GATE_MODES, f"gate_mode {self.gate_mode!r} is not one of {GATE_MODES}")
         need(len(set(self.vocab)) == V, "vocab has repeated tokens")
+        named = [t for t in self.expert_tasks if t]
+        dup = sorted({t for t in named if named.count(t) > 1})
+        need(not dup, f"expert_tasks names task {dup[0]!r} for several experts; an expert serves one task and a task one expert" if dup else "")
         for name, m in self.arrays():
             data = m.data if sp.issparse(m) else m
             need(np.all(np.isfinite(data)), f"{name} has non-finite entries")

@@ -150,6 +150,7 @@ def verify(
 ) -> Report:
     """Run every check; ``model`` is the SymbolicModel if the weights were built here."""
     start = time.perf_counter()
+    weights.validate(source)
     tmap = token_map(taskset, weights, source)
     if weights.n_positions < taskset.L:
         raise TaskError(f"the weights have {weights.n_positions} positions; prefixes up to length {taskset.L - 1} need {taskset.L}",
@@ -175,6 +176,11 @@ def verify(
             done += hi - lo
             if progress:
                 progress(done, total)
+    # Size: every expert that receives a task's determined queries counts, not only the named one.
+    for k, r in enumerate(records):
+        for e in np.flatnonzero(report.routing_matrix[k]):
+            if weights.experts[e].width > (r.width or 0):
+                r.width, r.expert = weights.experts[e].width, int(e)
     report.measured_worst = max((r.worst_error for r in records), default=0.0)
     if model is not None:
         report.closed_form = str(model.error_bound())
