@@ -13,9 +13,9 @@ import pytest
 import scipy.sparse as sp
 
 from tasks.queries import query_groups
-from tasks.structure import OBJ, SUBJ
 from verifier import layout
 from verifier.exact import exact_forward
+from verifier.batches import group_tokens
 from verifier.forward import run_batch
 from verifier.layout import Expert
 from verifier.verify import verify
@@ -48,8 +48,7 @@ def test_enclosures_contain_the_exact_values(capitals_set, weights):
     vocab = capitals_set.vocabulary
     checked = 0
     for g in query_groups(capitals_set):
-        pos = [weights.bos] + [g.subjects if c == SUBJ else g.objects if c == OBJ else c for c in g.node.symbols]
-        res = run_batch(weights, pos, len(g), g.valid_ptr, g.valid)
+        res = run_batch(weights, group_tokens(g), g.valid_ptr, g.valid)
         for i in range(len(g)):
             ex = exact_forward(weights, list(g.prefix_ids(i, vocab)), set(g.valid_of(i).tolist()))
             assert ex["expert"] == res.expert[i]

@@ -71,7 +71,7 @@ def explain(taskset: TaskSet, weights: Weights, prefix: str, top: int = 5) -> di
     valid = _valid_next(taskset, tokens)
     vptr = np.array([0, len(valid)], np.int64)
     vals = np.array(sorted(index[t] for t in valid), np.int64)
-    cert = run_batch(weights, ids, 1, vptr, vals)
+    cert = run_batch(weights, np.array([ids[1:]], np.int64), vptr, vals)
     return {
         "prefix": tokens,
         "heads": heads,

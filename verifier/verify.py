@@ -34,12 +34,13 @@ import numpy as np
 
 from tasks.errors import TaskError
 from tasks.model import TaskSet
-from tasks.queries import QueryGroup, query_groups
-from tasks.structure import OBJ, SUBJ, StructureTrie
-from verifier.forward import run_batch
+from tasks.queries import QueryGroup, build_group, count_queries
+from tasks.structure import StructureTrie
+from verifier.batches import batches
+from verifier.forward import Prepared, run_batch
 from verifier.layout import Weights
 
-CHUNK = 50_000
+CHUNK = 20_000
 MAX_COUNTEREXAMPLES = 20
 
 
@@ -120,24 +121,6 @@ def token_map(taskset: TaskSet, weights: Weights, source: str = "weights") -> np
     return np.array([index[t] for t in taskset.vocabulary.tokens], np.int64)
 
 
-def _positions(group: QueryGroup, idx: slice, tmap: np.ndarray, bos: int) -> list:
-    out: list = [bos]
-    for c in group.node.symbols:
-        if c == SUBJ:
-            out.append(tmap[group.subjects[idx]])
-        elif c == OBJ:
-            out.append(tmap[group.objects[idx]])
-        else:
-            out.append(int(tmap[c]))
-    return out
-
-
-def _slice_csr(ptr: np.ndarray, vals: np.ndarray, lo: int, hi: int, tmap: np.ndarray | None = None):
-    p = ptr[lo: hi + 1] - ptr[lo]
-    v = vals[ptr[lo]: ptr[hi]]
-    return p, (tmap[v] if tmap is not None else v)
-
-
 def verify(
     taskset: TaskSet,
     weights: Weights,
@@ -165,17 +148,21 @@ def verify(
         records.append(TaskRecord(task.name, task.n_templates, task.n_facts, taskset.L, taskset.complexity(k),
                                   e, weights.experts[e].width if e is not None else None))
     trie = StructureTrie(taskset)
-    total = sum(len(g) for g in query_groups(taskset, trie))
+    total = count_queries(taskset, trie)
     report = Report(epsilon, dict(weights.parameters), records, total)
     report.routing_matrix = np.zeros((K_tasks, K_exp), np.int64)
+    prep = Prepared(weights)
+    state = _State(taskset, trie, report, expert_task_index, epsilon)
+    chunk = max(1_000, min(CHUNK, 20_000_000 // max(K_exp, 1)))
     done = 0
-    for group in query_groups(taskset, trie):
-        for lo in range(0, len(group), CHUNK):
-            hi = min(lo + CHUNK, len(group))
-            _check_chunk(taskset, weights, group, lo, hi, tmap, expert_task_index, epsilon, report)
-            done += hi - lo
-            if progress:
-                progress(done, total)
+    for batch in batches(taskset, trie, chunk):
+        vptr, vals = batch.valid_ptr, tmap[batch.valid]
+        res = run_batch(prep, tmap[batch.tokens], vptr, vals)
+        state.record(batch, res, weights)
+        done += len(batch)
+        if progress:
+            progress(done, total)
+    state.finish()
     # Size: every expert that receives a task's determined queries counts, not only the named one.
     for k, r in enumerate(records):
         for e in np.flatnonzero(report.routing_matrix[k]):
@@ -194,6 +181,95 @@ def verify(
     return report
 
 
+class _State:
+    """Accumulates per-task results over batches, vectorised; describes failures at the end."""
+
+    def __init__(self, taskset, trie, report: Report, expert_task_index: np.ndarray, epsilon: float) -> None:
+        self.taskset, self.trie, self.report = taskset, trie, report
+        self.serves = expert_task_index
+        self.epsilon = epsilon
+        K = len(taskset.tasks)
+        self.worst = np.full(K, -1.0)
+        self.worst_ref: list[tuple[int, int] | None] = [None] * K
+        self.pending: list[tuple[str, int, int, dict]] = []  # (check, node, index, numbers)
+        self._groups: dict[int, object] = {}
+
+    def record(self, b, res, weights) -> None:
+        n, K = len(b), len(self.taskset.tasks)
+        rep, eps = self.report, self.epsilon
+        rows = np.arange(n)
+        e = res.expert
+        served = self.serves[e]
+        counts = np.diff(b.allowed_ptr)
+        pr = np.repeat(rows, counts)
+        pt = b.allowed
+        allowed_keys = pr * (K + 1) + pt
+        route_ok = (~res.ambiguous) & (served >= 0) & np.isin(rows * (K + 1) + served, allowed_keys)
+        err_bad = ~(res.err_hi < eps)
+        det = b.determined
+        has = det >= 0
+        np.add.at(rep.routing_matrix, (det[has], e[has]), 1)
+        rep.foreign += int(np.count_nonzero(has & (served != det) & (served >= 0)))
+        q = np.bincount(pt, minlength=K)
+        bad_r = np.bincount(pt[~route_ok[pr]], minlength=K)
+        bad_e = np.bincount(pt[err_bad[pr]], minlength=K)
+        # worst error per task, with the row that attains it
+        order = np.lexsort((-res.err_hi[pr], pt))
+        first = np.ones(order.size, bool)
+        first[1:] = pt[order][1:] != pt[order][:-1]
+        top_rows, top_tasks = pr[order][first], pt[order][first]
+        # smallest certified margin over determined, well-routed queries
+        ok_det = has & route_ok
+        margins = np.full(K, np.inf)
+        np.minimum.at(margins, det[ok_det], res.margin[ok_det])
+        oq = b.object_query & has
+        oq_count = np.bincount(det[oq], minlength=K)
+        broken = np.bincount(det[oq & (res.ablated_lo >= eps)], minlength=K)
+        for k in np.flatnonzero(q):
+            r = rep.tasks[k]
+            r.queries += int(q[k]); r.misrouted += int(bad_r[k]); r.over_epsilon += int(bad_e[k])
+            r.object_queries += int(oq_count[k]); r.ablation_broken += int(broken[k])
+            r.min_margin = min(r.min_margin, float(margins[k]))
+        for i, k in zip(top_rows, top_tasks):
+            if res.err_hi[i] > self.worst[k]:
+                self.worst[k] = res.err_hi[i]
+                rec = rep.tasks[k]
+                rec.worst_error, rec.worst_error_lower = float(res.err_hi[i]), float(res.err_lo[i])
+                self.worst_ref[k] = (int(b.node[i]), int(b.index[i]))
+        room = MAX_COUNTEREXAMPLES - len(self.pending)
+        names = self.taskset.names
+        for i in np.flatnonzero(~route_ok)[:max(room, 0)]:
+            k = int(e[i])
+            self.pending.append(("routing", int(b.node[i]), int(b.index[i]), {
+                "routed_expert": k, "routed_task": names[served[i]] if served[i] >= 0 else None,
+                "margin": float(res.margin[i]), "gate_scores": _top_gate(res, i, weights)}))
+        room = MAX_COUNTEREXAMPLES - len(self.pending)
+        for i in np.flatnonzero(err_bad)[:max(room, 0)]:
+            pred = res.predicted[i]
+            self.pending.append(("error", int(b.node[i]), int(b.index[i]), {
+                "routed_expert": int(e[i]), "error_lower": float(res.err_lo[i]), "error_upper": float(res.err_hi[i]),
+                "epsilon": eps, "predicted": weights.vocab[pred] if pred >= 0 else "(a zero-logit token)"}))
+        room = MAX_COUNTEREXAMPLES - len(self.pending)
+        for i in np.flatnonzero(oq & ~(res.ablated_lo >= eps))[:max(room, 0)]:
+            self.pending.append(("entanglement", int(b.node[i]), int(b.index[i]), {
+                "routed_expert": int(e[i]), "ablated_error_lower": float(res.ablated_lo[i]), "epsilon": eps,
+                "why": "with its expert's output removed the model still answers this object query: "
+                       "the knowledge is not (only) in that expert"}))
+
+    def group(self, node: int):
+        if node not in self._groups:
+            self._groups[node] = build_group(self.taskset, self.trie, self.trie.nodes[node])
+        return self._groups[node]
+
+    def finish(self) -> None:
+        vocab = self.taskset.vocabulary
+        for k, ref in enumerate(self.worst_ref):
+            if ref is not None:
+                self.report.tasks[k].worst_query = " ".join(self.group(ref[0]).prefix_tokens(ref[1], vocab))
+        for check, node, i, numbers in self.pending:
+            self.report.counterexamples.append({"check": check, **_describe(self.taskset, self.group(node), i), **numbers})
+
+
 def _describe(taskset: TaskSet, group: QueryGroup, i: int) -> dict[str, Any]:
     vocab = taskset.vocabulary
     k = int(group.witness_task[i])
@@ -207,60 +283,6 @@ def _describe(taskset: TaskSet, group: QueryGroup, i: int) -> dict[str, Any]:
         "valid_next": sorted(vocab.token(t) for t in group.valid_of(i))[:10],
         "consistent_tasks": [taskset.names[j] for j in group.allowed_of(i)],
     }
-
-
-def _add_counterexample(report: Report, kind: str, base: dict[str, Any], **numbers) -> None:
-    if len(report.counterexamples) < MAX_COUNTEREXAMPLES:
-        report.counterexamples.append({"check": kind, **base, **numbers})
-
-
-def _check_chunk(taskset, weights, group, lo, hi, tmap, expert_task_index, epsilon, report) -> None:
-    n = hi - lo
-    vptr, vals = _slice_csr(group.valid_ptr, group.valid, lo, hi, tmap)
-    res = run_batch(weights, _positions(group, slice(lo, hi), tmap, weights.bos), n, vptr, vals)
-    names = taskset.names
-    cand = res.candidates.tocsr()
-    for i in range(n):
-        q = lo + i
-        allowed = group.allowed_of(q)
-        served = expert_task_index[cand.indices[cand.indptr[i]:cand.indptr[i + 1]]]
-        ok_route = res.margin[i] > 0 and np.all(np.isin(served, allowed))
-        det = int(group.determined[q])
-        e = int(res.expert[i])
-        if det >= 0:
-            report.routing_matrix[det, e] += 1
-            if expert_task_index[e] != det:
-                report.foreign += int(expert_task_index[e] >= 0)
-        for k in allowed:
-            rec = report.tasks[k]
-            rec.queries += 1
-            if res.err_hi[i] > rec.worst_error:
-                rec.worst_error, rec.worst_error_lower = float(res.err_hi[i]), float(res.err_lo[i])
-                rec.worst_query = " ".join(group.prefix_tokens(q, taskset.vocabulary))
-            if not ok_route:
-                rec.misrouted += 1
-            elif det == k:
-                rec.min_margin = min(rec.min_margin, float(res.margin[i]))
-            if not res.err_hi[i] < epsilon:
-                rec.over_epsilon += 1
-        if not ok_route:
-            _add_counterexample(report, "routing", _describe(taskset, group, q), routed_expert=e,
-                                routed_task=names[expert_task_index[e]] if expert_task_index[e] >= 0 else None,
-                                margin=float(res.margin[i]), gate_scores=_top_gate(res, i, weights))
-        if not res.err_hi[i] < epsilon:
-            _add_counterexample(report, "error", _describe(taskset, group, q), routed_expert=e,
-                                error_lower=float(res.err_lo[i]), error_upper=float(res.err_hi[i]), epsilon=epsilon,
-                                predicted=weights.vocab[res.predicted[i]] if res.predicted[i] >= 0 else "(a zero-logit token)")
-        if group.object_query[q] and det >= 0:
-            rec = report.tasks[det]
-            rec.object_queries += 1
-            if res.ablated_lo[i] >= epsilon:
-                rec.ablation_broken += 1
-            else:
-                _add_counterexample(report, "entanglement", _describe(taskset, group, q), routed_expert=e,
-                                    ablated_error_lower=float(res.ablated_lo[i]), epsilon=epsilon,
-                                    why="with its expert's output removed the model still answers this object query: "
-                                        "the knowledge is not (only) in that expert")
 
 
 def _top_gate(res, i: int, weights: Weights, top: int = 3) -> list[dict[str, Any]]:

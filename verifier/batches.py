@@ -1,0 +1,107 @@
+"""Queries in vectorised batches: same prefix length, rows sorted by task, bounded size.
+
+All queries of one length p are concatenated across structure groups (the per-group
+arrays of :mod:`tasks.queries`), sorted by their first consistent task so that a chunk
+touches few experts, and cut into chunks of at most ``chunk`` rows. Memory stays
+bounded by the chunk size whatever the number of facts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterator
+
+import numpy as np
+
+from tasks.model import TaskSet
+from tasks.queries import QueryGroup, build_group
+from tasks.structure import OBJ, SUBJ, StructureTrie
+
+
+def take_csr(ptr: np.ndarray, vals: np.ndarray, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Rows ``idx`` of a CSR (ptr, vals), in that order."""
+    counts = ptr[idx + 1] - ptr[idx]
+    new_ptr = np.zeros(idx.size + 1, np.int64)
+    np.cumsum(counts, out=new_ptr[1:])
+    total = int(new_ptr[-1])
+    if total == 0:
+        return new_ptr, np.zeros(0, vals.dtype)
+    starts = np.repeat(ptr[idx] - new_ptr[:-1], counts)
+    return new_ptr, vals[starts + np.arange(total)]
+
+
+def concat_csr(parts: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+    ptrs, vals, offset = [np.zeros(1, np.int64)], [], 0
+    for ptr, v in parts:
+        ptrs.append(ptr[1:] + offset)
+        vals.append(v)
+        offset += int(ptr[-1])
+    return np.concatenate(ptrs), (np.concatenate(vals) if vals else np.zeros(0, np.int64))
+
+
+@dataclass
+class Batch:
+    """n queries of length p (task-set token ids), with what the checks need per row."""
+
+    p: int
+    tokens: np.ndarray          # (n, p) token ids
+    valid_ptr: np.ndarray
+    valid: np.ndarray           # valid next token ids (task-set ids)
+    allowed_ptr: np.ndarray
+    allowed: np.ndarray         # consistent task indices
+    determined: np.ndarray      # (n,) task or -1
+    object_query: np.ndarray    # (n,) bool
+    node: np.ndarray            # (n,) structure-trie node of the row's group
+    index: np.ndarray           # (n,) index within that group
+
+    def __len__(self) -> int:
+        return self.tokens.shape[0]
+
+
+def group_tokens(group: QueryGroup) -> np.ndarray:
+    cols = []
+    n = len(group)
+    for c in group.node.symbols:
+        cols.append(group.subjects if c == SUBJ else group.objects if c == OBJ else np.full(n, c, np.int64))
+    return np.stack(cols, axis=1)
+
+
+def _rows(g: QueryGroup, idx: np.ndarray) -> dict:
+    vp, vv = take_csr(g.valid_ptr, g.valid, idx)
+    ap, av = take_csr(g.allowed_ptr, g.allowed, idx)
+    return {"tokens": group_tokens(g)[idx], "valid": (vp, vv), "allowed": (ap, av), "determined": g.determined[idx],
+            "object_query": g.object_query[idx], "node": np.full(idx.size, g.node.id, np.int64), "index": idx}
+
+
+def _emit(p: int, parts: list[dict]) -> Batch:
+    vp, vv = concat_csr([x["valid"] for x in parts])
+    ap, av = concat_csr([x["allowed"] for x in parts])
+    cat = lambda key: np.concatenate([x[key] for x in parts])  # noqa: E731
+    return Batch(p, cat("tokens"), vp, vv, ap, av, cat("determined"), cat("object_query"), cat("node"), cat("index"))
+
+
+def batches(taskset: TaskSet, trie: StructureTrie | None = None, chunk: int = 20_000) -> Iterator[Batch]:
+    """Every query, in batches of one prefix length and at most ``chunk`` rows.
+
+    Groups are built one structure node at a time and their rows sorted by first
+    consistent task, so memory is bounded by the largest group plus one chunk.
+    """
+    trie = trie or StructureTrie(taskset)
+    by_depth: dict[int, list] = {}
+    for node in trie:
+        by_depth.setdefault(node.depth, []).append(node)
+    for p in sorted(by_depth):
+        parts: list[dict] = []
+        size = 0
+        for node in sorted(by_depth[p], key=lambda n: n.tasks[0]):
+            g = build_group(taskset, trie, node)
+            order = np.argsort(g.allowed[g.allowed_ptr[:-1]], kind="stable")
+            for lo in range(0, order.size, chunk):
+                idx = order[lo: lo + chunk]
+                parts.append(_rows(g, idx))
+                size += idx.size
+                if size >= chunk:
+                    yield _emit(p, parts)
+                    parts, size = [], 0
+        if parts:
+            yield _emit(p, parts)
