@@ -75,9 +75,38 @@ class Prepared:
 
             self.heads.append(HeadProj(dense(E, zE, h.W_Q), dense(P, zP, h.W_Q), dense(E, zE, h.W_K), dense(P, zP, h.W_K),
                                        ov(E, zE), ov(P, zP)))
+        # Tokens with identical projections give identical scores / values: class ids per head.
+        self.qk_class = [_dense_row_classes(np.concatenate([h.QE[0], h.QE[1], h.KE[0], h.KE[1]], axis=1)) for h in self.heads]
+        self.v_class = [_sparse_row_classes(h.OE[0], h.OE[1]) for h in self.heads]
         self.UT = weights.U.T.tocsr()
         self.WGT = weights.W_G.T.tocsr()
         self.experts = [(e.W_1.T.tocsr(), e.b_1, e.W_2.T.tocsr(), np.flatnonzero(e.b_1 > 0)) for e in weights.experts]
+
+
+def _dense_row_classes(X: np.ndarray) -> np.ndarray:
+    """Class id per row: equal ids iff the rows are exactly equal."""
+    X = np.ascontiguousarray(X)
+    if X.shape[1] == 0:
+        return np.zeros(X.shape[0], np.int64)
+    view = X.view(np.dtype((np.void, X.dtype.itemsize * X.shape[1]))).reshape(-1)
+    return np.unique(view, return_inverse=True)[1].reshape(-1).astype(np.int64)
+
+
+def _sparse_row_classes(Mm: sp.csr_matrix, Mr: sp.csr_matrix, max_nnz: int = 8) -> np.ndarray:
+    """Class id per row of an interval CSR matrix (exact equality); identity if rows are wide."""
+    n = Mm.shape[0]
+    pattern, mid, rad = _union(Mm, Mr)
+    counts = np.diff(pattern.indptr)
+    width = int(counts.max(initial=0))
+    if width > max_nnz:
+        return np.arange(n, dtype=np.int64)
+    table = np.full((n, 3 * max(width, 1)), -1.0)
+    pos = np.arange(pattern.indices.size) - np.repeat(pattern.indptr[:-1], counts)
+    rows = np.repeat(np.arange(n), counts)
+    table[rows, pos] = pattern.indices
+    table[rows, width + pos] = mid
+    table[rows, 2 * width + pos] = rad
+    return _dense_row_classes(table)
 
 
 # --- small interval helpers ------------------------------------------------------------------
@@ -178,67 +207,97 @@ def _union(mid: sp.csr_matrix, rad: sp.csr_matrix) -> tuple[sp.csr_matrix, np.nd
 # --- the pass ---------------------------------------------------------------------------------
 
 
-def residual(prep: Prepared, tokens: np.ndarray):
-    """r at the last position for rows of ``tokens`` (n x p, weights' ids); interval CSR (n x d)."""
-    w = prep.weights
-    n, p = tokens.shape
-    ids = np.concatenate([np.full((n, 1), w.bos, np.int64), tokens], axis=1)  # (n, p+1)
-    # Collect every term of r as COO triplets, then sum once with a rounding bound for the sums.
-    rows_l, cols_l, mid_l, rad_l = [], [], [], []
+def _sum_terms(shape, rows_l, cols_l, mid_l, rad_l, terms: int):
+    """Σ of COO interval terms (duplicates summed) with a rounding bound for the sums."""
+    rows = np.concatenate(rows_l)
+    cols = np.concatenate(cols_l)
+    mids = np.concatenate(mid_l)
+    rads = np.concatenate(rad_l)
+    Mm = sp.csr_matrix((mids, (rows, cols)), shape=shape)
+    Ma = sp.csr_matrix((np.abs(mids), (rows, cols)), shape=shape)
+    Mr = sp.csr_matrix((rads, (rows, cols)), shape=shape)
+    Mm.sum_duplicates(); Ma.sum_duplicates(); Mr.sum_duplicates()
+    g = I.gamma(terms + 2)
+    pattern, mm, mr = _union(Mm, Mr)
+    ma = _aligned(pattern, Ma)
+    rad = (mr + g * ma) * (1 + 4 * g) + terms * I.ETA
+    return (sp.csr_matrix((mm, pattern.indices, pattern.indptr), shape=shape),
+            sp.csr_matrix((rad, pattern.indices.copy(), pattern.indptr.copy()), shape=shape))
 
-    def add_rows(M: sp.csr_matrix, R: sp.csr_matrix, src: np.ndarray, am=None, ar=None):
-        """Rows ``src`` of the interval matrix (M, R), optionally scaled by (am, ar) per row."""
+
+class _Terms:
+    """COO accumulator of interval terms, each optionally scaled by an interval per row."""
+
+    def __init__(self) -> None:
+        self.rows, self.cols, self.mid, self.rad = [], [], [], []
+
+    def rows_of(self, M: sp.csr_matrix, R: sp.csr_matrix, src: np.ndarray, am=None, ar=None) -> None:
         r, c, vm = _csr_rows(M, src)
-        add_terms(r, c, vm, np.zeros_like(vm), am, ar)
+        self.add(r, c, vm, np.zeros_like(vm), am, ar)
         if R.nnz:
             r, c, vr = _csr_rows(R, src)
-            add_terms(r, c, np.zeros_like(vr), vr, am, ar)
+            self.add(r, c, np.zeros_like(vr), vr, am, ar)
 
-    def add_terms(r, c, vm, vr, am, ar):
+    def add(self, r, c, vm, vr, am, ar) -> None:
         if am is None:
             mid, rad = vm, vr
         else:
             a_m, a_r = am[r], ar[r]
             mid = a_m * vm
-            rad = I.up((np.abs(a_m) * vr + a_r * np.abs(vm) + a_r * vr) * (1 + 8 * I.U) + I.U * np.abs(mid) + I.ETA)
-        rows_l.append(r); cols_l.append(c); mid_l.append(mid); rad_l.append(rad)
+            rad = (np.abs(a_m) * vr + a_r * np.abs(vm) + a_r * vr + I.U * np.abs(mid)) * (1 + 16 * I.U) + I.ETA
+        self.rows.append(r); self.cols.append(c); self.mid.append(mid); self.rad.append(rad)
 
-    # h_p = E[x_p] + P[p]
-    add_rows(w.E.tocsr(), sp.csr_matrix(w.E.shape), ids[:, p])
-    P = w.P.tocsr()
-    pr, pc, pv = _csr_rows(P, np.full(n, p, np.int64))
-    add_terms(pr, pc, pv, np.zeros_like(pv), None, None)
-    for h in prep.heads:
-        q_m, q_r = _gather_add(h.QE, h.QP, ids[:, p], p)
-        s_mid, s_rad = np.empty((n, p + 1)), np.empty((n, p + 1))
-        for j in range(p + 1):
-            k_m, k_r = _gather_add(h.KE, h.KP, ids[:, j], j)
-            s_mid[:, j], s_rad[:, j] = I.dot_rows(q_m, q_r, k_m, k_r)
-        first, inv = _unique_rows(s_mid, s_rad)
-        a_lo, a_hi = softmax_bounds(I.lower(s_mid[first], s_rad[first]), I.upper(s_mid[first], s_rad[first]), s_mid[first])
-        am, ar = _from_bounds(a_lo, a_hi)
-        am, ar = am[inv], ar[inv]
-        for j in range(p + 1):
-            add_rows(h.OE[0], h.OE[1], ids[:, j], am[:, j], ar[:, j])
-            add_rows(h.OP[0], h.OP[1], np.full(n, j, np.int64), am[:, j], ar[:, j])
-    rows = np.concatenate(rows_l)
-    cols = np.concatenate(cols_l)
-    mids = np.concatenate(mid_l)
-    rads = np.concatenate(rad_l)
-    d = w.d
-    shape = (n, d)
-    Mm = sp.csr_matrix((mids, (rows, cols)), shape=shape)
-    Ma = sp.csr_matrix((np.abs(mids), (rows, cols)), shape=shape)
-    Mr = sp.csr_matrix((rads, (rows, cols)), shape=shape)
-    Mm.sum_duplicates(); Ma.sum_duplicates(); Mr.sum_duplicates()
-    terms = 2 + len(prep.heads) * 2 * (p + 1)
-    g = I.gamma(terms + 2)
-    pattern, mm, mr = _union(Mm, Mr)
-    ma = _aligned(pattern, Ma)
-    rad = I.up((mr + g * ma) * (1 + 4 * g) + terms * I.ETA)
-    R_m = sp.csr_matrix((mm, pattern.indices, pattern.indptr), shape=shape)
-    R_r = sp.csr_matrix((rad, pattern.indices.copy(), pattern.indptr.copy()), shape=shape)
-    return R_m, R_r
+    def total(self, shape, terms: int):
+        return _sum_terms(shape, self.rows, self.cols, self.mid, self.rad, terms)
+
+
+def head_output(prep: Prepared, m: int, ids: np.ndarray):
+    """W_O Σ_j a_j W_V h_j at the last position, for rows of ``ids`` (n x (p+1), BOS first).
+
+    Evaluated once per distinct (score classes, value classes) row, then gathered.
+    """
+    h = prep.heads[m]
+    n, p1 = ids.shape
+    p = p1 - 1
+    qk = prep.qk_class[m][ids]
+    first, inv = _unique_rows(qk)
+    rep = ids[first]
+    q_m, q_r = _gather_add(h.QE, h.QP, rep[:, p], p)
+    s_mid, s_rad = np.empty((rep.shape[0], p1)), np.empty((rep.shape[0], p1))
+    for j in range(p1):
+        k_m, k_r = _gather_add(h.KE, h.KP, rep[:, j], j)
+        s_mid[:, j], s_rad[:, j] = I.dot_rows(q_m, q_r, k_m, k_r)
+    a_lo, a_hi = softmax_bounds(I.lower(s_mid, s_rad), I.upper(s_mid, s_rad), s_mid)
+    am, ar = _from_bounds(a_lo, a_hi)
+    combo = np.concatenate([inv[:, None], prep.v_class[m][ids]], axis=1)
+    cfirst, cinv = _unique_rows(combo)
+    crep = ids[cfirst]
+    cam, car = am[inv[cfirst]], ar[inv[cfirst]]
+    terms = _Terms()
+    nc = cfirst.size
+    for j in range(p1):
+        terms.rows_of(h.OE[0], h.OE[1], crep[:, j], cam[:, j], car[:, j])
+        terms.rows_of(h.OP[0], h.OP[1], np.full(nc, j, np.int64), cam[:, j], car[:, j])
+    Om, Or = terms.total((nc, prep.weights.d), 2 * p1)
+    return Om[cinv], Or[cinv]
+
+
+def residual(prep: Prepared, tokens: np.ndarray):
+    """r at the last position for rows of ``tokens`` (n x p, weights' ids); interval CSR (n x d).
+
+    r = E[x_p] + P[p] + Σ_m (head m's output), summed once with a rounding bound.
+    """
+    w = prep.weights
+    n, p = tokens.shape
+    ids = np.concatenate([np.full((n, 1), w.bos, np.int64), tokens], axis=1)  # (n, p+1)
+    terms = _Terms()
+    terms.rows_of(w.E.tocsr(), sp.csr_matrix(w.E.shape), ids[:, p])
+    terms.rows_of(w.P.tocsr(), sp.csr_matrix(w.P.shape), np.full(n, p, np.int64))
+    everyone = np.arange(n)
+    for m in range(len(prep.heads)):
+        Om, Or = head_output(prep, m, ids)
+        terms.rows_of(Om, Or, everyone)
+    return terms.total((n, w.d), 2 + len(prep.heads))
 
 
 def expert_output(prep: Prepared, k: int, Rm: sp.csr_matrix, Rr: sp.csr_matrix):
@@ -343,8 +402,11 @@ def run_batch(prep: Prepared | Weights, tokens: np.ndarray, valid_ptr: np.ndarra
         margin = I.down(g_lo[rows, e] - others.max(axis=1))
     else:
         margin = np.full(n, np.inf)
-    cand = g_hi >= g_lo[rows, e][:, None]
+    # NaN-safe: a comparison that cannot be decided keeps the expert in and the row ambiguous.
+    cand = ~(g_hi < g_lo[rows, e][:, None])
     cand[rows, e] = True
+    finite = np.isfinite(g_lo).all(axis=1) & np.isfinite(g_hi).all(axis=1)
+    margin = np.where(finite, margin, -np.inf)
     if w.gate_mode == "top1-scaled":
         first, inv = _unique_rows(Gm, Gr)
         p_lo, p_hi = softmax_bounds(g_lo[first], g_hi[first], Gm[first])
@@ -369,7 +431,7 @@ def run_batch(prep: Prepared | Weights, tokens: np.ndarray, valid_ptr: np.ndarra
         predicted[idx[routed]] = pred[routed]
     Lm, Lr = I.smatmul(Rm, Rr, prep.UT)
     ab_lo, ab_hi, _ = sparse_error(Lm, Lr, V, valid_ptr, valid)
-    return BatchResult(e, margin, margin <= 0, g_lo, g_hi, err_lo, err_hi, ab_lo, ab_hi, predicted)
+    return BatchResult(e, margin, ~(margin > 0), g_lo, g_hi, err_lo, err_hi, ab_lo, ab_hi, predicted)
 
 
 def _take_csr(ptr: np.ndarray, vals: np.ndarray, idx: np.ndarray):

@@ -144,8 +144,11 @@ def smatmul(Xm: sp.csr_matrix, Xr: sp.csr_matrix, B: sp.spmatrix) -> tuple[sp.cs
     n = min(_max_terms(B.tocsc(), 0), max(Xm.shape[1], 1)) + 2
     g = gamma(n)
     Ym = (Xm @ B).tocsr()
-    R = (Xr @ absB + g * (abs(Xm) @ absB)).tocsr()
-    R.data = up(R.data * (1 + 4 * g) + n * ETA)
+    # Xr|B| + γ|Xm||B| = (Xr + γ|Xm|)|B|: one product. The computed sums of non-negative
+    # terms are within a factor (1 ± γ_n) of the true ones; inflating by (1 + 4γ_n), itself
+    # rounded (relative error <= u <= γ_n), still covers them.
+    R = ((Xr + g * abs(Xm)) @ absB).tocsr()
+    R.data = R.data * (1 + 4 * g) + n * ETA
     return Ym, R
 
 
@@ -154,12 +157,12 @@ def srow_scale(Xm: sp.csr_matrix, Xr: sp.csr_matrix, am: np.ndarray, ar: np.ndar
     Dm = sp.diags(am)
     Ym = (Dm @ Xm).tocsr()
     R = (sp.diags(np.abs(am)) @ Xr + sp.diags(ar) @ (abs(Xm) + Xr) + sp.diags(np.full(am.shape, U)) @ abs(Ym)).tocsr()
-    R.data = up(R.data * (1 + 8 * U) + ETA)
+    R.data = R.data * (1 + 16 * U) + ETA
     return Ym, R
 
 
 def sadd(Am, Ar, Bm, Br):
     Ym = (Am + Bm).tocsr()
     R = (Ar + Br + U * abs(Ym)).tocsr()
-    R.data = up(R.data * (1 + 4 * U))
+    R.data = R.data * (1 + 8 * U)
     return Ym, R
