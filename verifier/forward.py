@@ -208,21 +208,25 @@ def _union(mid: sp.csr_matrix, rad: sp.csr_matrix) -> tuple[sp.csr_matrix, np.nd
 
 
 def _sum_terms(shape, rows_l, cols_l, mid_l, rad_l, terms: int):
-    """Σ of COO interval terms (duplicates summed) with a rounding bound for the sums."""
+    """Σ of COO interval terms (equal (row, col) summed) with a rounding bound for the sums.
+
+    Each entry's midpoint is a float sum of at most ``terms`` midpoints: within
+    γ·Σ|mid| of the exact sum (any order). Radii add, inflated to cover their rounding.
+    """
     rows = np.concatenate(rows_l)
     cols = np.concatenate(cols_l)
     mids = np.concatenate(mid_l)
-    rads = np.concatenate(rad_l)
     Mm = sp.csr_matrix((mids, (rows, cols)), shape=shape)
     Ma = sp.csr_matrix((np.abs(mids), (rows, cols)), shape=shape)
-    Mr = sp.csr_matrix((rads, (rows, cols)), shape=shape)
-    Mm.sum_duplicates(); Ma.sum_duplicates(); Mr.sum_duplicates()
+    Mr = sp.csr_matrix((np.concatenate(rad_l), (rows, cols)), shape=shape)
+    for M in (Mm, Ma, Mr):
+        M.sum_duplicates()  # sorts and sums; keeps explicit zeros, so the patterns agree
+    if not (np.array_equal(Mm.indptr, Mr.indptr) and np.array_equal(Mm.indices, Mr.indices)
+            and np.array_equal(Mm.indices, Ma.indices)):
+        raise AssertionError("internal: term patterns differ")
     g = I.gamma(terms + 2)
-    pattern, mm, mr = _union(Mm, Mr)
-    ma = _aligned(pattern, Ma)
-    rad = (mr + g * ma) * (1 + 4 * g) + terms * I.ETA
-    return (sp.csr_matrix((mm, pattern.indices, pattern.indptr), shape=shape),
-            sp.csr_matrix((rad, pattern.indices.copy(), pattern.indptr.copy()), shape=shape))
+    rad = (Mr.data + g * Ma.data) * (1 + 4 * g) + terms * I.ETA
+    return Mm, sp.csr_matrix((rad, Mm.indices.copy(), Mm.indptr.copy()), shape=shape)
 
 
 class _Terms:
@@ -231,12 +235,19 @@ class _Terms:
     def __init__(self) -> None:
         self.rows, self.cols, self.mid, self.rad = [], [], [], []
 
-    def rows_of(self, M: sp.csr_matrix, R: sp.csr_matrix, src: np.ndarray, am=None, ar=None) -> None:
-        r, c, vm = _csr_rows(M, src)
-        self.add(r, c, vm, np.zeros_like(vm), am, ar)
-        if R.nnz:
-            r, c, vr = _csr_rows(R, src)
-            self.add(r, c, np.zeros_like(vr), vr, am, ar)
+    def rows_of(self, M: sp.csr_matrix, R: sp.csr_matrix, src: np.ndarray | None, am=None, ar=None) -> None:
+        """Rows ``src`` (all rows if None) of the interval matrix (M, R), optionally scaled."""
+        same = R.nnz and np.array_equal(M.indptr, R.indptr) and np.array_equal(M.indices, R.indices)
+        if src is None:
+            r, c, vm = np.repeat(np.arange(M.shape[0]), np.diff(M.indptr)), M.indices, M.data
+            vr = R.data if same else None
+        else:
+            r, c, vm = _csr_rows(M, src)
+            vr = _csr_rows(R, src)[2] if same else None
+        self.add(r, c, vm, vr if same else np.zeros_like(vm), am, ar)
+        if R.nnz and not same:
+            r2, c2, vr2 = _csr_rows(R, src if src is not None else np.arange(R.shape[0]))
+            self.add(r2, c2, np.zeros_like(vr2), vr2, am, ar)
 
     def add(self, r, c, vm, vr, am, ar) -> None:
         if am is None:
@@ -293,10 +304,9 @@ def residual(prep: Prepared, tokens: np.ndarray):
     terms = _Terms()
     terms.rows_of(w.E.tocsr(), sp.csr_matrix(w.E.shape), ids[:, p])
     terms.rows_of(w.P.tocsr(), sp.csr_matrix(w.P.shape), np.full(n, p, np.int64))
-    everyone = np.arange(n)
     for m in range(len(prep.heads)):
         Om, Or = head_output(prep, m, ids)
-        terms.rows_of(Om, Or, everyone)
+        terms.rows_of(Om, Or, None)
     return terms.total((n, w.d), 2 + len(prep.heads))
 
 
