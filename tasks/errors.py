@@ -46,4 +46,4 @@ class TaskError(ValueError):
         if self.fix:
             text += f"; {self.fix}"
         # One line, always: a message must never spill over several lines.
-        return " ".join(text.split("\n"))
+        return " ".join(text.splitlines())

@@ -62,7 +62,7 @@ def check_name(text: object, what: str) -> str:
     name = text.strip()
     if not name:
         raise TaskError(f"{what} is empty", fix="give it a name")
-    if "\n" in name or "\r" in name or "\t" in name:
+    if "\t" in name or len(name.splitlines()) > 1:
         raise TaskError(f"{what} {name!r} contains a tab or line break", fix="remove it")
     if name in SLOT_SPELLINGS:
         raise TaskError(f"{what} {name!r} is spelled like a slot marker", fix="rename it")
@@ -93,7 +93,7 @@ class Template:
                     fix=f"put {slot.value} (or *{slot.value[-1]}) where the {name.split()[0]} goes",
                 )
             if count > 1:
-                raise TaskError(f"template '{text}' has {count} {name}s", fix="keep exactly one")
+                raise TaskError(f"template '{text}' has {count} {name.replace(' slot', ' slots')}", fix="keep exactly one")
         if parts.index(OBJECT) < parts.index(SUBJECT):
             raise TaskError(
                 f"template '{text}' has ⋆2 before ⋆1",
@@ -103,6 +103,8 @@ class Template:
             if not isinstance(p, Slot):
                 if not isinstance(p, str) or not p or any(c.isspace() for c in p):
                     raise TaskError(f"template '{text}' has a bad word {p!r}", fix="words are non-empty and contain no spaces")
+                if p in SLOT_SPELLINGS:
+                    raise TaskError(f"template '{text}' has a word {p!r} spelled like a slot marker", fix="use Slot.SUBJECT / Slot.OBJECT for slots")
 
     @classmethod
     def parse(cls, text: object) -> "Template":

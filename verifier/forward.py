@@ -196,6 +196,8 @@ def _union(mid: sp.csr_matrix, rad: sp.csr_matrix) -> tuple[sp.csr_matrix, np.nd
     mid, rad = mid.tocsr(), rad.tocsr()
     mid.sum_duplicates()
     rad.sum_duplicates()
+    if I.same_pattern(mid, rad):
+        return mid, mid.data, rad.data
     pattern = (abs(mid) + abs(rad)).tocsr()
     pattern.sum_duplicates()
     pattern.sort_indices()

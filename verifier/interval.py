@@ -137,6 +137,12 @@ def _max_terms(B: sp.csr_matrix, axis: int) -> int:
     return int(B.getnnz(axis=axis).max())
 
 
+def same_pattern(A: sp.csr_matrix, B: sp.csr_matrix) -> bool:
+    """True if two CSR matrices store exactly the same (row, col) entries in the same order."""
+    return (A.shape == B.shape and A.nnz == B.nnz and np.array_equal(A.indptr, B.indptr)
+            and np.array_equal(A.indices, B.indices))
+
+
 def smatmul(Xm: sp.csr_matrix, Xr: sp.csr_matrix, B: sp.spmatrix) -> tuple[sp.csr_matrix, sp.csr_matrix]:
     """Interval X (sparse) times an exact sparse matrix B: (X @ B)."""
     B = sp.csr_matrix(B)
@@ -147,7 +153,11 @@ def smatmul(Xm: sp.csr_matrix, Xr: sp.csr_matrix, B: sp.spmatrix) -> tuple[sp.cs
     # Xr|B| + γ|Xm||B| = (Xr + γ|Xm|)|B|: one product. The computed sums of non-negative
     # terms are within a factor (1 ± γ_n) of the true ones; inflating by (1 + 4γ_n), itself
     # rounded (relative error <= u <= γ_n), still covers them.
-    R = ((Xr + g * abs(Xm)) @ absB).tocsr()
+    if same_pattern(Xm, Xr):
+        S = sp.csr_matrix((Xr.data + g * np.abs(Xm.data), Xm.indices, Xm.indptr), shape=Xm.shape)
+    else:
+        S = Xr + g * abs(Xm)
+    R = (S @ absB).tocsr()
     R.data = R.data * (1 + 4 * g) + n * ETA
     return Ym, R
 
@@ -163,6 +173,9 @@ def srow_scale(Xm: sp.csr_matrix, Xr: sp.csr_matrix, am: np.ndarray, ar: np.ndar
 
 def sadd(Am, Ar, Bm, Br):
     Ym = (Am + Bm).tocsr()
-    R = (Ar + Br + U * abs(Ym)).tocsr()
+    Rs = (Ar + Br).tocsr()
+    if same_pattern(Ym, Rs):
+        return Ym, sp.csr_matrix(((Rs.data + U * np.abs(Ym.data)) * (1 + 8 * U), Ym.indices, Ym.indptr), shape=Ym.shape)
+    R = (Rs + U * abs(Ym)).tocsr()
     R.data = R.data * (1 + 8 * U)
     return Ym, R
