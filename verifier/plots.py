@@ -97,7 +97,7 @@ def plot_routing(report, expert_tasks: Sequence[str], title: str = ""):
     if K * E <= 400:
         for i in range(K):
             for j in range(E):
-                if counts[i, j] or i == j:
+                if counts[i, j] or expert_tasks[j] == names[i]:
                     v = share[i, j]
                     ax.text(j, i, f"{100 * v:.0f}%" if v in (0.0, 1.0) else f"{100 * v:.1f}%", ha="center", va="center",
                             fontsize=max(5, _tick_font(max(K, E)) - 1), color="white" if v > 0.6 else "black")
@@ -121,7 +121,7 @@ def plot_widths(report, title: str = ""):
     facts = np.array([min(r.facts, r.width or 0) for r in recs], float)
     fig, ax = plt.subplots(figsize=(min(18.0, max(6.0, 0.55 * K + 3)), 4.8))
     bw = 0.38
-    ax.bar(x - bw / 2, facts, bw, color="#9ecae1", label="width: dictionary neurons (one per fact)")
+    ax.bar(x - bw / 2, facts, bw, color="#9ecae1", label="width: dictionary neurons (one per fact, N_k)")
     ax.bar(x - bw / 2, width - facts, bw, bottom=facts, color="#3182bd", label="width: template neurons")
     ax.bar(x + bw / 2, bound, bw, color="#fdae6b", label="bound c(k) = L·|T(k)| + N_k")
     log = bound.max() / max(1.0, bound.min()) > 50
@@ -129,12 +129,13 @@ def plot_widths(report, title: str = ""):
         ax.set_yscale("log")
         ax.set_ylim(max(0.5, 0.5 * min(bound.min(), facts[facts > 0].min() if (facts > 0).any() else 1)), bound.max() * 3)
     else:
-        ax.set_ylim(0, bound.max() * 1.18)
+        ax.set_ylim(0, bound.max() * (1.25 if K <= 12 else 1.15))
     if K <= 30:
         for i, r in enumerate(recs):
             ok = r.width is not None and r.width <= r.bound
             ax.text(x[i], max(width[i], bound[i]) * (1.25 if log else 1.02),
-                    f"{int(width[i])} / {int(bound[i])}" + ("" if ok else " OVER"), ha="center", va="bottom",
+                    (f"{int(width[i])} ≤ {int(bound[i])}" if ok else f"{int(width[i])} > {int(bound[i])} OVER")
+                    + (f"\n{int(facts[i])} + {int(width[i] - facts[i])}" if K <= 12 else ""), ha="center", va="bottom",
                     fontsize=_tick_font(K), color="black" if ok else "red")
     step = _thin(K)
     ax.set_xticks(x[::step])
@@ -144,7 +145,7 @@ def plot_widths(report, title: str = ""):
     n_ok = sum(1 for r in recs if r.width is not None and r.width <= r.bound)
     ax.set_title((title + "\n" if title else "") + f"expert width against the bound c(k): {n_ok} of {K} within",
                  fontsize=11)
-    ax.legend(fontsize=8, loc="upper left")
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.18 if K > 6 else -0.1), ncol=3, frameon=False)
     return fig
 
 
@@ -186,10 +187,11 @@ def plot_bound_vs_beta(points: Sequence[BetaPoint], epsilon: float, gamma: Fract
     plt = require_matplotlib()
     fig, ax = plt.subplots(figsize=(7.5, 4.8))
     b = np.array([float(p.beta) for p in points])
-    ax.plot(b, [p.bound for p in points], "-", color="#e6550d", marker="s", ms=4, label="closed-form bound ε(β, γ)")
+    ax.plot(b, [p.bound for p in points], "-", color="#e6550d", lw=7, alpha=0.35, solid_capstyle="round",
+            label="closed-form bound ε(β, γ)")
     ok = np.array([p.certified for p in points])
     meas = np.array([max(p.measured, 1e-300) for p in points])
-    ax.plot(b, meas, "-", color="#3182bd", lw=1, alpha=0.7)
+    ax.plot(b, meas, "-", color="#3182bd", lw=1, alpha=0.8)
     ax.plot(b[ok], meas[ok], "o", color="#3182bd", ms=6, label="measured worst error (certified)")
     if (~ok).any():
         ax.plot(b[~ok], meas[~ok], "o", mfc="white", mec="#3182bd", ms=6, label="measured worst error (not certified)")
@@ -197,8 +199,9 @@ def plot_bound_vs_beta(points: Sequence[BetaPoint], epsilon: float, gamma: Fract
     ax.annotate(f"ε = {epsilon:g}", xy=(b.max(), epsilon), xytext=(0, 4), textcoords="offset points",
                 ha="right", va="bottom", fontsize=9)
     ax.axvline(float(chosen_beta), color="grey", ls=":", lw=1)
-    ax.annotate(f"chosen β = {chosen_beta}", xy=(float(chosen_beta), 1), xycoords=("data", "axes fraction"),
-                xytext=(4, -12), textcoords="offset points", fontsize=9, color="grey")
+    ax.annotate(f"chosen β = {chosen_beta}", xy=(float(chosen_beta), 0.5), xycoords=("data", "axes fraction"),
+                xytext=(-3, 0), textcoords="offset points", fontsize=9, color="grey", rotation=90,
+                ha="right", va="center")
     bad = [float(p.beta) for p in points if not p.conditions_hold]
     if bad:
         ax.axvspan(b.min() - 0.5, max(bad) + 0.5, color="#dddddd", alpha=0.6, lw=0,
@@ -209,7 +212,12 @@ def plot_bound_vs_beta(points: Sequence[BetaPoint], epsilon: float, gamma: Fract
     ax.set_xlim(b.min() - 0.5, b.max() + 0.5)
     ax.set_title((title + "\n" if title else "") + f"error bound and measured error against β at γ = {gamma} "
                  f"(= {float(gamma):g})", fontsize=11)
-    ax.legend(fontsize=8, loc="lower left")
+    at = [p for p in points if p.beta == chosen_beta]
+    if at:
+        ax.text(0.98, 0.97, f"at the chosen β: bound {at[0].bound:.4g}, measured {at[0].measured:.4g}",
+                transform=ax.transAxes, ha="right", va="top", fontsize=8,
+                bbox=dict(boxstyle="round", fc="white", ec="#cccccc"))
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2, frameon=False)
     ax.grid(True, which="major", axis="y", alpha=0.3)
     return fig
 
