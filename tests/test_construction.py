@@ -10,7 +10,7 @@ import sympy
 from hypothesis import HealthCheck, given, settings
 
 from construction import bound
-from construction.experts import build_expert, labelled_entries
+from construction.experts import build_expert, labelled_entries, same_expert
 from construction.gate import RoutingError, build_gate
 from construction.model import build
 from construction.params import BETA, GAMMA
@@ -107,6 +107,12 @@ def test_modularity_without_a_task(capitals_set, capitals_model):
     space = residual_space(rest)
     for k, task in enumerate(rest.tasks):
         assert labelled_entries(build_expert(rest, k, space)) == full[task.name]
+        assert same_expert(build_expert(rest, k, space), capitals_model.experts[capitals_set.index(task.name)])
+    # and the fast comparison does tell different experts apart
+    assert not same_expert(capitals_model.experts[0], capitals_model.experts[1])
+    other = TaskSet((Task("capital", ("the capital of ⋆1 is ⋆2", "⋆1 has capital ⋆2"),
+                          {"France": "Paris", "Germany": "Bonn", "Japan": "Tokyo", "Italy": "Rome"}),))
+    assert not same_expert(build_expert(other, 0, residual_space(other)), capitals_model.experts[0])
 
 
 def test_modularity_adding_a_task(capitals_set, capitals_model):

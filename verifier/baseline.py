@@ -94,16 +94,22 @@ def _error(L: sp.csr_matrix, V: int, valid_ptr, valid, idx) -> np.ndarray:
     return 1.0 - good / total
 
 
-def plain_pass(weights: Weights, taskset, chunk: int = 20_000) -> tuple[int, float]:
-    """Run over every query; (queries, worst error)."""
+def plain_pass(weights: Weights, taskset, chunk: int = 20_000, jobs: int = 1) -> tuple[int, float]:
+    """Run over every query (same batches and workers as the certified pass); (queries, worst error)."""
     from verifier.batches import batches
+    from verifier.parallel import ordered_map
     from verifier.verify import token_map
 
     prep = Prepared(weights)
     tmap = token_map(taskset, weights)
+    K = len(weights.experts)
+    chunk = max(1_000, min(chunk, 20_000_000 // max(K, 1)))
+
+    def work(b):
+        return run_batch(prep, tmap[b.tokens], b.valid_ptr, tmap[b.valid])
+
     n, worst = 0, 0.0
-    for b in batches(taskset, chunk=chunk):
-        _, err = run_batch(prep, tmap[b.tokens], b.valid_ptr, tmap[b.valid])
+    for b, (_, err) in ordered_map(work, batches(taskset, chunk=chunk), jobs):
         n += len(b)
         worst = max(worst, float(err.max()))
     return n, worst

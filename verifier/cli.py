@@ -57,6 +57,7 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--json", metavar="PATH", help="write the JSON report to PATH ('-' for stdout)")
     c.add_argument("--quiet", action="store_true", help="no progress on stderr")
     c.add_argument("--no-isolation", action="store_true", help="skip the rebuild-without-each-task modularity check")
+    c.add_argument("--jobs", type=int, default=1, metavar="N", help="worker processes (0: one per CPU); the result does not depend on it")
 
     i = sub.add_parser("inspect", help="expert sizes against the bound, parameters, closed-form bound", description="Show the construction without verifying it.")
     common(i)
@@ -137,7 +138,7 @@ def cmd_check(args) -> int:
         weights = model.instantiate()
         epsilon = model.epsilon
     report = verify(taskset, weights, epsilon, model=model, source=args.weights or "weights",
-                    progress=stderr_progress(args.quiet), isolation=not args.no_isolation)
+                    progress=stderr_progress(args.quiet), isolation=not args.no_isolation, jobs=args.jobs)
     if args.json:
         _write_text(args.json, dumps(report), [args.tasks, args.weights])
     if args.json != "-":

@@ -44,6 +44,12 @@ class BatchResult:
     ablated_lo: np.ndarray    # (n,) error with the routed expert's output removed
     ablated_hi: np.ndarray
     predicted: np.ndarray     # (n,) argmax token of the logit midpoints (routed expert), -1: a zero logit
+    top_gate: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None  # (n, 3) experts, lower, upper ends
+
+    def compact(self) -> "BatchResult":
+        """Without the full (n, K) gate enclosures (kept: the top three per row)."""
+        return BatchResult(self.expert, self.margin, self.ambiguous, None, None, self.err_lo, self.err_hi,
+                           self.ablated_lo, self.ablated_hi, self.predicted, self.top_gate)
 
 
 @dataclass
@@ -443,7 +449,9 @@ def run_batch(prep: Prepared | Weights, tokens: np.ndarray, valid_ptr: np.ndarra
         predicted[idx[routed]] = pred[routed]
     Lm, Lr = I.smatmul(Rm, Rr, prep.UT)
     ab_lo, ab_hi, _ = sparse_error(Lm, Lr, V, valid_ptr, valid)
-    return BatchResult(e, margin, ~(margin > 0), g_lo, g_hi, err_lo, err_hi, ab_lo, ab_hi, predicted)
+    top = np.argsort(-np.nan_to_num(g_hi, nan=np.inf), axis=1)[:, :3]
+    top_gate = (top, np.take_along_axis(g_lo, top, 1), np.take_along_axis(g_hi, top, 1))
+    return BatchResult(e, margin, ~(margin > 0), g_lo, g_hi, err_lo, err_hi, ab_lo, ab_hi, predicted, top_gate)
 
 
 def _take_csr(ptr: np.ndarray, vals: np.ndarray, idx: np.ndarray):

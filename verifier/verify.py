@@ -38,6 +38,7 @@ from tasks.queries import QueryGroup, build_group, count_queries
 from tasks.structure import StructureTrie
 from verifier.batches import batches
 from verifier.forward import Prepared, run_batch
+from verifier.parallel import ordered_map
 from verifier.layout import Weights
 
 CHUNK = 20_000
@@ -130,8 +131,13 @@ def verify(
     source: str = "weights",
     progress: Callable[[int, int], None] | None = None,
     isolation: bool = True,
+    jobs: int = 1,
 ) -> Report:
-    """Run every check; ``model`` is the SymbolicModel if the weights were built here."""
+    """Run every check; ``model`` is the SymbolicModel if the weights were built here.
+
+    ``jobs`` worker processes share the batches (0: one per CPU); the result does not
+    depend on it.
+    """
     start = time.perf_counter()
     weights.validate(source)
     tmap = token_map(taskset, weights, source)
@@ -155,9 +161,11 @@ def verify(
     state = _State(taskset, trie, report, expert_task_index, epsilon)
     chunk = max(1_000, min(CHUNK, 20_000_000 // max(K_exp, 1)))
     done = 0
-    for batch in batches(taskset, trie, chunk):
-        vptr, vals = batch.valid_ptr, tmap[batch.valid]
-        res = run_batch(prep, tmap[batch.tokens], vptr, vals)
+
+    def work(batch):
+        return run_batch(prep, tmap[batch.tokens], batch.valid_ptr, tmap[batch.valid]).compact()
+
+    for batch, res in ordered_map(work, batches(taskset, trie, chunk), jobs):
         state.record(batch, res, weights)
         done += len(batch)
         if progress:
@@ -176,7 +184,7 @@ def verify(
         for r in records:
             r.closed_form_bound = report.closed_form_value
         if isolation:
-            _isolation(taskset, model, records, report)
+            _isolation(taskset, model, records, report, jobs)
     report.seconds = time.perf_counter() - start
     return report
 
@@ -285,33 +293,42 @@ def _describe(taskset: TaskSet, group: QueryGroup, i: int) -> dict[str, Any]:
     }
 
 
-def _top_gate(res, i: int, weights: Weights, top: int = 3) -> list[dict[str, Any]]:
-    order = np.argsort(-res.gate_hi[i])[:top]
-    return [{"expert": int(k), "task": weights.expert_tasks[k] or None, "lower": float(res.gate_lo[i, k]),
-             "upper": float(res.gate_hi[i, k])} for k in order]
+def _top_gate(res, i: int, weights: Weights) -> list[dict[str, Any]]:
+    ids, lo, hi = res.top_gate
+    return [{"expert": int(k), "task": weights.expert_tasks[k] or None, "lower": float(a), "upper": float(b)}
+            for k, a, b in zip(ids[i], lo[i], hi[i])]
 
 
-def _isolation(taskset: TaskSet, model, records: list[TaskRecord], report: Report) -> None:
+def leave_one_out_tasks(K: int, n_facts: int) -> list[int]:
+    """Which tasks the leave-one-out rebuild removes: all up to 12 tasks, else 12 spread
+    evenly (4 beyond 200k facts, where each rebuild costs a full construction)."""
+    count = 12 if n_facts <= 200_000 else 4
+    return list(range(K)) if K <= count else sorted(set(np.linspace(0, K - 1, count).astype(int).tolist()))
+
+
+def _isolation(taskset: TaskSet, model, records: list[TaskRecord], report: Report, jobs: int = 1) -> None:
     """Expert k built from task k alone, and from the set without task j, is unchanged."""
-    from construction.experts import build_expert, labelled_entries
+    from construction.experts import build_expert, same_expert
     from construction.residual import residual_space
 
-    full = [labelled_entries(e) for e in model.experts]
     for k, task in enumerate(taskset.tasks):
         alone = TaskSet((task,))
-        records[k].isolated = labelled_entries(build_expert(alone, 0, residual_space(alone))) == full[k]
+        records[k].isolated = same_expert(build_expert(alone, 0, residual_space(alone)), model.experts[k])
     K = len(taskset.tasks)
     if K < 2:
         return
-    chosen = range(K) if K <= 12 else sorted(set(np.linspace(0, K - 1, 12).astype(int).tolist()))
-    for j in chosen:
+    chosen = leave_one_out_tasks(K, taskset.n_facts)
+
+    def changed(j: int) -> list[str]:
         rest = taskset.without(taskset.tasks[j].name)
-        res_space = residual_space(rest)
-        for k_new, task in enumerate(rest.tasks):
-            k_old = taskset.index(task.name)
-            if labelled_entries(build_expert(rest, k_new, res_space)) != full[k_old]:
-                records[k_old].isolated = False
-                report.notes.append(f"expert '{task.name}' changes when task '{taskset.tasks[j].name}' is removed")
+        space = residual_space(rest)
+        return [task.name for k_new, task in enumerate(rest.tasks)
+                if not same_expert(build_expert(rest, k_new, space), model.experts[taskset.index(task.name)])]
+
+    for j, names in ordered_map(changed, chosen, jobs):
+        for name in names:
+            records[taskset.index(name)].isolated = False
+            report.notes.append(f"expert '{name}' changes when task '{taskset.tasks[j].name}' is removed")
     report.notes.append(f"leave-one-out rebuilds checked for {len(chosen)} of {K} tasks")
 
 

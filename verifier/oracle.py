@@ -1,0 +1,539 @@
+"""An independent oracle: does a model *truly* violate a requirement? (mutation testing)
+
+Written apart from the verifier: it shares only the weight layout
+(:class:`verifier.layout.Weights`, the contract) and the task model
+(:mod:`tasks.model`). It enumerates its own queries from ``TaskSet.sentences()`` and
+evaluates the forward pass of :mod:`verifier.layout` in high-precision arithmetic
+(mpmath, 40 significant digits by default) from the equations, one query at a time;
+nothing of :mod:`verifier.forward`, :mod:`verifier.interval`, :mod:`verifier.exact`,
+:mod:`verifier.verify`, :mod:`tasks.queries` or :mod:`tasks.structure` is used.
+
+A model **violates** the requirements when (each is a :class:`Violation`):
+
+* ``names``: ``expert_tasks`` names one task for several experts;
+* ``layout``: the model cannot be evaluated on the task set (a token missing from the
+  vocabulary, too few positions, inconsistent shapes, a non-finite weight);
+* ``error``: some query's exact error 1 − P(valid next tokens) is >= ε;
+* ``routing``: some query's exact gate argmax is an expert whose task is not consistent
+  with the prefix (an unnamed expert, or one named for another task); an exact tie for
+  the maximum counts as a violation (the model's choice is undefined);
+* ``size``: an expert named for task k, or receiving one of k's determined queries, is
+  wider than c(k) = L·|T(k)| + N_k;
+* ``entanglement``: an object query of task k whose error with the routed expert's
+  output removed is < ε.
+
+**Precision.** Weights are floats, hence exact rationals, converted exactly; products
+of two floats are exact, and every dot product is summed by mpmath's ``fdot`` with one
+final rounding. A decision (margin > 0, error >= ε, ablated error >= ε) taken at 40
+digits is *settled* when its distance to the threshold exceeds 1e-20 (relative to the
+gate scores' size for margins). Otherwise, and for every query of a model with extreme
+weights (a magnitude above 1e12 or below 1e-12), the query is evaluated again at twice
+the digits: a decision at the higher precision is settled when its distance to the
+threshold is more than twice the change between the two precisions (an estimate of
+the lower precision's error, which bounds the higher one's many times over). Up to
+320 digits; a decision still unsettled there is counted as a violation (a tie).
+
+Expensive intermediate results are cached across calls by fingerprints (hashes) of
+the arrays they depend on: per (token, position) head projections, residuals, expert
+outputs and errors. Mutants that change one block reuse the rest.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Any
+
+import mpmath
+import numpy as np
+import scipy.sparse as sp
+
+from tasks.model import OBJECT, TaskSet
+from verifier.layout import Weights
+
+DPS = 40
+MAX_DPS = 320
+SETTLE = 1e-20          # first-level distance to a threshold that settles a decision
+EXTREME_HIGH = 1e12     # weights beyond these magnitudes: every query at two precisions
+EXTREME_LOW = 1e-12
+CACHE_LIMIT = 400_000   # entries per cache before it is cleared
+
+
+# --- queries ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class OracleQuery:
+    prefix: tuple[str, ...]
+    valid: frozenset[str]        # tokens that follow the prefix in some sentence
+    tasks: tuple[int, ...]       # consistent tasks (a sentence of the task starts with the prefix)
+    object_of: tuple[int, ...]   # tasks in which ⋆2 follows the prefix
+
+    @property
+    def determined(self) -> int | None:
+        return self.tasks[0] if len(self.tasks) == 1 else None
+
+
+def enumerate_queries(taskset: TaskSet) -> list[OracleQuery]:
+    """Every proper, non-empty prefix of every sentence, with its valid next tokens."""
+    table: dict[tuple[str, ...], tuple[set, set, set]] = {}
+    for sentence, k, template, _subject in taskset.sentences():
+        for p in range(1, len(sentence)):
+            valid, tasks, obj = table.setdefault(sentence[:p], (set(), set(), set()))
+            valid.add(sentence[p])
+            tasks.add(k)
+            if template.parts[p] is OBJECT:
+                obj.add(k)
+    return [OracleQuery(prefix, frozenset(v), tuple(sorted(t)), tuple(sorted(o)))
+            for prefix, (v, t, o) in sorted(table.items())]
+
+
+def size_bound(taskset: TaskSet, k: int) -> int:
+    """c(k) = L·|T(k)| + N_k, L the longest template of the whole set."""
+    L = max(len(t.parts) for task in taskset.tasks for t in task.templates)
+    task = taskset.tasks[k]
+    return L * len(task.templates) + len(task.facts)
+
+
+# --- results ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Violation:
+    requirement: str            # names, layout, error, routing, size, entanglement
+    task: str | None
+    prefix: str | None
+    detail: str
+
+
+@dataclass
+class OracleResult:
+    violations: list[Violation] = field(default_factory=list)
+    counts: dict[str, int] = field(default_factory=dict)
+    queries: int = 0
+    escalated: int = 0               # queries evaluated at more than the base precision
+    max_dps: int = DPS
+    worst_error: float = 0.0         # largest exact error (as a float)
+    min_margin: float = float("inf")
+    min_ablated: float = float("inf")  # smallest ablated error over object queries
+    routed: dict[tuple[str, ...], int] = field(default_factory=dict)
+
+    @property
+    def violating(self) -> bool:
+        return bool(self.violations)
+
+    @property
+    def requirements(self) -> tuple[str, ...]:
+        return tuple(sorted(self.counts))
+
+    def add(self, requirement: str, task: str | None, prefix: str | None, detail: str, keep: int = 5) -> None:
+        n = self.counts.get(requirement, 0)
+        self.counts[requirement] = n + 1
+        if n < keep:
+            self.violations.append(Violation(requirement, task, prefix, detail))
+
+    def summary(self) -> str:
+        if not self.violations:
+            return "no violation"
+        return "; ".join(f"{r} x{n}" for r, n in sorted(self.counts.items()))
+
+
+# --- fingerprints and conversions -----------------------------------------------------------
+
+
+def _canonical(m) -> Any:
+    if sp.issparse(m):
+        m = sp.csr_matrix(m, copy=True)
+        m.sum_duplicates()
+        m.sort_indices()
+        return m
+    return np.ascontiguousarray(np.asarray(m, dtype=np.float64))
+
+
+def fingerprint(*arrays) -> bytes:
+    """A hash of arrays' shapes and values (sparse: canonical CSR)."""
+    h = hashlib.blake2b(digest_size=20)
+    for m in arrays:
+        m = _canonical(m)
+        if sp.issparse(m):
+            h.update(b"S" + np.asarray(m.shape, np.int64).tobytes())
+            h.update(np.asarray(m.indptr, np.int64).tobytes())
+            h.update(np.asarray(m.indices, np.int64).tobytes())
+            h.update(np.asarray(m.data, np.float64).tobytes())
+        else:
+            h.update(b"D" + np.asarray(m.shape, np.int64).tobytes() + m.tobytes())
+    return h.digest()
+
+
+class _Fingerprints:
+    def __init__(self, w: Weights) -> None:
+        self.E = fingerprint(w.E)
+        self.P = fingerprint(w.P)
+        self.heads = tuple(fingerprint(h.W_Q, h.W_K, h.W_V, h.W_O) for h in w.heads)
+        self.experts = tuple(fingerprint(e.W_1, e.b_1, e.W_2) for e in w.experts)
+        self.U = fingerprint(w.U)
+
+
+class _Ctx:
+    """An mpmath context at one precision, with exact float conversion."""
+
+    def __init__(self, dps: int) -> None:
+        self.dps = dps
+        self.mp = mpmath.mp.clone()
+        self.mp.dps = dps
+        self.zero = self.mp.mpf(0)
+        self.one = self.mp.mpf(1)
+
+    def rows(self, m) -> list[tuple[int, list[tuple[int, Any]]]]:
+        """Non-empty rows of a sparse matrix: (row, [(column, exact value)])."""
+        m = _canonical(m)
+        mpf = self.mp.mpf
+        out = []
+        for i in range(m.shape[0]):
+            a, b = m.indptr[i], m.indptr[i + 1]
+            if a == b:
+                continue
+            entries = [(int(j), mpf(float(v))) for j, v in zip(m.indices[a:b], m.data[a:b]) if v != 0]
+            if entries:
+                out.append((i, entries))
+        return out
+
+    def row_dicts(self, m) -> list[dict[int, Any]]:
+        """Every row as a sparse dict."""
+        m = _canonical(m)
+        mpf = self.mp.mpf
+        return [{int(j): mpf(float(v)) for j, v in zip(m.indices[m.indptr[i]:m.indptr[i + 1]], m.data[m.indptr[i]:m.indptr[i + 1]]) if v != 0}
+                for i in range(m.shape[0])]
+
+    def matvec(self, rows, x: dict[int, Any]) -> dict[int, Any]:
+        """M x for M given by :meth:`rows` and a sparse dict x; one rounding per entry."""
+        out = {}
+        fdot = self.mp.fdot
+        for i, entries in rows:
+            pairs = [(a, x[j]) for j, a in entries if j in x]
+            if pairs:
+                v = fdot(pairs)
+                if v:
+                    out[i] = v
+        return out
+
+    def dot(self, a: dict[int, Any], b: dict[int, Any]) -> Any:
+        if len(a) > len(b):
+            a, b = b, a
+        return self.mp.fdot([(v, b[j]) for j, v in a.items() if j in b])
+
+
+# --- the oracle -----------------------------------------------------------------------------
+
+
+class Oracle:
+    """Decides violations exactly (see the module docstring); caches across calls."""
+
+    def __init__(self, dps: int = DPS, max_dps: int = MAX_DPS) -> None:
+        self.base_dps = dps
+        self.max_dps = max_dps
+        self._ctx: dict[int, _Ctx] = {}
+        self._conv: dict[tuple, Any] = {}
+        self._proj: dict[tuple, Any] = {}
+        self._res: dict[tuple, Any] = {}
+        self._out: dict[tuple, Any] = {}
+        self._err: dict[tuple, Any] = {}
+
+    # ---- plumbing
+    def ctx(self, dps: int) -> _Ctx:
+        if dps not in self._ctx:
+            self._ctx[dps] = _Ctx(dps)
+        return self._ctx[dps]
+
+    def _cached(self, cache: dict, key, make):
+        if key in cache:
+            return cache[key]
+        if len(cache) > CACHE_LIMIT:
+            cache.clear()
+        value = cache[key] = make()
+        return value
+
+    def _rows(self, c: _Ctx, fp: bytes, name: str, m):
+        return self._cached(self._conv, (c.dps, fp, name, "rows"), lambda: c.rows(m))
+
+    def _row_dicts(self, c: _Ctx, fp: bytes, name: str, m):
+        return self._cached(self._conv, (c.dps, fp, name, "dicts"), lambda: c.row_dicts(m))
+
+    def _vector(self, c: _Ctx, v) -> list:
+        return [c.mp.mpf(float(x)) for x in np.asarray(v, np.float64)]
+
+    # ---- the forward pass, from verifier/layout.py's equations
+    def _h(self, c: _Ctx, w: Weights, fp: _Fingerprints, token: int, pos: int) -> dict[int, Any]:
+        """h = E[token] + P[pos]."""
+        E = self._row_dicts(c, fp.E, "E", w.E)
+        P = self._row_dicts(c, fp.P, "P", w.P)
+        out = dict(E[token])
+        for j, v in P[pos].items():
+            out[j] = c.mp.fadd(out[j], v) if j in out else v
+        return {j: v for j, v in out.items() if v}
+
+    def _projection(self, c, w, fp, m: int, token: int, pos: int):
+        """(W_Q h, W_K h, W_O W_V h) for head m at (token, position)."""
+        def make():
+            head = w.heads[m]
+            fh = fp.heads[m]
+            h = self._h(c, w, fp, token, pos)
+            q = c.matvec(self._rows(c, fh, "Q", head.W_Q), h)
+            k = c.matvec(self._rows(c, fh, "K", head.W_K), h)
+            v = c.matvec(self._rows(c, fh, "V", head.W_V), h)
+            o = c.matvec(self._rows(c, fh, "O", head.W_O), v)
+            return q, k, o
+        return self._cached(self._proj, (c.dps, fp.E, fp.P, fp.heads[m], token, pos), make)
+
+    def _residual(self, c, w, fp, ids: tuple[int, ...]) -> tuple[tuple, dict[int, Any]]:
+        """r at the last position of BOS + ids; returns (cache key, r)."""
+        key = (c.dps, fp.E, fp.P, fp.heads, ids)
+
+        def make():
+            seq = (w.bos,) + ids
+            n = len(seq) - 1
+            terms: dict[int, list] = {}
+            for j, v in self._h(c, w, fp, seq[n], n).items():
+                terms.setdefault(j, []).append(v)
+            for m in range(len(w.heads)):
+                projs = [self._projection(c, w, fp, m, seq[j], j) for j in range(n + 1)]
+                q = projs[n][0]
+                scores = [c.dot(q, kj) for _, kj, _ in projs]
+                top = max(scores)
+                ex = [c.mp.exp(s - top) for s in scores]
+                z = c.mp.fsum(ex)
+                a = [e / z for e in ex]
+                mixed: dict[int, list] = {}
+                for aj, (_, _, oj) in zip(a, projs):
+                    for i, v in oj.items():
+                        mixed.setdefault(i, []).append((aj, v))
+                for i, pairs in mixed.items():
+                    terms.setdefault(i, []).append(c.mp.fdot(pairs))
+            r = {}
+            for j, vs in terms.items():
+                v = c.mp.fsum(vs)
+                if v:
+                    r[j] = v
+            return r
+        return key, self._cached(self._res, key, make)
+
+    def _expert_out(self, c, w, fp, k: int, rkey, r) -> dict[int, Any]:
+        """W_2^k ReLU(W_1^k r + b_1^k)."""
+        def make():
+            ex = w.experts[k]
+            fe = fp.experts[k]
+            W1 = self._row_dicts(c, fe, "W_1", ex.W_1)
+            b1 = self._cached(self._conv, (c.dps, fe, "b_1"), lambda: self._vector(c, ex.b_1))
+            act = {}
+            for i in range(len(W1)):
+                pairs = [(a, r[j]) for j, a in W1[i].items() if j in r]
+                if b1[i]:
+                    pairs.append((b1[i], c.one))
+                z = c.mp.fdot(pairs) if pairs else c.zero
+                if z > 0:
+                    act[i] = z
+            return c.matvec(self._rows(c, fe, "W_2", ex.W_2), act)
+        return self._cached(self._out, (rkey, fp.experts[k]), make)
+
+    def _error(self, c, w, fp, y: dict[int, Any], valid: frozenset[int]) -> Any:
+        """1 − Σ_{t valid} softmax(U y)_t, as Σ_{t invalid} / Σ_t (no cancellation)."""
+        U = self._row_dicts(c, fp.U, "U", w.U)
+        logits = [c.dot(row, y) if row else c.zero for row in U]
+        top = max(logits)
+        ex = [c.mp.exp(l - top) for l in logits]
+        bad = c.mp.fsum(e for t, e in enumerate(ex) if t not in valid)
+        return bad / c.mp.fsum(ex)
+
+    def evaluate(self, w: Weights, fp: _Fingerprints, ids: tuple[int, ...], valid: frozenset[int],
+                 want_ablated: bool, dps: int) -> dict[str, Any]:
+        """Gate scores, routed expert, margin, error and ablated error of one query."""
+        c = self.ctx(dps)
+        rkey, r = self._residual(c, w, fp, ids)
+        fg = (fingerprint(w.W_G, w.b_G), w.gate_mode)
+        WG = self._row_dicts(c, fg[0], "W_G", w.W_G)
+        bG = self._cached(self._conv, (c.dps, fg[0], "b_G"), lambda: self._vector(c, w.b_G))
+        gates = []
+        for k in range(len(w.experts)):
+            pairs = [(a, r[j]) for j, a in WG[k].items() if j in r]
+            if bG[k]:
+                pairs.append((bG[k], c.one))
+            gates.append(c.mp.fdot(pairs) if pairs else c.zero)
+        e = max(range(len(gates)), key=lambda k: gates[k])
+        margin = gates[e] - max((g for k, g in enumerate(gates) if k != e), default=c.mp.inf)
+        out = self._expert_out(c, w, fp, e, rkey, r)
+        if w.gate_mode == "top1-scaled":
+            scale = 1 / c.mp.fsum(c.mp.exp(g - gates[e]) for g in gates)
+            out = {i: scale * v for i, v in out.items()}
+            err_key = None
+        else:
+            err_key = (rkey, fp.U, fp.experts[e], valid)
+        y = dict(r)
+        for i, v in out.items():
+            y[i] = c.mp.fadd(y[i], v) if i in y else v
+        err = self._cached(self._err, err_key, lambda: self._error(c, w, fp, y, valid)) if err_key else self._error(c, w, fp, y, valid)
+        abl = None
+        if want_ablated:
+            abl = self._cached(self._err, (rkey, fp.U, None, valid), lambda: self._error(c, w, fp, r, valid))
+        return {"gates": gates, "expert": e, "margin": margin, "error": err, "ablated": abl, "dps": dps}
+
+    # ---- decisions with escalation
+    def _decide(self, w, fp, ids, valid, want_ablated, eps, extreme: bool) -> tuple[dict, dict[str, bool]]:
+        """Evaluate, escalating precision until every decision is settled.
+
+        Returns the values at the last precision and, per decision, whether it is
+        settled ('margin', 'error', 'ablated'); an unsettled decision is a violation.
+        """
+        dps = self.base_dps
+        prev = None
+        while True:
+            cur = self.evaluate(w, fp, ids, valid, want_ablated, dps)
+            settled = self._settled(cur, prev, eps)
+            if prev is None and extreme:
+                settled = {k: False for k in settled}
+            if all(settled.values()) or dps * 2 > self.max_dps:
+                return cur, settled
+            prev, dps = cur, dps * 2
+
+    @staticmethod
+    def _settled(cur, prev, eps) -> dict[str, bool]:
+        out = {}
+        scale = max([abs(g) for g in cur["gates"]] + [1])
+        fm = float(cur["margin"]) if mpmath.isfinite(cur["margin"]) else float("inf")
+        if prev is None:
+            out["margin"] = abs(fm) > SETTLE * float(scale)
+            out["error"] = abs(float(cur["error"] - eps)) > SETTLE
+            if cur["ablated"] is not None:
+                out["ablated"] = abs(float(cur["ablated"] - eps)) > SETTLE
+            return out
+        tiny = 10.0 ** (-(cur["dps"] - 8))
+        dg = max((abs(float(a - b)) for a, b in zip(cur["gates"], prev["gates"])), default=0.0)
+        out["margin"] = (cur["expert"] == prev["expert"] and fm > 0
+                         and fm > 4 * dg + tiny * float(scale)) or (fm < 0 and -fm > 4 * dg + tiny * float(scale))
+        de = abs(float(cur["error"] - prev["error"]))
+        out["error"] = abs(float(cur["error"] - eps)) > 2 * de + tiny
+        if cur["ablated"] is not None:
+            da = abs(float(cur["ablated"] - prev["ablated"]))
+            out["ablated"] = abs(float(cur["ablated"] - eps)) > 2 * da + tiny
+        return out
+
+    # ---- the whole judgement
+    def judge(self, taskset: TaskSet, w: Weights, epsilon: float) -> OracleResult:
+        res = OracleResult()
+        names = list(taskset.names)
+        # names: one expert per task
+        named = [t for t in w.expert_tasks if t]
+        for t in sorted({t for t in named if named.count(t) > 1}):
+            res.add("names", t, None, f"expert_tasks names task {t!r} for {named.count(t)} experts")
+        # layout: can the model be evaluated at all?
+        problem = _layout_problem(taskset, w)
+        if problem:
+            res.add("layout", None, None, problem)
+            return res
+        # size, by name
+        bound = {t.name: size_bound(taskset, k) for k, t in enumerate(taskset.tasks)}
+        for e, t in enumerate(w.expert_tasks):
+            if t in bound and w.experts[e].width > bound[t]:
+                res.add("size", t, None, f"expert {e} named '{t}' has width {w.experts[e].width} > c = {bound[t]}")
+        fp = _Fingerprints(w)
+        extreme = _extreme(w)
+        index = {tok: i for i, tok in enumerate(w.vocab)}
+        eps = mpmath.mpf(float(epsilon))
+        receivers: dict[int, set[int]] = {}
+        queries = enumerate_queries(taskset)
+        res.queries = len(queries)
+        for q in queries:
+            ids = tuple(index[t] for t in q.prefix)
+            valid = frozenset(index[t] for t in q.valid)
+            text = " ".join(q.prefix)
+            cur, settled = self._decide(w, fp, ids, valid, bool(q.object_of), eps, extreme)
+            if cur["dps"] > self.base_dps:
+                res.escalated += 1
+                res.max_dps = max(res.max_dps, cur["dps"])
+            e = cur["expert"]
+            res.routed[q.prefix] = e
+            task_name = names[q.tasks[0]]
+            margin = cur["margin"]
+            if mpmath.isfinite(margin):
+                res.min_margin = min(res.min_margin, float(margin))
+            served = w.expert_tasks[e]
+            consistent = {names[k] for k in q.tasks}
+            if not settled["margin"] or not margin > 0:
+                res.add("routing", task_name, text, f"no unique gate winner (top expert {e}, margin {mpmath.nstr(margin, 5)})")
+            elif served not in consistent:
+                res.add("routing", task_name, text, f"routed to expert {e} ({served or 'no task'!s}), consistent: {sorted(consistent)}")
+            if q.determined is not None:
+                receivers.setdefault(q.determined, set()).add(e)
+            err = cur["error"]
+            res.worst_error = max(res.worst_error, float(err))
+            if not settled["error"] or err >= eps:
+                res.add("error", task_name, text, f"exact error {mpmath.nstr(err, 6)} >= epsilon {epsilon}"
+                        + ("" if settled["error"] else " (undecided at the highest precision)"))
+            for k in q.object_of:
+                abl = cur["ablated"]
+                res.min_ablated = min(res.min_ablated, float(abl))
+                if not settled["ablated"] or abl < eps:
+                    res.add("entanglement", names[k], text, f"error with expert {e}'s output removed is {mpmath.nstr(abl, 6)} < epsilon")
+        for k, experts in sorted(receivers.items()):
+            for e in sorted(experts):
+                if w.experts[e].width > bound[names[k]] and w.expert_tasks[e] != names[k]:
+                    res.add("size", names[k], None, f"expert {e} receives determined queries of '{names[k]}' and has width "
+                                                    f"{w.experts[e].width} > c = {bound[names[k]]}")
+        return res
+
+
+def _layout_problem(taskset: TaskSet, w: Weights) -> str | None:
+    """Why the model cannot be evaluated on the task set, or None."""
+    V = len(w.vocab)
+    if len(set(w.vocab)) != V:
+        return "repeated tokens in the vocabulary"
+    missing = [t for t in taskset.vocabulary.tokens if t not in set(w.vocab)]
+    if missing:
+        return f"the vocabulary lacks {missing[0]!r}"
+    d = w.E.shape[1]
+    longest = max(len(t.parts) for task in taskset.tasks for t in task.templates)
+    if w.P.shape[0] < longest:
+        return f"{w.P.shape[0]} positions, prefixes need {longest}"
+    shapes = [w.E.shape == (V + 1, d), w.P.shape[1] == d, w.U.shape == (V, d), len(w.experts) >= 1,
+              w.W_G.shape == (len(w.experts), d), np.shape(w.b_G) == (len(w.experts),),
+              len(w.expert_tasks) == len(w.experts), w.gate_mode in ("top1", "top1-scaled")]
+    for h in w.heads:
+        shapes += [h.W_Q.shape[1] == d, h.W_K.shape == h.W_Q.shape, h.W_V.shape[1] == d, h.W_O.shape == (d, h.W_V.shape[0])]
+    for e in w.experts:
+        n = e.W_1.shape[0]
+        shapes += [e.W_1.shape == (n, d), np.shape(e.b_1) == (n,), e.W_2.shape == (d, n)]
+    if not all(shapes):
+        return "array shapes do not fit together"
+    for m in _all_arrays(w):
+        data = m.data if sp.issparse(m) else np.asarray(m)
+        if not np.all(np.isfinite(data)):
+            return "a weight is not a finite number"
+    return None
+
+
+def _all_arrays(w: Weights):
+    yield from (w.E, w.P, w.W_G, w.b_G, w.U)
+    for h in w.heads:
+        yield from (h.W_Q, h.W_K, h.W_V, h.W_O)
+    for e in w.experts:
+        yield from (e.W_1, e.b_1, e.W_2)
+
+
+def _extreme(w: Weights) -> bool:
+    """Any non-zero weight of magnitude above EXTREME_HIGH or below EXTREME_LOW."""
+    for m in _all_arrays(w):
+        data = np.abs(m.data if sp.issparse(m) else np.asarray(m, np.float64))
+        data = data[data != 0]
+        if data.size and (data.max() > EXTREME_HIGH or data.min() < EXTREME_LOW):
+            return True
+    return False
+
+
+_DEFAULT: Oracle | None = None
+
+
+def judge(taskset: TaskSet, weights: Weights, epsilon: float) -> OracleResult:
+    """:meth:`Oracle.judge` with a process-wide cache."""
+    global _DEFAULT
+    if _DEFAULT is None:
+        _DEFAULT = Oracle()
+    return _DEFAULT.judge(taskset, weights, epsilon)
