@@ -89,13 +89,17 @@ class GateResult:
 
 def features(taskset: TaskSet, trie: StructureTrie) -> tuple[dict[tuple[int, str], int], sp.csr_matrix]:
     """Feature index (m, symbol) -> column, and Φ (nodes x features): σ's ideal slots."""
-    index: dict[tuple[int, str], int] = {}
+    index: dict[tuple, int] = {}
     rows, cols = [], []
     for node in trie:
         for m, code in enumerate(node.symbols, start=1):
             f = index.setdefault((m, symbol_label(code, taskset)), len(index))
             rows.append(node.id)
             cols.append(f)
+    # Position features ("pos", p): exact in the residual (no leak); used by the linear programme only.
+    for node in trie:
+        rows.append(node.id)
+        cols.append(index.setdefault(("pos", node.depth), len(index)))
     phi = sp.csr_matrix((np.ones(len(rows)), (rows, cols)), shape=(len(trie), len(index)))
     return index, phi
 
@@ -159,7 +163,8 @@ def _assemble(taskset: TaskSet, residual: Space, index, W_struct: np.ndarray | s
     coo = W_struct.tocoo()
     by_col = {f: key for key, f in index.items()}
     r = list(coo.row)
-    c = [residual.index(f"slot{by_col[f][0]}", by_col[f][1]) for f in coo.col]
+    c = [residual.index("pos", by_col[f][1]) if by_col[f][0] == "pos" else residual.index(f"slot{by_col[f][0]}", by_col[f][1])
+         for f in coo.col]
     v = list(coo.data)
     W = taskset.vocabulary.n_words
     subj_off = residual.offset("subj")
@@ -175,8 +180,8 @@ def _assemble(taskset: TaskSet, residual: Space, index, W_struct: np.ndarray | s
 
 
 def _mass(W_struct: sp.csr_matrix, index) -> Fraction:
-    """A = max_k Σ_m max_c |W_k[m, c]|."""
-    positions = np.array([m for (m, _), f in sorted(index.items(), key=lambda kv: kv[1])], np.int64)
+    """A = max_k Σ_m max_c |W_k[m, c]| over the (leaky) slot features; position features are exact."""
+    positions = np.array([-1 if m == "pos" else m for (m, _), f in sorted(index.items(), key=lambda kv: kv[1])], np.int64)
     best = Fraction(0)
     W_struct = sp.csr_matrix(W_struct)
     for k in range(W_struct.shape[0]):
@@ -184,6 +189,8 @@ def _mass(W_struct: sp.csr_matrix, index) -> Fraction:
         per_m: dict[int, float] = {}
         for f, v in zip(row.col, row.data):
             m = int(positions[f])
+            if m < 0:
+                continue
             per_m[m] = max(per_m.get(m, 0.0), abs(float(v)))
         best = max(best, sum((Fraction(x) for x in per_m.values()), Fraction(0)))
     return best
@@ -200,32 +207,97 @@ def _collision_message(taskset: TaskSet, trie: StructureTrie, cells: Cells, bad:
             + (f"; {bad.size - 1} more such prefixes" if bad.size > 1 else ""))
 
 
-def _solve_lp(S_phi: sp.csr_matrix, cells: Cells, K: int, F: int, keep: np.ndarray):
-    """max t  s.t.  Φ_σ·(W_w − W_j) + b_w − b_j + Δ_T >= t  for the kept cells, j != w."""
-    n_var = K * F + K + 1
-    rows_idx, cols_idx, vals, rhs = [], [], [], []
-    r = 0
-    phi = S_phi.tocsr()
-    for i in np.flatnonzero(keep):
+def _solve_lp(phi: sp.csr_matrix, cells: Cells, S_fixed: np.ndarray, Q: np.ndarray, active: np.ndarray):
+    """Maximum-margin gate rows for the tasks ``Q``, the other rows fixed (scores ``S_fixed``).
+
+    max t  s.t.  score_w(σ) − score_j(σ) + Δ_T >= t  for the active cells and every j != w,
+    with weights and biases of the rows in Q in [−1, 1] and t <= 1. Returns
+    (weights (|Q| x F), biases (|Q|,), t, solved) — solved is False unless HiGHS reports
+    an optimum.
+    """
+    nQ, F = Q.size, phi.shape[1]
+    pos_in_Q = np.full(S_fixed.shape[1], -1, np.int64)
+    pos_in_Q[Q] = np.arange(nQ)
+    T = nQ * F + nQ
+    r_idx, c_idx, vals, rhs = [], [], [], []
+    row = 0
+
+    def emit(cols, v, b):
+        nonlocal row
+        r_idx.append(np.full(len(cols), row)); c_idx.append(np.asarray(cols, np.int64)); vals.append(np.asarray(v, float))
+        rhs.append(b)
+        row += 1
+
+    for i in np.flatnonzero(active):
         node, w = int(cells.node[i]), int(cells.winner[i])
         feats = phi.indices[phi.indptr[node]:phi.indptr[node + 1]]
-        for j in range(K):
-            if j == w:
-                continue
-            # −(Φ·W_w − Φ·W_j + b_w − b_j) + t <= Δ_T
-            cols = np.concatenate([w * F + feats, j * F + feats, [K * F + w, K * F + j, K * F + K]])
-            v = np.concatenate([-np.ones(feats.size), np.ones(feats.size), [-1.0, 1.0, 1.0]])
-            rows_idx.append(np.full(cols.size, r)); cols_idx.append(cols); vals.append(v)
-            rhs.append(cells.delta[i, j])
-            r += 1
-    A = sp.csr_matrix((np.concatenate(vals), (np.concatenate(rows_idx), np.concatenate(cols_idx))), shape=(r, n_var))
-    c = np.zeros(n_var)
+        one = np.ones(feats.size)
+        qw = pos_in_Q[w]
+        if qw >= 0:
+            for j in Q:
+                if j == w:
+                    continue
+                qj = pos_in_Q[j]
+                emit(np.concatenate([qw * F + feats, qj * F + feats, [nQ * F + qw, nQ * F + qj, T]]),
+                     np.concatenate([-one, one, [-1.0, 1.0, 1.0]]), cells.delta[i, j])
+            fixed = np.ones(S_fixed.shape[1], bool)
+            fixed[Q] = False
+            if fixed.any():
+                emit(np.concatenate([qw * F + feats, [nQ * F + qw, T]]), np.concatenate([-one, [-1.0, 1.0]]),
+                     float(np.min(cells.delta[i, fixed] - S_fixed[node, fixed])))
+        else:
+            for j in Q:
+                qj = pos_in_Q[j]
+                emit(np.concatenate([qj * F + feats, [nQ * F + qj, T]]), np.concatenate([one, [1.0, 1.0]]),
+                     float(S_fixed[node, w] + cells.delta[i, j]))
+    if row == 0:
+        return np.zeros((nQ, F)), np.zeros(nQ), 1.0, True
+    A = sp.csr_matrix((np.concatenate(vals), (np.concatenate(r_idx), np.concatenate(c_idx))), shape=(row, T + 1))
+    c = np.zeros(T + 1)
     c[-1] = -1.0
-    bounds = [(-1.0, 1.0)] * (K * F + K) + [(None, 1.0)]
+    bounds = [(-1.0, 1.0)] * T + [(None, 1.0)]
     res = linprog(c, A_ub=A, b_ub=np.asarray(rhs), bounds=bounds, method="highs")
     if res.status != 0:
-        return None, -np.inf
-    return res.x, float(res.x[-1])
+        return None, None, -np.inf, False
+    x = res.x
+    return x[: nQ * F].reshape(nQ, F), x[nQ * F: T], float(x[-1]), True
+
+
+def _lp_gate(phi, cells, F_k, eta, margin, rivals):
+    """Cutting planes: re-solve for the tasks in conflict until every cell has a positive margin.
+
+    Returns (W_struct (K x F), b (K,), ideal margin) or None.
+    """
+    K, F = F_k.shape[0], phi.shape[1]
+    W = F_k.toarray().astype(float)
+    W = np.concatenate([W, np.zeros((K, F - W.shape[1]))], axis=1) if W.shape[1] < F else W
+    b = eta.astype(float).copy()
+    bad = margin <= 0
+    Q = np.unique(np.concatenate([cells.winner[bad], rivals[bad]]))
+    active = bad.copy()
+    active |= np.isin(cells.winner, Q)
+    grid = 2.0 ** 16
+    for _ in range(12):
+        if Q.size * F + Q.size + 1 > LP_MAX_VARIABLES:
+            return None
+        fixed = np.ones(K, bool)
+        fixed[Q] = False
+        S_fixed = np.asarray(phi @ W.T) + b[None, :]
+        WQ, bQ, t, solved = _solve_lp(phi, cells, S_fixed, Q, active)
+        if not solved or t <= 1e-6:
+            return None
+        W2, b2 = W.copy(), b.copy()
+        W2[Q] = np.round(WQ * grid) / grid
+        b2[Q] = np.round(bQ * grid) / grid
+        m2, r2 = ideal_margins(np.asarray(phi @ W2.T), b2, cells)
+        if m2.min() > 0:
+            return W2, b2, float(m2.min())
+        # add the violated cells (and their tasks) and solve again
+        bad2 = m2 <= 0
+        active |= bad2
+        Q = np.unique(np.concatenate([Q, cells.winner[bad2], r2[bad2]]))
+        active |= np.isin(cells.winner, Q)
+    return None
 
 
 def build_gate(taskset: TaskSet, residual: Space, trie: StructureTrie) -> GateResult:
@@ -252,25 +324,19 @@ def build_gate(taskset: TaskSet, residual: Space, trie: StructureTrie) -> GateRe
         return GateResult(W_G, b_G, "closed form", t, _mass(F_k, index))
 
     bad = np.flatnonzero(margin <= 0)
-    F = len(index)
-    if K * F + K + 1 > LP_MAX_VARIABLES:
-        raise RoutingError(_collision_message(taskset, trie, cells, bad, rivals) + f"; the closed-form gate fails and the set is too large for the linear programme ({K * F} weights)",
-                           fix="make the templates of different tasks differ at the same positions")
-    x, t = _solve_lp(phi, cells, K, F, np.ones(cells.node.size, bool))
-    if x is not None and t > 1e-6:
-        # Round to a dyadic grid so the weights are exact, then re-check the ideal margins exactly.
-        grid = 2.0 ** 16
-        x = np.round(x * grid) / grid
-        W_struct = x[: K * F].reshape(K, F)
-        b = x[K * F: K * F + K]
-        margin2, _ = ideal_margins(np.asarray(phi @ W_struct.T), b, cells)
-        if margin2.min() > 0:
-            W_G, b_G = _assemble(taskset, residual, index, W_struct, b)
-            return GateResult(W_G, b_G, "linear programme", Fraction(float(margin2.min())), _mass(sp.csr_matrix(W_struct), index))
-    # No gate with the designated winners. With only the determined cells, infeasibility is a proof.
-    _, t_det = _solve_lp(phi, cells, K, F, cells.determined)
-    proof = ("no linear gate over the template-structure features routes these prefixes (the linear programme over "
-             "the determined prefixes alone has optimum margin <= 0)") if t_det <= 1e-9 else (
-             "the linear programme found no gate with the designated tie-breaking (not proven impossible)")
+    found = _lp_gate(phi, cells, F_k, eta, margin, rivals)
+    if found is not None:
+        W_struct, b, t = found
+        W_G, b_G = _assemble(taskset, residual, index, W_struct, b)
+        return GateResult(W_G, b_G, "linear programme", Fraction(t), _mass(sp.csr_matrix(W_struct), index))
+    # No gate found. Over the determined prefixes alone (ties are free), with every row free,
+    # an optimum <= 0 proves that no linear gate over these features exists.
+    F = phi.shape[1]
+    proof = "the linear programme found no gate (not proven impossible)"
+    if K * F + K + 1 <= LP_MAX_VARIABLES:
+        _, _, t_det, solved = _solve_lp(phi, cells, np.zeros((phi.shape[0], K)), np.arange(K), cells.determined)
+        if solved and t_det <= 1e-9:
+            proof = ("no linear gate over the template-structure and position features routes these prefixes "
+                     "(the linear programme over the determined prefixes alone has optimum margin <= 0)")
     raise RoutingError(_collision_message(taskset, trie, cells, bad, rivals) + "; " + proof,
                        fix="make the templates of different tasks differ at the same positions")

@@ -17,7 +17,8 @@ WikiData5M. :func:`wikidata_like` builds task sets of that shape at any size:
   per task; objects follow a Zipf popularity (same exponent) over a shuffled
   ranking of the entities, so some objects (countries, "human") are very common.
 * **Templates**: 1 to 5 per task, from a few common words (``the``, ``of``, ``is``,
-  ...) plus the task's own relation word, always placed before ⋆2. Some templates
+  ...) plus the task's own relation word, named early (after the first word, or right
+  after ⋆1), always before ⋆2. Some templates
   start with ⋆1 and templates of different tasks share prefixes (``the ⋆1 ...``).
 
 Guarantees: the result constructs, passes :func:`~tasks.structure.check_routable`, and
@@ -88,20 +89,21 @@ def _relation_numbers(n_tasks: int, rng: np.random.Generator) -> np.ndarray:
 def _template(relation: str, rng: np.random.Generator) -> Template:
     """One template: leading words, ⋆1, middle words, ⋆2, maybe a trailing word.
 
-    The relation word goes before ⋆2: among the leading words after the first one
-    (``the P17 of ⋆1 is ⋆2``, 30% of templates with leading words), else among the
-    middle words (``⋆1 is P17 ⋆2``). 40% of templates have no leading word and start
-    with ⋆1; the others start with a few common words and share prefixes.
+    Like natural relation templates, the relation is named early: right after the first
+    leading word (``the P17 of ⋆1 is ⋆2``, "the capital of France is Paris") or, in
+    templates that start with ⋆1 (40%), as the first or second middle word
+    (``⋆1 P17 ⋆2``, ``⋆1 is P17 ⋆2``). Prefixes of common words are still shared across
+    tasks (``the``, ``⋆1 is``), and every object-query structure names its relation.
     """
     n_lead = int(rng.choice(3, p=(0.4, 0.35, 0.25)))
     n_mid = int(rng.integers(0, 3))
     lead = [COMMON_WORDS[int(i)] for i in rng.integers(0, _LEADING, n_lead)]
     mid = [COMMON_WORDS[int(i)] for i in rng.integers(0, len(COMMON_WORDS), n_mid)]
     tail = [COMMON_WORDS[int(rng.integers(0, len(COMMON_WORDS)))]] if rng.random() < 0.2 else []
-    if n_lead and rng.random() < 0.3:
-        lead.insert(int(rng.integers(1, n_lead + 1)), relation)
+    if n_lead:
+        lead.insert(1, relation)
     else:
-        mid.insert(int(rng.integers(0, n_mid + 1)), relation)
+        mid.insert(min(int(rng.integers(0, 2)), n_mid), relation)
     return Template(tuple(lead) + (SUBJECT,) + tuple(mid) + (OBJECT,) + tuple(tail))
 
 
