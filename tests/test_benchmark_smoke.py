@@ -1,0 +1,18 @@
+"""The scale benchmark runs at its smallest size (a smoke test: no timing is asserted)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_scale_benchmark_smallest_size(tmp_path):
+    out = tmp_path / "results.md"
+    run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "scale.py"), "--sizes", "2000", "--out", str(out)],
+                         capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert run.returncode == 0, run.stderr
+    text = out.read_text()
+    assert "| 2,000 |" in text and "certified" in text and "Machine:" in text
