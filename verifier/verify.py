@@ -34,7 +34,7 @@ import numpy as np
 
 from tasks.errors import TaskError
 from tasks.model import TaskSet
-from tasks.queries import QueryGroup, build_group, count_queries
+from tasks.queries import QueryGroup, build_group
 from tasks.structure import StructureTrie
 from verifier.batches import batches
 from verifier.forward import Prepared, run_batch
@@ -154,8 +154,11 @@ def verify(
         records.append(TaskRecord(task.name, task.n_templates, task.n_facts, taskset.L, taskset.complexity(k),
                                   e, weights.experts[e].width if e is not None else None))
     trie = StructureTrie(taskset)
-    total = count_queries(taskset, trie)
-    report = Report(epsilon, dict(weights.parameters), records, total)
+    # Progress needs only an estimate (an upper bound: subjects counted once per task through
+    # each node); the report's count is the exact number of queries processed.
+    sizes = [t.n_facts for t in taskset.tasks]
+    total = sum(1 if not n.has_subject else sum(sizes[k] for k in n.tasks) for n in trie)
+    report = Report(epsilon, dict(weights.parameters), records, 0)
     report.routing_matrix = np.zeros((K_tasks, K_exp), np.int64)
     prep = Prepared(weights)
     state = _State(taskset, trie, report, expert_task_index, epsilon)
@@ -168,9 +171,12 @@ def verify(
     for batch, res in ordered_map(work, batches(taskset, trie, chunk), jobs):
         state.record(batch, res, weights)
         done += len(batch)
+        report.queries = done
         if progress:
             progress(done, total)
     state.finish()
+    if progress:
+        progress(done, -1)
     # Size: every expert that receives a task's determined queries counts, not only the named one.
     for k, r in enumerate(records):
         for e in np.flatnonzero(report.routing_matrix[k]):
@@ -338,12 +344,16 @@ def stderr_progress(quiet: bool) -> Callable[[int, int], None] | None:
     state = {"last": 0.0}
 
     def show(done: int, total: int) -> None:
+        """``total < 0`` marks the end: the line is completed."""
+        if total < 0:
+            if state["last"]:
+                sys.stderr.write(f"\rverified: {done:,} queries{' ' * 20}\n")
+                sys.stderr.flush()
+            return
         now = time.perf_counter()
-        if now - state["last"] > 0.5 or done == total:
+        if now - state["last"] > 0.5:
             state["last"] = now
-            sys.stderr.write(f"\rverifying: {done}/{total} queries ({100 * done / max(total, 1):.0f}%)")
-            if done == total:
-                sys.stderr.write("\n")
+            sys.stderr.write(f"\rverifying: {done:,} queries (about {min(100, 100 * done / max(total, 1)):.0f}%)   ")
             sys.stderr.flush()
 
     return show
