@@ -136,3 +136,53 @@ def labelled_entries(expert: SymExpert) -> dict[tuple[str, str, str], str]:
         for i, j, expr in m.nonzeros():
             out[(name, m.rows.label(i), m.cols.label(j))] = str(expr)
     return out
+
+
+def column_map(src: Space, dst: Space) -> np.ndarray:
+    """For each coordinate of ``src``, the coordinate of the same label in ``dst`` (-1: none).
+
+    Uses each destination block's cached label index, so mapping many spaces into one
+    full space builds that index once.
+    """
+    out = np.full(src.dim, -1, np.int64)
+    for block, off in zip(src.blocks, src.offsets):
+        if dst.has_block(block.name):
+            target = dst.block(block.name)
+            index = target._index
+            pos = np.fromiter((index.get(x, -1) for x in block.labels), dtype=np.int64, count=len(block))
+            out[off: off + len(block)] = np.where(pos >= 0, pos + dst.offset(block.name), -1)
+    return out
+
+
+def _canonical(m, rows: np.ndarray | None, cols: np.ndarray | None):
+    coo = m.tocoo()
+    r = coo.row.astype(np.int64) if rows is None else rows[coo.row]
+    c = coo.col.astype(np.int64) if cols is None else cols[coo.col]
+    order = np.lexsort((c, r))
+    return r[order], c[order], coo.data[order]
+
+
+def same_expert(a: SymExpert, b: SymExpert, to_b: np.ndarray | None = None) -> bool:
+    """Exactly the same labelled weights (labels compared, not indices); vectorised.
+
+    Equivalent to ``labelled_entries(a) == labelled_entries(b)`` for this construction's
+    experts, but linear-time in numpy. ``to_b`` is ``column_map`` from a's residual space
+    to b's, if already computed.
+    """
+    if a.task != b.task or a.neurons.blocks[0].labels != b.neurons.blocks[0].labels:
+        return False
+    if to_b is None:
+        to_b = column_map(a.W_1.cols, b.W_1.cols)
+    for ma, mb, rows, cols in ((a.W_1, b.W_1, None, to_b), (a.b_1, b.b_1, None, None), (a.W_2, b.W_2, to_b, None)):
+        if len(ma.terms) != len(mb.terms):
+            return False
+        for (ca, xa), (cb, xb) in zip(ma.terms, mb.terms):
+            if ca != cb:
+                return False
+            ra, ka, va = _canonical(xa, rows, cols)
+            rb, kb, vb = _canonical(xb, None, None)
+            if (ra < 0).any() or (ka < 0).any():
+                return False
+            if not (np.array_equal(ra, rb) and np.array_equal(ka, kb) and np.array_equal(va, vb)):
+                return False
+    return True

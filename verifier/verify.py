@@ -314,7 +314,7 @@ def leave_one_out_tasks(K: int, n_facts: int) -> list[int]:
 
 def _isolation(taskset: TaskSet, model, records: list[TaskRecord], report: Report, jobs: int = 1) -> None:
     """Expert k built from task k alone, and from the set without task j, is unchanged."""
-    from construction.experts import build_expert, same_expert
+    from construction.experts import build_expert, column_map, same_expert
     from construction.residual import residual_space
 
     for k, task in enumerate(taskset.tasks):
@@ -328,8 +328,9 @@ def _isolation(taskset: TaskSet, model, records: list[TaskRecord], report: Repor
     def changed(j: int) -> list[str]:
         rest = taskset.without(taskset.tasks[j].name)
         space = residual_space(rest)
+        to_full = column_map(space, model.residual)
         return [task.name for k_new, task in enumerate(rest.tasks)
-                if not same_expert(build_expert(rest, k_new, space), model.experts[taskset.index(task.name)])]
+                if not same_expert(build_expert(rest, k_new, space), model.experts[taskset.index(task.name)], to_full)]
 
     for j, names in ordered_map(changed, chosen, jobs):
         for name in names:
