@@ -449,7 +449,9 @@ def run_batch(prep: Prepared | Weights, tokens: np.ndarray, valid_ptr: np.ndarra
         predicted[idx[routed]] = pred[routed]
     Lm, Lr = I.smatmul(Rm, Rr, prep.UT)
     ab_lo, ab_hi, _ = sparse_error(Lm, Lr, V, valid_ptr, valid)
-    top = np.argsort(-np.nan_to_num(g_hi, nan=np.inf), axis=1)[:, :3]
+    key = -np.nan_to_num(g_hi, nan=np.inf)
+    top = np.argpartition(key, min(2, K - 1), axis=1)[:, :3] if K > 3 else np.argsort(key, axis=1)
+    top = np.take_along_axis(top, np.argsort(np.take_along_axis(key, top, 1), axis=1), 1)
     top_gate = (top, np.take_along_axis(g_lo, top, 1), np.take_along_axis(g_hi, top, 1))
     return BatchResult(e, margin, ~(margin > 0), g_lo, g_hi, err_lo, err_hi, ab_lo, ab_hi, predicted, top_gate)
 
