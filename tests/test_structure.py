@@ -1,0 +1,41 @@
+"""Routability analysis: the conflict graph between templates of different tasks."""
+
+from __future__ import annotations
+
+from tasks.model import Task, TaskSet
+from tasks.structure import StructureTrie, conflict_graph, object_query_collisions, open_tasks
+
+
+def test_conflict_graph_of_the_example(capitals_set):
+    g = conflict_graph(StructureTrie(capitals_set))
+    assert g.number_of_nodes() == 5
+    assert g.nodes[(0, 0)] == {"task": "capital", "template": "the capital of ⋆1 is ⋆2"}
+    # 'the capital ...' and 'the continent ...' share 'the'; '⋆1 has capital', '⋆1 lies in', '⋆1 is a city' share '⋆1'
+    assert g.edges[(0, 0), (1, 0)] == {"prefix": "the", "depth": 1, "object_query": False, "shared_subjects": 3}
+    assert g.edges[(0, 1), (2, 0)]["prefix"] == "⋆1"
+    assert g.edges[(0, 1), (2, 0)]["shared_subjects"] == 0
+    assert not g.has_edge((0, 0), (0, 1))  # same task: no conflict edge
+    assert not any(d["object_query"] for _, _, d in g.edges(data=True))
+
+
+def test_conflict_graph_marks_object_query_collisions():
+    ts = TaskSet((
+        Task("a", ("⋆1 is ⋆2", "the a of ⋆1 is ⋆2"), {"x": "y"}),
+        Task("b", ("⋆1 is ⋆2 too",), {"z": "w"}),
+    ))
+    g = conflict_graph(StructureTrie(ts))
+    edge = g.edges[(0, 0), (1, 0)]
+    assert edge["prefix"] == "⋆1 is" and edge["depth"] == 2 and edge["object_query"] is True
+    assert edge["shared_subjects"] == 0  # structural only: routable by subject, refused by the construction
+    assert not g.has_edge((0, 1), (1, 0))
+    structural = object_query_collisions(StructureTrie(ts), structural=True)
+    assert [c.structure for c in structural] == ["⋆1 is"]
+    assert object_query_collisions(StructureTrie(ts)) == []
+
+
+def test_open_tasks(capitals_set):
+    assert open_tasks(capitals_set, ("the",)) == ("capital", "continent")
+    assert open_tasks(capitals_set, ("France",)) == ("capital", "continent")
+    assert open_tasks(capitals_set, ("Paris",)) == ("located",)
+    assert open_tasks(capitals_set, ("Brazil", "has")) == ()  # Brazil has no capital fact
+    assert open_tasks(capitals_set, ("the", "capital", "of", "France", "is")) == ("capital",)
