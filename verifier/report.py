@@ -99,7 +99,8 @@ def summary(report: Report) -> str:
         lines.append(f"closed-form bound: eps(beta, gamma) = {report.closed_form}")
         lines.append(f"  at the parameters: {_fmt(report.closed_form_value, 4)}; measured worst error: {_fmt(report.measured_worst, 4)}")
     params = ", ".join(f"{k}={v}" for k, v in report.parameters.items())
-    lines.append(f"parameters: {params}; gate: {report.gate or 'given'}; queries: {report.queries}; time: {report.seconds:.2f}s")
+    gate = "" if "gate" in report.parameters else f"; gate: {report.gate or 'given weights'}"
+    lines.append(f"parameters: {params or 'none stored'}{gate}; queries: {report.queries}; time: {report.seconds:.2f}s")
     for note in report.notes:
         lines.append(f"note: {note}")
     for c in report.counterexamples[:5]:
