@@ -224,3 +224,19 @@ def test_cli_explain_and_inspect():
     out = run("inspect", str(EXAMPLE), "--json", "-")
     data = json.loads(out.stdout)
     assert [e["width"] for e in data["experts"]] == [10, 10, 9] and [e["bound"] for e in data["experts"]] == [16, 16, 11]
+
+
+def test_words_after_the_object_and_self_facts_certify():
+    """Past ⋆2 the subject head sees two entities (or the same one twice, when s -> s)."""
+    from construction.model import build
+    from tasks.model import Task, TaskSet
+
+    ts = TaskSet((
+        Task("successor", ("after ⋆1 comes ⋆2 .", "⋆1 is followed by ⋆2 in order"), {"one": "two", "two": "three", "three": "three"}),
+        Task("same", ("⋆1 equals ⋆2 exactly", "⋆1 same as ⋆2 itself ."), {"one": "one", "two": "two", "four": "one"}),
+    ), epsilon=0.01)
+    model = build(ts)
+    report = verify(ts, model.instantiate(), 0.01, model=model)
+    assert report.certified, report.counterexamples
+    assert report.measured_worst <= report.closed_form_value
+    assert [t.queries for t in report.tasks] == [28, 21]
