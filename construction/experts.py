@@ -145,12 +145,11 @@ def column_map(src: Space, dst: Space) -> np.ndarray:
     full space builds that index once.
     """
     out = np.full(src.dim, -1, np.int64)
-    for block, off in zip(src.blocks, src.offsets):
-        if dst.has_block(block.name):
-            target = dst.block(block.name)
-            index = target._index
-            pos = np.fromiter((index.get(x, -1) for x in block.labels), dtype=np.int64, count=len(block))
-            out[off: off + len(block)] = np.where(pos >= 0, pos + dst.offset(block.name), -1)
+    for blk, off in zip(src.blocks, src.offsets):
+        if dst.has_block(blk.name):
+            index = dst.block(blk.name)._index
+            pos = np.fromiter((index.get(x, -1) for x in blk.labels), dtype=np.int64, count=len(blk))
+            out[off: off + len(blk)] = np.where(pos >= 0, pos + dst.offset(blk.name), -1)
     return out
 
 

@@ -141,9 +141,14 @@ def cmd_check(args) -> int:
                     progress=stderr_progress(args.quiet), isolation=not args.no_isolation, jobs=args.jobs)
     if args.json:
         _write_text(args.json, dumps(report), [args.tasks, args.weights])
+    code = EXIT_OK if report.certified else EXIT_NOT_CERTIFIED
     if args.json != "-":
-        print(summary(report))
-    return EXIT_OK if report.certified else EXIT_NOT_CERTIFIED
+        try:
+            print(summary(report))
+            sys.stdout.flush()
+        except BrokenPipeError:  # the reader stopped early; the verdict still decides the status
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return code
 
 
 def inspect_data(model) -> dict:
@@ -224,6 +229,12 @@ def cmd_plot(args) -> int:
         raise TaskError("is not a directory", file=args.out, fix="give a directory for the pictures")
     try:
         os.makedirs(out, exist_ok=True)
+    except BrokenPipeError:  # e.g. `python -m verifier check ... | head`: stop quietly
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except OSError:
+            pass
+        return EXIT_OK
     except OSError as exc:
         raise TaskError(f"cannot create the output directory: {exc.strerror or exc}", file=args.out) from None
     name = args.name
@@ -251,6 +262,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except RecursionError:
         print("error: input nested too deeply", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except BrokenPipeError:  # e.g. `python -m verifier check ... | head`: stop quietly
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except OSError:
+            pass
+        return EXIT_OK
     except OSError as exc:
         print(f"error: {exc.filename or ''}: {exc.strerror or exc}".replace("\n", " "), file=sys.stderr)
         return EXIT_BAD_INPUT

@@ -42,7 +42,6 @@ def exact_forward(weights: Weights, token_ids: list[int], valid: set[int], dps: 
     ctx = mpmath.mp.clone()
     ctx.dps = dps
     ids = [weights.bos] + list(token_ids)
-    n = len(ids)
     H = [_add(_row(weights.E, t, ctx), _row(weights.P, j, ctx), ctx) for j, t in enumerate(ids)]
     r = dict(H[-1])
     for head in weights.heads:

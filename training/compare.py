@@ -1,0 +1,94 @@
+"""The verifier's per-query numbers, lined up with :class:`training.data.QueryData` rows.
+
+:func:`verifier.verify.verify` reports aggregates (per task, the routing matrix). To check
+that the exported weights compute what the training code computed, :func:`certified_pass`
+runs the verifier's certified forward pass (:func:`verifier.forward.run_batch`) on every
+query, batched by prefix length, and returns, per query row: the chosen
+expert, the certified gate margin, the error enclosure [err_lo, err_hi] of
+1 - P(valid), and the predicted token. :func:`agreement` compares them with a float64
+:class:`training.train.Evaluation`; :func:`routing_failures` applies the verifier's routing
+rule per query, split into task-determining queries and prefixes shared by several tasks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from tasks.model import TaskSet
+from training.data import QueryData
+from verifier.forward import Prepared, run_batch
+from verifier.layout import Weights
+from verifier.verify import token_map
+
+CHUNK = 20_000
+
+
+@dataclass(frozen=True)
+class CertifiedPass:
+    expert: np.ndarray      # (Q,)
+    margin: np.ndarray      # (Q,) certified gate margin (<= 0: not a certified unique winner)
+    err_lo: np.ndarray      # (Q,) enclosure of 1 - P(valid)
+    err_hi: np.ndarray
+    predicted: np.ndarray   # (Q,) weights' token id of the largest logit midpoint (-1: a zero-logit token)
+
+
+def certified_pass(taskset: TaskSet, weights: Weights, data: QueryData, chunk: int = CHUNK) -> CertifiedPass:
+    """Run the verifier's certified pass on every query; rows in ``data``'s order.
+
+    Queries are batched by prefix length (``run_batch`` takes an n x p token matrix in
+    the weights' ids and adds BOS itself).
+    """
+    tmap = token_map(taskset, weights)
+    Q = len(data)
+    expert = np.full(Q, -1, np.int64)
+    margin, err_lo, err_hi = np.full(Q, np.nan), np.full(Q, np.nan), np.full(Q, np.nan)
+    predicted = np.full(Q, -1, np.int64)
+    prep = Prepared(weights)
+    for p in np.unique(data.lengths):
+        rows_p = np.flatnonzero(data.lengths == p)
+        for lo in range(0, rows_p.size, chunk):
+            rows = rows_p[lo: lo + chunk]
+            tokens = tmap[data.tokens[rows, 1: p + 1]]
+            vr, vc = np.nonzero(data.valid[rows])
+            ptr = np.concatenate([[0], np.cumsum(np.bincount(vr, minlength=rows.size))]).astype(np.int64)
+            res = run_batch(prep, tokens, ptr, tmap[vc])
+            expert[rows], margin[rows] = res.expert, res.margin
+            err_lo[rows], err_hi[rows], predicted[rows] = res.err_lo, res.err_hi, res.predicted
+    return CertifiedPass(expert, margin, err_lo, err_hi, predicted)
+
+
+def agreement(evaluation, cert: CertifiedPass, tol: float = 1e-9) -> dict[str, float | int]:
+    """How the float64 evaluation and the certified pass agree.
+
+    ``expert_mismatches``: queries routed differently; ``outside``: queries whose float64
+    error lies outside [err_lo - tol, err_hi + tol]; ``max_gap``: the largest distance of
+    the float64 error from the enclosure (0 when inside); ``max_width``: the widest
+    enclosure.
+    """
+    err = evaluation.error
+    gap = np.maximum(cert.err_lo - err, err - cert.err_hi)
+    return {
+        "queries": int(err.size),
+        "expert_mismatches": int(np.sum(evaluation.expert != cert.expert)),
+        "outside": int(np.sum(gap > tol)),
+        "max_gap": float(max(0.0, np.max(gap))) if err.size else 0.0,
+        "max_width": float(np.max(cert.err_hi - cert.err_lo)) if err.size else 0.0,
+    }
+
+
+def routing_failures(data: QueryData, cert: CertifiedPass, expert_tasks: tuple[str, ...]) -> dict[str, int]:
+    """The verifier's routing rule per query, split by whether the prefix determines a task.
+
+    A query is well routed when its gate winner is certified (margin > 0) and the winning
+    expert serves a task consistent with the prefix (``expert_tasks``, "" = none).
+    """
+    names = list(data.task_names)
+    serves = np.array([names.index(t) if t in names else -1 for t in expert_tasks], np.int64)
+    served = serves[cert.expert]
+    rows = np.arange(len(data))
+    ok = (cert.margin > 0) & (served >= 0) & data.consistent[rows, np.maximum(served, 0)]
+    det = data.determined >= 0
+    return {"determined": int(det.sum()), "determined_misrouted": int((~ok & det).sum()),
+            "shared": int((~det).sum()), "shared_misrouted": int((~ok & ~det).sum())}

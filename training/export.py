@@ -1,0 +1,88 @@
+"""Trained torch weights -> :class:`verifier.layout.Weights` (scipy CSR, float64).
+
+The torch model *is* the layout's forward pass (see :mod:`training.model`), so the
+export is a copy: ``E``, ``P``, per head ``W_Q``, ``W_K``, ``W_V``, ``W_O``, ``W_G``, ``b_G``,
+per expert ``W_1``, ``b_1``, ``W_2``, ``U``, each converted to float64 (float32 values are
+exact in float64) and stored as CSR (exact zeros are dropped, which changes nothing).
+``gate_mode`` is the model's (``"top1-scaled"`` by default); ``vocab`` is the task set's.
+
+``expert_tasks`` (which task each expert serves) is a claim the verifier checks; a
+trained model makes no such claim, so the default is ``""`` for every expert (the
+verifier then reports every query as misrouted). On request:
+
+* ``"majority"``: each expert is labelled with the task routed to it most, made
+  one-to-one as the layout requires (an expert serves one task and a task one expert):
+  the assignment maximising the determined queries that reach their own task's expert
+  (:func:`training.metrics.majority_mapping`);
+* ``"declared"``: expert i serves task i, the assignment the task-router loss trains.
+
+``parameters`` records the objective, seed and steps, and the mapping used (kept short:
+the verifier prints them on one line).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import scipy.sparse as sp
+import torch
+
+from tasks.model import TaskSet
+from training.metrics import declared_mapping, majority_mapping
+from training.model import MoETransformer
+from verifier.layout import Expert, Head, Weights
+
+MAPPINGS = ("none", "majority", "declared")
+
+
+def _csr(t: torch.Tensor) -> sp.csr_matrix:
+    return sp.csr_matrix(t.detach().to(torch.float64).cpu().numpy())
+
+
+def _vec(t: torch.Tensor) -> np.ndarray:
+    return t.detach().to(torch.float64).cpu().numpy().copy()
+
+
+def to_weights(model: MoETransformer, taskset: TaskSet, expert_tasks: str | tuple[str, ...] = "none",
+               routing: np.ndarray | None = None, config=None) -> Weights:
+    """The layout's weights of ``model``; ``expert_tasks``: a mode of :data:`MAPPINGS` or names.
+
+    ``routing`` (tasks x experts, determined queries) is needed for ``"majority"``;
+    ``config`` (a TrainConfig) is recorded in ``parameters``.
+    """
+    K = model.config.n_experts
+    names = taskset.names
+    if isinstance(expert_tasks, str):
+        if expert_tasks == "none":
+            mapping = ("",) * K
+        elif expert_tasks == "majority":
+            if routing is None:
+                raise ValueError("the majority mapping needs the routing matrix (training.train.evaluate(...).routing)")
+            mapping = majority_mapping(routing, names)
+        elif expert_tasks == "declared":
+            mapping = declared_mapping(names, K)
+        else:
+            raise ValueError(f"expert_tasks must be one of {MAPPINGS} or a tuple of task names, got {expert_tasks!r}")
+        mode = expert_tasks
+    else:
+        mapping = tuple(expert_tasks)
+        mode = "given"
+    if len(mapping) != K:
+        raise ValueError(f"expert_tasks has {len(mapping)} entries for {K} experts")
+    if len(taskset.vocabulary.tokens) != model.config.vocab_size:
+        raise ValueError("the model was not trained on this task set's vocabulary")
+    heads = tuple(Head(_csr(model.W_Q[m]), _csr(model.W_K[m]), _csr(model.W_V[m]), _csr(model.W_O[m]))
+                  for m in range(model.config.n_heads))
+    experts = tuple(Expert(_csr(model.W_1[k]), _vec(model.b_1[k]), _csr(model.W_2[k])) for k in range(K))
+    parameters: dict = {"trained": "torch", "expert_tasks": mode}
+    if config is not None:
+        parameters.update({"objective": config.objective, "seed": config.seed, "steps": config.steps})
+    weights = Weights(
+        vocab=taskset.vocabulary.tokens,
+        E=_csr(model.E), P=_csr(model.P), heads=heads,
+        W_G=_csr(model.W_G), b_G=_vec(model.b_G),
+        experts=experts, U=_csr(model.U),
+        expert_tasks=mapping, gate_mode=model.config.gate_mode,
+        parameters=parameters,
+    )
+    weights.validate("trained weights")
+    return weights

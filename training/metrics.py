@@ -1,0 +1,114 @@
+"""Routing and size measures shared by the training code, the sweep and the test.
+
+* **routing matrix**: tasks x experts, counting the queries whose prefix *determines*
+  the task (the same matrix as :attr:`verifier.verify.Report.routing_matrix`);
+* **routing purity**: per task, the share of its determined queries that reach its most
+  used expert, averaged over the tasks (1 = every task has one expert; 1/K at worst for
+  a uniform spread; permutation invariant, and it does not require different tasks to
+  use different experts, see :func:`distinct_experts`);
+* **routing entropy**: per task, the entropy (bits) of its distribution over experts,
+  averaged over the tasks (0 = one expert per task, log2 K = uniform);
+* **majority mapping**: each expert labelled with the task routed to it most, made
+  one-to-one as the layout requires (:func:`majority_mapping`), for
+  :attr:`verifier.layout.Weights.expert_tasks`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def routing_matrix(determined: np.ndarray, expert: np.ndarray, n_tasks: int, n_experts: int) -> np.ndarray:
+    """Counts (tasks x experts) over the queries with ``determined >= 0``."""
+    keep = determined >= 0
+    m = np.zeros((n_tasks, n_experts), np.int64)
+    np.add.at(m, (determined[keep], expert[keep]), 1)
+    return m
+
+
+def _rows(matrix: np.ndarray) -> np.ndarray:
+    m = np.asarray(matrix, np.float64)
+    m = m[m.sum(axis=1) > 0]
+    return m / m.sum(axis=1, keepdims=True)
+
+
+def purity(matrix: np.ndarray) -> float:
+    """Mean over tasks of the share of its determined queries at its most used expert."""
+    rows = _rows(matrix)
+    return float(rows.max(axis=1).mean()) if rows.size else float("nan")
+
+
+def entropy(matrix: np.ndarray) -> float:
+    """Mean over tasks of the entropy (bits) of the task's routing distribution."""
+    rows = _rows(matrix)
+    if not rows.size:
+        return float("nan")
+    with np.errstate(divide="ignore", invalid="ignore"):
+        h = -np.where(rows > 0, rows * np.log2(rows), 0.0).sum(axis=1)
+    return float(h.mean())
+
+
+def distinct_experts(matrix: np.ndarray) -> int:
+    """How many different experts are some task's most used expert."""
+    rows = np.asarray(matrix)
+    rows = rows[rows.sum(axis=1) > 0]
+    return int(len(set(np.argmax(rows, axis=1).tolist())))
+
+
+def majority_mapping(matrix: np.ndarray, task_names: tuple[str, ...]) -> tuple[str, ...]:
+    """Expert -> task labels by majority routing, one-to-one ("" for unlabelled experts).
+
+    The layout allows each task to name one expert and each expert one task, so the
+    labels are the assignment (Hungarian method, ``scipy.optimize.linear_sum_assignment``)
+    that maximises the number of determined queries reaching their own task's expert.
+    When every expert's majority task is different this is exactly "each expert serves
+    the task routed to it most"; otherwise a task routed mostly to one expert that
+    another task needs more takes its next best. A pair with no query is left unlabelled.
+    """
+    from scipy.optimize import linear_sum_assignment
+
+    m = np.asarray(matrix, np.float64)
+    tasks, experts = linear_sum_assignment(m, maximize=True)
+    out = [""] * m.shape[1]
+    for t, e in zip(tasks.tolist(), experts.tolist()):
+        if m[t, e] > 0:
+            out[e] = task_names[t]
+    return tuple(out)
+
+
+def declared_mapping(task_names: tuple[str, ...], n_experts: int) -> tuple[str, ...]:
+    """The task-router loss's assignment: expert i serves task i ("" beyond the tasks).
+
+    With fewer experts than tasks the loss sends task i to expert i mod K; an expert can
+    name only one task, so it is labelled with the first (the verifier will report the
+    other tasks' queries as misrouted).
+    """
+    return tuple(task_names[k] if k < len(task_names) else "" for k in range(n_experts))
+
+
+def _nnz(m) -> int:
+    import scipy.sparse as sp
+
+    if sp.issparse(m):
+        m = m.tocsr()
+        return int(np.count_nonzero(m.data))
+    return int(np.count_nonzero(np.asarray(m)))
+
+
+def parameter_counts(weights, routed_expert: np.ndarray) -> dict[str, float]:
+    """Nonzero parameters of :class:`verifier.layout.Weights`: total and active per query.
+
+    Counts **nonzero entries** (for a dense trained model that is every parameter; for
+    the hand-built sparse model the structural zeros are not parameters). ``shared`` is
+    everything but the experts (E, P, the heads, the gate, U); a query activates the
+    shared part and its routed expert (W_1, b_1, W_2), so ``active`` is
+    shared + the mean over the queries of the routed expert's count
+    (``routed_expert``: one expert index per query).
+    """
+    per_expert = np.array([_nnz(e.W_1) + _nnz(e.b_1) + _nnz(e.W_2) for e in weights.experts], np.int64)
+    total = sum(_nnz(m) for _, m in weights.arrays())
+    shared = total - int(per_expert.sum())
+    routed = np.asarray(routed_expert, np.int64)
+    mean_expert = float(per_expert[routed].mean()) if routed.size else 0.0
+    return {"total": int(total), "shared": int(shared), "active": shared + mean_expert,
+            "largest_expert": int(per_expert.max())}

@@ -1,0 +1,133 @@
+"""The trainable model: exactly the forward pass of :mod:`verifier.layout`, in torch.
+
+For a prefix x_1..x_n with x_0 = BOS (token id V)::
+
+    h_i    = E[x_i] + P[i]
+    s^m_ij = (W_Q^m h_i) · (W_K^m h_j)          j <= i, no 1/sqrt(d) scaling
+    r_n    = h_n + Σ_m W_O^m Σ_{j<=n} softmax_j(s^m_nj) W_V^m h_j
+    g      = W_G r_n + b_G,  e = argmax_k g_k   (top-1; ties: the lowest index, as numpy)
+    c      = softmax(g)_e ("top1-scaled", Switch-style)  or  1 ("top1")
+    y      = r_n + c · W_2^e ReLU(W_1^e r_n + b_1^e)
+    logits = U y
+
+Only the last position n is computed (the prediction for the query). No layer norm, no
+output bias, no scaling of attention scores: the layout has none, so a trained model
+exports without approximation. With ``gate_mode = "top1-scaled"`` the gate gets a
+gradient through c (as in the Switch Transformer); with plain ``"top1"`` it would get
+none from the cross-entropy.
+
+Parameters are stored stacked per head / per expert (``W_Q`` is (H, d_head, d), ``W_1``
+is (K, w, d), ...). Initialisation scales: embeddings N(0, 1) per coordinate, query
+and key maps so that initial scores are O(1) (the 1/sqrt(d_head) of standard attention
+folded into W_Q), small gate (std 0.02 / sqrt(d), as in Switch), fan-in scaling
+elsewhere.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import torch
+from torch import nn
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Sizes of a :class:`MoETransformer`."""
+
+    vocab_size: int          # V (BOS is the extra embedding row V)
+    n_positions: int         # BOS + the longest prefix (the task set's L)
+    d: int = 64              # residual width
+    n_heads: int = 4
+    d_head: int = 16         # width of W_Q, W_K, W_V rows per head (d_h = d_v)
+    n_experts: int = 4
+    expert_width: int = 32   # hidden neurons per expert
+    gate_mode: str = "top1-scaled"
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class Output:
+    """The forward pass of a batch of queries."""
+
+    logits: torch.Tensor      # (B, V)
+    gate: torch.Tensor        # (B, K) gate scores g
+    expert: torch.Tensor      # (B,) chosen expert e
+    gate_probs: torch.Tensor  # (B, K) softmax(g)
+    residual: torch.Tensor    # (B, d) r_n
+
+
+class MoETransformer(nn.Module):
+    """Single-layer MoE transformer in the layout of :mod:`verifier.layout`."""
+
+    def __init__(self, config: ModelConfig, generator: torch.Generator | None = None) -> None:
+        super().__init__()
+        if config.gate_mode not in ("top1", "top1-scaled"):
+            raise ValueError(f"gate_mode must be 'top1' or 'top1-scaled', got {config.gate_mode!r}")
+        self.config = c = config
+        V, d, H, dh, K, w = c.vocab_size, c.d, c.n_heads, c.d_head, c.n_experts, c.expert_width
+
+        def normal(*shape: int, std: float) -> nn.Parameter:
+            return nn.Parameter(torch.randn(*shape, generator=generator) * std)
+
+        self.E = normal(V + 1, d, std=1.0)
+        self.P = normal(c.n_positions, d, std=1.0)
+        self.W_Q = normal(H, dh, d, std=1.0 / math.sqrt(d) / dh ** 0.25)
+        self.W_K = normal(H, dh, d, std=1.0 / math.sqrt(d) / dh ** 0.25)
+        self.W_V = normal(H, dh, d, std=1.0 / math.sqrt(d))
+        self.W_O = normal(H, d, dh, std=1.0 / math.sqrt(dh * H))
+        self.W_G = normal(K, d, std=0.02 / math.sqrt(d))
+        self.b_G = nn.Parameter(torch.zeros(K))
+        self.W_1 = normal(K, w, d, std=1.0 / math.sqrt(d))
+        self.b_1 = nn.Parameter(torch.zeros(K, w))
+        self.W_2 = normal(K, d, w, std=1.0 / math.sqrt(w))
+        self.U = normal(V, d, std=1.0 / math.sqrt(d))
+
+    def residual(self, tokens: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        """r_n for each row: tokens (B, T) with BOS first, lengths (B,) = n."""
+        B, T = tokens.shape
+        H, dh, d = self.W_Q.shape
+        h = self.E[tokens] + self.P[:T].unsqueeze(0)                       # (B, T, d)
+        rows = torch.arange(B, device=tokens.device)
+        h_n = h[rows, lengths]                                              # (B, d)
+        q = (h_n @ self.W_Q.reshape(H * dh, d).T).view(B, 1, H, dh)
+        k = (h @ self.W_K.reshape(H * dh, d).T).view(B, T, H, dh)
+        s = (q * k).sum(-1)                                                 # (B, T, H)
+        visible = torch.arange(T, device=tokens.device)[None, :] <= lengths[:, None]   # (B, T)
+        s = s.masked_fill(~visible[:, :, None], float("-inf"))
+        a = torch.softmax(s, dim=1)                                         # over positions j <= n
+        v = (h @ self.W_V.reshape(H * dh, d).T).view(B, T, H, dh)
+        o = (a.unsqueeze(-1) * v).sum(1).reshape(B, H * dh)                 # (B, H*dv)
+        W_O = self.W_O.permute(1, 0, 2).reshape(d, H * dh)                  # [W_O^1 .. W_O^H]
+        return h_n + o @ W_O.T
+
+    def expert_output(self, r: torch.Tensor, expert: torch.Tensor) -> torch.Tensor:
+        """W_2^e ReLU(W_1^e r + b_1^e) for each row's expert e (computed per expert)."""
+        out = torch.zeros_like(r)
+        for k in torch.unique(expert).tolist():
+            idx = torch.nonzero(expert == k, as_tuple=True)[0]
+            z = torch.relu(r[idx] @ self.W_1[k].T + self.b_1[k])
+            out = out.index_copy(0, idx, z @ self.W_2[k].T)
+        return out
+
+    def forward(self, tokens: torch.Tensor, lengths: torch.Tensor, expert: torch.Tensor | None = None) -> Output:
+        """The layout's forward pass; ``expert`` overrides the routing (e.g. ablations)."""
+        r = self.residual(tokens, lengths)
+        g = r @ self.W_G.T + self.b_G
+        probs = torch.softmax(g, dim=-1)
+        e = torch.argmax(g, dim=-1) if expert is None else expert
+        out = self.expert_output(r, e)
+        if self.config.gate_mode == "top1-scaled":
+            out = probs.gather(1, e[:, None]) * out
+        y = r + out
+        return Output(logits=y @ self.U.T, gate=g, expert=e, gate_probs=probs, residual=r)
+
+    def n_parameters(self) -> dict[str, int]:
+        """Parameter counts: total, per expert, shared (everything but the experts)."""
+        c = self.config
+        per_expert = 2 * c.expert_width * c.d + c.expert_width
+        total = sum(p.numel() for p in self.parameters())
+        return {"total": total, "per_expert": per_expert, "shared": total - c.n_experts * per_expert}

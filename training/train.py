@@ -1,0 +1,256 @@
+"""Train a single-layer MoE transformer on every query of a task set, and evaluate it.
+
+Data: every query (proper prefix, see :mod:`training.data`), weighted equally, with the
+valid-set cross-entropy of :mod:`training.objectives` (no sampling of one target).
+Optimiser: Adam, full batch by default (the sets are small), learning rate with a short
+linear warm-up and a cosine decay to 10%. Training runs in float32; evaluation
+(:func:`evaluate`) runs in float64 on a copy, which is the arithmetic the exported
+weights are checked against (float32 values are exact in float64).
+
+CLI::
+
+    python -m training.train TASKS.yaml -o trained.npz --objective router --expert-tasks majority
+    python -m verifier check TASKS.yaml --weights trained.npz
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import math
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Callable, Sequence
+
+import numpy as np
+import torch
+
+from tasks.model import TaskSet
+from training.data import QueryData, query_data
+from training.metrics import entropy, purity, routing_matrix
+from training.model import ModelConfig, MoETransformer
+from training.objectives import OBJECTIVES, objective_loss, valid_error
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Hyper-parameters of one training run (``n_experts=None``: one per task)."""
+
+    objective: str = "ce"
+    d: int = 64
+    n_heads: int = 4
+    d_head: int = 16
+    n_experts: int | None = None
+    expert_width: int = 32
+    steps: int = 1000
+    lr: float = 3e-3
+    warmup: int = 50
+    batch_size: int | None = None
+    weight_decay: float = 0.0
+    alpha: float = 0.01          # load-balancing weight ("lb")
+    lam: float = 1.0             # task-router weight ("router")
+    seed: int = 0
+    threads: int | None = None   # torch threads (None: leave torch's setting)
+    time_limit: float | None = None  # seconds; stop early when exceeded
+    gate_mode: str = "top1-scaled"
+
+    def model_config(self, data: QueryData) -> ModelConfig:
+        return ModelConfig(vocab_size=data.V, n_positions=data.n_positions, d=self.d, n_heads=self.n_heads,
+                           d_head=self.d_head, n_experts=self.n_experts or len(data.task_names),
+                           expert_width=self.expert_width, gate_mode=self.gate_mode)
+
+
+@dataclass
+class TrainResult:
+    model: MoETransformer
+    config: TrainConfig
+    history: list[dict] = field(default_factory=list)
+    seconds: float = 0.0
+    steps: int = 0
+
+
+@dataclass
+class Evaluation:
+    """Per-query float64 evaluation of a model, and the summary measures."""
+
+    expert: np.ndarray          # (Q,) chosen expert
+    error: np.ndarray           # (Q,) 1 - P(valid), float64
+    predicted: np.ndarray       # (Q,) argmax token
+    correct: np.ndarray         # (Q,) predicted token is valid
+    gate: np.ndarray            # (Q, K) gate scores
+    routing: np.ndarray         # tasks x experts over determined queries
+    object_query: np.ndarray
+
+    @property
+    def next_token_accuracy(self) -> float:
+        return float(self.correct.mean())
+
+    @property
+    def object_accuracy(self) -> float:
+        return float(self.correct[self.object_query].mean()) if self.object_query.any() else float("nan")
+
+    @property
+    def mean_error(self) -> float:
+        return float(self.error.mean())
+
+    @property
+    def max_error(self) -> float:
+        return float(self.error.max())
+
+    @property
+    def purity(self) -> float:
+        return purity(self.routing)
+
+    @property
+    def entropy(self) -> float:
+        return entropy(self.routing)
+
+    def summary(self) -> dict[str, float]:
+        return {"object_accuracy": self.object_accuracy, "next_token_accuracy": self.next_token_accuracy,
+                "mean_error": self.mean_error, "max_error": self.max_error,
+                "routing_purity": self.purity, "routing_entropy": self.entropy,
+                "experts_used": int((self.routing.sum(axis=0) > 0).sum())}
+
+
+def _tensors(data: QueryData) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """tokens, lengths, valid, determined as tensors (sharing memory with ``data``)."""
+    return (torch.from_numpy(data.tokens), torch.from_numpy(data.lengths), torch.from_numpy(data.valid),
+            torch.from_numpy(data.determined))
+
+
+def train(taskset: TaskSet, config: TrainConfig = TrainConfig(), data: QueryData | None = None,
+          log: Callable[[dict], None] | None = None, log_every: int = 100) -> TrainResult:
+    """Train a model on every query of ``taskset`` (deterministic in ``config.seed``)."""
+    if config.objective not in OBJECTIVES:
+        raise ValueError(f"objective must be one of {OBJECTIVES}, got {config.objective!r}")
+    if config.threads:
+        torch.set_num_threads(config.threads)
+    data = data or query_data(taskset)
+    gen = torch.Generator().manual_seed(config.seed)
+    model = MoETransformer(config.model_config(data), generator=gen)
+    tokens, lengths, valid, determined = _tensors(data)
+    Q = len(data)
+    opt = torch.optim.Adam(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+
+    def rate(step: int) -> float:
+        if step < config.warmup:
+            return (step + 1) / config.warmup
+        t = (step - config.warmup) / max(1, config.steps - config.warmup)
+        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * t))
+
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, rate)
+    result = TrainResult(model, config)
+    start = time.perf_counter()
+    step = 0
+    for step in range(config.steps):
+        if config.batch_size and config.batch_size < Q:
+            idx = torch.randint(0, Q, (config.batch_size,), generator=gen)
+            batch = (tokens[idx], lengths[idx], valid[idx], determined[idx])
+        else:
+            batch = (tokens, lengths, valid, determined)
+        out = model(batch[0], batch[1])
+        loss, parts = objective_loss(config.objective, out, batch[2], batch[3], config.alpha, config.lam)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        sched.step()
+        if log_every and (step % log_every == 0 or step == config.steps - 1):
+            entry = {"step": step, "loss": float(loss.detach()), **parts, "seconds": time.perf_counter() - start}
+            result.history.append(entry)
+            if log:
+                log(entry)
+        if config.time_limit and time.perf_counter() - start > config.time_limit:
+            break
+    result.steps = step + 1
+    result.seconds = time.perf_counter() - start
+    return result
+
+
+@torch.no_grad()
+def evaluate(model: MoETransformer, data: QueryData, dtype: torch.dtype = torch.float64,
+             chunk: int = 8192) -> Evaluation:
+    """Evaluate every query on a copy of ``model`` in ``dtype`` (float64 by default)."""
+    m = copy.deepcopy(model).to(dtype).eval()
+    tokens, lengths, valid, _ = _tensors(data)
+    experts, errors, preds, gates = [], [], [], []
+    for lo in range(0, len(data), chunk):
+        sl = slice(lo, lo + chunk)
+        out = m(tokens[sl], lengths[sl])
+        experts.append(out.expert.numpy())
+        errors.append(valid_error(out.logits, valid[sl]).numpy())
+        preds.append(torch.argmax(out.logits, dim=-1).numpy())
+        gates.append(out.gate.numpy())
+    expert = np.concatenate(experts)
+    predicted = np.concatenate(preds)
+    correct = data.valid[np.arange(len(data)), predicted]
+    K = m.config.n_experts
+    return Evaluation(expert=expert, error=np.concatenate(errors), predicted=predicted, correct=correct,
+                      gate=np.concatenate(gates), routing=routing_matrix(data.determined, expert, len(data.task_names), K),
+                      object_query=data.object_query)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m training.train", description=(
+        "Train a single-layer MoE transformer (the verifier's layout, gate_mode top1-scaled) on every "
+        "query of a task set and export it for 'python -m verifier check TASKS --weights OUT'."))
+    p.add_argument("tasks", help="the tasks.yaml file")
+    p.add_argument("-o", "--output", required=True, help="output .npz (verifier layout)")
+    p.add_argument("--objective", choices=OBJECTIVES, default="ce",
+                   help="ce: cross-entropy; lb: + load balancing; router: + task-router loss (default ce)")
+    p.add_argument("--experts", type=int, help="number of experts (default: one per task)")
+    p.add_argument("--width", type=int, default=TrainConfig.expert_width, help="neurons per expert")
+    p.add_argument("--d", type=int, default=TrainConfig.d, help="residual width")
+    p.add_argument("--heads", type=int, default=TrainConfig.n_heads)
+    p.add_argument("--d-head", type=int, default=TrainConfig.d_head)
+    p.add_argument("--steps", type=int, default=TrainConfig.steps)
+    p.add_argument("--lr", type=float, default=TrainConfig.lr)
+    p.add_argument("--alpha", type=float, default=TrainConfig.alpha, help="load-balancing weight")
+    p.add_argument("--lam", type=float, default=TrainConfig.lam, help="task-router weight")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, help="torch threads")
+    p.add_argument("--expert-tasks", choices=("none", "majority", "declared"), default="none",
+                   help="expert_tasks written to the file: none ('' for every expert, default), majority "
+                        "(each expert: the task routed to it most), declared (expert i: task i, the "
+                        "task-router loss's assignment)")
+    p.add_argument("--json", metavar="PATH", help="write the evaluation as JSON")
+    p.add_argument("--quiet", action="store_true")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from tasks.errors import TaskError
+    from tasks.io import load_tasks
+    from training.export import to_weights
+    from verifier import layout
+
+    args = parser().parse_args(argv)
+    try:
+        taskset = load_tasks(args.tasks)
+    except TaskError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    config = TrainConfig(objective=args.objective, d=args.d, n_heads=args.heads, d_head=args.d_head,
+                         n_experts=args.experts, expert_width=args.width, steps=args.steps, lr=args.lr,
+                         alpha=args.alpha, lam=args.lam, seed=args.seed, threads=args.threads)
+    data = query_data(taskset)
+    log = None if args.quiet else (lambda e: print(f"step {e['step']:>5}  loss {e['loss']:.4f}  ce {e['ce']:.4f}", file=sys.stderr))
+    result = train(taskset, config, data=data, log=log)
+    ev = evaluate(result.model, data)
+    weights = to_weights(result.model, taskset, expert_tasks=args.expert_tasks, routing=ev.routing, config=config)
+    layout.save(weights, args.output)
+    summary = {**ev.summary(), "steps": result.steps, "seconds": round(result.seconds, 2),
+               "config": asdict(config), "expert_tasks": list(weights.expert_tasks),
+               "routing_matrix": ev.routing.tolist()}
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump(summary, f, indent=2)
+    print(f"wrote {args.output}: {len(data)} queries, object-query accuracy {ev.object_accuracy:.3f}, "
+          f"next-token accuracy {ev.next_token_accuracy:.3f}, routing purity {ev.purity:.3f}, "
+          f"entropy {ev.entropy:.3f} bits, {result.steps} steps in {result.seconds:.1f}s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
