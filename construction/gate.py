@@ -118,6 +118,16 @@ def task_features(taskset: TaskSet, trie: StructureTrie, index: dict[tuple[int, 
     return m
 
 
+def _patterns(group) -> set[tuple[int, ...]]:
+    """The distinct allowed sets of a group's queries (vectorised for the common single-task rows)."""
+    counts = np.diff(group.allowed_ptr)
+    single = counts == 1
+    out = {(int(k),) for k in np.unique(group.allowed[group.allowed_ptr[:-1][single]])}
+    for i in np.flatnonzero(~single):
+        out.add(tuple(group.allowed_of(i).tolist()))
+    return out
+
+
 def routing_cells(taskset: TaskSet, trie: StructureTrie) -> Cells:
     K = len(taskset.tasks)
     lam = float(LAMBDA)
@@ -126,7 +136,7 @@ def routing_cells(taskset: TaskSet, trie: StructureTrie) -> Cells:
         group = build_group(taskset, trie, node)
         in_k = np.zeros(K, bool)
         in_k[list(node.tasks)] = True
-        patterns = {tuple(group.allowed_of(i).tolist()) for i in range(len(group))}
+        patterns = _patterns(group)
         for pattern in sorted(patterns):
             d = np.zeros(K)
             if group.kind == "subject":
