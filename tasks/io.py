@@ -1051,3 +1051,25 @@ def dump_tasks(taskset: TaskSet, path: str | os.PathLike, *, facts_dir: str | os
         raise TaskError(f"the output file '{path}' would be overwritten by a facts file",
                         fix="choose another path or facts_dir")
     _write_all(outputs)
+
+
+def input_files(path: str | os.PathLike) -> list[str]:
+    """The files a (valid) tasks file reads: itself and its facts files, as absolute paths.
+
+    For the command line's "never overwrite an input" rule. Call it after
+    :func:`load_tasks` succeeded; it reads the YAML again, without aliases.
+    """
+    file = os.path.abspath(os.fspath(path))
+    out = [file]
+    try:
+        with open(file, encoding="utf-8-sig") as f:
+            doc = yaml.safe_load(f)
+    except (OSError, yaml.YAMLError, UnicodeDecodeError):
+        return out
+    base = os.path.dirname(file)
+    for task in (doc or {}).get("tasks") or [] if isinstance(doc, dict) else []:
+        refs = task.get("facts_file") if isinstance(task, dict) else None
+        for ref in ([refs] if isinstance(refs, str) else refs if isinstance(refs, list) else []):
+            if isinstance(ref, str):
+                out.append(os.path.abspath(ref if os.path.isabs(ref) else os.path.join(base, ref)))
+    return out

@@ -38,8 +38,15 @@ def _positive(text: str) -> float:
     return value
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors: bad arguments are bad input like any other (exit 2)."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(EXIT_BAD_INPUT, f"error: {self.prog}: {message} (see --help)\n")
+
+
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m verifier", description=(
+    p = _Parser(prog="python -m verifier", description=(
         "Construct a single-layer mixture-of-experts transformer for a set of knowledge tasks "
         "(Theorem 4.2) and verify it soundly: error below epsilon on every query, routing to each "
         "task's own expert, expert sizes within L|T(k)| + N_k, no cross-task entanglement."))
@@ -117,6 +124,13 @@ def _load(args):
     return load_tasks(args.tasks)
 
 
+def _inputs(args) -> list[str]:
+    """Every file this run reads: never to be overwritten by an output."""
+    from tasks.io import input_files
+
+    return input_files(args.tasks) + ([args.weights] if getattr(args, "weights", None) else [])
+
+
 def _build(args, taskset):
     from construction.model import build
 
@@ -140,7 +154,7 @@ def cmd_check(args) -> int:
     report = verify(taskset, weights, epsilon, model=model, source=args.weights or "weights",
                     progress=stderr_progress(args.quiet), isolation=not args.no_isolation, jobs=args.jobs)
     if args.json:
-        _write_text(args.json, dumps(report), [args.tasks, args.weights])
+        _write_text(args.json, dumps(report), _inputs(args))
     code = EXIT_OK if report.certified else EXIT_NOT_CERTIFIED
     if args.json != "-":
         try:
@@ -174,7 +188,7 @@ def cmd_inspect(args) -> int:
     model = _build(args, _load(args))
     data = inspect_data(model)
     if args.json:
-        _write_text(args.json, json.dumps(data, indent=2, ensure_ascii=False), [args.tasks])
+        _write_text(args.json, json.dumps(data, indent=2, ensure_ascii=False), _inputs(args))
         if args.json == "-":
             return EXIT_OK
     print(f"L = {data['L']}, |V| = {data['vocabulary']}, residual width d = {data['residual_width']}, gate: {data['gate']}")
@@ -195,8 +209,8 @@ def cmd_build(args) -> int:
 
     model = _build(args, _load(args))
     out = os.path.abspath(args.output)
-    if os.path.abspath(args.tasks) == out:
-        raise TaskError("refusing to overwrite the tasks file", file=args.output, fix="choose another output path")
+    if out in {os.path.abspath(p) for p in _inputs(args)}:
+        raise TaskError("refusing to overwrite an input file", file=args.output, fix="choose another output path")
     if not os.path.isdir(os.path.dirname(out)):
         raise TaskError("the output directory does not exist", file=args.output, fix="create it first")
     layout.save(model.instantiate(), out)
@@ -212,7 +226,7 @@ def cmd_explain(args) -> int:
     weights = layout.load(args.weights) if args.weights else _build(args, taskset).instantiate()
     info = explain(taskset, weights, args.prefix)
     if args.json:
-        _write_text(args.json, json.dumps(info, indent=2, ensure_ascii=False), [args.tasks, args.weights])
+        _write_text(args.json, json.dumps(info, indent=2, ensure_ascii=False), _inputs(args))
         if args.json == "-":
             return EXIT_OK
     print(render(info))

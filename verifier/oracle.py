@@ -22,16 +22,18 @@ A model **violates** the requirements when (each is a :class:`Violation`):
 * ``entanglement``: an object query of task k whose error with the routed expert's
   output removed is < ε.
 
-**Precision.** Weights are floats, hence exact rationals, converted exactly; products
-of two floats are exact, and every dot product is summed by mpmath's ``fdot`` with one
-final rounding. A decision (margin > 0, error >= ε, ablated error >= ε) taken at 40
-digits is *settled* when its distance to the threshold exceeds 1e-20 (relative to the
-gate scores' size for margins). Otherwise, and for every query of a model with extreme
-weights (a magnitude above 1e12 or below 1e-12), the query is evaluated again at twice
-the digits: a decision at the higher precision is settled when its distance to the
-threshold is more than twice the change between the two precisions (an estimate of
-the lower precision's error, which bounds the higher one's many times over). Up to
-320 digits; a decision still unsettled there is counted as a violation (a tie).
+**Precision.** Weights are floats, hence exact rationals, converted exactly. Every
+linear map is evaluated *exactly* (exact products, sums without rounding: mpmath's
+``mpf_sum`` at precision 0), so sums of huge and tiny terms, or of values beyond
+float64's range, lose nothing; only ``exp`` and divisions (softmax, the error) round,
+at 40 significant digits by default. A decision (margin > 0, error >= ε, ablated
+error >= ε) is *settled* at 40 digits when its distance to the threshold exceeds
+1e-20. Otherwise, and for every query of a model with extreme weights (a magnitude
+above 1e12 or below 1e-12), the query is evaluated again at twice the digits: a
+decision there is settled when its distance to the threshold is more than twice
+(four times for margins) the change between the two precisions, an estimate of the
+lower precision's error that bounds the higher one's many times over. Up to 320
+digits; a decision still unsettled there counts as a violation (a tie).
 
 Expensive intermediate results are cached across calls by fingerprints (hashes) of
 the arrays they depend on: per (token, position) head projections, residuals, expert
@@ -46,6 +48,7 @@ from typing import Any
 
 import mpmath
 import numpy as np
+from mpmath.libmp import mpf_add, mpf_mul, mpf_sum
 import scipy.sparse as sp
 
 from tasks.model import OBJECT, TaskSet
@@ -116,7 +119,10 @@ class OracleResult:
     worst_error: float = 0.0         # largest exact error (as a float)
     min_margin: float = float("inf")
     min_ablated: float = float("inf")  # smallest ablated error over object queries
-    routed: dict[tuple[str, ...], int] = field(default_factory=dict)
+    max_magnitude: float = 0.0       # largest |value| among residuals, gate scores and logits (inf: beyond float)
+    max_score: float = 0.0           # largest |attention score|
+    #: per query prefix: (routed expert, margin, error, ablated error or None), as floats
+    records: dict[tuple[str, ...], tuple[int, float, float, float | None]] = field(default_factory=dict)
 
     @property
     def violating(self) -> bool:
@@ -172,6 +178,7 @@ class _Fingerprints:
         self.heads = tuple(fingerprint(h.W_Q, h.W_K, h.W_V, h.W_O) for h in w.heads)
         self.experts = tuple(fingerprint(e.W_1, e.b_1, e.W_2) for e in w.experts)
         self.U = fingerprint(w.U)
+        self.gate = fingerprint(w.W_G, w.b_G)
 
 
 class _Ctx:
@@ -205,22 +212,35 @@ class _Ctx:
         return [{int(j): mpf(float(v)) for j, v in zip(m.indices[m.indptr[i]:m.indptr[i + 1]], m.data[m.indptr[i]:m.indptr[i + 1]]) if v != 0}
                 for i in range(m.shape[0])]
 
+    # Linear algebra is exact: products of exact numbers and sums without rounding
+    # (mpmath's mpf_sum with prec=0). Only exp and division round (at ``dps`` digits).
+    def xdot(self, pairs) -> Any:
+        """Σ a·b exactly."""
+        return self.mp.make_mpf(mpf_sum([mpf_mul(a._mpf_, b._mpf_) for a, b in pairs], 0))
+
+    def xsum(self, values) -> Any:
+        """Σ v exactly."""
+        return self.mp.make_mpf(mpf_sum([v._mpf_ for v in values], 0))
+
+    def xadd(self, a, b) -> Any:
+        return self.mp.make_mpf(mpf_add(a._mpf_, b._mpf_, 0))
+
     def matvec(self, rows, x: dict[int, Any]) -> dict[int, Any]:
-        """M x for M given by :meth:`rows` and a sparse dict x; one rounding per entry."""
+        """M x (exact) for M given by :meth:`rows` and a sparse dict x."""
         out = {}
-        fdot = self.mp.fdot
         for i, entries in rows:
             pairs = [(a, x[j]) for j, a in entries if j in x]
             if pairs:
-                v = fdot(pairs)
+                v = self.xdot(pairs)
                 if v:
                     out[i] = v
         return out
 
     def dot(self, a: dict[int, Any], b: dict[int, Any]) -> Any:
+        """a · b (exact)."""
         if len(a) > len(b):
             a, b = b, a
-        return self.mp.fdot([(v, b[j]) for j, v in a.items() if j in b])
+        return self.xdot([(v, b[j]) for j, v in a.items() if j in b])
 
 
 # --- the oracle -----------------------------------------------------------------------------
@@ -269,7 +289,7 @@ class Oracle:
         P = self._row_dicts(c, fp.P, "P", w.P)
         out = dict(E[token])
         for j, v in P[pos].items():
-            out[j] = c.mp.fadd(out[j], v) if j in out else v
+            out[j] = c.xadd(out[j], v) if j in out else v
         return {j: v for j, v in out.items() if v}
 
     def _projection(self, c, w, fp, m: int, token: int, pos: int):
@@ -285,14 +305,15 @@ class Oracle:
             return q, k, o
         return self._cached(self._proj, (c.dps, fp.E, fp.P, fp.heads[m], token, pos), make)
 
-    def _residual(self, c, w, fp, ids: tuple[int, ...]) -> tuple[tuple, dict[int, Any]]:
-        """r at the last position of BOS + ids; returns (cache key, r)."""
+    def _residual(self, c, w, fp, ids: tuple[int, ...]) -> tuple[tuple, dict[int, Any], Any]:
+        """r at the last position of BOS + ids; returns (cache key, r, largest |attention score|)."""
         key = (c.dps, fp.E, fp.P, fp.heads, ids)
 
         def make():
             seq = (w.bos,) + ids
             n = len(seq) - 1
             terms: dict[int, list] = {}
+            biggest = c.zero
             for j, v in self._h(c, w, fp, seq[n], n).items():
                 terms.setdefault(j, []).append(v)
             for m in range(len(w.heads)):
@@ -300,6 +321,7 @@ class Oracle:
                 q = projs[n][0]
                 scores = [c.dot(q, kj) for _, kj, _ in projs]
                 top = max(scores)
+                biggest = max(biggest, abs(top), abs(min(scores)))
                 ex = [c.mp.exp(s - top) for s in scores]
                 z = c.mp.fsum(ex)
                 a = [e / z for e in ex]
@@ -308,14 +330,15 @@ class Oracle:
                     for i, v in oj.items():
                         mixed.setdefault(i, []).append((aj, v))
                 for i, pairs in mixed.items():
-                    terms.setdefault(i, []).append(c.mp.fdot(pairs))
+                    terms.setdefault(i, []).append(c.xdot(pairs))
             r = {}
             for j, vs in terms.items():
-                v = c.mp.fsum(vs)
+                v = c.xsum(vs)
                 if v:
                     r[j] = v
-            return r
-        return key, self._cached(self._res, key, make)
+            return r, biggest
+        r, biggest = self._cached(self._res, key, make)
+        return key, r, biggest
 
     def _expert_out(self, c, w, fp, k: int, rkey, r) -> dict[int, Any]:
         """W_2^k ReLU(W_1^k r + b_1^k)."""
@@ -329,37 +352,53 @@ class Oracle:
                 pairs = [(a, r[j]) for j, a in W1[i].items() if j in r]
                 if b1[i]:
                     pairs.append((b1[i], c.one))
-                z = c.mp.fdot(pairs) if pairs else c.zero
+                z = c.xdot(pairs) if pairs else c.zero
                 if z > 0:
                     act[i] = z
             return c.matvec(self._rows(c, fe, "W_2", ex.W_2), act)
         return self._cached(self._out, (rkey, fp.experts[k]), make)
 
-    def _error(self, c, w, fp, y: dict[int, Any], valid: frozenset[int]) -> Any:
-        """1 − Σ_{t valid} softmax(U y)_t, as Σ_{t invalid} / Σ_t (no cancellation)."""
-        U = self._row_dicts(c, fp.U, "U", w.U)
-        logits = [c.dot(row, y) if row else c.zero for row in U]
-        top = max(logits)
-        ex = [c.mp.exp(l - top) for l in logits]
-        bad = c.mp.fsum(e for t, e in enumerate(ex) if t not in valid)
-        return bad / c.mp.fsum(ex)
+    def _error(self, c, w, fp, y: dict[int, Any], valid: frozenset[int]) -> tuple[Any, Any]:
+        """1 − Σ_{t valid} softmax(U y)_t, as Σ_{t invalid} / Σ_t (no cancellation); and max |logit|.
+
+        Tokens whose U row meets no non-zero of y have logit exactly 0: their exp is
+        evaluated once and counted.
+        """
+        columns = self._cached(self._conv, (c.dps, fp.U, "U columns"), lambda: _columns(c.row_dicts(w.U)))
+        pairs: dict[int, list] = {}
+        for j, v in y.items():
+            for t, a in columns.get(j, ()):
+                pairs.setdefault(t, []).append((a, v))
+        logits = {t: c.xdot(p) for t, p in pairs.items()}
+        logits = {t: v for t, v in logits.items() if v}
+        V = len(w.vocab)
+        zeros = V - len(logits)
+        zeros_valid = sum(1 for t in valid if t not in logits)
+        values = list(logits.values())
+        top = max(values + ([c.zero] if zeros else []))
+        e0 = c.mp.exp(-top) if zeros else c.zero
+        ex = {t: c.mp.exp(v - top) for t, v in logits.items()}
+        bad = c.mp.fsum([e for t, e in ex.items() if t not in valid] + [e0 * (zeros - zeros_valid)])
+        total = c.mp.fsum(list(ex.values()) + [e0 * zeros])
+        biggest = max([abs(v) for v in values] + [c.zero])
+        return bad / total, biggest
 
     def evaluate(self, w: Weights, fp: _Fingerprints, ids: tuple[int, ...], valid: frozenset[int],
                  want_ablated: bool, dps: int) -> dict[str, Any]:
         """Gate scores, routed expert, margin, error and ablated error of one query."""
         c = self.ctx(dps)
-        rkey, r = self._residual(c, w, fp, ids)
-        fg = (fingerprint(w.W_G, w.b_G), w.gate_mode)
-        WG = self._row_dicts(c, fg[0], "W_G", w.W_G)
-        bG = self._cached(self._conv, (c.dps, fg[0], "b_G"), lambda: self._vector(c, w.b_G))
+        rkey, r, biggest_score = self._residual(c, w, fp, ids)
+        WG = self._row_dicts(c, fp.gate, "W_G", w.W_G)
+        bG = self._cached(self._conv, (c.dps, fp.gate, "b_G"), lambda: self._vector(c, w.b_G))
         gates = []
         for k in range(len(w.experts)):
             pairs = [(a, r[j]) for j, a in WG[k].items() if j in r]
             if bG[k]:
                 pairs.append((bG[k], c.one))
-            gates.append(c.mp.fdot(pairs) if pairs else c.zero)
+            gates.append(c.xdot(pairs) if pairs else c.zero)
         e = max(range(len(gates)), key=lambda k: gates[k])
-        margin = gates[e] - max((g for k, g in enumerate(gates) if k != e), default=c.mp.inf)
+        others = [g for k, g in enumerate(gates) if k != e]
+        margin = gates[e] - max(others) if others else c.mp.inf
         out = self._expert_out(c, w, fp, e, rkey, r)
         if w.gate_mode == "top1-scaled":
             scale = 1 / c.mp.fsum(c.mp.exp(g - gates[e]) for g in gates)
@@ -369,15 +408,18 @@ class Oracle:
             err_key = (rkey, fp.U, fp.experts[e], valid)
         y = dict(r)
         for i, v in out.items():
-            y[i] = c.mp.fadd(y[i], v) if i in y else v
-        err = self._cached(self._err, err_key, lambda: self._error(c, w, fp, y, valid)) if err_key else self._error(c, w, fp, y, valid)
+            y[i] = c.xadd(y[i], v) if i in y else v
+        err, big = self._cached(self._err, err_key, lambda: self._error(c, w, fp, y, valid)) if err_key else self._error(c, w, fp, y, valid)
         abl = None
         if want_ablated:
-            abl = self._cached(self._err, (rkey, fp.U, None, valid), lambda: self._error(c, w, fp, r, valid))
-        return {"gates": gates, "expert": e, "margin": margin, "error": err, "ablated": abl, "dps": dps}
+            abl, big_a = self._cached(self._err, (rkey, fp.U, None, valid), lambda: self._error(c, w, fp, r, valid))
+            big = max(big, big_a)
+        big = max([big] + [abs(g) for g in gates] + [abs(v) for v in r.values()])
+        return {"gates": gates, "expert": e, "margin": margin, "error": err, "ablated": abl, "dps": dps, "magnitude": big,
+                "score": biggest_score}
 
     # ---- decisions with escalation
-    def _decide(self, w, fp, ids, valid, want_ablated, eps, extreme: bool) -> tuple[dict, dict[str, bool]]:
+    def _decide(self, w, fp, ids, valid, want_ablated, epsilon: float, extreme: bool) -> tuple[dict, dict[str, bool]]:
         """Evaluate, escalating precision until every decision is settled.
 
         Returns the values at the last precision and, per decision, whether it is
@@ -387,7 +429,7 @@ class Oracle:
         prev = None
         while True:
             cur = self.evaluate(w, fp, ids, valid, want_ablated, dps)
-            settled = self._settled(cur, prev, eps)
+            settled = self._settled(self.ctx(dps), cur, prev, epsilon)
             if prev is None and extreme:
                 settled = {k: False for k in settled}
             if all(settled.values()) or dps * 2 > self.max_dps:
@@ -395,26 +437,34 @@ class Oracle:
             prev, dps = cur, dps * 2
 
     @staticmethod
-    def _settled(cur, prev, eps) -> dict[str, bool]:
+    def _settled(c: _Ctx, cur, prev, epsilon: float) -> dict[str, bool]:
+        """Is each decision's distance to its threshold beyond the estimated error?"""
+        mp = c.mp
+        eps = mp.mpf(float(epsilon))
+        margin = cur["margin"]
         out = {}
-        scale = max([abs(g) for g in cur["gates"]] + [1])
-        fm = float(cur["margin"]) if mpmath.isfinite(cur["margin"]) else float("inf")
         if prev is None:
-            out["margin"] = abs(fm) > SETTLE * float(scale)
-            out["error"] = abs(float(cur["error"] - eps)) > SETTLE
+            out["margin"] = bool(margin > SETTLE)
+            out["error"] = bool(abs(cur["error"] - eps) > SETTLE)
             if cur["ablated"] is not None:
-                out["ablated"] = abs(float(cur["ablated"] - eps)) > SETTLE
+                out["ablated"] = bool(abs(cur["ablated"] - eps) > SETTLE)
             return out
-        tiny = 10.0 ** (-(cur["dps"] - 8))
-        dg = max((abs(float(a - b)) for a, b in zip(cur["gates"], prev["gates"])), default=0.0)
-        out["margin"] = (cur["expert"] == prev["expert"] and fm > 0
-                         and fm > 4 * dg + tiny * float(scale)) or (fm < 0 and -fm > 4 * dg + tiny * float(scale))
-        de = abs(float(cur["error"] - prev["error"]))
-        out["error"] = abs(float(cur["error"] - eps)) > 2 * de + tiny
+        tiny = mp.mpf(10) ** (-(c.dps - 8))
+        dg = max([abs(a - b) for a, b in zip(cur["gates"], prev["gates"])] + [c.zero])
+        out["margin"] = bool(cur["expert"] == prev["expert"] and margin > 4 * dg + tiny)
+        de = abs(cur["error"] - prev["error"])
+        out["error"] = bool(abs(cur["error"] - eps) > 2 * de + tiny)
         if cur["ablated"] is not None:
-            da = abs(float(cur["ablated"] - prev["ablated"]))
-            out["ablated"] = abs(float(cur["ablated"] - eps)) > 2 * da + tiny
+            da = abs(cur["ablated"] - prev["ablated"])
+            out["ablated"] = bool(abs(cur["ablated"] - eps) > 2 * da + tiny)
         return out
+
+    def query(self, taskset: TaskSet, w: Weights, prefix: tuple[str, ...]) -> dict[str, Any]:
+        """The values of one query at the base precision (gates, expert, margin, error, ablated)."""
+        q = next(q for q in enumerate_queries(taskset) if q.prefix == tuple(prefix))
+        index = {tok: i for i, tok in enumerate(w.vocab)}
+        return self.evaluate(w, _Fingerprints(w), tuple(index[t] for t in q.prefix), frozenset(index[t] for t in q.valid),
+                             True, self.base_dps)
 
     # ---- the whole judgement
     def judge(self, taskset: TaskSet, w: Weights, epsilon: float) -> OracleResult:
@@ -437,7 +487,7 @@ class Oracle:
         fp = _Fingerprints(w)
         extreme = _extreme(w)
         index = {tok: i for i, tok in enumerate(w.vocab)}
-        eps = mpmath.mpf(float(epsilon))
+        eps = mpmath.mpf(float(epsilon))  # exact: a float
         receivers: dict[int, set[int]] = {}
         queries = enumerate_queries(taskset)
         res.queries = len(queries)
@@ -445,12 +495,15 @@ class Oracle:
             ids = tuple(index[t] for t in q.prefix)
             valid = frozenset(index[t] for t in q.valid)
             text = " ".join(q.prefix)
-            cur, settled = self._decide(w, fp, ids, valid, bool(q.object_of), eps, extreme)
+            cur, settled = self._decide(w, fp, ids, valid, bool(q.object_of), epsilon, extreme)
             if cur["dps"] > self.base_dps:
                 res.escalated += 1
                 res.max_dps = max(res.max_dps, cur["dps"])
             e = cur["expert"]
-            res.routed[q.prefix] = e
+            res.max_magnitude = max(res.max_magnitude, float(cur["magnitude"]))
+            res.max_score = max(res.max_score, float(cur["score"]))
+            res.records[q.prefix] = (e, float(cur["margin"]), float(cur["error"]),
+                                     None if cur["ablated"] is None else float(cur["ablated"]))
             task_name = names[q.tasks[0]]
             margin = cur["margin"]
             if mpmath.isfinite(margin):
@@ -479,6 +532,15 @@ class Oracle:
                     res.add("size", names[k], None, f"expert {e} receives determined queries of '{names[k]}' and has width "
                                                     f"{w.experts[e].width} > c = {bound[names[k]]}")
         return res
+
+
+def _columns(rows: list[dict[int, Any]]) -> dict[int, list[tuple[int, Any]]]:
+    """Column j -> [(row, value)] of a matrix given as row dicts."""
+    out: dict[int, list] = {}
+    for i, row in enumerate(rows):
+        for j, v in row.items():
+            out.setdefault(j, []).append((i, v))
+    return out
 
 
 def _layout_problem(taskset: TaskSet, w: Weights) -> str | None:

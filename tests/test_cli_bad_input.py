@@ -1,0 +1,362 @@
+"""The command line on bad input (issue 5): exit 2, one line on stderr, no traceback, fast.
+
+In-process (``verifier.cli.main``, stderr captured) on every ``tests/data/bad/*.yaml``
+and on corrupt or inconsistent weights files generated here; a few subprocess runs of
+``python -m verifier check``. Then "nothing lost": ``check --json OUT`` and
+``build -o OUT`` leave OUT's previous content and no partial or temporary file when the
+write fails midway, and refuse to overwrite an input.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from verifier import layout
+from verifier.cli import main
+
+ROOT = Path(__file__).resolve().parent.parent
+BAD = ROOT / "tests" / "data" / "bad"
+GOOD = ROOT / "tests" / "data" / "good"
+EXAMPLE = ROOT / "examples" / "capitals.yaml"
+BAD_YAML = sorted(p.name for p in BAD.glob("*.yaml"))
+
+
+def one_line_exit_2(capsys, argv, seconds: float = 10.0) -> str:
+    start = time.perf_counter()
+    code = main([str(a) for a in argv])
+    elapsed = time.perf_counter() - start
+    out = capsys.readouterr()
+    lines = out.err.strip().splitlines()
+    assert code == 2, (code, out.err, out.out)
+    assert len(lines) == 1, out.err
+    assert "Traceback" not in out.err and "Traceback" not in out.out
+    assert lines[0].startswith("error: ")
+    assert elapsed < seconds, elapsed
+    return lines[0]
+
+
+# --- every bad tasks file ---------------------------------------------------------------------
+
+
+def test_the_bad_corpus_is_there():
+    assert len(BAD_YAML) >= 77
+
+
+@pytest.mark.parametrize("name", BAD_YAML)
+def test_bad_tasks_file(name, capsys):
+    line = one_line_exit_2(capsys, ["check", BAD / name, "--quiet"])
+    assert "data/bad/" in line or "data\\bad\\" in line
+
+
+@pytest.mark.parametrize("name", ["collision.yaml", "duplicate_subject.yaml", "alias_bomb.yaml"])
+def test_bad_tasks_file_other_commands(name, capsys, tmp_path):
+    one_line_exit_2(capsys, ["inspect", BAD / name])
+    one_line_exit_2(capsys, ["build", BAD / name, "-o", tmp_path / "w.npz"])
+    assert not (tmp_path / "w.npz").exists()
+
+
+# --- bad weights files --------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def good_npz(tmp_path_factory) -> Path:
+    from construction.model import build
+    from tasks.io import load_tasks
+
+    path = tmp_path_factory.mktemp("weights") / "good.npz"
+    layout.save(build(load_tasks(EXAMPLE)).instantiate(), path)
+    return path
+
+
+def arrays(path: Path) -> dict[str, np.ndarray]:
+    with np.load(path, allow_pickle=False) as z:
+        return {k: z[k] for k in z.files}
+
+
+def write(path: Path, a: dict[str, np.ndarray]) -> Path:
+    with open(path, "wb") as f:
+        np.savez(f, **a)
+    return path
+
+
+def _meta(a, **changes):
+    meta = json.loads(str(a["meta"]))
+    meta.update(changes)
+    a["meta"] = np.array(json.dumps(meta))
+    return a
+
+
+def _drop(a, *names):
+    for n in names:
+        del a[n]
+    return a
+
+
+def _set(a, name, value):
+    a[name] = value
+    return a
+
+
+def _vocab_without(a, token):
+    v = [str(t) for t in a["vocab"]]
+    v[v.index(token)] = token + " (renamed)"
+    a["vocab"] = np.array(v)
+    return a
+
+
+def _csr_replace(a, name, dense):
+    import scipy.sparse as sp
+
+    m = sp.csr_matrix(dense)
+    a[f"{name}.data"], a[f"{name}.indices"], a[f"{name}.indptr"] = m.data, m.indices.astype(np.int64), m.indptr.astype(np.int64)
+    a[f"{name}.shape"] = np.asarray(m.shape, np.int64)
+    return a
+
+
+def _nan(a, name):
+    d = a[name].copy()
+    d[0] = np.nan
+    a[name] = d
+    return a
+
+
+def _inf(a, name):
+    d = a[name].astype(np.float64).copy()
+    d[-1] = np.inf
+    a[name] = d
+    return a
+
+
+def _bytes(path: Path, data: bytes) -> Path:
+    path.write_bytes(data)
+    return path
+
+
+def _dir(path: Path) -> Path:
+    path.mkdir()
+    return path
+
+
+#: name -> (a function of (tmp_path, good npz path) returning the bad path, a fragment of the message)
+WEIGHTS_CASES = {
+    "truncated": (lambda t, g: _bytes(t / "w.npz", g.read_bytes()[: g.stat().st_size // 2]), "not a readable .npz"),
+    "truncated_to_header": (lambda t, g: _bytes(t / "w.npz", g.read_bytes()[:30]), "not a readable .npz"),
+    "random_bytes": (lambda t, g: _bytes(t / "w.npz", np.random.default_rng(0).bytes(4096)), "not a readable .npz"),
+    "empty_file": (lambda t, g: _bytes(t / "w.npz", b""), "not a readable .npz"),
+    "directory": (lambda t, g: _dir(t / "dir.npz"), "is a directory"),
+    "missing_file": (lambda t, g: t / "absent.npz", "not found"),
+    "text_file": (lambda t, g: _bytes(t / "w.npz", b"hello\n"), "not a readable .npz"),
+    "tasks_yaml_as_weights": (lambda t, g: EXAMPLE, "not a readable .npz"),
+    "zip_not_npz": (lambda t, g: _zip(t / "w.npz"), "missing or has a malformed array"),
+    "missing_array": (lambda t, g: write(t / "w.npz", _drop(arrays(g), "U.data")), "missing or has a malformed array"),
+    "missing_meta": (lambda t, g: write(t / "w.npz", _drop(arrays(g), "meta")), "missing or has a malformed array"),
+    "missing_head": (lambda t, g: write(t / "w.npz", _meta(arrays(g), n_heads=9)), "missing or has a malformed array"),
+    "missing_expert": (lambda t, g: write(t / "w.npz", _meta(arrays(g), n_experts=4)), "malformed array"),
+    "meta_not_json": (lambda t, g: write(t / "w.npz", _set(arrays(g), "meta", np.array("{not json"))), "malformed array"),
+    "unknown_format": (lambda t, g: write(t / "w.npz", _meta(arrays(g), format="other/9")), "unknown weights format"),
+    "unknown_gate_mode": (lambda t, g: write(t / "w.npz", _meta(arrays(g), gate_mode="top2")), "gate_mode"),
+    "W_G_wrong_shape": (lambda t, g: write(t / "w.npz", _csr_replace(arrays(g), "W_G", np.ones((3, 5)))), "W_G has shape"),
+    "W_G_too_many_rows": (lambda t, g: write(t / "w.npz", _csr_replace(arrays(g), "W_G", np.ones((4, 122)))), "W_G has shape"),
+    "b_G_wrong_length": (lambda t, g: write(t / "w.npz", _set(arrays(g), "b_G", np.zeros(2))), "b_G has shape"),
+    "U_wrong_shape": (lambda t, g: write(t / "w.npz", _csr_replace(arrays(g), "U", np.ones((22, 122)))), "U has shape"),
+    "E_wrong_shape": (lambda t, g: write(t / "w.npz", _csr_replace(arrays(g), "E", np.ones((23, 122)))), "E has shape"),
+    "expert_W_2_wrong_shape": (lambda t, g: write(t / "w.npz", _csr_replace(arrays(g), "experts.0.W_2", np.ones((122, 3)))),
+                               "expert 0"),
+    "head_W_O_wrong_shape": (lambda t, g: write(t / "w.npz", _csr_replace(arrays(g), "heads.0.W_O", np.ones((5, 5)))), "head 0"),
+    "csr_index_out_of_range": (lambda t, g: write(t / "w.npz", _set(arrays(g), "U.indices", arrays(g)["U.indices"] + 10_000)),
+                               "malformed array"),
+    "csr_indptr_short": (lambda t, g: write(t / "w.npz", _set(arrays(g), "E.indptr", arrays(g)["E.indptr"][:-3])),
+                         "malformed array"),
+    "negative_shape": (lambda t, g: write(t / "w.npz", _set(arrays(g), "P.shape", np.array([-6, 122]))), "malformed array"),
+    "nan_weight": (lambda t, g: write(t / "w.npz", _nan(arrays(g), "E.data")), "non-finite"),
+    "inf_bias": (lambda t, g: write(t / "w.npz", _inf(arrays(g), "b_G")), "non-finite"),
+    "vocabulary_lacks_a_token": (lambda t, g: write(t / "w.npz", _vocab_without(arrays(g), "Paris")), "lacks 1 token"),
+    "vocabulary_repeats_a_token": (lambda t, g: write(t / "w.npz", _set(arrays(g), "vocab", np.array(["Asia"] * 23))),
+                                   "repeated tokens"),
+    "repeated_expert_tasks": (lambda t, g: write(t / "w.npz", _set(arrays(g), "expert_tasks", np.array(["capital", "capital", "located"]))),
+                              "names task 'capital' for several experts"),
+    "expert_tasks_too_short": (lambda t, g: write(t / "w.npz", _set(arrays(g), "expert_tasks", np.array(["capital"]))),
+                               "expert_tasks has 1 entries"),
+    "too_few_positions": (lambda t, g: write(t / "w.npz", _csr_replace(arrays(g), "P", np.ones((3, 122)))), "positions"),
+    "pickled_object_array": (lambda t, g: write(t / "w.npz", _set(arrays(g), "vocab", np.array([1, "a", None], dtype=object))),
+                             "not a readable .npz"),
+}
+
+
+def _zip(path: Path) -> Path:
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr("hello.txt", "not an array")
+    return path
+
+
+def test_enough_inputs():
+    assert len(BAD_YAML) + len(WEIGHTS_CASES) >= 40 and len(WEIGHTS_CASES) >= 30
+
+
+@pytest.mark.parametrize("case", sorted(WEIGHTS_CASES))
+def test_bad_weights_file(case, tmp_path, good_npz, capsys):
+    make, fragment = WEIGHTS_CASES[case]
+    path = make(tmp_path, good_npz)
+    line = one_line_exit_2(capsys, ["check", EXAMPLE, "--weights", path, "--quiet"])
+    assert fragment in line, line
+    assert os.fspath(path) in line or path.name in line, line
+
+
+def test_the_good_weights_file_certifies(good_npz, capsys):
+    assert main(["check", str(EXAMPLE), "--weights", str(good_npz), "--quiet"]) == 0
+    capsys.readouterr()
+
+
+def test_bad_weights_for_explain(tmp_path, good_npz, capsys):
+    path = WEIGHTS_CASES["truncated"][0](tmp_path, good_npz)
+    one_line_exit_2(capsys, ["explain", EXAMPLE, "the capital of France is", "--weights", path])
+
+
+def run(*args, cwd=ROOT):
+    return subprocess.run([sys.executable, "-m", "verifier", *map(str, args)], capture_output=True, text=True, cwd=cwd,
+                          timeout=120)
+
+
+@pytest.mark.parametrize("args", [
+    ("check", "tests/data/bad/alias_bomb.yaml"),
+    ("check", "tests/data/bad/binary_junk.yaml"),
+    ("check", "examples/capitals.yaml", "--weights", "tests/data/bad"),
+    ("check", "examples/capitals.yaml", "--weights", "examples/capitals.yaml"),
+])
+def test_subprocess(args):
+    out = run(*args)
+    assert out.returncode == 2, out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1 and out.stderr.startswith("error: "), out.stderr
+    assert "Traceback" not in out.stderr and out.stdout == ""
+
+
+def test_subprocess_random_weights(tmp_path):
+    junk = tmp_path / "junk.npz"
+    junk.write_bytes(np.random.default_rng(1).bytes(10_000))
+    out = run("check", "examples/capitals.yaml", "--weights", junk)
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1 and "Traceback" not in out.stderr
+
+
+# --- nothing lost ---------------------------------------------------------------------------------
+
+
+def files(directory: Path) -> list[str]:
+    return sorted(p.name for p in directory.iterdir())
+
+
+def test_check_json_write_failure_keeps_the_old_report(tmp_path, capsys, monkeypatch):
+    import verifier.cli as cli
+
+    out = tmp_path / "report.json"
+    out.write_text("previous report\n")
+    real_fdopen = os.fdopen
+
+    def failing_fdopen(fd, *args, **kwargs):
+        f = real_fdopen(fd, *args, **kwargs)
+        real_write = f.write
+
+        def write(text):
+            real_write(text[: len(text) // 2])   # half of it reaches the temporary file, then the disk "fills"
+            f.flush()
+            raise OSError(28, "No space left on device")
+
+        f.write = write
+        return f
+
+    monkeypatch.setattr(cli.os, "fdopen", failing_fdopen)
+    code = main(["check", str(EXAMPLE), "--json", str(out), "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "No space left" in err
+    assert out.read_text() == "previous report\n"
+    assert files(tmp_path) == ["report.json"]
+
+
+def test_check_json_interrupted_keeps_the_old_report(tmp_path, capsys, monkeypatch):
+    import verifier.cli as cli
+
+    out = tmp_path / "report.json"
+    out.write_text("previous report\n")
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli.os, "replace", interrupted)
+    assert main(["check", str(EXAMPLE), "--json", str(out), "--quiet"]) == 130
+    capsys.readouterr()
+    assert out.read_text() == "previous report\n"
+    assert files(tmp_path) == ["report.json"]
+
+
+def test_build_write_failure_keeps_the_old_weights(tmp_path, capsys, monkeypatch):
+    out = tmp_path / "model.npz"
+    out.write_bytes(b"previous weights")
+    real_savez = np.savez
+
+    def failing_savez(f, **arrays):
+        half = dict(list(arrays.items())[: len(arrays) // 2])
+        real_savez(f, **half)
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(np, "savez", failing_savez)
+    code = main(["build", str(EXAMPLE), "-o", str(out)])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert out.read_bytes() == b"previous weights"
+    assert files(tmp_path) == ["model.npz"]
+
+
+def test_build_then_check_round_trip_writes_complete_files(tmp_path, capsys):
+    out, rep = tmp_path / "m.npz", tmp_path / "r.json"
+    assert main(["build", str(EXAMPLE), "-o", str(out)]) == 0
+    assert main(["check", str(EXAMPLE), "--weights", str(out), "--json", str(rep), "--quiet"]) == 0
+    capsys.readouterr()
+    assert json.loads(rep.read_text())["verdict"] == "certified"
+    assert files(tmp_path) == ["m.npz", "r.json"]
+
+
+@pytest.fixture
+def good_copy(tmp_path) -> Path:
+    for p in GOOD.iterdir():
+        shutil.copy(p, tmp_path / p.name)
+    return tmp_path
+
+
+def test_check_refuses_to_overwrite_the_tasks_file(good_copy, capsys):
+    before = (good_copy / "tasks.yaml").read_bytes()
+    line = one_line_exit_2(capsys, ["check", good_copy / "tasks.yaml", "--json", good_copy / "tasks.yaml", "--quiet"], 60)
+    assert "refusing to overwrite an input file" in line
+    assert (good_copy / "tasks.yaml").read_bytes() == before
+
+
+def test_check_refuses_to_overwrite_the_weights(tmp_path, good_npz, capsys):
+    w = tmp_path / "w.npz"
+    shutil.copy(good_npz, w)
+    before = w.read_bytes()
+    line = one_line_exit_2(capsys, ["check", EXAMPLE, "--weights", w, "--json", w, "--quiet"], 60)
+    assert "refusing to overwrite" in line and w.read_bytes() == before
+
+
+def test_build_refuses_to_overwrite_the_tasks_file(good_copy, capsys):
+    before = (good_copy / "tasks.yaml").read_bytes()
+    one_line_exit_2(capsys, ["build", good_copy / "tasks.yaml", "-o", good_copy / "tasks.yaml"])
+    assert (good_copy / "tasks.yaml").read_bytes() == before
+
+
+@pytest.mark.parametrize("command", ["check", "build", "inspect"])
+def test_refuses_to_overwrite_a_facts_file(good_copy, capsys, command):
+    facts = good_copy / "places.csv"   # read by tasks.yaml (facts_file: places.csv)
+    before = facts.read_bytes()
+    flag = "-o" if command == "build" else "--json"
+    code = main([command, str(good_copy / "tasks.yaml"), flag, str(facts)] + (["--quiet"] if command == "check" else []))
+    capsys.readouterr()
+    assert code == 2 and facts.read_bytes() == before
