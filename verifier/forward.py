@@ -37,14 +37,25 @@ class BatchResult:
     expert: np.ndarray        # (n,) argmax of the gate's midpoints
     margin: np.ndarray        # (n,) certified lower bound of g_e − max_{k != e} g_k (<= 0: not certified)
     ambiguous: np.ndarray     # (n,) bool: another expert may win (margin <= 0)
-    gate_lo: np.ndarray       # (n, K)
-    gate_hi: np.ndarray
+    gate_mid: np.ndarray | None  # (n, K) midpoints of the gate scores
+    gate_rad: np.ndarray | None  # (n,) one radius per row, for every score of the row
     err_lo: np.ndarray        # (n,) enclosure of the error, worst over the experts that may win
     err_hi: np.ndarray
     ablated_lo: np.ndarray    # (n,) error with the routed expert's output removed
     ablated_hi: np.ndarray
     predicted: np.ndarray     # (n,) argmax token of the logit midpoints (routed expert), -1: a zero logit
     top_gate: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None  # (n, 3) experts, lower, upper ends
+
+    @property
+    def gate_lo(self) -> np.ndarray:
+        """(n, K) lower ends of the gate scores."""
+        with np.errstate(invalid="ignore", over="ignore"):
+            return I.down(self.gate_mid - self.gate_rad[:, None])
+
+    @property
+    def gate_hi(self) -> np.ndarray:
+        with np.errstate(invalid="ignore", over="ignore"):
+            return I.up(self.gate_mid + self.gate_rad[:, None])
 
     def compact(self) -> "BatchResult":
         """Without the full (n, K) gate enclosures (kept: the top three per row)."""
@@ -86,6 +97,7 @@ class Prepared:
         self.v_class = [_sparse_row_classes(h.OE[0], h.OE[1]) for h in self.heads]
         self.UT = weights.U.T.tocsr()
         self.WGT = weights.W_G.T.tocsr()
+        self.wg_max = float(abs(weights.W_G).max()) if weights.W_G.nnz else 0.0
         self.experts = [(e.W_1.T.tocsr(), e.b_1, e.W_2.T.tocsr(), np.flatnonzero(e.b_1 > 0)) for e in weights.experts]
 
 
@@ -411,26 +423,32 @@ def run_batch(prep: Prepared | Weights, tokens: np.ndarray, valid_ptr: np.ndarra
     n = tokens.shape[0]
     V, K = len(w.vocab), len(w.experts)
     Rm, Rr = residual(prep, tokens)
-    Gm, Gr = I.smatmul(Rm, Rr, prep.WGT)
+    # The gate's product is dense (n x K) and only compared, so one radius per row bounds
+    # every score of the row: R_i >= |g_ik − Gm_ik| for all k (product, plus the rounding
+    # of adding b_G, at most u·max_k |Gm_ik|).
+    Gm, rho = I.smatmul_rowbound(Rm, Rr, prep.WGT, prep.wg_max)
     Gm = np.asarray(Gm.toarray()) + w.b_G[None, :]
-    Gr = I.up(np.asarray(Gr.toarray()) + 2 * I.U * np.abs(Gm))
-    g_lo, g_hi = I.lower(Gm, Gr), I.upper(Gm, Gr)
-    rows = np.arange(n)
-    e = np.argmax(Gm, axis=1)
-    if K > 1:
-        others = g_hi.copy()
-        others[rows, e] = -np.inf
-        margin = I.down(g_lo[rows, e] - others.max(axis=1))
-    else:
-        margin = np.full(n, np.inf)
-    # NaN-safe: a comparison that cannot be decided keeps the expert in and the row ambiguous.
-    cand = ~(g_hi < g_lo[rows, e][:, None])
+    with np.errstate(invalid="ignore", over="ignore"):
+        R = I.up((rho + 2 * I.U * np.abs(Gm).max(axis=1, initial=0.0)) * (1 + 4 * I.U))
+        finite = np.isfinite(Gm).all(axis=1) & np.isfinite(R)
+        rows = np.arange(n)
+        e = np.argmax(Gm, axis=1)
+        ge = Gm[rows, e]
+        if K > 1:
+            second = Gm.copy()
+            second[rows, e] = -np.inf
+            second = second.max(axis=1)
+            margin = I.down(I.down(ge - second) - I.up(2 * R))
+        else:
+            margin = np.full(n, np.inf)
+        margin = np.where(finite, margin, -np.inf)
+        # NaN-safe: a comparison that cannot be decided keeps the expert in.
+        cand = ~(I.up(Gm + R[:, None]) < I.down(ge - R)[:, None])
     cand[rows, e] = True
-    finite = np.isfinite(g_lo).all(axis=1) & np.isfinite(g_hi).all(axis=1)
-    margin = np.where(finite, margin, -np.inf)
     if w.gate_mode == "top1-scaled":
-        first, inv = _unique_rows(Gm, Gr)
-        p_lo, p_hi = softmax_bounds(g_lo[first], g_hi[first], Gm[first])
+        first, inv = _unique_rows(Gm, R[:, None])
+        Gf, Rf = Gm[first], R[first][:, None]
+        p_lo, p_hi = softmax_bounds(I.down(Gf - Rf), I.up(Gf + Rf), Gf)
         p_lo, p_hi = p_lo[inv], p_hi[inv]
     err_lo = np.full(n, np.inf)
     err_hi = np.full(n, -np.inf)
@@ -452,11 +470,12 @@ def run_batch(prep: Prepared | Weights, tokens: np.ndarray, valid_ptr: np.ndarra
         predicted[idx[routed]] = pred[routed]
     Lm, Lr = I.smatmul(Rm, Rr, prep.UT)
     ab_lo, ab_hi, _ = sparse_error(Lm, Lr, V, valid_ptr, valid)
-    key = -np.nan_to_num(g_hi, nan=np.inf)
+    key = -np.nan_to_num(Gm, nan=np.inf)
     top = np.argpartition(key, min(2, K - 1), axis=1)[:, :3] if K > 3 else np.argsort(key, axis=1)
     top = np.take_along_axis(top, np.argsort(np.take_along_axis(key, top, 1), axis=1), 1)
-    top_gate = (top, np.take_along_axis(g_lo, top, 1), np.take_along_axis(g_hi, top, 1))
-    return BatchResult(e, margin, ~(margin > 0), g_lo, g_hi, err_lo, err_hi, ab_lo, ab_hi, predicted, top_gate)
+    tm = np.take_along_axis(Gm, top, 1)
+    top_gate = (top, I.down(tm - R[:, None]), I.up(tm + R[:, None]))
+    return BatchResult(e, margin, ~(margin > 0), Gm, R, err_lo, err_hi, ab_lo, ab_hi, predicted, top_gate)
 
 
 def _take_csr(ptr: np.ndarray, vals: np.ndarray, idx: np.ndarray):

@@ -162,6 +162,25 @@ def smatmul(Xm: sp.csr_matrix, Xr: sp.csr_matrix, B: sp.spmatrix) -> tuple[sp.cs
     return Ym, R
 
 
+def smatmul_rowbound(Xm: sp.csr_matrix, Xr: sp.csr_matrix, B: sp.spmatrix, Bmax: float | None = None):
+    """X @ B with a per-row radius: Ym exactly as in :func:`smatmul`, radius r_i for every entry of row i.
+
+    |(X@B)_ik − fl(Xm@B)_ik| <= Σ_j (xr_ij + γ|xm_ij|)·|b_jk| <= (Σ_j xr_ij + γ|xm_ij|)·max|B|,
+    computed in O(nnz(X)) instead of a second sparse product. Looser than smatmul's
+    radius, still rigorous; used where the product is dense and only comparisons matter.
+    """
+    B = sp.csr_matrix(B)
+    n = min(_max_terms(B.tocsc(), 0), max(Xm.shape[1], 1)) + 2
+    g = gamma(n)
+    Ym = (Xm @ B).tocsr()
+    bmax = float(abs(B).max()) if Bmax is None else Bmax
+    rows_m = np.repeat(np.arange(Xm.shape[0]), np.diff(Xm.indptr))
+    rows_r = np.repeat(np.arange(Xr.shape[0]), np.diff(Xr.indptr))
+    s = np.bincount(rows_m, weights=g * np.abs(Xm.data), minlength=Xm.shape[0])
+    s += np.bincount(rows_r, weights=Xr.data, minlength=Xr.shape[0])
+    return Ym, (s * bmax) * (1 + 8 * g) + n * ETA
+
+
 def srow_scale(Xm: sp.csr_matrix, Xr: sp.csr_matrix, am: np.ndarray, ar: np.ndarray):
     """Rows of interval X scaled by intervals a (one per row)."""
     Dm = sp.diags(am)
