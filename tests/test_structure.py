@@ -39,3 +39,11 @@ def test_open_tasks(capitals_set):
     assert open_tasks(capitals_set, ("Paris",)) == ("located",)
     assert open_tasks(capitals_set, ("Brazil", "has")) == ()  # Brazil has no capital fact
     assert open_tasks(capitals_set, ("the", "capital", "of", "France", "is")) == ("capital",)
+
+
+def test_example_file_is_the_test_fixture(capitals_set):
+    from pathlib import Path
+
+    from tasks.io import load_tasks
+
+    assert load_tasks(Path(__file__).resolve().parent.parent / "examples" / "capitals.yaml") == capitals_set
