@@ -10,10 +10,10 @@ import argparse
 import json
 import os
 import sys
-import tempfile
 from typing import Sequence
 
 from tasks.errors import TaskError
+from tasks.files import write_text_atomic
 
 EXIT_OK, EXIT_NOT_CERTIFIED, EXIT_BAD_INPUT = 0, 1, 2
 
@@ -107,15 +107,7 @@ def _write_text(path: str, text: str, inputs: Sequence[str]) -> None:
     directory = os.path.dirname(target)
     if not os.path.isdir(directory):
         raise TaskError("the output directory does not exist", file=path, fix="create it first")
-    fd, tmp = tempfile.mkstemp(prefix=".report-", dir=directory)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text + "\n")
-        os.replace(tmp, target)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    write_text_atomic(target, text + "\n")
 
 
 def _load(args):

@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 import zipfile
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -53,6 +52,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from tasks.errors import TaskError
+from tasks.files import atomic_file
 
 FORMAT = "moe-knowledge-weights/1"
 GATE_MODES = ("top1", "top1-scaled")
@@ -183,17 +183,8 @@ def save(weights: Weights, path: str | os.PathLike) -> None:
         "parameters": weights.parameters,
     }
     arrays["meta"] = np.array(json.dumps(meta, default=str))
-    path = os.fspath(path)
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".weights-", suffix=".npz", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            np.savez(f, **arrays)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    with atomic_file(path) as f:
+        np.savez(f, **arrays)
 
 
 def load(path: str | os.PathLike) -> Weights:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import math
 import os
-import tempfile
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Callable, Sequence
@@ -30,6 +29,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from tasks.errors import TaskError
+from tasks.files import atomic_file
 
 INSTALL_HINT = "install the plots extra: pip install -e .[plots]"
 
@@ -49,17 +49,9 @@ def require_matplotlib():
 def save_png(fig, path: str) -> str:
     """Write ``fig`` to ``path`` as PNG: a temporary file in the same directory, then a rename."""
     plt = require_matplotlib()
-    target = os.path.abspath(path)
-    fd, tmp = tempfile.mkstemp(prefix=".plot-", suffix=".png", dir=os.path.dirname(target))
     try:
-        with os.fdopen(fd, "wb") as f:
+        with atomic_file(path) as f:
             fig.savefig(f, format="png", dpi=130, bbox_inches="tight")
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, target)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
     finally:
         plt.close(fig)
     return path
