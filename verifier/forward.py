@@ -412,8 +412,13 @@ def sparse_error(Lm: sp.csr_matrix, Lr: sp.csr_matrix, V: int, valid_ptr: np.nda
     return err_lo, err_hi, predicted
 
 
-def run_batch(prep: Prepared | Weights, tokens: np.ndarray, valid_ptr: np.ndarray, valid: np.ndarray) -> BatchResult:
-    """Certified forward pass of a batch (n x p token ids, weights' ids; BOS is added)."""
+def run_batch(prep: Prepared | Weights, tokens: np.ndarray, valid_ptr: np.ndarray, valid: np.ndarray,
+              ablate: np.ndarray | None = None) -> BatchResult:
+    """Certified forward pass of a batch (n x p token ids, weights' ids; BOS is added).
+
+    ``ablate`` (bool per row, default all) selects the rows whose ablated error is
+    enclosed; the others get NaN there (the entanglement check needs object queries only).
+    """
     if isinstance(prep, Weights):
         prep = Prepared(prep)
     w = prep.weights
@@ -468,8 +473,12 @@ def run_batch(prep: Prepared | Weights, tokens: np.ndarray, valid_ptr: np.ndarra
         err_hi[idx] = np.maximum(err_hi[idx], hi)
         routed = e[idx] == k
         predicted[idx[routed]] = pred[routed]
-    Lm, Lr = I.smatmul(Rm, Rr, prep.UT)
-    ab_lo, ab_hi, _ = sparse_error(Lm, Lr, V, valid_ptr, valid)
+    ab_lo, ab_hi = np.full(n, np.nan), np.full(n, np.nan)
+    rows_ab = np.arange(n) if ablate is None else np.flatnonzero(ablate)
+    if rows_ab.size:
+        Lm, Lr = I.smatmul(Rm[rows_ab], Rr[rows_ab], prep.UT)
+        vptr, vals = _take_csr(valid_ptr, valid, rows_ab)
+        ab_lo[rows_ab], ab_hi[rows_ab], _ = sparse_error(Lm, Lr, V, vptr, vals)
     key = -np.nan_to_num(Gm, nan=np.inf)
     top = np.argpartition(key, min(2, K - 1), axis=1)[:, :3] if K > 3 else np.argsort(key, axis=1)
     top = np.take_along_axis(top, np.argsort(np.take_along_axis(key, top, 1), axis=1), 1)

@@ -166,7 +166,8 @@ def verify(
     done = 0
 
     def work(batch):
-        return run_batch(prep, tmap[batch.tokens], batch.valid_ptr, tmap[batch.valid]).compact()
+        return run_batch(prep, tmap[batch.tokens], batch.valid_ptr, tmap[batch.valid],
+                         ablate=batch.object_query & (batch.determined >= 0)).compact()
 
     for batch, res in ordered_map(work, batches(taskset, trie, chunk), jobs):
         state.record(batch, res, weights)
