@@ -29,6 +29,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 
+MARK = "## Against the targets"
+
+
 def one(n_facts: int, seed: int, jobs: int, baseline: bool) -> dict:
     from construction.model import build
     from tasks.synthetic import wikidata_like
@@ -96,6 +99,8 @@ def table(rows: list[dict]) -> str:
 
 
 def main(argv=None) -> int:
+    from tasks.files import write_text_atomic
+
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000, 1_000_000], help="numbers of facts")
     p.add_argument("--seed", type=int, default=0)
@@ -140,9 +145,12 @@ def main(argv=None) -> int:
         "resident set of the main process and of the largest worker.",
         "",
     ])
-    tmp = args.out + ".tmp"
-    Path(tmp).write_text(text, encoding="utf-8")
-    os.replace(tmp, args.out)
+    # Keep the hand-written analysis (from "## Against the targets" on) of an earlier run.
+    if os.path.exists(args.out):
+        old = Path(args.out).read_text(encoding="utf-8")
+        if MARK in old:
+            text += "\n" + old[old.index(MARK):]
+    write_text_atomic(args.out, text)
     print(text)
     return 0
 
