@@ -159,6 +159,12 @@ def smatmul(Xm: sp.csr_matrix, Xr: sp.csr_matrix, B: sp.spmatrix) -> tuple[sp.cs
         S = Xr + g * abs(Xm)
     R = (S @ absB).tocsr()
     R.data = R.data * (1 + 4 * g) + n * ETA
+    if not same_pattern(Ym, R):
+        # A midpoint entry whose radius terms all underflowed to 0 still carries rounding
+        # error (at most n·η): give every midpoint entry at least that radius.
+        floor = Ym.copy()
+        floor.data = np.full(floor.nnz, n * ETA)
+        R = (R + floor).tocsr()
     return Ym, R
 
 
