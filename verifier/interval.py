@@ -193,6 +193,10 @@ def srow_scale(Xm: sp.csr_matrix, Xr: sp.csr_matrix, am: np.ndarray, ar: np.ndar
     Ym = (Dm @ Xm).tocsr()
     R = (sp.diags(np.abs(am)) @ Xr + sp.diags(ar) @ (abs(Xm) + Xr) + sp.diags(np.full(am.shape, U)) @ abs(Ym)).tocsr()
     R.data = R.data * (1 + 16 * U) + ETA
+    if not same_pattern(Ym, R):  # an underflowed product still rounds by at most η
+        floor = Ym.copy()
+        floor.data = np.full(floor.nnz, ETA)
+        R = (R + floor).tocsr()
     return Ym, R
 
 
