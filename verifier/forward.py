@@ -29,6 +29,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from verifier import interval as I
+from verifier.batches import take_csr
 from verifier.layout import Weights
 
 
@@ -467,7 +468,7 @@ def run_batch(prep: Prepared | Weights, tokens: np.ndarray, valid_ptr: np.ndarra
             om, orad = I.srow_scale(om, orad, cm, cr)
         ym, yr = I.sadd(rm, rr, om, orad)
         Lm, Lr = I.smatmul(ym, yr, prep.UT)
-        vptr, vals = _take_csr(valid_ptr, valid, idx)
+        vptr, vals = take_csr(valid_ptr, valid, idx)
         lo, hi, pred = sparse_error(Lm, Lr, V, vptr, vals)
         err_lo[idx] = np.minimum(err_lo[idx], lo)
         err_hi[idx] = np.maximum(err_hi[idx], hi)
@@ -477,7 +478,7 @@ def run_batch(prep: Prepared | Weights, tokens: np.ndarray, valid_ptr: np.ndarra
     rows_ab = np.arange(n) if ablate is None else np.flatnonzero(ablate)
     if rows_ab.size:
         Lm, Lr = I.smatmul(Rm[rows_ab], Rr[rows_ab], prep.UT)
-        vptr, vals = _take_csr(valid_ptr, valid, rows_ab)
+        vptr, vals = take_csr(valid_ptr, valid, rows_ab)
         ab_lo[rows_ab], ab_hi[rows_ab], _ = sparse_error(Lm, Lr, V, vptr, vals)
     key = -np.nan_to_num(Gm, nan=np.inf)
     top = np.argpartition(key, min(2, K - 1), axis=1)[:, :3] if K > 3 else np.argsort(key, axis=1)
@@ -485,9 +486,3 @@ def run_batch(prep: Prepared | Weights, tokens: np.ndarray, valid_ptr: np.ndarra
     tm = np.take_along_axis(Gm, top, 1)
     top_gate = (top, I.down(tm - R[:, None]), I.up(tm + R[:, None]))
     return BatchResult(e, margin, ~(margin > 0), Gm, R, err_lo, err_hi, ab_lo, ab_hi, predicted, top_gate)
-
-
-def _take_csr(ptr: np.ndarray, vals: np.ndarray, idx: np.ndarray):
-    from verifier.batches import take_csr
-
-    return take_csr(ptr, vals, idx)

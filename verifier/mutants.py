@@ -222,24 +222,25 @@ def swap_facts(w: Weights, rng: np.random.Generator) -> tuple[Weights, str]:
             f"({_written(w, e, i)} <-> {_written(w, e, j)})")
 
 
-@operator("violating")
-def delete_fact_neuron(w: Weights, rng: np.random.Generator) -> tuple[Weights, str]:
-    """Delete one dictionary neuron (a fact is forgotten)."""
-    k, i = _pick(rng, _neurons(w, "fact:"))
+def _delete_neuron(w: Weights, rng: np.random.Generator, prefix: str) -> tuple[Weights, str]:
+    """Delete one neuron whose label starts with ``prefix``."""
+    k, i = _pick(rng, _neurons(w, prefix))
     keep = [n for n in range(w.experts[k].width) if n != i]
     labels = [lab for n, lab in enumerate(_labels(w, k)) if n != i]
     return (_replace_expert(w, k, _keep_neurons(w.experts[k], keep), labels),
             f"expert {k} ({_task(w, k)}): deleted {_neuron_label(w, k, i)}")
+
+
+@operator("violating")
+def delete_fact_neuron(w: Weights, rng: np.random.Generator) -> tuple[Weights, str]:
+    """Delete one dictionary neuron (a fact is forgotten)."""
+    return _delete_neuron(w, rng, "fact:")
 
 
 @operator("violating")
 def delete_template_neuron(w: Weights, rng: np.random.Generator) -> tuple[Weights, str]:
     """Delete one template neuron (a next word, or the subjects, is no longer predicted)."""
-    k, i = _pick(rng, _neurons(w, "template:"))
-    keep = [n for n in range(w.experts[k].width) if n != i]
-    labels = [lab for n, lab in enumerate(_labels(w, k)) if n != i]
-    return (_replace_expert(w, k, _keep_neurons(w.experts[k], keep), labels),
-            f"expert {k} ({_task(w, k)}): deleted {_neuron_label(w, k, i)}")
+    return _delete_neuron(w, rng, "template:")
 
 
 @operator("mixed")
