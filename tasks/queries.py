@@ -1,7 +1,8 @@
 """Every query of a task set, with its valid next tokens, in vectorised groups.
 
-A *query* is a proper prefix of a dataset sentence; its *valid next tokens* are the
-tokens that follow it in some dataset sentence. Queries are grouped by the structure
+A *query* is a non-empty proper prefix of a dataset sentence (1 to |t| − 1 tokens; the
+empty prefix, BOS alone, is not a query: the theorem makes no claim about the first
+token); its *valid next tokens* are the tokens that follow it in some dataset sentence. Queries are grouped by the structure
 trie node σ of their prefix (:mod:`tasks.structure`), which makes enumeration linear in
 the number of facts:
 

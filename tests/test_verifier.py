@@ -70,7 +70,10 @@ def _expert(weights, k, W_1=None, b_1=None, W_2=None):
     new = Expert(W_1 if W_1 is not None else e.W_1, b_1 if b_1 is not None else e.b_1, W_2 if W_2 is not None else e.W_2)
     experts = list(weights.experts)
     experts[k] = new
-    return weights.replace(experts=tuple(experts))
+    labels = weights.neuron_labels
+    if labels is not None and len(labels[k]) != new.width:  # labels describe the old neurons: drop them
+        labels = None
+    return weights.replace(experts=tuple(experts), neuron_labels=labels)
 
 
 def _neuron(weights, k, label):

@@ -1,7 +1,7 @@
 """Every query of a task set as arrays, ready for training and evaluation.
 
-A *query* (see :mod:`tasks.queries`) is a proper prefix of a dataset sentence together
-with its valid next tokens. Here each query becomes one row:
+A *query* (see :mod:`tasks.queries`) is a non-empty proper prefix of a dataset sentence
+together with its valid next tokens. Here each query becomes one row:
 
 * ``tokens`` (Q, L): ``[BOS, x_1, .., x_n, pad, ..]`` in the task set's token ids
   (``BOS = V``; padding repeats BOS and is never read, because attention is causal and

@@ -38,7 +38,7 @@ def residual(prep: Prepared, tokens: np.ndarray) -> sp.csr_matrix:
         crep, ca = ids[cfirst], a[inv[cfirst]]
         r_l, c_l, v_l = [], [], []
         for j in range(p + 1):
-            for M, src in ((h.OE[0], crep[:, j]), (h.OP[0], np.full(cfirst.size, j, np.int64))):
+            for M, src in ((h.OE.mid_csr(), crep[:, j]), (h.OP.mid_csr(), np.full(cfirst.size, j, np.int64))):
                 r, c, v = _csr_rows(M, src)
                 r_l.append(r); c_l.append(c); v_l.append(v * ca[r, j])
         O = sp.csr_matrix((np.concatenate(v_l), (np.concatenate(r_l), np.concatenate(c_l))), shape=(cfirst.size, w.d))[cinv]

@@ -5,20 +5,28 @@ the pass returns enclosures of the gate scores, the routing decision with its
 certified margin, and the error 1 − P(valid) of the next-token distribution, for the
 model and for the model with the routed expert's output removed (ablation). The
 equations are those of :mod:`verifier.layout`; the arithmetic is
-:mod:`verifier.interval` (mid-radius, outward rounding, enclosed exp).
+:mod:`verifier.interval` (mid-radius, every radius rounded upward, enclosed exp).
+
+Zeros. Sparse intermediate results are :class:`~verifier.interval.SparseInterval`
+values whose pattern is *structural*: an entry is absent only when no term of the
+forward pass contributes to it, and is then exactly 0. Two shortcuts rest on that and
+nothing else: a logit absent from the product U·y is exactly 0 (counted, not
+enumerated), and a neuron absent from W_1·r has pre-activation exactly b_1 (so its
+activation is exactly max(b_1, 0)). A value that underflowed, or cancelled, stays
+present with a radius of at least η and is amplified honestly by later layers.
+
+Non-finite values. A row whose residual, expert output or logits hold a non-finite
+enclosure (an overflow) is decided by nothing: its error is [0, 1], its margin −∞.
 
 Speed without changing the computation:
 
 * **Linearity.** W_K h_j = W_K E[x_j] + W_K P[j], and likewise for queries and for the
   value path W_O W_V h_j. The per-token and per-position projections are computed once
-  per weights (:class:`Prepared`), as interval matrices, and gathered per row. In exact
+  per weights (:class:`Prepared`), as intervals, and gathered per row. In exact
   arithmetic this is the same forward pass; the enclosures cover both roundings.
 * **Sharing.** Rows with identical score intervals have identical softmax enclosures;
   the softmax is evaluated once per distinct score row. Identical exp arguments are
   enclosed once.
-* **Sparsity.** A token whose row of U meets no non-zero of y has logit exactly 0 and is
-  never materialised; the softmax adds (count × e^0) for those, split into valid and
-  invalid by counting.
 """
 
 from __future__ import annotations
@@ -30,6 +38,7 @@ import scipy.sparse as sp
 
 from verifier import interval as I
 from verifier.batches import take_csr
+from verifier.interval import SparseInterval
 from verifier.layout import Weights
 
 
@@ -70,40 +79,39 @@ class HeadProj:
     QP: tuple[np.ndarray, np.ndarray]      # (n_pos, d_h)
     KE: tuple[np.ndarray, np.ndarray]
     KP: tuple[np.ndarray, np.ndarray]
-    OE: tuple[sp.csr_matrix, sp.csr_matrix]  # (V+1, d): W_O W_V E[x]
-    OP: tuple[sp.csr_matrix, sp.csr_matrix]  # (n_pos, d)
+    OE: SparseInterval                     # (V+1, d): W_O W_V E[x]
+    OP: SparseInterval                     # (n_pos, d)
 
 
 class Prepared:
     """Per-weights interval projections (computed once, reused by every batch)."""
 
     def __init__(self, weights: Weights) -> None:
+        I.check_platform()
+        weights.validate()
         self.weights = weights
-        E, P = weights.E.tocsr(), weights.P.tocsr()
-        zE, zP = sp.csr_matrix(E.shape), sp.csr_matrix(P.shape)
+        E, P = I.exact(weights.E), I.exact(weights.P)
         self.heads = []
         for h in weights.heads:
-            def dense(X, Z, W):
-                m, r = I.smatmul(X, Z, W.T)
-                return np.asarray(m.toarray()), np.asarray(r.toarray())
-
-            def ov(X, Z):
-                vm, vr = I.smatmul(X, Z, h.W_V.T)
-                return I.smatmul(vm, vr, h.W_O.T)
-
-            self.heads.append(HeadProj(dense(E, zE, h.W_Q), dense(P, zP, h.W_Q), dense(E, zE, h.W_K), dense(P, zP, h.W_K),
-                                       ov(E, zE), ov(P, zP)))
+            WQ, WK = h.W_Q.T.tocsr(), h.W_K.T.tocsr()
+            WV, WO = h.W_V.T.tocsr(), h.W_O.T.tocsr()
+            self.heads.append(HeadProj(I.matmul(E, WQ).dense(), I.matmul(P, WQ).dense(),
+                                       I.matmul(E, WK).dense(), I.matmul(P, WK).dense(),
+                                       I.matmul(I.matmul(E, WV), WO), I.matmul(I.matmul(P, WV), WO)))
         # Tokens with identical projections give identical scores / values: class ids per head.
         self.qk_class = [_dense_row_classes(np.concatenate([h.QE[0], h.QE[1], h.KE[0], h.KE[1]], axis=1)) for h in self.heads]
-        self.v_class = [_sparse_row_classes(h.OE[0], h.OE[1]) for h in self.heads]
+        self.v_class = [_sparse_row_classes(h.OE) for h in self.heads]
+        self.E = E
+        self.P = P
         self.UT = weights.U.T.tocsr()
+        self.absUT = abs(self.UT)
         self.WGT = weights.W_G.T.tocsr()
-        self.wg_max = float(abs(weights.W_G).max()) if weights.W_G.nnz else 0.0
+        self.wg_max = float(np.max(np.abs(weights.W_G.data), initial=0.0))
         self.experts = [(e.W_1.T.tocsr(), e.b_1, e.W_2.T.tocsr(), np.flatnonzero(e.b_1 > 0)) for e in weights.experts]
 
 
 def _dense_row_classes(X: np.ndarray) -> np.ndarray:
-    """Class id per row: equal ids iff the rows are exactly equal."""
+    """Class id per row: equal ids iff the rows are bitwise equal."""
     X = np.ascontiguousarray(X)
     if X.shape[1] == 0:
         return np.zeros(X.shape[0], np.int64)
@@ -111,68 +119,40 @@ def _dense_row_classes(X: np.ndarray) -> np.ndarray:
     return np.unique(view, return_inverse=True)[1].reshape(-1).astype(np.int64)
 
 
-def _sparse_row_classes(Mm: sp.csr_matrix, Mr: sp.csr_matrix, max_nnz: int = 8) -> np.ndarray:
-    """Class id per row of an interval CSR matrix (exact equality); identity if rows are wide."""
-    n = Mm.shape[0]
-    pattern, mid, rad = _union(Mm, Mr)
-    counts = np.diff(pattern.indptr)
+def _sparse_row_classes(M: SparseInterval, max_nnz: int = 8) -> np.ndarray:
+    """Class id per row of a sparse interval matrix (bitwise equality); identity if rows are wide."""
+    n = M.shape[0]
+    counts = np.diff(M.indptr)
     width = int(counts.max(initial=0))
     if width > max_nnz:
         return np.arange(n, dtype=np.int64)
     table = np.full((n, 3 * max(width, 1)), -1.0)
-    pos = np.arange(pattern.indices.size) - np.repeat(pattern.indptr[:-1], counts)
-    rows = np.repeat(np.arange(n), counts)
-    table[rows, pos] = pattern.indices
-    table[rows, width + pos] = mid
-    table[rows, 2 * width + pos] = rad
+    pos = np.arange(M.nnz) - np.repeat(M.indptr[:-1], counts)
+    rows = M.row_ids()
+    table[rows, pos] = M.indices
+    table[rows, width + pos] = M.mid
+    table[rows, 2 * width + pos] = M.rad
     return _dense_row_classes(table)
-
-
-# --- small interval helpers ------------------------------------------------------------------
-
-
-def _gather_add(A: tuple[np.ndarray, np.ndarray], B: tuple[np.ndarray, np.ndarray], rows_a, row_b):
-    """A[rows_a] + B[row_b] (dense intervals), enclosed."""
-    m = A[0][rows_a] + B[0][row_b]
-    r = A[1][rows_a] + B[1][row_b]
-    return m, I.up(r * (1 + 4 * I.U) + I.U * np.abs(m))
-
-
-def _from_bounds(lo: np.ndarray, hi: np.ndarray):
-    """Mid-radius form of [lo, hi]; a point interval stays a point (radius exactly 0)."""
-    point = lo == hi
-    mid = np.where(point, lo, 0.5 * lo + 0.5 * hi)
-    rad = np.where(point, 0.0, np.maximum(I.up(hi - mid), I.up(mid - lo)))
-    return mid, rad
-
-
-def _exp_lo(x: np.ndarray) -> np.ndarray:
-    """Lower enclosure of exp at each x, evaluated once per distinct value."""
-    u, inv = np.unique(x, return_inverse=True)
-    return I.exp_enclosure(u, u)[0][inv.reshape(-1)].reshape(x.shape)
-
-
-def _exp_hi(x: np.ndarray) -> np.ndarray:
-    u, inv = np.unique(x, return_inverse=True)
-    return I.exp_enclosure(u, u)[1][inv.reshape(-1)].reshape(x.shape)
 
 
 def softmax_bounds(s_lo: np.ndarray, s_hi: np.ndarray, s_mid: np.ndarray):
     """Enclosure (lo, hi) of softmax over the last axis from score bounds.
 
     a_j = e_j / (e_j + Σ_{l≠j} e_l) increases in e_j and decreases in the others, so
-    lo uses e_j's lower and the others' upper bounds, and hi the reverse.
+    lo uses e_j's lower and the others' upper bounds, and hi the reverse. Any shift M
+    leaves the ratios unchanged; sums of the non-negative e's are bounded by Lemma 1 of
+    :mod:`verifier.interval`, every other step is one operation rounded outward.
     """
     M = s_mid.max(axis=-1, keepdims=True)
-    e_lo = _exp_lo(I.down(s_lo - M))
-    e_hi = _exp_hi(I.up(s_hi - M))
+    with np.errstate(invalid="ignore", over="ignore"):
+        e_lo = I.exp_lo_unique(I.down(s_lo - M))
+        e_hi = I.exp_hi_unique(I.up(s_hi - M))
     J = s_mid.shape[-1]
-    g = I.gamma(J + 2)
-    tot_hi = I.up(e_hi.sum(axis=-1, keepdims=True) * (1 + g))
-    tot_lo = I.down(e_lo.sum(axis=-1, keepdims=True) * (1 - g))
-    others_hi = I.up((tot_hi - e_hi) * (1 + 4 * I.U))
-    others_lo = np.maximum(I.down((tot_lo - e_lo) * (1 - 4 * I.U)), 0.0)
+    tot_hi = I.up(I.sum_factor(J) * e_hi.sum(axis=-1, keepdims=True))
+    tot_lo = I.down(I.down(1.0 - I.gamma(J)) * e_lo.sum(axis=-1, keepdims=True))
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        others_hi = I.up(tot_hi - e_hi)
+        others_lo = np.maximum(I.down(tot_lo - e_lo), 0.0)
         lo = I.down(e_lo / I.up(e_lo + others_hi))
         hi = I.up(e_hi / I.down(e_hi + others_lo))
     lo = np.nan_to_num(lo, nan=0.0)
@@ -189,7 +169,7 @@ def _unique_rows(*arrays: np.ndarray):
 
 
 def _csr_rows(M: sp.csr_matrix, rows: np.ndarray):
-    """COO triplets (row in batch, col, value) of M[rows]."""
+    """COO triplets (row in batch, col, value) of M[rows] (plain float matrices; used by the baseline)."""
     counts = M.indptr[rows + 1] - M.indptr[rows]
     total = int(counts.sum())
     out_rows = np.repeat(np.arange(rows.size), counts)
@@ -198,95 +178,33 @@ def _csr_rows(M: sp.csr_matrix, rows: np.ndarray):
     return out_rows, M.indices[pos], M.data[pos]
 
 
-def _aligned(pattern: sp.csr_matrix, m: sp.csr_matrix) -> np.ndarray:
-    """Values of ``m`` on ``pattern``'s stored entries (pattern ⊇ m's pattern); 0 elsewhere."""
-    w = pattern.shape[1]
-    prow = np.repeat(np.arange(pattern.shape[0]), np.diff(pattern.indptr))
-    mrow = np.repeat(np.arange(m.shape[0]), np.diff(m.indptr))
-    pkey = prow.astype(np.int64) * w + pattern.indices
-    mkey = mrow.astype(np.int64) * w + m.indices
-    out = np.zeros(pkey.size)
-    out[np.searchsorted(pkey, mkey)] = m.data
-    return out
-
-
-def _union(mid: sp.csr_matrix, rad: sp.csr_matrix) -> tuple[sp.csr_matrix, np.ndarray, np.ndarray]:
-    """Common pattern of an interval sparse matrix, with mid and rad values on it."""
-    mid, rad = mid.tocsr(), rad.tocsr()
-    mid.sum_duplicates()
-    rad.sum_duplicates()
-    if I.same_pattern(mid, rad):
-        return mid, mid.data, rad.data
-    pattern = (abs(mid) + abs(rad)).tocsr()
-    pattern.sum_duplicates()
-    pattern.sort_indices()
-    mid.sort_indices()
-    rad.sort_indices()
-    return pattern, _aligned(pattern, mid), _aligned(pattern, rad)
-
-
 # --- the pass ---------------------------------------------------------------------------------
 
 
-def _sum_terms(shape, rows_l, cols_l, mid_l, rad_l, terms: int):
-    """Σ of COO interval terms (equal (row, col) summed) with a rounding bound for the sums.
-
-    Each entry's midpoint is a float sum of at most ``terms`` midpoints: within
-    γ·Σ|mid| of the exact sum (any order). Radii add, inflated to cover their rounding.
-    """
-    rows = np.concatenate(rows_l)
-    cols = np.concatenate(cols_l)
-    mids = np.concatenate(mid_l)
-    Mm = sp.csr_matrix((mids, (rows, cols)), shape=shape)
-    Ma = sp.csr_matrix((np.abs(mids), (rows, cols)), shape=shape)
-    Mr = sp.csr_matrix((np.concatenate(rad_l), (rows, cols)), shape=shape)
-    for M in (Mm, Ma, Mr):
-        M.sum_duplicates()  # sorts and sums; keeps explicit zeros, so the patterns agree
-    g = I.gamma(terms + 2)
-    if I.same_pattern(Mm, Mr) and I.same_pattern(Mm, Ma):
-        rad = (Mr.data + g * Ma.data) * (1 + 4 * g) + terms * I.ETA
-        return Mm, sp.csr_matrix((rad, Mm.indices.copy(), Mm.indptr.copy()), shape=shape)
-    pattern, mm, mr = _union(Mm, Mr)  # not expected (scipy keeps explicit zeros), but safe
-    ma = _aligned(pattern, Ma)
-    rad = (mr + g * ma) * (1 + 4 * g) + terms * I.ETA
-    return (sp.csr_matrix((mm, pattern.indices, pattern.indptr), shape=shape),
-            sp.csr_matrix((rad, pattern.indices.copy(), pattern.indptr.copy()), shape=shape))
-
-
 class _Terms:
-    """COO accumulator of interval terms, each optionally scaled by an interval per row."""
+    """Interval terms (row, col, mid, rad) to be summed, each optionally scaled by an interval per row."""
 
-    def __init__(self) -> None:
+    def __init__(self, n: int, d: int) -> None:
+        self.shape = (n, d)
         self.rows, self.cols, self.mid, self.rad = [], [], [], []
 
-    def rows_of(self, M: sp.csr_matrix, R: sp.csr_matrix, src: np.ndarray | None, am=None, ar=None) -> None:
-        """Rows ``src`` (all rows if None) of the interval matrix (M, R), optionally scaled."""
-        same = R.nnz and np.array_equal(M.indptr, R.indptr) and np.array_equal(M.indices, R.indices)
-        if src is None:
-            r, c, vm = np.repeat(np.arange(M.shape[0]), np.diff(M.indptr)), M.indices, M.data
-            vr = R.data if same else None
-        else:
-            r, c, vm = _csr_rows(M, src)
-            vr = _csr_rows(R, src)[2] if same else None
-        self.add(r, c, vm, vr if same else np.zeros_like(vm), am, ar)
-        if R.nnz and not same:
-            r2, c2, vr2 = _csr_rows(R, src if src is not None else np.arange(R.shape[0]))
-            self.add(r2, c2, np.zeros_like(vr2), vr2, am, ar)
-
-    def add(self, r, c, vm, vr, am, ar) -> None:
-        if am is None:
-            mid, rad = vm, vr
-        else:
+    def rows_of(self, M: SparseInterval, src: np.ndarray | None, am=None, ar=None) -> None:
+        """Rows ``src`` of M (all rows if None) as the batch's rows 0..n−1, optionally scaled by [am ± ar]."""
+        X = M if src is None else M.rows(src)
+        r = X.row_ids()
+        mid, rad = X.mid, X.rad
+        if am is not None:
             a_m, a_r = am[r], ar[r]
-            mid = a_m * vm
-            rad = (np.abs(a_m) * vr + a_r * np.abs(vm) + a_r * vr + I.U * np.abs(mid)) * (1 + 16 * I.U) + I.ETA
-        self.rows.append(r); self.cols.append(c); self.mid.append(mid); self.rad.append(rad)
+            mid, rad = a_m * X.mid, I.mul_rad(a_m, a_r, X.mid, X.rad)
+        self.rows.append(r); self.cols.append(X.indices); self.mid.append(mid); self.rad.append(rad)
 
-    def total(self, shape, terms: int):
-        return _sum_terms(shape, self.rows, self.cols, self.mid, self.rad, terms)
+    def total(self) -> SparseInterval:
+        cat = lambda xs, dt: np.concatenate(xs) if xs else np.zeros(0, dt)  # noqa: E731
+        return I.sum_terms(self.shape, cat(self.rows, np.int64), cat(self.cols, np.int64),
+                           cat(self.mid, np.float64), cat(self.rad, np.float64))
 
 
-def head_output(prep: Prepared, m: int, ids: np.ndarray):
+def head_output(prep: Prepared, m: int, ids: np.ndarray) -> SparseInterval:
     """W_O Σ_j a_j W_V h_j at the last position, for rows of ``ids`` (n x (p+1), BOS first).
 
     Evaluated once per distinct (score classes, value classes) row, then gathered.
@@ -297,120 +215,153 @@ def head_output(prep: Prepared, m: int, ids: np.ndarray):
     qk = prep.qk_class[m][ids]
     first, inv = _unique_rows(qk)
     rep = ids[first]
-    q_m, q_r = _gather_add(h.QE, h.QP, rep[:, p], p)
+    q_m, q_r = I.gather_add(h.QE, h.QP, rep[:, p], p)
     s_mid, s_rad = np.empty((rep.shape[0], p1)), np.empty((rep.shape[0], p1))
-    for j in range(p1):
-        k_m, k_r = _gather_add(h.KE, h.KP, rep[:, j], j)
-        s_mid[:, j], s_rad[:, j] = I.dot_rows(q_m, q_r, k_m, k_r)
-    a_lo, a_hi = softmax_bounds(I.lower(s_mid, s_rad), I.upper(s_mid, s_rad), s_mid)
-    am, ar = _from_bounds(a_lo, a_hi)
+    with np.errstate(invalid="ignore", over="ignore"):
+        for j in range(p1):
+            k_m, k_r = I.gather_add(h.KE, h.KP, rep[:, j], j)
+            s_mid[:, j], s_rad[:, j] = I.dot_rows(q_m, q_r, k_m, k_r)
+        a_lo, a_hi = softmax_bounds(I.lower(s_mid, s_rad), I.upper(s_mid, s_rad), s_mid)
+    am, ar = I.from_bounds(a_lo, a_hi)
     combo = np.concatenate([inv[:, None], prep.v_class[m][ids]], axis=1)
     cfirst, cinv = _unique_rows(combo)
     crep = ids[cfirst]
     cam, car = am[inv[cfirst]], ar[inv[cfirst]]
-    terms = _Terms()
     nc = cfirst.size
-    for j in range(p1):
-        terms.rows_of(h.OE[0], h.OE[1], crep[:, j], cam[:, j], car[:, j])
-        terms.rows_of(h.OP[0], h.OP[1], np.full(nc, j, np.int64), cam[:, j], car[:, j])
-    Om, Or = terms.total((nc, prep.weights.d), 2 * p1)
-    return Om[cinv], Or[cinv]
+    terms = _Terms(nc, prep.weights.d)
+    with np.errstate(invalid="ignore", over="ignore"):
+        for j in range(p1):
+            terms.rows_of(h.OE, crep[:, j], cam[:, j], car[:, j])
+            terms.rows_of(h.OP, np.full(nc, j, np.int64), cam[:, j], car[:, j])
+        return terms.total().rows(cinv)
 
 
-def residual(prep: Prepared, tokens: np.ndarray):
-    """r at the last position for rows of ``tokens`` (n x p, weights' ids); interval CSR (n x d).
+def residual(prep: Prepared, tokens: np.ndarray) -> SparseInterval:
+    """r at the last position for rows of ``tokens`` (n x p, weights' ids), enclosed.
 
     r = E[x_p] + P[p] + Σ_m (head m's output), summed once with a rounding bound.
     """
     w = prep.weights
     n, p = tokens.shape
     ids = np.concatenate([np.full((n, 1), w.bos, np.int64), tokens], axis=1)  # (n, p+1)
-    terms = _Terms()
-    terms.rows_of(w.E.tocsr(), sp.csr_matrix(w.E.shape), ids[:, p])
-    terms.rows_of(w.P.tocsr(), sp.csr_matrix(w.P.shape), np.full(n, p, np.int64))
+    terms = _Terms(n, w.d)
+    terms.rows_of(prep.E, ids[:, p])
+    terms.rows_of(prep.P, np.full(n, p, np.int64))
     for m in range(len(prep.heads)):
-        Om, Or = head_output(prep, m, ids)
-        terms.rows_of(Om, Or, None)
-    return terms.total((n, w.d), 2 + len(prep.heads))
+        terms.rows_of(head_output(prep, m, ids), None)
+    with np.errstate(invalid="ignore", over="ignore"):
+        return terms.total()
 
 
-def expert_output(prep: Prepared, k: int, Rm: sp.csr_matrix, Rr: sp.csr_matrix):
-    """W_2 ReLU(W_1 r + b_1) for expert k on interval rows R; interval CSR (n x d)."""
+def expert_output(prep: Prepared, k: int, R: SparseInterval) -> SparseInterval:
+    """W_2 ReLU(W_1 r + b_1) for expert k on the interval rows R, enclosed.
+
+    A neuron absent from the structural pattern of W_1·r has no term: its pre-activation
+    is exactly b_1, so its activation is exactly max(b_1, 0) (added for b_1 > 0).
+    """
     W1T, b1, W2T, positive = prep.experts[k]
-    n = Rm.shape[0]
-    Zm, Zr = I.smatmul(Rm, Rr, W1T)
-    pattern, zm, zr = _union(Zm, Zr)
-    cols = pattern.indices.astype(np.int64)
-    rows = np.repeat(np.arange(n), np.diff(pattern.indptr))
-    zm2 = zm + b1[cols]
-    zr2 = I.up(zr + 2 * I.U * np.abs(zm2))
-    a_lo = np.maximum(I.lower(zm2, zr2), 0.0)
-    a_hi = np.maximum(I.upper(zm2, zr2), 0.0)
-    am, ar = _from_bounds(a_lo, a_hi)
+    n = R.shape[0]
+    width = W1T.shape[1]
+    with np.errstate(invalid="ignore", over="ignore"):
+        Z = I.matmul(R, W1T)
+        rows, cols = Z.row_ids(), Z.indices
+        zm = Z.mid + b1[cols]
+        zr = I.add_rad(Z.rad, I.up(I.U * np.abs(zm)))
+        am, ar = I.from_bounds(np.maximum(I.lower(zm, zr), 0.0), np.maximum(I.upper(zm, zr), 0.0))
     if positive.size:
-        # A positive-bias neuron fires even where nothing else reaches it: act = b exactly.
-        width = W1T.shape[1]
         key = rows * width + cols
-        extra_r = np.repeat(np.arange(n), positive.size)
+        extra_r = np.repeat(np.arange(n, dtype=np.int64), positive.size)
         extra_c = np.tile(positive, n)
-        extra_key = extra_r * width + extra_c
-        missing = ~np.isin(extra_key, key)
-        rows = np.concatenate([rows, extra_r[missing]]); cols = np.concatenate([cols, extra_c[missing]])
-        am = np.concatenate([am, b1[extra_c[missing]]]); ar = np.concatenate([ar, np.zeros(int(missing.sum()))])
-    keep = (am != 0) | (ar != 0)
-    shape = (n, W1T.shape[1])
-    Am = sp.csr_matrix((am[keep], (rows[keep], cols[keep])), shape=shape)
-    Ar = sp.csr_matrix((ar[keep], (rows[keep], cols[keep])), shape=shape)
-    return I.smatmul(Am, Ar, W2T)
+        missing = ~np.isin(extra_r * width + extra_c, key)
+        rows = np.concatenate([rows, extra_r[missing]])
+        cols = np.concatenate([cols, extra_c[missing]])
+        am = np.concatenate([am, b1[extra_c[missing]]])
+        ar = np.concatenate([ar, np.zeros(int(missing.sum()))])
+    A = I.from_coo((n, width), rows, cols, am, ar).prune()
+    with np.errstate(invalid="ignore", over="ignore"):
+        return I.matmul(A, W2T)
 
 
-def sparse_error(Lm: sp.csr_matrix, Lr: sp.csr_matrix, V: int, valid_ptr: np.ndarray, valid: np.ndarray):
-    """Enclosure of 1 − P(valid) from sparse logit intervals (absent logits are exactly 0)."""
-    n = Lm.shape[0]
-    pattern, mid, rad = _union(Lm, Lr)
-    rows = np.repeat(np.arange(n), np.diff(pattern.indptr))
-    cols = pattern.indices.astype(np.int64)
-    lo, hi = I.lower(mid, rad), I.upper(mid, rad)
-    stored = np.diff(pattern.indptr)
-    n_valid = np.diff(valid_ptr)
-    vkey = np.sort(np.repeat(np.arange(n), n_valid).astype(np.int64) * V + valid)
-    key = rows.astype(np.int64) * V + cols
-    pos = np.searchsorted(vkey, key)
-    is_valid = (pos < vkey.size) & (vkey[np.minimum(pos, max(vkey.size - 1, 0))] == key) if vkey.size else np.zeros(key.size, bool)
+def sparse_error(L: SparseInterval, V: int, valid_ptr: np.ndarray, valid: np.ndarray):
+    """Enclosure of 1 − P(valid) from sparse logit intervals (absent logits are exactly 0).
+
+    error = S_inv / (S_inv + S_val) with S the sums of e^(logit − M) over invalid and
+    valid tokens; it increases in S_inv and decreases in S_val. Tokens absent from the
+    pattern contribute e^(−M) each and are counted.
+    """
+    n = L.shape[0]
+    rows = L.row_ids()
+    cols = L.indices
+    with np.errstate(invalid="ignore", over="ignore"):
+        lo, hi = I.lower(L.mid, L.rad), I.upper(L.mid, L.rad)
+    stored = np.diff(L.indptr)
+    vrows = np.repeat(np.arange(n, dtype=np.int64), np.diff(valid_ptr))
+    vkey = np.unique(vrows * V + np.asarray(valid, np.int64))      # a valid token counts once
+    n_valid = np.bincount(vkey // V, minlength=n)
+    key = rows * V + cols
+    if vkey.size:
+        pos = np.minimum(np.searchsorted(vkey, key), vkey.size - 1)
+        is_valid = vkey[pos] == key
+    else:
+        is_valid = np.zeros(key.size, bool)
     stored_valid = np.bincount(rows, weights=is_valid, minlength=n).astype(np.int64)
     zero_valid = n_valid - stored_valid
     zero_invalid = V - stored - zero_valid
     has_zero = (V - stored) > 0
     M = np.full(n, -np.inf)
-    np.maximum.at(M, rows, mid)
+    np.maximum.at(M, rows, np.nan_to_num(L.mid, nan=0.0))
     M = np.where(has_zero, np.maximum(M, 0.0), M)
     M = np.where(np.isfinite(M), M, 0.0)
-    e_lo = _exp_lo(I.down(lo - M[rows]))
-    e_hi = _exp_hi(I.up(hi - M[rows]))
-    z_lo = _exp_lo(I.down(-M))
-    z_hi = _exp_hi(I.up(-M))
-    g = I.gamma(int(stored.max(initial=0)) + 4)
-    inv = ~is_valid
-    with np.errstate(over="ignore"):
-        inv_hi = I.up((np.bincount(rows, weights=np.where(inv, e_hi, 0.0), minlength=n) + I.up(zero_invalid * z_hi)) * (1 + g))
-        inv_lo = I.down((np.bincount(rows, weights=np.where(inv, e_lo, 0.0), minlength=n) + I.down(zero_invalid * z_lo)) * (1 - g))
-        val_hi = I.up((np.bincount(rows, weights=np.where(is_valid, e_hi, 0.0), minlength=n) + I.up(zero_valid * z_hi)) * (1 + g))
-        val_lo = I.down((np.bincount(rows, weights=np.where(is_valid, e_lo, 0.0), minlength=n) + I.down(zero_valid * z_lo)) * (1 - g))
+    with np.errstate(invalid="ignore", over="ignore"):
+        e_lo = I.exp_lo_unique(I.down(lo - M[rows]))
+        e_hi = I.exp_hi_unique(I.up(hi - M[rows]))
+        z_lo = I.exp_lo_unique(I.down(-M))
+        z_hi = I.exp_hi_unique(I.up(-M))
+        c = I.sum_factor(int(stored.max(initial=0)) + 1)
+        d = I.down(1.0 - I.gamma(int(stored.max(initial=0)) + 1))
+        inv = ~is_valid
+
+        def hi_sum(mask, zeros, z):
+            s = np.bincount(rows, weights=np.where(mask, e_hi, 0.0), minlength=n)
+            return I.up(I.up(c * s) + I.up(zeros * z))
+
+        def lo_sum(mask, zeros, z):
+            s = np.bincount(rows, weights=np.where(mask, e_lo, 0.0), minlength=n)
+            return I.down(I.down(d * s) + I.down(zeros * z))
+
+        inv_hi, val_hi = hi_sum(inv, zero_invalid, z_hi), hi_sum(is_valid, zero_valid, z_hi)
+        inv_lo, val_lo = lo_sum(inv, zero_invalid, z_lo), lo_sum(is_valid, zero_valid, z_lo)
     with np.errstate(invalid="ignore", divide="ignore"):
         err_hi = I.up(inv_hi / I.down(inv_hi + val_lo))
         err_lo = I.down(inv_lo / I.up(inv_lo + val_hi))
-    err_hi = np.where(np.isfinite(err_hi), np.minimum(err_hi, 1.0), 1.0)
-    err_lo = np.where(np.isfinite(err_lo), np.maximum(err_lo, 0.0), 0.0)
+    bad = L.nonfinite_rows()
+    err_hi = np.where(np.isfinite(err_hi) & ~bad, np.minimum(err_hi, 1.0), 1.0)
+    err_lo = np.where(np.isfinite(err_lo) & ~bad, np.maximum(err_lo, 0.0), 0.0)
     predicted = np.full(n, -1, np.int64)
     if rows.size:
-        order = np.lexsort((-mid, rows))
+        order = np.lexsort((-np.nan_to_num(L.mid, nan=-np.inf), rows))
         first = np.ones(order.size, bool)
         first[1:] = rows[order][1:] != rows[order][:-1]
         best = np.full(n, -np.inf)
         predicted[rows[order][first]] = cols[order][first]
-        best[rows[order][first]] = mid[order][first]
+        best[rows[order][first]] = L.mid[order][first]
         predicted = np.where(has_zero & (best < 0), -1, predicted)
     return err_lo, err_hi, predicted
+
+
+def gate_scores(prep: Prepared, R: SparseInterval) -> tuple[np.ndarray, np.ndarray]:
+    """(n, K) midpoints of g = W_G r + b_G and one radius per row bounding every score's error.
+
+    The product's row bound (:func:`verifier.interval.row_bound_matmul`), plus the
+    rounding of adding b_G: at most u·|fl(·)| per score (A1), so u·max_k |G_ik| per row.
+    """
+    w = prep.weights
+    with np.errstate(invalid="ignore", over="ignore"):
+        Gm, rho = I.row_bound_matmul(R, prep.WGT, prep.wg_max)
+        Gm = Gm + w.b_G[None, :]
+        rad = I.add_rad(rho, I.up(I.U * np.abs(Gm).max(axis=1, initial=0.0)))
+    bad = ~np.isfinite(Gm).all(axis=1) | ~np.isfinite(rad) | R.nonfinite_rows()
+    return Gm, np.where(bad, np.inf, rad)
 
 
 def run_batch(prep: Prepared | Weights, tokens: np.ndarray, valid_ptr: np.ndarray, valid: np.ndarray,
@@ -428,48 +379,46 @@ def run_batch(prep: Prepared | Weights, tokens: np.ndarray, valid_ptr: np.ndarra
         tokens = tokens[None, :]
     n = tokens.shape[0]
     V, K = len(w.vocab), len(w.experts)
-    Rm, Rr = residual(prep, tokens)
-    # The gate's product is dense (n x K) and only compared, so one radius per row bounds
-    # every score of the row: R_i >= |g_ik − Gm_ik| for all k (product, plus the rounding
-    # of adding b_G, at most u·max_k |Gm_ik|).
-    Gm, rho = I.smatmul_rowbound(Rm, Rr, prep.WGT, prep.wg_max)
-    Gm = np.asarray(Gm.toarray()) + w.b_G[None, :]
+    R = residual(prep, tokens)
+    Gm, Grad = gate_scores(prep, R)
+    rows = np.arange(n)
+    e = np.argmax(np.nan_to_num(Gm, nan=-np.inf), axis=1)
+    ge = Gm[rows, e]
     with np.errstate(invalid="ignore", over="ignore"):
-        R = I.up((rho + 2 * I.U * np.abs(Gm).max(axis=1, initial=0.0)) * (1 + 4 * I.U))
-        finite = np.isfinite(Gm).all(axis=1) & np.isfinite(R)
-        rows = np.arange(n)
-        e = np.argmax(Gm, axis=1)
-        ge = Gm[rows, e]
         if K > 1:
             second = Gm.copy()
             second[rows, e] = -np.inf
             second = second.max(axis=1)
-            margin = I.down(I.down(ge - second) - I.up(2 * R))
+            margin = I.down(I.down(ge - second) - I.up(2 * Grad))
         else:
             margin = np.full(n, np.inf)
-        margin = np.where(finite, margin, -np.inf)
-        # NaN-safe: a comparison that cannot be decided keeps the expert in.
-        cand = ~(I.up(Gm + R[:, None]) < I.down(ge - R)[:, None])
+        margin = np.where(np.isfinite(Grad), margin, -np.inf)
+        margin = np.where(np.isnan(margin), -np.inf, margin)
+        # An expert may win unless its upper end is certainly below the winner's lower end.
+        cand = ~(I.up(Gm + Grad[:, None]) < I.down(ge - Grad)[:, None])
     cand[rows, e] = True
     if w.gate_mode == "top1-scaled":
-        first, inv = _unique_rows(Gm, R[:, None])
-        Gf, Rf = Gm[first], R[first][:, None]
-        p_lo, p_hi = softmax_bounds(I.down(Gf - Rf), I.up(Gf + Rf), Gf)
+        first, inv = _unique_rows(Gm, Grad[:, None])
+        Gf, Rf = Gm[first], Grad[first][:, None]
+        with np.errstate(invalid="ignore", over="ignore"):
+            p_lo, p_hi = softmax_bounds(I.down(Gf - Rf), I.up(Gf + Rf), Gf)
         p_lo, p_hi = p_lo[inv], p_hi[inv]
     err_lo = np.full(n, np.inf)
     err_hi = np.full(n, -np.inf)
     predicted = np.full(n, -1, np.int64)
     for k in np.flatnonzero(cand.any(axis=0)):
         idx = np.flatnonzero(cand[:, k])
-        rm, rr = Rm[idx], Rr[idx]
-        om, orad = expert_output(prep, int(k), rm, rr)
+        Rk = R.rows(idx)
+        out = expert_output(prep, int(k), Rk)
         if w.gate_mode == "top1-scaled":
-            cm, cr = _from_bounds(p_lo[idx, k], p_hi[idx, k])
-            om, orad = I.srow_scale(om, orad, cm, cr)
-        ym, yr = I.sadd(rm, rr, om, orad)
-        Lm, Lr = I.smatmul(ym, yr, prep.UT)
+            out = I.scale_rows(out, *I.from_bounds(p_lo[idx, k], p_hi[idx, k]))
+        with np.errstate(invalid="ignore", over="ignore"):
+            Y = I.add(Rk, out)
+            L = I.matmul(Y, prep.UT, prep.absUT)
         vptr, vals = take_csr(valid_ptr, valid, idx)
-        lo, hi, pred = sparse_error(Lm, Lr, V, vptr, vals)
+        lo, hi, pred = sparse_error(L, V, vptr, vals)
+        bad = Y.nonfinite_rows()
+        lo, hi = np.where(bad, 0.0, lo), np.where(bad, 1.0, hi)
         err_lo[idx] = np.minimum(err_lo[idx], lo)
         err_hi[idx] = np.maximum(err_hi[idx], hi)
         routed = e[idx] == k
@@ -477,12 +426,18 @@ def run_batch(prep: Prepared | Weights, tokens: np.ndarray, valid_ptr: np.ndarra
     ab_lo, ab_hi = np.full(n, np.nan), np.full(n, np.nan)
     rows_ab = np.arange(n) if ablate is None else np.flatnonzero(ablate)
     if rows_ab.size:
-        Lm, Lr = I.smatmul(Rm[rows_ab], Rr[rows_ab], prep.UT)
+        Ra = R.rows(rows_ab)
+        with np.errstate(invalid="ignore", over="ignore"):
+            L = I.matmul(Ra, prep.UT, prep.absUT)
         vptr, vals = take_csr(valid_ptr, valid, rows_ab)
-        ab_lo[rows_ab], ab_hi[rows_ab], _ = sparse_error(Lm, Lr, V, vptr, vals)
+        lo, hi, _ = sparse_error(L, V, vptr, vals)
+        bad = Ra.nonfinite_rows()
+        ab_lo[rows_ab], ab_hi[rows_ab] = np.where(bad, 0.0, lo), np.where(bad, 1.0, hi)
     key = -np.nan_to_num(Gm, nan=np.inf)
     top = np.argpartition(key, min(2, K - 1), axis=1)[:, :3] if K > 3 else np.argsort(key, axis=1)
     top = np.take_along_axis(top, np.argsort(np.take_along_axis(key, top, 1), axis=1), 1)
     tm = np.take_along_axis(Gm, top, 1)
-    top_gate = (top, I.down(tm - R[:, None]), I.up(tm + R[:, None]))
-    return BatchResult(e, margin, ~(margin > 0), Gm, R, err_lo, err_hi, ab_lo, ab_hi, predicted, top_gate)
+    with np.errstate(invalid="ignore", over="ignore"):
+        top_gate = (top, I.down(tm - Grad[:, None]), I.up(tm + Grad[:, None]))
+    return BatchResult(e, margin, ~(margin > 0), Gm, Grad, err_lo, err_hi, ab_lo, ab_hi, predicted, top_gate)
+

@@ -1,54 +1,136 @@
-"""Rigorous interval arithmetic in float64, vectorised, dense and sparse.
+"""Rigorous interval arithmetic in float64: dense arrays and sparse matrices.
 
-An interval is a pair (mid, rad) of float64 arrays meaning [mid − rad, mid + rad];
-for sparse matrices, a pair of CSR matrices with the same shape (an entry missing from
-both is exactly 0). Weights are floats, hence exact rationals, and enter with rad = 0.
+An interval is a pair (mid, rad) meaning [mid − rad, mid + rad], rad >= 0. Weights are
+floats, hence exact rationals, and enter with rad = 0. An enclosure with a non-finite
+mid or rad decides nothing (callers treat it as (−∞, ∞)).
 
-Rounding. IEEE-754 +, −, ×, ÷ are correctly rounded: |fl(x ∘ y) − x ∘ y| <= u·|x ∘ y|
-with u = 2^-53 (barring underflow, covered by an absolute term η = 2^-1074 per
-operation). A sum of n products computed in any order satisfies
-|fl(Σ a_i b_i) − Σ a_i b_i| <= γ_n Σ |a_i||b_i|, γ_n = n·u/(1 − n·u) (Higham, Accuracy
-and Stability of Numerical Algorithms, §3.1). Every radius below adds that term and
-is then inflated by (1 + 4γ_n) to cover the rounding of the radius computation itself
-(it is a sum of non-negative terms).
+Arithmetic model (checked at start by :func:`check_platform`)
+---------------------------------------------------------------
+(A1) float64 ``+ − × ÷`` are IEEE-754 binary64, round to nearest, gradual underflow:
+     fl(x∘y) = (x∘y)(1 + δ) + η',  |δ| <= u = 2^-53,  |η'| <= η/2,  δ·η' = 0,
+     with η = 2^-1074 the smallest subnormal; η' = 0 for + and − (a sum that lands in
+     the subnormal range is exact). Equivalently |fl(x) − x| <= u·|fl(x)| + η/2.
+     Overflow gives ±inf (or NaN), never a wrong finite number.
+(A2) ``np.nextafter`` is exact, so for a single operation ``up(fl(x∘y)) >= x∘y`` and
+     ``down(fl(x∘y)) <= x∘y``: one operation rounded to nearest, then one step
+     outward, is rounded in that direction. Every radius below is computed as a chain
+     of such steps (``up`` after each operation), so it is an upper bound *whatever*
+     underflows: a product that rounds to 0 becomes η after ``up``.
+(A3) numpy and scipy reductions (``sum``, ``add.reduceat``, sparse products) compute
+     each result as a sum of the given terms in *some* order (pairwise, blocked,
+     sequential: any), each addition as in (A1); a scipy sparse product's entry (i, k)
+     is such a sum of the (A1) products a_ij·b_jk over the stored entries with a
+     common j, and scipy may omit the entry when the computed sum is exactly 0.
 
-Exponential. :func:`exp_enclosure` does not trust the platform's ``exp``: it reduces
+Two lemmas (Higham, *Accuracy and Stability of Numerical Algorithms*, §3.1 and §2.2;
+the underflow terms follow from (A1) with η' per product and none per addition):
+
+**Lemma 1** (non-negative sums). For floats t_1..t_n >= 0 summed in any order,
+Σ t <= (1 + 2γ_n)·fl(Σ t), where γ_n = n·u/(1 − n·u) <= 1/2.
+
+**Lemma 2** (dot products). For floats a_j, b_j (j = 1..n), summed in any order,
+|fl(Σ a_j b_j) − Σ a_j b_j| <= γ_n·Σ |a_j b_j| + n·η; and if a_j, b_j >= 0,
+Σ a_j b_j <= (1 + 2γ_n)·fl(Σ a_j b_j) + n·η.
+
+Interval dot products follow: for x_j ∈ [xm_j ± xr_j] and exact b_j,
+|Σ x_j b_j − fl(Σ xm_j b_j)| <= Σ (xr_j + γ_n|xm_j|)·|b_j| + n·η. The weights
+s_j = up(xr_j + up(γ_n·|xm_j|)) >= xr_j + γ_n|xm_j| (A2), and by Lemma 2 the radius
+up(up(c_n·fl(Σ s_j|b_j|)) + 2n·η), c_n = up(1 + 2γ_n), bounds the error. The floor
+2n·η is what makes an *underflowed* entry safe: however small its computed terms,
+a structurally present entry keeps a radius of at least η, which later layers amplify
+honestly instead of treating as an exact zero.
+
+Sparse intervals
+----------------
+:class:`SparseInterval` stores one CSR *pattern* with a mid and a rad array on it.
+**Invariant: an entry outside the pattern is exactly 0.** Products compute their
+pattern *structurally*: (i, k) is in the pattern of X·B iff some j has (i, j) stored
+in X and (j, k) stored in B, whatever the values (a product of all-ones copies counts
+the terms; counts are exact integers, never 0 where a term exists). An entry is
+therefore absent only when no term contributes to it, and is then exactly 0; scipy's
+habit of dropping computed zeros (an underflow, a cancellation) can no longer turn a
+non-zero value into an "exact" zero. Entries stored with mid = rad = 0 are exactly 0
+too (rad is a valid radius) and may be pruned.
+
+Exponential
+-----------
+:func:`exp_enclosure` does not trust the platform's ``exp``: it reduces
 x = k·ln2 + r with |r| <= 0.35 (ln2 enclosed by two floats), evaluates the degree-14
-Taylor polynomial of e^r by Horner (error <= (γ_28 + u)·e^|r|, Higham Thm 5.3, plus
-the remainder |r|^15/15!·e^0.35 < 2^-62), and scales by 2^k exactly with ``ldexp``;
-every step is widened outward. e^x is increasing, so [e^lo, e^hi] encloses e^[lo, hi].
+Taylor polynomial of e^r by Horner (error <= (γ_28 + u)·e^|r| plus the remainder
+|r|^15/15!·e^0.35 < 2^-62, together below ``_HORNER_ERR``), and scales by 2^k with
+``ldexp`` (exact unless the result is subnormal; one outward step covers that). e^x is
+increasing, so [e^lo, e^hi] encloses e^[lo, hi]. ``tests/test_interval.py`` checks
+the constants and the enclosure against mpmath.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 import scipy.sparse as sp
 
 U = 2.0 ** -53
 ETA = 2.0 ** -1074
-LN2_LO = 0.6931471805599452862  # float just below ln 2
-LN2_HI = 0.6931471805599453972  # float just above ln 2
-assert LN2_LO < math.log(2) < LN2_HI or math.isclose(LN2_LO, math.log(2))
+LN2_LO = 0.6931471805599452862  # the float just below ln 2 (checked in tests)
+LN2_HI = 0.6931471805599453972  # the float just above ln 2
 _TAYLOR = [1.0 / math.factorial(i) for i in range(15)]
-_HORNER_ERR = 1e-14  # >= (γ_28 + u)·e^0.35 + 0.35^15/15!·e^0.35
+_HORNER_ERR = 1e-14  # >= (γ_28 + u)·e^0.35 + 0.35^15/15!·e^0.35 + coefficient rounding (≈ 4.6e-15)
 
 
-def gamma(n: int) -> float:
-    """γ_n = n·u / (1 − n·u)."""
-    nu = n * U
-    if nu >= 0.5:
-        raise ValueError(f"too many terms for the rounding bound: {n}")
-    return nu / (1.0 - nu)
+# --- rounding steps -------------------------------------------------------------------------------
 
 
-def down(x: np.ndarray) -> np.ndarray:
+def down(x):
     return np.nextafter(x, -np.inf)
 
 
-def up(x: np.ndarray) -> np.ndarray:
+def up(x):
     return np.nextafter(x, np.inf)
+
+
+def gamma(n: int) -> float:
+    """An upper bound of γ_n = n·u / (1 − n·u)."""
+    nu = n * U
+    if nu >= 0.25:
+        raise ValueError(f"too many terms for the rounding bound: {n}")
+    return float(up(up(nu) / down(1.0 - nu)))
+
+
+def sum_factor(n: int) -> float:
+    """c_n = up(1 + 2γ_n): Σ t <= c_n·fl(Σ t) for n non-negative terms (Lemma 1)."""
+    return float(up(1.0 + 2.0 * gamma(n)))
+
+
+def check_platform() -> None:
+    """Refuse to run where the arithmetic model (A1) does not hold.
+
+    Checks, in numpy's vectorised loops and in a scipy sparse product, that rounding is
+    to nearest (ties to even) and that subnormals are neither flushed to zero on output
+    (FTZ) nor read as zero on input (DAZ); some libraries built with fast-math switch
+    both on for the whole process, which would make underflowed terms silently vanish.
+    """
+    n = 64
+    one = np.ones(n)
+    tie = one + np.full(n, 2.0 ** -53)               # a tie: rounds to even, i.e. 1
+    above = one + np.full(n, 3 * 2.0 ** -54)          # rounds up to 1 + 2^-52
+    below = -one - np.full(n, 3 * 2.0 ** -54)         # rounds down to −(1 + 2^-52)
+    tiny = np.full(n, ETA)
+    sub = np.full(n, 2.0 ** -1060)
+    ok = (np.all(tie == 1.0) and np.all(above == 1.0 + 2.0 ** -52) and np.all(below == -(1.0 + 2.0 ** -52))
+          and np.all(tiny * 2.0 == 2 * ETA)            # DAZ would read η as 0
+          and np.all(sub * 0.5 == 2.0 ** -1061)         # FTZ would flush a subnormal result
+          and np.all(np.nextafter(np.zeros(n), 1.0) == ETA))
+    if ok:
+        B = sp.csr_matrix(np.full((2, 2), 2.0 ** -537))
+        ok = bool(np.all((B @ B).toarray() == 2.0 ** -1073))  # two products of exactly η each: FTZ gives 0
+    if not ok:
+        raise RuntimeError("this process does not compute in IEEE-754 binary64 round-to-nearest with gradual underflow "
+                           "(a library may have enabled flush-to-zero); certified results would not be proofs")
+
+
+# --- the exponential ------------------------------------------------------------------------------
 
 
 def _horner(r: np.ndarray) -> np.ndarray:
@@ -56,13 +138,6 @@ def _horner(r: np.ndarray) -> np.ndarray:
     for c in reversed(_TAYLOR[:-1]):
         acc = acc * r + c
     return acc
-
-
-def exp_enclosure(lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Floats (a, b) with a <= e^x <= b for every x in [lo, hi] (element-wise)."""
-    lo = np.asarray(lo, np.float64)
-    hi = np.asarray(hi, np.float64)
-    return _exp_lower(lo), _exp_upper(hi)
 
 
 def _reduce(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -76,48 +151,43 @@ def _reduce(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 def _exp_lower(x: np.ndarray) -> np.ndarray:
-    """A lower bound of e^x. Uses e^x >= e^min(x, 709), and 0 below −740."""
-    xs = np.clip(x, -740.0, 709.0)
+    """A lower bound of e^x: e^x >= e^min(x, 709); 0 below −740 and for NaN."""
+    xs = np.clip(np.nan_to_num(x, nan=-np.inf), -740.0, 709.0)
     k, r_lo, _ = _reduce(xs)
     t = down(_horner(r_lo) - _HORNER_ERR)
     with np.errstate(under="ignore"):
         v = down(np.ldexp(t, k.astype(np.int64)))
-    return np.where(x < -740.0, 0.0, np.maximum(v, 0.0))
+    return np.where(np.nan_to_num(x, nan=-np.inf) < -740.0, 0.0, np.maximum(v, 0.0))
 
 
 def _exp_upper(x: np.ndarray) -> np.ndarray:
-    """An upper bound of e^x. Uses e^x <= e^max(x, −740), and +inf above 709."""
-    xs = np.clip(x, -740.0, 709.0)
+    """An upper bound of e^x: e^x <= e^max(x, −740); +inf above 709 and for NaN."""
+    xn = np.nan_to_num(x, nan=np.inf)
+    xs = np.clip(xn, -740.0, 709.0)
     k, _, r_hi = _reduce(xs)
     t = up(_horner(r_hi) + _HORNER_ERR)
     with np.errstate(under="ignore"):
         v = up(np.ldexp(t, k.astype(np.int64)))
-    return np.where(x > 709.0, np.inf, v)
+    return np.where(xn > 709.0, np.inf, v)
 
 
-# --- dense helpers ---------------------------------------------------------------------
+def exp_enclosure(lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Floats (a, b) with a <= e^x <= b for every x in [lo, hi] (element-wise; NaN: [0, ∞])."""
+    return _exp_lower(np.asarray(lo, np.float64)), _exp_upper(np.asarray(hi, np.float64))
 
 
-def add(am, ar, bm, br):
-    m = am + bm
-    return m, up((ar + br) * (1 + 4 * U) + U * np.abs(m))
+def exp_lo_unique(x: np.ndarray) -> np.ndarray:
+    """Lower enclosure of exp at each x, evaluated once per distinct value."""
+    u, inv = np.unique(x, return_inverse=True)
+    return _exp_lower(u)[inv.reshape(-1)].reshape(x.shape)
 
 
-def mul(am, ar, bm, br):
-    """Element-wise product of intervals."""
-    m = am * bm
-    r = np.abs(am) * br + ar * np.abs(bm) + ar * br
-    return m, up(r * (1 + 8 * U) + U * np.abs(m) + ETA)
+def exp_hi_unique(x: np.ndarray) -> np.ndarray:
+    u, inv = np.unique(x, return_inverse=True)
+    return _exp_upper(u)[inv.reshape(-1)].reshape(x.shape)
 
 
-def dot_rows(am, ar, bm, br):
-    """Row-wise dot products Σ_t a_t b_t of two interval matrices (n x t)."""
-    n = am.shape[-1]
-    g = gamma(n + 2)
-    m = np.sum(am * bm, axis=-1)
-    r = np.sum(np.abs(am) * br + ar * np.abs(bm) + ar * br, axis=-1)
-    t = np.sum(np.abs(am * bm), axis=-1)
-    return m, up((r + g * t) * (1 + 4 * g) + (n + 1) * ETA)
+# --- dense intervals ------------------------------------------------------------------------------
 
 
 def lower(m, r):
@@ -128,83 +198,237 @@ def upper(m, r):
     return up(m + r)
 
 
-# --- sparse helpers --------------------------------------------------------------------
+def add_rad(*terms):
+    """An upper bound of the sum of non-negative terms: up after every addition."""
+    acc = terms[0]
+    for t in terms[1:]:
+        acc = up(acc + t)
+    return acc
 
 
-def _max_terms(B: sp.csr_matrix, axis: int) -> int:
-    if B.nnz == 0:
-        return 1
-    return int(B.getnnz(axis=axis).max())
+def mul_rad(am, ar, bm, br):
+    """Radius of the product of [am ± ar]·[bm ± br] around fl(am·bm) (element-wise).
+
+    |ab − fl(am·bm)| <= |am|·br + ar·|bm| + ar·br + u·|fl(am·bm)| + η/2 by (A1).
+    """
+    m = am * bm
+    return add_rad(up(np.abs(am) * br), up(ar * np.abs(bm)), up(ar * br), up(U * np.abs(m)), ETA)
 
 
-def same_pattern(A: sp.csr_matrix, B: sp.csr_matrix) -> bool:
-    """True if two CSR matrices store exactly the same (row, col) entries in the same order."""
-    return (A.shape == B.shape and A.nnz == B.nnz and np.array_equal(A.indptr, B.indptr)
-            and np.array_equal(A.indices, B.indices))
+def sum_rad(mids: np.ndarray, rads: np.ndarray, axis: int = -1):
+    """Σ of n intervals along ``axis``: (fl(Σ mid), radius covering rads and the sum's rounding)."""
+    n = mids.shape[axis]
+    g = gamma(n + 1)
+    m = np.sum(mids, axis=axis)
+    w = add_rad(rads, up(g * np.abs(mids)))
+    return m, up(sum_factor(n) * np.sum(w, axis=axis))
 
 
-def smatmul(Xm: sp.csr_matrix, Xr: sp.csr_matrix, B: sp.spmatrix) -> tuple[sp.csr_matrix, sp.csr_matrix]:
-    """Interval X (sparse) times an exact sparse matrix B: (X @ B)."""
-    B = sp.csr_matrix(B)
-    absB = abs(B)
-    n = min(_max_terms(B.tocsc(), 0), max(Xm.shape[1], 1)) + 2
-    g = gamma(n)
-    Ym = (Xm @ B).tocsr()
-    # Xr|B| + γ|Xm||B| = (Xr + γ|Xm|)|B|: one product. The computed sums of non-negative
-    # terms are within a factor (1 ± γ_n) of the true ones; inflating by (1 + 4γ_n), itself
-    # rounded (relative error <= u <= γ_n), still covers them.
-    if same_pattern(Xm, Xr):
-        S = sp.csr_matrix((Xr.data + g * np.abs(Xm.data), Xm.indices, Xm.indptr), shape=Xm.shape)
-    else:
-        S = Xr + g * abs(Xm)
-    R = (S @ absB).tocsr()
-    R.data = R.data * (1 + 4 * g) + n * ETA
-    if not same_pattern(Ym, R):
-        # A midpoint entry whose radius terms all underflowed to 0 still carries rounding
-        # error (at most n·η): give every midpoint entry at least that radius.
-        floor = Ym.copy()
-        floor.data = np.full(floor.nnz, n * ETA)
-        R = (R + floor).tocsr()
-    return Ym, R
+def dot_rows(am, ar, bm, br):
+    """Row-wise dot products Σ_t a_t b_t of two interval matrices (n x t).
+
+    Each term's product radius (|am|br + ar|bm| + ar·br, all rounded up) plus γ_t|am·bm|
+    for the rounding of the midpoint sum, plus t·η for its underflows (Lemma 2).
+    """
+    t = am.shape[-1]
+    g = gamma(t + 1)
+    m = np.sum(am * bm, axis=-1)
+    w = add_rad(up(np.abs(am) * br), up(ar * np.abs(bm)), up(ar * br), up(g * up(np.abs(am) * np.abs(bm))))
+    return m, add_rad(up(sum_factor(t) * np.sum(w, axis=-1)), (t + 1) * ETA)
 
 
-def smatmul_rowbound(Xm: sp.csr_matrix, Xr: sp.csr_matrix, B: sp.spmatrix, Bmax: float | None = None):
-    """X @ B with a per-row radius: Ym exactly as in :func:`smatmul`, radius r_i for every entry of row i.
+def gather_add(A: tuple[np.ndarray, np.ndarray], B: tuple[np.ndarray, np.ndarray], rows_a, row_b):
+    """A[rows_a] + B[row_b] for dense intervals; the addition's rounding is at most u·|fl| (A1)."""
+    m = A[0][rows_a] + B[0][row_b]
+    return m, add_rad(A[1][rows_a], B[1][row_b], up(U * np.abs(m)))
 
-    |(X@B)_ik − fl(Xm@B)_ik| <= Σ_j (xr_ij + γ|xm_ij|)·|b_jk| <= (Σ_j xr_ij + γ|xm_ij|)·max|B|,
-    computed in O(nnz(X)) instead of a second sparse product. Looser than smatmul's
-    radius, still rigorous; used where the product is dense and only comparisons matter.
+
+def from_bounds(lo: np.ndarray, hi: np.ndarray):
+    """Mid-radius form of [lo, hi]; a point interval stays a point (radius exactly 0)."""
+    point = lo == hi
+    with np.errstate(invalid="ignore", over="ignore"):
+        mid = np.where(point, lo, 0.5 * lo + 0.5 * hi)
+        rad = np.where(point, 0.0, np.maximum(up(hi - mid), up(mid - lo)))
+    return mid, rad
+
+
+# --- sparse intervals -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SparseInterval:
+    """A sparse interval matrix: [mid ± rad] on a canonical CSR pattern, exactly 0 elsewhere."""
+
+    shape: tuple[int, int]
+    indptr: np.ndarray
+    indices: np.ndarray
+    mid: np.ndarray
+    rad: np.ndarray
+
+    @property
+    def nnz(self) -> int:
+        return int(self.indices.size)
+
+    def row_ids(self) -> np.ndarray:
+        """The row of each stored entry."""
+        return np.repeat(np.arange(self.shape[0], dtype=np.int64), np.diff(self.indptr))
+
+    def mid_csr(self) -> sp.csr_matrix:
+        return sp.csr_matrix((self.mid, self.indices, self.indptr), shape=self.shape)
+
+    def nonfinite_rows(self) -> np.ndarray:
+        """Rows holding an entry whose enclosure is not finite (such a row decides nothing)."""
+        bad = ~(np.isfinite(self.mid) & np.isfinite(self.rad))
+        return np.bincount(self.row_ids()[bad], minlength=self.shape[0]) > 0
+
+    def rows(self, idx: np.ndarray) -> "SparseInterval":
+        """Rows ``idx`` (in that order)."""
+        idx = np.asarray(idx, np.int64)
+        counts = self.indptr[idx + 1] - self.indptr[idx]
+        ptr = np.zeros(idx.size + 1, np.int64)
+        np.cumsum(counts, out=ptr[1:])
+        pos = np.repeat(self.indptr[idx] - ptr[:-1], counts) + np.arange(int(ptr[-1]))
+        return SparseInterval((idx.size, self.shape[1]), ptr, self.indices[pos], self.mid[pos], self.rad[pos])
+
+    def prune(self) -> "SparseInterval":
+        """Without entries that are exactly 0 (mid = rad = 0)."""
+        keep = (self.mid != 0) | (self.rad != 0)
+        if keep.all():
+            return self
+        return from_coo(self.shape, self.row_ids()[keep], self.indices[keep], self.mid[keep], self.rad[keep])
+
+    def dense(self) -> tuple[np.ndarray, np.ndarray]:
+        m = np.zeros(self.shape)
+        r = np.zeros(self.shape)
+        rows = self.row_ids()
+        m[rows, self.indices] = self.mid
+        r[rows, self.indices] = self.rad
+        return m, r
+
+
+def exact(M: sp.spmatrix) -> SparseInterval:
+    """An exact canonical CSR matrix as a point interval (every stored entry kept, even a stored 0)."""
+    from verifier.layout import csr_problem
+
+    problem = csr_problem(M)
+    if problem:
+        raise ValueError(f"not a canonical float64 CSR matrix: {problem}")
+    return SparseInterval(M.shape, M.indptr.astype(np.int64), M.indices.astype(np.int64),
+                          M.data.astype(np.float64), np.zeros(M.nnz))
+
+
+def from_coo(shape, rows, cols, mids, rads) -> SparseInterval:
+    """Entries given once each (no repeated (row, col)), in any order."""
+    rows = np.asarray(rows, np.int64)
+    cols = np.asarray(cols, np.int64)
+    order = np.lexsort((cols, rows))
+    ptr = np.zeros(shape[0] + 1, np.int64)
+    np.cumsum(np.bincount(rows, minlength=shape[0]), out=ptr[1:])
+    return SparseInterval(tuple(shape), ptr, cols[order], np.asarray(mids, np.float64)[order],
+                          np.asarray(rads, np.float64)[order])
+
+
+def sum_terms(shape, rows, cols, mids, rads) -> SparseInterval:
+    """Σ of interval terms with equal (row, col).
+
+    The midpoint of an entry is the float sum of its terms' midpoints (additions only:
+    error <= γ_T Σ|mid|, no underflow term by (A1)); its radius bounds the terms' radii
+    plus that rounding, by Lemma 1. Every (row, col) that has a term is kept.
+    """
+    rows = np.asarray(rows, np.int64)
+    cols = np.asarray(cols, np.int64)
+    n_rows, n_cols = shape
+    if rows.size == 0:
+        return SparseInterval(tuple(shape), np.zeros(n_rows + 1, np.int64), np.zeros(0, np.int64), np.zeros(0), np.zeros(0))
+    key = rows * n_cols + cols
+    order = np.argsort(key, kind="stable")
+    key = key[order]
+    start = np.flatnonzero(np.concatenate([[True], key[1:] != key[:-1]]))
+    max_terms = int(np.diff(np.append(start, key.size)).max())
+    g = gamma(max_terms + 1)
+    mids = np.asarray(mids, np.float64)[order]
+    w = add_rad(np.asarray(rads, np.float64)[order], up(g * np.abs(mids)))
+    mid = np.add.reduceat(mids, start)
+    rad = up(sum_factor(max_terms) * np.add.reduceat(w, start))
+    ukey = key[start]
+    out_rows = ukey // n_cols
+    ptr = np.zeros(n_rows + 1, np.int64)
+    np.cumsum(np.bincount(out_rows, minlength=n_rows), out=ptr[1:])
+    return SparseInterval(tuple(shape), ptr, ukey - out_rows * n_cols, mid, rad)
+
+
+def add(A: SparseInterval, B: SparseInterval) -> SparseInterval:
+    """A + B (same shape); the pattern is the union of both."""
+    return sum_terms(A.shape, np.concatenate([A.row_ids(), B.row_ids()]), np.concatenate([A.indices, B.indices]),
+                     np.concatenate([A.mid, B.mid]), np.concatenate([A.rad, B.rad]))
+
+
+def _ones(indptr, indices, shape) -> sp.csr_matrix:
+    return sp.csr_matrix((np.ones(indices.size), indices, indptr), shape=shape)
+
+
+def _align(pattern: sp.csr_matrix, M: sp.csr_matrix) -> np.ndarray:
+    """Values of ``M`` on ``pattern``'s entries (both sorted; M's entries ⊆ pattern's); 0 elsewhere."""
+    out = np.zeros(pattern.nnz)
+    if M.nnz == 0:
+        return out
+    w = pattern.shape[1]
+    pkey = np.repeat(np.arange(pattern.shape[0], dtype=np.int64), np.diff(pattern.indptr)) * w + pattern.indices
+    mkey = np.repeat(np.arange(M.shape[0], dtype=np.int64), np.diff(M.indptr)) * w + M.indices
+    pos = np.searchsorted(pkey, mkey)
+    if pos.size and (pos.max() >= pkey.size or not np.array_equal(pkey[pos], mkey)):
+        raise AssertionError("a sparse product stored an entry outside its structural pattern")
+    out[pos] = M.data
+    return out
+
+
+def matmul(X: SparseInterval, B: sp.csr_matrix, absB: sp.csr_matrix | None = None) -> SparseInterval:
+    """X @ B for an exact sparse B: structural pattern, radius by Lemma 2 (module docstring).
+
+    ``absB`` may pass |B| precomputed.
     """
     B = sp.csr_matrix(B)
-    n = min(_max_terms(B.tocsc(), 0), max(Xm.shape[1], 1)) + 2
-    g = gamma(n)
-    Ym = (Xm @ B).tocsr()
-    bmax = float(abs(B).max()) if Bmax is None else Bmax
-    rows_m = np.repeat(np.arange(Xm.shape[0]), np.diff(Xm.indptr))
-    rows_r = np.repeat(np.arange(Xr.shape[0]), np.diff(Xr.indptr))
-    s = np.bincount(rows_m, weights=g * np.abs(Xm.data), minlength=Xm.shape[0])
-    s += np.bincount(rows_r, weights=Xr.data, minlength=Xr.shape[0])
-    return Ym, (s * bmax) * (1 + 8 * g) + n * ETA
+    shape = (X.shape[0], B.shape[1])
+    if X.nnz == 0 or B.nnz == 0:
+        return SparseInterval(shape, np.zeros(shape[0] + 1, np.int64), np.zeros(0, np.int64), np.zeros(0), np.zeros(0))
+    C = _ones(X.indptr, X.indices, X.shape) @ _ones(B.indptr, B.indices, B.shape)   # term counts, exact integers
+    C = C.tocsr()
+    C.sort_indices()
+    if C.nnz == 0:
+        return SparseInterval(shape, np.zeros(shape[0] + 1, np.int64), np.zeros(0, np.int64), np.zeros(0), np.zeros(0))
+    n = int(C.data.max())
+    g = gamma(n + 1)
+    Ym = (X.mid_csr() @ B).tocsr()
+    Ym.sort_indices()
+    S = sp.csr_matrix((add_rad(X.rad, up(g * np.abs(X.mid))), X.indices, X.indptr), shape=X.shape)
+    Rs = (S @ (abs(B) if absB is None else absB)).tocsr()
+    Rs.sort_indices()
+    mid = _align(C, Ym)
+    rad = add_rad(up(sum_factor(n) * _align(C, Rs)), up(2.0 * ETA * C.data))
+    return SparseInterval(shape, C.indptr.astype(np.int64), C.indices.astype(np.int64), mid, rad)
 
 
-def srow_scale(Xm: sp.csr_matrix, Xr: sp.csr_matrix, am: np.ndarray, ar: np.ndarray):
-    """Rows of interval X scaled by intervals a (one per row)."""
-    Dm = sp.diags(am)
-    Ym = (Dm @ Xm).tocsr()
-    R = (sp.diags(np.abs(am)) @ Xr + sp.diags(ar) @ (abs(Xm) + Xr) + sp.diags(np.full(am.shape, U)) @ abs(Ym)).tocsr()
-    R.data = R.data * (1 + 16 * U) + ETA
-    if not same_pattern(Ym, R):  # an underflowed product still rounds by at most η
-        floor = Ym.copy()
-        floor.data = np.full(floor.nnz, ETA)
-        R = (R + floor).tocsr()
-    return Ym, R
+def row_bound_matmul(X: SparseInterval, B: sp.csr_matrix, bmax: float):
+    """X @ B with one radius per row covering every column: (dense fl(Xm @ B), radius per row).
+
+    |(X B)_ik − fl(Xm B)_ik| <= Σ_j (xr_ij + γ|xm_ij|)·|b_jk| + n·η
+                             <= max|B| · Σ_j s_ij + n·η,  s_ij = up(xr_ij + up(γ|xm_ij|)),
+    with Σ_j s_ij bounded by Lemma 1; n is at most the most entries stored in a column of
+    B. ``bmax`` is max |B|. Used for the gate, whose scores are dense and only compared.
+    """
+    B = sp.csr_matrix(B)
+    max_terms = int(np.bincount(B.indices, minlength=1).max()) if B.nnz else 1
+    g = gamma(max_terms + 1)
+    Ym = np.asarray((X.mid_csr() @ B).toarray())
+    s = add_rad(X.rad, up(g * np.abs(X.mid)))
+    n_row = np.diff(X.indptr)
+    S = np.bincount(X.row_ids(), weights=s, minlength=X.shape[0])
+    S = up(sum_factor(int(n_row.max(initial=1))) * S)
+    return Ym, add_rad(up(bmax * S), float(2 * (max_terms + 1)) * ETA)
 
 
-def sadd(Am, Ar, Bm, Br):
-    Ym = (Am + Bm).tocsr()
-    Rs = (Ar + Br).tocsr()
-    if same_pattern(Ym, Rs):
-        return Ym, sp.csr_matrix(((Rs.data + U * np.abs(Ym.data)) * (1 + 8 * U), Ym.indices, Ym.indptr), shape=Ym.shape)
-    R = (Rs + U * abs(Ym)).tocsr()
-    R.data = R.data * (1 + 8 * U)
-    return Ym, R
+def scale_rows(X: SparseInterval, am: np.ndarray, ar: np.ndarray) -> SparseInterval:
+    """Row i of X times the interval [am_i ± ar_i] (element-wise on the stored entries)."""
+    rows = X.row_ids()
+    a_m, a_r = am[rows], ar[rows]
+    return SparseInterval(X.shape, X.indptr, X.indices, a_m * X.mid, mul_rad(a_m, a_r, X.mid, X.rad))

@@ -43,7 +43,7 @@ import scipy.sparse as sp
 
 from tasks.errors import TaskError
 from tasks.model import TaskSet
-from verifier.layout import Expert, Head, Weights
+from verifier.layout import Expert, Head, Weights, canonical
 
 HUGE = 1e308           # with a second such term the exact value exceeds float64's range
 FLOAT_MAX = float(np.finfo(np.float64).max)
@@ -84,7 +84,8 @@ def operator(kind: str):
 
 
 def _csr(m) -> sp.csr_matrix:
-    return sp.csr_matrix(m, dtype=np.float64)
+    """Canonical float64 CSR (column indexing and stacking may leave rows unsorted)."""
+    return canonical(m)
 
 
 def _set(m, entries) -> sp.csr_matrix:
@@ -886,6 +887,219 @@ def unused_direction(w: Weights, rng: np.random.Generator) -> tuple[Weights, str
     value = float(_pick(rng, [1.0, -7.5, 1e6]))
     E = _set(out.E, {(t, j): value for t in range(out.E.shape[0])})
     return out.replace(E=E), f"new residual direction, E writes {value:g} there, nothing reads it"
+
+
+# --- encodings and the whole exponent range ---------------------------------------------------------
+#
+# A float verifier that trusts "absent means zero" or "the file is canonical" can be fooled by
+# values that vanish in one layer (underflow, absorption, cancellation) and are amplified by the
+# next, or by storage that means different numbers to different readers. The oracle reads every
+# stored entry exactly (duplicates summed in rationals) and evaluates every linear map exactly.
+
+
+def _raw_csr(shape, rows, cols, vals) -> sp.csr_matrix:
+    """CSR storing exactly the given entries, in the given order within each row: duplicates and
+    unsorted columns are kept (scipy's flags say nothing is canonical)."""
+    rows = np.asarray(rows, np.int64)
+    order = np.argsort(rows, kind="stable")
+    ptr = np.concatenate([[0], np.cumsum(np.bincount(rows, minlength=shape[0]))])
+    out = sp.csr_matrix((np.asarray(vals, np.float64)[order], np.asarray(cols, np.int64)[order], ptr), shape=shape)
+    out.has_canonical_format = False
+    out.has_sorted_indices = False
+    return out
+
+
+def _sparse_arrays(w: Weights):
+    """(name, getter, setter) of every sparse array."""
+    return [(name, get, put) for name, get, put, _ in _arrays_with_entries(w) if sp.issparse(get())]
+
+
+@operator("mixed")
+def cancelling_duplicates(w: Weights, rng: np.random.Generator) -> tuple[Weights, str]:
+    """Store one entry as duplicates whose float sum is not their exact sum: [H, δ, −H] with δ absorbed by H,
+    or an exact pair [H, −(H − δ)]; the exact value changes by δ (a stored entry, or an absent one, e.g. in U or W_G)."""
+    name, get, put = _pick(rng, _sparse_arrays(w))
+    m = _csr(get())
+    coo = m.tocoo()
+    i, j = int(rng.integers(m.shape[0])), int(rng.integers(m.shape[1]))
+    if coo.nnz and rng.random() < 0.5:
+        p = int(rng.integers(coo.nnz))
+        i, j = int(coo.row[p]), int(coo.col[p])
+    keep = ~((coo.row == i) & (coo.col == j))
+    old = float(m[i, j])
+    delta = float(_pick(rng, [40.0, 1.0, 0.5, 1e-3, -1.0, -40.0]))
+    variant = _pick(rng, ["absorbed", "exact-pair"])
+    if variant == "absorbed":
+        H = 2.0 ** int(_pick(rng, [60, 80, 200]))
+        extra = [H, old + delta, -H]
+    else:
+        H = 2.0 ** 40                        # H − δ is exact: the pair sums to δ in any order
+        extra = [H, -(H - delta)] + ([old] if old else [])
+    rows = np.concatenate([coo.row[keep], np.full(len(extra), i)])
+    cols = np.concatenate([coo.col[keep], np.full(len(extra), j)])
+    vals = np.concatenate([coo.data[keep], extra])
+    return (put(_raw_csr(m.shape, rows, cols, vals)),
+            f"{name}[{i}, {j}] stored as duplicates {extra} ({variant}): exact value {old!r} -> {old + delta!r}")
+
+
+@operator("harmless")
+def explicit_zeros(w: Weights, rng: np.random.Generator) -> tuple[Weights, str]:
+    """Store explicit zeros (canonical order kept): an explicitly stored 0 is the value 0."""
+    name, get, put = _pick(rng, _sparse_arrays(w))
+    m = _csr(get())
+    n = int(_pick(rng, [1, 5, 20]))
+    coo = m.tocoo()
+    stored = set(zip(coo.row.tolist(), coo.col.tolist()))
+    new = {(int(rng.integers(m.shape[0])), int(rng.integers(m.shape[1]))) for _ in range(n)} - stored
+    if not new:
+        raise NotApplicable("no free position drawn")
+    r = np.concatenate([coo.row, [a for a, _ in new]])
+    c = np.concatenate([coo.col, [b for _, b in new]])
+    v = np.concatenate([coo.data, np.zeros(len(new))])
+    order = np.lexsort((c, r))
+    ptr = np.concatenate([[0], np.cumsum(np.bincount(r, minlength=m.shape[0]))])
+    return put(sp.csr_matrix((v[order], c[order], ptr), shape=m.shape)), f"{name}: {len(new)} explicit zero(s) stored"
+
+
+@operator("harmless")
+def unsorted_columns(w: Weights, rng: np.random.Generator) -> tuple[Weights, str]:
+    """Store one row's columns in reverse order (the same matrix, not canonical)."""
+    choices = [(name, get, put) for name, get, put in _sparse_arrays(w) if np.diff(_csr(get()).indptr).max(initial=0) >= 2]
+    name, get, put = _pick(rng, choices)
+    m = _csr(get())
+    i = int(_pick(rng, np.flatnonzero(np.diff(m.indptr) >= 2)))
+    a, b = m.indptr[i], m.indptr[i + 1]
+    indices, data = m.indices.copy(), m.data.copy()
+    indices[a:b], data[a:b] = indices[a:b][::-1].copy(), data[a:b][::-1].copy()
+    out = sp.csr_matrix((data, indices, m.indptr.copy()), shape=m.shape)
+    out.has_sorted_indices = False
+    out.has_canonical_format = False
+    return put(out), f"{name}: row {i} stored with its columns in reverse order"
+
+
+@operator("mixed")
+def hidden_underflow(w: Weights, rng: np.random.Generator) -> tuple[Weights, str]:
+    """A path whose first product underflows (2^a · 2^b < 2^-1074, yet not 0) and whose later layers amplify it
+    to a logit change of about 2^s: through a new expert neuron, or through a new attention head's value path.
+
+    Token t (or position p) writes 2^a on a new direction 'tiny'; the path reads it with 2^b and writes 2^c on a
+    new direction 'amp'; U[target, amp] = 2^e, with a + b + c + e = s in [-4, 12].
+    """
+    out, tiny = _with_dimension(w, "tiny")
+    out, amp = _with_dimension(out, "amp")
+    a = int(rng.integers(-1074, -400))
+    ab = int(rng.integers(-1150, -1075))
+    b = ab - a
+    s = int(rng.integers(-4, 13))
+    c = int(rng.integers(900, 1001))
+    e = s - ab - c
+    if not (-1074 <= b <= 1023 and -1074 <= e <= 1023):
+        raise NotApplicable("exponents out of range")
+    source = _pick(rng, ["token", "position"])
+    if source == "token":
+        t = int(rng.integers(len(w.vocab)))
+        out = out.replace(E=_set(out.E, {(t, tiny): 2.0 ** a}))
+        where = f"E[{w.vocab[t]!r}, tiny] = 2^{a}"
+    else:
+        p = int(rng.integers(1, out.n_positions))
+        out = out.replace(P=_set(out.P, {(p, tiny): 2.0 ** a}))
+        where = f"P[{p}, tiny] = 2^{a}"
+    target = int(rng.integers(len(w.vocab)))
+    out = out.replace(U=_set(out.U, {(target, amp): 2.0 ** e}))
+    via = _pick(rng, ["expert", "attention"])
+    if via == "expert":
+        k = int(rng.integers(len(out.experts)))
+        row = sp.csr_matrix(([2.0 ** b], ([0], [tiny])), shape=(1, out.d))
+        col = sp.csr_matrix(([2.0 ** c], ([amp], [0])), shape=(out.d, 1))
+        labels = _labels(out, k) + ["hidden"] if out.neuron_labels is not None else None
+        out = _replace_expert(out, k, _append_neurons(out.experts[k], row, [0.0], col), labels)
+        path = f"expert {k} ({_task(w, k)}) neuron reads tiny x 2^{b}, writes amp x 2^{c}"
+    else:
+        head = Head(sp.csr_matrix((1, out.d)), sp.csr_matrix((1, out.d)),
+                    sp.csr_matrix(([2.0 ** b], ([0], [tiny])), shape=(1, out.d)),
+                    sp.csr_matrix(([2.0 ** c], ([amp], [0])), shape=(out.d, 1)))
+        out = out.replace(heads=out.heads + (head,))
+        path = f"new uniform head: W_V reads tiny x 2^{b}, W_O writes amp x 2^{c}"
+    return out, f"hidden underflow: {where}; {path}; U[{w.vocab[target]!r}, amp] = 2^{e} (logit change ~2^{s})"
+
+
+def _readers_writers(w: Weights, j: int, a: int) -> Weights:
+    """Residual direction j scaled by 2^a: its writers (E, P, W_O, W_2 rows) × 2^a, its readers × 2^-a
+    (``ldexp``: exact unless a value leaves the normal range)."""
+
+    def scale_col(m, e):
+        m = _csr(m).copy()
+        sel = m.indices == j
+        m.data[sel] = np.ldexp(m.data[sel], e)
+        return m
+
+    def scale_row(m, e):
+        m = _csr(m).copy()
+        m.data[m.indptr[j]:m.indptr[j + 1]] = np.ldexp(m.data[m.indptr[j]:m.indptr[j + 1]], e)
+        return m
+
+    heads = tuple(Head(scale_col(h.W_Q, -a), scale_col(h.W_K, -a), scale_col(h.W_V, -a), scale_row(h.W_O, a)) for h in w.heads)
+    experts = tuple(Expert(scale_col(e.W_1, -a), e.b_1, scale_row(e.W_2, a)) for e in w.experts)
+    return w.replace(E=scale_col(w.E, a), P=scale_col(w.P, a), heads=heads, W_G=scale_col(w.W_G, -a), experts=experts,
+                     U=scale_col(w.U, -a))
+
+
+def _largest_exponent(w: Weights, j: int, writers: bool) -> int:
+    """ceil(log2) of the largest |value| written to (or read from) residual direction j."""
+    if writers:
+        mats = [(w.E, "col"), (w.P, "col")] + [(h.W_O, "row") for h in w.heads] + [(e.W_2, "row") for e in w.experts]
+    else:
+        mats = ([(m, "col") for h in w.heads for m in (h.W_Q, h.W_K, h.W_V)] + [(w.W_G, "col"), (w.U, "col")]
+                + [(e.W_1, "col") for e in w.experts])
+    big = 0.0
+    for m, how in mats:
+        m = _csr(m)
+        vals = m.data[m.indices == j] if how == "col" else m.data[m.indptr[j]:m.indptr[j + 1]]
+        big = max(big, float(np.max(np.abs(vals), initial=0.0)))
+    return int(math.ceil(math.log2(big))) if big else -1074
+
+
+@operator("mixed")
+def rescale_direction(w: Weights, rng: np.random.Generator) -> tuple[Weights, str]:
+    """Scale one residual direction by 2^a (its writers × 2^a, its readers × 2^-a), |a| from 300 to 1060: the same
+    function in exact arithmetic where no value rounds, while intermediate values underflow or come near overflow."""
+    written = np.unique(np.concatenate([_csr(w.E).indices, _csr(w.P).indices]))
+    j = int(_pick(rng, written))
+    a = int(_pick(rng, [-1060, -1000, -600, -300, 300, 600, 1000, 1060]))
+    a = min(a, 1020 - _largest_exponent(w, j, True))       # no writer overflows
+    a = max(a, _largest_exponent(w, j, False) - 1020)      # no reader overflows
+    return _readers_writers(w, j, a), f"residual direction {_residual_label(w, j)} scaled by 2^{a} (readers by 2^{-a})"
+
+
+@operator("mixed")
+def absorbed_gate_bias(w: Weights, rng: np.random.Generator) -> tuple[Weights, str]:
+    """Add 2^k to every gate bias (k up to 1000: scores absorbed in float64); optionally tilt one expert by δ."""
+    k = int(_pick(rng, [30, 52, 60, 100, 1000]))
+    b = w.b_G + 2.0 ** k
+    text = f"every b_G + 2^{k}"
+    if rng.random() < 0.5:
+        e = int(rng.integers(len(w.experts)))
+        delta = float(_pick(rng, [1.0, 2.0 ** (k - 50), 2.0 ** (k - 52)]))
+        b[e] += delta
+        text += f"; b_G[{e}] ({_task(w, e)}) + {delta:g}"
+    return w.replace(b_G=b), text
+
+
+@operator("mixed")
+def cancelling_pair(w: Weights, rng: np.random.Generator) -> tuple[Weights, str]:
+    """Token t writes +H and -H on two new directions; one U row reads both with c and c·(1 + ρ):
+    the exact logit change is c·H·ρ (0 for ρ = 0), while each product is huge."""
+    out, j1 = _with_dimension(w, "plus")
+    out, j2 = _with_dimension(out, "minus")
+    h = int(_pick(rng, [60, 500, 1000]))
+    c = int(_pick(rng, [0, 10, 23]))
+    rho = float(_pick(rng, [0.0, 2.0 ** -40, -(2.0 ** -40), 2.0 ** -52]))
+    t = int(rng.integers(len(w.vocab)))
+    target = int(rng.integers(len(w.vocab)))
+    E = _set(out.E, {(t, j1): 2.0 ** h, (t, j2): -(2.0 ** h)})
+    U = _set(out.U, {(target, j1): 2.0 ** c * (1 + rho), (target, j2): 2.0 ** c})
+    return (out.replace(E=E, U=U), f"cancelling pair: E[{w.vocab[t]!r}] = ±2^{h}, U[{w.vocab[target]!r}] reads them with "
+                                   f"2^{c}·(1 + {rho:g}) and 2^{c}: exact logit change 2^{c + h}·{rho:g}")
 
 
 # --- targeted operators: mutants on a threshold's edge ----------------------------------------------

@@ -147,27 +147,27 @@ class OracleResult:
 # --- fingerprints and conversions -----------------------------------------------------------
 
 
-def _canonical(m) -> Any:
+def _triplets(m) -> tuple[tuple[int, int], np.ndarray, np.ndarray, np.ndarray]:
+    """(shape, rows, cols, values) of a sparse or dense matrix exactly as stored: duplicate
+    entries are kept (they are summed exactly later), nothing is sorted or merged."""
     if sp.issparse(m):
-        m = sp.csr_matrix(m, copy=True)
-        m.sum_duplicates()
-        m.sort_indices()
-        return m
-    return np.ascontiguousarray(np.asarray(m, dtype=np.float64))
+        c = m.tocoo(copy=True) if m.format != "coo" else m
+        return tuple(m.shape), np.asarray(c.row, np.int64), np.asarray(c.col, np.int64), np.asarray(c.data)
+    a = np.asarray(m)
+    return tuple(a.shape), np.zeros(0, np.int64), np.zeros(0, np.int64), a.reshape(-1)
 
 
 def fingerprint(*arrays) -> bytes:
-    """A hash of arrays' shapes and values (sparse: canonical CSR)."""
+    """A hash of arrays' shapes and stored values (sparse: every stored entry, in storage order)."""
     h = hashlib.blake2b(digest_size=20)
     for m in arrays:
-        m = _canonical(m)
         if sp.issparse(m):
-            h.update(b"S" + np.asarray(m.shape, np.int64).tobytes())
-            h.update(np.asarray(m.indptr, np.int64).tobytes())
-            h.update(np.asarray(m.indices, np.int64).tobytes())
-            h.update(np.asarray(m.data, np.float64).tobytes())
+            shape, rows, cols, vals = _triplets(m)
+            h.update(b"S" + np.asarray(shape, np.int64).tobytes() + rows.tobytes() + cols.tobytes())
+            h.update(np.asarray(vals).dtype.str.encode() + np.ascontiguousarray(vals).tobytes())
         else:
-            h.update(b"D" + np.asarray(m.shape, np.int64).tobytes() + m.tobytes())
+            a = np.ascontiguousarray(np.asarray(m))
+            h.update(b"D" + np.asarray(a.shape, np.int64).tobytes() + a.dtype.str.encode() + a.tobytes())
     return h.digest()
 
 
@@ -191,26 +191,33 @@ class _Ctx:
         self.zero = self.mp.mpf(0)
         self.one = self.mp.mpf(1)
 
-    def rows(self, m) -> list[tuple[int, list[tuple[int, Any]]]]:
-        """Non-empty rows of a sparse matrix: (row, [(column, exact value)])."""
-        m = _canonical(m)
+    def exact_entries(self, m) -> dict[tuple[int, int], Any]:
+        """Every entry's exact value: stored duplicates summed exactly (no floating-point merge)."""
+        _, rows, cols, vals = _triplets(m)
         mpf = self.mp.mpf
-        out = []
-        for i in range(m.shape[0]):
-            a, b = m.indptr[i], m.indptr[i + 1]
-            if a == b:
-                continue
-            entries = [(int(j), mpf(float(v))) for j, v in zip(m.indices[a:b], m.data[a:b]) if v != 0]
-            if entries:
-                out.append((i, entries))
+        parts: dict[tuple[int, int], list] = {}
+        for i, j, v in zip(rows.tolist(), cols.tolist(), vals.tolist()):
+            parts.setdefault((i, j), []).append(mpf(v)._mpf_)
+        out = {}
+        for key, ps in parts.items():
+            v = self.mp.make_mpf(mpf_sum(ps, 0))
+            if v:
+                out[key] = v
         return out
 
+    def rows(self, m) -> list[tuple[int, list[tuple[int, Any]]]]:
+        """Non-empty rows of a sparse matrix: (row, [(column, exact value)])."""
+        by_row: dict[int, list] = {}
+        for (i, j), v in sorted(self.exact_entries(m).items()):
+            by_row.setdefault(i, []).append((j, v))
+        return sorted(by_row.items())
+
     def row_dicts(self, m) -> list[dict[int, Any]]:
-        """Every row as a sparse dict."""
-        m = _canonical(m)
-        mpf = self.mp.mpf
-        return [{int(j): mpf(float(v)) for j, v in zip(m.indices[m.indptr[i]:m.indptr[i + 1]], m.data[m.indptr[i]:m.indptr[i + 1]]) if v != 0}
-                for i in range(m.shape[0])]
+        """Every row as a sparse dict of exact values."""
+        out: list[dict[int, Any]] = [{} for _ in range(m.shape[0])]
+        for (i, j), v in self.exact_entries(m).items():
+            out[i][j] = v
+        return out
 
     # Linear algebra is exact: products of exact numbers and sums without rounding
     # (mpmath's mpf_sum with prec=0). Only exp and division round (at ``dps`` digits).
@@ -280,7 +287,7 @@ class Oracle:
         return self._cached(self._conv, (c.dps, fp, name, "dicts"), lambda: c.row_dicts(m))
 
     def _vector(self, c: _Ctx, v) -> list:
-        return [c.mp.mpf(float(x)) for x in np.asarray(v, np.float64)]
+        return [c.mp.mpf(x) for x in np.asarray(v).tolist()]   # exact: Python floats and ints
 
     # ---- the forward pass, from verifier/layout.py's equations
     def _h(self, c: _Ctx, w: Weights, fp: _Fingerprints, token: int, pos: int) -> dict[int, Any]:
@@ -567,6 +574,8 @@ def _layout_problem(taskset: TaskSet, w: Weights) -> str | None:
         return "array shapes do not fit together"
     for m in _all_arrays(w):
         data = m.data if sp.issparse(m) else np.asarray(m)
+        if data.dtype.kind not in "fiu" or (data.dtype.kind == "f" and data.dtype.itemsize > 8):
+            return f"a weight array has dtype {data.dtype}, not real numbers"
         if not np.all(np.isfinite(data)):
             return "a weight is not a finite number"
     return None

@@ -11,6 +11,8 @@ from typing import Any
 
 from verifier.verify import Report, TaskRecord
 
+QUERY_DEFINITION = "every non-empty proper prefix of every sentence (1 to |t| - 1 tokens); the empty prefix (BOS alone) is not a query"
+
 
 def _num(x: float | None) -> float | None:
     if x is None or (isinstance(x, float) and (math.isinf(x) or math.isnan(x))):
@@ -53,6 +55,7 @@ def report_json(report: Report) -> dict[str, Any]:
         "epsilon": report.epsilon,
         "parameters": report.parameters,
         "queries": report.queries,
+        "query_definition": QUERY_DEFINITION,
         "seconds": round(report.seconds, 3),
         "gate": report.gate,
         "closed_form": {
@@ -100,7 +103,7 @@ def summary(report: Report) -> str:
         lines.append(f"  at the parameters: {_fmt(report.closed_form_value, 4)}; measured worst error: {_fmt(report.measured_worst, 4)}")
     params = ", ".join(f"{k}={v}" for k, v in report.parameters.items())
     gate = "" if "gate" in report.parameters else f"; gate: {report.gate or 'given weights'}"
-    lines.append(f"parameters: {params or 'none stored'}{gate}; queries: {report.queries}; time: {report.seconds:.2f}s")
+    lines.append(f"parameters: {params or 'none stored'}{gate}; queries: {report.queries} (non-empty proper prefixes); time: {report.seconds:.2f}s")
     for note in report.notes:
         lines.append(f"note: {note}")
     for c in report.counterexamples[:5]:
