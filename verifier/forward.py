@@ -106,7 +106,9 @@ class Prepared:
         self.UT = weights.U.T.tocsr()
         self.absUT = abs(self.UT)
         self.WGT = weights.W_G.T.tocsr()
-        self.wg_max = float(np.max(np.abs(weights.W_G.data), initial=0.0))
+        # the largest |W_G[k, j]| per residual direction j (0 where the gate reads nothing)
+        self.wg_colmax = np.zeros(weights.d)
+        np.maximum.at(self.wg_colmax, weights.W_G.indices, np.abs(weights.W_G.data))
         self.experts = [(e.W_1.T.tocsr(), e.b_1, e.W_2.T.tocsr(), np.flatnonzero(e.b_1 > 0)) for e in weights.experts]
 
 
@@ -357,7 +359,7 @@ def gate_scores(prep: Prepared, R: SparseInterval) -> tuple[np.ndarray, np.ndarr
     """
     w = prep.weights
     with np.errstate(invalid="ignore", over="ignore"):
-        Gm, rho = I.row_bound_matmul(R, prep.WGT, prep.wg_max)
+        Gm, rho = I.row_bound_matmul(R, prep.WGT, prep.wg_colmax)
         Gm = Gm + w.b_G[None, :]
         rad = I.add_rad(rho, I.up(I.U * np.abs(Gm).max(axis=1, initial=0.0)))
     bad = ~np.isfinite(Gm).all(axis=1) | ~np.isfinite(rad) | R.nonfinite_rows()

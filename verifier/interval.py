@@ -408,23 +408,29 @@ def matmul(X: SparseInterval, B: sp.csr_matrix, absB: sp.csr_matrix | None = Non
     return SparseInterval(shape, C.indptr.astype(np.int64), C.indices.astype(np.int64), mid, rad)
 
 
-def row_bound_matmul(X: SparseInterval, B: sp.csr_matrix, bmax: float):
+def row_bound_matmul(X: SparseInterval, B: sp.csr_matrix, colmax: np.ndarray):
     """X @ B with one radius per row covering every column: (dense fl(Xm @ B), radius per row).
 
-    |(X B)_ik − fl(Xm B)_ik| <= Σ_j (xr_ij + γ|xm_ij|)·|b_jk| + n·η
-                             <= max|B| · Σ_j s_ij + n·η,  s_ij = up(xr_ij + up(γ|xm_ij|)),
-    with Σ_j s_ij bounded by Lemma 1; n is at most the most entries stored in a column of
-    B. ``bmax`` is max |B|. Used for the gate, whose scores are dense and only compared.
+    With c_j = max_k |b_jk| (``colmax``, one value per row j of B; 0 where B reads nothing)
+    and n the most entries stored in a column of B,
+    |(X B)_ik − fl(Xm B)_ik| <= Σ_j (xr_ij + γ_n|xm_ij|)·|b_jk| + n·η
+                             <= Σ_j s_ij·c_j + n·η,   s_ij = up(xr_ij + up(γ_n|xm_ij|)),
+    where the last sum is of non-negative products rounded up one by one and bounded by
+    Lemma 1. Directions B never reads cost nothing. Used for the gate, whose scores are
+    dense and only compared.
     """
     B = sp.csr_matrix(B)
     max_terms = int(np.bincount(B.indices, minlength=1).max()) if B.nnz else 1
     g = gamma(max_terms + 1)
     Ym = np.asarray((X.mid_csr() @ B).toarray())
-    s = add_rad(X.rad, up(g * np.abs(X.mid)))
-    n_row = np.diff(X.indptr)
-    S = np.bincount(X.row_ids(), weights=s, minlength=X.shape[0])
+    c = colmax[X.indices]
+    read = c > 0
+    rows = X.row_ids()[read]
+    t = up(add_rad(X.rad[read], up(g * np.abs(X.mid[read]))) * c[read])
+    n_row = np.bincount(rows, minlength=X.shape[0])
+    S = np.bincount(rows, weights=t, minlength=X.shape[0])
     S = up(sum_factor(int(n_row.max(initial=1))) * S)
-    return Ym, add_rad(up(bmax * S), float(2 * (max_terms + 1)) * ETA)
+    return Ym, add_rad(S, float(2 * (max_terms + 1)) * ETA)
 
 
 def scale_rows(X: SparseInterval, am: np.ndarray, ar: np.ndarray) -> SparseInterval:

@@ -1460,8 +1460,12 @@ class OperatorStats:
 
 
 def _reason_key(reason: str) -> str:
-    """The reason without the numbers, for grouping."""
+    """The reason without the numbers and names, for grouping."""
     if reason.startswith(("rejected", "crashed")):
+        for fragment, key in (("stored twice", "duplicate entries"), ("not sorted", "unsorted columns"),
+                              ("not a finite number", "a non-finite weight"), ("dtype", "a non-float array")):
+            if fragment in reason:
+                return f"{reason.split(':')[0]}: {key} (bad input)"
         return reason[:100]
     head = reason.split(" (exact")[0]
     if "beyond float64" in head:

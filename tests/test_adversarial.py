@@ -1,0 +1,151 @@
+"""No false certificate on adversarial weights, found by search rather than by imagination.
+
+Hypothesis draws weights from the built models of small task sets and then applies up
+to three adversarial edits: any mutation operator (encodings, underflow paths, huge
+cancelling pairs, rescaled directions, ...) or a single entry set to ±m·2^e with e
+anywhere in float64's exponent range. Two properties, against the independent oracle
+(exact linear algebra, exp at 60 digits):
+
+* **containment**: for every query, the exact gate scores, margin, error and ablated
+  error lie inside the verifier's enclosures (the strong property: it fails on an
+  unsound enclosure even when no verdict flips);
+* **no false pass**: if :func:`verifier.verify.verify` certifies, the oracle finds no
+  violation.
+
+A weights object the verifier refuses (bad input) satisfies both trivially.
+"""
+
+from __future__ import annotations
+
+import math
+
+import mpmath
+import numpy as np
+import scipy.sparse as sp
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+
+from tasks.errors import TaskError
+from tasks.queries import query_groups
+from verifier import mutants as M
+from verifier.batches import group_tokens
+from verifier.forward import Prepared, run_batch
+from verifier.oracle import Oracle, _Fingerprints, _layout_problem, enumerate_queries
+from verifier.verify import token_map, verify
+
+SETS = M.small_sets()
+OPERATORS = sorted(M.OPERATORS)
+ORACLE = Oracle(dps=60)
+
+
+def _value():
+    exponent = st.one_of(st.integers(-1074, 1010), st.integers(-1074, -1000), st.integers(990, 1010), st.integers(-40, 40))
+    return st.builds(lambda m, e, s: s * math.ldexp(m, e), st.integers(1, 255), exponent, st.sampled_from([1.0, -1.0]))
+
+
+@st.composite
+def adversarial(draw):
+    name = draw(st.sampled_from(["capitals", "one-task", "mixed-prefix"]))
+    taskset, w, eps = M.built(name, SETS[name])
+    steps = []
+    for _ in range(draw(st.integers(1, 3))):
+        if draw(st.booleans()):
+            op = draw(st.sampled_from(OPERATORS))
+            try:
+                made = M.mutate(M.OPERATORS[op], w, np.random.default_rng(draw(st.integers(0, 2 ** 32 - 1))))
+            except ValueError:   # an earlier step stored a matrix non-canonically: it cannot be edited further
+                made = None
+            if made is None:
+                continue
+            w, text = made
+            steps.append(f"{op}: {text}")
+        else:
+            arrays = [(n, g, p) for n, g, p, _ in M._arrays_with_entries(w)]
+            aname, get, put = arrays[draw(st.integers(0, len(arrays) - 1))]
+            m = get()
+            v = draw(_value())
+            if sp.issparse(m):
+                i, j = draw(st.integers(0, m.shape[0] - 1)), draw(st.integers(0, m.shape[1] - 1))
+                try:
+                    lil = sp.lil_matrix(m, copy=True)
+                    lil[i, j] = v
+                    w = put(M._csr(lil))
+                except ValueError:
+                    continue
+                steps.append(f"{aname}[{i}, {j}] = {v!r}")
+            else:
+                i = draw(st.integers(0, m.size - 1))
+                vec = np.array(m, np.float64, copy=True)
+                vec[i] = v
+                w = put(vec)
+                steps.append(f"{aname}[{i}] = {v!r}")
+    return name, taskset, w, eps, steps
+
+
+def _enclosures(taskset, w):
+    """Per query prefix: the verifier's BatchResult row (or None if the weights are refused)."""
+    prep = Prepared(w)
+    tmap = token_map(taskset, w)
+    vocab = taskset.vocabulary
+    out = {}
+    with np.errstate(all="ignore"):
+        for g in query_groups(taskset):
+            res = run_batch(prep, tmap[group_tokens(g)], g.valid_ptr, tmap[g.valid])
+            for i in range(len(g)):
+                out[tuple(g.prefix_tokens(i, vocab))] = (res, i)
+    return out
+
+
+def _inside(lo, value, hi) -> bool:
+    lo, hi = float(lo), float(hi)
+    if math.isnan(lo) or math.isnan(hi):
+        return True   # NaN bounds are read as (−∞, ∞) by every check
+    return mpmath.mpf(lo) <= value <= mpmath.mpf(hi)
+
+
+PROFILE = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+
+
+@PROFILE
+@given(adversarial())
+def test_enclosures_contain_the_exact_values(case):
+    name, taskset, w, eps, steps = case
+    try:
+        enc = _enclosures(taskset, w)
+    except TaskError:
+        event("refused as bad input")
+        return   # nothing certified
+    if _layout_problem(taskset, w):
+        event("refused as bad input")
+        return
+    event("enclosures checked")
+    index = {t: i for i, t in enumerate(w.vocab)}
+    fp = _Fingerprints(w)
+    for q in enumerate_queries(taskset):
+        res, i = enc[q.prefix]
+        ex = ORACLE.evaluate(w, fp, tuple(index[t] for t in q.prefix), frozenset(index[t] for t in q.valid), True, 60)
+        where = (name, steps, " ".join(q.prefix))
+        assert _inside(res.err_lo[i], ex["error"], res.err_hi[i]), (where, res.err_lo[i], ex["error"], res.err_hi[i])
+        assert _inside(res.ablated_lo[i], ex["ablated"], res.ablated_hi[i]), (where, "ablated")
+        for k, g in enumerate(ex["gates"]):
+            assert _inside(res.gate_lo[i, k], g, res.gate_hi[i, k]), (where, "gate", k)
+        e = int(res.expert[i])
+        others = [g for k, g in enumerate(ex["gates"]) if k != e]
+        if others and math.isfinite(res.margin[i]):
+            assert mpmath.mpf(float(res.margin[i])) <= ex["gates"][e] - max(others), (where, "margin")
+
+
+@PROFILE
+@given(adversarial())
+def test_no_false_certificate(case):
+    name, taskset, w, eps, steps = case
+    try:
+        with np.errstate(all="ignore"):
+            report = verify(taskset, w, eps, source="adversarial")
+    except TaskError:
+        event("refused as bad input")
+        return
+    event("certified" if report.certified else "not certified")
+    if report.certified:
+        truth = ORACLE.judge(taskset, w, eps)
+        assert not truth.violating, (name, steps, truth.summary(), [v.detail for v in truth.violations])

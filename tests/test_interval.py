@@ -1,0 +1,247 @@
+"""The interval primitives against exact rationals, over the whole float64 exponent range.
+
+Every enclosure must contain the exact value (computed with ``fractions.Fraction`` from
+the same floats), whatever underflows, cancels or comes near overflow; an entry absent
+from a sparse result must be exactly 0. Values are drawn as ±m·2^e with e anywhere from
+−1074 to 1023, so products underflow below the smallest subnormal and sums absorb.
+"""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+
+import mpmath
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from verifier import interval as I
+from verifier.forward import softmax_bounds
+
+SETTINGS = settings(max_examples=150, deadline=None)
+
+
+def floats(lo: int = -1074, hi: int = 1000):
+    """±m·2^e, m of a few bits, e in [lo, hi] (weighted towards both ends), or 0."""
+    exponent = st.one_of(st.integers(lo, hi), st.integers(lo, lo + 60), st.integers(hi - 60, hi), st.integers(-30, 30))
+    return st.one_of(st.just(0.0), st.builds(lambda m, e, s: s * math.ldexp(m, e), st.integers(1, 255), exponent,
+                                             st.sampled_from([1.0, -1.0])))
+
+
+def sparse(rows: int, cols: int, lo: int = -1074, hi: int = 1000):
+    @st.composite
+    def make(draw):
+        mask = draw(st.lists(st.booleans(), min_size=rows * cols, max_size=rows * cols))
+        vals = [draw(floats(lo, hi)) if m else 0.0 for m in mask]
+        dense = np.array(vals).reshape(rows, cols)
+        r, c = np.nonzero(np.array(mask).reshape(rows, cols))
+        M = sp.csr_matrix((dense[r, c], (r, c)), shape=(rows, cols))   # explicit zeros kept where drawn
+        M.sort_indices()
+        return M
+    return make()
+
+
+def _F(x) -> Fraction:
+    return Fraction(float(x))
+
+
+def _contains(mid, rad, exact: Fraction) -> bool:
+    if not (math.isfinite(mid) and math.isfinite(rad)):
+        return True   # a non-finite enclosure decides nothing (callers treat it as unbounded)
+    return abs(exact - _F(mid)) <= _F(rad)
+
+
+def test_platform_is_ieee():
+    I.check_platform()
+
+
+def test_ln2_bracket():
+    with mpmath.workdps(60):
+        ln2 = mpmath.log(2)
+        assert mpmath.mpf(I.LN2_LO) < ln2 < mpmath.mpf(I.LN2_HI)
+    assert np.nextafter(I.LN2_LO, 1.0) == I.LN2_HI
+
+
+def test_horner_error_constant_covers_the_proof():
+    u = 2.0 ** -53
+    g28 = 28 * u / (1 - 28 * u)
+    e035 = math.exp(0.35)
+    remainder = 0.35 ** 15 / math.factorial(15) * e035
+    coefficients = 15 * u * e035        # each 1/k! rounded: at most u relative
+    assert (g28 + u) * e035 + remainder + coefficients < I._HORNER_ERR
+    with mpmath.workdps(40):
+        for r in np.linspace(-0.35, 0.35, 2001):
+            assert abs(mpmath.mpf(float(I._horner(np.array([r]))[0])) - mpmath.exp(mpmath.mpf(r))) < I._HORNER_ERR
+
+
+@SETTINGS
+@given(st.lists(st.one_of(st.floats(-800, 800), st.floats(-50, 50), st.floats(700, 712), st.floats(-750, -730)),
+                min_size=1, max_size=20))
+def test_exp_enclosure_contains_exp(xs):
+    x = np.array(xs)
+    lo, hi = I.exp_enclosure(x, x)
+    with mpmath.workdps(50):
+        for xi, a, b in zip(xs, lo, hi):
+            e = mpmath.exp(mpmath.mpf(xi))
+            assert mpmath.mpf(a) <= e <= mpmath.mpf(b)
+
+
+def test_exp_enclosure_of_nan_is_everything():
+    lo, hi = I.exp_enclosure(np.array([np.nan]), np.array([np.nan]))
+    assert lo[0] == 0.0 and hi[0] == np.inf
+
+
+def test_gamma_and_sum_factor_round_up():
+    for n in (1, 2, 10, 10 ** 6, 10 ** 12):
+        exact = Fraction(n, 2 ** 53) / (1 - Fraction(n, 2 ** 53))
+        assert _F(I.gamma(n)) >= exact
+        assert _F(I.sum_factor(n)) >= 1 + 2 * exact
+
+
+@SETTINGS
+@given(sparse(3, 4), sparse(4, 3), sparse(3, 4, -1074, -900), st.data())
+def test_matmul_encloses_and_absent_is_exactly_zero(X, B, R, data):
+    rad = np.abs(sp.csr_matrix(R).toarray())
+    # rad lives on X's pattern (rad > 0 only where X stores an entry)
+    Xd = X.toarray()
+    stored = np.zeros(X.shape, bool)
+    stored[np.repeat(np.arange(3), np.diff(X.indptr)), X.indices] = True
+    rad = np.where(stored, rad, 0.0)
+    Xi = I.SparseInterval(X.shape, X.indptr.astype(np.int64), X.indices.astype(np.int64), X.data.copy(),
+                          rad[np.repeat(np.arange(3), np.diff(X.indptr)), X.indices])
+    with np.errstate(all="ignore"):
+        Y = I.matmul(Xi, B)
+    Bd = B.toarray()
+    Ym, Yr = Y.dense()
+    present = np.zeros(Y.shape, bool)
+    present[Y.row_ids(), Y.indices] = True
+    for i in range(3):
+        for k in range(3):
+            # the exact product lies in Σ_j [x_ij ± r_ij]·b_jk; check both extreme corners' sum bound
+            centre = sum(_F(Xd[i, j]) * _F(Bd[j, k]) for j in range(4))
+            spread = sum(_F(rad[i, j]) * abs(_F(Bd[j, k])) for j in range(4))
+            if not present[i, k]:
+                assert centre == 0 and spread == 0
+                continue
+            m, r = Ym[i, k], Yr[i, k]
+            if math.isfinite(m) and math.isfinite(r):
+                assert abs(centre - _F(m)) + spread <= _F(r), (i, k)
+
+
+@SETTINGS
+@given(sparse(2, 5), sparse(5, 4))
+def test_structural_pattern_keeps_underflowed_entries(X, B):
+    Xi = I.exact(X)
+    with np.errstate(all="ignore"):
+        Y = I.matmul(Xi, B)
+    # every (i, k) with a stored term pair is present (stored zeros count as terms too)
+    Xs = sp.csr_matrix((np.ones(X.nnz), X.indices, X.indptr), shape=X.shape)
+    Bs = sp.csr_matrix((np.ones(B.nnz), B.indices, B.indptr), shape=B.shape)
+    want = (Xs @ Bs).toarray() > 0
+    got = np.zeros(Y.shape, bool)
+    got[Y.row_ids(), Y.indices] = True
+    assert np.array_equal(want, got)
+    assert np.all(Y.rad > 0)
+
+
+@SETTINGS
+@given(st.lists(st.tuples(st.integers(0, 2), st.integers(0, 2), floats(), floats(-1074, -1000)), min_size=1, max_size=25))
+def test_sum_terms_encloses(terms):
+    rows, cols, mids, rads = zip(*terms)
+    rads = np.abs(rads)
+    with np.errstate(all="ignore"):
+        S = I.sum_terms((3, 3), rows, cols, mids, rads)
+    m, r = S.dense()
+    present = np.zeros((3, 3), bool)
+    present[S.row_ids(), S.indices] = True
+    for i in range(3):
+        for j in range(3):
+            mine = [(a, b) for (ri, ci, a, b) in zip(rows, cols, mids, rads) if (ri, ci) == (i, j)]
+            if not mine:
+                assert not present[i, j]
+                continue
+            centre = sum(_F(a) for a, _ in mine)
+            spread = sum(_F(b) for _, b in mine)
+            if math.isfinite(m[i, j]) and math.isfinite(r[i, j]):
+                assert abs(centre - _F(m[i, j])) + spread <= _F(r[i, j])
+
+
+@SETTINGS
+@given(st.lists(st.tuples(floats(), floats(-1074, -900), floats(), floats(-1074, -900)), min_size=1, max_size=12))
+def test_dot_rows_encloses(pairs):
+    am, ar, bm, br = (np.array([p[i] for p in pairs])[None, :] for i in range(4))
+    ar, br = np.abs(ar), np.abs(br)
+    with np.errstate(all="ignore"):
+        m, r = I.dot_rows(am, ar, bm, br)
+    # the worst case over the box: |Σ (a+δa)(b+δb) − m| <= Σ |a|δb + δa|b| + δaδb + |Σab − m|
+    centre = sum(_F(a) * _F(b) for a, b in zip(am[0], bm[0]))
+    spread = sum(abs(_F(a)) * _F(y) + _F(x) * abs(_F(b)) + _F(x) * _F(y) for a, x, b, y in zip(am[0], ar[0], bm[0], br[0]))
+    if math.isfinite(m[0]) and math.isfinite(r[0]):
+        assert abs(centre - _F(m[0])) + spread <= _F(r[0])
+
+
+@SETTINGS
+@given(sparse(3, 4), st.lists(floats(-60, 60), min_size=3, max_size=3), st.lists(floats(-1074, -1000), min_size=3, max_size=3))
+def test_scale_rows_encloses(X, am, ar):
+    am, ar = np.array(am), np.abs(np.array(ar))
+    Xi = I.exact(X)
+    with np.errstate(all="ignore"):
+        Y = I.scale_rows(Xi, am, ar)
+    rows = Xi.row_ids()
+    for p in range(Xi.nnz):
+        i = rows[p]
+        centre = _F(am[i]) * _F(Xi.mid[p])
+        spread = _F(ar[i]) * abs(_F(Xi.mid[p]))
+        if math.isfinite(Y.mid[p]) and math.isfinite(Y.rad[p]):
+            assert abs(centre - _F(Y.mid[p])) + spread <= _F(Y.rad[p])
+
+
+@SETTINGS
+@given(sparse(2, 5), sparse(5, 3))
+def test_row_bound_matmul_encloses_every_column(X, B):
+    Xi = I.exact(X)
+    colmax = np.abs(B.toarray()).max(axis=1)
+    with np.errstate(all="ignore"):
+        Ym, rad = I.row_bound_matmul(Xi, B, colmax)
+    Xd, Bd = X.toarray(), B.toarray()
+    for i in range(2):
+        for k in range(3):
+            exact = sum(_F(Xd[i, j]) * _F(Bd[j, k]) for j in range(5))
+            if math.isfinite(Ym[i, k]) and math.isfinite(rad[i]):
+                assert abs(exact - _F(Ym[i, k])) <= _F(rad[i])
+
+
+@SETTINGS
+@given(st.lists(st.tuples(st.floats(-800, 800), st.floats(0, 1e3)), min_size=1, max_size=6))
+def test_softmax_bounds_enclose(scores):
+    mid = np.array([[s for s, _ in scores]])
+    rad = np.array([[r for _, r in scores]])
+    lo, hi = softmax_bounds(I.lower(mid, rad), I.upper(mid, rad), mid)
+    with mpmath.workdps(50):
+        # at the midpoint, and at the corner that favours entry 0 most
+        for pick in (lambda s, r, j: s, lambda s, r, j: s + r if j == 0 else s - r):
+            x = [mpmath.mpf(pick(float(s), float(r), j)) for j, (s, r) in enumerate(zip(mid[0], rad[0]))]
+            top = max(x)
+            e = [mpmath.exp(v - top) for v in x]
+            z = mpmath.fsum(e)
+            for j in range(len(x)):
+                assert mpmath.mpf(lo[0, j]) <= e[j] / z <= mpmath.mpf(hi[0, j])
+
+
+def test_absent_logits_are_exactly_zero_only_without_terms():
+    """The shortcut 'absent = exactly 0' is applied to an output whose only term underflowed: it must stay."""
+    X = sp.csr_matrix(np.array([[2.0 ** -600]]))
+    B = sp.csr_matrix(np.array([[2.0 ** -500]]))
+    Y = I.matmul(I.exact(X), B)
+    assert Y.nnz == 1 and Y.mid[0] == 0.0 and Y.rad[0] >= 2 ** -1074
+    Z = I.matmul(Y, sp.csr_matrix(np.array([[2.0 ** 1000]])))
+    assert Z.nnz == 1 and Z.rad[0] >= 2.0 ** -1100 * 2.0 ** 1000
+
+
+@pytest.mark.parametrize("bad", [np.inf, np.nan])
+def test_nonfinite_rows_are_flagged(bad):
+    S = I.SparseInterval((2, 2), np.array([0, 1, 2]), np.array([0, 1]), np.array([1.0, bad]), np.array([0.0, 0.0]))
+    assert S.nonfinite_rows().tolist() == [False, True]
