@@ -33,9 +33,11 @@ MARK = "## Against the targets"
 
 
 def one(n_facts: int, seed: int, jobs: int, baseline: bool) -> dict:
+    from construction.evidence import isolation
     from construction.model import build
     from tasks.synthetic import wikidata_like
     from verifier.baseline import plain_pass
+    from verifier.parallel import ordered_map
     from verifier.verify import verify
 
     t0 = time.perf_counter()
@@ -44,11 +46,11 @@ def one(n_facts: int, seed: int, jobs: int, baseline: bool) -> dict:
     model = build(ts)
     weights = model.instantiate()
     t2 = time.perf_counter()
-    report = verify(ts, weights, model.epsilon, model=model, isolation=False, jobs=jobs)
+    report = verify(ts, weights, model.epsilon, jobs=jobs)
     t3 = time.perf_counter()
     t_iso = time.perf_counter()
-    from verifier.verify import _isolation
-    _isolation(ts, model, report.tasks, report, jobs)
+    isolated, notes = isolation(ts, model, lambda fn, items: ordered_map(fn, items, jobs))
+    report.attach(str(model.error_bound()), model.bound_value(), model.gate.method, isolated, notes)
     isolation_s = time.perf_counter() - t_iso
     t3b = time.perf_counter()
     plain = None

@@ -3,7 +3,7 @@
 :func:`build` assembles the blocks (embedding, structure and subject heads, gate,
 experts, unembedding), each documented with its proof in its own module, and chooses
 parameters (β, γ) that make the closed-form bound (construction.bound) fall below ε.
-:meth:`SymbolicModel.instantiate` turns it into numeric :class:`verifier.layout.Weights`,
+:meth:`SymbolicModel.instantiate` turns it into numeric :class:`layout.Weights`,
 the file layout the verifier reads.
 """
 
@@ -26,7 +26,7 @@ from construction.residual import residual_space
 from construction.symbolic import SymMatrix
 from tasks.model import TaskSet
 from tasks.structure import StructureTrie, check_routable
-from verifier.layout import Expert, Head, Weights
+from layout import Expert, Head, Weights
 
 DEFAULT_EPSILON = 0.01
 

@@ -2,11 +2,11 @@
 
     python scripts/mutation_testing.py --mutants 2000 --seed 0 [--json out.json] [--jobs 2]
 
-Applies the operators of :mod:`verifier.mutants` round-robin to the built weights of
-small task sets (:func:`verifier.mutants.small_sets`: capitals, a set that needs the
+Applies the operators of :mod:`audit.mutants` round-robin to the built weights of
+small task sets (:func:`audit.mutants.small_sets`: capitals, a set that needs the
 linear-programme gate, a one-task set), verifies each mutant
 (:func:`verifier.verify.verify`) and asks the independent oracle
-(:mod:`verifier.oracle`) whether it truly violates a requirement. Prints, per operator:
+(:mod:`audit.oracle`) whether it truly violates a requirement. Prints, per operator:
 mutants, violating (oracle), caught (violating and not certified), false passes
 (violating yet certified: must be 0), true passes and false failures (correct yet not
 certified), then the false failures grouped by reason and any false pass in full.
@@ -24,7 +24,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from verifier import mutants as M  # noqa: E402
+from audit import mutants as M  # noqa: E402
 
 
 def main(argv=None) -> int:

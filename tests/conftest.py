@@ -8,9 +8,9 @@ from tasks.model import TaskSet
 def capitals() -> TaskSet:
     """Three tasks, shared entities, shared prefixes ('the', '⋆1 ...'), an object that is a subject elsewhere.
 
-    The same set as examples/capitals.yaml; defined once, in verifier.mutants.small_sets.
+    The same set as examples/capitals.yaml; defined once, in audit.mutants.small_sets.
     """
-    from verifier.mutants import small_sets
+    from audit.mutants import small_sets
 
     return small_sets()["capitals"]
 

@@ -26,12 +26,10 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from tasks.errors import TaskError
-from tasks.queries import query_groups
-from verifier import mutants as M
-from verifier.batches import group_tokens
-from verifier.forward import Prepared, run_batch
-from verifier.oracle import Oracle, _Fingerprints, _layout_problem, enumerate_queries
-from verifier.verify import token_map, verify
+from audit import mutants as M
+from audit.oracle import Oracle, _Fingerprints, _layout_problem, enumerate_queries
+from verifier.certify import certify
+from verifier.verify import verify
 
 SETS = M.small_sets()
 OPERATORS = sorted(M.OPERATORS)
@@ -82,18 +80,10 @@ def adversarial(draw):
     return name, taskset, w, eps, steps
 
 
-def _enclosures(taskset, w):
-    """Per query prefix: the verifier's BatchResult row (or None if the weights are refused)."""
-    prep = Prepared(w)
-    tmap = token_map(taskset, w)
-    vocab = taskset.vocabulary
-    out = {}
+def _enclosures(taskset, w, queries):
+    """The verifier's enclosures for every query (the public per-query API; TaskError if refused)."""
     with np.errstate(all="ignore"):
-        for g in query_groups(taskset):
-            res = run_batch(prep, tmap[group_tokens(g)], g.valid_ptr, tmap[g.valid])
-            for i in range(len(g)):
-                out[tuple(g.prefix_tokens(i, vocab))] = (res, i)
-    return out
+        return certify(w, [q.prefix for q in queries], [q.valid for q in queries], ablate=True)
 
 
 def _inside(lo, value, hi) -> bool:
@@ -110,8 +100,9 @@ PROFILE = settings(max_examples=60, deadline=None, suppress_health_check=[Health
 @given(adversarial())
 def test_enclosures_contain_the_exact_values(case):
     name, taskset, w, eps, steps = case
+    queries = enumerate_queries(taskset)
     try:
-        enc = _enclosures(taskset, w)
+        res = _enclosures(taskset, w, queries)
     except TaskError:
         event("refused as bad input")
         return   # nothing certified
@@ -121,8 +112,7 @@ def test_enclosures_contain_the_exact_values(case):
     event("enclosures checked")
     index = {t: i for i, t in enumerate(w.vocab)}
     fp = _Fingerprints(w)
-    for q in enumerate_queries(taskset):
-        res, i = enc[q.prefix]
+    for i, q in enumerate(queries):
         ex = ORACLE.evaluate(w, fp, tuple(index[t] for t in q.prefix), frozenset(index[t] for t in q.valid), True, 60)
         where = (name, steps, " ".join(q.prefix))
         assert _inside(res.err_lo[i], ex["error"], res.err_hi[i]), (where, res.err_lo[i], ex["error"], res.err_hi[i])

@@ -1,6 +1,6 @@
 """The command line on bad input (issue 5): exit 2, one line on stderr, no traceback, fast.
 
-In-process (``verifier.cli.main``, stderr captured) on every ``tests/data/bad/*.yaml``
+In-process (``cli.main.main``, stderr captured) on every ``tests/data/bad/*.yaml``
 and on corrupt or inconsistent weights files generated here; a few subprocess runs of
 ``python -m verifier check``. Then "nothing lost": ``check --json OUT`` and
 ``build -o OUT`` leave OUT's previous content and no partial or temporary file when the
@@ -21,8 +21,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from verifier import layout
-from verifier.cli import main
+import layout
+from cli.main import main
 
 ROOT = Path(__file__).resolve().parent.parent
 BAD = ROOT / "tests" / "data" / "bad"
@@ -255,7 +255,7 @@ def files(directory: Path) -> list[str]:
 
 
 def test_check_json_write_failure_keeps_the_old_report(tmp_path, capsys, monkeypatch):
-    import verifier.cli as cli
+    import cli.main as cli
 
     out = tmp_path / "report.json"
     out.write_text("previous report\n")
@@ -282,7 +282,7 @@ def test_check_json_write_failure_keeps_the_old_report(tmp_path, capsys, monkeyp
 
 
 def test_check_json_interrupted_keeps_the_old_report(tmp_path, capsys, monkeypatch):
-    import verifier.cli as cli
+    import cli.main as cli
 
     out = tmp_path / "report.json"
     out.write_text("previous report\n")

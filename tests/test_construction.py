@@ -19,7 +19,7 @@ from tasks.model import Task, TaskSet
 from tasks.queries import iter_queries
 from tasks.strategies import task_sets
 from tasks.structure import StructureTrie
-from verifier import layout
+import layout
 from verifier.reference import forward
 
 

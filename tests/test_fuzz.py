@@ -37,8 +37,9 @@ from tasks.errors import TaskError
 from tasks.model import Facts, Task, TaskSet, Template
 from tasks.strategies import ill_posed_task_sets, task_sets
 from tasks.structure import check_routable
-from verifier import mutants as M
-from verifier.oracle import Oracle
+from audit import mutants as M
+from audit.oracle import Oracle
+from cli.compose import check_built
 from verifier.verify import verify
 
 STATS: Counter = Counter()
@@ -63,7 +64,7 @@ def outcome(ts: TaskSet, property_name: str):
         STATS[f"{property_name}: refused ({'structural' if REFUSALS[1] in str(exc) else 'not linearly separable'})"] += 1
         return None
     w = model.instantiate()
-    return model, w, verify(ts, w, model.epsilon, model=model)
+    return model, w, check_built(ts, model, weights=w)
 
 
 def degenerate(ts: TaskSet, report) -> bool:
@@ -133,7 +134,7 @@ def test_ill_posed_sets_are_rejected_with_the_collision(tasks):
 def test_query_enumeration_matches_an_independent_one(ts):
     """A query the verifier skipped would be a query it never checks."""
     from tasks.queries import count_queries, iter_queries
-    from verifier.oracle import enumerate_queries
+    from audit.oracle import enumerate_queries
 
     mine = {(q.prefix, q.valid, tuple(ts.names[k] for k in q.tasks),
              ts.names[q.determined] if q.determined is not None else None, bool(q.object_of)) for q in enumerate_queries(ts)}
@@ -301,6 +302,6 @@ def test_one_token_vocabulary_cannot_certify_entanglement():
     """The degenerate well-posed set the fuzzer found: template ⋆1 ⋆2, fact x -> x."""
     ts = TaskSet((Task("t", ("⋆1 ⋆2",), {"x": "x"}),))
     model = build(ts)
-    report = verify(ts, model.instantiate(), model.epsilon, model=model)
+    report = check_built(ts, model, weights=model.instantiate())
     assert degenerate(ts, report)
     assert report.tasks[0].worst_error < 1e-300 and report.tasks[0].ablation_broken == 0   # the error is exactly 0

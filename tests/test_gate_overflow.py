@@ -6,7 +6,7 @@ are about ±3e308, beyond float64: the verifier's gate midpoints become ±inf, t
 ``BatchResult.ambiguous`` is ``margin <= 0``, which is False for NaN, so the query
 counts as certainly routed to ``argmax`` of the midpoints (the first of two infs),
 and ``cand = g_hi >= g_lo[e]`` (also False for NaN) leaves the true winner out of the
-error check. The exact forward pass (60 digits, :mod:`verifier.exact`) routes every
+error check. The exact forward pass (60 digits, :mod:`audit.exact`) routes every
 query to the unnamed shadow expert, whose output is zero, and errs by 5/6.
 The verifier before 4c824a6 used ``margin > 0`` and rejected this model.
 """
@@ -19,8 +19,8 @@ import scipy.sparse as sp
 
 from construction.model import build
 from tasks.model import Task, TaskSet
-from verifier.exact import exact_forward
-from verifier.layout import Expert, Weights
+from audit.exact import exact_forward
+from layout import Expert, Weights
 from verifier.verify import verify
 
 

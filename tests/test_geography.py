@@ -17,6 +17,7 @@ from construction.model import build
 from tasks.io import load_tasks
 from tasks.model import Task, TaskSet
 from tasks.structure import StructureTrie, object_query_collisions
+from cli.compose import check_built
 from verifier.verify import verify
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -77,7 +78,7 @@ def test_a_slice_certifies(geo):
         tasks.append(Task(t.name, t.templates, pairs))
     small = TaskSet(tuple(tasks), epsilon=geo.epsilon)
     model = build(small)
-    report = verify(small, model.instantiate(), model.epsilon, model=model)
+    report = check_built(small, model, weights=model.instantiate())
     assert report.certified, report.counterexamples[:3]
     assert report.foreign == 0
 

@@ -2,7 +2,7 @@
 
 A few hundred mutants of the built weights of three small task sets (capitals from
 conftest, one that needs the linear-programme gate, one with a single task) are
-verified and judged by the independent oracle (verifier/oracle.py). Asserted: zero
+verified and judged by the independent oracle (audit/oracle.py). Asserted: zero
 false passes, every operator meant to violate is caught at least once, the harmless
 operators make no violating mutant, and every false failure has a reason. The full
 run is ``python scripts/mutation_testing.py --mutants 2000 --seed 0``.
@@ -21,9 +21,9 @@ import pytest
 
 from tasks.errors import TaskError
 from tasks.queries import iter_queries
-from verifier import mutants as M
-from verifier.exact import exact_forward
-from verifier.oracle import Oracle, enumerate_queries, fingerprint
+from audit import mutants as M
+from audit.exact import exact_forward
+from audit.oracle import Oracle, enumerate_queries, fingerprint
 
 ROOT = Path(__file__).resolve().parent.parent
 ENCODINGS = ("non_canonical_storage", "cancelling_duplicates", "unsorted_columns")
@@ -117,7 +117,7 @@ def test_oracle_finds_the_built_model_correct(capitals_set, capitals_model):
 
 @pytest.mark.parametrize("op", ["swap_facts", "lower_gamma", "perturb_gate_row", "scaled_gate", "small_noise", "dead_neuron"])
 def test_oracle_agrees_with_the_60_digit_pass(capitals_set, capitals_model, op):
-    """The oracle's routing and errors equal verifier/exact.py's (written separately) to 30 digits."""
+    """The oracle's routing and errors equal audit/exact.py's (written separately) to 30 digits."""
     w, _ = M.OPERATORS[op](capitals_model.instantiate(), np.random.default_rng(1))
     oracle = Oracle()
     res = oracle.judge(capitals_set, w, 0.01)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from verifier.cli import main
+from cli.main import main
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "capitals.yaml"
@@ -40,7 +40,7 @@ def test_plot_name_option(tmp_path, capsys):
 
 def test_beta_sweep_numbers(capitals_set, capitals_model):
     pytest.importorskip("matplotlib")
-    from verifier.plots import beta_sweep
+    from cli.plots import beta_sweep
 
     points = beta_sweep(capitals_set, capitals_model, [4, 8, 12])
     by_beta = {int(p.beta): p for p in points}

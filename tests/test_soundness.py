@@ -27,11 +27,10 @@ import scipy.sparse as sp
 
 from tasks.errors import TaskError
 from tasks.queries import query_groups
-from verifier import layout
-from verifier.batches import group_tokens
-from verifier.forward import run_batch
-from verifier.layout import Expert, Head
-from verifier.oracle import Oracle
+import layout
+from verifier.certify import certify
+from layout import Expert, Head
+from audit.oracle import Oracle, enumerate_queries
 from verifier.verify import verify
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -66,16 +65,9 @@ def _exact(taskset, w, prefix):
 
 
 def _enclosure(taskset, w, prefix):
-    """The verifier's per-query enclosures for one prefix (a query of the task set)."""
-    vocab = taskset.vocabulary
-    index = {t: i for i, t in enumerate(w.vocab)}
-    tmap = np.array([index[t] for t in vocab.tokens])
-    for g in query_groups(taskset):
-        for i in range(len(g)):
-            if " ".join(g.prefix_tokens(i, vocab)) == prefix:
-                res = run_batch(w, tmap[group_tokens(g)[i:i + 1]], np.array([0, g.valid_of(i).size]), tmap[g.valid_of(i)])
-                return res
-    raise KeyError(prefix)
+    """The verifier's enclosures for one query of the task set (the public per-query API)."""
+    q = next(q for q in enumerate_queries(taskset) if q.prefix == tuple(prefix.split()))
+    return certify(w, [q.prefix], [q.valid], ablate=True)
 
 
 # --- class 1: non-canonical storage ----------------------------------------------------------------
@@ -324,7 +316,7 @@ def test_the_empty_prefix_is_not_a_query_and_the_report_says_so(capitals_set, bu
 
 def test_empty_prefix_error_is_what_the_readme_says(capitals_set, built):
     """The README quotes the built model's error on BOS alone (about 0.52); keep it honest."""
-    from verifier.exact import exact_forward
+    from audit.exact import exact_forward
 
     valid = {built.vocab.index(s[0]) for s, *_ in capitals_set.sentences()}
     err = exact_forward(built, [], valid)["error"]

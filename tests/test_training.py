@@ -22,7 +22,7 @@ from training.model import ModelConfig, MoETransformer  # noqa: E402
 from training.objectives import load_balancing, objective_loss, task_router, valid_error, valid_set_ce  # noqa: E402
 from training.train import TrainConfig, evaluate, train  # noqa: E402
 from verifier import layout, reference  # noqa: E402
-from verifier.cli import main as verifier_main  # noqa: E402
+from cli.main import main as verifier_main  # noqa: E402
 from verifier.verify import verify  # noqa: E402
 
 TINY = TrainConfig(objective="router", d=32, n_heads=2, d_head=8, expert_width=16, steps=600, lr=3e-3, warmup=20,

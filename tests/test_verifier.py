@@ -13,11 +13,12 @@ import pytest
 import scipy.sparse as sp
 
 from tasks.queries import query_groups
-from verifier import layout
-from verifier.exact import exact_forward
+import layout
+from audit.exact import exact_forward
 from verifier.batches import group_tokens
 from verifier.forward import run_batch
-from verifier.layout import Expert
+from layout import Expert
+from cli.compose import check_built
 from verifier.verify import verify
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -34,7 +35,7 @@ def checks(report):
 
 
 def test_example_certifies(capitals_set, capitals_model, weights):
-    report = verify(capitals_set, weights, 0.01, model=capitals_model)
+    report = check_built(capitals_set, capitals_model, weights=weights)
     assert report.certified, report.counterexamples
     assert report.queries == 67
     assert all(r.isolated for r in report.tasks)
@@ -157,6 +158,7 @@ def test_knowledge_outside_the_expert_fails_entanglement(capitals_set, weights):
 
 
 def test_isolation_check_detects_a_non_modular_construction(capitals_set, capitals_model, monkeypatch):
+    import construction.evidence as evidence
     import construction.experts as experts
 
     real = experts.build_expert
@@ -167,8 +169,8 @@ def test_isolation_check_detects_a_non_modular_construction(capitals_set, capita
             return experts.SymExpert(e.task, e.neurons, e.W_1 + e.W_1, e.b_1, e.W_2)
         return e
 
-    monkeypatch.setattr(experts, "build_expert", leaky)
-    report = verify(capitals_set, capitals_model.instantiate(), 0.01, model=capitals_model)
+    monkeypatch.setattr(evidence, "build_expert", leaky)
+    report = check_built(capitals_set, capitals_model, weights=capitals_model.instantiate())
     assert all(r.isolated is False for r in report.tasks)
     assert not report.certified
 
@@ -239,7 +241,7 @@ def test_words_after_the_object_and_self_facts_certify():
         Task("same", ("⋆1 equals ⋆2 exactly", "⋆1 same as ⋆2 itself ."), {"one": "one", "two": "two", "four": "one"}),
     ), epsilon=0.01)
     model = build(ts)
-    report = verify(ts, model.instantiate(), 0.01, model=model)
+    report = check_built(ts, model, weights=model.instantiate())
     assert report.certified, report.counterexamples
     assert report.measured_worst <= report.closed_form_value
     assert [t.queries for t in report.tasks] == [28, 21]

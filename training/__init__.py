@@ -3,11 +3,11 @@
 This package is **neither the hand construction** (:mod:`construction`) **nor the
 verifier** (:mod:`verifier`). It reproduces the paper's experiments: it trains, with
 PyTorch on the CPU, a model of exactly the architecture of the weight layout
-(:mod:`verifier.layout`: BOS at position 0, token + position embedding, H heads without
+(:mod:`layout`: BOS at position 0, token + position embedding, H heads without
 score scaling, residual, linear gate, top-1 routing, ReLU experts, residual,
 unembedding), with the Switch-style differentiable gate ``gate_mode = "top1-scaled"``,
 under three objectives (cross-entropy; + load balancing; + task-router loss), and
-exports the result as :class:`verifier.layout.Weights`, so the verifier can check it
+exports the result as :class:`layout.Weights`, so the verifier can check it
 like any other weights.
 
 It needs the ``train`` extra (``pip install -e ".[train]"``, which pins a CPU build of
@@ -22,7 +22,7 @@ Modules:
 * :mod:`training.objectives`: the losses;
 * :mod:`training.train`: :func:`~training.train.train`, :func:`~training.train.evaluate`
   and a CLI (``python -m training.train TASKS.yaml -o trained.npz``);
-* :mod:`training.export`: to :class:`verifier.layout.Weights`, with an optional
+* :mod:`training.export`: to :class:`layout.Weights`, with an optional
   expert -> task mapping;
 * :mod:`training.metrics`: routing matrix, purity, entropy, parameter counts;
 * :mod:`training.sweep`: the experiment grid, writing ``docs/training/``;

@@ -2,7 +2,7 @@
 
 :func:`verifier.verify.verify` reports aggregates (per task, the routing matrix). To check
 that the exported weights compute what the training code computed, :func:`certified_pass`
-runs the verifier's certified forward pass (:func:`verifier.forward.run_batch`) on every
+runs the verifier's certified forward pass (:func:`verifier.certify.certify`) on every
 query, batched by prefix length, and returns, per query row: the chosen
 expert, the certified gate margin, the error enclosure [err_lo, err_hi] of
 1 - P(valid), and the predicted token. :func:`agreement` compares them with a float64
@@ -18,9 +18,8 @@ import numpy as np
 
 from tasks.model import TaskSet
 from training.data import QueryData
-from verifier.forward import Prepared, run_batch
-from verifier.layout import Weights
-from verifier.verify import token_map
+from layout import Weights
+from verifier.certify import certify, prepare
 
 CHUNK = 20_000
 
@@ -35,28 +34,13 @@ class CertifiedPass:
 
 
 def certified_pass(taskset: TaskSet, weights: Weights, data: QueryData, chunk: int = CHUNK) -> CertifiedPass:
-    """Run the verifier's certified pass on every query; rows in ``data``'s order.
-
-    Queries are batched by prefix length (``run_batch`` takes an n x p token matrix in
-    the weights' ids and adds BOS itself).
-    """
-    tmap = token_map(taskset, weights)
-    Q = len(data)
-    expert = np.full(Q, -1, np.int64)
-    margin, err_lo, err_hi = np.full(Q, np.nan), np.full(Q, np.nan), np.full(Q, np.nan)
-    predicted = np.full(Q, -1, np.int64)
-    prep = Prepared(weights)
-    for p in np.unique(data.lengths):
-        rows_p = np.flatnonzero(data.lengths == p)
-        for lo in range(0, rows_p.size, chunk):
-            rows = rows_p[lo: lo + chunk]
-            tokens = tmap[data.tokens[rows, 1: p + 1]]
-            vr, vc = np.nonzero(data.valid[rows])
-            ptr = np.concatenate([[0], np.cumsum(np.bincount(vr, minlength=rows.size))]).astype(np.int64)
-            res = run_batch(prep, tokens, ptr, tmap[vc])
-            expert[rows], margin[rows] = res.expert, res.margin
-            err_lo[rows], err_hi[rows], predicted[rows] = res.err_lo, res.err_hi, res.predicted
-    return CertifiedPass(expert, margin, err_lo, err_hi, predicted)
+    """Run the verifier's certified pass (:func:`verifier.certify.certify`) on every
+    query; rows in ``data``'s order."""
+    tmap = weights.token_ids(taskset.vocabulary.tokens)
+    prefixes = [tmap[data.tokens[q, 1: data.lengths[q] + 1]] for q in range(len(data))]
+    valid = [tmap[np.flatnonzero(data.valid[q])] for q in range(len(data))]
+    res = certify(prepare(weights), prefixes, valid, chunk=chunk)
+    return CertifiedPass(res.expert, res.margin, res.err_lo, res.err_hi, res.predicted)
 
 
 def agreement(evaluation, cert: CertifiedPass, tol: float = 1e-9) -> dict[str, float | int]:

@@ -1,4 +1,4 @@
-"""Trained torch weights -> :class:`verifier.layout.Weights` (scipy CSR, float64).
+"""Trained torch weights -> :class:`layout.Weights` (scipy CSR, float64).
 
 The torch model *is* the layout's forward pass (see :mod:`training.model`), so the
 export is a copy: ``E``, ``P``, per head ``W_Q``, ``W_K``, ``W_V``, ``W_O``, ``W_G``, ``b_G``,
@@ -29,7 +29,7 @@ import torch
 from tasks.model import TaskSet
 from training.metrics import declared_mapping, majority_mapping
 from training.model import MoETransformer
-from verifier.layout import Expert, Head, Weights
+from layout import Expert, Head, Weights
 
 MAPPINGS = ("none", "majority", "declared")
 

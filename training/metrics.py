@@ -10,7 +10,7 @@
   averaged over the tasks (0 = one expert per task, log2 K = uniform);
 * **majority mapping**: each expert labelled with the task routed to it most, made
   one-to-one as the layout requires (:func:`majority_mapping`), for
-  :attr:`verifier.layout.Weights.expert_tasks`.
+  :attr:`layout.Weights.expert_tasks`.
 """
 
 from __future__ import annotations
@@ -96,7 +96,7 @@ def _nnz(m) -> int:
 
 
 def parameter_counts(weights, routed_expert: np.ndarray) -> dict[str, float]:
-    """Nonzero parameters of :class:`verifier.layout.Weights`: total and active per query.
+    """Nonzero parameters of :class:`layout.Weights`: total and active per query.
 
     Counts **nonzero entries** (for a dense trained model that is every parameter; for
     the hand-built sparse model the structural zeros are not parameters). ``shared`` is

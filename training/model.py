@@ -1,4 +1,4 @@
-"""The trainable model: exactly the forward pass of :mod:`verifier.layout`, in torch.
+"""The trainable model: exactly the forward pass of :mod:`layout`, in torch.
 
 For a prefix x_1..x_n with x_0 = BOS (token id V)::
 
@@ -61,7 +61,7 @@ class Output:
 
 
 class MoETransformer(nn.Module):
-    """Single-layer MoE transformer in the layout of :mod:`verifier.layout`."""
+    """Single-layer MoE transformer in the layout of :mod:`layout`."""
 
     def __init__(self, config: ModelConfig, generator: torch.Generator | None = None) -> None:
         super().__init__()

@@ -96,7 +96,7 @@ def run_one(spec: RunSpec) -> dict[str, Any]:
     from training.export import to_weights
     from training.metrics import distinct_experts, parameter_counts
     from training.train import TrainConfig, evaluate, train
-    from verifier import layout
+    import layout
     from verifier.verify import verify
 
     torch.set_num_threads(spec.threads)
@@ -134,13 +134,13 @@ def hand_built(n_tasks: int, facts_per_task: int, data_seed: int) -> dict[str, A
     from construction.model import build
     from training.compare import certified_pass
     from training.data import query_data
+    from cli.compose import check_built
     from training.metrics import distinct_experts, entropy, parameter_counts, purity
-    from verifier.verify import verify
 
     ts = task_set(n_tasks, facts_per_task, data_seed)
     model = build(ts)
     weights = model.instantiate()
-    report = verify(ts, weights, model.epsilon, model=model)
+    report = check_built(ts, model, weights=weights)
     data = query_data(ts)
     cert = certified_pass(ts, weights, data)
     rows = np.arange(len(data))
@@ -244,7 +244,7 @@ def render(data: dict[str, Any], out: str) -> str:
     L.append("**Setup.** Task sets: `tasks.synthetic.wikidata_like(facts_per_task · K, n_tasks=K, "
              f"seed={args['data_seed']})` with facts_per_task = {args['facts_per_task']} (Zipf dictionary sizes, "
              "1-5 templates per task, shared entity pool and shared template prefixes); one set per K, the seeds vary "
-             "the initialisation. Model: the verifier's layout (`verifier/layout.py`) with "
+             "the initialisation. Model: the verifier's layout (`layout/`) with "
              f"d = {t['d']}, {t['n_heads']} heads of width {t['d_head']}, experts of {t['expert_width']} ReLU neurons, "
              "gate_mode `top1-scaled` (y = r + softmax(g)_e · expert_e(r)), no layer norm. Training: every query "
              "(proper prefix) once per step, full batch, loss −log Σ_{v valid} p(v) (the verifier's error "

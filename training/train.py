@@ -196,7 +196,7 @@ def parser() -> argparse.ArgumentParser:
         "Train a single-layer MoE transformer (the verifier's layout, gate_mode top1-scaled) on every "
         "query of a task set and export it for 'python -m verifier check TASKS --weights OUT'."))
     p.add_argument("tasks", help="the tasks.yaml file")
-    p.add_argument("-o", "--output", required=True, help="output .npz (verifier layout)")
+    p.add_argument("-o", "--output", required=True, help="output .npz (the weight layout)")
     p.add_argument("--objective", choices=OBJECTIVES, default="ce",
                    help="ce: cross-entropy; lb: + load balancing; router: + task-router loss (default ce)")
     p.add_argument("--experts", type=int, help="number of experts (default: one per task)")
@@ -223,7 +223,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from tasks.errors import TaskError
     from tasks.io import load_tasks
     from training.export import to_weights
-    from verifier import layout
+    import layout
 
     args = parser().parse_args(argv)
     try:

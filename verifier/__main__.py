@@ -1,5 +1,5 @@
 import sys
 
-from verifier.cli import main
+from cli.main import main  # the command line is the composition root (cli)
 
 sys.exit(main())

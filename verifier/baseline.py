@@ -12,7 +12,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from verifier.forward import Prepared, _csr_rows, _unique_rows
-from verifier.layout import Weights
+from layout import Weights
 
 
 def _softmax(s: np.ndarray) -> np.ndarray:

@@ -10,8 +10,8 @@ import numpy as np
 
 from tasks.errors import TaskError
 from tasks.model import TaskSet
-from verifier.forward import run_batch
-from verifier.layout import Weights
+from verifier.certify import certify
+from layout import Weights
 from verifier.reference import softmax
 
 
@@ -69,9 +69,7 @@ def explain(taskset: TaskSet, weights: Weights, prefix: str, top: int = 5) -> di
     p = softmax(weights.U @ (r + out))
     best = np.argsort(-p)[:top]
     valid = _valid_next(taskset, tokens)
-    vptr = np.array([0, len(valid)], np.int64)
-    vals = np.array(sorted(index[t] for t in valid), np.int64)
-    cert = run_batch(weights, np.array([ids[1:]], np.int64), vptr, vals)
+    cert = certify(weights, [tokens], [sorted(valid)])
     return {
         "prefix": tokens,
         "heads": heads,

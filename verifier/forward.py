@@ -4,7 +4,7 @@ A batch is n prefixes of one length p (token ids, BOS prepended here). For each 
 the pass returns enclosures of the gate scores, the routing decision with its
 certified margin, and the error 1 − P(valid) of the next-token distribution, for the
 model and for the model with the routed expert's output removed (ablation). The
-equations are those of :mod:`verifier.layout`; the arithmetic is
+equations are those of :mod:`layout`; the arithmetic is
 :mod:`verifier.interval` (mid-radius, every radius rounded upward, enclosed exp).
 
 Zeros. Sparse intermediate results are :class:`~verifier.interval.SparseInterval`
@@ -39,7 +39,7 @@ import scipy.sparse as sp
 from verifier import interval as I
 from verifier.batches import take_csr
 from verifier.interval import SparseInterval
-from verifier.layout import Weights
+from layout import Weights
 
 
 @dataclass

@@ -308,7 +308,7 @@ class SparseInterval:
 
 def exact(M: sp.spmatrix) -> SparseInterval:
     """An exact canonical CSR matrix as a point interval (every stored entry kept, even a stored 0)."""
-    from verifier.layout import csr_problem
+    from layout import csr_problem
 
     problem = csr_problem(M)
     if problem:

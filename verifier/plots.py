@@ -1,6 +1,7 @@
 """Pictures of a verified model (``python -m verifier plot``), as PNG files.
 
-Three figures, each drawn from numbers the verifier certified:
+Three figures, drawn from numbers given to them (this module computes nothing; the
+command line, :mod:`cli.plots`, gathers the numbers):
 
 * :func:`plot_routing`: the task x expert routing matrix (``Report.routing_matrix``),
   each row normalised: the share of a task's task-determined queries that each expert
@@ -24,7 +25,7 @@ import math
 import os
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Callable, Sequence
+from typing import Sequence
 
 import numpy as np
 
@@ -150,29 +151,6 @@ class BetaPoint:
     conditions_hold: bool  # the theorem's side conditions (so the closed form is a proven bound)
 
 
-def beta_sweep(taskset, model, betas: Sequence[float], progress: Callable[[str], None] | None = None,
-               reports: dict | None = None) -> list[BetaPoint]:
-    """Verify the model at each β (γ fixed at the model's) and evaluate the closed form."""
-    from construction import bound
-    from construction.model import dyadic
-    from verifier.verify import verify
-
-    L, V, gamma = taskset.L, taskset.vocabulary.size, model.gamma
-    gate_max = float(model.gate.beta_condition())
-    points = []
-    for b in sorted({dyadic(b) for b in betas}):
-        if reports is not None and b in reports:
-            rep = reports[b]
-        else:
-            if progress:
-                progress(f"verifying at beta = {b} ...")
-            rep = verify(taskset, model.instantiate(beta=b), model.epsilon, isolation=False)
-        delta = bound.leak_upper(L, b)
-        points.append(BetaPoint(b, bound.bound_upper(L, V, b, gamma), rep.measured_worst, rep.certified,
-                                delta < gate_max and delta < 0.5))
-    return points
-
-
 def plot_bound_vs_beta(points: Sequence[BetaPoint], epsilon: float, gamma: Fraction, chosen_beta: Fraction,
                        title: str = ""):
     """Closed-form bound and measured worst error against β (log y), ε marked."""
@@ -212,32 +190,3 @@ def plot_bound_vs_beta(points: Sequence[BetaPoint], epsilon: float, gamma: Fract
     ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2, frameon=False)
     ax.grid(True, which="major", axis="y", alpha=0.3)
     return fig
-
-
-def default_betas(chosen: Fraction, below: int = 4, above: int = 3) -> list[float]:
-    """Integers around the chosen β (at least 1)."""
-    c = int(math.floor(chosen))
-    return [float(b) for b in range(max(1, c - below), c + above + 1)]
-
-
-def plot_all(taskset, model, out_dir: str, name: str, betas: Sequence[float] | None = None,
-             progress: Callable[[str], None] | None = None) -> list[str]:
-    """Verify the model, sweep β, and write ``<name>_routing.png``, ``<name>_widths.png``,
-    ``<name>_bound_vs_beta.png`` into ``out_dir``; return their paths."""
-    require_matplotlib()
-    from verifier.verify import verify
-
-    if progress:
-        progress(f"verifying at beta = {model.beta} ...")
-    weights = model.instantiate()
-    report = verify(taskset, weights, model.epsilon, model=model, isolation=False)
-    betas = list(betas) if betas else default_betas(model.beta)
-    points = beta_sweep(taskset, model, betas, progress, reports={model.beta: report})
-    label = f"{name}: {len(taskset.tasks)} tasks, {taskset.n_facts} facts, {report.queries} queries"
-    paths = [
-        save_png(plot_routing(report, weights.expert_tasks, label), os.path.join(out_dir, f"{name}_routing.png")),
-        save_png(plot_widths(report, label), os.path.join(out_dir, f"{name}_widths.png")),
-        save_png(plot_bound_vs_beta(points, model.epsilon, model.gamma, model.beta, label),
-                 os.path.join(out_dir, f"{name}_bound_vs_beta.png")),
-    ]
-    return paths

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from verifier.layout import Weights
+from layout import Weights
 
 
 def softmax(x: np.ndarray) -> np.ndarray:

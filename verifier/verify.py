@@ -1,4 +1,4 @@
-"""The checks of the brief's section 5, over every query of a task set.
+"""The checks, over every query of a task set: the certification core's verdict.
 
 :func:`verify` runs the certified forward pass (:mod:`verifier.forward`) on every
 query, grouped by template structure and chunked, and decides:
@@ -7,28 +7,25 @@ query, grouped by template structure and chunked, and decides:
 2. **routing**: every query has a certified unique winner (margin > 0) serving a task
    consistent with the prefix; determined prefixes (object queries included) thus go
    to their own task's expert;
-3. **size**: the width of the expert serving task k is at most c(k) = L·|T(k)| + N_k;
-4. **entanglement**: (a) no query determined by task i reaches expert j != i (from 2:
-   ablating expert j, whose output only queries routed to j see, changes no
-   prediction of another task); (b) ablating the expert of task j (removing its
-   output) breaks every object query of j: the ablated error's lower end is >= ε;
-   (c) when the verifier built the model: each expert built from its task alone equals
-   its expert in the full model, and building without a task leaves the other experts
-   identical (all tasks when there are at most 12, else 12 chosen evenly);
-5. **closed form**: the construction's bound beside the measured worst error (when
-   the model was built here);
-6. **counterexamples** for every failure: task, template, subject, prefix, numbers.
+3. **size**: the width of every expert serving task k (named for it, or receiving one
+   of its determined queries) is at most c(k) = L·|T(k)| + N_k;
+4. **entanglement**: (a) no query determined by task i reaches expert j != i (so
+   ablating expert j, whose output only queries routed to j see, changes no prediction
+   of another task); (b) ablating the expert of task j (removing its output) breaks
+   every object query of j: the ablated error's lower end is >= ε;
+5. **counterexamples** for every failure: task, template, subject, prefix, numbers.
 
-The verifier reads only :class:`verifier.layout.Weights` and the task set; the
-construction is consulted only for the closed form and the isolation check (4c).
+The verifier reads only a :class:`layout.Weights` and the task set; it knows nothing of
+how the weights were made. Evidence that only the construction can give (the closed
+form, the rebuild-without-each-task isolation check) is attached to the :class:`Report`
+by the command line (:mod:`cli.compose`).
 """
 
 from __future__ import annotations
 
-import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -39,7 +36,7 @@ from tasks.structure import StructureTrie
 from verifier.batches import batches
 from verifier.forward import Prepared, run_batch
 from verifier.parallel import ordered_map
-from verifier.layout import Weights
+from layout import Weights
 
 CHUNK = 20_000
 MAX_COUNTEREXAMPLES = 20
@@ -107,19 +104,26 @@ class Report:
     def certified(self) -> bool:
         return all(t.certified for t in self.tasks) and self.foreign == 0
 
+    def attach(self, closed_form: str, bound: float, gate: str, isolated: Sequence[bool] | None,
+               notes: Sequence[str] = ()) -> None:
+        """Add evidence from whoever built the weights: a closed-form error bound (shown beside
+        the measured worst error) and, per task, whether its expert is isolated (a
+        ``False`` fails that task's entanglement check)."""
+        self.closed_form, self.closed_form_value, self.gate = closed_form, bound, gate
+        for i, r in enumerate(self.tasks):
+            r.closed_form_bound = bound
+            if isolated is not None:
+                r.isolated = bool(isolated[i])
+        self.notes.extend(notes)
+
     @property
     def verdict(self) -> str:
         return "certified" if self.certified else "not certified"
 
 
 def token_map(taskset: TaskSet, weights: Weights, source: str = "weights") -> np.ndarray:
-    """Task-set token id -> weights token id (by name)."""
-    index = {t: i for i, t in enumerate(weights.vocab)}
-    missing = [t for t in taskset.vocabulary.tokens if t not in index]
-    if missing:
-        raise TaskError(f"the weights' vocabulary lacks {len(missing)} token(s) of the task set, e.g. {missing[0]!r}",
-                        file=source, fix="verify weights built for this task set")
-    return np.array([index[t] for t in taskset.vocabulary.tokens], np.int64)
+    """Task-set token id -> weights token id (by exact string)."""
+    return weights.token_ids(taskset.vocabulary.tokens, source)
 
 
 def verify(
@@ -127,16 +131,15 @@ def verify(
     weights: Weights,
     epsilon: float,
     *,
-    model=None,
     source: str = "weights",
     progress: Callable[[int, int], None] | None = None,
-    isolation: bool = True,
     jobs: int = 1,
 ) -> Report:
-    """Run every check; ``model`` is the SymbolicModel if the weights were built here.
+    """Run every check on ``weights`` (any weights in the layout, however made).
 
-    ``jobs`` worker processes share the batches (0: one per CPU); the result does not
-    depend on it.
+    ``progress(done, total)`` is called after each batch (``total`` an estimate; -1 at
+    the end). ``jobs`` worker processes share the batches (0: one per CPU); the result
+    does not depend on it.
     """
     start = time.perf_counter()
     weights.validate(source)
@@ -184,14 +187,6 @@ def verify(
             if weights.experts[e].width > (r.width or 0):
                 r.width, r.expert = weights.experts[e].width, int(e)
     report.measured_worst = max((r.worst_error for r in records), default=0.0)
-    if model is not None:
-        report.closed_form = str(model.error_bound())
-        report.closed_form_value = model.bound_value()
-        report.gate = model.gate.method
-        for r in records:
-            r.closed_form_bound = report.closed_form_value
-        if isolation:
-            _isolation(taskset, model, records, report, jobs)
     report.seconds = time.perf_counter() - start
     return report
 
@@ -304,58 +299,3 @@ def _top_gate(res, i: int, weights: Weights) -> list[dict[str, Any]]:
     ids, lo, hi = res.top_gate
     return [{"expert": int(k), "task": weights.expert_tasks[k] or None, "lower": float(a), "upper": float(b)}
             for k, a, b in zip(ids[i], lo[i], hi[i])]
-
-
-def leave_one_out_tasks(K: int, n_facts: int) -> list[int]:
-    """Which tasks the leave-one-out rebuild removes: all up to 12 tasks, else 12 spread
-    evenly (4 beyond 200k facts, where each rebuild costs a full construction)."""
-    count = 12 if n_facts <= 200_000 else 4
-    return list(range(K)) if K <= count else sorted(set(np.linspace(0, K - 1, count).astype(int).tolist()))
-
-
-def _isolation(taskset: TaskSet, model, records: list[TaskRecord], report: Report, jobs: int = 1) -> None:
-    """Expert k built from task k alone, and from the set without task j, is unchanged."""
-    from construction.experts import build_expert, column_map, same_expert
-    from construction.residual import residual_space
-
-    for k, task in enumerate(taskset.tasks):
-        alone = TaskSet((task,))
-        records[k].isolated = same_expert(build_expert(alone, 0, residual_space(alone)), model.experts[k])
-    K = len(taskset.tasks)
-    if K < 2:
-        return
-    chosen = leave_one_out_tasks(K, taskset.n_facts)
-
-    def changed(j: int) -> list[str]:
-        rest = taskset.without(taskset.tasks[j].name)
-        space = residual_space(rest)
-        to_full = column_map(space, model.residual)
-        return [task.name for k_new, task in enumerate(rest.tasks)
-                if not same_expert(build_expert(rest, k_new, space), model.experts[taskset.index(task.name)], to_full)]
-
-    for j, names in ordered_map(changed, chosen, jobs):
-        for name in names:
-            records[taskset.index(name)].isolated = False
-            report.notes.append(f"expert '{name}' changes when task '{taskset.tasks[j].name}' is removed")
-    report.notes.append(f"leave-one-out rebuilds checked for {len(chosen)} of {K} tasks")
-
-
-def stderr_progress(quiet: bool) -> Callable[[int, int], None] | None:
-    if quiet or not sys.stderr.isatty():
-        return None
-    state = {"last": 0.0}
-
-    def show(done: int, total: int) -> None:
-        """``total < 0`` marks the end: the line is completed."""
-        if total < 0:
-            if state["last"]:
-                sys.stderr.write(f"\rverified: {done:,} queries{' ' * 20}\n")
-                sys.stderr.flush()
-            return
-        now = time.perf_counter()
-        if now - state["last"] > 0.5:
-            state["last"] = now
-            sys.stderr.write(f"\rverifying: {done:,} queries (about {min(100, 100 * done / max(total, 1)):.0f}%)   ")
-            sys.stderr.flush()
-
-    return show

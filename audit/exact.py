@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import mpmath
 
-from verifier.layout import Weights
+from layout import Weights
 
 
 def _row(m, i, ctx):

@@ -1,11 +1,11 @@
 """An independent oracle: does a model *truly* violate a requirement? (mutation testing)
 
 Written apart from the verifier: it shares only the weight layout
-(:class:`verifier.layout.Weights`, the contract) and the task model
+(:class:`layout.Weights`, the contract) and the task model
 (:mod:`tasks.model`). It enumerates its own queries from ``TaskSet.sentences()`` and
-evaluates the forward pass of :mod:`verifier.layout` in high-precision arithmetic
+evaluates the forward pass of :mod:`layout` in high-precision arithmetic
 (mpmath, 40 significant digits by default) from the equations, one query at a time;
-nothing of :mod:`verifier.forward`, :mod:`verifier.interval`, :mod:`verifier.exact`,
+nothing of :mod:`verifier.forward`, :mod:`verifier.interval`, :mod:`audit.exact`,
 :mod:`verifier.verify`, :mod:`tasks.queries` or :mod:`tasks.structure` is used.
 
 A model **violates** the requirements when (each is a :class:`Violation`):
@@ -52,7 +52,7 @@ from mpmath.libmp import mpf_add, mpf_mul, mpf_sum
 import scipy.sparse as sp
 
 from tasks.model import OBJECT, TaskSet
-from verifier.layout import Weights
+from layout import Weights
 
 DPS = 40
 MAX_DPS = 320
@@ -289,7 +289,7 @@ class Oracle:
     def _vector(self, c: _Ctx, v) -> list:
         return [c.mp.mpf(x) for x in np.asarray(v).tolist()]   # exact: Python floats and ints
 
-    # ---- the forward pass, from verifier/layout.py's equations
+    # ---- the forward pass, from layout/weights.py's equations
     def _h(self, c: _Ctx, w: Weights, fp: _Fingerprints, token: int, pos: int) -> dict[int, Any]:
         """h = E[token] + P[pos]."""
         E = self._row_dicts(c, fp.E, "E", w.E)

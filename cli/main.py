@@ -1,7 +1,7 @@
 """``python -m verifier``: build, verify, inspect, export and explain.
 
 Exit status: 0 certified (or the command succeeded), 1 not certified, 2 bad input
-(one line on stderr, no traceback).
+(one line on stderr, no traceback); see :mod:`tasks.console`.
 """
 
 from __future__ import annotations
@@ -12,41 +12,15 @@ import os
 import sys
 from typing import Sequence
 
+from tasks.console import EXIT_BAD_INPUT, EXIT_NOT_CERTIFIED, EXIT_OK, Parser, add_json, add_quiet, counter
+from tasks.console import epsilon as _epsilon
+from tasks.console import positive as _positive
 from tasks.errors import TaskError
 from tasks.files import write_text_atomic
 
-EXIT_OK, EXIT_NOT_CERTIFIED, EXIT_BAD_INPUT = 0, 1, 2
-
-
-def _epsilon(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"epsilon must be a number, got {text!r}") from None
-    if not 0 < value < 1:
-        raise argparse.ArgumentTypeError(f"epsilon must be between 0 and 1, got {value}")
-    return value
-
-
-def _positive(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {value}")
-    return value
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse with one-line errors: bad arguments are bad input like any other (exit 2)."""
-
-    def error(self, message: str):  # type: ignore[override]
-        self.exit(EXIT_BAD_INPUT, f"error: {self.prog}: {message} (see --help)\n")
-
 
 def parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="python -m verifier", description=(
+    p = Parser(prog="python -m verifier", description=(
         "Construct a single-layer mixture-of-experts transformer for a set of knowledge tasks "
         "(Theorem 4.2) and verify it soundly: error below epsilon on every query, routing to each "
         "task's own expert, expert sizes within L|T(k)| + N_k, no cross-task entanglement."))
@@ -61,8 +35,8 @@ def parser() -> argparse.ArgumentParser:
     c = sub.add_parser("check", help="build (or load) the model and verify it", description="Build the model (or load --weights) and verify every query.")
     common(c)
     c.add_argument("--weights", help="verify these weights (an .npz in the documented layout) instead of building")
-    c.add_argument("--json", metavar="PATH", help="write the JSON report to PATH ('-' for stdout)")
-    c.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    add_json(c, "the JSON report")
+    add_quiet(c)
     c.add_argument("--no-isolation", action="store_true", help="skip the rebuild-without-each-task modularity check")
     c.add_argument("--jobs", type=int, default=1, metavar="N", help="worker processes (0: one per CPU); the result does not depend on it")
 
@@ -89,7 +63,7 @@ def parser() -> argparse.ArgumentParser:
     pl.add_argument("--name", help="file name prefix (default: the tasks file's name, or its directory's for tasks.yaml)")
     pl.add_argument("--betas", type=_positive, nargs="+", metavar="BETA",
                     help="beta values for the bound-vs-beta picture (default: integers from the chosen beta - 4 to + 3)")
-    pl.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    add_quiet(pl)
     return p
 
 
@@ -130,21 +104,20 @@ def _build(args, taskset):
 
 
 def cmd_check(args) -> int:
-    from verifier import layout
+    import layout
+    from cli.compose import check_built
     from verifier.report import dumps, summary
-    from verifier.verify import stderr_progress, verify
+    from verifier.verify import verify
 
     taskset = _load(args)
-    model = None
+    progress = counter(args.quiet, "verifying", "queries")
     if args.weights:
         weights = layout.load(args.weights)
         epsilon = args.epsilon or taskset.epsilon or 0.01
+        report = verify(taskset, weights, epsilon, source=args.weights, progress=progress, jobs=args.jobs)
     else:
-        model = _build(args, taskset)
-        weights = model.instantiate()
-        epsilon = model.epsilon
-    report = verify(taskset, weights, epsilon, model=model, source=args.weights or "weights",
-                    progress=stderr_progress(args.quiet), isolation=not args.no_isolation, jobs=args.jobs)
+        report = check_built(taskset, _build(args, taskset), isolation=not args.no_isolation, jobs=args.jobs,
+                             progress=progress)
     if args.json:
         _write_text(args.json, dumps(report), _inputs(args))
     code = EXIT_OK if report.certified else EXIT_NOT_CERTIFIED
@@ -197,7 +170,7 @@ def cmd_inspect(args) -> int:
 
 
 def cmd_build(args) -> int:
-    from verifier import layout
+    import layout
 
     model = _build(args, _load(args))
     out = os.path.abspath(args.output)
@@ -211,7 +184,7 @@ def cmd_build(args) -> int:
 
 
 def cmd_explain(args) -> int:
-    from verifier import layout
+    import layout
     from verifier.explain import explain, render
 
     taskset = _load(args)
@@ -226,7 +199,8 @@ def cmd_explain(args) -> int:
 
 
 def cmd_plot(args) -> int:
-    from verifier.plots import plot_all, require_matplotlib
+    from cli.plots import plot_all
+    from verifier.plots import require_matplotlib
 
     require_matplotlib()
     taskset = _load(args)
@@ -243,8 +217,7 @@ def cmd_plot(args) -> int:
         parent = os.path.basename(os.path.dirname(os.path.abspath(args.tasks)))
         name = parent if stem == "tasks" and parent else stem
     model = _build(args, taskset)
-    progress = None if args.quiet else (lambda text: print(text, file=sys.stderr, flush=True))
-    for path in plot_all(taskset, model, args.out, name, args.betas, progress):
+    for path in plot_all(taskset, model, args.out, name, args.betas, quiet=args.quiet):
         print(path)
     return EXIT_OK
 

@@ -1,7 +1,7 @@
 """Mutation operators on weights, for testing that the verifier cannot be fooled.
 
 Each operator is a small function ``(weights, rng) -> (mutant, description)``: it
-returns new :class:`~verifier.layout.Weights` (the input is never modified) and one
+returns new :class:`~layout.Weights` (the input is never modified) and one
 line saying what changed, by name where the weights carry labels
 (``weights.neuron_labels`` such as ``fact:France``, ``weights.residual_labels`` such as
 ``subj:France``). An operator that does not apply to the given weights raises
@@ -10,7 +10,7 @@ line saying what changed, by name where the weights carry labels
 Operators are *intended* to violate a requirement (``violating``), to leave the model
 correct (``harmless``: true negatives), or either depending on the draw (``mixed``).
 The intent is documentation only: whether a mutant truly violates a requirement is
-decided by the independent oracle (:mod:`verifier.oracle`), and
+decided by the independent oracle (:mod:`audit.oracle`), and
 :func:`classify` compares that with :func:`verifier.verify.verify`:
 
 =================  ====================  ===========================================
@@ -43,7 +43,7 @@ import scipy.sparse as sp
 
 from tasks.errors import TaskError
 from tasks.model import TaskSet
-from verifier.layout import Expert, Head, Weights, canonical
+from layout import Expert, Head, Weights, canonical
 
 HUGE = 1e308           # with a second such term the exact value exceeds float64's range
 FLOAT_MAX = float(np.finfo(np.float64).max)
@@ -1209,7 +1209,7 @@ def boundary_operators(taskset: TaskSet, epsilon: float, oracle) -> dict[str, Op
 
 
 def _queries(taskset: TaskSet):
-    from verifier.oracle import enumerate_queries
+    from audit.oracle import enumerate_queries
 
     return enumerate_queries(taskset)
 
@@ -1376,7 +1376,7 @@ _ORACLE = None
 
 def _oracle():
     global _ORACLE
-    from verifier.oracle import Oracle
+    from audit.oracle import Oracle
 
     if _ORACLE is None:
         _ORACLE = Oracle()

@@ -1,0 +1,258 @@
+"""The weight layout as data: the arrays of a single-layer MoE transformer, and their rules.
+
+This package is the contract between whoever makes weights (the construction, a
+training run, a user) and whoever checks them (the verifier); it depends on neither.
+The forward pass the arrays define, for a prefix x_1..x_n with the beginning-of-sequence
+token x_0 = BOS prepended::
+
+    h_i   = E[x_i] + P[i]                                   i = 0..n
+    s^m_ij = (W_Q^m h_i) · (W_K^m h_j)                       j <= i, head m
+    a^m_ij = exp(s^m_ij) / Σ_{l<=i} exp(s^m_il)
+    r_i   = h_i + Σ_m W_O^m Σ_{j<=i} a^m_ij W_V^m h_j
+    g_i   = W_G r_i + b_G                                   one score per expert
+    e_i   = argmax_k g_ik                                   top-1 routing
+    c_i   = 1                      (gate_mode "top1")
+          = softmax(g_i)_{e_i}     (gate_mode "top1-scaled", Switch-style)
+    y_i   = r_i + c_i · W_2^{e_i} ReLU(W_1^{e_i} r_i + b_1^{e_i})
+    p_i   = softmax(U y_i)                                  over the |V| tokens
+
+computed in exact real arithmetic on the stored values. The prediction for a query is
+p_n. No scaling of attention scores (fold 1/sqrt(d) into W_Q). Arrays (``d`` is the
+residual width, ``V`` the vocabulary size, ``K`` the number of experts):
+
+==================  ==============  ==================================================
+name                shape           meaning
+==================  ==============  ==================================================
+vocab               (V,)            token strings; token id = position
+E                   (V+1, d)        token embeddings; row V is BOS
+P                   (n_pos, d)      position embeddings, position 0 is BOS's
+heads[m].W_Q/W_K    (d_h, d)        query / key maps of head m
+heads[m].W_V        (d_v, d)        value map
+heads[m].W_O        (d, d_v)        output map
+W_G, b_G            (K, d), (K,)    gate
+experts[k].W_1,b_1  (w_k, d),(w_k,) first layer of expert k (w_k = its width)
+experts[k].W_2      (d, w_k)        second layer
+U                   (V, d)          unembedding
+expert_tasks        (K,)            name of the task each expert serves ("" if none)
+==================  ==============  ==================================================
+
+Matrices are canonical float64 scipy CSR (sorted columns, no duplicate entries, finite
+values); :meth:`Weights.validate` checks every rule, computing canonical form from the
+index arrays rather than trusting scipy's flags. The file format is :mod:`layout.npz`.
+"""
+
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any, Iterator
+
+import numpy as np
+import scipy.sparse as sp
+
+from tasks.errors import TaskError
+
+GATE_MODES = ("top1", "top1-scaled")
+_LAYOUT_FIX = "the weights do not follow the documented layout (README, 'Weight layout')"
+
+
+@dataclass(frozen=True)
+class Head:
+    W_Q: sp.csr_matrix
+    W_K: sp.csr_matrix
+    W_V: sp.csr_matrix
+    W_O: sp.csr_matrix
+
+
+@dataclass(frozen=True)
+class Expert:
+    W_1: sp.csr_matrix
+    b_1: np.ndarray
+    W_2: sp.csr_matrix
+
+    @property
+    def width(self) -> int:
+        return self.W_1.shape[0]
+
+
+def csr_problem(m: Any) -> str | None:
+    """Why ``m`` is not a canonical float64 CSR matrix with finite values, or None.
+
+    Canonical form is computed from the index arrays, never read from scipy's cached
+    flags (which a caller can set to anything).
+    """
+    if not (sp.issparse(m) and m.format == "csr"):
+        return f"is a {type(m).__name__}, not a scipy CSR matrix"
+    if m.dtype != np.float64:
+        return f"has dtype {m.dtype}, not float64"
+    n_rows, n_cols = m.shape
+    ptr, idx = np.asarray(m.indptr), np.asarray(m.indices)
+    if ptr.shape != (n_rows + 1,) or ptr[0] != 0 or np.any(np.diff(ptr) < 0) or ptr[-1] != idx.size or m.data.size != idx.size:
+        return "has an inconsistent indptr (it must start at 0, never decrease and end at the number of entries)"
+    if idx.size:
+        if idx.min() < 0 or idx.max() >= n_cols:
+            bad = int(np.flatnonzero((idx < 0) | (idx >= n_cols))[0])
+            return f"row {_row_of(ptr, bad)}: column {int(idx[bad])} is out of range 0..{n_cols - 1}"
+        rows = np.repeat(np.arange(n_rows, dtype=np.int64), np.diff(ptr))
+        same_row = rows[1:] == rows[:-1]
+        step = np.diff(idx.astype(np.int64))
+        dup = np.flatnonzero(same_row & (step == 0))
+        if dup.size:
+            i = int(dup[0])
+            return (f"row {int(rows[i])}, column {int(idx[i])} is stored twice (duplicate entries): store each entry once, "
+                    "with its exact value")
+        unsorted = np.flatnonzero(same_row & (step < 0))
+        if unsorted.size:
+            i = int(unsorted[0])
+            return f"row {int(rows[i])}: columns are not sorted ({int(idx[i])} before {int(idx[i + 1])}); sort each row's columns"
+        bad = np.flatnonzero(~np.isfinite(m.data))
+        if bad.size:
+            i = int(bad[0])
+            return f"row {int(rows[i])}, column {int(idx[i])} is {float(m.data[i])!r}, not a finite number"
+    return None
+
+
+def _row_of(ptr: np.ndarray, position: int) -> int:
+    return int(np.searchsorted(ptr, position, side="right") - 1)
+
+
+def vector_problem(v: Any, n: int) -> str | None:
+    """Why ``v`` is not a finite float64 vector of length n, or None."""
+    if not isinstance(v, np.ndarray):
+        return f"is a {type(v).__name__}, not a numpy array"
+    if v.dtype != np.float64:
+        return f"has dtype {v.dtype}, not float64"
+    if v.shape != (n,):
+        return f"has shape {v.shape}, expected ({n},)"
+    bad = np.flatnonzero(~np.isfinite(v))
+    if bad.size:
+        return f"entry {int(bad[0])} is {float(v[bad[0]])!r}, not a finite number"
+    return None
+
+
+@dataclass(frozen=True)
+class Weights:
+    vocab: tuple[str, ...]
+    E: sp.csr_matrix
+    P: sp.csr_matrix
+    heads: tuple[Head, ...]
+    W_G: sp.csr_matrix
+    b_G: np.ndarray
+    experts: tuple[Expert, ...]
+    U: sp.csr_matrix
+    expert_tasks: tuple[str, ...]
+    gate_mode: str = "top1"
+    residual_labels: tuple[str, ...] | None = None
+    neuron_labels: tuple[tuple[str, ...], ...] | None = None
+    parameters: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def d(self) -> int:
+        return self.E.shape[1]
+
+    @property
+    def n_positions(self) -> int:
+        return self.P.shape[0]
+
+    @property
+    def bos(self) -> int:
+        return len(self.vocab)
+
+    def replace(self, **changes) -> "Weights":
+        return replace(self, **changes)
+
+    def token_ids(self, tokens, source: str = "weights") -> np.ndarray:
+        """The ids of ``tokens`` (strings) in this vocabulary, matched by exact string.
+
+        Raises :class:`TaskError` naming a missing token (weights built for another set).
+        """
+        index = {t: i for i, t in enumerate(self.vocab)}
+        tokens = list(tokens)
+        missing = [t for t in tokens if t not in index]
+        if missing:
+            raise TaskError(f"the weights' vocabulary lacks {len(missing)} token(s) of the task set, e.g. {missing[0]!r}",
+                            file=source, fix="verify weights built for this task set")
+        return np.array([index[t] for t in tokens], np.int64)
+
+    def validate(self, source: str = "weights") -> None:
+        """Types, canonical storage, finite values, shapes and names agree with the layout.
+
+        Raises :class:`TaskError` naming the array (and the row and column) otherwise.
+        """
+        def need(ok: bool, what: str) -> None:
+            if not ok:
+                raise TaskError(what, file=source, fix=_LAYOUT_FIX)
+
+        need(isinstance(self.vocab, tuple) and all(isinstance(t, str) for t in self.vocab), "vocab must be a tuple of strings")
+        need(sp.issparse(self.E) and len(self.E.shape) == 2, "E is not a sparse matrix")
+        V, d = len(self.vocab), self.d
+        K = len(self.experts)
+        need(len(set(self.vocab)) == V, "vocab has repeated tokens")
+        for name, m in self.arrays():
+            problem = csr_problem(m) if name not in ("b_G",) and not name.endswith(".b_1") else None
+            if problem:
+                need(False, f"{name} {problem}")
+        need(self.E.shape == (V + 1, d), f"E has shape {self.E.shape}, expected ({V + 1}, d)")
+        need(self.P.shape[1] == d and self.P.shape[0] >= 1, f"P has shape {self.P.shape}, expected (n_pos, {d})")
+        for m, h in enumerate(self.heads):
+            need(h.W_Q.shape[1] == d and h.W_K.shape == h.W_Q.shape, f"head {m}: W_Q {h.W_Q.shape} / W_K {h.W_K.shape} do not match d={d}")
+            need(h.W_V.shape[1] == d and h.W_O.shape == (d, h.W_V.shape[0]), f"head {m}: W_V {h.W_V.shape} / W_O {h.W_O.shape} do not match d={d}")
+        need(K >= 1, "there are no experts")
+        need(self.W_G.shape == (K, d), f"W_G has shape {self.W_G.shape}, expected ({K}, {d})")
+        problem = vector_problem(self.b_G, K)
+        need(problem is None, f"b_G {problem}")
+        for k, e in enumerate(self.experts):
+            w = e.W_1.shape[0]
+            need(e.W_1.shape == (w, d) and e.W_2.shape == (d, w), f"expert {k}: W_1 {e.W_1.shape}, W_2 {e.W_2.shape} do not fit d={d}")
+            problem = vector_problem(e.b_1, w)
+            need(problem is None, f"experts.{k}.b_1 {problem}")
+        need(self.U.shape == (V, d), f"U has shape {self.U.shape}, expected ({V}, {d})")
+        need(isinstance(self.expert_tasks, tuple) and all(isinstance(t, str) for t in self.expert_tasks),
+             "expert_tasks must be a tuple of strings")
+        need(len(self.expert_tasks) == K, f"expert_tasks has {len(self.expert_tasks)} entries for {K} experts")
+        need(self.gate_mode in GATE_MODES, f"gate_mode {self.gate_mode!r} is not one of {GATE_MODES}")
+        named = [t for t in self.expert_tasks if t]
+        dup = sorted({t for t in named if named.count(t) > 1})
+        need(not dup, f"expert_tasks names task {dup[0]!r} for several experts; an expert serves one task and a task one expert" if dup else "")
+        if self.residual_labels is not None:
+            need(len(self.residual_labels) == d and all(isinstance(x, str) for x in self.residual_labels),
+                 f"residual_labels has {len(self.residual_labels)} entries for d = {d} (one string per residual direction)")
+        if self.neuron_labels is not None:
+            need(len(self.neuron_labels) == K, f"neuron_labels has {len(self.neuron_labels)} lists for {K} experts")
+            for k, (labels, e) in enumerate(zip(self.neuron_labels, self.experts)):
+                need(len(labels) == e.width and all(isinstance(x, str) for x in labels),
+                     f"neuron_labels[{k}] has {len(labels)} entries for expert {k} of width {e.width}")
+        need(isinstance(self.parameters, dict), "parameters must be a dict")
+
+    def arrays(self) -> Iterator[tuple[str, Any]]:
+        yield "E", self.E
+        yield "P", self.P
+        for m, h in enumerate(self.heads):
+            yield f"heads.{m}.W_Q", h.W_Q
+            yield f"heads.{m}.W_K", h.W_K
+            yield f"heads.{m}.W_V", h.W_V
+            yield f"heads.{m}.W_O", h.W_O
+        yield "W_G", self.W_G
+        yield "b_G", self.b_G
+        for k, e in enumerate(self.experts):
+            yield f"experts.{k}.W_1", e.W_1
+            yield f"experts.{k}.b_1", e.b_1
+            yield f"experts.{k}.W_2", e.W_2
+        yield "U", self.U
+
+
+def canonical(m: sp.spmatrix) -> sp.csr_matrix:
+    """A float64 CSR copy in canonical form, for producers of weights whose matrices are
+    already free of duplicates (scipy conversions from dense or COO with unique entries).
+
+    Raises ValueError on duplicate entries rather than summing them in floating point.
+    """
+    m = sp.csr_matrix(m, dtype=np.float64, copy=True)
+    m.has_sorted_indices = False
+    m.sort_indices()
+    problem = csr_problem(m)
+    if problem and "duplicate" in problem:
+        raise ValueError(f"matrix {problem}")
+    return m
+
+
