@@ -1,36 +1,101 @@
-"""Writing output files so that nothing is ever half-written.
+"""Writing output files so that nothing is ever half-written: the project's one mechanism.
 
-Every file the project writes goes through :func:`atomic_file`: the content goes to a
-temporary file in the same directory, which replaces the target only when complete
-(``os.replace`` is atomic on one file system). On any failure the temporary file is
-removed and the previous target, if any, is untouched.
+Every file the project writes (reports, weights, pictures, tasks files and their facts
+files) is first written in full to a temporary file in the target's directory, flushed
+to disk, and then moved onto the target with :func:`os.replace`, which is atomic on one
+file system. On any failure the temporary files are removed and every previous target
+is untouched. An existing target keeps its permission bits; a new file gets 0644.
+
+* :func:`atomic_files` writes several files as one transaction (all staged before any
+  is moved into place, in the order given);
+* :func:`atomic_file` is the same for one file, as a context manager that yields the
+  open temporary file (for writers that want a file object: numpy, matplotlib);
+* :func:`write_text_atomic` writes one UTF-8 text.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import tempfile
+import secrets
+import stat
 from typing import IO, Iterator
+
+from tasks.errors import TaskError
+
+
+def _temporary(target: str) -> tuple[int, str]:
+    """A new temporary file beside ``target`` (opened for writing, never an existing file)."""
+    directory = os.path.dirname(target) or "."
+    tmp = os.path.join(directory, f".{os.path.basename(target)}.{secrets.token_hex(6)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o600)
+    return fd, tmp
+
+
+def _finish(tmp: str, target: str) -> None:
+    """Give the staged file the target's permission bits (0644 for a new file)."""
+    try:
+        mode = stat.S_IMODE(os.stat(target).st_mode)
+    except OSError:
+        mode = 0o644
+    os.chmod(tmp, mode)
+
+
+def _remove(path: str) -> None:
+    try:
+        os.remove(path)
+    except OSError:
+        pass
 
 
 @contextlib.contextmanager
 def atomic_file(path: str | os.PathLike, mode: str = "wb", encoding: str | None = None,
                 newline: str | None = None) -> Iterator[IO]:
-    """Open a temporary file next to ``path``; on success it becomes ``path`` (mode 0644)."""
+    """Open a temporary file next to ``path``; when the block ends without error it becomes ``path``."""
     target = os.path.abspath(os.fspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=os.path.splitext(target)[1], dir=os.path.dirname(target))
+    fd, tmp = _temporary(target)
     try:
         with os.fdopen(fd, mode, encoding=encoding, newline=newline) as f:
             yield f
-        os.chmod(tmp, 0o644)
+            f.flush()
+            os.fsync(f.fileno())
+        _finish(tmp, target)
         os.replace(tmp, target)
     except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        _remove(tmp)
         raise
 
 
 def write_text_atomic(path: str | os.PathLike, text: str) -> None:
     with atomic_file(path, "w", encoding="utf-8", newline="\n") as f:
         f.write(text)
+
+
+def atomic_files(outputs: list[tuple[str, bytes]]) -> None:
+    """Write every ``(path, data)`` to a temporary file first, then move them all into place.
+
+    A failure while staging changes no target; a failure while moving (rare: the staged
+    files are complete) leaves the targets moved so far replaced and the rest untouched.
+    Raises :class:`TaskError` naming the file that could not be written.
+    """
+    staged: list[tuple[str, str]] = []
+    target = ""
+    try:
+        for target, data in outputs:
+            target = os.path.abspath(target)
+            fd, tmp = _temporary(target)
+            staged.append((tmp, target))
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            _finish(tmp, target)
+        while staged:
+            tmp, target = staged[0]
+            os.replace(tmp, target)
+            staged.pop(0)
+    except OSError as e:
+        raise TaskError(f"cannot write '{target}': {e.strerror or e}", fix="check the directory and its permissions") from None
+    finally:
+        for tmp, _ in staged:
+            _remove(tmp)

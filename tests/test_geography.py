@@ -18,7 +18,6 @@ from tasks.io import load_tasks
 from tasks.model import Task, TaskSet
 from tasks.structure import StructureTrie, object_query_collisions
 from cli.compose import check_built
-from verifier.verify import verify
 
 ROOT = Path(__file__).resolve().parent.parent
 GEO = ROOT / "examples" / "geography"

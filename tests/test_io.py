@@ -15,7 +15,11 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import tasks.facts_files
+import tasks.files
 import tasks.io as tio
+import tasks.writing
+import tasks.yaml_nodes
 from tasks.errors import TaskError
 from tasks.io import dump_tasks, dumps_tasks, load_tasks, loads_tasks
 from tasks.model import OBJECT, SLOT_SPELLINGS, SUBJECT, Facts, Task, TaskSet, Template, check_name
@@ -385,7 +389,9 @@ def test_dump_with_facts_dir_round_trip(tmp_path):
 
 
 def test_safe_file_names_are_unique():
-    names = tio._safe_file_names(("Capital", "capital", "capital?", "..", "con", "東京", ""))
+    from tasks.writing import _safe_file_names
+
+    names = _safe_file_names(("Capital", "capital", "capital?", "..", "con", "東京", ""))
     assert len({n.lower() for n in names}) == len(names)
     assert all(re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]*", n) for n in names)
     assert names[0] == "Capital" and names[4] == "task_con"
@@ -472,7 +478,7 @@ def test_dump_failure_leaves_old_file_and_no_partial_file(tmp_path, monkeypatch)
     def boom(*args, **kwargs):
         raise RuntimeError("disk on fire")
 
-    monkeypatch.setattr(tio.yaml, "dump", boom)
+    monkeypatch.setattr(tasks.writing.yaml, "dump", boom)
     with pytest.raises(RuntimeError):
         dump_tasks(_small(), path, facts_dir=tmp_path / "facts")
     assert path.read_text(encoding="utf-8") == "old content\n"
@@ -491,7 +497,7 @@ def test_dump_failure_while_writing_cleans_up(tmp_path, monkeypatch):
         if len(calls) == 2:  # the facts file was staged, the YAML file fails
             raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(tio.os, "fsync", fsync)
+    monkeypatch.setattr(tasks.files.os, "fsync", fsync)
     with pytest.raises(TaskError, match="No space left on device"):
         dump_tasks(_small(), path, facts_dir=tmp_path / "facts")
     assert path.read_text(encoding="utf-8") == "old content\n"
@@ -564,7 +570,8 @@ def test_permission_denied_simulated(tmp_path, monkeypatch):
             raise PermissionError(13, "Permission denied")
         return real_open(file, *args, **kwargs)
 
-    monkeypatch.setattr(tio, "open", guarded_open, raising=False)
+    monkeypatch.setattr(tasks.yaml_nodes, "open", guarded_open, raising=False)   # the tasks file
+    monkeypatch.setattr(tasks.facts_files, "open", guarded_open, raising=False)  # its facts files
     guarded = "t.yaml"
     with pytest.raises(TaskError, match=r"t\.yaml: tasks file .* cannot be read: permission denied"):
         load_tasks(path)

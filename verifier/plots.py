@@ -22,7 +22,6 @@ beside the target, then :func:`os.replace`).
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Sequence

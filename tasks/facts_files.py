@@ -1,0 +1,124 @@
+"""Facts files: a task's dictionary in a TSV or CSV file beside the tasks file.
+
+A file whose name ends in ``.csv`` is read with Python's :mod:`csv` module
+(comma-separated, double quotes for fields containing commas, exactly 2 columns); any
+other name is tab-separated with exactly 2 fields per line (no quoting). Files are
+UTF-8 (a byte-order mark is tolerated); blank lines and ``#`` comments are skipped, and
+a first line ``subject<sep>object`` is a header. Every problem names the file and line.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import stat
+from typing import Iterator
+
+from tasks.errors import TaskError
+from tasks.messages import show_name
+from tasks.yaml_nodes import UTF8_BOM, UTF16_BOMS
+
+#: Longest line accepted in a facts file, in bytes.
+MAX_LINE_BYTES = 1 << 20
+
+
+
+
+def iter_facts_file(path: str, task: str, yaml_file: str, yaml_line: int) -> Iterator[tuple[str, str, str, int]]:
+    """(subject, object, path, line) for every fact of a facts file (see the module doc)."""
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        raise TaskError(f"facts file '{path}' of task {show_name(task)} not found", file=yaml_file, line=yaml_line,
+                        fix="check the path; it is relative to the YAML file's directory") from None
+    except OSError as e:
+        raise TaskError(f"facts file '{path}' cannot be read: {e.strerror or e}", file=yaml_file, line=yaml_line,
+                        fix="check the path") from None
+    if stat.S_ISDIR(info.st_mode) or not stat.S_ISREG(info.st_mode):
+        kind = "a directory" if stat.S_ISDIR(info.st_mode) else "not a regular file"
+        raise TaskError(f"facts file '{path}' of task {show_name(task)} is {kind}", file=yaml_file, line=yaml_line,
+                        fix="give the path of a TSV or CSV file")
+    is_csv = path.lower().endswith(".csv")
+    header_done = False
+    for line, text in _file_lines(path, yaml_file, yaml_line):
+        stripped = text.strip()
+        if not stripped or stripped.startswith("#"):
+            continue
+        fields = _split_csv(text, path, line) if is_csv else text.split("\t")
+        if not header_done:
+            header_done = True
+            if [f.strip() for f in fields] == ["subject", "object"]:
+                continue
+        if len(fields) != 2:
+            raise _bad_line(fields, text, is_csv, path, line)
+        yield fields[0], fields[1], path, line
+
+
+def _file_lines(path: str, yaml_file: str, yaml_line: int) -> Iterator[tuple[int, str]]:
+    """Decoded lines (1-based number, text without the line end) of a UTF-8 file."""
+    try:
+        f = open(path, "rb")
+    except PermissionError:
+        raise TaskError(f"facts file '{path}' cannot be read: permission denied", file=yaml_file, line=yaml_line,
+                        fix="check its permissions") from None
+    except OSError as e:
+        raise TaskError(f"facts file '{path}' cannot be read: {e.strerror or e}", file=yaml_file, line=yaml_line,
+                        fix="check the path") from None
+    offset = 0
+    with f:
+        number = 0
+        while True:
+            try:
+                raw = f.readline(MAX_LINE_BYTES + 1)
+            except OSError as e:
+                raise TaskError(f"cannot read the file: {e.strerror or e}", file=path, line=number + 1) from None
+            if not raw:
+                return
+            number += 1
+            if len(raw) > MAX_LINE_BYTES:
+                raise TaskError(f"line is longer than {MAX_LINE_BYTES} bytes", file=path, line=number,
+                                fix="is this a facts file? one fact per line")
+            start = 0
+            if number == 1:
+                if raw.startswith(UTF16_BOMS):
+                    raise TaskError("the file is UTF-16 text, not UTF-8", file=path, line=1, fix="save it as UTF-8")
+                if raw.startswith(UTF8_BOM):
+                    start = len(UTF8_BOM)
+            nul = raw.find(b"\x00")
+            if nul >= 0:
+                raise TaskError(f"the file contains a NUL byte (offset {offset + nul}): it looks like a binary file",
+                                file=path, line=number, fix="give a UTF-8 text file with one fact per line")
+            try:
+                text = raw[start:].decode("utf-8")
+            except UnicodeDecodeError as e:
+                bad = start + e.start
+                raise TaskError(
+                    f"the file is not UTF-8 text: byte 0x{raw[bad]:02x} at offset {offset + bad} cannot be decoded",
+                    file=path, line=number, fix="save the file as UTF-8",
+                ) from None
+            offset += len(raw)
+            yield number, text.rstrip("\r\n")
+
+
+def _split_csv(text: str, path: str, line: int) -> list[str]:
+    if '"' not in text:
+        return text.split(",")
+    try:
+        return next(csv.reader([text], skipinitialspace=True, strict=True))
+    except (csv.Error, StopIteration) as e:
+        raise TaskError(f"badly formed CSV line: {e}", file=path, line=line,
+                        fix="put a field in double quotes and double any quote inside it") from None
+
+
+def _bad_line(fields: list[str], text: str, is_csv: bool, path: str, line: int) -> TaskError:
+    n = len(fields)
+    if is_csv:
+        return TaskError(f"line has {n} comma-separated columns, expected 2 (subject,object)", file=path, line=line,
+                         fix="put a field that contains a comma in double quotes")
+    fix = "separate subject and object by one tab"
+    if n == 1 and "," in text:
+        fix += "; this file is read as tab-separated (name it .csv for comma-separated)"
+    elif n == 1 and "  " in text:
+        fix += " (spaces do not separate fields)"
+    return TaskError(f"line has {n} tab-separated fields, expected 2 (subject<TAB>object)", file=path, line=line,
+                     fix=fix)

@@ -1,0 +1,447 @@
+"""Reading a tasks file: the YAML node graph walked into a :class:`~tasks.model.TaskSet`.
+
+Every rule of the format (:mod:`tasks.io`) is checked here, each failure one
+:class:`~tasks.errors.TaskError` naming the file, the line and the fix.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import yaml
+from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
+
+from tasks.errors import TaskError
+from tasks.facts_files import iter_facts_file
+from tasks.messages import one_line, quoted, show_name, suggest_key, where_line
+from tasks.model import Facts, Task, TaskSet, Template, check_name
+from tasks.structure import check_routable
+from tasks.yaml_nodes import FLOAT, IMPLICIT, INT, MAP, MERGE, NULL, SEQ, STR, LineMap, compose, decode, describe, line_of, read_bytes
+
+TOP_KEYS = ("epsilon", "parameters", "tasks")
+TASK_KEYS = ("name", "templates", "facts", "facts_file")
+#: Construction parameters a tasks file may set.
+PARAMETER_NAMES = ("beta", "gamma")
+
+
+@dataclass
+class _TaskHead:
+    """A task's name and templates, with the lines they came from."""
+
+    name: str
+    line: int
+    templates: list[Template] = field(default_factory=list)
+    template_lines: list[int] = field(default_factory=list)
+    facts_node: Node | None = None
+    files: list[tuple[str, int]] = field(default_factory=list)  # (path as written, YAML line)
+    facts_line: int = 0
+
+
+class _Builder:
+    """Walks the YAML node graph of one tasks file and builds the :class:`TaskSet`."""
+
+    def __init__(self, file: str, base_dir: str, lines: LineMap) -> None:
+        self.file = file
+        self.base_dir = base_dir
+        self._lines = lines
+        self._constructor = yaml.constructor.SafeConstructor()
+
+    # --- generic checks ---------------------------------------------------------------
+
+    def line(self, node: Node) -> int:
+        """The 1-based line where a node starts."""
+        return self._lines.line(node.start_mark)  # type: ignore[return-value]
+
+    def error(self, problem: str, node: Node | None = None, fix: str | None = None,
+              line: int | None = None) -> TaskError:
+        if line is None and node is not None:
+            line = self.line(node)
+        return TaskError(problem, file=self.file, line=line, fix=fix)
+
+    def string(self, node: Node, what: str) -> str:
+        """A YAML string scalar, or an error saying what it is instead."""
+        if isinstance(node, ScalarNode) and node.tag == STR:
+            return node.value
+        raise self.not_a_string(node, what)
+
+    def not_a_string(self, node: Node, what: str) -> TaskError:
+        if isinstance(node, ScalarNode):
+            if node.tag == NULL and node.value in ("", "~"):
+                return self.error(f"{what} is empty", node, fix="give it a value")
+            if node.style is None and node.tag in IMPLICIT:
+                return self.error(
+                    f"{what} is {show_name(node.value)}, which YAML reads as {describe(node)}, not a string",
+                    node, fix=f"write it in quotes: {quoted(node.value)}",
+                )
+            return self.error(f"{what} is {show_name(node.value)} with the tag {node.tag}, not a string", node,
+                              fix="remove the tag")
+        hint = "put text that contains ': ' in quotes" if isinstance(node, MappingNode) else "write a single string"
+        return self.error(f"{what} is {describe(node)}, not a string", node, fix=hint)
+
+    def name(self, text: str, what: str, file: str, line: int) -> str:
+        """A stripped, valid token name (located error otherwise)."""
+        try:
+            return check_name(text, what)
+        except TaskError as e:
+            raise e.located(file, line) from None
+
+    def mapping(self, node: Node, allowed: tuple[str, ...], where: str) -> dict[str, tuple[Node, Node]]:
+        """The keys of a mapping node, each a known, unique string."""
+        if node.tag != MAP:
+            raise self.error(f"the mapping {where} has the tag {node.tag}", node, fix="remove the tag")
+        out: dict[str, tuple[Node, Node]] = {}
+        for key_node, value_node in node.value:
+            if key_node.tag == MERGE:
+                raise self.error("merge keys (<<) are not supported", key_node, fix="write the keys out")
+            key = self.string(key_node, f"a key {where}")
+            if key not in allowed:
+                raise self.error(f"unknown key '{key}' {where}", key_node, fix=suggest_key(key, allowed))
+            if key in out:
+                first = self.line(out[key][0])
+                raise self.error(f"key '{key}' appears twice {where} (lines {first} and {self.line(key_node)})",
+                                 key_node, fix="keep one")
+            out[key] = (key_node, value_node)
+        return out
+
+    def sequence_items(self, node: Node, what: str) -> list[Node]:
+        if node.tag != SEQ:
+            raise self.error(f"{what} has the tag {node.tag}", node, fix="remove the tag")
+        return list(node.value)
+
+    def number(self, node: Node, what: str) -> int | float:
+        """An int or a finite float (an unquoted ``1e-3`` is accepted too)."""
+        plain_str = isinstance(node, ScalarNode) and node.tag == STR and node.style is None
+        if isinstance(node, ScalarNode) and node.tag == STR and not plain_str:
+            raise self.error(f"{what} is the quoted string {show_name(node.value)}, not a number", node,
+                             fix="remove the quotes")
+        if not isinstance(node, ScalarNode) or (node.tag not in (INT, FLOAT) and not plain_str):
+            raise self.error(f"{what} is {describe(node)}, not a number", node, fix="write a number such as 0.01")
+        try:
+            if node.tag == INT:
+                value: int | float = self._constructor.construct_yaml_int(node)
+            elif node.tag == FLOAT:
+                value = self._constructor.construct_yaml_float(node)
+            else:
+                value = float(node.value)
+        except (ValueError, OverflowError, TypeError):
+            raise self.error(f"{what} is {show_name(node.value)}, not a number", node,
+                             fix="write a number such as 0.01") from None
+        if isinstance(value, float) and not math.isfinite(value):
+            raise self.error(f"{what} is {show_name(node.value)}, not a finite number", node,
+                             fix="write a number such as 0.01")
+        return value
+
+    # --- top level --------------------------------------------------------------------
+
+    def build(self, root: Node | None) -> TaskSet:
+        if root is None:
+            raise self.error("the file has no tasks", fix="add a 'tasks:' list (see the format in the README)")
+        if not isinstance(root, MappingNode):
+            raise self.error(f"the top level is {describe(root)}, not a mapping", root,
+                             fix="start the file with 'tasks:' (and optionally 'epsilon:' and 'parameters:')")
+        items = self.mapping(root, TOP_KEYS, "at the top level")
+        epsilon = self.epsilon(items["epsilon"][1]) if "epsilon" in items else None
+        parameters = self.parameters(items["parameters"][1]) if "parameters" in items else {}
+        if "tasks" not in items:
+            raise self.error("the file has no tasks", root, fix="add a 'tasks:' list")
+        heads = self.task_heads(items["tasks"][0], items["tasks"][1])
+        words = self.word_uses(heads)
+        tasks = []
+        for head in heads:
+            facts = self.facts(head, words)
+            try:
+                tasks.append(Task(head.name, tuple(head.templates), facts))
+            except TaskError as e:
+                raise e.located(self.file, head.line) from None
+        try:
+            taskset = TaskSet(tuple(tasks), epsilon, parameters)
+        except TaskError as e:
+            raise e.located(self.file) from None
+        self.check_routable(taskset, heads)
+        return taskset
+
+    def epsilon(self, node: Node) -> float:
+        value = self.number(node, "epsilon")
+        if not 0 < value < 1:
+            raise self.error(f"epsilon {show_name(node.value)} is not between 0 and 1", node,
+                             fix="use a small number such as 0.01")
+        return float(value)
+
+    def parameters(self, node: Node) -> dict[str, int | float]:
+        if isinstance(node, ScalarNode) and node.tag == NULL:
+            return {}
+        if not isinstance(node, MappingNode):
+            raise self.error(f"parameters is {describe(node)}, not a mapping", node,
+                             fix=f"write 'name: value' lines under it; names: {', '.join(PARAMETER_NAMES)}")
+        out: dict[str, int | float] = {}
+        for key, (_, value_node) in self.mapping(node, PARAMETER_NAMES, "under 'parameters'").items():
+            value = self.number(value_node, f"parameter '{key}'")
+            if value <= 0:
+                raise self.error(f"parameter '{key}' is {show_name(value_node.value)}, not positive", value_node,
+                                 fix="use a positive number")
+            out[key] = value
+        return out
+
+    # --- tasks, names, templates -----------------------------------------------------------
+
+    def task_heads(self, key_node: Node, node: Node) -> list[_TaskHead]:
+        if isinstance(node, ScalarNode) and node.tag == NULL:
+            raise self.error("'tasks' is empty: the file has no tasks", key_node,
+                             fix="list at least one task under 'tasks:'")
+        if not isinstance(node, SequenceNode):
+            raise self.error(f"'tasks' is {describe(node)}, not a list", node,
+                             fix="start each task with '- name:' under 'tasks:'")
+        items = self.sequence_items(node, "'tasks'")
+        if not items:
+            raise self.error("'tasks' is an empty list: the file has no tasks", node, fix="list at least one task")
+        heads: list[_TaskHead] = []
+        seen: dict[str, int] = {}
+        for index, task_node in enumerate(items):
+            head = self.task_head(index, task_node)
+            if head.name in seen:
+                raise self.error(f"two tasks are named {show_name(head.name)} (lines {seen[head.name]} and {head.line})",
+                                 line=head.line, fix="give every task its own name")
+            seen[head.name] = head.line
+            heads.append(head)
+        return heads
+
+    def task_head(self, index: int, node: Node) -> _TaskHead:
+        label = f"task {index + 1}"
+        if not isinstance(node, MappingNode):
+            raise self.error(f"{label} is {describe(node)}, not a mapping", node,
+                             fix="write each task as '- name: ...' with 'templates:' and 'facts:' under it")
+        for key_node, value_node in node.value:  # name the task in messages about its keys, if we can
+            if key_node.tag == STR and key_node.value == "name" and value_node.tag == STR and value_node.value.strip():
+                label = f"task {show_name(value_node.value.strip())}"
+        items = self.mapping(node, TASK_KEYS, f"in {label}")
+        if "name" not in items:
+            raise self.error(f"{label} has no name", node, fix="add 'name: ...'")
+        name_node = items["name"][1]
+        raw = self.string(name_node, f"the name of {label}")
+        name = self.name(raw, "task name", self.file, self.line(name_node))
+        label = f"task {show_name(name)}"
+        head = _TaskHead(name, self.line(node))
+        if "templates" not in items:
+            raise self.error(f"{label} has no templates", node, fix="add 'templates:' with at least one template")
+        self.templates(head, label, *items["templates"])
+        has_facts, has_file = "facts" in items, "facts_file" in items
+        if has_facts and has_file:
+            later = max(self.line(items["facts"][0]), self.line(items["facts_file"][0]))
+            raise self.error(f"{label} has both 'facts' and 'facts_file'", line=later, fix="keep one of them")
+        if not has_facts and not has_file:
+            raise self.error(f"{label} has no facts", node,
+                             fix="add 'facts:' (inline) or 'facts_file:' (a TSV/CSV file)")
+        if has_facts:
+            head.facts_node = items["facts"][1]
+            head.facts_line = self.line(items["facts"][0])
+        else:
+            head.files = self.facts_files(label, *items["facts_file"])
+            head.facts_line = self.line(items["facts_file"][0])
+        return head
+
+    def templates(self, head: _TaskHead, label: str, key_node: Node, node: Node) -> None:
+        if isinstance(node, ScalarNode) and node.tag == STR:
+            nodes = [node]
+        elif isinstance(node, SequenceNode):
+            nodes = self.sequence_items(node, f"the templates of {label}")
+        elif isinstance(node, ScalarNode) and node.tag == NULL:
+            nodes = []
+        else:
+            raise self.error(f"the templates of {label} are {describe(node)}, not a list of strings", node,
+                             fix="write '- the capital of ⋆1 is ⋆2' lines under 'templates:'")
+        if not nodes:
+            raise self.error(f"{label} has no templates", key_node, fix="give it at least one template")
+        seen: dict[tuple, int] = {}
+        for t_node in nodes:
+            text = self.string(t_node, f"a template of {label}")
+            line = self.line(t_node)
+            try:
+                template = Template.parse(text)
+            except TaskError as e:
+                raise e.located(self.file, line) from None
+            if template.parts in seen:
+                raise self.error(f"{label} lists template '{template}' twice (lines {seen[template.parts]} and {line})",
+                                 line=line, fix="remove the copy")
+            seen[template.parts] = line
+            head.templates.append(template)
+            head.template_lines.append(line)
+
+    def word_uses(self, heads: list[_TaskHead]) -> dict[str, tuple[str, str, int]]:
+        """word -> (template text, task name, YAML line) of its first use."""
+        uses: dict[str, tuple[str, str, int]] = {}
+        for head in heads:
+            for template, line in zip(head.templates, head.template_lines):
+                for w in template.words:
+                    uses.setdefault(w, (str(template), head.name, line))
+        return uses
+
+    # --- facts ----------------------------------------------------------------------------
+
+    def facts_files(self, label: str, key_node: Node, node: Node) -> list[tuple[str, int]]:
+        if isinstance(node, SequenceNode):
+            nodes = self.sequence_items(node, f"the facts_file of {label}")
+            if not nodes:
+                raise self.error(f"the facts_file list of {label} is empty", node, fix="name at least one file")
+        else:
+            nodes = [node]
+        out = []
+        for n in nodes:
+            path = self.string(n, f"the facts_file of {label}").strip()
+            if not path:
+                raise self.error(f"the facts_file of {label} is empty", n, fix="give the path of a TSV or CSV file")
+            out.append((path, self.line(n)))
+        return out
+
+    def facts(self, head: _TaskHead, words: dict[str, tuple[str, str, int]]) -> Facts:
+        """The task's dictionary, each fact checked where it was written."""
+        label = f"task {show_name(head.name)}"
+        pairs: dict[str, str] = {}
+        for raw_s, raw_o, file, line in self.iter_facts(head):
+            s = self.name(raw_s, "subject", file, line)
+            o = self.name(raw_o, "object", file, line)
+            for token, role in ((s, "subject"), (o, "object")):
+                if token in words:
+                    text, task, t_line = words[token]
+                    raise TaskError(
+                        f"{show_name(token)} is the {role} of a fact of {label} and also a word of template '{text}' "
+                        f"of task {show_name(task)} ({where_line(self.file, t_line, file)})",
+                        file=file, line=line, fix="a token is either a template word or an entity; rename one of them",
+                    )
+            old = pairs.setdefault(s, o)
+            if old != o:
+                first_file, first_line = self.first_occurrence(head, s)
+                raise TaskError(
+                    f"subject {show_name(s)} of {label} has two objects: {show_name(old)} "
+                    f"({where_line(first_file, first_line, file)}) and {show_name(o)}",
+                    file=file, line=line, fix="a task maps each subject to one object; keep one",
+                )
+        if not pairs:
+            where = f"(facts file {', '.join(p for p, _ in head.files)}) " if head.files else ""
+            raise self.error(f"{label} has an empty dictionary {where}".rstrip(), line=head.facts_line,
+                             fix="give it at least one fact")
+        return Facts(pairs)
+
+    def first_occurrence(self, head: _TaskHead, subject: str) -> tuple[str, int]:
+        for raw_s, _, file, line in self.iter_facts(head):
+            if raw_s.strip() == subject:
+                return file, line
+        return self.file, head.facts_line  # not reached: the subject was seen before
+
+    def iter_facts(self, head: _TaskHead) -> Iterator[tuple[str, str, str, int]]:
+        """(subject, object, file, line) for every fact of a task, in order, unstripped."""
+        if head.facts_node is not None:
+            yield from self.iter_inline(head)
+        for path, yaml_line in head.files:
+            full = path if os.path.isabs(path) else os.path.normpath(os.path.join(self.base_dir, path))
+            yield from iter_facts_file(full, head.name, self.file, yaml_line)
+
+    def iter_inline(self, head: _TaskHead) -> Iterator[tuple[str, str, str, int]]:
+        label = f"task {show_name(head.name)}"
+        node = head.facts_node
+        assert node is not None
+        if isinstance(node, MappingNode):
+            if node.tag != MAP:
+                raise self.error(f"the facts of {label} have the tag {node.tag}", node, fix="remove the tag")
+            for key_node, value_node in node.value:
+                if key_node.tag == MERGE:
+                    raise self.error("merge keys (<<) are not supported", key_node, fix="write the facts out")
+                s = self.string(key_node, f"a subject of {label}")
+                o = self.string(value_node, f"the object of {show_name(s.strip())} in {label}")
+                yield s, o, self.file, self.line(key_node)
+        elif isinstance(node, SequenceNode):
+            for item in self.sequence_items(node, f"the facts of {label}"):
+                if not isinstance(item, SequenceNode) or len(item.value) != 2:
+                    size = f"a list of {len(item.value)}" if isinstance(item, SequenceNode) else describe(item)
+                    raise self.error(f"a fact of {label} is {size}, not a [subject, object] pair", item,
+                                     fix="write each fact as '- [subject, object]'")
+                s = self.string(item.value[0], f"a subject of {label}")
+                o = self.string(item.value[1], f"the object of {show_name(s.strip())} in {label}")
+                yield s, o, self.file, self.line(item)
+        elif isinstance(node, ScalarNode) and node.tag == NULL:
+            return
+        else:
+            raise self.error(f"the facts of {label} are {describe(node)}", node,
+                             fix="write a mapping 'subject: object' or a list of [subject, object] pairs")
+
+    # --- routability -------------------------------------------------------------------
+
+    def check_routable(self, taskset: TaskSet, heads: list[_TaskHead]) -> None:
+        try:
+            check_routable(taskset)
+        except TaskError as e:
+            refs = getattr(e, "refs", None)
+            if not refs or len(refs) < 2:
+                raise e.located(self.file) from None
+            (k1, t1), (k2, t2) = refs[0], refs[1]
+            first, second = heads[k1].template_lines[t1], heads[k2].template_lines[t2]
+            err = TaskError(f"{e.problem} (the other template is on line {second})", file=self.file, line=first,
+                            fix=e.fix)
+            err.refs = refs  # type: ignore[attr-defined]
+            raise err from None
+
+
+
+
+def loads_tasks(text: str | bytes, file: str = "<string>", base_dir: str | None = None) -> TaskSet:
+    """Parse a tasks document.
+
+    ``file`` names the document in messages; relative ``facts_file`` paths are resolved
+    against ``base_dir`` (the current directory when None). Raises :class:`TaskError`.
+    """
+    try:
+        if isinstance(text, (bytes, bytearray)):
+            text = decode(bytes(text), file)
+        elif not isinstance(text, str):
+            raise TaskError(f"a tasks document must be text, not {type(text).__name__}", file=file)
+        nul = text.find("\x00")
+        if nul >= 0:
+            raise TaskError("the text contains a NUL character: it looks like binary data, not YAML",
+                            file=file, line=line_of(text, nul), fix="give the tasks YAML text")
+        lines = LineMap(text)
+        root = compose(text, file, lines)
+        return _Builder(file, "" if base_dir is None else os.fspath(base_dir), lines).build(root)
+    except TaskError as e:
+        raise one_line(e) from None
+    except RecursionError:
+        raise TaskError("the input is nested too deeply", file=file) from None
+
+
+def load_tasks(path: str | os.PathLike) -> TaskSet:
+    """Read a ``tasks.yaml`` file (see the module docstring for the format)."""
+    file = os.fspath(path)
+    try:
+        data = read_bytes(file, "tasks file")
+    except TaskError as e:
+        raise one_line(e.located(file)) from None
+    if not data:
+        raise TaskError("the file is empty: it has no tasks", file=file, fix="add a 'tasks:' list")
+    try:
+        text = decode(data, file)
+    except TaskError as e:
+        raise one_line(e) from None
+    return loads_tasks(text, file=file, base_dir=os.path.dirname(file))
+
+
+def input_files(path: str | os.PathLike) -> list[str]:
+    """The files a (valid) tasks file reads: itself and its facts files, as absolute paths.
+
+    For the command line's "never overwrite an input" rule. Call it after
+    :func:`load_tasks` succeeded; it reads the YAML again, without aliases.
+    """
+    file = os.path.abspath(os.fspath(path))
+    out = [file]
+    try:
+        with open(file, encoding="utf-8-sig") as f:
+            doc = yaml.safe_load(f)
+    except (OSError, yaml.YAMLError, UnicodeDecodeError):
+        return out
+    base = os.path.dirname(file)
+    for task in (doc or {}).get("tasks") or [] if isinstance(doc, dict) else []:
+        refs = task.get("facts_file") if isinstance(task, dict) else None
+        for ref in ([refs] if isinstance(refs, str) else refs if isinstance(refs, list) else []):
+            if isinstance(ref, str):
+                out.append(os.path.abspath(ref if os.path.isabs(ref) else os.path.join(base, ref)))
+    return out
