@@ -1102,6 +1102,33 @@ def cancelling_pair(w: Weights, rng: np.random.Generator) -> tuple[Weights, str]
                                    f"2^{c}·(1 + {rho:g}) and 2^{c}: exact logit change 2^{c + h}·{rho:g}")
 
 
+@operator("mixed")
+def overflowing_score(w: Weights, rng: np.random.Generator) -> tuple[Weights, str]:
+    """A new head whose score at one token (or BOS) is a sum of huge products that cancel exactly (±M with M up
+    to 1.7e308, plus a small δ): any left-to-right float sum overflows, the exact score is δ. Its value path
+    writes c on a new direction that one U row reads."""
+    out, const = _with_dimension(w, "const")
+    out, key = _with_dimension(out, "key")
+    out, dst = _with_dimension(out, "out")
+    M = float(_pick(rng, [1.7e308, 1e200, 1e154]))
+    delta = float(_pick(rng, [0.0, 0.0, 1.0, -3.0]))
+    c = float(_pick(rng, [0.5, 30.0, 1000.0]))
+    t = out.bos if rng.random() < 0.5 else int(rng.integers(len(w.vocab)))
+    target = int(rng.integers(len(w.vocab)))
+    P = _set(out.P, {(p, const): 1.0 for p in range(out.n_positions)})
+    E = _set(out.E, {(t, key): 1.0})
+    signs = [-M, -M, M, M + delta] if delta else [-M, -M, M, M]
+    W_Q = _set(sp.csr_matrix((4, out.d)), {(i, const): 1.0 for i in range(4)})
+    W_K = _set(sp.csr_matrix((4, out.d)), {(i, key): v for i, v in enumerate(signs)})
+    W_V = _set(sp.csr_matrix((1, out.d)), {(0, key): 1.0})
+    W_O = _set(sp.csr_matrix((out.d, 1)), {(dst, 0): c})
+    out = out.replace(P=P, E=E, heads=out.heads + (Head(W_Q, W_K, W_V, W_O),),
+                      U=_set(out.U, {(target, dst): 1.0}))
+    who = "BOS" if t == out.bos else repr(w.vocab[t])
+    return out, (f"overflowing score: key of {who} = (-M, -M, M, M{' + ' + repr(delta) if delta else ''}), M = {M:g}; "
+                 f"its value adds {c:g} to the logit of {w.vocab[target]!r}")
+
+
 # --- targeted operators: mutants on a threshold's edge ----------------------------------------------
 
 

@@ -27,9 +27,10 @@ refused: one line naming the member, the row and column where it applies, and th
 from __future__ import annotations
 
 import json
+import math
 import os
 import zipfile
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 import scipy.sparse as sp
@@ -130,7 +131,12 @@ class _Reader:
         a = self.get(name)
         if a.ndim != 1 or a.dtype.kind != "U":
             raise self.fail(f"'{name}' must be a one-dimensional array of unicode strings (it has dtype {a.dtype}, shape {a.shape})")
-        return tuple(str(t) for t in a)
+        out = tuple(str(t) for t in a)
+        for i, t in enumerate(out):
+            problem = text_problem(t)
+            if problem:
+                raise self.fail(f"'{name}' entry {i} {problem}", fix="names are text: no NUL, no lone surrogate")
+        return out
 
     def matrix(self, name: str) -> sp.csr_matrix:
         shape = self.integers(f"{name}.shape")
@@ -156,6 +162,15 @@ class _Reader:
         return m
 
 
+def text_problem(text: str) -> str | None:
+    """Why a string cannot be a name in the file (it would not survive writing or printing), or None."""
+    if "\x00" in text:
+        return "contains a NUL character"
+    if any("\ud800" <= c <= "\udfff" for c in text):
+        return "contains a lone surrogate (not valid unicode text)"
+    return None
+
+
 def _kind_name(dtype: np.dtype) -> str:
     return {"c": "complex numbers", "b": "booleans", "U": "strings", "S": "bytes", "O": "Python objects",
             "V": "raw records", "f": "extended precision", "M": "dates", "m": "time spans"}.get(dtype.kind, dtype.kind)
@@ -173,16 +188,41 @@ def _no_constants(name: str) -> Any:
     raise ValueError(f"{name} is not a JSON number")
 
 
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text} is beyond float64 (not a finite number)")
+    return value
+
+
+def _texts(value: Any) -> Iterator[str]:
+    """Every string in a JSON value (keys included)."""
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, list):
+        for v in value:
+            yield from _texts(v)
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            yield k
+            yield from _texts(v)
+
+
 def _read_meta(r: _Reader) -> dict[str, Any]:
     raw = r.get("meta")
     if raw.ndim != 0 or raw.dtype.kind != "U":
         raise r.fail(f"'meta' must be one unicode string holding a JSON object (it has dtype {raw.dtype}, shape {raw.shape})")
     try:
-        meta = json.loads(str(raw), object_pairs_hook=_json_object, parse_constant=_no_constants)
+        meta = json.loads(str(raw), object_pairs_hook=_json_object, parse_constant=_no_constants,
+                          parse_float=_finite_float)
     except (ValueError, RecursionError) as exc:
         raise r.fail(f"'meta' is not valid JSON ({exc})") from None
     if not isinstance(meta, dict):
         raise r.fail(f"'meta' must be a JSON object, got {type(meta).__name__}")
+    for text in _texts(meta):
+        problem = text_problem(text)
+        if problem:
+            raise r.fail(f"a string in 'meta' {problem}", fix="write text without NUL or lone surrogates")
     unknown = sorted(set(meta) - set(META_KEYS))
     if unknown:
         raise r.fail(f"'meta' has an unknown key {unknown[0]!r} (known: {', '.join(META_KEYS)})")
@@ -215,36 +255,51 @@ def _read_meta(r: _Reader) -> dict[str, Any]:
 
 
 def _members(path: str) -> dict[str, np.ndarray]:
-    """The archive's arrays by name; refuses repeated or non-.npy members and pickled arrays."""
+    """The archive's arrays by name, each parsed as a ``.npy`` member (never unpickled).
+
+    The file must be a zip archive (no sniffing: a file that is itself a ``.npy`` is
+    refused), every member a ``.npy`` array, every name used once.
+    """
+    bad = lambda what: TaskError(what, file=path, fix="it may be truncated or corrupt; export it again with 'verifier build'")  # noqa: E731
     try:
+        with open(path, "rb") as f:
+            if f.read(4) != b"PK\x03\x04":
+                raise bad("not a readable .npz weights file (not a zip archive)")
+        members: dict[str, np.ndarray] = {}
         with zipfile.ZipFile(path) as zf:
-            names = zf.namelist()
+            infos = zf.infolist()
+            names = [i.filename for i in infos]
+            for n in names:
+                if not n.endswith(".npy"):
+                    raise TaskError(f"archive member {n!r} is not a .npy array", file=path,
+                                    fix="export it again with 'verifier build'")
+            stripped = [n[:-4] for n in names]
+            dup = sorted({n for n in stripped if stripped.count(n) > 1})
+            if dup:
+                raise TaskError(f"archive member {dup[0]!r} appears twice (ambiguous)", file=path,
+                                fix="export it again with 'verifier build'")
+            for info, name in zip(infos, stripped):
+                with zf.open(info) as f:
+                    try:
+                        members[name] = np.lib.format.read_array(f, allow_pickle=False)
+                    except ValueError as exc:
+                        if "pickle" in str(exc):
+                            raise TaskError(f"array '{name}' holds Python objects (pickled data), which the layout "
+                                            "does not allow", file=path,
+                                            fix="store numbers as float64 and text as unicode string arrays") from None
+                        raise bad(f"archive member '{name}' is not a readable .npy array ({exc})".replace("\n", " ")) from None
+        return members
+    except TaskError:
+        raise
     except FileNotFoundError:
         raise TaskError("weights file not found", file=path, fix="check the path") from None
     except PermissionError:
         raise TaskError("weights file is not readable", file=path, fix="check its permissions") from None
-    except (zipfile.BadZipFile, OSError, EOFError, ValueError) as exc:
-        raise TaskError(f"not a readable .npz weights file ({type(exc).__name__}: {exc})".replace("\n", " "), file=path,
-                        fix="it may be truncated or corrupt; export it again with 'verifier build'") from None
-    stripped = [n[:-4] if n.endswith(".npy") else n for n in names]
-    for n in names:
-        if not n.endswith(".npy"):
-            raise TaskError(f"archive member {n!r} is not a .npy array", file=path, fix="export it again with 'verifier build'")
-    dup = sorted({n for n in stripped if stripped.count(n) > 1})
-    if dup:
-        raise TaskError(f"archive member {dup[0]!r} appears twice (ambiguous)", file=path, fix="export it again with 'verifier build'")
-    try:
-        with np.load(path, allow_pickle=False) as z:
-            return {name: z[name] for name in z.files}
-    except ValueError as exc:
-        if "pickle" in str(exc):
-            raise TaskError("an array holds Python objects (pickled data), which the layout does not allow", file=path,
-                            fix="store numbers as float64 and text as unicode string arrays") from None
-        raise TaskError(f"not a readable .npz weights file ({exc})".replace("\n", " "), file=path,
-                        fix="it may be truncated or corrupt; export it again with 'verifier build'") from None
-    except (zipfile.BadZipFile, OSError, EOFError, KeyError) as exc:
-        raise TaskError(f"not a readable .npz weights file ({type(exc).__name__}: {exc})".replace("\n", " "), file=path,
-                        fix="it may be truncated or corrupt; export it again with 'verifier build'") from None
+    except MemoryError:
+        raise bad("an array of the file does not fit in memory (a corrupt header?)") from None
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, EOFError, ValueError, KeyError, RuntimeError,
+            NotImplementedError, UnicodeError, OverflowError) as exc:
+        raise bad(f"not a readable .npz weights file ({type(exc).__name__}: {exc})".replace("\n", " ")) from None
 
 
 def load(path: str | os.PathLike) -> Weights:

@@ -64,6 +64,9 @@ def check_name(text: object, what: str) -> str:
         raise TaskError(f"{what} is empty", fix="give it a name")
     if "\t" in name or len(name.splitlines()) > 1:
         raise TaskError(f"{what} {name!r} contains a tab or line break", fix="remove it")
+    if "\x00" in name or any("\ud800" <= c <= "\udfff" for c in name):
+        raise TaskError(f"{what} {name!r} contains a NUL character or a lone surrogate",
+                        fix="remove it (a weights file could not store the name)")
     if name in SLOT_SPELLINGS:
         raise TaskError(f"{what} {name!r} is spelled like a slot marker", fix="rename it")
     return name

@@ -322,3 +322,136 @@ def test_empty_prefix_error_is_what_the_readme_says(capitals_set, built):
     err = exact_forward(built, [], valid)["error"]
     assert abs(float(err) - 0.52) < 0.01
     assert mpmath.mpf(0) < err < 1
+
+
+# --- found by an adversarial review of the fix -----------------------------------------------------------
+
+
+def overflowing_attention_score(w):
+    """A new head with q = (1, 1, 1, 1) everywhere and, at BOS only, k = (−M, −M, M, M), M = 1.7e308: the exact
+    score is 0 (like every other position's), but −M + −M overflows to −inf. BOS's value puts 1000 on a direction
+    U reads for 'the', so every query's exact error is about 1."""
+    w, d = _widen(w, ["const", "bos", "out"])
+    const, bos, out = d, d + 1, d + 2
+    M = 1.7e308
+    head = Head(sp.csr_matrix(([1.0] * 4, ([0, 1, 2, 3], [const] * 4)), shape=(4, w.d)),
+                sp.csr_matrix(([-M, -M, M, M], ([0, 1, 2, 3], [bos] * 4)), shape=(4, w.d)),
+                sp.csr_matrix(([1.0], ([0], [bos])), shape=(1, w.d)),
+                sp.csr_matrix(([1000.0], ([out], [0])), shape=(w.d, 1)))
+    return w.replace(heads=w.heads + (head,), E=_set(w.E, {(w.bos, bos): 1.0}),
+                     P=_set(w.P, {(p, const): 1.0 for p in range(w.n_positions)}),
+                     U=_set(w.U, {(w.vocab.index("the"), out): 1.0}))
+
+
+def test_an_attention_score_that_overflows_is_unbounded(capitals_set, built):
+    w = overflowing_attention_score(built)
+    with np.errstate(all="ignore"):
+        report = verify(capitals_set, w, 0.01)
+        res = _enclosure(capitals_set, w, "the capital of France is")
+    assert not report.certified
+    exact = _exact(capitals_set, w, "the capital of France is")
+    assert exact["error"] > 0.99
+    assert res.err_lo[0] <= exact["error"] <= res.err_hi[0]
+
+
+def test_an_overflowed_dot_product_reads_as_unbounded():
+    from verifier import interval as I
+
+    M = 1.7e308
+    a = np.array([[1.0, 1.0, 1.0, 1.0]])
+    b = np.array([[-M, -M, M, M]])
+    with np.errstate(all="ignore"):
+        m, r = I.dot_rows(a, np.zeros_like(a), b, np.zeros_like(b))
+    assert I.lower(m, r)[0] == -np.inf and I.upper(m, r)[0] == np.inf
+
+
+def _zip_members(path):
+    with zipfile.ZipFile(path) as zf:
+        return {i.filename: zf.read(i) for i in zf.infolist()}
+
+
+def _write_zip(path, members, method=zipfile.ZIP_STORED):
+    with zipfile.ZipFile(path, "w", method) as zf:
+        for name, data in members.items():
+            zf.writestr(name, data)
+    return path
+
+
+def _patch_headers(path, offset_in_header: int, value: bytes):
+    """Overwrite a field in every local and central zip header (flag bits, compression method)."""
+    data = bytearray(path.read_bytes())
+    for sig, skip in ((b"PK\x03\x04", 0), (b"PK\x01\x02", 2)):
+        start = 0
+        while (i := data.find(sig, start)) >= 0:
+            data[i + offset_in_header + skip: i + offset_in_header + skip + len(value)] = value
+            start = i + 4
+    path.write_bytes(bytes(data))
+    return path
+
+
+def _prepend_npy(path):
+    import io
+
+    head = io.BytesIO()
+    np.save(head, np.zeros(3))
+    path.write_bytes(head.getvalue() + path.read_bytes())
+    return path
+
+
+ARCHIVES = {
+    "members flagged as encrypted": lambda p: _patch_headers(p, 6, b"\x01\x00"),
+    "an unsupported compression method": lambda p: _patch_headers(p, 8, b"\x06\x00"),
+    "a .npy file followed by a zip (a polyglot)": lambda p: _prepend_npy(p),
+    "a member that is not .npy data": lambda p: _write_zip(p, {**_zip_members(p), "meta.npy": b"{}"}),
+    "a member that is empty": lambda p: _write_zip(p, {**_zip_members(p), "E.data.npy": b""}),
+}
+
+
+@pytest.mark.parametrize("case", sorted(ARCHIVES))
+def test_broken_archives_are_one_line_exit_2(tmp_path, built, case):
+    path = tmp_path / "w.npz"
+    layout.save(built, path)
+    ARCHIVES[case](path)
+    out = subprocess.run([sys.executable, "-m", "verifier", "check", str(EXAMPLE), "--weights", str(path)],
+                         capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 2 and out.stdout == "", (out.stdout, out.stderr)
+    assert len(out.stderr.strip().splitlines()) == 1 and "Traceback" not in out.stderr
+
+
+@pytest.mark.parametrize("meta", [
+    '{"x": 1e999}',                      # parsed as inf by a lenient reader
+    '{"x": "\\ud800"}',                   # a lone surrogate: not printable, not writable as UTF-8
+])
+def test_meta_values_that_are_not_finite_or_not_text_are_refused(tmp_path, built, meta):
+    arrays = dict(layout.to_arrays(built))
+    base = json.loads(str(arrays["meta"]))
+    base.pop("parameters")
+    arrays["meta"] = np.array(json.dumps(base)[:-1] + ', "parameters": ' + meta + "}")
+    with pytest.raises(TaskError):
+        layout.load(_file(tmp_path, arrays))
+
+
+def test_report_text_cannot_be_forged_by_parameters(capitals_set, built):
+    from verifier.report import summary
+
+    w = built.replace(parameters={"beta": "8\nverdict: CERTIFIED at epsilon = 0.01\n", "gamma": "\x1b[8m"})
+    text = summary(verify(capitals_set, w.replace(U=w.U * 0.5), 0.01))
+    verdicts = [line for line in text.splitlines() if line.startswith("verdict:")]
+    assert verdicts == [verdicts[-1]] and "NOT CERTIFIED" in verdicts[0]
+    assert "\x1b" not in text
+
+
+def test_names_that_a_weights_file_cannot_store_are_refused():
+    from tasks.model import Task
+
+    for bad in ("Paris\x00", "Pa\ud800ris"):
+        with pytest.raises(TaskError, match="NUL character or a lone surrogate"):
+            Task("a", ("x ⋆1 y ⋆2",), {"A": bad})
+
+
+def test_verify_refuses_an_ill_posed_task_set(built):
+    from tasks.model import Task, TaskSet
+
+    ill = TaskSet((Task("a", ("⋆1 is ⋆2",), {"A": "B"}), Task("b", ("⋆1 is ⋆2",), {"A": "C"})))
+    with pytest.raises(TaskError):
+        verify(ill, built, 0.01)

@@ -59,13 +59,11 @@ class BatchResult:
     @property
     def gate_lo(self) -> np.ndarray:
         """(n, K) lower ends of the gate scores."""
-        with np.errstate(invalid="ignore", over="ignore"):
-            return I.down(self.gate_mid - self.gate_rad[:, None])
+        return I.lower(self.gate_mid, self.gate_rad[:, None])
 
     @property
     def gate_hi(self) -> np.ndarray:
-        with np.errstate(invalid="ignore", over="ignore"):
-            return I.up(self.gate_mid + self.gate_rad[:, None])
+        return I.upper(self.gate_mid, self.gate_rad[:, None])
 
     def compact(self) -> "BatchResult":
         """Without the full (n, K) gate enclosures (kept: the top three per row)."""
@@ -403,7 +401,7 @@ def run_batch(prep: Prepared | Weights, tokens: np.ndarray, valid_ptr: np.ndarra
         first, inv = _unique_rows(Gm, Grad[:, None])
         Gf, Rf = Gm[first], Grad[first][:, None]
         with np.errstate(invalid="ignore", over="ignore"):
-            p_lo, p_hi = softmax_bounds(I.down(Gf - Rf), I.up(Gf + Rf), Gf)
+            p_lo, p_hi = softmax_bounds(I.lower(Gf, Rf), I.upper(Gf, Rf), Gf)
         p_lo, p_hi = p_lo[inv], p_hi[inv]
     err_lo = np.full(n, np.inf)
     err_hi = np.full(n, -np.inf)
@@ -439,7 +437,6 @@ def run_batch(prep: Prepared | Weights, tokens: np.ndarray, valid_ptr: np.ndarra
     top = np.argpartition(key, min(2, K - 1), axis=1)[:, :3] if K > 3 else np.argsort(key, axis=1)
     top = np.take_along_axis(top, np.argsort(np.take_along_axis(key, top, 1), axis=1), 1)
     tm = np.take_along_axis(Gm, top, 1)
-    with np.errstate(invalid="ignore", over="ignore"):
-        top_gate = (top, I.down(tm - Grad[:, None]), I.up(tm + Grad[:, None]))
+    top_gate = (top, I.lower(tm, Grad[:, None]), I.upper(tm, Grad[:, None]))
     return BatchResult(e, margin, ~(margin > 0), Gm, Grad, err_lo, err_hi, ab_lo, ab_hi, predicted, top_gate)
 

@@ -10,7 +10,12 @@ Arithmetic model (checked at start by :func:`check_platform`)
      fl(x∘y) = (x∘y)(1 + δ) + η',  |δ| <= u = 2^-53,  |η'| <= η/2,  δ·η' = 0,
      with η = 2^-1074 the smallest subnormal; η' = 0 for + and − (a sum that lands in
      the subnormal range is exact). Equivalently |fl(x) − x| <= u·|fl(x)| + η/2.
-     Overflow gives ±inf (or NaN), never a wrong finite number.
+     Overflow gives ±inf (or NaN), never a wrong finite number. The lemmas below
+     assume no overflow: a midpoint that overflowed is not within any radius of the
+     truth (−M − M + M + M is exactly 0 but sums to −inf from the left). Hence the rule:
+     **an interval whose mid or rad is not finite means (−∞, ∞)**. Every primitive
+     gives such a result an infinite radius, and :func:`lower` / :func:`upper`, through
+     which every decision reads an interval, return −∞ / +∞ for it.
 (A2) ``np.nextafter`` is exact, so for a single operation ``up(fl(x∘y)) >= x∘y`` and
      ``down(fl(x∘y)) <= x∘y``: one operation rounded to nearest, then one step
      outward, is rounded in that direction. Every radius below is computed as a chain
@@ -190,12 +195,22 @@ def exp_hi_unique(x: np.ndarray) -> np.ndarray:
 # --- dense intervals ------------------------------------------------------------------------------
 
 
+def guard(m, r):
+    """The radius, infinite wherever the midpoint or the radius is not finite (overflow: unbounded)."""
+    with np.errstate(invalid="ignore"):
+        return np.where(np.isfinite(m) & np.isfinite(r), r, np.inf)
+
+
 def lower(m, r):
-    return down(m - r)
+    """A lower end of [m ± r]: −∞ unless both are finite."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        return np.where(np.isfinite(m) & np.isfinite(r), down(m - r), -np.inf)
 
 
 def upper(m, r):
-    return up(m + r)
+    """An upper end of [m ± r]: +∞ unless both are finite."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        return np.where(np.isfinite(m) & np.isfinite(r), up(m + r), np.inf)
 
 
 def add_rad(*terms):
@@ -212,7 +227,7 @@ def mul_rad(am, ar, bm, br):
     |ab − fl(am·bm)| <= |am|·br + ar·|bm| + ar·br + u·|fl(am·bm)| + η/2 by (A1).
     """
     m = am * bm
-    return add_rad(up(np.abs(am) * br), up(ar * np.abs(bm)), up(ar * br), up(U * np.abs(m)), ETA)
+    return guard(m, add_rad(up(np.abs(am) * br), up(ar * np.abs(bm)), up(ar * br), up(U * np.abs(m)), ETA))
 
 
 def sum_rad(mids: np.ndarray, rads: np.ndarray, axis: int = -1):
@@ -221,7 +236,7 @@ def sum_rad(mids: np.ndarray, rads: np.ndarray, axis: int = -1):
     g = gamma(n + 1)
     m = np.sum(mids, axis=axis)
     w = add_rad(rads, up(g * np.abs(mids)))
-    return m, up(sum_factor(n) * np.sum(w, axis=axis))
+    return m, guard(m, up(sum_factor(n) * np.sum(w, axis=axis)))
 
 
 def dot_rows(am, ar, bm, br):
@@ -234,13 +249,13 @@ def dot_rows(am, ar, bm, br):
     g = gamma(t + 1)
     m = np.sum(am * bm, axis=-1)
     w = add_rad(up(np.abs(am) * br), up(ar * np.abs(bm)), up(ar * br), up(g * up(np.abs(am) * np.abs(bm))))
-    return m, add_rad(up(sum_factor(t) * np.sum(w, axis=-1)), (t + 1) * ETA)
+    return m, guard(m, add_rad(up(sum_factor(t) * np.sum(w, axis=-1)), (t + 1) * ETA))
 
 
 def gather_add(A: tuple[np.ndarray, np.ndarray], B: tuple[np.ndarray, np.ndarray], rows_a, row_b):
     """A[rows_a] + B[row_b] for dense intervals; the addition's rounding is at most u·|fl| (A1)."""
     m = A[0][rows_a] + B[0][row_b]
-    return m, add_rad(A[1][rows_a], B[1][row_b], up(U * np.abs(m)))
+    return m, guard(m, add_rad(A[1][rows_a], B[1][row_b], up(U * np.abs(m))))
 
 
 def from_bounds(lo: np.ndarray, hi: np.ndarray):
@@ -349,7 +364,7 @@ def sum_terms(shape, rows, cols, mids, rads) -> SparseInterval:
     mids = np.asarray(mids, np.float64)[order]
     w = add_rad(np.asarray(rads, np.float64)[order], up(g * np.abs(mids)))
     mid = np.add.reduceat(mids, start)
-    rad = up(sum_factor(max_terms) * np.add.reduceat(w, start))
+    rad = guard(mid, up(sum_factor(max_terms) * np.add.reduceat(w, start)))
     ukey = key[start]
     out_rows = ukey // n_cols
     ptr = np.zeros(n_rows + 1, np.int64)
@@ -404,7 +419,7 @@ def matmul(X: SparseInterval, B: sp.csr_matrix, absB: sp.csr_matrix | None = Non
     Rs = (S @ (abs(B) if absB is None else absB)).tocsr()
     Rs.sort_indices()
     mid = _align(C, Ym)
-    rad = add_rad(up(sum_factor(n) * _align(C, Rs)), up(2.0 * ETA * C.data))
+    rad = guard(mid, add_rad(up(sum_factor(n) * _align(C, Rs)), up(2.0 * ETA * C.data)))
     return SparseInterval(shape, C.indptr.astype(np.int64), C.indices.astype(np.int64), mid, rad)
 
 
@@ -430,7 +445,9 @@ def row_bound_matmul(X: SparseInterval, B: sp.csr_matrix, colmax: np.ndarray):
     n_row = np.bincount(rows, minlength=X.shape[0])
     S = np.bincount(rows, weights=t, minlength=X.shape[0])
     S = up(sum_factor(int(n_row.max(initial=1))) * S)
-    return Ym, add_rad(S, float(2 * (max_terms + 1)) * ETA)
+    rad = add_rad(S, float(2 * (max_terms + 1)) * ETA)
+    with np.errstate(invalid="ignore"):
+        return Ym, np.where(np.isfinite(Ym).all(axis=1) & np.isfinite(rad), rad, np.inf)
 
 
 def scale_rows(X: SparseInterval, am: np.ndarray, ar: np.ndarray) -> SparseInterval:

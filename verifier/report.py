@@ -81,6 +81,13 @@ def _fmt(x: float | None, digits: int = 2) -> str:
     return f"{x:.{digits}e}" if (x != 0 and (abs(x) < 1e-2 or abs(x) >= 1e4)) else f"{x:.{digits + 2}g}"
 
 
+def _printable(value: Any) -> str:
+    """``str(value)`` with every unprintable character escaped: text from a weights file
+    (its ``parameters``) can never start a line of its own in the report."""
+    text = str(value)
+    return text if text.isprintable() else "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 def table(report: Report) -> str:
     head = ["task", "|T|", "N", "L", "c(k)", "width", "queries", "err bound", "err measured", "margin", "routing", "ok"]
     rows = []
@@ -101,7 +108,7 @@ def summary(report: Report) -> str:
     if report.closed_form:
         lines.append(f"closed-form bound: eps(beta, gamma) = {report.closed_form}")
         lines.append(f"  at the parameters: {_fmt(report.closed_form_value, 4)}; measured worst error: {_fmt(report.measured_worst, 4)}")
-    params = ", ".join(f"{k}={v}" for k, v in report.parameters.items())
+    params = ", ".join(f"{_printable(k)}={_printable(v)}" for k, v in report.parameters.items())
     gate = "" if "gate" in report.parameters else f"; gate: {report.gate or 'given weights'}"
     lines.append(f"parameters: {params or 'none stored'}{gate}; queries: {report.queries} (non-empty proper prefixes); time: {report.seconds:.2f}s")
     for note in report.notes:

@@ -32,7 +32,7 @@ import numpy as np
 from tasks.errors import TaskError
 from tasks.model import TaskSet
 from tasks.queries import QueryGroup, build_group
-from tasks.structure import StructureTrie
+from tasks.structure import StructureTrie, check_routable
 from verifier.batches import batches
 from verifier.forward import Prepared, run_batch
 from verifier.parallel import ordered_map
@@ -157,6 +157,7 @@ def verify(
         records.append(TaskRecord(task.name, task.n_templates, task.n_facts, taskset.L, taskset.complexity(k),
                                   e, weights.experts[e].width if e is not None else None))
     trie = StructureTrie(taskset)
+    check_routable(taskset, trie)   # object queries must determine their task (else: bad input)
     # Progress needs only an estimate (an upper bound: subjects counted once per task through
     # each node); the report's count is the exact number of queries processed.
     sizes = [t.n_facts for t in taskset.tasks]
