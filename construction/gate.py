@@ -6,7 +6,7 @@
 
     g_k = Σ_{(m,c) ∈ F_k} slot<m>:c  +  λ·Σ_{s ∈ dom D_k} subj:s  +  η_k
 
-Requirement (brief §5.2): at a query with structure σ (length p) and subject s, the
+Requirement (routing, docs/design.md §5): at a query with structure σ (length p) and subject s, the
 argmax is a *consistent* task: k ∈ K(σ) with s ∈ dom D_k (the set "allowed"); a
 determined query therefore goes to its own task.
 

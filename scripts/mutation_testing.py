@@ -16,7 +16,6 @@ result does not depend on --jobs.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -25,10 +24,11 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from audit import mutants as M  # noqa: E402
+from tasks.console import Parser, counter  # noqa: E402
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
+    p = Parser(prog="scripts/mutation_testing.py", description=__doc__.strip().splitlines()[0])
     p.add_argument("--mutants", type=int, default=2000, help="number of mutants (default 2000)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", metavar="PATH", help="write every outcome and the table as JSON")
@@ -36,23 +36,18 @@ def main(argv=None) -> int:
     p.add_argument("--operators", nargs="+", choices=M.all_operator_names(), help="only these operators")
     p.add_argument("--sets", nargs="+", choices=sorted(M.small_sets()) + sorted(M.larger_sets()),
                    help="these task sets (default: the small ones; wikidata-400 is larger and slower)")
-    p.add_argument("--quiet", action="store_true")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
     args = p.parse_args(argv)
 
     sets = M.small_sets()
     if args.sets:
         every = {**sets, **M.larger_sets()}
         sets = {k: every[k] for k in args.sets}
-    show = None
-    if not args.quiet and sys.stderr.isatty():
-        def show(done, total):
-            if done == total or done % 50 == 0:
-                sys.stderr.write(f"\r{done}/{total} mutants")
-                if done == total:
-                    sys.stderr.write("\n")
-                sys.stderr.flush()
+    show = counter(args.quiet, "mutants", "mutant")
     start = time.perf_counter()
     outcomes = M.run(args.mutants, args.seed, sets, args.operators, args.jobs, show)
+    if show:
+        show(args.mutants, -1)
     seconds = time.perf_counter() - start
     stats = M.table(outcomes)
     print(f"{len(outcomes)} mutants ({args.mutants} drawn, {args.mutants - len(outcomes)} not applicable) "

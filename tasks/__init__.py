@@ -1,4 +1,4 @@
-"""The discrete knowledge model: templates, tasks, task sets, queries (section 2 of the brief)."""
+"""The discrete knowledge model: templates, tasks, task sets, queries (docs/design.md §2)."""
 
 from tasks.errors import TaskError
 from tasks.io import dump_tasks, dumps_tasks, load_tasks, loads_tasks

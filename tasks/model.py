@@ -1,4 +1,4 @@
-"""The discrete knowledge model (section 2 of the brief): templates, tasks, task sets.
+"""The discrete knowledge model (docs/design.md §2): templates, tasks, task sets.
 
 A *template* is a sequence of words with exactly one subject slot ⋆1 and one object
 slot ⋆2, ⋆1 first. A *task* is a non-empty set of templates and a finite dictionary
@@ -77,7 +77,8 @@ class Template:
     """A word sequence with one subject slot and one object slot (subject first).
 
     ``parts`` holds words (``str``) and the two :class:`Slot` markers. Positions are
-    1-based in the brief; the attributes here are 0-based indices into ``parts``.
+    1-based in the theorem's notation; the attributes here are 0-based indices into
+    ``parts``.
     """
 
     parts: tuple

@@ -1,4 +1,4 @@
-"""The command line on bad input (issue 5): exit 2, one line on stderr, no traceback, fast.
+"""The command line on bad input: exit 2, one line on stderr, no traceback, fast.
 
 In-process (``cli.main.main``, stderr captured) on every ``tests/data/bad/*.yaml``
 and on corrupt or inconsistent weights files generated here; a few subprocess runs of

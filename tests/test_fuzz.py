@@ -1,4 +1,4 @@
-"""Fuzzing the construction and the verifier with the public strategies (issue 5).
+"""Fuzzing the construction and the verifier with the public strategies.
 
 Properties (examples per property: the ``max_examples`` of each ``settings``):
 

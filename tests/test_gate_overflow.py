@@ -1,6 +1,6 @@
 """Regression test: gate scores that overflow float64 must not certify routing.
 
-Found by mutation testing (issue 5). The weights are finite, but the exact gate scores
+Found by mutation testing. The weights are finite, but the exact gate scores
 are about ±3e308, beyond float64: the verifier's gate midpoints become ±inf, the lower
 (or upper) ends NaN, and the certified margin NaN. Since commit 4c824a6
 ``BatchResult.ambiguous`` is ``margin <= 0``, which is False for NaN, so the query

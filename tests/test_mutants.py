@@ -1,4 +1,4 @@
-"""Mutation testing (issue 5): no mutant that truly violates a requirement is certified.
+"""Mutation testing: no mutant that truly violates a requirement is certified.
 
 A few hundred mutants of the built weights of three small task sets (capitals from
 conftest, one that needs the linear-programme gate, one with a single task) are
@@ -142,7 +142,7 @@ def test_oracle_catches_both_earlier_false_passes(capitals_set, capitals_model):
     overflowing_gate = _module(ROOT / "tests" / "test_gate_overflow.py", "_gate_overflow").overflowing_gate
 
     oracle = Oracle()
-    for sign in (1.0, -1.0):   # issue 5's gate overflow
+    for sign in (1.0, -1.0):   # the gate overflow of tests/test_gate_overflow.py
         ts, w = overflowing_gate(sign)
         res = oracle.judge(ts, w, 0.01)
         assert res.counts.get("routing") and res.counts.get("error"), res.summary()

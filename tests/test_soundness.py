@@ -1,4 +1,4 @@
-"""Issue 11: weight files that an earlier verifier certified although they are wrong.
+"""Weight files that an earlier verifier certified although they are wrong (an outside review).
 
 One regression test per class an outside review found (each certified, exit 0, before
 the fix), plus the decision on the empty prefix:

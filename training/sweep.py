@@ -416,8 +416,10 @@ def _claims(runs: list[dict], built: dict[int, dict]) -> list[str]:
 def parser() -> argparse.ArgumentParser:
     from training.train import TrainConfig
 
-    d = TrainConfig()
-    p = argparse.ArgumentParser(prog="python -m training.sweep", description=(
+    from tasks.console import Parser, epsilon
+    from training.options import add_model_flags
+
+    p = Parser(prog="python -m training.sweep", description=(
         "Train single-layer MoE transformers under three objectives over a grid of tasks x experts x seeds, "
         "verify them, and write docs/training/results.md with heat maps."))
     p.add_argument("--configs", nargs="+", default=["4x4", "8x8", "16x16"], metavar="TASKSxEXPERTS",
@@ -426,15 +428,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     p.add_argument("--facts-per-task", type=int, default=20)
     p.add_argument("--data-seed", type=int, default=0)
-    p.add_argument("--epsilon", type=float, default=0.01, help="the verifier's target error")
-    p.add_argument("--steps", type=int, default=d.steps)
-    p.add_argument("--lr", type=float, default=d.lr)
-    p.add_argument("--d", type=int, default=d.d)
-    p.add_argument("--heads", type=int, default=d.n_heads)
-    p.add_argument("--d-head", type=int, default=d.d_head)
-    p.add_argument("--width", type=int, default=d.expert_width, help="neurons per expert")
-    p.add_argument("--alpha", type=float, default=d.alpha, help="load-balancing weight")
-    p.add_argument("--lam", type=float, default=d.lam, help="task-router weight")
+    p.add_argument("--epsilon", type=epsilon, default=0.01, help="the verifier's target error")
+    add_model_flags(p, TrainConfig())
     p.add_argument("--time-limit", type=float, default=150.0, help="seconds of training per run at most")
     p.add_argument("--jobs", type=int, default=1, help="runs in parallel (processes)")
     p.add_argument("--threads", type=int, default=1, help="torch threads per run")
@@ -493,8 +488,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         from training.train import TrainConfig
 
         configs = [_parse_config(c) for c in args.configs]
-        base = replace(TrainConfig(), steps=args.steps, lr=args.lr, d=args.d, n_heads=args.heads, d_head=args.d_head,
-                       expert_width=args.width, alpha=args.alpha, lam=args.lam, time_limit=args.time_limit)
+        from training.options import model_changes
+
+        base = replace(TrainConfig(), time_limit=args.time_limit, **model_changes(args))
         specs = [RunSpec(K, E, obj, s, args.facts_per_task, args.data_seed, args.epsilon, args.threads,
                          args.weights_dir or None, asdict(base))
                  for K, E in configs for obj in args.objectives for s in args.seeds]

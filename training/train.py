@@ -192,7 +192,10 @@ def evaluate(model: MoETransformer, data: QueryData, dtype: torch.dtype = torch.
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m training.train", description=(
+    from tasks.console import Parser, add_json, add_quiet
+    from training.options import add_model_flags
+
+    p = Parser(prog="python -m training.train", description=(
         "Train a single-layer MoE transformer (the verifier's layout, gate_mode top1-scaled) on every "
         "query of a task set and export it for 'python -m verifier check TASKS --weights OUT'."))
     p.add_argument("tasks", help="the tasks.yaml file")
@@ -200,22 +203,15 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--objective", choices=OBJECTIVES, default="ce",
                    help="ce: cross-entropy; lb: + load balancing; router: + task-router loss (default ce)")
     p.add_argument("--experts", type=int, help="number of experts (default: one per task)")
-    p.add_argument("--width", type=int, default=TrainConfig.expert_width, help="neurons per expert")
-    p.add_argument("--d", type=int, default=TrainConfig.d, help="residual width")
-    p.add_argument("--heads", type=int, default=TrainConfig.n_heads)
-    p.add_argument("--d-head", type=int, default=TrainConfig.d_head)
-    p.add_argument("--steps", type=int, default=TrainConfig.steps)
-    p.add_argument("--lr", type=float, default=TrainConfig.lr)
-    p.add_argument("--alpha", type=float, default=TrainConfig.alpha, help="load-balancing weight")
-    p.add_argument("--lam", type=float, default=TrainConfig.lam, help="task-router weight")
+    add_model_flags(p, TrainConfig())
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, help="torch threads")
     p.add_argument("--expert-tasks", choices=("none", "majority", "declared"), default="none",
                    help="expert_tasks written to the file: none ('' for every expert, default), majority "
                         "(each expert: the task routed to it most), declared (expert i: task i, the "
                         "task-router loss's assignment)")
-    p.add_argument("--json", metavar="PATH", help="write the evaluation as JSON")
-    p.add_argument("--quiet", action="store_true")
+    add_json(p, "the evaluation")
+    add_quiet(p)
     return p
 
 
@@ -231,12 +227,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     except TaskError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    config = TrainConfig(objective=args.objective, d=args.d, n_heads=args.heads, d_head=args.d_head,
-                         n_experts=args.experts, expert_width=args.width, steps=args.steps, lr=args.lr,
-                         alpha=args.alpha, lam=args.lam, seed=args.seed, threads=args.threads)
+    from training.options import model_changes
+
+    config = TrainConfig(objective=args.objective, n_experts=args.experts, seed=args.seed, threads=args.threads,
+                         **model_changes(args))
     data = query_data(taskset)
-    log = None if args.quiet else (lambda e: print(f"step {e['step']:>5}  loss {e['loss']:.4f}  ce {e['ce']:.4f}", file=sys.stderr))
-    result = train(taskset, config, data=data, log=log)
+    from tasks.console import progress_bar
+
+    bar = progress_bar(args.quiet, "training", "step", total=config.steps)
+
+    def log(entry: dict) -> None:
+        bar.update(entry["step"] + 1 - bar.n)
+        bar.set_postfix(loss=f"{entry['loss']:.4f}", ce=f"{entry['ce']:.4f}")
+
+    result = train(taskset, config, data=data, log=log if bar is not None else None)
+    if bar is not None:
+        bar.close()
     ev = evaluate(result.model, data)
     weights = to_weights(result.model, taskset, expert_tasks=args.expert_tasks, routing=ev.routing, config=config)
     layout.save(weights, args.output)

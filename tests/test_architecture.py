@@ -1,0 +1,89 @@
+"""The house is one-way: tasks -> layout -> construction / verifier -> cli, test machinery apart.
+
+Every import of every module of the project's packages is read with ``ast`` (imports
+inside functions included) and checked against the layers below. A new back-edge fails
+here with the file and the import that makes it.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("tasks", "layout", "construction", "verifier", "cli", "training", "audit")
+
+#: package -> the project packages it may import (besides itself)
+ALLOWED = {
+    "tasks": set(),
+    "layout": {"tasks"},
+    "construction": {"tasks", "layout"},
+    "verifier": {"tasks", "layout"},
+    "cli": {"tasks", "layout", "construction", "verifier"},
+    "training": {"tasks", "layout", "construction", "verifier", "cli"},
+    "audit": {"tasks", "layout", "construction", "verifier"},
+}
+#: single modules with a narrower rule (the oracle must stay independent of what it judges)
+NARROWER = {
+    "audit/oracle.py": {"tasks", "layout"},
+    "audit/exact.py": {"tasks", "layout"},
+}
+#: the command's entry point: ``python -m verifier`` runs the command line (the composition root)
+ENTRY_POINTS = {"verifier/__main__.py": {"cli"}}
+
+
+def _imports(path: Path) -> list[tuple[int, str]]:
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            out.append((node.lineno, node.module))
+    return out
+
+
+def _modules():
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            yield package, path
+
+
+def test_every_package_is_checked():
+    assert {p for p, _ in _modules()} == set(PACKAGES)
+
+
+@pytest.mark.parametrize("package,path", list(_modules()), ids=lambda x: str(x.relative_to(ROOT)) if isinstance(x, Path) else x)
+def test_imports_follow_the_layers(package, path):
+    rel = path.relative_to(ROOT).as_posix()
+    allowed = NARROWER.get(rel, ALLOWED[package]) | ENTRY_POINTS.get(rel, set()) | {package}
+    bad = [(line, name) for line, name in _imports(path)
+           if name.split(".")[0] in PACKAGES and name.split(".")[0] not in allowed]
+    assert not bad, f"{rel} imports {bad} (allowed: {sorted(allowed - {package})})"
+
+
+def test_nothing_shipped_imports_the_test_machinery():
+    for package, path in _modules():
+        if package != "audit":
+            assert not [n for _, n in _imports(path) if n.split(".")[0] == "audit"], path
+
+
+def test_the_test_machinery_is_not_installed():
+    import configparser
+
+    cfg = configparser.ConfigParser()
+    cfg.read(ROOT / "setup.cfg")
+    include = cfg["options.packages.find"]["include"].split()
+    assert "audit" not in include and all(p in include for p in PACKAGES if p != "audit")
+
+
+def test_docstrings_and_readme_are_self_contained():
+    """No reference to documents outside the repository (a brief, an issue tracker)."""
+    texts = [(p, p.read_text(encoding="utf-8")) for _, p in _modules()]
+    texts += [(ROOT / "README.md", (ROOT / "README.md").read_text(encoding="utf-8"))]
+    for path, text in texts:
+        lowered = text.lower()
+        assert "the brief" not in lowered and "brief §" not in lowered, path
+        assert "(issue " not in lowered, path
