@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import resource
 import subprocess
 import sys
@@ -29,7 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 
-MARK = "## Against the targets"
+from benchmarks.results import machine, write_block  # noqa: E402
 
 
 def one(n_facts: int, seed: int, jobs: int, baseline: bool) -> dict:
@@ -68,24 +66,6 @@ def one(n_facts: int, seed: int, jobs: int, baseline: bool) -> dict:
     }
 
 
-def machine() -> str:
-    cpu = "unknown CPU"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    mem = ""
-    try:
-        kb = int(next(l for l in Path("/proc/meminfo").read_text().splitlines() if l.startswith("MemTotal")).split()[1])
-        mem = f", {kb / 1024 / 1024:.0f} GB RAM"
-    except (OSError, StopIteration, ValueError):
-        pass
-    return f"{cpu}, {os.cpu_count()} CPUs{mem}; Python {platform.python_version()}, {platform.system()} {platform.machine()}"
-
-
 def table(rows: list[dict]) -> str:
     head = ("| facts | tasks | queries | build (s) | verify (s) | modularity (s) | total (s) | queries/s | plain float (s) "
             "| verify/plain | peak main (MB) | peak worker (MB) | verdict |")
@@ -101,8 +81,6 @@ def table(rows: list[dict]) -> str:
 
 
 def main(argv=None) -> int:
-    from tasks.files import write_text_atomic
-
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000, 1_000_000], help="numbers of facts")
     p.add_argument("--seed", type=int, default=0)
@@ -132,11 +110,9 @@ def main(argv=None) -> int:
         del given[i:i + 2]
     command = "python benchmarks/scale.py " + " ".join(given)
     text = "\n".join([
-        "# Scale benchmark",
+        "## Scale",
         "",
-        f"Machine: {machine()}.",
-        "",
-        f"Command: `{command.strip()}` (seed {args.seed}, {args.jobs} jobs).",
+        f"Machine: {machine()}. Command: `{command.strip()}` (seed {args.seed}, {args.jobs} jobs).",
         "",
         table(rows),
         "",
@@ -145,14 +121,8 @@ def main(argv=None) -> int:
         "removing tasks (all tasks up to 12, else 12 spread evenly; 4 beyond 200k facts). Total = build + verify + modularity. Plain float = "
         "an uncertified float64 pass over the same queries and weights with the same batching. Peak memory is the "
         "resident set of the main process and of the largest worker.",
-        "",
     ])
-    # Keep the hand-written analysis (from "## Against the targets" on) of an earlier run.
-    if os.path.exists(args.out):
-        old = Path(args.out).read_text(encoding="utf-8")
-        if MARK in old:
-            text += "\n" + old[old.index(MARK):]
-    write_text_atomic(args.out, text)
+    write_block("scale", text, Path(args.out))
     print(text)
     return 0
 

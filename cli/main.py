@@ -1,7 +1,7 @@
 """``python -m verifier``: build, verify, inspect, export and explain.
 
 Exit status: 0 certified (or the command succeeded), 1 not certified, 2 bad input
-(one line on stderr, no traceback); see :mod:`tasks.console`.
+(one line on stderr, no traceback), 3 internal error; see :mod:`tasks.console`.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import os
 import sys
 from typing import Sequence
 
-from tasks.console import EXIT_BAD_INPUT, EXIT_NOT_CERTIFIED, EXIT_OK, Parser, add_json, add_quiet, counter
+from tasks.console import EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_NOT_CERTIFIED, EXIT_OK, Parser, add_json, add_quiet, counter
 from tasks.console import epsilon as _epsilon
 from tasks.console import positive as _positive
 from tasks.errors import TaskError
@@ -42,17 +42,23 @@ def parser() -> argparse.ArgumentParser:
 
     i = sub.add_parser("inspect", help="expert sizes against the bound, parameters, closed-form bound", description="Show the construction without verifying it.")
     common(i)
-    i.add_argument("--json", metavar="PATH", help="write the same as JSON to PATH ('-' for stdout)")
+    add_json(i, "the same")
+    add_quiet(i)
 
     b = sub.add_parser("build", help="export the weights", description="Build the model and write its weights (.npz, documented layout).")
     common(b)
     b.add_argument("-o", "--output", required=True, help="output .npz file")
+    add_json(b, "a summary (experts, widths, parameters)")
+    add_quiet(b)
 
     e = sub.add_parser("explain", help="trace one prefix through the model", description="Show one query's attention, gate, neurons and next tokens.")
     common(e)
-    e.add_argument("prefix", help="the prefix, e.g. \"the capital of France is\"")
+    e.add_argument("prefix", help="the prefix, e.g. \"the capital of France is\" (split into tokens; see --sep)")
+    e.add_argument("--sep", metavar="SEP", help="the prefix is its tokens joined by SEP, e.g. --sep '|' "
+                                                "\"the | capital | of | the capital | is\" (for entities holding template words)")
     e.add_argument("--weights", help="use these weights instead of building")
-    e.add_argument("--json", metavar="PATH", help="write the trace as JSON")
+    add_json(e, "the trace")
+    add_quiet(e)
 
     pl = sub.add_parser("plot", help="draw routing, widths and bound-vs-beta pictures (PNG)", description=(
         "Build and verify the model, then write NAME_routing.png (task x expert routing), NAME_widths.png (expert "
@@ -63,6 +69,7 @@ def parser() -> argparse.ArgumentParser:
     pl.add_argument("--name", help="file name prefix (default: the tasks file's name, or its directory's for tasks.yaml)")
     pl.add_argument("--betas", type=_positive, nargs="+", metavar="BETA",
                     help="beta values for the bound-vs-beta picture (default: integers from the chosen beta - 4 to + 3)")
+    add_json(pl, "the list of pictures written")
     add_quiet(pl)
     return p
 
@@ -179,7 +186,12 @@ def cmd_build(args) -> int:
     if not os.path.isdir(os.path.dirname(out)):
         raise TaskError("the output directory does not exist", file=args.output, fix="create it first")
     layout.save(model.instantiate(), out)
-    print(f"wrote {args.output}: {len(model.experts)} experts, widths {list(model.widths)}, beta = {model.beta}, gamma = {model.gamma}")
+    if args.json:
+        data = {"output": args.output, "experts": len(model.experts), "widths": list(model.widths),
+                "beta": str(model.beta), "gamma": str(model.gamma), "epsilon": model.epsilon}
+        _write_text(args.json, json.dumps(data, indent=2, ensure_ascii=False), _inputs(args) + [args.output])
+    if not args.quiet and args.json != "-":
+        print(f"wrote {args.output}: {len(model.experts)} experts, widths {list(model.widths)}, beta = {model.beta}, gamma = {model.gamma}")
     return EXIT_OK
 
 
@@ -189,7 +201,8 @@ def cmd_explain(args) -> int:
 
     taskset = _load(args)
     weights = layout.load(args.weights) if args.weights else _build(args, taskset).instantiate()
-    info = explain(taskset, weights, args.prefix)
+    prefix = args.prefix.split(args.sep) if args.sep else args.prefix
+    info = explain(taskset, weights, prefix)
     if args.json:
         _write_text(args.json, json.dumps(info, indent=2, ensure_ascii=False), _inputs(args))
         if args.json == "-":
@@ -217,8 +230,12 @@ def cmd_plot(args) -> int:
         parent = os.path.basename(os.path.dirname(os.path.abspath(args.tasks)))
         name = parent if stem == "tasks" and parent else stem
     model = _build(args, taskset)
-    for path in plot_all(taskset, model, args.out, name, args.betas, quiet=args.quiet):
-        print(path)
+    paths = plot_all(taskset, model, args.out, name, args.betas, quiet=args.quiet)
+    if args.json:
+        _write_text(args.json, json.dumps({"pictures": paths}, indent=2, ensure_ascii=False), _inputs(args))
+    if args.json != "-":
+        for path in paths:
+            print(path)
     return EXIT_OK
 
 
@@ -250,3 +267,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except Exception as exc:  # a bug: never exit 1 ("not certified") or 0 for it
+        if os.environ.get("MOE_VERIFIER_DEBUG"):
+            raise
+        print(f"internal error: {type(exc).__name__}: {exc}".replace("\n", " ")
+              + " (a bug: please report it with the command; MOE_VERIFIER_DEBUG=1 shows the traceback)", file=sys.stderr)
+        return EXIT_INTERNAL

@@ -61,6 +61,10 @@ LP_MAX_VARIABLES = 200_000
 
 
 class RoutingError(TaskError):
+    """The construction cannot route the set; ``refs`` names two colliding (task, template) pairs."""
+
+    refs: list = []
+
     """The construction cannot route this task set; names the colliding templates."""
 
 
@@ -315,10 +319,12 @@ def build_gate(taskset: TaskSet, residual: Space, trie: StructureTrie) -> GateRe
     structural = object_query_collisions(trie, structural=True)
     if structural:
         c = structural[0]
-        raise RoutingError(
+        err = RoutingError(
             f"the construction routes by template structure, and {c.message(taskset)} (their subjects differ, "
             f"so the set is well-posed, but the structure gate cannot tell them apart)",
             fix="make the templates differ before ⋆2, e.g. by naming the relation")
+        err.refs = [c.first, c.second]
+        raise err
     index, phi = features(taskset, trie)
     cells = routing_cells(taskset, trie)
     F_k = task_features(taskset, trie, index)
@@ -348,5 +354,10 @@ def build_gate(taskset: TaskSet, residual: Space, trie: StructureTrie) -> GateRe
         if solved and t_det <= 1e-9:
             proof = ("no linear gate over the template-structure and position features routes these prefixes "
                      "(the linear programme over the determined prefixes alone has optimum margin <= 0)")
-    raise RoutingError(_collision_message(taskset, trie, cells, bad, rivals) + "; " + proof,
+    err = RoutingError(_collision_message(taskset, trie, cells, bad, rivals) + "; " + proof,
                        fix="make the templates of different tasks differ at the same positions")
+    i = int(bad[0])
+    node = trie.nodes[int(cells.node[i])]
+    w, j = int(cells.winner[i]), int(rivals[i])
+    err.refs = [(w, int(node.templates[w][0])), (j, 0)]
+    raise err

@@ -24,6 +24,7 @@ from construction.heads import SymHead, heads
 from construction.params import BETA, GAMMA
 from construction.residual import residual_space
 from construction.symbolic import SymMatrix
+from tasks.errors import TaskError
 from tasks.model import TaskSet
 from tasks.structure import StructureTrie, check_routable
 from layout import Expert, Head, Weights
@@ -93,29 +94,82 @@ class SymbolicModel:
         )
 
 
+GRID = 65536
+#: Longest template the construction builds: it has L − 1 structure heads and every query's
+#: residual holds about L·p leak entries, so verification grows like L³ per sentence.
+MAX_TEMPLATE_LENGTH = 1000
+
+
 def dyadic(x: float) -> Fraction:
     """A user-given parameter on the 1/65536 grid, so that every weight is exact in float64."""
-    return Fraction(round(float(x) * 65536), 65536)
+    return Fraction(round(float(x) * GRID), GRID)
+
+
+def _located(err: TaskError, taskset: TaskSet) -> TaskError:
+    """``err`` at the file and line of the first template it refers to (``err.refs``), if known."""
+    refs = getattr(err, "refs", None) or []
+    if not refs or taskset.sources is None:
+        return err
+    file, line = taskset.template_source(*refs[0])
+    problem = err.problem
+    if len(refs) > 1:
+        _, other = taskset.template_source(*refs[1])
+        if other is not None and other != line:
+            problem += f" (the other template is on line {other})"
+    out = type(err)(problem, file=err.file or file, line=err.line or line, fix=err.fix)
+    out.refs = refs
+    return out
+
+
+def _parameter(name: str, value: float, from_flag: bool, taskset: TaskSet) -> Fraction:
+    """A parameter on the construction's grid; one that rounds to 0 is refused where it was written."""
+    f = dyadic(value)
+    if f <= 0:
+        where = {} if from_flag else dict(zip(("file", "line"), taskset.parameter_source(name)))
+        source = f"--{name} {value:g}" if from_flag else f"parameter '{name}' = {value:g}"
+        raise TaskError(f"{source} rounds to 0 on the construction's grid of 1/{GRID} (weights must be exact "
+                        f"binary fractions)", fix=f"give {name} >= 1/{GRID} ≈ {1 / GRID:.2g}", **where)
+    return f
 
 
 def build(taskset: TaskSet, epsilon: float | None = None, beta: float | None = None, gamma: float | None = None) -> SymbolicModel:
     """Construct the model; ε, β, γ default to the task set's, then to computed values.
 
-    Raises :class:`tasks.errors.TaskError` (a RoutingError) if the set cannot be routed.
+    Raises :class:`tasks.errors.TaskError` (a RoutingError) if the set cannot be routed, and
+    a TaskError naming the parameter (and its file and line) if no parameters reach ε.
     """
     epsilon = epsilon if epsilon is not None else (taskset.epsilon if taskset.epsilon is not None else DEFAULT_EPSILON)
+    beta_flag, gamma_flag = beta is not None, gamma is not None
     beta = beta if beta is not None else taskset.parameters.get("beta")
     gamma = gamma if gamma is not None else taskset.parameters.get("gamma")
+    if taskset.L > MAX_TEMPLATE_LENGTH:
+        k, t = next((k, t) for k, task in enumerate(taskset.tasks) for t, tpl in enumerate(task.templates)
+                    if len(tpl.parts) == taskset.L)
+        file, line = taskset.template_source(k, t)
+        raise TaskError(f"a template of {taskset.L} words is longer than the {MAX_TEMPLATE_LENGTH} the construction "
+                        f"builds (it needs {taskset.L - 1} structure heads, and verification grows like L³ per "
+                        f"sentence)", file=file, line=line, fix="split the sentence into shorter templates")
     trie = StructureTrie(taskset)
-    check_routable(taskset, trie)
-    residual = residual_space(taskset)
-    gate = build_gate(taskset, residual, trie)
+    try:
+        check_routable(taskset, trie)
+        residual = residual_space(taskset)
+        gate = build_gate(taskset, residual, trie)
+    except TaskError as err:
+        raise _located(err, taskset) from None
     L, V = taskset.L, taskset.vocabulary.size
-    chosen_beta = dyadic(beta) if beta is not None else bound.smallest_beta(L, gate.beta_condition())
+    smallest = bound.smallest_beta(L, gate.beta_condition())
+    chosen_beta = _parameter("beta", beta, beta_flag, taskset) if beta is not None else smallest
     if gamma is not None:
-        chosen_gamma = dyadic(gamma)
+        chosen_gamma = _parameter("gamma", gamma, gamma_flag, taskset)
     else:
-        chosen_gamma = bound.smallest_gamma(L, V, chosen_beta, epsilon)
+        try:
+            chosen_gamma = bound.smallest_gamma(L, V, chosen_beta, epsilon)
+        except ValueError:
+            where = {} if beta_flag else dict(zip(("file", "line"), taskset.parameter_source("beta")))
+            raise TaskError(f"no gamma makes the proven error bound reach epsilon = {epsilon:g} at beta = {chosen_beta} "
+                            f"(the attention leak at this beta is too large)",
+                            fix=f"raise beta (the construction would choose {smallest}), give gamma too, or raise "
+                                f"epsilon", **where) from None
     return SymbolicModel(
         taskset=taskset,
         residual=residual,

@@ -4,7 +4,8 @@ The verifier's commands (:mod:`cli.main`), the training scripts and the benchmar
 mutation scripts follow the same rules:
 
 * exit status 0: success (or certified), 1: verified and not certified, 2: bad input,
-  reported as one line on stderr (``file:line: problem; fix``), never a traceback;
+  reported as one line on stderr (``file:line: problem; fix``), never a traceback; 3: an
+  internal error (a bug), one line too, so that a crash is never read as a verdict;
 * :class:`Parser`: argparse whose usage errors are such one-line bad input;
 * flag types that refuse what cannot be meant (ε outside (0, 1), non-positive numbers);
 * progress bars (tqdm) on stderr, only when stderr is a terminal and ``--quiet`` is
@@ -18,7 +19,7 @@ import math
 import sys
 from typing import Callable
 
-EXIT_OK, EXIT_NOT_CERTIFIED, EXIT_BAD_INPUT = 0, 1, 2
+EXIT_OK, EXIT_NOT_CERTIFIED, EXIT_BAD_INPUT, EXIT_INTERNAL = 0, 1, 2, 3
 
 
 class Parser(argparse.ArgumentParser):

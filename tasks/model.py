@@ -118,6 +118,11 @@ class Template:
         words = text.split()
         if not words:
             raise TaskError("a template is empty", fix="write words with ⋆1 and ⋆2, e.g. 'the capital of ⋆1 is ⋆2'")
+        for w in words:
+            glued = next((s for s in SLOT_SPELLINGS if s in w and s != w), None)
+            if glued:
+                raise TaskError(f"template '{text}' has the word {w!r}: a slot {glued} must be a word of its own",
+                                fix=f"put spaces around {glued}, e.g. '{w.replace(glued, ' ' + glued + ' ').strip()}'")
         return cls(tuple(SLOT_SPELLINGS.get(w, w) for w in words))
 
     @property
@@ -313,12 +318,27 @@ class Vocabulary:
 
 
 @dataclass(frozen=True)
+class Sources:
+    """Where a loaded task set's parts were written: for messages about them (file:line)."""
+
+    file: str
+    templates: Mapping[tuple[int, int], int] = field(default_factory=dict)   # (task, template) -> line
+    parameters: Mapping[str, int] = field(default_factory=dict)              # beta / gamma -> line
+    epsilon: int | None = None
+
+
+@dataclass(frozen=True)
 class TaskSet:
-    """An ordered set of tasks with unique names, plus optional ε and parameters."""
+    """An ordered set of tasks with unique names, plus optional ε and parameters.
+
+    ``sources`` (set by the loader; not part of equality) says where each template and
+    parameter was written, so that later stages can name ``file:line`` in their errors.
+    """
 
     tasks: tuple[Task, ...]
     epsilon: float | None = None
     parameters: Mapping[str, float] = field(default_factory=dict)
+    sources: Sources | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         tasks = tuple(self.tasks)
@@ -411,6 +431,19 @@ class TaskSet:
     @property
     def n_facts(self) -> int:
         return sum(t.n_facts for t in self.tasks)
+
+    def template_source(self, k: int, t: int) -> tuple[str | None, int | None]:
+        """(file, line) where template t of task k was written, if known."""
+        if self.sources is None:
+            return None, None
+        return self.sources.file, self.sources.templates.get((k, t))
+
+    def parameter_source(self, name: str) -> tuple[str | None, int | None]:
+        """(file, line) of a parameter (``beta``, ``gamma``, ``epsilon``) given in the file, if known."""
+        if self.sources is None:
+            return None, None
+        line = self.sources.epsilon if name == "epsilon" else self.sources.parameters.get(name)
+        return self.sources.file, line
 
     def without(self, name: str) -> "TaskSet":
         """The same task set without one task (for modularity checks)."""

@@ -17,7 +17,7 @@ from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 from tasks.errors import TaskError
 from tasks.facts_files import iter_facts_file
 from tasks.messages import one_line, quoted, show_name, suggest_key, where_line
-from tasks.model import Facts, Task, TaskSet, Template, check_name
+from tasks.model import Facts, Sources, Task, TaskSet, Template, check_name
 from tasks.structure import check_routable
 from tasks.yaml_nodes import FLOAT, IMPLICIT, INT, MAP, MERGE, NULL, SEQ, STR, LineMap, compose, decode, describe, line_of, read_bytes
 
@@ -111,14 +111,18 @@ class _Builder:
             raise self.error(f"{what} has the tag {node.tag}", node, fix="remove the tag")
         return list(node.value)
 
-    def number(self, node: Node, what: str) -> int | float:
+    def number(self, node: Node, what: str, example: str = "0.01") -> int | float:
         """An int or a finite float (an unquoted ``1e-3`` is accepted too)."""
         plain_str = isinstance(node, ScalarNode) and node.tag == STR and node.style is None
         if isinstance(node, ScalarNode) and node.tag == STR and not plain_str:
-            raise self.error(f"{what} is the quoted string {show_name(node.value)}, not a number", node,
-                             fix="remove the quotes")
+            try:
+                float(node.value)
+                fix = "remove the quotes"
+            except ValueError:
+                fix = f"write a number such as {example}"
+            raise self.error(f"{what} is the quoted string {show_name(node.value)}, not a number", node, fix=fix)
         if not isinstance(node, ScalarNode) or (node.tag not in (INT, FLOAT) and not plain_str):
-            raise self.error(f"{what} is {describe(node)}, not a number", node, fix="write a number such as 0.01")
+            raise self.error(f"{what} is {describe(node)}, not a number", node, fix=f"write a number such as {example}")
         try:
             if node.tag == INT:
                 value: int | float = self._constructor.construct_yaml_int(node)
@@ -128,10 +132,10 @@ class _Builder:
                 value = float(node.value)
         except (ValueError, OverflowError, TypeError):
             raise self.error(f"{what} is {show_name(node.value)}, not a number", node,
-                             fix="write a number such as 0.01") from None
+                             fix=f"write a number such as {example}") from None
         if isinstance(value, float) and not math.isfinite(value):
             raise self.error(f"{what} is {show_name(node.value)}, not a finite number", node,
-                             fix="write a number such as 0.01")
+                             fix=f"write a number such as {example}")
         return value
 
     # --- top level --------------------------------------------------------------------
@@ -145,6 +149,9 @@ class _Builder:
         items = self.mapping(root, TOP_KEYS, "at the top level")
         epsilon = self.epsilon(items["epsilon"][1]) if "epsilon" in items else None
         parameters = self.parameters(items["parameters"][1]) if "parameters" in items else {}
+        parameter_lines = ({key: self.line(value) for key, (_, value) in self.mapping(
+            items["parameters"][1], PARAMETER_NAMES, "under 'parameters'").items()}
+            if parameters else {})
         if "tasks" not in items:
             raise self.error("the file has no tasks", root, fix="add a 'tasks:' list")
         heads = self.task_heads(items["tasks"][0], items["tasks"][1])
@@ -156,8 +163,10 @@ class _Builder:
                 tasks.append(Task(head.name, tuple(head.templates), facts))
             except TaskError as e:
                 raise e.located(self.file, head.line) from None
+        sources = Sources(self.file, {(k, t): line for k, head in enumerate(heads) for t, line in enumerate(head.template_lines)},
+                          parameter_lines, self.line(items["epsilon"][1]) if "epsilon" in items else None)
         try:
-            taskset = TaskSet(tuple(tasks), epsilon, parameters)
+            taskset = TaskSet(tuple(tasks), epsilon, parameters, sources)
         except TaskError as e:
             raise e.located(self.file) from None
         self.check_routable(taskset, heads)
@@ -178,7 +187,7 @@ class _Builder:
                              fix=f"write 'name: value' lines under it; names: {', '.join(PARAMETER_NAMES)}")
         out: dict[str, int | float] = {}
         for key, (_, value_node) in self.mapping(node, PARAMETER_NAMES, "under 'parameters'").items():
-            value = self.number(value_node, f"parameter '{key}'")
+            value = self.number(value_node, f"parameter '{key}'", example={"beta": "8", "gamma": "10"}.get(key, "1"))
             if value <= 0:
                 raise self.error(f"parameter '{key}' is {show_name(value_node.value)}, not positive", value_node,
                                  fix="use a positive number")

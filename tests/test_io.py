@@ -7,7 +7,6 @@ import re
 import stat
 import tempfile
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
@@ -186,23 +185,21 @@ def test_permission_denied(tmp_path):
         load_tasks(path)
 
 
-def test_very_deep_nesting_is_refused_quickly():
+def test_very_deep_nesting_is_refused():
+    """Refused by depth, before any nested value is built (no wall-clock assertion: machines are shared)."""
     for text in ("tasks: " + "[" * 200_000, "tasks: " + "{a: " * 50_000, "".join("  " * i + "a:\n" for i in range(300))):
-        start = time.perf_counter()
         with pytest.raises(TaskError, match="nested too deeply"):
             loads_tasks(text, file="deep.yaml")
-        assert time.perf_counter() - start < 2
 
 
-def test_billion_laughs_is_refused_quickly():
+def test_billion_laughs_is_refused_at_the_first_alias():
+    """The first alias is refused, so the 10^29 expansion never starts."""
     levels = ["a0: &a0 [" + ", ".join(["lol"] * 10) + "]"]
     for i in range(1, 30):
         levels.append(f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 10) + "]")
     text = "\n".join(levels) + "\ntasks: *a29\n"
-    start = time.perf_counter()
     with pytest.raises(TaskError, match=r"bomb\.yaml:2: alias '\*a0' is not supported"):
         loads_tasks(text, file="bomb.yaml")
-    assert time.perf_counter() - start < 1
 
 
 def test_nul_in_text_and_bytes_input():

@@ -15,31 +15,68 @@ from layout import Weights
 from verifier.reference import softmax
 
 
-def tokenize(text: str, vocab: tuple[str, ...]) -> list[str]:
-    """Split a prefix into tokens: the longest run of words that is a token wins.
+MAX_READINGS = 20
 
-    Entities may contain spaces (``New York City``); template words do not.
+
+def readings(text: str, vocab: tuple[str, ...], limit: int = MAX_READINGS) -> list[list[str]]:
+    """Every way (up to ``limit``) to split ``text`` into tokens of the vocabulary.
+
+    Entities may contain spaces (``New York City``) and words of templates (``the
+    capital``), so a text can have several readings; they are listed longest tokens
+    first. Raises :class:`TaskError` if there is none (naming the first unknown word).
     """
     known = set(vocab)
     longest = max((len(t.split()) for t in vocab), default=1)
     words = text.split()
-    out, i = [], 0
-    while i < len(words):
-        for span in range(min(longest, len(words) - i), 0, -1):
+    if not words:
+        raise TaskError("the prefix is empty", fix="give at least one token, e.g. 'the capital of France is'")
+    n = len(words)
+    # tails[i]: the readings of words[i:], at most ``limit`` of them
+    tails: list[list[list[str]]] = [[] for _ in range(n)] + [[[]]]
+    for i in range(n - 1, -1, -1):
+        for span in range(min(longest, n - i), 0, -1):
             cand = " ".join(words[i:i + span])
             if cand in known:
-                out.append(cand)
-                i += span
-                break
-        else:
-            raise TaskError(f"the prefix has an unknown token {words[i]!r}", fix="use template words and entities of the task set")
-    if not out:
-        raise TaskError("the prefix is empty", fix="give at least one token, e.g. 'the capital of France is'")
-    return out
+                for rest in tails[i + span]:
+                    if len(tails[i]) < limit:
+                        tails[i].append([cand] + rest)
+    if not tails[0]:
+        bad = next((words[i] for i in range(n) if not any(" ".join(words[i:i + s]) in known
+                                                           for s in range(1, min(longest, n - i) + 1))), words[0])
+        raise TaskError(f"the prefix has an unknown token {bad!r}", fix="use template words and entities of the task set")
+    return tails[0]
 
 
-def explain(taskset: TaskSet, weights: Weights, prefix: str, top: int = 5) -> dict:
-    tokens = tokenize(prefix, weights.vocab)
+def tokenize(text: str, vocab: tuple[str, ...], is_query=None) -> tuple[list[str], str | None]:
+    """The one reading of ``text`` (see :func:`readings`), and a note when it had to be chosen.
+
+    With several readings, the one that is a query of the task set (``is_query``) wins; if
+    none or several are queries the text is ambiguous and a :class:`TaskError` says so,
+    listing readings and how to give the tokens explicitly (``--sep``).
+    """
+    options = readings(text, vocab)
+    if len(options) == 1:
+        return options[0], None
+    shown = "; ".join(" | ".join(r) for r in options[:3]) + (" ..." if len(options) > 3 else "")
+    queries = [r for r in options if is_query is not None and is_query(r)]
+    if len(queries) == 1:
+        return queries[0], f"the text has {len(options)} readings as tokens; the only one that is a query is used"
+    raise TaskError(f"the prefix is ambiguous: it reads as {len(options)}{'+' if len(options) >= MAX_READINGS else ''} "
+                    f"token sequences ({shown}){'' if queries or is_query is None else ', none of them a query'}",
+                    fix="give the tokens explicitly, e.g. --sep '|' \"" + " | ".join(options[0]) + "\"")
+
+
+def explain(taskset: TaskSet, weights: Weights, prefix: str | list[str], top: int = 5) -> dict:
+    """Trace one prefix: text (split into tokens, see :func:`tokenize`) or a list of tokens."""
+    note = None
+    if isinstance(prefix, str):
+        tokens, note = tokenize(prefix, weights.vocab, lambda r: bool(_valid_next(taskset, r)))
+    else:
+        tokens = [t.strip() for t in prefix]
+        unknown = [t for t in tokens if t not in set(weights.vocab)]
+        if unknown or not tokens:
+            raise TaskError(f"the prefix has an unknown token {unknown[0]!r}" if unknown else "the prefix is empty",
+                            fix="use template words and entities of the task set")
     if len(tokens) >= weights.n_positions:
         raise TaskError(f"the prefix has {len(tokens)} tokens; the model takes at most {weights.n_positions - 1}",
                         fix="give a shorter prefix")
@@ -53,7 +90,7 @@ def explain(taskset: TaskSet, weights: Weights, prefix: str, top: int = 5) -> di
         q = H[-1] @ head.W_Q.T.toarray()
         k = H @ head.W_K.T.toarray()
         a = softmax(k @ q)
-        heads.append({"head": m, "attention": {("<BOS>" if j == 0 else tokens[j - 1]) + f"@{j}": float(a[j]) for j in range(n)}})
+        heads.append({"head": m, "role": _head_role(weights, m), "attention": {("<BOS>" if j == 0 else tokens[j - 1]) + f"@{j}": float(a[j]) for j in range(n)}})
         R[-1] += (a @ (H @ head.W_V.T.toarray())) @ head.W_O.T.toarray()
     r = R[-1]
     g = weights.W_G @ r + weights.b_G
@@ -72,6 +109,7 @@ def explain(taskset: TaskSet, weights: Weights, prefix: str, top: int = 5) -> di
     cert = certify(weights, [tokens], [sorted(valid)])
     return {
         "prefix": tokens,
+        "note": note,
         "heads": heads,
         "gate": [{"expert": int(k), "task": weights.expert_tasks[k] or None, "score": float(g[k])} for k in np.argsort(-g)[:top]],
         "expert": e,
@@ -82,6 +120,19 @@ def explain(taskset: TaskSet, weights: Weights, prefix: str, top: int = 5) -> di
         "certified_error": [float(cert.err_lo[0]), float(cert.err_hi[0])] if valid else None,
         "certified_gate_margin": float(cert.margin[0]),
     }
+
+
+def _head_role(weights: Weights, m: int) -> str:
+    """What head m writes, from the residual labels (``structure head: slot3``, ``subject head: subj``)."""
+    if weights.residual_labels is None:
+        return ""
+    rows = np.unique(weights.heads[m].W_O.tocoo().row)
+    blocks = sorted({weights.residual_labels[int(r)].split(":")[0] for r in rows})
+    if blocks == ["subj"]:
+        return "subject head, writes subj"
+    if len(blocks) == 1 and blocks[0].startswith("slot"):
+        return f"structure head, writes {blocks[0]}"
+    return ("writes " + ", ".join(blocks[:4]) + (" ..." if len(blocks) > 4 else "")) if blocks else "writes nothing"
 
 
 def _valid_next(taskset: TaskSet, tokens: list[str]) -> set[str]:
@@ -95,9 +146,12 @@ def _valid_next(taskset: TaskSet, tokens: list[str]) -> set[str]:
 
 def render(info: dict) -> str:
     lines = [f"prefix: {' | '.join(info['prefix'])}"]
+    if info.get("note"):
+        lines.append(f"note: {info['note']}")
     for h in info["heads"]:
         att = ", ".join(f"{k} {v:.3f}" for k, v in h["attention"].items())
-        lines.append(f"  head {h['head']}: {att}")
+        role = f" ({h['role']})" if h.get("role") else ""
+        lines.append(f"  head {h['head']}{role}: {att}")
     lines.append("gate: " + ", ".join(f"expert {x['expert']} ({x['task']}) {x['score']:.4f}" for x in info["gate"]))
     lines.append(f"routed to expert {info['expert']} ({info['expert_task']}); certified margin {info['certified_gate_margin']:.4g}")
     lines.append("neurons: " + (", ".join(f"{x['neuron']} = {x['activation']:.4f}" for x in info["neurons"]) or "none fire"))

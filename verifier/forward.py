@@ -99,6 +99,20 @@ class Prepared:
         # Tokens with identical projections give identical scores / values: class ids per head.
         self.qk_class = [_dense_row_classes(np.concatenate([h.QE[0], h.QE[1], h.KE[0], h.KE[1]], axis=1)) for h in self.heads]
         self.v_class = [_sparse_row_classes(h.OE) for h in self.heads]
+        # Every head at once: query/key projections side by side (head m owns columns
+        # starts[m] .. starts[m] + widths[m]), value paths stacked (head m's rows after
+        # m·(V+1) and m·n_pos), one class per token over all heads' scores.
+        hs = self.heads
+        self.widths = np.array([h.QE[0].shape[1] for h in hs], np.int64)
+        self.starts = np.concatenate([[0], np.cumsum(self.widths)[:-1]]).astype(np.int64)
+        stack = lambda pick: tuple(np.concatenate([pick(h)[i] for h in hs], axis=1) if hs else np.zeros((0, 0))  # noqa: E731
+                                   for i in (0, 1))
+        self.QE, self.QP, self.KE, self.KP = (stack(lambda h: h.QE), stack(lambda h: h.QP), stack(lambda h: h.KE),
+                                              stack(lambda h: h.KP))
+        self.qk_all = _dense_row_classes(np.stack(self.qk_class, axis=1)) if hs else np.zeros(E.shape[0], np.int64)
+        self.v_all = np.stack(self.v_class) if hs else np.zeros((0, E.shape[0]), np.int64)
+        self.OE = I.vstack([h.OE for h in hs]) if hs else None
+        self.OP = I.vstack([h.OP for h in hs]) if hs else None
         self.E = E
         self.P = P
         self.UT = weights.U.T.tocsr()
@@ -188,14 +202,17 @@ class _Terms:
         self.shape = (n, d)
         self.rows, self.cols, self.mid, self.rad = [], [], [], []
 
-    def rows_of(self, M: SparseInterval, src: np.ndarray | None, am=None, ar=None) -> None:
-        """Rows ``src`` of M (all rows if None) as the batch's rows 0..n−1, optionally scaled by [am ± ar]."""
+    def rows_of(self, M: SparseInterval, src: np.ndarray | None, am=None, ar=None, target: np.ndarray | None = None) -> None:
+        """Rows ``src`` of M (all rows if None), optionally each scaled by [am ± ar] (one interval per
+        source row), added to the batch rows ``target`` (default: 0, 1, 2, ... in order)."""
         X = M if src is None else M.rows(src)
         r = X.row_ids()
         mid, rad = X.mid, X.rad
         if am is not None:
             a_m, a_r = am[r], ar[r]
             mid, rad = a_m * X.mid, I.mul_rad(a_m, a_r, X.mid, X.rad)
+        if target is not None:
+            r = target[r]
         self.rows.append(r); self.cols.append(X.indices); self.mid.append(mid); self.rad.append(rad)
 
     def total(self) -> SparseInterval:
@@ -207,33 +224,72 @@ class _Terms:
 def head_output(prep: Prepared, m: int, ids: np.ndarray) -> SparseInterval:
     """W_O Σ_j a_j W_V h_j at the last position, for rows of ``ids`` (n x (p+1), BOS first).
 
-    Evaluated once per distinct (score classes, value classes) row, then gathered.
+    Evaluated once per distinct (score classes, value classes) row, then gathered; every
+    position j is handled in the same array operations (no loop over positions).
     """
     h = prep.heads[m]
     n, p1 = ids.shape
     p = p1 - 1
     qk = prep.qk_class[m][ids]
     first, inv = _unique_rows(qk)
-    rep = ids[first]
-    q_m, q_r = I.gather_add(h.QE, h.QP, rep[:, p], p)
-    s_mid, s_rad = np.empty((rep.shape[0], p1)), np.empty((rep.shape[0], p1))
+    rep = ids[first]                                                      # (n', p+1)
     with np.errstate(invalid="ignore", over="ignore"):
-        for j in range(p1):
-            k_m, k_r = I.gather_add(h.KE, h.KP, rep[:, j], j)
-            s_mid[:, j], s_rad[:, j] = I.dot_rows(q_m, q_r, k_m, k_r)
+        q_m, q_r = I.gather_add(h.QE, h.QP, rep[:, p], p)                # (n', d_h)
+        k_m, k_r = I.gather_add(h.KE, h.KP, rep, np.arange(p1)[None, :])  # (n', p+1, d_h)
+        s_mid, s_rad = I.dot_rows(q_m[:, None, :], q_r[:, None, :], k_m, k_r)
         a_lo, a_hi = softmax_bounds(I.lower(s_mid, s_rad), I.upper(s_mid, s_rad), s_mid)
     am, ar = I.from_bounds(a_lo, a_hi)
     combo = np.concatenate([inv[:, None], prep.v_class[m][ids]], axis=1)
     cfirst, cinv = _unique_rows(combo)
     crep = ids[cfirst]
-    cam, car = am[inv[cfirst]], ar[inv[cfirst]]
+    cam, car = am[inv[cfirst]].reshape(-1), ar[inv[cfirst]].reshape(-1)  # one interval per (row, position)
     nc = cfirst.size
+    target = np.repeat(np.arange(nc, dtype=np.int64), p1)
     terms = _Terms(nc, prep.weights.d)
     with np.errstate(invalid="ignore", over="ignore"):
-        for j in range(p1):
-            terms.rows_of(h.OE, crep[:, j], cam[:, j], car[:, j])
-            terms.rows_of(h.OP, np.full(nc, j, np.int64), cam[:, j], car[:, j])
+        terms.rows_of(h.OE, crep.reshape(-1), cam, car, target)
+        terms.rows_of(h.OP, np.tile(np.arange(p1, dtype=np.int64), nc), cam, car, target)
         return terms.total().rows(cinv)
+
+
+def heads_output(prep: Prepared, ids: np.ndarray, terms: "_Terms") -> None:
+    """Add every head's W_O Σ_j a_j W_V h_j at the last position to ``terms`` (rows of ``ids``,
+    n x (p+1), BOS first), all heads and positions in the same array operations.
+
+    Scores are computed once per distinct row of token classes (over all heads), the
+    softmax once per (row, head); value terms once per distinct (head, attention row,
+    value classes of the row's tokens), then gathered back to every row.
+    """
+    H = len(prep.heads)
+    if H == 0:
+        return
+    n, p1 = ids.shape
+    p = p1 - 1
+    V1, npos = prep.weights.E.shape[0], prep.weights.P.shape[0]
+    first, inv = _unique_rows(prep.qk_all[ids])
+    rep = ids[first]                                                        # (n', p+1)
+    with np.errstate(invalid="ignore", over="ignore"):
+        q_m, q_r = I.gather_add(prep.QE, prep.QP, rep[:, p], p)           # (n', Σd_h)
+        k_m, k_r = I.gather_add(prep.KE, prep.KP, rep, np.arange(p1)[None, :])  # (n', p+1, Σd_h)
+        s_mid, s_rad = I.dot_segments(q_m[:, None, :], q_r[:, None, :], k_m, k_r, prep.starts, prep.widths)
+        s_mid, s_rad = s_mid.transpose(0, 2, 1), s_rad.transpose(0, 2, 1)  # (n', H, p+1)
+        a_lo, a_hi = softmax_bounds(I.lower(s_mid, s_rad), I.upper(s_mid, s_rad), s_mid)
+    am, ar = I.from_bounds(a_lo, a_hi)                                      # (n', H, p+1)
+    # one key per (head, row): the head, its attention row's class, its tokens' value classes
+    key = np.concatenate([np.broadcast_to(np.arange(H)[:, None, None], (H, n, 1)),
+                          np.broadcast_to(inv[None, :, None], (H, n, 1)), prep.v_all[:, ids]], axis=2).reshape(H * n, p1 + 2)
+    kfirst, kinv = _unique_rows(key)
+    head, row = kfirst // n, kfirst % n
+    nk = kfirst.size
+    a_m = am[inv[row], head].reshape(-1)
+    a_r = ar[inv[row], head].reshape(-1)
+    target = np.repeat(np.arange(nk, dtype=np.int64), p1)
+    reps = _Terms(nk, prep.weights.d)
+    with np.errstate(invalid="ignore", over="ignore"):
+        reps.rows_of(prep.OE, (head[:, None] * V1 + ids[row]).reshape(-1), a_m, a_r, target)
+        reps.rows_of(prep.OP, (head[:, None] * npos + np.arange(p1)[None, :]).reshape(-1), a_m, a_r, target)
+        out = reps.total()
+    terms.rows_of(out, kinv, target=np.tile(np.arange(n, dtype=np.int64), H))
 
 
 def residual(prep: Prepared, tokens: np.ndarray) -> SparseInterval:
@@ -247,8 +303,7 @@ def residual(prep: Prepared, tokens: np.ndarray) -> SparseInterval:
     terms = _Terms(n, w.d)
     terms.rows_of(prep.E, ids[:, p])
     terms.rows_of(prep.P, np.full(n, p, np.int64))
-    for m in range(len(prep.heads)):
-        terms.rows_of(head_output(prep, m, ids), None)
+    heads_output(prep, ids, terms)
     with np.errstate(invalid="ignore", over="ignore"):
         return terms.total()
 

@@ -252,6 +252,28 @@ def dot_rows(am, ar, bm, br):
     return m, guard(m, add_rad(up(sum_factor(t) * np.sum(w, axis=-1)), (t + 1) * ETA))
 
 
+def dot_segments(am, ar, bm, br, starts: np.ndarray, widths: np.ndarray):
+    """Dot products over consecutive segments of the last axis (one per head of a stack).
+
+    Segment s covers ``widths[s]`` entries from ``starts[s]``; the result has one entry
+    per segment along the last axis, each enclosed as in :func:`dot_rows` (with γ for
+    the widest segment); an empty segment is exactly 0.
+    """
+    t = int(widths.max(initial=0))
+    g = gamma(t + 1)
+    shape = np.broadcast_shapes(am.shape, bm.shape)[:-1] + (starts.size,)
+    if am.shape[-1] == 0 or bm.shape[-1] == 0 or t == 0:
+        return np.zeros(shape), np.zeros(shape)
+    safe = np.minimum(starts, am.shape[-1] - 1)
+    m = np.add.reduceat(am * bm, safe, axis=-1)
+    w = add_rad(up(np.abs(am) * br), up(ar * np.abs(bm)), up(ar * br), up(g * up(np.abs(am) * np.abs(bm))))
+    r = add_rad(up(sum_factor(t) * np.add.reduceat(w, safe, axis=-1)), (t + 1) * ETA)
+    empty = widths == 0
+    m = np.where(empty, 0.0, m)
+    r = np.where(empty, 0.0, r)
+    return m, guard(m, r)
+
+
 def gather_add(A: tuple[np.ndarray, np.ndarray], B: tuple[np.ndarray, np.ndarray], rows_a, row_b):
     """A[rows_a] + B[row_b] for dense intervals; the addition's rounding is at most u·|fl| (A1)."""
     m = A[0][rows_a] + B[0][row_b]
@@ -370,6 +392,18 @@ def sum_terms(shape, rows, cols, mids, rads) -> SparseInterval:
     ptr = np.zeros(n_rows + 1, np.int64)
     np.cumsum(np.bincount(out_rows, minlength=n_rows), out=ptr[1:])
     return SparseInterval(tuple(shape), ptr, ukey - out_rows * n_cols, mid, rad)
+
+
+def vstack(parts: list[SparseInterval]) -> SparseInterval:
+    """The rows of every part, one part after another (same number of columns)."""
+    cols = parts[0].shape[1]
+    ptrs, offset = [np.zeros(1, np.int64)], 0
+    for x in parts:
+        ptrs.append(x.indptr[1:] + offset)
+        offset += x.nnz
+    return SparseInterval((sum(x.shape[0] for x in parts), cols), np.concatenate(ptrs),
+                          np.concatenate([x.indices for x in parts]), np.concatenate([x.mid for x in parts]),
+                          np.concatenate([x.rad for x in parts]))
 
 
 def add(A: SparseInterval, B: SparseInterval) -> SparseInterval:

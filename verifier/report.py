@@ -88,6 +88,40 @@ def _printable(value: Any) -> str:
     return text if text.isprintable() else "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
+def _g(x: Any) -> str:
+    """A number for a reader: 4 significant digits, inf/nan spelled out."""
+    if x is None:
+        return "-"
+    x = float(x)
+    return "inf" if x == math.inf else "-inf" if x == -math.inf else "nan" if math.isnan(x) else f"{x:.4g}"
+
+
+def _expert(c: dict) -> str:
+    task = c.get("routed_task")
+    return f"expert {c['routed_expert']}" + (f" ({task})" if task else "")
+
+
+def counterexample_lines(c: dict) -> list[str]:
+    """Two readable lines: which query, and the numbers that fail it."""
+    subject = f", subject '{_printable(c['subject'])}'" if c.get("subject") is not None else ""
+    valid = ", ".join(f"'{_printable(v)}'" for v in c.get("valid_next", [])) or "none"
+    head = (f"counterexample [{c['check']}]: task '{_printable(c['task'])}', template '{_printable(c['template'])}'{subject}, "
+            f"prefix '{_printable(c['prefix'])}' (valid next: {valid})")
+    if c["check"] == "routing":
+        scores = ", ".join(f"expert {s['expert']}{' (' + str(s['task']) + ')' if s.get('task') else ''} "
+                           f"[{_g(s['lower'])}, {_g(s['upper'])}]" for s in c.get("gate_scores", []))
+        what = (f"routed to {_expert(c)}, serving {'no task' if not c.get('routed_task') else repr(c['routed_task'])}; "
+                f"certified margin {_g(c['margin'])} (must be > 0 and the task consistent: "
+                f"{', '.join(c.get('consistent_tasks', []))}); gate scores {scores}")
+    elif c["check"] == "error":
+        what = (f"routed to {_expert(c)}; error 1 - P(valid) in [{_g(c['error_lower'])}, {_g(c['error_upper'])}], "
+                f"not below epsilon {_g(c['epsilon'])}; the top token is '{_printable(c['predicted'])}'")
+    else:
+        what = (f"with {_expert(c)}'s output removed, the error's lower end is {_g(c['ablated_error_lower'])} < epsilon "
+                f"{_g(c['epsilon'])}: the model still answers, the knowledge is not (only) in that expert")
+    return [head, f"  {what}"]
+
+
 def table(report: Report) -> str:
     head = ["task", "|T|", "N", "L", "c(k)", "width", "queries", "err bound", "err measured", "margin", "routing", "ok"]
     rows = []
@@ -114,9 +148,7 @@ def summary(report: Report) -> str:
     for note in report.notes:
         lines.append(f"note: {note}")
     for c in report.counterexamples[:5]:
-        nums = {k: v for k, v in c.items() if k not in ("check", "task", "template", "subject", "prefix", "valid_next", "consistent_tasks")}
-        lines.append(f"counterexample [{c['check']}]: task '{c['task']}', template '{c['template']}', subject {c['subject']!r}, "
-                     f"prefix '{c['prefix']}', valid next {c['valid_next']}: {nums}")
+        lines.extend(counterexample_lines(c))
     if len(report.counterexamples) > 5:
         lines.append(f"... {len(report.counterexamples) - 5} more counterexamples in the JSON report")
     failed = [r.name for r in report.tasks if not r.certified]

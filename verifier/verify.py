@@ -258,12 +258,12 @@ class _State:
         for i in np.flatnonzero(err_bad)[:max(room, 0)]:
             pred = res.predicted[i]
             self.pending.append(("error", int(b.node[i]), int(b.index[i]), {
-                "routed_expert": int(e[i]), "error_lower": float(res.err_lo[i]), "error_upper": float(res.err_hi[i]),
+                "routed_expert": int(e[i]), "routed_task": names[served[i]] if served[i] >= 0 else None, "error_lower": float(res.err_lo[i]), "error_upper": float(res.err_hi[i]),
                 "epsilon": eps, "predicted": weights.vocab[pred] if pred >= 0 else "(a zero-logit token)"}))
         room = MAX_COUNTEREXAMPLES - len(self.pending)
         for i in np.flatnonzero(oq & ~(res.ablated_lo >= eps))[:max(room, 0)]:
             self.pending.append(("entanglement", int(b.node[i]), int(b.index[i]), {
-                "routed_expert": int(e[i]), "ablated_error_lower": float(res.ablated_lo[i]), "epsilon": eps,
+                "routed_expert": int(e[i]), "routed_task": names[served[i]] if served[i] >= 0 else None, "ablated_error_lower": float(res.ablated_lo[i]), "epsilon": eps,
                 "why": "with its expert's output removed the model still answers this object query: "
                        "the knowledge is not (only) in that expert"}))
 

@@ -1,0 +1,209 @@
+"""What a demanding new user hit, each as a regression test (one line, exit 2, file:line; no hang).
+
+Parameters that cannot be used, long templates, explain on entities that contain template
+words, construction refusals without a location, flags every command accepts, readable
+counterexamples and messages, no wall-clock assertions in the suite, and a test command
+that shows its own summary.
+"""
+
+from __future__ import annotations
+
+import ast
+import configparser
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cli.main import main
+from construction.model import MAX_TEMPLATE_LENGTH, build
+from tasks.errors import TaskError
+from tasks.io import loads_tasks
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE = ROOT / "examples" / "capitals.yaml"
+
+
+def one_line_exit_2(capsys, argv) -> str:
+    code = main([str(a) for a in argv])
+    out = capsys.readouterr()
+    lines = out.err.strip().splitlines()
+    assert code == 2, (code, out.err, out.out)
+    assert len(lines) == 1 and "Traceback" not in out.err, out.err
+    return lines[0]
+
+
+def write(tmp_path, text: str, name: str = "tasks.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+CAPITAL = "tasks:\n  - name: capital\n    templates: [the capital of *1 is *2]\n    facts: {France: Paris, Japan: Tokyo}\n"
+
+
+# --- 1 and 4: parameters ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("command", ["check", "inspect", "build", "explain", "plot"])
+def test_beta_without_a_reachable_gamma_is_bad_input_in_every_command(tmp_path, capsys, command):
+    extra = {"build": ["-o", tmp_path / "w.npz"], "explain": ["the capital of France is"], "plot": ["--out", tmp_path]}[command] \
+        if command in ("build", "explain", "plot") else []
+    line = one_line_exit_2(capsys, [command, EXAMPLE, "--beta", "3", *extra])
+    assert "no gamma" in line and "beta" in line
+
+
+def test_beta_from_the_file_is_reported_at_its_line(tmp_path, capsys):
+    path = write(tmp_path, "parameters:\n  beta: 3\n" + CAPITAL)
+    line = one_line_exit_2(capsys, ["check", path])
+    assert f"{path}:2:" in line and "no gamma" in line
+
+
+@pytest.mark.parametrize("value", ["1e-9", "0.000001"])
+def test_parameters_that_round_to_zero_are_refused(tmp_path, capsys, value):
+    assert "rounds to 0" in one_line_exit_2(capsys, ["check", EXAMPLE, "--beta", value])
+    assert "rounds to 0" in one_line_exit_2(capsys, ["check", EXAMPLE, "--gamma", value])
+    path = write(tmp_path, f"parameters:\n  gamma: {value}\n" + CAPITAL)
+    assert f"{path}:2:" in one_line_exit_2(capsys, ["check", path])
+
+
+# --- 2: long templates -------------------------------------------------------------------------------
+
+
+def long_set(words: int, facts: int = 3) -> str:
+    body = [f"w{i}" for i in range(words - 2)]
+    template = " ".join(body[: len(body) // 2] + ["*1"] + body[len(body) // 2:] + ["*2"])
+    return (f'tasks:\n  - name: long\n    templates: ["{template}"]\n    facts:\n'
+            + "".join(f"      S{i}: O{i}\n" for i in range(facts)))
+
+
+def test_a_100_word_template_certifies(tmp_path, capsys):
+    path = write(tmp_path, long_set(100))
+    assert main(["check", str(path), "--quiet"]) == 0
+    assert "CERTIFIED" in capsys.readouterr().out
+
+
+def test_a_template_beyond_the_limit_is_refused_up_front(tmp_path, capsys):
+    path = write(tmp_path, long_set(MAX_TEMPLATE_LENGTH + 1))
+    line = one_line_exit_2(capsys, ["check", path])
+    assert f"{path}:3:" in line and "longer than" in line
+
+
+# --- 3: explain and entities that contain template words -----------------------------------------------
+
+
+AMBIGUOUS = "tasks:\n  - name: capital\n    templates: [the capital of *1 is *2]\n    facts: {the capital: Paris, France: Paris}\n"
+
+
+def test_explain_picks_the_reading_that_is_a_query(tmp_path, capsys):
+    path = write(tmp_path, AMBIGUOUS)
+    assert main(["explain", str(path), "the capital of the capital is"]) == 0
+    out = capsys.readouterr().out
+    assert "prefix: the | capital | of | the capital | is" in out and "readings" in out
+    assert "valid next: ['Paris']" in out
+
+
+def test_explain_takes_explicit_tokens(tmp_path, capsys):
+    path = write(tmp_path, AMBIGUOUS)
+    assert main(["explain", str(path), "--sep", "|", "the|capital|of|the capital|is", "--json", "-"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["prefix"] == ["the", "capital", "of", "the capital", "is"] and data["note"] is None
+
+
+def test_explain_says_when_a_text_is_ambiguous_between_queries(tmp_path, capsys):
+    # 'x a b' is the query 'x' + entity 'a b' and also 'x' + entity 'a' + word 'b'
+    path = write(tmp_path, "tasks:\n  - name: t\n    templates: [x *1 y *2, x *1 b *2]\n    facts: {a b: o1, a: o2}\n")
+    line = one_line_exit_2(capsys, ["explain", path, "x a b"])
+    assert "ambiguous" in line and "--sep" in line
+
+
+def test_explain_labels_the_subject_head(capsys):
+    assert main(["explain", str(EXAMPLE), "the capital of France is"]) == 0
+    out = capsys.readouterr().out
+    assert "(subject head, writes subj)" in out and "(structure head, writes slot1)" in out
+
+
+# --- 5: construction refusals name the file and line ----------------------------------------------------
+
+
+@pytest.mark.parametrize("text,line", [
+    ("tasks:\n  - name: a\n    templates: [\"*1 is in *2\"]\n    facts: {P: F}\n"
+     "  - name: b\n    templates: [\"*1 is in *2\"]\n    facts: {F: E}\n", 3),
+    ("tasks:\n  - name: same\n    templates: [p p *1 *2, q q *1 *2]\n    facts: {A: B}\n"
+     "  - name: diff\n    templates: [p q *1 *2, q p *1 *2]\n    facts: {C: D}\n", 6),
+])
+def test_construction_refusals_name_the_template_line(tmp_path, capsys, text, line):
+    path = write(tmp_path, text)
+    message = one_line_exit_2(capsys, ["check", path])
+    assert message.startswith(f"error: {path}:{line}:") and "the other template is on line" in message
+
+
+# --- 6: smaller things -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("command,extra", [("check", []), ("inspect", []), ("build", ["-o", "{tmp}/w.npz"]),
+                                           ("explain", ["the capital of France is"]), ("plot", ["--out", "{tmp}/p"])])
+def test_every_command_takes_quiet_and_json(tmp_path, command, extra):
+    extra = [e.replace("{tmp}", str(tmp_path)) for e in extra]
+    out = subprocess.run([sys.executable, "-m", "verifier", command, str(EXAMPLE), *extra, "--quiet",
+                          "--json", str(tmp_path / "out.json")], capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    assert out.stderr == ""           # stderr is not a terminal here: no progress either way
+    json.loads((tmp_path / "out.json").read_text(encoding="utf-8"))
+
+
+def test_plot_prints_no_progress_when_stderr_is_not_a_terminal(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "verifier", "plot", str(EXAMPLE), "--out", str(tmp_path)],
+                         capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0 and out.stderr == ""
+
+
+def test_counterexamples_read_as_text_not_python(capsys):
+    assert main(["check", str(EXAMPLE), "--gamma", "3", "--quiet"]) == 1
+    out = capsys.readouterr().out
+    lines = [line for line in out.splitlines() if "counterexample" in line or line.startswith("  ")]
+    assert lines and not any("{'" in line or "None" in line for line in lines)
+    assert "error 1 - P(valid) in [" in out and "subject None" not in out
+
+
+@pytest.mark.parametrize("text,fragment", [
+    ('epsilon: "abc"\n' + CAPITAL, "write a number such as 0.01"),
+    ('epsilon: "0.05"\n' + CAPITAL, "remove the quotes"),
+    ('parameters: {beta: "big"}\n' + CAPITAL, "write a number such as 8"),
+    ("tasks:\n  - name: c\n    templates: [\"*1is *2\"]\n    facts: {F: P}\n", "must be a word of its own"),
+])
+def test_messages_say_what_is_meant(text, fragment):
+    with pytest.raises(TaskError, match=fragment.replace("(", r"\(")):
+        loads_tasks(text, file="t.yaml")
+
+
+# --- 7 and 8: the test suite itself ------------------------------------------------------------------------
+
+
+def test_no_wall_clock_assertions_in_the_tests():
+    """Timing belongs in benchmarks: an assertion on elapsed time fails on a busy machine."""
+    clocks = {"perf_counter", "monotonic", "time", "process_time"}
+    for path in (ROOT / "tests").glob("*.py"):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef):
+                reads_clock = any(isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute) and c.func.attr in clocks
+                                  for c in ast.walk(node))
+                asserts = [a for a in ast.walk(node) if isinstance(a, ast.Assert)]
+                assert not (reads_clock and asserts), (path, node.name, "reads a clock and asserts")
+
+
+def test_the_readme_test_command_shows_its_summary():
+    cfg = configparser.ConfigParser()
+    cfg.read(ROOT / "setup.cfg")
+    addopts = cfg["tool:pytest"].get("addopts", "")
+    assert "-q" not in addopts.split()       # -q plus the README's 'python -m pytest' hid the 'N passed' line
+    assert "python -m pytest" in (ROOT / "README.md").read_text(encoding="utf-8").split("\n\n")[1]
+
+
+def test_build_refusals_are_task_errors():
+    ts = loads_tasks("parameters: {beta: 3}\n" + CAPITAL, file="t.yaml")
+    with pytest.raises(TaskError, match="t.yaml:1"):
+        build(ts)
