@@ -245,3 +245,55 @@ def test_absent_logits_are_exactly_zero_only_without_terms():
 def test_nonfinite_rows_are_flagged(bad):
     S = I.SparseInterval((2, 2), np.array([0, 1, 2]), np.array([0, 1]), np.array([1.0, bad]), np.array([0.0, 0.0]))
     assert S.nonfinite_rows().tolist() == [False, True]
+
+
+# --- the compiled kernels' scalar arithmetic ---------------------------------------------------------
+
+
+@SETTINGS
+@given(st.one_of(st.floats(-800, 800), st.floats(-1e-15, 1e-15), st.floats(700, 712), st.floats(-750, -730),
+                 st.sampled_from([0.0, -0.0, 5e-324, -5e-324, 2.0 ** -60, -(2.0 ** -60), 2.0 ** -59])))
+def test_kernel_exp_encloses_exp(x):
+    from verifier import kernels as K
+
+    lo, hi = K.exp_lower(x), K.exp_upper(x)
+    with mpmath.workdps(50):
+        e = mpmath.exp(mpmath.mpf(x))
+        assert mpmath.mpf(lo) <= e <= mpmath.mpf(hi)
+
+
+@SETTINGS
+@given(floats(-1074, 1000))
+def test_upward_step_is_at_least_nextafter(x):
+    from verifier import kernels as K
+
+    x = abs(x)
+    assert K.upp(x) >= np.nextafter(x, np.inf)
+
+
+def test_kernel_tables_round_up_like_the_functions():
+    from verifier import kernels as K
+
+    for n in (0, 1, 2, 3, 17, 100, K.TABLE - 1):
+        exact_g = Fraction(n + 1, 2 ** 53) / (1 - Fraction(n + 1, 2 ** 53))
+        assert _F(K.GAMMA1[n]) >= exact_g and K.GAMMA1[n] == K.gamma(n + 1)
+        assert K.FACTOR[n] == K.sum_factor(n)
+
+
+def test_kernel_products_enclose():
+    from verifier import kernels as K
+
+    rng = np.random.default_rng(0)
+    for _ in range(2000):
+        am, bm = (math.ldexp(float(rng.uniform(-1, 1)), int(rng.integers(-1074, 600))) for _ in range(2))
+        ar, br = (abs(math.ldexp(float(rng.uniform(0, 1)), int(rng.integers(-1074, 600)))) for _ in range(2))
+        m, r = K.mul_interval(am, ar, bm, br)
+        if math.isfinite(r):
+            worst = max(abs((_F(am) + sa * _F(ar)) * (_F(bm) + sb * _F(br)) - _F(m)) for sa in (-1, 1) for sb in (-1, 1))
+            assert worst <= _F(r)
+
+
+def test_kernel_platform_check():
+    from verifier import kernels as K
+
+    K.check()

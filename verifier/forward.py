@@ -4,29 +4,29 @@ A batch is n prefixes of one length p (token ids, BOS prepended here). For each 
 the pass returns enclosures of the gate scores, the routing decision with its
 certified margin, and the error 1 − P(valid) of the next-token distribution, for the
 model and for the model with the routed expert's output removed (ablation). The
-equations are those of :mod:`layout`; the arithmetic is
-:mod:`verifier.interval` (mid-radius, every radius rounded upward, enclosed exp).
+equations are those of :mod:`layout`; the arithmetic is :mod:`verifier.interval`
+(mid-radius, every radius rounded upward, enclosed exp), carried out per row by the
+compiled kernels of :mod:`verifier.kernels`.
 
-Zeros. Sparse intermediate results are :class:`~verifier.interval.SparseInterval`
-values whose pattern is *structural*: an entry is absent only when no term of the
-forward pass contributes to it, and is then exactly 0. Two shortcuts rest on that and
-nothing else: a logit absent from the product U·y is exactly 0 (counted, not
-enumerated), and a neuron absent from W_1·r has pre-activation exactly b_1 (so its
-activation is exactly max(b_1, 0)). A value that underflowed, or cancelled, stays
-present with a radius of at least η and is amplified honestly by later layers.
+Stages of :func:`run_batch`:
 
-Non-finite values. A row whose residual, expert output or logits hold a non-finite
-enclosure (an overflow) is decided by nothing: its error is [0, 1], its margin −∞.
+1. **Attention** (numpy): per head, the score intervals and softmax enclosures, once per
+   distinct row of token classes (rows whose tokens have identical projections share
+   them); every head and position in the same array operations.
+2. **Residual** (:func:`verifier.kernels.residual`): E[x_p] + P[p] + each head's value
+   rows scaled by its attention intervals, summed per entry.
+3. **Gate** (:func:`verifier.kernels.gate`): scores and one radius per row; the routed
+   expert, the certified margin, and every expert that may still win.
+4. **Experts and error** (:func:`verifier.kernels.experts`): for each (row, expert that
+   may win), W_1·r + b_1, ReLU, y = r + c·W_2·a, the logits U·y and the error enclosure;
+   the reported enclosure is the worst over the experts that may win.
+5. **Ablation** (:func:`verifier.kernels.ablated`): the error of softmax(U·r).
 
-Speed without changing the computation:
-
-* **Linearity.** W_K h_j = W_K E[x_j] + W_K P[j], and likewise for queries and for the
-  value path W_O W_V h_j. The per-token and per-position projections are computed once
-  per weights (:class:`Prepared`), as intervals, and gathered per row. In exact
-  arithmetic this is the same forward pass; the enclosures cover both roundings.
-* **Sharing.** Rows with identical score intervals have identical softmax enclosures;
-  the softmax is evaluated once per distinct score row. Identical exp arguments are
-  enclosed once.
+Zeros are structural everywhere: an entry no term of the forward pass reaches is
+exactly 0 (a logit of no touched direction is 0 and counted; a neuron the row does not
+reach has pre-activation exactly b_1); an entry whose terms underflowed or cancelled
+keeps a radius. A row with a non-finite enclosure anywhere decides nothing: error
+[0, 1], margin −∞.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from verifier import interval as I
+from verifier import kernels as K_
 from verifier.batches import take_csr
 from verifier.interval import SparseInterval
 from layout import Weights
@@ -121,7 +122,57 @@ class Prepared:
         # the largest |W_G[k, j]| per residual direction j (0 where the gate reads nothing)
         self.wg_colmax = np.zeros(weights.d)
         np.maximum.at(self.wg_colmax, weights.W_G.indices, np.abs(weights.W_G.data))
+        self.wg_max_terms = int(np.diff(weights.W_G.indptr).max(initial=1))
         self.experts = [(e.W_1.T.tocsr(), e.b_1, e.W_2.T.tocsr(), np.flatnonzero(e.b_1 > 0)) for e in weights.experts]
+        # All experts side by side for the kernels: neuron g of expert k is global neuron
+        # off[k] + g; W_1^T rows list (global neuron, weight) sorted by neuron.
+        widths = np.array([e.width for e in weights.experts], np.int64)
+        self.off = np.concatenate([[0], np.cumsum(widths)]).astype(np.int64)
+        W1 = sp.vstack([e.W_1 for e in weights.experts]).tocsr() if widths.sum() else sp.csr_matrix((0, weights.d))
+        self.W1T = _csr_arrays(W1.T.tocsr())
+        self.W2T = _csr_arrays(sp.hstack([e.W_2 for e in weights.experts]).T.tocsr() if widths.sum()
+                               else sp.csr_matrix((0, weights.d)))
+        self.b1 = np.concatenate([e.b_1 for e in weights.experts]) if widths.sum() else np.zeros(0)
+        pos = [np.flatnonzero(e.b_1 > 0) + self.off[k] for k, e in enumerate(weights.experts)]
+        self.pos_ptr = np.concatenate([[0], np.cumsum([x.size for x in pos])]).astype(np.int64)
+        self.pos_idx = np.concatenate(pos).astype(np.int64) if pos else np.zeros(0, np.int64)
+        self.UT_arrays = _csr_arrays(self.UT)
+        self.WGT_arrays = _csr_arrays(self.WGT)
+        self.E_arrays = _csr_arrays(weights.E)
+        self.P_arrays = _csr_arrays(weights.P)
+        self.max_width = int(widths.max(initial=1))
+        self._scratch = None
+        self._stamp = 0
+
+    def scratch(self):
+        """Sparse-accumulator work arrays (allocated once per process, on first use)."""
+        if self._scratch is None:
+            K_.check()
+            d, V, w = self.weights.d, len(self.weights.vocab), max(self.max_width, 1)
+
+            def spa(size):
+                """(accumulator rows: stamp, mid, A, B, count; the touched columns)."""
+                acc = np.zeros((size, 5))
+                acc[:, 0] = -1.0
+                return acc, np.zeros(size, np.int64)
+
+            self._scratch = {"z": spa(w), "y": spa(max(d, 1)), "L": spa(max(V, 1)),
+                             "v": np.full(max(V, 1), -1.0),
+                             "buf": (np.zeros(max(d, 1), np.int64), np.zeros(max(d, 1)), np.zeros(max(d, 1)))}
+        return self._scratch
+
+    def stamps(self, count: int) -> int:
+        """The first of ``count`` fresh stamps (every row handled by a kernel gets its own)."""
+        first = self._stamp
+        self._stamp += count
+        return first
+
+
+def _csr_arrays(M: sp.csr_matrix) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(indptr, indices, data) of a canonical CSR matrix as int64/float64 arrays."""
+    M = sp.csr_matrix(M)
+    M.sort_indices()
+    return (M.indptr.astype(np.int64), M.indices.astype(np.int64), M.data.astype(np.float64))
 
 
 def _dense_row_classes(X: np.ndarray) -> np.ndarray:
@@ -195,78 +246,19 @@ def _csr_rows(M: sp.csr_matrix, rows: np.ndarray):
 # --- the pass ---------------------------------------------------------------------------------
 
 
-class _Terms:
-    """Interval terms (row, col, mid, rad) to be summed, each optionally scaled by an interval per row."""
+def attention(prep: Prepared, ids: np.ndarray):
+    """Every head's attention enclosures at the last position of the rows of ``ids`` (n x (p+1)).
 
-    def __init__(self, n: int, d: int) -> None:
-        self.shape = (n, d)
-        self.rows, self.cols, self.mid, self.rad = [], [], [], []
-
-    def rows_of(self, M: SparseInterval, src: np.ndarray | None, am=None, ar=None, target: np.ndarray | None = None) -> None:
-        """Rows ``src`` of M (all rows if None), optionally each scaled by [am ± ar] (one interval per
-        source row), added to the batch rows ``target`` (default: 0, 1, 2, ... in order)."""
-        X = M if src is None else M.rows(src)
-        r = X.row_ids()
-        mid, rad = X.mid, X.rad
-        if am is not None:
-            a_m, a_r = am[r], ar[r]
-            mid, rad = a_m * X.mid, I.mul_rad(a_m, a_r, X.mid, X.rad)
-        if target is not None:
-            r = target[r]
-        self.rows.append(r); self.cols.append(X.indices); self.mid.append(mid); self.rad.append(rad)
-
-    def total(self) -> SparseInterval:
-        cat = lambda xs, dt: np.concatenate(xs) if xs else np.zeros(0, dt)  # noqa: E731
-        return I.sum_terms(self.shape, cat(self.rows, np.int64), cat(self.cols, np.int64),
-                           cat(self.mid, np.float64), cat(self.rad, np.float64))
-
-
-def head_output(prep: Prepared, m: int, ids: np.ndarray) -> SparseInterval:
-    """W_O Σ_j a_j W_V h_j at the last position, for rows of ``ids`` (n x (p+1), BOS first).
-
-    Evaluated once per distinct (score classes, value classes) row, then gathered; every
-    position j is handled in the same array operations (no loop over positions).
+    Returns (row class of each row, mid and rad of the weights: (classes, heads, p+1)).
+    Scores are computed once per distinct row of token classes (over all heads), as
+    segmented dot products of the heads' stacked query and key projections.
     """
-    h = prep.heads[m]
     n, p1 = ids.shape
     p = p1 - 1
-    qk = prep.qk_class[m][ids]
-    first, inv = _unique_rows(qk)
-    rep = ids[first]                                                      # (n', p+1)
-    with np.errstate(invalid="ignore", over="ignore"):
-        q_m, q_r = I.gather_add(h.QE, h.QP, rep[:, p], p)                # (n', d_h)
-        k_m, k_r = I.gather_add(h.KE, h.KP, rep, np.arange(p1)[None, :])  # (n', p+1, d_h)
-        s_mid, s_rad = I.dot_rows(q_m[:, None, :], q_r[:, None, :], k_m, k_r)
-        a_lo, a_hi = softmax_bounds(I.lower(s_mid, s_rad), I.upper(s_mid, s_rad), s_mid)
-    am, ar = I.from_bounds(a_lo, a_hi)
-    combo = np.concatenate([inv[:, None], prep.v_class[m][ids]], axis=1)
-    cfirst, cinv = _unique_rows(combo)
-    crep = ids[cfirst]
-    cam, car = am[inv[cfirst]].reshape(-1), ar[inv[cfirst]].reshape(-1)  # one interval per (row, position)
-    nc = cfirst.size
-    target = np.repeat(np.arange(nc, dtype=np.int64), p1)
-    terms = _Terms(nc, prep.weights.d)
-    with np.errstate(invalid="ignore", over="ignore"):
-        terms.rows_of(h.OE, crep.reshape(-1), cam, car, target)
-        terms.rows_of(h.OP, np.tile(np.arange(p1, dtype=np.int64), nc), cam, car, target)
-        return terms.total().rows(cinv)
-
-
-def heads_output(prep: Prepared, ids: np.ndarray, terms: "_Terms") -> None:
-    """Add every head's W_O Σ_j a_j W_V h_j at the last position to ``terms`` (rows of ``ids``,
-    n x (p+1), BOS first), all heads and positions in the same array operations.
-
-    Scores are computed once per distinct row of token classes (over all heads), the
-    softmax once per (row, head); value terms once per distinct (head, attention row,
-    value classes of the row's tokens), then gathered back to every row.
-    """
     H = len(prep.heads)
-    if H == 0:
-        return
-    n, p1 = ids.shape
-    p = p1 - 1
-    V1, npos = prep.weights.E.shape[0], prep.weights.P.shape[0]
     first, inv = _unique_rows(prep.qk_all[ids])
+    if H == 0:
+        return inv, np.zeros((first.size, 0, p1)), np.zeros((first.size, 0, p1))
     rep = ids[first]                                                        # (n', p+1)
     with np.errstate(invalid="ignore", over="ignore"):
         q_m, q_r = I.gather_add(prep.QE, prep.QP, rep[:, p], p)           # (n', Σd_h)
@@ -274,149 +266,56 @@ def heads_output(prep: Prepared, ids: np.ndarray, terms: "_Terms") -> None:
         s_mid, s_rad = I.dot_segments(q_m[:, None, :], q_r[:, None, :], k_m, k_r, prep.starts, prep.widths)
         s_mid, s_rad = s_mid.transpose(0, 2, 1), s_rad.transpose(0, 2, 1)  # (n', H, p+1)
         a_lo, a_hi = softmax_bounds(I.lower(s_mid, s_rad), I.upper(s_mid, s_rad), s_mid)
-    am, ar = I.from_bounds(a_lo, a_hi)                                      # (n', H, p+1)
-    # one key per (head, row): the head, its attention row's class, its tokens' value classes
-    key = np.concatenate([np.broadcast_to(np.arange(H)[:, None, None], (H, n, 1)),
-                          np.broadcast_to(inv[None, :, None], (H, n, 1)), prep.v_all[:, ids]], axis=2).reshape(H * n, p1 + 2)
-    kfirst, kinv = _unique_rows(key)
-    head, row = kfirst // n, kfirst % n
-    nk = kfirst.size
-    a_m = am[inv[row], head].reshape(-1)
-    a_r = ar[inv[row], head].reshape(-1)
-    target = np.repeat(np.arange(nk, dtype=np.int64), p1)
-    reps = _Terms(nk, prep.weights.d)
-    with np.errstate(invalid="ignore", over="ignore"):
-        reps.rows_of(prep.OE, (head[:, None] * V1 + ids[row]).reshape(-1), a_m, a_r, target)
-        reps.rows_of(prep.OP, (head[:, None] * npos + np.arange(p1)[None, :]).reshape(-1), a_m, a_r, target)
-        out = reps.total()
-    terms.rows_of(out, kinv, target=np.tile(np.arange(n, dtype=np.int64), H))
+    am, ar = I.from_bounds(a_lo, a_hi)
+    return inv.astype(np.int64), np.ascontiguousarray(am), np.ascontiguousarray(ar)
 
 
 def residual(prep: Prepared, tokens: np.ndarray) -> SparseInterval:
     """r at the last position for rows of ``tokens`` (n x p, weights' ids), enclosed.
 
-    r = E[x_p] + P[p] + Σ_m (head m's output), summed once with a rounding bound.
+    r = E[x_p] + P[p] + Σ_m (head m's output), each entry a sum of terms with a rounding
+    bound (:func:`verifier.kernels.residual`).
     """
     w = prep.weights
     n, p = tokens.shape
-    ids = np.concatenate([np.full((n, 1), w.bos, np.int64), tokens], axis=1)  # (n, p+1)
-    terms = _Terms(n, w.d)
-    terms.rows_of(prep.E, ids[:, p])
-    terms.rows_of(prep.P, np.full(n, p, np.int64))
-    heads_output(prep, ids, terms)
+    ids = np.ascontiguousarray(np.concatenate([np.full((n, 1), w.bos, np.int64), tokens], axis=1))  # (n, p+1)
+    att, am, ar = attention(prep, ids)
+    H = len(prep.heads)
+    OE = prep.OE if H else I.SparseInterval((0, w.d), np.zeros(1, np.int64), np.zeros(0, np.int64), np.zeros(0), np.zeros(0))
+    OP = prep.OP if H else OE
+    V1, npos = w.E.shape[0], w.P.shape[0]
+    (Ep, Ei, Ev), (Pp, Pi, Pv) = prep.E_arrays, prep.P_arrays
+    cap = K_.residual_bound(ids, Ep, Pp, OE.indptr, OP.indptr, H, V1, npos)
+    yacc, ytouched = prep.scratch()["y"]
+    stamp0 = prep.stamps(n)
     with np.errstate(invalid="ignore", over="ignore"):
-        return terms.total()
+        ptr, idx, mid, rad = K_.residual(ids, att, am, ar, Ep, Ei, Ev, Pp, Pi, Pv,
+                                        OE.indptr, OE.indices, OE.mid, OE.rad, OP.indptr, OP.indices, OP.mid, OP.rad,
+                                        H, V1, npos, yacc, ytouched, stamp0, max(cap, 1))
+    return SparseInterval((n, w.d), ptr, idx, mid, rad)
 
 
-def expert_output(prep: Prepared, k: int, R: SparseInterval) -> SparseInterval:
-    """W_2 ReLU(W_1 r + b_1) for expert k on the interval rows R, enclosed.
-
-    A neuron absent from the structural pattern of W_1·r has no term: its pre-activation
-    is exactly b_1, so its activation is exactly max(b_1, 0) (added for b_1 > 0).
-    """
-    W1T, b1, W2T, positive = prep.experts[k]
-    n = R.shape[0]
-    width = W1T.shape[1]
-    with np.errstate(invalid="ignore", over="ignore"):
-        Z = I.matmul(R, W1T)
-        rows, cols = Z.row_ids(), Z.indices
-        zm = Z.mid + b1[cols]
-        zr = I.add_rad(Z.rad, I.up(I.U * np.abs(zm)))
-        am, ar = I.from_bounds(np.maximum(I.lower(zm, zr), 0.0), np.maximum(I.upper(zm, zr), 0.0))
-    if positive.size:
-        key = rows * width + cols
-        extra_r = np.repeat(np.arange(n, dtype=np.int64), positive.size)
-        extra_c = np.tile(positive, n)
-        missing = ~np.isin(extra_r * width + extra_c, key)
-        rows = np.concatenate([rows, extra_r[missing]])
-        cols = np.concatenate([cols, extra_c[missing]])
-        am = np.concatenate([am, b1[extra_c[missing]]])
-        ar = np.concatenate([ar, np.zeros(int(missing.sum()))])
-    A = I.from_coo((n, width), rows, cols, am, ar).prune()
-    with np.errstate(invalid="ignore", over="ignore"):
-        return I.matmul(A, W2T)
+LOGITS_PER_RUN = 4_000_000
 
 
-def sparse_error(L: SparseInterval, V: int, valid_ptr: np.ndarray, valid: np.ndarray):
-    """Enclosure of 1 − P(valid) from sparse logit intervals (absent logits are exactly 0).
-
-    error = S_inv / (S_inv + S_val) with S the sums of e^(logit − M) over invalid and
-    valid tokens; it increases in S_inv and decreases in S_val. Tokens absent from the
-    pattern contribute e^(−M) each and are counted.
-    """
-    n = L.shape[0]
-    rows = L.row_ids()
-    cols = L.indices
-    with np.errstate(invalid="ignore", over="ignore"):
-        lo, hi = I.lower(L.mid, L.rad), I.upper(L.mid, L.rad)
-    stored = np.diff(L.indptr)
-    vrows = np.repeat(np.arange(n, dtype=np.int64), np.diff(valid_ptr))
-    vkey = np.unique(vrows * V + np.asarray(valid, np.int64))      # a valid token counts once
-    n_valid = np.bincount(vkey // V, minlength=n)
-    key = rows * V + cols
-    if vkey.size:
-        pos = np.minimum(np.searchsorted(vkey, key), vkey.size - 1)
-        is_valid = vkey[pos] == key
-    else:
-        is_valid = np.zeros(key.size, bool)
-    stored_valid = np.bincount(rows, weights=is_valid, minlength=n).astype(np.int64)
-    zero_valid = n_valid - stored_valid
-    zero_invalid = V - stored - zero_valid
-    has_zero = (V - stored) > 0
-    M = np.full(n, -np.inf)
-    np.maximum.at(M, rows, np.nan_to_num(L.mid, nan=0.0))
-    M = np.where(has_zero, np.maximum(M, 0.0), M)
-    M = np.where(np.isfinite(M), M, 0.0)
-    with np.errstate(invalid="ignore", over="ignore"):
-        e_lo = I.exp_lo_unique(I.down(lo - M[rows]))
-        e_hi = I.exp_hi_unique(I.up(hi - M[rows]))
-        z_lo = I.exp_lo_unique(I.down(-M))
-        z_hi = I.exp_hi_unique(I.up(-M))
-        c = I.sum_factor(int(stored.max(initial=0)) + 1)
-        d = I.down(1.0 - I.gamma(int(stored.max(initial=0)) + 1))
-        inv = ~is_valid
-
-        def hi_sum(mask, zeros, z):
-            s = np.bincount(rows, weights=np.where(mask, e_hi, 0.0), minlength=n)
-            return I.up(I.up(c * s) + I.up(zeros * z))
-
-        def lo_sum(mask, zeros, z):
-            s = np.bincount(rows, weights=np.where(mask, e_lo, 0.0), minlength=n)
-            return I.down(I.down(d * s) + I.down(zeros * z))
-
-        inv_hi, val_hi = hi_sum(inv, zero_invalid, z_hi), hi_sum(is_valid, zero_valid, z_hi)
-        inv_lo, val_lo = lo_sum(inv, zero_invalid, z_lo), lo_sum(is_valid, zero_valid, z_lo)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        err_hi = I.up(inv_hi / I.down(inv_hi + val_lo))
-        err_lo = I.down(inv_lo / I.up(inv_lo + val_hi))
-    bad = L.nonfinite_rows()
-    err_hi = np.where(np.isfinite(err_hi) & ~bad, np.minimum(err_hi, 1.0), 1.0)
-    err_lo = np.where(np.isfinite(err_lo) & ~bad, np.maximum(err_lo, 0.0), 0.0)
-    predicted = np.full(n, -1, np.int64)
-    if rows.size:
-        order = np.lexsort((-np.nan_to_num(L.mid, nan=-np.inf), rows))
-        first = np.ones(order.size, bool)
-        first[1:] = rows[order][1:] != rows[order][:-1]
-        best = np.full(n, -np.inf)
-        predicted[rows[order][first]] = cols[order][first]
-        best[rows[order][first]] = L.mid[order][first]
-        predicted = np.where(has_zero & (best < 0), -1, predicted)
-    return err_lo, err_hi, predicted
+def _row_runs(bound: np.ndarray, limit: int) -> list[tuple[int, int]]:
+    """Consecutive row ranges whose summed ``bound`` stays within ``limit`` (one row at least)."""
+    runs, a, total = [], 0, 0
+    for i, c in enumerate(bound.tolist()):
+        if total + c > limit and i > a:
+            runs.append((a, i))
+            a, total = i, 0
+        total += c
+    runs.append((a, bound.size))
+    return runs
 
 
 def gate_scores(prep: Prepared, R: SparseInterval) -> tuple[np.ndarray, np.ndarray]:
-    """(n, K) midpoints of g = W_G r + b_G and one radius per row bounding every score's error.
-
-    The product's row bound (:func:`verifier.interval.row_bound_matmul`), plus the
-    rounding of adding b_G: at most u·|fl(·)| per score (A1), so u·max_k |G_ik| per row.
-    """
-    w = prep.weights
+    """(n, K) midpoints of g = W_G r + b_G and one radius per row bounding every score's error
+    (:func:`verifier.kernels.gate`)."""
     with np.errstate(invalid="ignore", over="ignore"):
-        Gm, rho = I.row_bound_matmul(R, prep.WGT, prep.wg_colmax)
-        Gm = Gm + w.b_G[None, :]
-        rad = I.add_rad(rho, I.up(I.U * np.abs(Gm).max(axis=1, initial=0.0)))
-    bad = ~np.isfinite(Gm).all(axis=1) | ~np.isfinite(rad) | R.nonfinite_rows()
-    return Gm, np.where(bad, np.inf, rad)
+        return K_.gate(R.indptr, R.indices, R.mid, R.rad, *prep.WGT_arrays, prep.wg_colmax,
+                       np.asarray(prep.weights.b_G, np.float64), prep.wg_max_terms)
 
 
 def run_batch(prep: Prepared | Weights, tokens: np.ndarray, valid_ptr: np.ndarray, valid: np.ndarray,
@@ -452,42 +351,48 @@ def run_batch(prep: Prepared | Weights, tokens: np.ndarray, valid_ptr: np.ndarra
         # An expert may win unless its upper end is certainly below the winner's lower end.
         cand = ~(I.up(Gm + Grad[:, None]) < I.down(ge - Grad)[:, None])
     cand[rows, e] = True
+    pair_rows, pair_experts = np.nonzero(cand)
     if w.gate_mode == "top1-scaled":
         first, inv = _unique_rows(Gm, Grad[:, None])
         Gf, Rf = Gm[first], Grad[first][:, None]
         with np.errstate(invalid="ignore", over="ignore"):
             p_lo, p_hi = softmax_bounds(I.lower(Gf, Rf), I.upper(Gf, Rf), Gf)
-        p_lo, p_hi = p_lo[inv], p_hi[inv]
+        cm, cr = I.from_bounds(p_lo[inv][pair_rows, pair_experts], p_hi[inv][pair_rows, pair_experts])
+    else:
+        cm, cr = np.ones(pair_rows.size), np.zeros(pair_rows.size)
+    sc = prep.scratch()
+    vptr = np.asarray(valid_ptr, np.int64)
+    vals = np.asarray(valid, np.int64)
     err_lo = np.full(n, np.inf)
     err_hi = np.full(n, -np.inf)
     predicted = np.full(n, -1, np.int64)
-    for k in np.flatnonzero(cand.any(axis=0)):
-        idx = np.flatnonzero(cand[:, k])
-        Rk = R.rows(idx)
-        out = expert_output(prep, int(k), Rk)
-        if w.gate_mode == "top1-scaled":
-            out = I.scale_rows(out, *I.from_bounds(p_lo[idx, k], p_hi[idx, k]))
-        with np.errstate(invalid="ignore", over="ignore"):
-            Y = I.add(Rk, out)
-            L = I.matmul(Y, prep.UT, prep.absUT)
-        vptr, vals = take_csr(valid_ptr, valid, idx)
-        lo, hi, pred = sparse_error(L, V, vptr, vals)
-        bad = Y.nonfinite_rows()
-        lo, hi = np.where(bad, 0.0, lo), np.where(bad, 1.0, hi)
-        err_lo[idx] = np.minimum(err_lo[idx], lo)
-        err_hi[idx] = np.maximum(err_hi[idx], hi)
-        routed = e[idx] == k
-        predicted[idx[routed]] = pred[routed]
     ab_lo, ab_hi = np.full(n, np.nan), np.full(n, np.nan)
-    rows_ab = np.arange(n) if ablate is None else np.flatnonzero(ablate)
-    if rows_ab.size:
-        Ra = R.rows(rows_ab)
+    ablate = np.ones(n, bool) if ablate is None else np.asarray(ablate, bool)
+    UT_ptr, UT_idx, UT_val = prep.UT_arrays
+    # U·r for a run of rows at a time, so that memory stays bounded for any unembedding
+    bound = K_.logits_bound(R.indptr, R.indices, UT_ptr)
+    for a, b in _row_runs(bound, LOGITS_PER_RUN):
+        Rc = R if (a, b) == (0, n) else R.rows(np.arange(a, b))
+        vp, vv = take_csr(vptr, vals, np.arange(a, b))
         with np.errstate(invalid="ignore", over="ignore"):
-            L = I.matmul(Ra, prep.UT, prep.absUT)
-        vptr, vals = take_csr(valid_ptr, valid, rows_ab)
-        lo, hi, _ = sparse_error(L, V, vptr, vals)
-        bad = Ra.nonfinite_rows()
-        ab_lo[rows_ab], ab_hi[rows_ab] = np.where(bad, 0.0, lo), np.where(bad, 1.0, hi)
+            L = K_.logits(Rc.indptr, Rc.indices, Rc.mid, Rc.rad, UT_ptr, UT_idx, UT_val, *sc["L"],
+                          prep.stamps(b - a), max(int(bound[a:b].sum()), 1))
+            sel = (pair_rows >= a) & (pair_rows < b)
+            lo, hi, pred = K_.experts((pair_rows[sel] - a).astype(np.int64), pair_experts[sel].astype(np.int64),
+                                      np.ascontiguousarray(cm[sel]), np.ascontiguousarray(cr[sel]),
+                                      Rc.indptr, Rc.indices, Rc.mid, Rc.rad, *L,
+                                      *prep.W1T, prep.off, prep.b1, prep.pos_ptr, prep.pos_idx, *prep.W2T,
+                                      UT_ptr, UT_idx, UT_val, V, vp, vv, *sc["z"], *sc["y"], *sc["L"], sc["v"],
+                                      prep.stamps(int(sel.sum())))
+            rows_sel = pair_rows[sel]
+            np.minimum.at(err_lo, rows_sel, lo)
+            np.maximum.at(err_hi, rows_sel, hi)
+            routed = pair_experts[sel] == e[rows_sel]
+            predicted[rows_sel[routed]] = pred[routed]
+            ab = np.flatnonzero(ablate[a:b])
+            if ab.size:
+                ab_lo[a + ab], ab_hi[a + ab] = K_.ablated(ab.astype(np.int64), *L, V, vp, vv, *sc["L"], sc["v"],
+                                                          prep.stamps(ab.size))
     key = -np.nan_to_num(Gm, nan=np.inf)
     top = np.argpartition(key, min(2, K - 1), axis=1)[:, :3] if K > 3 else np.argsort(key, axis=1)
     top = np.take_along_axis(top, np.argsort(np.take_along_axis(key, top, 1), axis=1), 1)

@@ -43,7 +43,9 @@ s_j = up(xr_j + up(γ_n·|xm_j|)) >= xr_j + γ_n|xm_j| (A2), and by Lemma 2 the 
 up(up(c_n·fl(Σ s_j|b_j|)) + 2n·η), c_n = up(1 + 2γ_n), bounds the error. The floor
 2n·η is what makes an *underflowed* entry safe: however small its computed terms,
 a structurally present entry keeps a radius of at least η, which later layers amplify
-honestly instead of treating as an exact zero.
+honestly instead of treating as an exact zero. (The code uses the larger floor
+:data:`FLOOR` = 2^-1022, the smallest normal number, in place of η: as sound, and
+radii then never enter the slow subnormal range.)
 
 Sparse intervals
 ----------------
@@ -78,6 +80,10 @@ import scipy.sparse as sp
 
 U = 2.0 ** -53
 ETA = 2.0 ** -1074
+#: The underflow allowance per product in radii. Lemma 2 needs at least η/2 per product;
+#: any larger bound is as sound, and the smallest normal number keeps radii out of the
+#: subnormal range, where x86 arithmetic takes a microcode path many times slower.
+FLOOR = 2.0 ** -1022
 LN2_LO = 0.6931471805599452862  # the float just below ln 2 (checked in tests)
 LN2_HI = 0.6931471805599453972  # the float just above ln 2
 _TAYLOR = [1.0 / math.factorial(i) for i in range(15)]
@@ -155,25 +161,33 @@ def _reduce(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return k, r_lo, r_hi
 
 
+TINY = 2.0 ** -60
+
+
 def _exp_lower(x: np.ndarray) -> np.ndarray:
-    """A lower bound of e^x: e^x >= e^min(x, 709); 0 below −740 and for NaN."""
-    xs = np.clip(np.nan_to_num(x, nan=-np.inf), -740.0, 709.0)
+    """A lower bound of e^x: e^x >= e^min(x, 709); 0 below −740 and for NaN; down(1) for
+    |x| <= 2^-60 (e^x >= 1 − 2^-60 there; and no subnormal arithmetic in the polynomial)."""
+    xn = np.nan_to_num(x, nan=-np.inf)
+    tiny = np.abs(xn) <= TINY
+    xs = np.where(tiny, 0.0, np.clip(xn, -740.0, 709.0))
     k, r_lo, _ = _reduce(xs)
     t = down(_horner(r_lo) - _HORNER_ERR)
     with np.errstate(under="ignore"):
         v = down(np.ldexp(t, k.astype(np.int64)))
-    return np.where(np.nan_to_num(x, nan=-np.inf) < -740.0, 0.0, np.maximum(v, 0.0))
+    return np.where(xn < -740.0, 0.0, np.where(tiny, down(1.0), np.maximum(v, 0.0)))
 
 
 def _exp_upper(x: np.ndarray) -> np.ndarray:
-    """An upper bound of e^x: e^x <= e^max(x, −740); +inf above 709 and for NaN."""
+    """An upper bound of e^x: e^x <= e^max(x, −740); +inf above 709 and for NaN; up(1) for
+    |x| <= 2^-60 (e^x < 1 + 2^-59 there)."""
     xn = np.nan_to_num(x, nan=np.inf)
-    xs = np.clip(xn, -740.0, 709.0)
+    tiny = np.abs(xn) <= TINY
+    xs = np.where(tiny, 0.0, np.clip(xn, -740.0, 709.0))
     k, _, r_hi = _reduce(xs)
     t = up(_horner(r_hi) + _HORNER_ERR)
     with np.errstate(under="ignore"):
         v = up(np.ldexp(t, k.astype(np.int64)))
-    return np.where(xn > 709.0, np.inf, v)
+    return np.where(xn > 709.0, np.inf, np.where(tiny, up(1.0), v))
 
 
 def exp_enclosure(lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -227,7 +241,7 @@ def mul_rad(am, ar, bm, br):
     |ab − fl(am·bm)| <= |am|·br + ar·|bm| + ar·br + u·|fl(am·bm)| + η/2 by (A1).
     """
     m = am * bm
-    return guard(m, add_rad(up(np.abs(am) * br), up(ar * np.abs(bm)), up(ar * br), up(U * np.abs(m)), ETA))
+    return guard(m, add_rad(up(np.abs(am) * br), up(ar * np.abs(bm)), up(ar * br), up(U * np.abs(m)), FLOOR))
 
 
 def sum_rad(mids: np.ndarray, rads: np.ndarray, axis: int = -1):
@@ -249,7 +263,7 @@ def dot_rows(am, ar, bm, br):
     g = gamma(t + 1)
     m = np.sum(am * bm, axis=-1)
     w = add_rad(up(np.abs(am) * br), up(ar * np.abs(bm)), up(ar * br), up(g * up(np.abs(am) * np.abs(bm))))
-    return m, guard(m, add_rad(up(sum_factor(t) * np.sum(w, axis=-1)), (t + 1) * ETA))
+    return m, guard(m, add_rad(up(sum_factor(t) * np.sum(w, axis=-1)), (t + 1) * FLOOR))
 
 
 def dot_segments(am, ar, bm, br, starts: np.ndarray, widths: np.ndarray):
@@ -267,7 +281,7 @@ def dot_segments(am, ar, bm, br, starts: np.ndarray, widths: np.ndarray):
     safe = np.minimum(starts, am.shape[-1] - 1)
     m = np.add.reduceat(am * bm, safe, axis=-1)
     w = add_rad(up(np.abs(am) * br), up(ar * np.abs(bm)), up(ar * br), up(g * up(np.abs(am) * np.abs(bm))))
-    r = add_rad(up(sum_factor(t) * np.add.reduceat(w, safe, axis=-1)), (t + 1) * ETA)
+    r = add_rad(up(sum_factor(t) * np.add.reduceat(w, safe, axis=-1)), (t + 1) * FLOOR)
     empty = widths == 0
     m = np.where(empty, 0.0, m)
     r = np.where(empty, 0.0, r)
@@ -453,7 +467,7 @@ def matmul(X: SparseInterval, B: sp.csr_matrix, absB: sp.csr_matrix | None = Non
     Rs = (S @ (abs(B) if absB is None else absB)).tocsr()
     Rs.sort_indices()
     mid = _align(C, Ym)
-    rad = guard(mid, add_rad(up(sum_factor(n) * _align(C, Rs)), up(2.0 * ETA * C.data)))
+    rad = guard(mid, add_rad(up(sum_factor(n) * _align(C, Rs)), up(2.0 * FLOOR * C.data)))
     return SparseInterval(shape, C.indptr.astype(np.int64), C.indices.astype(np.int64), mid, rad)
 
 
@@ -479,7 +493,7 @@ def row_bound_matmul(X: SparseInterval, B: sp.csr_matrix, colmax: np.ndarray):
     n_row = np.bincount(rows, minlength=X.shape[0])
     S = np.bincount(rows, weights=t, minlength=X.shape[0])
     S = up(sum_factor(int(n_row.max(initial=1))) * S)
-    rad = add_rad(S, float(2 * (max_terms + 1)) * ETA)
+    rad = add_rad(S, float(2 * (max_terms + 1)) * FLOOR)
     with np.errstate(invalid="ignore"):
         return Ym, np.where(np.isfinite(Ym).all(axis=1) & np.isfinite(rad), rad, np.inf)
 

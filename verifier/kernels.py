@@ -1,0 +1,613 @@
+"""Compiled row kernels of the certified pass (numba): residual, gate, experts, logits, error.
+
+Every function here computes, one query row at a time, exactly the enclosures that
+:mod:`verifier.interval` defines, with the same arithmetic model (A1)–(A3) and the same
+two lemmas; only the bookkeeping differs. Instead of batched sparse products (which
+sort, allocate and compute structural patterns separately), each row accumulates its
+terms in a *sparse accumulator*: a dense scratch array indexed by column, plus a list
+of the columns touched for this row (a stamp per column says which row last touched
+it, so nothing is ever cleared). A column is touched exactly when some term of the
+forward pass contributes to it, so "absent" is structural by construction: an entry
+no term reaches is exactly 0, and an entry whose terms underflowed keeps its floor
+2n·η.
+
+Per entry with n terms t_1..t_n (each a product of a float x and a weight w, or a
+plain interval), the kernels accumulate, in the order the terms arrive:
+
+* ``mid``: the float sum of the terms' midpoints (products rounded to nearest);
+* ``A``: the float sum of the terms' own radii, each rounded up (``up(xr·|w|)``);
+* ``B``: the float sum of ``up(|xm|·|w|)`` (for the rounding of ``mid``);
+
+and the entry's radius is ``up(up(c_n·up(A + up(γ_n·B))) + 2n·η)``. By Lemma 1 the
+true sums are at most c_n times the computed ones (non-negative terms, additions
+only), and by Lemma 2 the midpoint's own error is at most γ_n·ΣB + n·η: the radius
+bounds |exact − mid|. A non-finite mid or radius makes the whole row undecided.
+
+Rounding steps. For a quantity of either sign: ``np.nextafter`` (C's ``nextafter``:
+exact). For a non-negative one (every radius, every sum of radii): :func:`upp`,
+x·(1 + 2^-52) + 2^-1022, which is at least nextafter(x, +∞): for x in [2^e, 2^(e+1))
+the product exceeds x by x·2^-52 >= 2^(e−52) = ulp(x), so rounding to nearest gives at
+least x + ulp(x) (adding a positive number keeps it there); for a subnormal x or 0 the
+product rounds to x and adding 2^-1022 >= η exceeds nextafter; a fused multiply-add
+gives the same. Underflow allowances use 2^-1022 (the smallest normal) instead of η:
+as sound, and radii never become subnormal, whose arithmetic is many times slower. So, applied to
+the float result of one operation, it rounds that operation upward, like nextafter, at
+the cost of two flops instead of a library call.
+Compilation: numba (LLVM) without fast-math, so IEEE semantics are kept;
+:func:`check` verifies round-to-nearest and gradual underflow inside compiled code, as
+:func:`verifier.interval.check_platform` does for numpy and scipy.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit
+
+U = 2.0 ** -53
+ETA = 5e-324
+FLOOR = 2.0 ** -1022   # the underflow allowance per product (>= η/2; see verifier.interval.FLOOR)
+LN2_LO = 0.6931471805599452862
+LN2_HI = 0.6931471805599453972
+INV_LN2 = 1.0 / 0.6931471805599453
+HORNER_ERR = 1e-14
+TAYLOR = np.array([1.0 / math.factorial(i) for i in range(15)])
+
+
+@njit(cache=True)
+def up(x):
+    return np.nextafter(x, np.inf)
+
+
+@njit(cache=True)
+def down(x):
+    return np.nextafter(x, -np.inf)
+
+
+STEP = 1.0 + 2.0 ** -52
+
+
+@njit(cache=True)
+def upp(x):
+    """An upward step for x >= 0 (see the module docstring): >= nextafter(x, +inf)."""
+    return x * STEP + FLOOR
+
+
+@njit(cache=True)
+def gamma(n):
+    """An upper bound of γ_n = n·u/(1 − n·u) (n < 2^50)."""
+    nu = n * U
+    return up(up(nu) / down(1.0 - nu))
+
+
+@njit(cache=True)
+def sum_factor(n):
+    """c_n = up(1 + 2γ_n) (Lemma 1)."""
+    return up(1.0 + 2.0 * gamma(n))
+
+
+TABLE = 4096
+
+
+def _tables() -> tuple[np.ndarray, np.ndarray]:
+    """γ_{n+1} and c_n for n < TABLE, each rounded up exactly as :func:`gamma` and :func:`sum_factor` do."""
+    n = np.arange(TABLE, dtype=np.float64)
+    nu = (n + 1) * U
+    g1 = np.nextafter(np.nextafter(nu, np.inf) / np.nextafter(1.0 - nu, -np.inf), np.inf)
+    nu0 = n * U
+    g0 = np.nextafter(np.nextafter(nu0, np.inf) / np.nextafter(1.0 - nu0, -np.inf), np.inf)
+    c = np.nextafter(1.0 + 2.0 * g0, np.inf)
+    return g1, c
+
+
+GAMMA1, FACTOR = _tables()
+
+
+@njit(cache=True)
+def entry_radius(A, B, n):
+    """Radius of an entry of n terms from its accumulated A and B (module docstring)."""
+    if n == 0:
+        return 0.0
+    if n < TABLE:
+        g, c = GAMMA1[n], FACTOR[n]
+    else:
+        g, c = gamma(n + 1), sum_factor(n)
+    r = upp(upp(c * upp(A + upp(g * B))) + 2.0 * n * FLOOR)
+    return r
+
+
+@njit(cache=True)
+def prod_terms(xm, xr, w):
+    """(mid, A-term, B-term) of the product of an interval [xm ± xr] and an exact float w."""
+    aw = abs(w)
+    return xm * w, upp(xr * aw), upp(abs(xm) * aw)
+
+
+@njit(cache=True)
+def mul_interval(am, ar, bm, br):
+    """[am ± ar]·[bm ± br]: midpoint fl(am·bm) and a radius that covers the product's rounding."""
+    m = am * bm
+    r = upp(upp(upp(upp(abs(am) * br) + upp(ar * abs(bm))) + upp(ar * br)) + upp(U * abs(m)))
+    r = upp(r + FLOOR)
+    if not (np.isfinite(m) and np.isfinite(r)):
+        r = np.inf
+    return m, r
+
+
+# --- the exponential (the same enclosure as verifier.interval.exp_enclosure) -----------------
+
+
+@njit(cache=True)
+def _horner(r):
+    acc = TAYLOR[14]
+    for i in range(13, -1, -1):
+        acc = acc * r + TAYLOR[i]
+    return acc
+
+
+TINY = 2.0 ** -60
+
+
+@njit(cache=True)
+def exp_lower(x):
+    """A lower bound of e^x (0 below −740 and for NaN).
+
+    For |x| <= 2^-60: e^x >= 1 + x >= 1 − 2^-60 > 1 − 2^-53 = down(1) (and no subnormal
+    arithmetic in the polynomial).
+    """
+    if not (x >= -740.0):
+        return 0.0
+    if abs(x) <= TINY:
+        return down(1.0)
+    xs = min(x, 709.0)
+    k = np.rint(xs * INV_LN2)
+    kh = k * LN2_HI if k >= 0 else k * LN2_LO          # the largest candidate of k·ln2
+    r_lo = down(down(xs - up(kh)))
+    t = down(_horner(r_lo) - HORNER_ERR)
+    v = down(math.ldexp(t, int(k)))
+    return max(v, 0.0)
+
+
+@njit(cache=True)
+def exp_upper(x):
+    """An upper bound of e^x (+inf above 709 and for NaN).
+
+    For |x| <= 2^-60: e^x <= 1 + x + x² < 1 + 2^-59 < 1 + 2^-52 = up(1).
+    """
+    if not (x <= 709.0):
+        return np.inf
+    if abs(x) <= TINY:
+        return up(1.0)
+    xs = max(x, -740.0)
+    k = np.rint(xs * INV_LN2)
+    kl = k * LN2_LO if k >= 0 else k * LN2_HI          # the smallest candidate of k·ln2
+    r_hi = up(up(xs - down(kl)))
+    t = up(_horner(r_hi) + HORNER_ERR)
+    return up(math.ldexp(t, int(k)))
+
+
+# --- sparse accumulators ---------------------------------------------------------------------
+
+
+@njit(cache=True)
+def _touch(col, acc, s, touched, nt):
+    """Start column ``col`` of the accumulator for stamp ``s`` if it is new; return the touched count.
+
+    ``acc[col]`` holds (stamp, mid, A, B, count) in one cache line; stamps and counts are
+    integers below 2^53, exact in float64.
+    """
+    if acc[col, 0] != s:
+        acc[col, 0] = s
+        acc[col, 1] = 0.0
+        acc[col, 2] = 0.0
+        acc[col, 3] = 0.0
+        acc[col, 4] = 0.0
+        touched[nt] = col
+        nt += 1
+    return nt
+
+
+@njit(cache=True)
+def _add(col, m, a, b, acc):
+    acc[col, 1] += m
+    acc[col, 2] = upp(acc[col, 2] + a)
+    acc[col, 3] = upp(acc[col, 3] + b)
+    acc[col, 4] += 1.0
+
+
+# --- the residual --------------------------------------------------------------------------------
+
+
+@njit(cache=True)
+def residual_bound(ids, E_ptr, P_ptr, OE_ptr, OP_ptr, H, V1, npos):
+    """An upper bound on the number of residual entries of every row (for allocation)."""
+    n, p1 = ids.shape
+    p = p1 - 1
+    total = 0
+    for i in range(n):
+        c = (E_ptr[ids[i, p] + 1] - E_ptr[ids[i, p]]) + (P_ptr[p + 1] - P_ptr[p])
+        for m in range(H):
+            for j in range(p1):
+                t = m * V1 + ids[i, j]
+                c += OE_ptr[t + 1] - OE_ptr[t]
+                q = m * npos + j
+                c += OP_ptr[q + 1] - OP_ptr[q]
+        total += c
+    return total
+
+
+@njit(cache=True)
+def residual(ids, att, am, ar, E_ptr, E_idx, E_val, P_ptr, P_idx, P_val,
+             OE_ptr, OE_idx, OE_mid, OE_rad, OP_ptr, OP_idx, OP_mid, OP_rad, H, V1, npos,
+             acc, touched, stamp0, capacity):
+    """r = E[x_p] + P[p] + Σ_m Σ_j a_mj (W_O W_V h_j) for every row, as CSR (ptr, idx, mid, rad).
+
+    ``att[i]`` selects row i's attention intervals ``am/ar[att[i], m, j]``. Terms: the E
+    and P rows (exact), and each head's value rows scaled by the attention interval
+    (the product's radius from :func:`mul_interval`). An attention weight that is exactly
+    0 contributes exactly 0 and is skipped.
+    """
+    n, p1 = ids.shape
+    p = p1 - 1
+    out_ptr = np.zeros(n + 1, np.int64)
+    out_idx = np.empty(capacity, np.int64)
+    out_mid = np.empty(capacity)
+    out_rad = np.empty(capacity)
+    e = 0
+    for i in range(n):
+        s = stamp0 + i
+        nt = 0
+        t = ids[i, p]
+        for q in range(E_ptr[t], E_ptr[t + 1]):
+            col = E_idx[q]
+            nt = _touch(col, acc, s, touched, nt)
+            _add(col, E_val[q], 0.0, abs(E_val[q]), acc)
+        for q in range(P_ptr[p], P_ptr[p + 1]):
+            col = P_idx[q]
+            nt = _touch(col, acc, s, touched, nt)
+            _add(col, P_val[q], 0.0, abs(P_val[q]), acc)
+        a_row = att[i]
+        for m in range(H):
+            for j in range(p1):
+                wm = am[a_row, m, j]
+                wr = ar[a_row, m, j]
+                if wm == 0.0 and wr == 0.0:
+                    continue
+                tok = m * V1 + ids[i, j]
+                for q in range(OE_ptr[tok], OE_ptr[tok + 1]):
+                    col = OE_idx[q]
+                    nt = _touch(col, acc, s, touched, nt)
+                    pm, pr = mul_interval(wm, wr, OE_mid[q], OE_rad[q])
+                    _add(col, pm, pr, abs(pm), acc)
+                pos = m * npos + j
+                for q in range(OP_ptr[pos], OP_ptr[pos + 1]):
+                    col = OP_idx[q]
+                    nt = _touch(col, acc, s, touched, nt)
+                    pm, pr = mul_interval(wm, wr, OP_mid[q], OP_rad[q])
+                    _add(col, pm, pr, abs(pm), acc)
+        # A sum of terms (their products were rounded inside mul_interval): error <= γ_n Σ|mid_t|,
+        # radii add; one term is its own midpoint (no addition) with its own radius.
+        for u in range(nt):
+            col = touched[u]
+            m_ = acc[col, 1]
+            n_ = int(acc[col, 4])
+            r_ = entry_radius(acc[col, 2], acc[col, 3], n_) if n_ > 1 else acc[col, 2]
+            if not (np.isfinite(m_) and np.isfinite(r_)):
+                r_ = np.inf
+            out_idx[e] = col
+            out_mid[e] = m_
+            out_rad[e] = r_
+            e += 1
+        out_ptr[i + 1] = e
+    return out_ptr, out_idx[:e], out_mid[:e], out_rad[:e]
+
+
+# --- the gate ------------------------------------------------------------------------------------
+
+
+@njit(cache=True)
+def gate(R_ptr, R_idx, R_mid, R_rad, WG_ptr, WG_idx, WG_val, colmax, bG, max_terms):
+    """Gate midpoints (n, K) and one radius per row covering every score (row bound).
+
+    |g_ik − G_ik| <= Σ_j (xr_ij + γ|xm_ij|)·|W_G[k, j]| + n·η <= Σ_j s_ij·c_j + n·η with
+    c_j = max_k |W_G[k, j]| (0 where the gate reads nothing), plus the rounding of adding
+    b_G: u·max_k |G_ik|. A non-finite score or radius gives the row an infinite radius.
+    """
+    n = R_ptr.size - 1
+    K = bG.size
+    G = np.zeros((n, K))
+    rad = np.empty(n)
+    g = gamma(max_terms + 1)
+    for i in range(n):
+        S = 0.0
+        cnt = 0
+        bad = False
+        for e in range(R_ptr[i], R_ptr[i + 1]):
+            j = R_idx[e]
+            xm = R_mid[e]
+            xr = R_rad[e]
+            if not (np.isfinite(xm) and np.isfinite(xr)):
+                bad = True
+            c = colmax[j]
+            if c > 0.0:
+                S = upp(S + upp(upp(xr + upp(g * abs(xm))) * c))
+                cnt += 1
+                for q in range(WG_ptr[j], WG_ptr[j + 1]):
+                    G[i, WG_idx[q]] += xm * WG_val[q]
+        big = 0.0
+        for k in range(K):
+            G[i, k] += bG[k]
+            if not np.isfinite(G[i, k]):
+                bad = True
+            big = max(big, abs(G[i, k]))
+        r = upp(upp(sum_factor(cnt + 1) * S) + 2.0 * (max_terms + 1) * FLOOR)
+        r = up(r + up(U * big))
+        rad[i] = np.inf if (bad or not np.isfinite(r)) else r
+    return G, rad
+
+
+# --- experts, logits and the error ----------------------------------------------------------------
+
+
+@njit(cache=True)
+def logits_bound(R_ptr, R_idx, UT_ptr):
+    """Per row, an upper bound on the number of logits U·r reaches (for allocation and chunking)."""
+    n = R_ptr.size - 1
+    out = np.zeros(n, np.int64)
+    for i in range(n):
+        c = 0
+        for e in range(R_ptr[i], R_ptr[i + 1]):
+            j = R_idx[e]
+            c += UT_ptr[j + 1] - UT_ptr[j]
+        out[i] = c
+    return out
+
+
+@njit(cache=True)
+def logits(R_ptr, R_idx, R_mid, R_rad, UT_ptr, UT_idx, UT_val, Lacc, Ltouched, stamp0, capacity):
+    """U·r for every row, as CSR (ptr, idx, mid, rad): the logits without any expert's output.
+
+    By linearity U·y = U·r + U·(c·W_2·a): these enclose the first part once per row, for
+    the ablation and for every expert that may win. A token no entry of r reaches is
+    absent (its logit from r is exactly 0).
+    """
+    n = R_ptr.size - 1
+    out_ptr = np.zeros(n + 1, np.int64)
+    out_idx = np.empty(capacity, np.int64)
+    out_mid = np.empty(capacity)
+    out_rad = np.empty(capacity)
+    e_out = 0
+    for i in range(n):
+        s = stamp0 + i
+        nt = 0
+        for e in range(R_ptr[i], R_ptr[i + 1]):
+            j = R_idx[e]
+            for q in range(UT_ptr[j], UT_ptr[j + 1]):
+                t = UT_idx[q]
+                nt = _touch(t, Lacc, s, Ltouched, nt)
+                m, a, b = prod_terms(R_mid[e], R_rad[e], UT_val[q])
+                _add(t, m, a, b, Lacc)
+        for u in range(nt):
+            t = Ltouched[u]
+            r = entry_radius(Lacc[t, 2], Lacc[t, 3], int(Lacc[t, 4]))
+            out_idx[e_out] = t
+            out_mid[e_out] = Lacc[t, 1]
+            out_rad[e_out] = r if np.isfinite(Lacc[t, 1]) and np.isfinite(r) else np.inf
+            e_out += 1
+        out_ptr[i + 1] = e_out
+    return out_ptr, out_idx[:e_out], out_mid[:e_out], out_rad[:e_out]
+
+
+@njit(cache=True)
+def _error(nt, Ltouched, Lacc, V, vptr_lo, vptr_hi, valid, vstamp, s):
+    """Enclosure (lo, hi) of 1 − P(valid), and the argmax token (−1: a zero logit), from the
+    logits in the accumulator (for the ``nt`` tokens in ``Ltouched``, mid in column 1 and
+    *radius* in column 2). A token not touched has logit exactly 0 and is counted, not
+    enumerated. error = S_inv/(S_inv + S_val) with S the sums of e^(l − M): increasing in
+    S_inv, decreasing in S_val.
+    """
+    n_valid = 0
+    for q in range(vptr_lo, vptr_hi):
+        if vstamp[valid[q]] != s:
+            vstamp[valid[q]] = s
+            n_valid += 1
+    zeros = V - nt
+    M = 0.0 if zeros > 0 else -np.inf
+    bad = False
+    best = -np.inf
+    arg = -1
+    for u in range(nt):
+        t = Ltouched[u]
+        if not (np.isfinite(Lacc[t, 1]) and np.isfinite(Lacc[t, 2])):
+            bad = True
+        M = max(M, Lacc[t, 1])
+        if Lacc[t, 1] > best:
+            best = Lacc[t, 1]
+            arg = t
+    if bad or not np.isfinite(M):
+        return 0.0, 1.0, arg
+    if zeros > 0 and best < 0.0:
+        arg = -1
+    inv_lo = 0.0
+    inv_hi = 0.0
+    val_lo = 0.0
+    val_hi = 0.0
+    touched_valid = 0
+    for u in range(nt):
+        t = Ltouched[u]
+        lo = down(down(Lacc[t, 1] - Lacc[t, 2]) - M)
+        hi = up(up(Lacc[t, 1] + Lacc[t, 2]) - M)
+        if vstamp[t] == s:
+            touched_valid += 1
+            val_lo += exp_lower(lo)
+            val_hi += exp_upper(hi)
+        else:
+            inv_lo += exp_lower(lo)
+            inv_hi += exp_upper(hi)
+    c = sum_factor(nt + 1)
+    dd = down(1.0 - gamma(nt + 1))
+    z_lo = exp_lower(down(-M))
+    z_hi = exp_upper(up(-M))
+    zero_valid = n_valid - touched_valid
+    zero_invalid = zeros - zero_valid
+    inv_hi = up(up(c * inv_hi) + up(zero_invalid * z_hi))
+    val_hi = up(up(c * val_hi) + up(zero_valid * z_hi))
+    inv_lo = down(down(dd * inv_lo) + down(zero_invalid * z_lo))
+    val_lo = down(down(dd * val_lo) + down(zero_valid * z_lo))
+    err_hi = up(inv_hi / down(inv_hi + val_lo))
+    err_lo = down(inv_lo / up(inv_lo + val_hi))
+    if not (err_hi <= 1.0):
+        err_hi = 1.0
+    if not (err_lo >= 0.0):
+        err_lo = 0.0
+    return err_lo, err_hi, arg
+
+
+@njit(cache=True)
+def experts(rows, experts_of, cm, cr, R_ptr, R_idx, R_mid, R_rad, L_ptr, L_idx, L_mid, L_rad,
+            W1T_ptr, W1T_idx, W1T_val, off, b1, pos_ptr, pos_idx, W2T_ptr, W2T_idx, W2T_val,
+            UT_ptr, UT_idx, UT_val, V, valid_ptr, valid,
+            zacc, ztouched, yacc, ytouched, Lacc, Ltouched, vstamp, stamp0):
+    """For each pair (row ``rows[q]``, expert ``experts_of[q]``), with the expert's output
+    scaled by [cm ± cr] (1 ± 0 in gate mode "top1"): error enclosure and argmax token.
+
+    z = W_1 r + b_1 per neuron the row reaches (a neuron it does not reach has
+    pre-activation exactly b_1 and contributes max(b_1, 0)); a = ReLU(z);
+    o = c·W_2·a; the logits are U·r (``L``, :func:`logits`) plus U·o, summed per token.
+    """
+    P = rows.size
+    err_lo = np.empty(P)
+    err_hi = np.empty(P)
+    pred = np.empty(P, np.int64)
+    for q in range(P):
+        i = rows[q]
+        k = experts_of[q]
+        s = stamp0 + q
+        lo_n, hi_n = off[k], off[k + 1]
+        bad = False
+        scaled = cr[q] != 0.0 or cm[q] != 1.0
+        # z = W_1 r over the neurons of expert k that row i reaches
+        nz = 0
+        for e in range(R_ptr[i], R_ptr[i + 1]):
+            j = R_idx[e]
+            xm = R_mid[e]
+            xr = R_rad[e]
+            if not (np.isfinite(xm) and np.isfinite(xr)):
+                bad = True
+            # the entries of W_1^T row j that belong to expert k: neurons lo_n..hi_n−1 (sorted)
+            a0 = W1T_ptr[j]
+            a1 = W1T_ptr[j + 1]
+            start = a0 + np.searchsorted(W1T_idx[a0:a1], lo_n)
+            for t in range(start, a1):
+                g = W1T_idx[t]
+                if g >= hi_n:
+                    break
+                loc = g - lo_n
+                nz = _touch(loc, zacc, s, ztouched, nz)
+                m, a, b = prod_terms(xm, xr, W1T_val[t])
+                _add(loc, m, a, b, zacc)
+        # o = c·W_2·a: the reached neurons that are on, then the positive-bias neurons not reached
+        ny = 0
+        for u in range(nz):
+            loc = ztouched[u]
+            g = lo_n + loc
+            zm = zacc[loc, 1] + b1[g]
+            zr = upp(entry_radius(zacc[loc, 2], zacc[loc, 3], int(zacc[loc, 4])) + upp(U * abs(zm)))
+            if not (np.isfinite(zm) and np.isfinite(zr)):
+                bad = True
+                continue
+            a_lo = max(down(zm - zr), 0.0)
+            a_hi = max(up(zm + zr), 0.0)
+            if a_hi == 0.0:
+                continue                                  # exactly 0: the neuron is off
+            if a_lo == a_hi:
+                am, ar = a_lo, 0.0
+            else:
+                am = 0.5 * a_lo + 0.5 * a_hi
+                ar = max(up(a_hi - am), up(am - a_lo))
+            if scaled:
+                am, ar = mul_interval(am, ar, cm[q], cr[q])
+            for t in range(W2T_ptr[g], W2T_ptr[g + 1]):
+                j = W2T_idx[t]
+                ny = _touch(j, yacc, s, ytouched, ny)
+                m, a, b = prod_terms(am, ar, W2T_val[t])
+                _add(j, m, a, b, yacc)
+        for t in range(pos_ptr[k], pos_ptr[k + 1]):
+            g = pos_idx[t]
+            loc = g - lo_n
+            if zacc[loc, 0] == s:
+                continue                                  # reached: handled above
+            am, ar = b1[g], 0.0
+            if scaled:
+                am, ar = mul_interval(am, ar, cm[q], cr[q])
+            for u in range(W2T_ptr[g], W2T_ptr[g + 1]):
+                j = W2T_idx[u]
+                ny = _touch(j, yacc, s, ytouched, ny)
+                m, a, b = prod_terms(am, ar, W2T_val[u])
+                _add(j, m, a, b, yacc)
+        if bad:
+            err_lo[q], err_hi[q], pred[q] = 0.0, 1.0, -1
+            continue
+        # logits: U·r (one interval term per token) plus U·o (product terms)
+        nt = 0
+        for e in range(L_ptr[i], L_ptr[i + 1]):
+            t = L_idx[e]
+            nt = _touch(t, Lacc, s, Ltouched, nt)
+            _add(t, L_mid[e], L_rad[e], abs(L_mid[e]), Lacc)
+        for u in range(ny):
+            j = ytouched[u]
+            om = yacc[j, 1]
+            orad = entry_radius(yacc[j, 2], yacc[j, 3], int(yacc[j, 4]))
+            if not (np.isfinite(om) and np.isfinite(orad)):
+                bad = True
+            for t in range(UT_ptr[j], UT_ptr[j + 1]):
+                tok = UT_idx[t]
+                nt = _touch(tok, Lacc, s, Ltouched, nt)
+                m, a, b = prod_terms(om, orad, UT_val[t])
+                _add(tok, m, a, b, Lacc)
+        if bad:
+            err_lo[q], err_hi[q], pred[q] = 0.0, 1.0, -1
+            continue
+        for u in range(nt):
+            t = Ltouched[u]
+            Lacc[t, 2] = entry_radius(Lacc[t, 2], Lacc[t, 3], int(Lacc[t, 4]))   # column 2 becomes the radius
+        err_lo[q], err_hi[q], pred[q] = _error(nt, Ltouched, Lacc, V, valid_ptr[i], valid_ptr[i + 1], valid, vstamp, s)
+    return err_lo, err_hi, pred
+
+
+@njit(cache=True)
+def ablated(rows, L_ptr, L_idx, L_mid, L_rad, V, valid_ptr, valid, Lacc, Ltouched, vstamp, stamp0):
+    """The error enclosure of softmax(U·r) (the routed expert's output removed) for ``rows``,
+    from the logits of :func:`logits`."""
+    P = rows.size
+    err_lo = np.empty(P)
+    err_hi = np.empty(P)
+    for q in range(P):
+        i = rows[q]
+        s = stamp0 + q
+        nt = 0
+        for e in range(L_ptr[i], L_ptr[i + 1]):
+            t = L_idx[e]
+            nt = _touch(t, Lacc, s, Ltouched, nt)
+            Lacc[t, 1] = L_mid[e]
+            Lacc[t, 2] = L_rad[e]
+        lo, hi, _ = _error(nt, Ltouched, Lacc, V, valid_ptr[i], valid_ptr[i + 1], valid, vstamp, s)
+        err_lo[q], err_hi[q] = lo, hi
+    return err_lo, err_hi
+
+
+@njit(cache=True)
+def _probe(a, b):
+    return a * b, a + b
+
+
+def check() -> None:
+    """Round to nearest and gradual underflow inside compiled code (see :func:`verifier.interval.check_platform`)."""
+    prod, _ = _probe(2.0 ** -537, 2.0 ** -537)
+    _, tie = _probe(1.0, 2.0 ** -53)
+    _, above = _probe(1.0, 3 * 2.0 ** -54)
+    ok = prod == 2.0 ** -1074 and tie == 1.0 and above == 1.0 + 2.0 ** -52 and up(0.0) == ETA
+    if not ok:
+        raise RuntimeError("compiled code does not compute in IEEE-754 binary64 round-to-nearest with gradual "
+                           "underflow; certified results would not be proofs")
