@@ -26,7 +26,10 @@ A model **violates** the requirements when (each is a :class:`Violation`):
 linear map is evaluated *exactly* (exact products, sums without rounding: mpmath's
 ``mpf_sum`` at precision 0), so sums of huge and tiny terms, or of values beyond
 float64's range, lose nothing; only ``exp`` and divisions (softmax, the error) round,
-at 40 significant digits by default. A decision (margin > 0, error >= ε, ablated
+at 40 significant digits by default. One exception keeps exact sums finite: when the
+terms of a sum span more than 2^16 binades (only possible once a rounded ``exp`` of a
+huge score has entered, e.g. a softmax weight of 2^-(2^1000)), the sum is rounded at
+the working precision plus 64 bits, like the ``exp`` that produced the tiny term. A decision (margin > 0, error >= ε, ablated
 error >= ε) is *settled* at 40 digits when its distance to the threshold exceeds
 1e-20. Otherwise, and for every query of a model with extreme weights (a magnitude
 above 1e12 or below 1e-12), the query is evaluated again at twice the digits: a
@@ -48,7 +51,7 @@ from typing import Any
 
 import mpmath
 import numpy as np
-from mpmath.libmp import mpf_add, mpf_mul, mpf_sum
+from mpmath.libmp import mpf_mul, mpf_sum
 import scipy.sparse as sp
 
 from tasks.model import OBJECT, TaskSet
@@ -181,6 +184,21 @@ class _Fingerprints:
         self.gate = fingerprint(w.W_G, w.b_G)
 
 
+#: Exact sums are used while their terms span at most this many binades (an exact sum
+#: of terms 2^e apart needs an e-bit integer: beyond this it would not fit in memory).
+SPREAD = 1 << 16
+
+
+def _precision(terms: list, rounded: int) -> int:
+    """0 (exact) for terms within ``SPREAD`` binades of each other, else ``rounded`` bits."""
+    lo = hi = None
+    for sign, man, exp, bc in terms:
+        if man:
+            lo = exp if lo is None else min(lo, exp)
+            hi = exp + bc if hi is None else max(hi, exp + bc)
+    return 0 if lo is None or hi - lo <= SPREAD else rounded
+
+
 class _Ctx:
     """An mpmath context at one precision, with exact float conversion."""
 
@@ -200,7 +218,7 @@ class _Ctx:
             parts.setdefault((i, j), []).append(mpf(v)._mpf_)
         out = {}
         for key, ps in parts.items():
-            v = self.mp.make_mpf(mpf_sum(ps, 0))
+            v = self.mp.make_mpf(mpf_sum(ps, 0))   # float64 terms: at most ~2200 binades apart
             if v:
                 out[key] = v
         return out
@@ -221,16 +239,20 @@ class _Ctx:
 
     # Linear algebra is exact: products of exact numbers and sums without rounding
     # (mpmath's mpf_sum with prec=0). Only exp and division round (at ``dps`` digits).
+    def _sum(self, terms: list) -> Any:
+        """Σ terms (raw mpf tuples): exact, unless they span more than ``SPREAD`` binades."""
+        return self.mp.make_mpf(mpf_sum(terms, _precision(terms, self.mp.prec + 64)))
+
     def xdot(self, pairs) -> Any:
-        """Σ a·b exactly."""
-        return self.mp.make_mpf(mpf_sum([mpf_mul(a._mpf_, b._mpf_) for a, b in pairs], 0))
+        """Σ a·b exactly (see :meth:`_sum`)."""
+        return self._sum([mpf_mul(a._mpf_, b._mpf_) for a, b in pairs])
 
     def xsum(self, values) -> Any:
-        """Σ v exactly."""
-        return self.mp.make_mpf(mpf_sum([v._mpf_ for v in values], 0))
+        """Σ v exactly (see :meth:`_sum`)."""
+        return self._sum([v._mpf_ for v in values])
 
     def xadd(self, a, b) -> Any:
-        return self.mp.make_mpf(mpf_add(a._mpf_, b._mpf_, 0))
+        return self._sum([a._mpf_, b._mpf_])
 
     def matvec(self, rows, x: dict[int, Any]) -> dict[int, Any]:
         """M x (exact) for M given by :meth:`rows` and a sparse dict x."""

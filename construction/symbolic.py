@@ -35,13 +35,16 @@ def rational(x: float) -> sympy.Rational:
 class SymMatrix:
     rows: Space
     cols: Space
-    terms: tuple[tuple[sympy.Expr, sp.csr_matrix], ...]
+    terms: tuple[tuple[sympy.Expr, sp.spmatrix], ...]   # CSR, or CSC for tall matrices
 
     @staticmethod
     def build(rows: Space, cols: Space, entries, coefficient: sympy.Expr = sympy.Integer(1)) -> "SymMatrix":
         """From (row, col, value) triples; ``value`` a float that is an exact binary fraction."""
         r, c, v = (np.asarray(a) for a in entries) if entries else (np.zeros(0, int), np.zeros(0, int), np.zeros(0))
-        m = sp.coo_matrix((v.astype(np.float64), (r.astype(np.int64), c.astype(np.int64))), shape=(rows.dim, cols.dim)).tocsr()
+        coo = sp.coo_matrix((v.astype(np.float64), (r.astype(np.int64), c.astype(np.int64))), shape=(rows.dim, cols.dim))
+        # a tall matrix (W_2, W_O: residual rows) is stored by columns, so its offsets
+        # grow with its few columns, not with the residual width
+        m = coo.tocsc() if rows.dim > cols.dim else coo.tocsr()
         m.sum_duplicates()
         m.eliminate_zeros()
         return SymMatrix(rows, cols, ((sympy.sympify(coefficient), m),))
@@ -91,12 +94,21 @@ class SymMatrix:
         return total.tocsr()
 
     def numeric(self, values: Mapping[sympy.Symbol, float]) -> sp.csr_matrix:
-        """Float64 instantiation (exact when parameters are short binary fractions)."""
-        out = sp.csr_matrix(self.shape, dtype=np.float64)
+        """Float64 instantiation (exact when parameters are short binary fractions).
+
+        A single term with coefficient 1 is returned as is (shared, not copied: the
+        matrices are never modified), so instantiation costs no memory for them.
+        """
+        if len(self.terms) == 1 and not self.terms[0][0].free_symbols and float(self.terms[0][0]) == 1.0:
+            m = self.terms[0][1]
+            if m.dtype == np.float64 and m.format in ("csr", "csc") and m.has_canonical_format:
+                return m
+        fmt = self.terms[0][1].format if self.terms else "csr"
+        out = sp.csr_matrix(self.shape, dtype=np.float64).asformat(fmt)
         for c, m in self.terms:
             factor = float(c.subs(values)) if c.free_symbols else float(c)
             out = out + factor * m
-        out = out.tocsr()
+        out = out.asformat(fmt)
         out.sum_duplicates()
         out.eliminate_zeros()
         return out

@@ -2,18 +2,20 @@
 
 A zip archive of ``.npy`` members, one per array, each name used once:
 
-* a matrix ``X`` is CSR in four members: ``X.data`` (float64 values), ``X.indices``
-  (integer column of each value), ``X.indptr`` (integer, rows + 1 offsets starting at
-  0, non-decreasing, ending at the number of values) and ``X.shape`` (two integers).
-  **Canonical form is required**: within a row the columns strictly increase (sorted,
-  no duplicate entry). A duplicate would be ambiguous (its float sum depends on the
+* a matrix ``X`` is five members: ``X.format`` (``"csr"``: compressed rows, or ``"csc"``:
+  compressed columns), ``X.data`` (float64 values), ``X.indices`` (the integer column,
+  for CSR, or row, for CSC, of each value), ``X.indptr`` (integer, one offset per row
+  (CSR) or column (CSC) plus one, starting at 0, non-decreasing, ending at the number of
+  values) and ``X.shape`` (two integers). **Canonical form is required**: within a row
+  (CSR) or column (CSC) the indices strictly increase (sorted, no duplicate entry). A duplicate would be ambiguous (its float sum depends on the
   order) and is refused, never merged. An explicitly stored 0 is the value 0, the same
   as an absent entry. Matrix names: ``E``, ``P``, ``heads.<m>.W_Q|W_K|W_V|W_O`` for
   m = 0..n_heads−1, ``W_G``, ``experts.<k>.W_1|W_2`` for k = 0..n_experts−1, ``U``;
 * vectors ``b_G`` and ``experts.<k>.b_1``: float64 arrays;
 * ``vocab`` and ``expert_tasks``: unicode string arrays;
 * ``meta``: a unicode string holding a JSON object (each key once) with ``format``
-  (required, ``"moe-knowledge-weights/1"``), ``n_heads`` (required integer >= 0),
+  (required, ``"moe-knowledge-weights/2"``; files of version 1, in which every matrix is
+  CSR without an ``X.format`` member, are read too), ``n_heads`` (required integer >= 0),
   ``n_experts`` (required integer >= 1), ``gate_mode`` (``"top1"``, the default, or
   ``"top1-scaled"``), and optional ``residual_labels`` (d strings), ``neuron_labels``
   (K lists, list k of w_k strings) and ``parameters`` (an object, informational).
@@ -35,16 +37,19 @@ from typing import Any, Iterator
 import numpy as np
 import scipy.sparse as sp
 
-from layout.weights import GATE_MODES, Expert, Head, Weights, _row_of, csr_problem
+from layout.weights import GATE_MODES, Expert, Head, Weights, _row_of, sparse_problem
 from tasks.errors import TaskError
 from tasks.files import atomic_file
 
-FORMAT = "moe-knowledge-weights/1"
+FORMAT = "moe-knowledge-weights/2"
+#: Formats read: /1 (every matrix CSR, no ``X.format`` member) and /2 (each matrix names its format).
+FORMATS = ("moe-knowledge-weights/1", FORMAT)
 META_KEYS = ("format", "gate_mode", "n_heads", "n_experts", "residual_labels", "neuron_labels", "parameters")
 
 
 def _put(out: dict, name: str, m) -> None:
     if sp.issparse(m):
+        out[f"{name}.format"] = np.array(m.format)
         out[f"{name}.data"] = m.data.astype(np.float64)
         out[f"{name}.indices"] = m.indices.astype(np.int64)
         out[f"{name}.indptr"] = m.indptr.astype(np.int64)
@@ -90,6 +95,7 @@ class _Reader:
         self.path = path
         self.members = members
         self.used: set[str] = set()
+        self.version = FORMAT
 
     def fail(self, what: str, fix: str = "export the weights again (layout.save writes the layout)") -> TaskError:
         return TaskError(what, file=self.path, fix=fix)
@@ -138,27 +144,37 @@ class _Reader:
                 raise self.fail(f"'{name}' entry {i} {problem}", fix="names are text: no NUL, no lone surrogate")
         return out
 
-    def matrix(self, name: str) -> sp.csr_matrix:
+    def matrix(self, name: str) -> sp.spmatrix:
+        fmt = "csr"
+        if self.version != "moe-knowledge-weights/1":
+            raw = self.get(f"{name}.format")
+            if raw.ndim != 0 or raw.dtype.kind != "U" or str(raw) not in ("csr", "csc"):
+                raise self.fail(f"'{name}.format' must be the string 'csr' or 'csc'")
+            fmt = str(raw)
         shape = self.integers(f"{name}.shape")
         if shape.shape != (2,) or shape.min() < 0:
             raise self.fail(f"'{name}.shape' must be two non-negative integers, got {shape.tolist()}")
-        data = self.numbers(f"{name}.data", finite=False)   # csr_problem names the row and column
+        data = self.numbers(f"{name}.data", finite=False)   # sparse_problem names the row and column
         indices = self.integers(f"{name}.indices")
         indptr = self.integers(f"{name}.indptr")
         rows, cols = int(shape[0]), int(shape[1])
-        if indptr.shape != (rows + 1,):
-            raise self.fail(f"'{name}.indptr' has {indptr.size} entries for {rows} rows (expected {rows + 1})")
+        n_major, n_minor = (rows, cols) if fmt == "csr" else (cols, rows)
+        major, minor = ("row", "column") if fmt == "csr" else ("column", "row")
+        if indptr.shape != (n_major + 1,):
+            raise self.fail(f"'{name}.indptr' has {indptr.size} entries for {n_major} {major}s (expected {n_major + 1})")
         if indices.size != data.size:
-            raise self.fail(f"'{name}' has {data.size} values but {indices.size} column indices")
+            raise self.fail(f"'{name}' has {data.size} values but {indices.size} {minor} indices")
         if indptr[0] != 0 or np.any(np.diff(indptr) < 0) or indptr[-1] != data.size:
             raise self.fail(f"'{name}.indptr' must start at 0, never decrease and end at {data.size} (the number of values)")
-        if indices.size and (indices.min() < 0 or indices.max() >= cols):
-            i = int(np.flatnonzero((indices < 0) | (indices >= cols))[0])
-            raise self.fail(f"'{name}' row {_row_of(indptr, i)}: column {int(indices[i])} is out of range 0..{cols - 1}")
-        m = sp.csr_matrix((data, indices, indptr), shape=(rows, cols))
-        problem = csr_problem(m)
+        if indices.size and (indices.min() < 0 or indices.max() >= n_minor):
+            i = int(np.flatnonzero((indices < 0) | (indices >= n_minor))[0])
+            raise self.fail(f"'{name}' {major} {_row_of(indptr, i)}: {minor} {int(indices[i])} is out of range "
+                            f"0..{n_minor - 1}")
+        make = sp.csr_matrix if fmt == "csr" else sp.csc_matrix
+        m = make((data, indices, indptr), shape=(rows, cols))
+        problem = sparse_problem(m)
         if problem:
-            raise self.fail(f"'{name}' {problem}", fix="write canonical CSR (layout.save does)")
+            raise self.fail(f"'{name}' {problem}", fix="write canonical CSR or CSC (layout.save does)")
         return m
 
 
@@ -226,8 +242,9 @@ def _read_meta(r: _Reader) -> dict[str, Any]:
     unknown = sorted(set(meta) - set(META_KEYS))
     if unknown:
         raise r.fail(f"'meta' has an unknown key {unknown[0]!r} (known: {', '.join(META_KEYS)})")
-    if meta.get("format") != FORMAT:
+    if meta.get("format") not in FORMATS:
         raise r.fail(f"unknown weights format {meta.get('format')!r}", fix=f"expected meta.format = {FORMAT!r}")
+    r.version = meta["format"]
 
     def integer(key: str, least: int) -> int:
         v = meta.get(key)

@@ -36,8 +36,9 @@ U                   (V, d)          unembedding
 expert_tasks        (K,)            name of the task each expert serves ("" if none)
 ==================  ==============  ==================================================
 
-Matrices are canonical float64 scipy CSR (sorted columns, no duplicate entries, finite
-values); :meth:`Weights.validate` checks every rule, computing canonical form from the
+Matrices are canonical float64 scipy CSR or CSC (sorted indices, no duplicate entries,
+finite values; tall matrices such as W_2 and W_O are best stored CSC, whose offsets grow
+with their few columns rather than with d); :meth:`Weights.validate` checks every rule, computing canonical form from the
 index arrays rather than trusting scipy's flags. The file format is :mod:`layout.npz`.
 """
 
@@ -75,41 +76,53 @@ class Expert:
         return self.W_1.shape[0]
 
 
-def csr_problem(m: Any) -> str | None:
-    """Why ``m`` is not a canonical float64 CSR matrix with finite values, or None.
+def sparse_problem(m: Any) -> str | None:
+    """Why ``m`` is not a canonical float64 CSR or CSC matrix with finite values, or None.
 
-    Canonical form is computed from the index arrays, never read from scipy's cached
-    flags (which a caller can set to anything).
+    CSR compresses rows (each row lists its columns), CSC columns (each column lists its
+    rows); canonical means the listed indices strictly increase within each row (CSR)
+    or column (CSC): sorted, no duplicate entry. It is computed from the index arrays,
+    never read from scipy's cached flags (which a caller can set to anything).
     """
-    if not (sp.issparse(m) and m.format == "csr"):
-        return f"is a {type(m).__name__}, not a scipy CSR matrix"
+    if not (sp.issparse(m) and m.format in ("csr", "csc")):
+        return f"is a {type(m).__name__}, not a scipy CSR or CSC matrix"
     if m.dtype != np.float64:
         return f"has dtype {m.dtype}, not float64"
-    n_rows, n_cols = m.shape
+    csr = m.format == "csr"
+    n_major, n_minor = m.shape if csr else m.shape[::-1]
+    major, minor = ("row", "column") if csr else ("column", "row")
+
+    def at(a: int, b: int) -> str:
+        return f"row {a}, column {b}" if csr else f"row {b}, column {a}"
+
     ptr, idx = np.asarray(m.indptr), np.asarray(m.indices)
-    if ptr.shape != (n_rows + 1,) or ptr[0] != 0 or np.any(np.diff(ptr) < 0) or ptr[-1] != idx.size or m.data.size != idx.size:
+    if ptr.shape != (n_major + 1,) or ptr[0] != 0 or np.any(np.diff(ptr) < 0) or ptr[-1] != idx.size or m.data.size != idx.size:
         return "has an inconsistent indptr (it must start at 0, never decrease and end at the number of entries)"
     if idx.size:
-        if idx.min() < 0 or idx.max() >= n_cols:
-            bad = int(np.flatnonzero((idx < 0) | (idx >= n_cols))[0])
-            return f"row {_row_of(ptr, bad)}: column {int(idx[bad])} is out of range 0..{n_cols - 1}"
-        rows = np.repeat(np.arange(n_rows, dtype=np.int64), np.diff(ptr))
-        same_row = rows[1:] == rows[:-1]
+        if idx.min() < 0 or idx.max() >= n_minor:
+            bad = int(np.flatnonzero((idx < 0) | (idx >= n_minor))[0])
+            return f"{major} {_row_of(ptr, bad)}: {minor} {int(idx[bad])} is out of range 0..{n_minor - 1}"
+        owner = np.repeat(np.arange(n_major, dtype=np.int64), np.diff(ptr))
+        same = owner[1:] == owner[:-1]
         step = np.diff(idx.astype(np.int64))
-        dup = np.flatnonzero(same_row & (step == 0))
+        dup = np.flatnonzero(same & (step == 0))
         if dup.size:
             i = int(dup[0])
-            return (f"row {int(rows[i])}, column {int(idx[i])} is stored twice (duplicate entries): store each entry once, "
+            return (f"{at(int(owner[i]), int(idx[i]))} is stored twice (duplicate entries): store each entry once, "
                     "with its exact value")
-        unsorted = np.flatnonzero(same_row & (step < 0))
+        unsorted = np.flatnonzero(same & (step < 0))
         if unsorted.size:
             i = int(unsorted[0])
-            return f"row {int(rows[i])}: columns are not sorted ({int(idx[i])} before {int(idx[i + 1])}); sort each row's columns"
+            return (f"{major} {int(owner[i])}: {minor}s are not sorted ({int(idx[i])} before {int(idx[i + 1])}); "
+                    f"sort each {major}'s {minor}s")
         bad = np.flatnonzero(~np.isfinite(m.data))
         if bad.size:
             i = int(bad[0])
-            return f"row {int(rows[i])}, column {int(idx[i])} is {float(m.data[i])!r}, not a finite number"
+            return f"{at(int(owner[i]), int(idx[i]))} is {float(m.data[i])!r}, not a finite number"
     return None
+
+
+csr_problem = sparse_problem   # the name of earlier versions
 
 
 def _row_of(ptr: np.ndarray, position: int) -> int:
@@ -189,7 +202,7 @@ class Weights:
         K = len(self.experts)
         need(len(set(self.vocab)) == V, "vocab has repeated tokens")
         for name, m in self.arrays():
-            problem = csr_problem(m) if name not in ("b_G",) and not name.endswith(".b_1") else None
+            problem = sparse_problem(m) if name not in ("b_G",) and not name.endswith(".b_1") else None
             if problem:
                 need(False, f"{name} {problem}")
         need(self.E.shape == (V + 1, d), f"E has shape {self.E.shape}, expected ({V + 1}, d)")
@@ -250,7 +263,7 @@ def canonical(m: sp.spmatrix) -> sp.csr_matrix:
     m = sp.csr_matrix(m, dtype=np.float64, copy=True)
     m.has_sorted_indices = False
     m.sort_indices()
-    problem = csr_problem(m)
+    problem = sparse_problem(m)
     if problem and "duplicate" in problem:
         raise ValueError(f"matrix {problem}")
     return m

@@ -186,7 +186,8 @@ class Facts(Mapping[str, str]):
             objects.append(obj)
         self._subjects = tuple(subjects)
         self._objects = tuple(objects)
-        self._index = index
+        self._index = None      # built again on the first lookup (saves a dict per task at scale)
+        del index
 
     @property
     def subjects(self) -> tuple[str, ...]:
@@ -197,10 +198,15 @@ class Facts(Mapping[str, str]):
         return self._objects
 
     def __getitem__(self, subject: str) -> str:
-        return self._objects[self._index[subject]]
+        return self._objects[self._lookup()[subject]]
 
     def __contains__(self, subject: object) -> bool:
-        return subject in self._index
+        return subject in self._lookup()
+
+    def _lookup(self) -> dict[str, int]:
+        if self._index is None:
+            self._index = {s: i for i, s in enumerate(self._subjects)}
+        return self._index
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._subjects)

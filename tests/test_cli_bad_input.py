@@ -116,6 +116,7 @@ def _csr_replace(a, name, dense):
     m = sp.csr_matrix(dense)
     a[f"{name}.data"], a[f"{name}.indices"], a[f"{name}.indptr"] = m.data, m.indices.astype(np.int64), m.indptr.astype(np.int64)
     a[f"{name}.shape"] = np.asarray(m.shape, np.int64)
+    a[f"{name}.format"] = np.array("csr")
     return a
 
 
@@ -173,6 +174,13 @@ WEIGHTS_CASES = {
                                "out of range"),
     "csr_indptr_short": (lambda t, g: write(t / "w.npz", _set(arrays(g), "E.indptr", arrays(g)["E.indptr"][:-3])),
                          "indptr"),
+    "matrix_format_missing": (lambda t, g: write(t / "w.npz", _drop(arrays(g), "experts.0.W_2.format")), "is missing"),
+    "matrix_format_unknown": (lambda t, g: write(t / "w.npz", _set(arrays(g), "U.format", np.array("coo"))),
+                              "must be the string 'csr' or 'csc'"),
+    "matrix_format_not_text": (lambda t, g: write(t / "w.npz", _set(arrays(g), "U.format", np.array([1, 2]))),
+                               "'U.format'"),
+    "csc_read_as_csr": (lambda t, g: write(t / "w.npz", _set(arrays(g), "experts.0.W_2.format", np.array("csr"))),
+                        "experts.0.W_2.indptr"),
     "negative_shape": (lambda t, g: write(t / "w.npz", _set(arrays(g), "P.shape", np.array([-6, 122]))), "non-negative"),
     "nan_weight": (lambda t, g: write(t / "w.npz", _nan(arrays(g), "E.data")), "not a finite number"),
     "inf_bias": (lambda t, g: write(t / "w.npz", _inf(arrays(g), "b_G")), "not a finite number"),
@@ -356,3 +364,38 @@ def test_refuses_to_overwrite_a_facts_file(good_copy, capsys, command):
     code = main([command, str(good_copy / "tasks.yaml"), flag, str(facts)] + (["--quiet"] if command == "check" else []))
     capsys.readouterr()
     assert code == 2 and facts.read_bytes() == before
+
+
+def test_version_1_files_are_still_read(good_npz, tmp_path, capsys):
+    """Version 1 of the layout stored every matrix as CSR with no ``X.format`` member."""
+    import scipy.sparse as sp
+
+    a = arrays(good_npz)
+    for key in [k for k in a if k.endswith(".format")]:
+        name = key[: -len(".format")]
+        m = (sp.csc_matrix if str(a[key]) == "csc" else sp.csr_matrix)(
+            (a[f"{name}.data"], a[f"{name}.indices"], a[f"{name}.indptr"]), shape=tuple(a[f"{name}.shape"]))
+        _drop(a, key)
+        _csr_replace(a, name, m)
+        _drop(a, key)
+    path = write(tmp_path / "v1.npz", _meta(a, format="moe-knowledge-weights/1"))
+    assert main(["check", str(EXAMPLE), "--weights", str(path), "--quiet"]) == 0
+    capsys.readouterr()
+    # a version-1 file that nevertheless stores a CSC matrix is read as CSR and refused
+    b = arrays(good_npz)
+    path = write(tmp_path / "v1-csc.npz", _meta(b, format="moe-knowledge-weights/1"))
+    line = one_line_exit_2(capsys, ["check", EXAMPLE, "--weights", path, "--quiet"])
+    assert "v1-csc.npz" in line
+
+
+def test_a_csc_matrix_with_a_duplicate_is_refused(good_npz, tmp_path, capsys):
+    a = arrays(good_npz)
+    name = "experts.0.W_2"
+    assert str(a[f"{name}.format"]) == "csc"
+    idx = a[f"{name}.indices"].copy()
+    ptr = a[f"{name}.indptr"]
+    col = int(np.flatnonzero(np.diff(ptr) >= 2)[0])
+    idx[ptr[col] + 1] = idx[ptr[col]]
+    line = one_line_exit_2(capsys, ["check", EXAMPLE, "--weights", write(tmp_path / "w.npz", _set(a, f"{name}.indices", idx)),
+                                    "--quiet"])
+    assert "stored twice" in line and f"column {col}" in line, line

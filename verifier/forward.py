@@ -119,10 +119,12 @@ class Prepared:
         self.UT = weights.U.T.tocsr()
         self.absUT = abs(self.UT)
         self.WGT = weights.W_G.T.tocsr()
+        WG = I.as_csr(weights.W_G)
         # the largest |W_G[k, j]| per residual direction j (0 where the gate reads nothing)
         self.wg_colmax = np.zeros(weights.d)
-        np.maximum.at(self.wg_colmax, weights.W_G.indices, np.abs(weights.W_G.data))
-        self.wg_max_terms = int(np.diff(weights.W_G.indptr).max(initial=1))
+        np.maximum.at(self.wg_colmax, WG.indices, np.abs(WG.data))
+        self.wg_max_terms = int(np.diff(WG.indptr).max(initial=1))
+        self.b_order = np.argsort(-np.asarray(weights.b_G, np.float64), kind="stable").astype(np.int64)
         self.experts = [(e.W_1.T.tocsr(), e.b_1, e.W_2.T.tocsr(), np.flatnonzero(e.b_1 > 0)) for e in weights.experts]
         # All experts side by side for the kernels: neuron g of expert k is global neuron
         # off[k] + g; W_1^T rows list (global neuron, weight) sorted by neuron.
@@ -138,8 +140,8 @@ class Prepared:
         self.pos_idx = np.concatenate(pos).astype(np.int64) if pos else np.zeros(0, np.int64)
         self.UT_arrays = _csr_arrays(self.UT)
         self.WGT_arrays = _csr_arrays(self.WGT)
-        self.E_arrays = _csr_arrays(weights.E)
-        self.P_arrays = _csr_arrays(weights.P)
+        self.E_arrays = _csr_arrays(I.as_csr(weights.E))
+        self.P_arrays = _csr_arrays(I.as_csr(weights.P))
         self.max_width = int(widths.max(initial=1))
         self._scratch = None
         self._stamp = 0
@@ -156,7 +158,9 @@ class Prepared:
                 acc[:, 0] = -1.0
                 return acc, np.zeros(size, np.int64)
 
+            K = len(self.weights.experts)
             self._scratch = {"z": spa(w), "y": spa(max(d, 1)), "L": spa(max(V, 1)),
+                             "g": (np.zeros(K), np.full(K, -1.0), np.zeros(K, np.int64)),
                              "v": np.full(max(V, 1), -1.0),
                              "buf": (np.zeros(max(d, 1), np.int64), np.zeros(max(d, 1)), np.zeros(max(d, 1)))}
         return self._scratch
@@ -300,6 +304,8 @@ LOGITS_PER_RUN = 4_000_000
 
 def _row_runs(bound: np.ndarray, limit: int) -> list[tuple[int, int]]:
     """Consecutive row ranges whose summed ``bound`` stays within ``limit`` (one row at least)."""
+    if bound.size == 0 or int(bound.sum()) <= limit:
+        return [(0, bound.size)]
     runs, a, total = [], 0, 0
     for i, c in enumerate(bound.tolist()):
         if total + c > limit and i > a:
@@ -310,20 +316,26 @@ def _row_runs(bound: np.ndarray, limit: int) -> list[tuple[int, int]]:
     return runs
 
 
-def gate_scores(prep: Prepared, R: SparseInterval) -> tuple[np.ndarray, np.ndarray]:
-    """(n, K) midpoints of g = W_G r + b_G and one radius per row bounding every score's error
-    (:func:`verifier.kernels.gate`)."""
+def gate_decisions(prep: Prepared, R: SparseInterval, scores: bool):
+    """The gate's decisions (:func:`verifier.kernels.gate`): winner, margin, radius per row,
+    top three, the experts that may win (CSR), and the (n, K) midpoints if ``scores``."""
+    n, K = R.shape[0], len(prep.weights.experts)
+    G = np.empty((n, K)) if scores else np.empty((1, 1))
+    gmid, gstamp, gtouched = prep.scratch()["g"]
     with np.errstate(invalid="ignore", over="ignore"):
-        return K_.gate(R.indptr, R.indices, R.mid, R.rad, *prep.WGT_arrays, prep.wg_colmax,
-                       np.asarray(prep.weights.b_G, np.float64), prep.wg_max_terms)
+        out = K_.gate(R.indptr, R.indices, R.mid, R.rad, *prep.WGT_arrays, prep.wg_colmax,
+                      np.asarray(prep.weights.b_G, np.float64), prep.b_order, prep.wg_max_terms,
+                      gmid, gstamp, gtouched, prep.stamps(n), G, scores)
+    return (*out, G if scores else None)
 
 
 def run_batch(prep: Prepared | Weights, tokens: np.ndarray, valid_ptr: np.ndarray, valid: np.ndarray,
-              ablate: np.ndarray | None = None) -> BatchResult:
+              ablate: np.ndarray | None = None, scores: bool = True) -> BatchResult:
     """Certified forward pass of a batch (n x p token ids, weights' ids; BOS is added).
 
     ``ablate`` (bool per row, default all) selects the rows whose ablated error is
     enclosed; the others get NaN there (the entanglement check needs object queries only).
+    ``scores=False`` skips the full (n, K) gate midpoints (the result keeps the top three).
     """
     if isinstance(prep, Weights):
         prep = Prepared(prep)
@@ -332,27 +344,14 @@ def run_batch(prep: Prepared | Weights, tokens: np.ndarray, valid_ptr: np.ndarra
     if tokens.ndim == 1:
         tokens = tokens[None, :]
     n = tokens.shape[0]
-    V, K = len(w.vocab), len(w.experts)
+    V = len(w.vocab)
     R = residual(prep, tokens)
-    Gm, Grad = gate_scores(prep, R)
-    rows = np.arange(n)
-    e = np.argmax(np.nan_to_num(Gm, nan=-np.inf), axis=1)
-    ge = Gm[rows, e]
-    with np.errstate(invalid="ignore", over="ignore"):
-        if K > 1:
-            second = Gm.copy()
-            second[rows, e] = -np.inf
-            second = second.max(axis=1)
-            margin = I.down(I.down(ge - second) - I.up(2 * Grad))
-        else:
-            margin = np.full(n, np.inf)
-        margin = np.where(np.isfinite(Grad), margin, -np.inf)
-        margin = np.where(np.isnan(margin), -np.inf, margin)
-        # An expert may win unless its upper end is certainly below the winner's lower end.
-        cand = ~(I.up(Gm + Grad[:, None]) < I.down(ge - Grad)[:, None])
-    cand[rows, e] = True
-    pair_rows, pair_experts = np.nonzero(cand)
-    if w.gate_mode == "top1-scaled":
+    scaled = w.gate_mode == "top1-scaled"
+    want = scores or scaled
+    e, margin, Grad, top, top_lo, top_hi, cand_ptr, cand, Gm = gate_decisions(prep, R, want)
+    pair_rows = np.repeat(np.arange(n, dtype=np.int64), np.diff(cand_ptr))
+    pair_experts = cand
+    if scaled:
         first, inv = _unique_rows(Gm, Grad[:, None])
         Gf, Rf = Gm[first], Grad[first][:, None]
         with np.errstate(invalid="ignore", over="ignore"):
@@ -393,10 +392,8 @@ def run_batch(prep: Prepared | Weights, tokens: np.ndarray, valid_ptr: np.ndarra
             if ab.size:
                 ab_lo[a + ab], ab_hi[a + ab] = K_.ablated(ab.astype(np.int64), *L, V, vp, vv, *sc["L"], sc["v"],
                                                           prep.stamps(ab.size))
-    key = -np.nan_to_num(Gm, nan=np.inf)
-    top = np.argpartition(key, min(2, K - 1), axis=1)[:, :3] if K > 3 else np.argsort(key, axis=1)
-    top = np.take_along_axis(top, np.argsort(np.take_along_axis(key, top, 1), axis=1), 1)
-    tm = np.take_along_axis(Gm, top, 1)
-    top_gate = (top, I.lower(tm, Grad[:, None]), I.upper(tm, Grad[:, None]))
+    undecided = ~np.isfinite(Grad)                     # the gate cannot say which expert wins
+    err_lo[undecided], err_hi[undecided] = 0.0, 1.0
+    top_gate = (top, top_lo, top_hi)
     return BatchResult(e, margin, ~(margin > 0), Gm, Grad, err_lo, err_hi, ab_lo, ab_hi, predicted, top_gate)
 

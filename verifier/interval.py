@@ -357,13 +357,28 @@ class SparseInterval:
         return m, r
 
 
-def exact(M: sp.spmatrix) -> SparseInterval:
-    """An exact canonical CSR matrix as a point interval (every stored entry kept, even a stored 0)."""
-    from layout import csr_problem
+def as_csr(M: sp.spmatrix) -> sp.csr_matrix:
+    """A canonical CSR or CSC matrix as canonical CSR, by moving entries (no arithmetic:
+    each entry is stored once, so no two values are ever added)."""
+    if M.format == "csr":
+        return M
+    out = sp.csr_matrix(M)
+    out.sort_indices()
+    if out.nnz != M.nnz:
+        raise ValueError("converting to CSR changed the number of stored entries")
+    return out
 
-    problem = csr_problem(M)
+
+def exact(M: sp.spmatrix) -> SparseInterval:
+    """An exact canonical CSR or CSC matrix as a CSR point interval (every stored entry
+    kept, even a stored 0). A canonical CSC matrix holds each entry once, so converting it
+    to CSR moves values without adding any: exact."""
+    from layout import sparse_problem
+
+    problem = sparse_problem(M)
     if problem:
-        raise ValueError(f"not a canonical float64 CSR matrix: {problem}")
+        raise ValueError(f"not a canonical float64 CSR or CSC matrix: {problem}")
+    M = as_csr(M)
     return SparseInterval(M.shape, M.indptr.astype(np.int64), M.indices.astype(np.int64),
                           M.data.astype(np.float64), np.zeros(M.nnz))
 

@@ -307,22 +307,44 @@ def residual(ids, att, am, ar, E_ptr, E_idx, E_val, P_ptr, P_idx, P_val,
 
 
 @njit(cache=True)
-def gate(R_ptr, R_idx, R_mid, R_rad, WG_ptr, WG_idx, WG_val, colmax, bG, max_terms):
-    """Gate midpoints (n, K) and one radius per row covering every score (row bound).
+def gate(R_ptr, R_idx, R_mid, R_rad, WG_ptr, WG_idx, WG_val, colmax, bG, b_order, max_terms,
+         gmid, gstamp, gtouched, stamp0, G_out, want_scores):
+    """The gate's decisions per row, from the experts whose gate row the residual touches.
 
-    |g_ik − G_ik| <= Σ_j (xr_ij + γ|xm_ij|)·|W_G[k, j]| + n·η <= Σ_j s_ij·c_j + n·η with
-    c_j = max_k |W_G[k, j]| (0 where the gate reads nothing), plus the rounding of adding
-    b_G: u·max_k |G_ik|. A non-finite score or radius gives the row an infinite radius.
+    An expert whose row of W_G meets no entry of r has score exactly b_G[k] (no term).
+    The touched ones have midpoints G_k = fl(Σ_j r_j W_G[k, j]) + b_G[k] and one radius
+    per row: |g_k − G_k| <= Σ_j (xr_j + γ|xm_j|)·|W_G[k, j]| + n·η <= Σ_j s_j·c_j + n·η with
+    c_j = max_k |W_G[k, j]| (the row bound), plus u·max|G_k| for adding b_G.
+
+    Returns per row: the winner e (the largest midpoint), the certified margin (lower end
+    of g_e minus the largest upper end of the others; −∞ when a value is not finite), the
+    radius, the top three experts with their enclosures, and as CSR (``cand_ptr``,
+    ``cand``) every expert whose upper end reaches the winner's lower end (the experts
+    that may win). ``b_order`` lists the experts by decreasing b_G, so the best untouched
+    experts are found without scanning all K. With ``want_scores`` the full (n, K)
+    midpoints go to ``G_out``.
     """
     n = R_ptr.size - 1
     K = bG.size
-    G = np.zeros((n, K))
-    rad = np.empty(n)
     g = gamma(max_terms + 1)
+    e_out = np.empty(n, np.int64)
+    margin = np.empty(n)
+    rad = np.empty(n)
+    top = np.full((n, 3), -1, np.int64)
+    top_lo = np.full((n, 3), -np.inf)
+    top_hi = np.full((n, 3), np.inf)
+    cand_ptr = np.zeros(n + 1, np.int64)
+    cap = 2 * n + 16
+    cand = np.empty(cap, np.int64)
+    nc = 0
+    best3 = np.empty(3, np.int64)
+    bval = np.empty(3)
     for i in range(n):
+        s = stamp0 + i
         S = 0.0
         cnt = 0
         bad = False
+        nt = 0
         for e in range(R_ptr[i], R_ptr[i + 1]):
             j = R_idx[e]
             xm = R_mid[e]
@@ -334,17 +356,108 @@ def gate(R_ptr, R_idx, R_mid, R_rad, WG_ptr, WG_idx, WG_val, colmax, bG, max_ter
                 S = upp(S + upp(upp(xr + upp(g * abs(xm))) * c))
                 cnt += 1
                 for q in range(WG_ptr[j], WG_ptr[j + 1]):
-                    G[i, WG_idx[q]] += xm * WG_val[q]
+                    k = WG_idx[q]
+                    if gstamp[k] != s:
+                        gstamp[k] = s
+                        gmid[k] = 0.0
+                        gtouched[nt] = k
+                        nt += 1
+                    gmid[k] += xm * WG_val[q]
         big = 0.0
-        for k in range(K):
-            G[i, k] += bG[k]
-            if not np.isfinite(G[i, k]):
+        for u in range(nt):
+            k = gtouched[u]
+            gmid[k] += bG[k]
+            if not np.isfinite(gmid[k]):
                 bad = True
-            big = max(big, abs(G[i, k]))
+            big = max(big, abs(gmid[k]))
         r = upp(upp(sum_factor(cnt + 1) * S) + 2.0 * (max_terms + 1) * FLOOR)
         r = up(r + up(U * big))
-        rad[i] = np.inf if (bad or not np.isfinite(r)) else r
-    return G, rad
+        if bad or not np.isfinite(r):
+            r = np.inf
+        rad[i] = r
+        # the three largest midpoints: touched experts, and untouched ones in order of b_G
+        for t in range(3):
+            best3[t] = -1
+            bval[t] = -np.inf
+        for u in range(nt):
+            k = gtouched[u]
+            v = gmid[k]
+            if v > bval[2] or (v == bval[2] and best3[2] >= 0 and k < best3[2]) or best3[2] < 0:
+                t = 2
+                while t > 0 and (v > bval[t - 1] or (v == bval[t - 1] and k < best3[t - 1])):
+                    bval[t] = bval[t - 1]
+                    best3[t] = best3[t - 1]
+                    t -= 1
+                bval[t] = v
+                best3[t] = k
+        taken = 0
+        for u in range(K):
+            if taken == 3:
+                break
+            k = b_order[u]
+            if gstamp[k] == s:
+                continue
+            taken += 1
+            v = bG[k]
+            if v > bval[2] or (v == bval[2] and best3[2] >= 0 and k < best3[2]) or best3[2] < 0:
+                t = 2
+                while t > 0 and (v > bval[t - 1] or (v == bval[t - 1] and k < best3[t - 1])):
+                    bval[t] = bval[t - 1]
+                    best3[t] = best3[t - 1]
+                    t -= 1
+                bval[t] = v
+                best3[t] = k
+        win = best3[0]
+        e_out[i] = win
+        for t in range(3):
+            k = best3[t]
+            if k < 0:
+                continue
+            top[i, t] = k
+            rk = r if gstamp[k] == s else 0.0          # an untouched score is exactly b_G
+            if np.isfinite(rk):
+                top_lo[i, t] = down(bval[t] - rk)
+                top_hi[i, t] = up(bval[t] + rk)
+        rw = r if gstamp[win] == s else 0.0
+        if not np.isfinite(r):
+            margin[i] = -np.inf
+        elif K == 1:
+            margin[i] = np.inf
+        else:
+            r2 = r if gstamp[best3[1]] == s else 0.0
+            margin[i] = down(down(bval[0] - bval[1]) - up(rw + r2))
+        # the experts that may win: upper end >= the winner's lower end (all of them if undecided)
+        if nc + K > cap:
+            grow = np.empty(max(2 * cap, nc + K), np.int64)
+            grow[:nc] = cand[:nc]
+            cand = grow
+            cap = grow.size
+        if not np.isfinite(r):
+            cand[nc] = win                               # undecided: the row's error is [0, 1] anyway
+            nc += 1
+        else:
+            floor_e = down(bval[0] - rw)
+            cand[nc] = win
+            nc += 1
+            for u in range(nt):
+                k = gtouched[u]
+                if k != win and up(gmid[k] + r) >= floor_e:
+                    cand[nc] = k
+                    nc += 1
+            for u in range(K):
+                k = b_order[u]
+                if bG[k] < floor_e:
+                    break
+                if k != win and gstamp[k] != s:
+                    cand[nc] = k
+                    nc += 1
+        cand_ptr[i + 1] = nc
+        if want_scores:
+            for k in range(K):
+                G_out[i, k] = bG[k]
+            for u in range(nt):
+                G_out[i, gtouched[u]] = gmid[gtouched[u]]
+    return e_out, margin, rad, top, top_lo, top_hi, cand_ptr, cand[:nc]
 
 
 # --- experts, logits and the error ----------------------------------------------------------------

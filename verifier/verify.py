@@ -171,7 +171,7 @@ def verify(
 
     def work(batch):
         return run_batch(prep, tmap[batch.tokens], batch.valid_ptr, tmap[batch.valid],
-                         ablate=batch.object_query & (batch.determined >= 0)).compact()
+                         ablate=batch.object_query & (batch.determined >= 0), scores=False).compact()
 
     for batch, res in ordered_map(work, batches(taskset, trie, chunk), jobs):
         state.record(batch, res, weights)
