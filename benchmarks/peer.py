@@ -22,7 +22,7 @@ vocabulary, so no row of the residual is ever dense):
   token has logit 0 and is counted in the softmax without being materialised.
 
 It returns, per query, the routed expert and the error 1 − P(valid), and the benchmark
-checks them against the verifier's enclosures on a sample. Used by
+checks them against the verifier's enclosures on a sample (:func:`measure`). Used by
 ``benchmarks/scale.py``; runs alone as above.
 """
 
@@ -31,7 +31,9 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+import warnings
 from pathlib import Path
+from typing import Iterable, Sequence
 
 import numpy as np
 import scipy.sparse as sp
@@ -116,9 +118,15 @@ class Peer:
         for e in w.experts:
             b = np.asarray(e.b_1, np.float64)
             positive = np.flatnonzero(b > 0)
-            const = np.asarray(e.W_2[:, positive] @ b[positive]).reshape(-1) if positive.size else np.zeros(w.d)
-            self.experts.append((_flat(e.W_1.T.tocsr(), torch, self.dtype), t(b), _flat(e.W_2.T.tocsr(), torch, self.dtype),
-                                 _flat(sp.csr_matrix(const.reshape(1, -1)), torch, self.dtype)))
+            W2 = sp.csc_matrix(e.W_2)
+            const = (W2[:, positive] @ sp.csc_matrix(b[positive].reshape(-1, 1))).T if positive.size \
+                else sp.csr_matrix((1, w.d))
+            # W_1^T over the residual directions this expert reads (searchsorted maps a direction
+            # to its row), so the table grows with the expert, not with d
+            W1 = sp.csr_matrix(e.W_1)
+            read = np.unique(W1.indices)
+            self.experts.append((torch.from_numpy(read.astype(np.int64)), _flat(W1[:, read].T.tocsr(), torch, self.dtype),
+                                 t(b), _flat(W2.T.tocsr(), torch, self.dtype), _flat(const, torch, self.dtype)))
 
     def run(self, tokens: np.ndarray, valid_ptr: np.ndarray, valid: np.ndarray):
         """(routed expert, error) per row of a batch of one prefix length (weights' token ids)."""
@@ -171,13 +179,19 @@ class Peer:
 
     def _expert_error(self, k, rows_k, t_rows, t_cols, t_vals, valid_ptr, valid):
         torch = self.torch
-        W1T, b1, W2T, const = self.experts[k]
+        read, W1T, b1, W2T, const = self.experts[k]
         nk = rows_k.numel()
         local = torch.full((int(rows_k.max()) + 1,), -1, dtype=torch.int64)
         local[rows_k] = torch.arange(nk)
         lr = local[t_rows]                                           # row within this expert's rows
         width = b1.numel()
-        owner, neurons, wv = _gather(W1T, t_cols, torch)
+        if read.numel():
+            at = torch.searchsorted(read, t_cols).clamp(max=read.numel() - 1)
+            hit = torch.nonzero(read[at] == t_cols).reshape(-1)       # the terms on directions W_1 reads
+            owner, neurons, wv = _gather(W1T, at[hit], torch)
+            owner = hit[owner]
+        else:
+            owner, neurons, wv = _gather(("empty",), t_cols, torch)
         key = lr[owner] * max(width, 1) + neurons
         uk, inv = torch.unique(key, return_inverse=True)
         z = torch.zeros(uk.numel(), dtype=self.dtype).index_add_(0, inv, t_vals[owner] * wv)
@@ -218,56 +232,82 @@ class Peer:
         return 1.0 - good / total
 
 
-def compare(facts: int, dtypes: list[str], sample: int, seed: int = 0) -> list[dict]:
-    """Time the certified pass (one process) and the peer on the same batches; check a sample."""
+def measure(weights, work: Iterable, dtypes: Sequence[str], sample: int = 2000, seed: int = 0) -> list[dict]:
+    """Time the certified pass (this process) and the peer (one thread) batch by batch on
+    the same rows, interleaved so both see the same machine; check a sample.
+
+    ``work`` yields (tokens, valid_ptr, valid, ablate) in the weights' token ids, as the
+    verifier's batches do. The certified pass is exactly the one ``verify`` runs per
+    batch (ablation on object queries, no full gate matrix). Per batch about
+    ``sample // 20`` rows are compared: the routed expert where the verifier certified
+    the routing, and the peer's error against the verifier's enclosure.
+    """
     import torch
 
-    from construction.model import build
-    from tasks.synthetic import wikidata_like
-    from verifier.batches import batches
     from verifier.forward import Prepared, run_batch
-    from verifier.verify import CHUNK, token_map
 
     torch.set_num_threads(1)
-    ts = wikidata_like(facts, seed=seed)
-    model = build(ts)
-    weights = model.instantiate()
-    del model
-    tmap = token_map(ts, weights)
-    K = len(weights.experts)
-    chunk = max(1_000, min(CHUNK, 20_000_000 // max(K, 1)))
-    work = [(tmap[b.tokens], b.valid_ptr, tmap[b.valid], b.object_query & (b.determined >= 0)) for b in batches(ts, chunk=chunk)]
-    queries = sum(x[0].shape[0] for x in work)
+    warnings.filterwarnings("ignore", message="index_reduce\\(\\) is in beta")
     prep = Prepared(weights)
-    run_batch(prep, work[0][0][:2], *(_take(work[0], 2)))             # compile / warm up
-    t = time.perf_counter()
-    certified = [run_batch(prep, tok, vp, vv, ablate=ab).compact() for tok, vp, vv, ab in work]
-    cert_s = time.perf_counter() - t
+    peers = {dt: Peer(weights, dt) for dt in dtypes}
+    rng = np.random.default_rng(seed)
+    cert_s, queries, batches_seen, warm = 0.0, 0, 0, False
+    stats = {dt: {"peer_s": 0.0, "checked": 0, "expert_disagreements": 0, "outside_enclosure": 0} for dt in dtypes}
+    for tok, vp, vv, ab in work:
+        if not warm:                                   # compile (numba) and warm up both on two rows
+            run_batch(prep, tok[:2], vp[:3], vv[: int(vp[2])], ablate=ab[:2], scores=False)
+            for peer in peers.values():
+                peer.run(tok[:2], vp[:3], vv[: int(vp[2])])
+            warm = True
+        t = time.perf_counter()
+        res = run_batch(prep, tok, vp, vv, ablate=ab, scores=False).compact()
+        cert_s += time.perf_counter() - t
+        queries += tok.shape[0]
+        batches_seen += 1
+        idx = rng.choice(tok.shape[0], size=min(tok.shape[0], max(1, sample // 20)), replace=False)
+        certain = res.margin[idx] > 0
+        for dt, peer in peers.items():
+            t = time.perf_counter()
+            e, err = peer.run(tok, vp, vv)
+            st = stats[dt]
+            st["peer_s"] += time.perf_counter() - t
+            st["checked"] += idx.size
+            st["expert_disagreements"] += int(np.sum(certain & (e[idx] != res.expert[idx])))
+            slack = 1e-12 if dt == "float64" else 1e-4
+            st["outside_enclosure"] += int(np.sum(certain & ((err[idx] < res.err_lo[idx] - slack)
+                                                             | (err[idx] > res.err_hi[idx] + slack))))
     out = []
     for dt in dtypes:
-        peer = Peer(weights, dt)
-        peer.run(work[0][0][:2], *_take(work[0], 2)[:2])
-        t = time.perf_counter()
-        results = [peer.run(tok, vp, vv) for tok, vp, vv, _ in work]
-        peer_s = time.perf_counter() - t
-        rng = np.random.default_rng(seed)
-        checked = disagree = outside = 0
-        for (tok, vp, vv, _), (e, err), res in zip(work, results, certified):
-            idx = rng.choice(tok.shape[0], size=min(tok.shape[0], max(1, sample // len(work))), replace=False)
-            checked += idx.size
-            certain = res.margin[idx] > 0
-            disagree += int(np.sum(certain & (e[idx] != res.expert[idx])))
-            slack = 1e-12 if dt == "float64" else 1e-4
-            outside += int(np.sum(certain & ((err[idx] < res.err_lo[idx] - slack) | (err[idx] > res.err_hi[idx] + slack))))
-        out.append({"facts": facts, "queries": queries, "dtype": dt, "certified_s": cert_s, "peer_s": peer_s,
-                    "certified_qps": queries / cert_s, "peer_qps": queries / peer_s, "ratio": peer_s / cert_s,
-                    "checked": checked, "expert_disagreements": disagree, "outside_enclosure": outside})
+        st = stats[dt]
+        out.append({"queries": queries, "batches": batches_seen, "dtype": dt, "certified_s": cert_s,
+                    "certified_qps": queries / cert_s if cert_s else 0.0,
+                    "peer_qps": queries / st["peer_s"] if st["peer_s"] else 0.0,
+                    "ratio": st["peer_s"] / cert_s if cert_s else 0.0, **st})
     return out
 
 
-def _take(item, n):
-    tok, vp, vv, ab = item
-    return vp[: n + 1], vv[: int(vp[n])], ab[:n]
+def verifier_batches(taskset, weights, every: int = 1):
+    """The verifier's batches (every ``every``-th) as (tokens, valid_ptr, valid, ablate) in the
+    weights' token ids: the same rows, order and batch sizes as ``verify``."""
+    from tasks.structure import StructureTrie
+    from verifier.batches import batches
+    from verifier.verify import CHUNK, token_map
+
+    tmap = token_map(taskset, weights)
+    chunk = max(1_000, min(CHUNK, 20_000_000 // max(len(weights.experts), 1)))
+    for i, b in enumerate(batches(taskset, StructureTrie(taskset), chunk)):
+        if i % every == 0:
+            yield tmap[b.tokens], b.valid_ptr, tmap[b.valid], b.object_query & (b.determined >= 0)
+
+
+def compare(facts: int, dtypes: list[str], sample: int, seed: int = 0) -> list[dict]:
+    """Build the WikiData5M-shaped set of ``facts`` facts and :func:`measure` every batch."""
+    from construction.model import build
+    from tasks.synthetic import wikidata_like
+
+    ts = wikidata_like(facts, seed=seed)
+    weights = build(ts).instantiate()
+    return [{"facts": facts, **r} for r in measure(weights, verifier_batches(ts, weights), dtypes, sample, seed)]
 
 
 def main(argv=None) -> int:

@@ -16,3 +16,12 @@ def test_scale_benchmark_smallest_size(tmp_path):
     assert run.returncode == 0, run.stderr
     text = out.read_text()
     assert "| 2,000 |" in text and "certified" in text and "Machine:" in text
+
+
+def test_peer_benchmark_smallest_size():
+    """The PyTorch peer runs and agrees with the verifier's enclosures on its sample."""
+    run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "peer.py"), "--facts", "2000"],
+                         capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert run.returncode == 0, run.stderr
+    lines = run.stdout.strip().splitlines()
+    assert len(lines) == 2 and all("0 expert disagreements, 0 errors outside the enclosure" in l for l in lines), run.stdout

@@ -44,14 +44,22 @@ def test_example_certifies(capitals_set, capitals_model, weights):
     assert report.measured_worst == pytest.approx(report.closed_form_value, rel=1e-9)
 
 
-def test_enclosures_contain_the_exact_values(capitals_set, weights):
-    """An independent 60-digit evaluation lies inside every enclosure the verifier reports."""
+@pytest.mark.parametrize("hot", [1, 2, 16])
+def test_enclosures_contain_the_exact_values(capitals_set, weights, hot, monkeypatch):
+    """An independent 60-digit evaluation lies inside every enclosure the verifier reports,
+    whichever gate columns are treated as shared ("hot": read by >= ``hot`` experts; with
+    1, every gate input is shared and each batch cycles through many cached groups)."""
+    import verifier.forward as F
+
+    monkeypatch.setattr(F, "HOT_READERS", hot)
+    weights = F.Prepared(weights)
+    assert (weights.wg_hot.sum() > 0) == (hot <= 2)
     vocab = capitals_set.vocabulary
     checked = 0
     for g in query_groups(capitals_set):
         res = run_batch(weights, group_tokens(g), g.valid_ptr, g.valid)
         for i in range(len(g)):
-            ex = exact_forward(weights, list(g.prefix_ids(i, vocab)), set(g.valid_of(i).tolist()))
+            ex = exact_forward(weights.weights, list(g.prefix_ids(i, vocab)), set(g.valid_of(i).tolist()))
             assert ex["expert"] == res.expert[i]
             assert mpmath.mpf(res.err_lo[i]) <= ex["error"] <= mpmath.mpf(res.err_hi[i])
             for k, gk in enumerate(ex["gates"]):
@@ -61,6 +69,23 @@ def test_enclosures_contain_the_exact_values(capitals_set, weights):
             assert mpmath.mpf(res.margin[i]) <= ex["gates"][e] - others
             checked += 1
     assert checked == 67
+
+
+def test_token_chunks_change_nothing(capitals_set, weights, monkeypatch):
+    """The per-token tables are built a chunk of tokens at a time and merged by class:
+    with chunks of 3 tokens, every enclosure is bitwise the one of a single chunk
+    (value rows of mostly-distinct chunks are kept unmerged: more rows, same values)."""
+    import verifier.forward as F
+
+    whole = F.Prepared(weights)
+    monkeypatch.setattr(F, "TOKEN_CHUNK", 3)
+    chunked = F.Prepared(weights)
+    assert chunked.QE[0].shape == whole.QE[0].shape      # query/key classes merged across chunks
+    for g in query_groups(capitals_set):
+        a = run_batch(whole, group_tokens(g), g.valid_ptr, g.valid)
+        b = run_batch(chunked, group_tokens(g), g.valid_ptr, g.valid)
+        for field in ("expert", "margin", "err_lo", "err_hi", "ablated_lo", "ablated_hi", "gate_mid", "gate_rad"):
+            assert np.array_equal(getattr(a, field), getattr(b, field), equal_nan=True), field
 
 
 # --- every check fails on a model that violates it -------------------------------------------
@@ -245,3 +270,34 @@ def test_words_after_the_object_and_self_facts_certify():
     assert report.certified, report.counterexamples
     assert report.measured_worst <= report.closed_form_value
     assert [t.queries for t in report.tasks] == [28, 21]
+
+
+def test_shared_gate_groups_decide_as_rows_do(monkeypatch):
+    """With every gate input shared (HOT_READERS = 1) the rows of a batch fall into many
+    groups, far more than the kernel caches (GATE_CLASSES), so groups are rebuilt and
+    evicted; every decision and every enclosure must overlap the row-by-row ones."""
+    import verifier.forward as F
+    from verifier import kernels
+    from tasks.synthetic import wikidata_like
+    from construction.model import build
+    from verifier.batches import batches
+    from tasks.structure import StructureTrie
+
+    ts = wikidata_like(3000, seed=3)
+    w = build(ts).instantiate()
+    plain = F.Prepared(w)
+    monkeypatch.setattr(F, "HOT_READERS", 1)
+    shared = F.Prepared(w)
+    assert shared.wg_hot.sum() > 0 and not plain.wg_hot.any()
+    tmap = np.array([w.vocab.index(ts.vocabulary.token(i)) for i in range(len(ts.vocabulary))])
+    rows = groups = 0
+    for b in batches(ts, StructureTrie(ts), 500):
+        a = run_batch(plain, tmap[b.tokens], b.valid_ptr, tmap[b.valid])
+        c = run_batch(shared, tmap[b.tokens], b.valid_ptr, tmap[b.valid])
+        assert np.array_equal(a.expert, c.expert)
+        assert np.all((a.margin > 0) == (c.margin > 0))
+        assert np.all(np.maximum(a.err_lo, c.err_lo) <= np.minimum(a.err_hi, c.err_hi))
+        assert np.all(np.maximum(a.gate_lo, c.gate_lo) <= np.minimum(a.gate_hi, c.gate_hi))
+        rows += len(b)
+        groups += len({bytes(t) for t in b.tokens})
+    assert rows > 1000 and groups > kernels.GATE_CLASSES * 10

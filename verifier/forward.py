@@ -72,76 +72,136 @@ class BatchResult:
                            self.ablated_lo, self.ablated_hi, self.predicted, self.top_gate)
 
 
-@dataclass
-class HeadProj:
-    QE: tuple[np.ndarray, np.ndarray]      # (V+1, d_h) mid, rad: W_Q E[x]
-    QP: tuple[np.ndarray, np.ndarray]      # (n_pos, d_h)
-    KE: tuple[np.ndarray, np.ndarray]
-    KP: tuple[np.ndarray, np.ndarray]
-    OE: SparseInterval                     # (V+1, d): W_O W_V E[x]
-    OP: SparseInterval                     # (n_pos, d)
+class _RowTable:
+    """Distinct rows, numbered in order of first appearance (bitwise equality of the bytes
+    of each row). Rows come in chunks; only a chunk's distinct rows are looked up."""
+
+    def __init__(self) -> None:
+        self.ids: dict[bytes, int] = {}
+        self.count = 0
+        self.parts: list = []
+
+    def add(self, keys: list[bytes], rows) -> np.ndarray:
+        """Ids of rows with bytes ``keys``; ``rows(positions)`` gives the new ones' values."""
+        out = np.empty(len(keys), np.int64)
+        new = []
+        for i, key in enumerate(keys):
+            got = self.ids.get(key)
+            if got is None:
+                got = self.ids[key] = self.count + len(new)
+                new.append(i)
+            out[i] = got
+        if new:
+            self.parts.append(rows(np.asarray(new, np.int64)))
+            self.count += len(new)
+        return out
+
+    def append(self, rows, n: int) -> np.ndarray:
+        """``n`` rows kept as they are (not looked up: a chunk whose rows are mostly distinct)."""
+        self.parts.append(rows)
+        self.count += n
+        return np.arange(self.count - n, self.count, dtype=np.int64)
+
+
+#: Tokens per chunk when the per-token head projections are computed.
+TOKEN_CHUNK = 1 << 16
+#: A residual direction read by at least this many rows of W_G is "hot" (kernels.gate).
+HOT_READERS = 16
 
 
 class Prepared:
-    """Per-weights interval projections (computed once, reused by every batch)."""
+    """Per-weights interval projections (computed once, reused by every batch).
+
+    Attention tables are stored per token *class*: tokens whose query and key projections
+    are bitwise equal (in every head) share one class and one table row, and so do
+    tokens whose value rows W_O W_V E[x] are equal in a head. The projections are
+    computed ``TOKEN_CHUNK`` tokens at a time, so neither the tables nor their
+    computation hold a row per token beyond the class maps. Sharing a row between equal
+    rows changes no value, so every enclosure is the one computed for each token.
+    """
 
     def __init__(self, weights: Weights) -> None:
         I.check_platform()
         weights.validate()
         self.weights = weights
-        E, P = I.exact(weights.E), I.exact(weights.P)
-        self.heads = []
-        for h in weights.heads:
-            WQ, WK = h.W_Q.T.tocsr(), h.W_K.T.tocsr()
-            WV, WO = h.W_V.T.tocsr(), h.W_O.T.tocsr()
-            self.heads.append(HeadProj(I.matmul(E, WQ).dense(), I.matmul(P, WQ).dense(),
-                                       I.matmul(E, WK).dense(), I.matmul(P, WK).dense(),
-                                       I.matmul(I.matmul(E, WV), WO), I.matmul(I.matmul(P, WV), WO)))
-        # Tokens with identical projections give identical scores / values: class ids per head.
-        self.qk_class = [_dense_row_classes(np.concatenate([h.QE[0], h.QE[1], h.KE[0], h.KE[1]], axis=1)) for h in self.heads]
-        self.v_class = [_sparse_row_classes(h.OE) for h in self.heads]
-        # Every head at once: query/key projections side by side (head m owns columns
-        # starts[m] .. starts[m] + widths[m]), value paths stacked (head m's rows after
-        # m·(V+1) and m·n_pos), one class per token over all heads' scores.
-        hs = self.heads
-        self.widths = np.array([h.QE[0].shape[1] for h in hs], np.int64)
+        d, V1, H = weights.d, weights.E.shape[0], len(weights.heads)
+        self.n_heads = H
+        P = I.exact(weights.P)
+        WQ = [h.W_Q.T.tocsr() for h in weights.heads]
+        WK = [h.W_K.T.tocsr() for h in weights.heads]
+        WV = [h.W_V.T.tocsr() for h in weights.heads]
+        WO = [h.W_O.T.tocsr() for h in weights.heads]
+        # Query and key projections of every head side by side: head m owns columns
+        # starts[m] .. starts[m] + widths[m].
+        self.widths = np.array([w.shape[1] for w in WQ], np.int64)
         self.starts = np.concatenate([[0], np.cumsum(self.widths)[:-1]]).astype(np.int64)
-        stack = lambda pick: tuple(np.concatenate([pick(h)[i] for h in hs], axis=1) if hs else np.zeros((0, 0))  # noqa: E731
-                                   for i in (0, 1))
-        self.QE, self.QP, self.KE, self.KP = (stack(lambda h: h.QE), stack(lambda h: h.QP), stack(lambda h: h.KE),
-                                              stack(lambda h: h.KP))
-        self.qk_all = _dense_row_classes(np.stack(self.qk_class, axis=1)) if hs else np.zeros(E.shape[0], np.int64)
-        self.v_all = np.stack(self.v_class) if hs else np.zeros((0, E.shape[0]), np.int64)
-        self.OE = I.vstack([h.OE for h in hs]) if hs else None
-        self.OP = I.vstack([h.OP for h in hs]) if hs else None
-        self.E = E
-        self.P = P
-        self.UT = weights.U.T.tocsr()
-        self.absUT = abs(self.UT)
-        self.WGT = weights.W_G.T.tocsr()
+
+        def qk(X: SparseInterval):
+            """(query mid, query rad, key mid, key rad) of rows X, every head side by side."""
+            if not H:
+                return tuple(np.zeros((X.shape[0], 0)) for _ in range(4))
+            q = [I.matmul(X, W).dense() for W in WQ]
+            k = [I.matmul(X, W).dense() for W in WK]
+            return tuple(np.concatenate([x[i] for x in pair], axis=1) for pair in (q, k) for i in (0, 1))
+
+        qp = qk(P)
+        self.QP, self.KP = qp[:2], qp[2:]                    # (positions, Σd_h) mid, rad
+        self.OP = I.vstack([I.matmul(I.matmul(P, WV[m]), WO[m]) for m in range(H)]) if H else _empty(d)
+        # Per token: its query/key class and, per head, its value row.
+        qk_table, v_table = _RowTable(), _RowTable()
+        qk_class = np.zeros(V1, np.int64)
+        v_row = np.zeros((H, V1), np.int64)
+        E = I.as_csr(weights.E)
+        for a in range(0, V1 if H else 0, TOKEN_CHUNK):
+            b = min(a + TOKEN_CHUNK, V1)
+            X = I.exact(E[a:b])
+            table = np.ascontiguousarray(np.concatenate(qk(X), axis=1))
+            first, inv = _unique_rows(table)
+            keys = [table[f].tobytes() for f in first]
+            qk_class[a:b] = qk_table.add(keys, lambda new: table[first[new]])[inv]
+            for m in range(H):
+                O = I.matmul(I.matmul(X, WV[m]), WO[m])
+                cls = _sparse_row_classes(O)
+                first, inv = np.unique(cls, return_index=True, return_inverse=True)[1:]
+                if 2 * first.size > O.shape[0]:
+                    ids = v_table.append(O, O.shape[0])
+                    v_row[m, a:b] = ids
+                else:
+                    rows = O.rows(first)
+                    keys = [_sparse_row_bytes(rows, i) for i in range(first.size)]
+                    v_row[m, a:b] = v_table.add(keys, rows.rows)[inv.reshape(-1)]
+        QK = np.concatenate(qk_table.parts) if qk_table.parts else np.zeros((0, 4 * int(self.widths.sum())))
+        w_ = int(self.widths.sum())
+        self.QE = (QK[:, :w_], QK[:, w_:2 * w_])            # (query/key classes, Σd_h) mid, rad
+        self.KE = (QK[:, 2 * w_:3 * w_], QK[:, 3 * w_:])
+        self.qk_class = _narrow(qk_class)                    # (V+1,) class of each token
+        self.OE = I.vstack(v_table.parts) if v_table.parts else _empty(d)   # distinct value rows
+        self.v_row = _narrow(v_row)                          # (H, V+1): head m, token x -> row of OE
+        self.E_arrays = _csr_arrays(E)
+        self.P_arrays = _csr_arrays(I.as_csr(weights.P))
+        # The gate and the unembedding as CSR arrays over the residual directions.
+        self.UT_arrays = _csr_arrays(weights.U.T.tocsr())
+        self.WGT_arrays = _csr_arrays(weights.W_G.T.tocsr())
         WG = I.as_csr(weights.W_G)
         # the largest |W_G[k, j]| per residual direction j (0 where the gate reads nothing)
-        self.wg_colmax = np.zeros(weights.d)
+        self.wg_colmax = np.zeros(d)
         np.maximum.at(self.wg_colmax, WG.indices, np.abs(WG.data))
         self.wg_max_terms = int(np.diff(WG.indptr).max(initial=1))
-        self.b_order = np.argsort(-np.asarray(weights.b_G, np.float64), kind="stable").astype(np.int64)
-        self.experts = [(e.W_1.T.tocsr(), e.b_1, e.W_2.T.tocsr(), np.flatnonzero(e.b_1 > 0)) for e in weights.experts]
+        # columns read by many experts: their part of the gate scores is shared by rows (kernels.gate)
+        self.wg_hot = np.diff(self.WGT_arrays[0]) >= HOT_READERS
         # All experts side by side for the kernels: neuron g of expert k is global neuron
         # off[k] + g; W_1^T rows list (global neuron, weight) sorted by neuron.
         widths = np.array([e.width for e in weights.experts], np.int64)
         self.off = np.concatenate([[0], np.cumsum(widths)]).astype(np.int64)
-        W1 = sp.vstack([e.W_1 for e in weights.experts]).tocsr() if widths.sum() else sp.csr_matrix((0, weights.d))
+        W1 = sp.vstack([e.W_1 for e in weights.experts]).tocsr() if widths.sum() else sp.csr_matrix((0, d))
         self.W1T = _csr_arrays(W1.T.tocsr())
+        del W1
         self.W2T = _csr_arrays(sp.hstack([e.W_2 for e in weights.experts]).T.tocsr() if widths.sum()
-                               else sp.csr_matrix((0, weights.d)))
+                               else sp.csr_matrix((0, d)))
         self.b1 = np.concatenate([e.b_1 for e in weights.experts]) if widths.sum() else np.zeros(0)
         pos = [np.flatnonzero(e.b_1 > 0) + self.off[k] for k, e in enumerate(weights.experts)]
         self.pos_ptr = np.concatenate([[0], np.cumsum([x.size for x in pos])]).astype(np.int64)
         self.pos_idx = np.concatenate(pos).astype(np.int64) if pos else np.zeros(0, np.int64)
-        self.UT_arrays = _csr_arrays(self.UT)
-        self.WGT_arrays = _csr_arrays(self.WGT)
-        self.E_arrays = _csr_arrays(I.as_csr(weights.E))
-        self.P_arrays = _csr_arrays(I.as_csr(weights.P))
         self.max_width = int(widths.max(initial=1))
         self._scratch = None
         self._stamp = 0
@@ -170,6 +230,21 @@ class Prepared:
         first = self._stamp
         self._stamp += count
         return first
+
+
+def _empty(d: int) -> SparseInterval:
+    return I.SparseInterval((0, d), np.zeros(1, np.int64), np.zeros(0, np.int64), np.zeros(0), np.zeros(0))
+
+
+def _narrow(a: np.ndarray) -> np.ndarray:
+    """int32 when every value fits (class maps hold one entry per token: half the memory)."""
+    return a.astype(np.int32) if a.size == 0 or a.max() < 2 ** 31 - 1 else a
+
+
+def _sparse_row_bytes(M: SparseInterval, i: int) -> bytes:
+    """Row i's stored (index, mid, rad) as bytes: equal bytes iff bitwise equal rows."""
+    a, b = int(M.indptr[i]), int(M.indptr[i + 1])
+    return M.indices[a:b].astype(np.int64).tobytes() + M.mid[a:b].tobytes() + M.rad[a:b].tobytes()
 
 
 def _csr_arrays(M: sp.csr_matrix) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -237,16 +312,6 @@ def _unique_rows(*arrays: np.ndarray):
     return first, inv.reshape(-1)
 
 
-def _csr_rows(M: sp.csr_matrix, rows: np.ndarray):
-    """COO triplets (row in batch, col, value) of M[rows] (plain float matrices; used by the baseline)."""
-    counts = M.indptr[rows + 1] - M.indptr[rows]
-    total = int(counts.sum())
-    out_rows = np.repeat(np.arange(rows.size), counts)
-    starts = np.repeat(M.indptr[rows] - np.concatenate([[0], np.cumsum(counts)[:-1]]), counts)
-    pos = starts + np.arange(total)
-    return out_rows, M.indices[pos], M.data[pos]
-
-
 # --- the pass ---------------------------------------------------------------------------------
 
 
@@ -259,11 +324,12 @@ def attention(prep: Prepared, ids: np.ndarray):
     """
     n, p1 = ids.shape
     p = p1 - 1
-    H = len(prep.heads)
-    first, inv = _unique_rows(prep.qk_all[ids])
+    H = prep.n_heads
+    cls = prep.qk_class[ids]
+    first, inv = _unique_rows(cls)
     if H == 0:
         return inv, np.zeros((first.size, 0, p1)), np.zeros((first.size, 0, p1))
-    rep = ids[first]                                                        # (n', p+1)
+    rep = cls[first]                                                        # (n', p+1) classes
     with np.errstate(invalid="ignore", over="ignore"):
         q_m, q_r = I.gather_add(prep.QE, prep.QP, rep[:, p], p)           # (n', Σd_h)
         k_m, k_r = I.gather_add(prep.KE, prep.KP, rep, np.arange(p1)[None, :])  # (n', p+1, Σd_h)
@@ -284,18 +350,17 @@ def residual(prep: Prepared, tokens: np.ndarray) -> SparseInterval:
     n, p = tokens.shape
     ids = np.ascontiguousarray(np.concatenate([np.full((n, 1), w.bos, np.int64), tokens], axis=1))  # (n, p+1)
     att, am, ar = attention(prep, ids)
-    H = len(prep.heads)
-    OE = prep.OE if H else I.SparseInterval((0, w.d), np.zeros(1, np.int64), np.zeros(0, np.int64), np.zeros(0), np.zeros(0))
-    OP = prep.OP if H else OE
-    V1, npos = w.E.shape[0], w.P.shape[0]
+    H = prep.n_heads
+    OE, OP = prep.OE, prep.OP
+    npos = w.P.shape[0]
     (Ep, Ei, Ev), (Pp, Pi, Pv) = prep.E_arrays, prep.P_arrays
-    cap = K_.residual_bound(ids, Ep, Pp, OE.indptr, OP.indptr, H, V1, npos)
+    cap = K_.residual_bound(ids, Ep, Pp, OE.indptr, OP.indptr, H, prep.v_row, npos)
     yacc, ytouched = prep.scratch()["y"]
     stamp0 = prep.stamps(n)
     with np.errstate(invalid="ignore", over="ignore"):
         ptr, idx, mid, rad = K_.residual(ids, att, am, ar, Ep, Ei, Ev, Pp, Pi, Pv,
                                         OE.indptr, OE.indices, OE.mid, OE.rad, OP.indptr, OP.indices, OP.mid, OP.rad,
-                                        H, V1, npos, yacc, ytouched, stamp0, max(cap, 1))
+                                        H, prep.v_row, npos, yacc, ytouched, stamp0, max(cap, 1))
     return SparseInterval((n, w.d), ptr, idx, mid, rad)
 
 
@@ -323,8 +388,8 @@ def gate_decisions(prep: Prepared, R: SparseInterval, scores: bool):
     G = np.empty((n, K)) if scores else np.empty((1, 1))
     gmid, gstamp, gtouched = prep.scratch()["g"]
     with np.errstate(invalid="ignore", over="ignore"):
-        out = K_.gate(R.indptr, R.indices, R.mid, R.rad, *prep.WGT_arrays, prep.wg_colmax,
-                      np.asarray(prep.weights.b_G, np.float64), prep.b_order, prep.wg_max_terms,
+        out = K_.gate(R.indptr, R.indices, R.mid, R.rad, *prep.WGT_arrays, prep.wg_colmax, prep.wg_hot,
+                      np.asarray(prep.weights.b_G, np.float64), prep.wg_max_terms,
                       gmid, gstamp, gtouched, prep.stamps(n), G, scores)
     return (*out, G if scores else None)
 

@@ -220,7 +220,7 @@ def _add(col, m, a, b, acc):
 
 
 @njit(cache=True)
-def residual_bound(ids, E_ptr, P_ptr, OE_ptr, OP_ptr, H, V1, npos):
+def residual_bound(ids, E_ptr, P_ptr, OE_ptr, OP_ptr, H, v_row, npos):
     """An upper bound on the number of residual entries of every row (for allocation)."""
     n, p1 = ids.shape
     p = p1 - 1
@@ -229,7 +229,7 @@ def residual_bound(ids, E_ptr, P_ptr, OE_ptr, OP_ptr, H, V1, npos):
         c = (E_ptr[ids[i, p] + 1] - E_ptr[ids[i, p]]) + (P_ptr[p + 1] - P_ptr[p])
         for m in range(H):
             for j in range(p1):
-                t = m * V1 + ids[i, j]
+                t = v_row[m, ids[i, j]]
                 c += OE_ptr[t + 1] - OE_ptr[t]
                 q = m * npos + j
                 c += OP_ptr[q + 1] - OP_ptr[q]
@@ -239,14 +239,15 @@ def residual_bound(ids, E_ptr, P_ptr, OE_ptr, OP_ptr, H, V1, npos):
 
 @njit(cache=True)
 def residual(ids, att, am, ar, E_ptr, E_idx, E_val, P_ptr, P_idx, P_val,
-             OE_ptr, OE_idx, OE_mid, OE_rad, OP_ptr, OP_idx, OP_mid, OP_rad, H, V1, npos,
+             OE_ptr, OE_idx, OE_mid, OE_rad, OP_ptr, OP_idx, OP_mid, OP_rad, H, v_row, npos,
              acc, touched, stamp0, capacity):
     """r = E[x_p] + P[p] + Σ_m Σ_j a_mj (W_O W_V h_j) for every row, as CSR (ptr, idx, mid, rad).
 
     ``att[i]`` selects row i's attention intervals ``am/ar[att[i], m, j]``. Terms: the E
     and P rows (exact), and each head's value rows scaled by the attention interval
-    (the product's radius from :func:`mul_interval`). An attention weight that is exactly
-    0 contributes exactly 0 and is skipped.
+    (the product's radius from :func:`mul_interval`). Head m's value row of token x is
+    row ``v_row[m, x]`` of OE (tokens with equal rows share one). An attention weight
+    that is exactly 0 contributes exactly 0 and is skipped.
     """
     n, p1 = ids.shape
     p = p1 - 1
@@ -274,7 +275,7 @@ def residual(ids, att, am, ar, E_ptr, E_idx, E_val, P_ptr, P_idx, P_val,
                 wr = ar[a_row, m, j]
                 if wm == 0.0 and wr == 0.0:
                     continue
-                tok = m * V1 + ids[i, j]
+                tok = v_row[m, ids[i, j]]
                 for q in range(OE_ptr[tok], OE_ptr[tok + 1]):
                     col = OE_idx[q]
                     nt = _touch(col, acc, s, touched, nt)
@@ -306,23 +307,61 @@ def residual(ids, att, am, ar, E_ptr, E_idx, E_val, P_ptr, P_idx, P_val,
 # --- the gate ------------------------------------------------------------------------------------
 
 
-@njit(cache=True)
-def gate(R_ptr, R_idx, R_mid, R_rad, WG_ptr, WG_idx, WG_val, colmax, bG, b_order, max_terms,
-         gmid, gstamp, gtouched, stamp0, G_out, want_scores):
-    """The gate's decisions per row, from the experts whose gate row the residual touches.
+#: Classes of shared gate inputs kept per call (most recently built first to be replaced).
+GATE_CLASSES = 8
 
-    An expert whose row of W_G meets no entry of r has score exactly b_G[k] (no term).
-    The touched ones have midpoints G_k = fl(Σ_j r_j W_G[k, j]) + b_G[k] and one radius
-    per row: |g_k − G_k| <= Σ_j (xr_j + γ|xm_j|)·|W_G[k, j]| + n·η <= Σ_j s_j·c_j + n·η with
-    c_j = max_k |W_G[k, j]| (the row bound), plus u·max|G_k| for adding b_G.
+
+@njit(cache=True)
+def _same_float(a, b):
+    """Bitwise equality of two finite-or-not floats (0.0 and −0.0 differ; NaN never equal)."""
+    return a == b and (a != 0.0 or math.copysign(1.0, a) == math.copysign(1.0, b))
+
+
+@njit(cache=True)
+def _insert3(best3, bval, k, v):
+    """Keep the three largest (value, −expert) pairs: ties go to the smaller expert."""
+    if v > bval[2] or (v == bval[2] and best3[2] >= 0 and k < best3[2]) or best3[2] < 0:
+        t = 2
+        while t > 0 and (v > bval[t - 1] or (v == bval[t - 1] and k < best3[t - 1])):
+            bval[t] = bval[t - 1]
+            best3[t] = best3[t - 1]
+            t -= 1
+        bval[t] = v
+        best3[t] = k
+
+
+@njit(cache=True)
+def gate(R_ptr, R_idx, R_mid, R_rad, WG_ptr, WG_idx, WG_val, colmax, hot, bG, max_terms,
+         gmid, gstamp, gtouched, stamp0, G_out, want_scores):
+    """The gate's decisions per row: winner, certified margin, radius, top three, and the
+    experts that may win.
+
+    **Scores.** g_k = Σ_j r_j W_G[k, j] + b_G[k]. An expert whose row of W_G meets no
+    entry of r has score exactly b_G[k] (no term). A touched one has midpoint
+    G_k = fl(Σ_j xm_j W_G[k, j]) + b_G[k] and one radius per row:
+    |g_k − G_k| <= Σ_j (xr_j + γ|xm_j|)·|W_G[k, j]| + n·η <= Σ_j s_j·c_j + n·η with
+    c_j = max_k |W_G[k, j]| (the row bound; γ = γ_{n+1}, n the most terms of a row of
+    W_G), plus u·max|G_k| for adding b_G. The bound on the float sum holds for *any*
+    order of the additions (each term passes through at most n − 1 of them).
+
+    **Shared part.** A column read by many experts (``hot``: a template-word feature) would
+    cost K operations per row. Such entries are usually the same in every row of a
+    batch (rows of one batch share their template prefix), so the rows are grouped by
+    their hot entries (bitwise equal index, mid and radius), and per group, once:
+    the partial sums h_k over the hot entries, the values v_k = h_k + b_G[k] (b_G[k] if
+    no hot entry reaches k), the experts sorted by decreasing v_k (ties: smaller k
+    first), and the hot part of the radius sums. A row then adds its own (cold)
+    entries to the few experts they reach, continuing each partial sum h_k, so every
+    score is the same sum of the same terms in another order, covered by the bound
+    above; the untouched experts are read from the sorted list as far as needed. The
+    last ``GATE_CLASSES`` groups are kept; a row whose group is not among them builds it
+    (K·log K operations) in place of the oldest.
 
     Returns per row: the winner e (the largest midpoint), the certified margin (lower end
     of g_e minus the largest upper end of the others; −∞ when a value is not finite), the
     radius, the top three experts with their enclosures, and as CSR (``cand_ptr``,
     ``cand``) every expert whose upper end reaches the winner's lower end (the experts
-    that may win). ``b_order`` lists the experts by decreasing b_G, so the best untouched
-    experts are found without scanning all K. With ``want_scores`` the full (n, K)
-    midpoints go to ``G_out``.
+    that may win). With ``want_scores`` the full (n, K) midpoints go to ``G_out``.
     """
     n = R_ptr.size - 1
     K = bG.size
@@ -339,11 +378,98 @@ def gate(R_ptr, R_idx, R_mid, R_rad, WG_ptr, WG_idx, WG_val, colmax, bG, b_order
     nc = 0
     best3 = np.empty(3, np.int64)
     bval = np.empty(3)
+    # the group cache: hot entries (key), partial sums, values, order, radius parts
+    maxh = 1
+    for i in range(n):
+        c = 0
+        for e in range(R_ptr[i], R_ptr[i + 1]):
+            if hot[R_idx[e]]:
+                c += 1
+        maxh = max(maxh, c)
+    C = GATE_CLASSES
+    c_len = np.full(C, -1, np.int64)
+    c_idx = np.empty((C, maxh), np.int64)
+    c_mid = np.empty((C, maxh))
+    c_rad = np.empty((C, maxh))
+    c_h = np.empty((C, K))
+    c_touch = np.zeros((C, K), np.bool_)
+    c_val = np.empty((C, K))
+    c_order = np.empty((C, K), np.int64)
+    c_S = np.empty(C)
+    c_cnt = np.empty(C, np.int64)
+    c_big = np.empty(C)
+    c_bad = np.zeros(C, np.bool_)
+    oldest = 0
     for i in range(n):
         s = stamp0 + i
-        S = 0.0
-        cnt = 0
-        bad = False
+        # 1. this row's group (by its hot entries), built if not cached
+        grp = -1
+        for c in range(C):
+            if c_len[c] < 0:
+                continue
+            h = 0
+            same = True
+            for e in range(R_ptr[i], R_ptr[i + 1]):
+                j = R_idx[e]
+                if hot[j]:
+                    if h >= c_len[c] or c_idx[c, h] != j or not _same_float(c_mid[c, h], R_mid[e]) \
+                            or not _same_float(c_rad[c, h], R_rad[e]):
+                        same = False
+                        break
+                    h += 1
+            if same and h == c_len[c]:
+                grp = c
+                break
+        if grp < 0:
+            grp = oldest
+            oldest = (oldest + 1) % C
+            h = 0
+            S = 0.0
+            cnt = 0
+            bad = False
+            for k in range(K):
+                c_h[grp, k] = 0.0
+                c_touch[grp, k] = False
+            for e in range(R_ptr[i], R_ptr[i + 1]):
+                j = R_idx[e]
+                if not hot[j]:
+                    continue
+                xm = R_mid[e]
+                xr = R_rad[e]
+                c_idx[grp, h] = j
+                c_mid[grp, h] = xm
+                c_rad[grp, h] = xr
+                h += 1
+                if not (np.isfinite(xm) and np.isfinite(xr)):
+                    bad = True
+                S = upp(S + upp(upp(xr + upp(g * abs(xm))) * colmax[j]))
+                cnt += 1
+                for q in range(WG_ptr[j], WG_ptr[j + 1]):
+                    k = WG_idx[q]
+                    c_touch[grp, k] = True
+                    c_h[grp, k] += xm * WG_val[q]
+            big = 0.0
+            for k in range(K):
+                if c_touch[grp, k]:
+                    v = c_h[grp, k] + bG[k]
+                    if not np.isfinite(v):
+                        bad = True
+                    big = max(big, abs(v))
+                    c_val[grp, k] = v
+                else:
+                    c_val[grp, k] = bG[k]
+            order = np.argsort(-c_val[grp], kind="mergesort")   # stable: ties keep the smaller expert first
+            for u in range(K):
+                c_order[grp, u] = order[u]
+            c_len[grp] = h
+            c_S[grp] = S
+            c_cnt[grp] = cnt
+            c_big[grp] = big
+            c_bad[grp] = bad
+        # 2. the row's own entries: continue the partial sums of the experts they reach
+        S = c_S[grp]
+        cnt = c_cnt[grp]
+        bad = c_bad[grp]
         nt = 0
         for e in range(R_ptr[i], R_ptr[i + 1]):
             j = R_idx[e]
@@ -351,19 +477,21 @@ def gate(R_ptr, R_idx, R_mid, R_rad, WG_ptr, WG_idx, WG_val, colmax, bG, b_order
             xr = R_rad[e]
             if not (np.isfinite(xm) and np.isfinite(xr)):
                 bad = True
-            c = colmax[j]
-            if c > 0.0:
-                S = upp(S + upp(upp(xr + upp(g * abs(xm))) * c))
+            if hot[j]:
+                continue
+            cj = colmax[j]
+            if cj > 0.0:
+                S = upp(S + upp(upp(xr + upp(g * abs(xm))) * cj))
                 cnt += 1
                 for q in range(WG_ptr[j], WG_ptr[j + 1]):
                     k = WG_idx[q]
                     if gstamp[k] != s:
                         gstamp[k] = s
-                        gmid[k] = 0.0
+                        gmid[k] = c_h[grp, k] if c_touch[grp, k] else 0.0
                         gtouched[nt] = k
                         nt += 1
                     gmid[k] += xm * WG_val[q]
-        big = 0.0
+        big = c_big[grp]
         for u in range(nt):
             k = gtouched[u]
             gmid[k] += bG[k]
@@ -375,38 +503,22 @@ def gate(R_ptr, R_idx, R_mid, R_rad, WG_ptr, WG_idx, WG_val, colmax, bG, b_order
         if bad or not np.isfinite(r):
             r = np.inf
         rad[i] = r
-        # the three largest midpoints: touched experts, and untouched ones in order of b_G
+        # 3. the three largest midpoints: the row's own experts, then the group's order
         for t in range(3):
             best3[t] = -1
             bval[t] = -np.inf
         for u in range(nt):
             k = gtouched[u]
-            v = gmid[k]
-            if v > bval[2] or (v == bval[2] and best3[2] >= 0 and k < best3[2]) or best3[2] < 0:
-                t = 2
-                while t > 0 and (v > bval[t - 1] or (v == bval[t - 1] and k < best3[t - 1])):
-                    bval[t] = bval[t - 1]
-                    best3[t] = best3[t - 1]
-                    t -= 1
-                bval[t] = v
-                best3[t] = k
+            _insert3(best3, bval, k, gmid[k])
         taken = 0
         for u in range(K):
             if taken == 3:
                 break
-            k = b_order[u]
+            k = c_order[grp, u]
             if gstamp[k] == s:
                 continue
             taken += 1
-            v = bG[k]
-            if v > bval[2] or (v == bval[2] and best3[2] >= 0 and k < best3[2]) or best3[2] < 0:
-                t = 2
-                while t > 0 and (v > bval[t - 1] or (v == bval[t - 1] and k < best3[t - 1])):
-                    bval[t] = bval[t - 1]
-                    best3[t] = best3[t - 1]
-                    t -= 1
-                bval[t] = v
-                best3[t] = k
+            _insert3(best3, bval, k, c_val[grp, k])
         win = best3[0]
         e_out[i] = win
         for t in range(3):
@@ -414,47 +526,51 @@ def gate(R_ptr, R_idx, R_mid, R_rad, WG_ptr, WG_idx, WG_val, colmax, bG, b_order
             if k < 0:
                 continue
             top[i, t] = k
-            rk = r if gstamp[k] == s else 0.0          # an untouched score is exactly b_G
+            rk = r if (gstamp[k] == s or c_touch[grp, k]) else 0.0     # an untouched score is exactly b_G
             if np.isfinite(rk):
                 top_lo[i, t] = down(bval[t] - rk)
                 top_hi[i, t] = up(bval[t] + rk)
-        rw = r if gstamp[win] == s else 0.0
+        rw = r if (gstamp[win] == s or c_touch[grp, win]) else 0.0
         if not np.isfinite(r):
             margin[i] = -np.inf
         elif K == 1:
             margin[i] = np.inf
         else:
-            r2 = r if gstamp[best3[1]] == s else 0.0
+            k2 = best3[1]
+            r2 = r if (gstamp[k2] == s or c_touch[grp, k2]) else 0.0
             margin[i] = down(down(bval[0] - bval[1]) - up(rw + r2))
-        # the experts that may win: upper end >= the winner's lower end (all of them if undecided)
+        # 4. the experts that may win: upper end >= the winner's lower end (all of them if undecided)
         if nc + K > cap:
             grow = np.empty(max(2 * cap, nc + K), np.int64)
             grow[:nc] = cand[:nc]
             cand = grow
             cap = grow.size
-        if not np.isfinite(r):
-            cand[nc] = win                               # undecided: the row's error is [0, 1] anyway
-            nc += 1
-        else:
+        cand[nc] = win
+        nc += 1
+        if np.isfinite(r):                               # undecided: the row's error is [0, 1] anyway
             floor_e = down(bval[0] - rw)
-            cand[nc] = win
-            nc += 1
             for u in range(nt):
                 k = gtouched[u]
                 if k != win and up(gmid[k] + r) >= floor_e:
                     cand[nc] = k
                     nc += 1
+            # in the group's order v_k decreases, so once up(v_k + r) < floor_e no later
+            # expert reaches it (touched: up(v + r); untouched: v <= up(v + r))
             for u in range(K):
-                k = b_order[u]
-                if bG[k] < floor_e:
+                k = c_order[grp, u]
+                v = c_val[grp, k]
+                reach = up(v + r)
+                if reach < floor_e:
                     break
-                if k != win and gstamp[k] != s:
+                if k == win or gstamp[k] == s:
+                    continue
+                if (reach if c_touch[grp, k] else v) >= floor_e:
                     cand[nc] = k
                     nc += 1
         cand_ptr[i + 1] = nc
         if want_scores:
             for k in range(K):
-                G_out[i, k] = bG[k]
+                G_out[i, k] = c_val[grp, k]
             for u in range(nt):
                 G_out[i, gtouched[u]] = gmid[gtouched[u]]
     return e_out, margin, rad, top, top_lo, top_hi, cand_ptr, cand[:nc]

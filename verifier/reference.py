@@ -1,6 +1,6 @@
 """A plain float64 forward pass, written straight from the layout's equations.
 
-Uncertified: used as the baseline in benchmarks and as a quick reference in tests.
+Uncertified: a quick reference in tests and in ``explain``.
 The verifier's certified pass is :mod:`verifier.forward`.
 """
 
