@@ -20,7 +20,7 @@ class Block:
     """A named block of directions; ``labels`` name its coordinates."""
 
     name: str
-    labels: tuple
+    labels: Sequence   # a tuple, or a Prefixed sequence formatted on demand
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -110,5 +110,45 @@ class Space:
         return [self.label(i) for i in range(self.dim)]
 
 
+class Prefixed(Sequence):
+    """The labels ``head`` followed by ``prefix + items[i]`` for each item, formatted only
+    when read: a block of a million fact neurons holds no string of its own. Equal to
+    any sequence of the same labels (compared label by label)."""
+
+    def __init__(self, head: tuple[str, ...], prefix: str, items: Sequence[str]) -> None:
+        self.head, self.prefix, self.items = tuple(head), prefix, items
+
+    def __len__(self) -> int:
+        return len(self.head) + len(self.items)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return tuple(self[j] for j in range(*i.indices(len(self))))
+        n = len(self)
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError(i)
+        h = len(self.head)
+        return self.head[i] if i < h else self.prefix + self.items[i - h]
+
+    def __iter__(self):
+        yield from self.head
+        for x in self.items:
+            yield self.prefix + x
+
+    def __eq__(self, other) -> bool:
+        if not isinstance(other, Sequence) or isinstance(other, str) or len(other) != len(self):
+            return False
+        return all(a == b for a, b in zip(self, other))
+
+    def __hash__(self) -> int:
+        return hash(tuple(self))
+
+    def __repr__(self) -> str:
+        return f"Prefixed({len(self)} labels)"
+
+
 def block(name: str, labels: Sequence = ("",)) -> Block:
-    return Block(name, tuple(labels))
+    """A block; ``labels`` is kept as given if it is a :class:`Prefixed`, else made a tuple."""
+    return Block(name, labels if isinstance(labels, Prefixed) else tuple(labels))

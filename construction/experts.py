@@ -39,10 +39,11 @@ neurons N_k: width <= L·|T(k)| + N_k, the bound of Theorem 4.2.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 import numpy as np
 
-from construction.bases import Space, block
+from construction.bases import Prefixed, Space, block
 from construction.residual import ENTITY_SYMBOL
 from construction.symbolic import SymMatrix
 from tasks.model import SUBJECT, Slot, Task, TaskSet
@@ -86,6 +87,19 @@ def template_nodes(task: Task) -> list[tuple[tuple[str, ...], list[str], bool]]:
     return [(sigma, words, subj[0]) for sigma, (words, subj) in follow.items() if words or subj[0]]
 
 
+class _Entities(Sequence):
+    """``entities[i]`` for i in ``ids``: names read through the vocabulary, not copied."""
+
+    def __init__(self, entities: Sequence[str], ids: np.ndarray) -> None:
+        self.entities, self.ids = entities, ids
+
+    def __len__(self) -> int:
+        return int(self.ids.size)
+
+    def __getitem__(self, i):
+        return self.entities[int(self.ids[i])]
+
+
 def build_expert(taskset: TaskSet, k: int, residual: Space) -> SymExpert:
     task = taskset.tasks[k]
     vocab = taskset.vocabulary
@@ -93,8 +107,8 @@ def build_expert(taskset: TaskSet, k: int, residual: Space) -> SymExpert:
     subj_ids, obj_ids = taskset.fact_ids[k]
     n_t, n_d = len(nodes), int(subj_ids.size)
     W = vocab.n_words
-    subjects = tuple(vocab.entities[i - W] for i in subj_ids)
-    labels = tuple(f"template:{' '.join(sigma)}" for sigma, _, _ in nodes) + tuple(f"fact:{s}" for s in subjects)
+    subjects = _Entities(vocab.entities, subj_ids - W)
+    labels = Prefixed(tuple(f"template:{' '.join(sigma)}" for sigma, _, _ in nodes), "fact:", subjects)
     neurons = Space.of(block("neuron", labels))
 
     r1, c1, v1, b, r2, c2, v2 = [], [], [], [], [], [], []

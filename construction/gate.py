@@ -54,10 +54,12 @@ from construction.residual import symbol_label
 from construction.symbolic import SymMatrix
 from tasks.errors import TaskError
 from tasks.model import TaskSet
-from tasks.queries import build_group
+from tasks.queries import build_group, group_parts
 from tasks.structure import StructureTrie, object_query_collisions
 
 LP_MAX_VARIABLES = 200_000
+#: Rows per part when a large structure group's queries are built (memory stays bounded).
+GROUP_ROWS = 500_000
 
 
 class RoutingError(TaskError):
@@ -137,10 +139,12 @@ def routing_cells(taskset: TaskSet, trie: StructureTrie) -> Cells:
     lam = float(LAMBDA)
     node_ids, winners, deltas, determined = [], [], [], []
     for node in trie:
-        group = build_group(taskset, trie, node)
+        patterns: set[tuple[int, ...]] = set()
+        for part in group_parts(taskset, node, GROUP_ROWS):    # a large group a part at a time
+            group = build_group(taskset, trie, node, part)
+            patterns |= _patterns(group)
         in_k = np.zeros(K, bool)
         in_k[list(node.tasks)] = True
-        patterns = _patterns(group)
         for pattern in sorted(patterns):
             d = np.zeros(K)
             if group.kind == "subject":

@@ -102,8 +102,35 @@ def _words(children: set[int]) -> np.ndarray:
     return np.array(sorted(c for c in children if c >= 0), dtype=np.int64)
 
 
-def build_group(taskset: TaskSet, trie: StructureTrie, node: Node) -> QueryGroup:
-    """The queries whose prefix has structure ``node``."""
+#: A part of a structure group: the queries whose subject token id is in [lo, hi).
+Part = tuple[int, int]
+
+
+def group_parts(taskset: TaskSet, node: Node, max_rows: int) -> list[Part | None]:
+    """Subject ranges splitting ``node``'s queries into parts of about ``max_rows`` rows.
+
+    ``[None]`` (the whole group) when the node has no subject or at most ``max_rows``
+    facts pass through it. A query's key starts with its subject, so parts by subject
+    range are disjoint and together hold every query; a part holds at most ``max_rows``
+    facts plus those of one subject (at most one per task through the node).
+    """
+    ids = taskset.fact_ids
+    total = sum(int(ids[k][0].size) for k in node.tasks)
+    if not node.has_subject or total <= max_rows:
+        return [None]
+    W, n_entities = taskset.vocabulary.n_words, len(taskset.vocabulary.entities)
+    counts = np.zeros(n_entities, np.int64)
+    for k in node.tasks:
+        counts[ids[k][0] - W] += 1          # a task's subjects are distinct
+    cum = np.cumsum(counts)
+    cuts = np.searchsorted(cum, np.arange(max_rows, total, max_rows), side="right")
+    bounds = np.unique(np.concatenate([[0], cuts, [n_entities]]))
+    return [(W + int(a), W + int(b)) for a, b in zip(bounds[:-1], bounds[1:])]
+
+
+def build_group(taskset: TaskSet, trie: StructureTrie, node: Node, part: Part | None = None) -> QueryGroup:
+    """The queries whose prefix has structure ``node`` (and, with ``part = (lo, hi)``, whose
+    subject token id is in [lo, hi): see :func:`group_parts`)."""
     ids = taskset.fact_ids
     tasks = node.tasks
     if not node.has_subject:
@@ -130,17 +157,21 @@ def build_group(taskset: TaskSet, trie: StructureTrie, node: Node) -> QueryGroup
     subj_parts, obj_parts, task_parts = [], [], []
     for k in tasks:
         s, o = ids[k]
+        if part is not None:
+            a, b = np.searchsorted(s, part)     # subjects are sorted within a task
+            s, o = s[a:b], o[a:b]
         subj_parts.append(s)
         obj_parts.append(o)
         task_parts.append(np.full(s.size, k, np.int64))
+    offsets = np.concatenate([[0], np.cumsum([x.size for x in subj_parts])])   # task tasks[i]: rows offsets[i]..
     subj = np.concatenate(subj_parts)
     obj = np.concatenate(obj_parts)
     task = np.concatenate(task_parts)
     if with_object:
-        keys = np.stack([subj, obj], axis=1)
-        uniq, inverse = np.unique(keys, axis=0, return_inverse=True)
+        base = int(taskset.vocabulary.size) + 1
+        uniq, inverse = np.unique(subj * base + obj, return_inverse=True)   # (subject, object) as one integer
         inverse = inverse.reshape(-1)
-        q_subj, q_obj = uniq[:, 0], uniq[:, 1]
+        q_subj, q_obj = uniq // base, uniq % base
     else:
         q_subj, inverse = np.unique(subj, return_inverse=True)
         inverse = inverse.reshape(-1)
@@ -151,23 +182,24 @@ def build_group(taskset: TaskSet, trie: StructureTrie, node: Node) -> QueryGroup
     # Valid next tokens: each consistent task's word children, and D_k(s) where ⋆2 follows.
     v_rows, v_vals = [], []
     oq = np.zeros(n, dtype=bool)
-    for k in tasks:
-        rows_k = inverse[task == k]
+    for i, k in enumerate(tasks):
+        rows_k = inverse[offsets[i]:offsets[i + 1]]
         words = _words(node.children[k])
         if words.size:
             v_rows.append(np.repeat(rows_k, words.size))
             v_vals.append(np.tile(words, rows_k.size))
         if OBJ in node.children[k]:
             v_rows.append(rows_k)
-            v_vals.append(obj[task == k])
+            v_vals.append(obj[offsets[i]:offsets[i + 1]])
             oq[rows_k] = True
     valid_ptr, valid = _csr(np.concatenate(v_rows), np.concatenate(v_vals), n)
 
     counts = np.diff(allowed_ptr)
     first = allowed[allowed_ptr[:-1]]
     determined = np.where(counts == 1, first, -1)
-    first_template = {k: node.templates[k][0] for k in tasks}
-    witness_template = np.array([first_template[int(k)] for k in first], np.int64) if n else np.zeros(0, np.int64)
+    first_template = np.zeros(max(tasks) + 1, np.int64)
+    first_template[list(tasks)] = [node.templates[k][0] for k in tasks]
+    witness_template = first_template[first] if n else np.zeros(0, np.int64)
     return QueryGroup(
         node, "object" if with_object else "subject",
         q_subj.astype(np.int64), q_obj.astype(np.int64),

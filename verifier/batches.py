@@ -14,8 +14,12 @@ from typing import Iterator
 import numpy as np
 
 from tasks.model import TaskSet
-from tasks.queries import QueryGroup, build_group
+from tasks.queries import Part, QueryGroup, build_group, group_parts
 from tasks.structure import OBJ, SUBJ, StructureTrie
+
+
+#: Rows per part of a large structure group (queries built at once).
+GROUP_ROWS = 500_000
 
 
 def take_csr(ptr: np.ndarray, vals: np.ndarray, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -52,7 +56,8 @@ class Batch:
     determined: np.ndarray      # (n,) task or -1
     object_query: np.ndarray    # (n,) bool
     node: np.ndarray            # (n,) structure-trie node of the row's group
-    index: np.ndarray           # (n,) index within that group
+    part: np.ndarray            # (n, 2) subject range [lo, hi) of the group's part ((-1, -1): the whole group)
+    index: np.ndarray           # (n,) index within that part
 
     def __len__(self) -> int:
         return self.tokens.shape[0]
@@ -66,25 +71,29 @@ def group_tokens(group: QueryGroup) -> np.ndarray:
     return np.stack(cols, axis=1)
 
 
-def _rows(g: QueryGroup, idx: np.ndarray) -> dict:
+def _rows(g: QueryGroup, part: Part | None, idx: np.ndarray) -> dict:
     vp, vv = take_csr(g.valid_ptr, g.valid, idx)
     ap, av = take_csr(g.allowed_ptr, g.allowed, idx)
     return {"tokens": group_tokens(g)[idx], "valid": (vp, vv), "allowed": (ap, av), "determined": g.determined[idx],
-            "object_query": g.object_query[idx], "node": np.full(idx.size, g.node.id, np.int64), "index": idx}
+            "object_query": g.object_query[idx], "node": np.full(idx.size, g.node.id, np.int64),
+            "part": np.tile(np.asarray(part if part is not None else (-1, -1), np.int64), (idx.size, 1)), "index": idx}
 
 
 def _emit(p: int, parts: list[dict]) -> Batch:
     vp, vv = concat_csr([x["valid"] for x in parts])
     ap, av = concat_csr([x["allowed"] for x in parts])
     cat = lambda key: np.concatenate([x[key] for x in parts])  # noqa: E731
-    return Batch(p, cat("tokens"), vp, vv, ap, av, cat("determined"), cat("object_query"), cat("node"), cat("index"))
+    return Batch(p, cat("tokens"), vp, vv, ap, av, cat("determined"), cat("object_query"), cat("node"), cat("part"),
+                 cat("index"))
 
 
 def batches(taskset: TaskSet, trie: StructureTrie | None = None, chunk: int = 20_000) -> Iterator[Batch]:
     """Every query, in batches of one prefix length and at most ``chunk`` rows.
 
-    Groups are built one structure node at a time and their rows sorted by first
-    consistent task, so memory is bounded by the largest group plus one chunk.
+    Groups are built one structure node at a time, a large one in parts of about
+    ``GROUP_ROWS`` rows (:func:`tasks.queries.group_parts`), and their rows sorted by
+    first consistent task, so memory is bounded by one part plus one chunk whatever the
+    number of facts.
     """
     trie = trie or StructureTrie(taskset)
     by_depth: dict[int, list] = {}
@@ -94,14 +103,15 @@ def batches(taskset: TaskSet, trie: StructureTrie | None = None, chunk: int = 20
         parts: list[dict] = []
         size = 0
         for node in sorted(by_depth[p], key=lambda n: n.tasks[0]):
-            g = build_group(taskset, trie, node)
-            order = np.argsort(g.allowed[g.allowed_ptr[:-1]], kind="stable")
-            for lo in range(0, order.size, chunk):
-                idx = order[lo: lo + chunk]
-                parts.append(_rows(g, idx))
-                size += idx.size
-                if size >= chunk:
-                    yield _emit(p, parts)
-                    parts, size = [], 0
+            for part in group_parts(taskset, node, GROUP_ROWS):
+                g = build_group(taskset, trie, node, part)
+                order = np.argsort(g.allowed[g.allowed_ptr[:-1]], kind="stable")
+                for lo in range(0, order.size, chunk):
+                    idx = order[lo: lo + chunk]
+                    parts.append(_rows(g, part, idx))
+                    size += idx.size
+                    if size >= chunk:
+                        yield _emit(p, parts)
+                        parts, size = [], 0
         if parts:
             yield _emit(p, parts)

@@ -2,12 +2,17 @@
 
 Workers are forked after the per-weights preparation, so they share it copy-on-write
 and nothing large is pickled: only each batch goes out and its (compact) result comes
-back. At most ``2 × jobs`` batches are in flight, so memory stays bounded whatever the
+back. Before forking, every existing object is moved out of the garbage collector's
+reach (``gc.freeze``): a collection in a worker would otherwise write to the header of
+every container object it inherited (the task set's millions of tuples and strings'
+containers), copying each page that holds one, so that each worker ends up with a
+private copy of the parent's Python objects. At most ``2 × jobs`` batches are in flight, so memory stays bounded whatever the
 number of queries. With ``jobs <= 1`` (or where fork is unavailable) it runs inline.
 """
 
 from __future__ import annotations
 
+import gc
 import multiprocessing
 import os
 from collections import deque
@@ -37,6 +42,7 @@ def ordered_map(fn: Callable[[T], R], items: Iterable[T], jobs: int = 1) -> Iter
             yield item, fn(item)
         return
     _FN = fn
+    gc.freeze()
     try:
         with multiprocessing.get_context("fork").Pool(jobs) as pool:
             pending: deque = deque()
@@ -50,3 +56,4 @@ def ordered_map(fn: Callable[[T], R], items: Iterable[T], jobs: int = 1) -> Iter
                 yield done, result.get()
     finally:
         _FN = None
+        gc.unfreeze()

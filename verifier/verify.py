@@ -202,9 +202,8 @@ class _State:
         self.epsilon = epsilon
         K = len(taskset.tasks)
         self.worst = np.full(K, -1.0)
-        self.worst_ref: list[tuple[int, int] | None] = [None] * K
-        self.pending: list[tuple[str, int, int, dict]] = []  # (check, node, index, numbers)
-        self._groups: dict[int, object] = {}
+        self.worst_ref: list[tuple[tuple[int, int, int], int] | None] = [None] * K    # (part, index)
+        self.pending: list[tuple[str, tuple[int, int, int], int, dict]] = []  # (check, part, index, numbers)
 
     def record(self, b, res, weights) -> None:
         n, K = len(b), len(self.taskset.tasks)
@@ -247,39 +246,53 @@ class _State:
                 self.worst[k] = res.err_hi[i]
                 rec = rep.tasks[k]
                 rec.worst_error, rec.worst_error_lower = float(res.err_hi[i]), float(res.err_lo[i])
-                self.worst_ref[k] = (int(b.node[i]), int(b.index[i]))
+                self.worst_ref[k] = (self._ref(b, i), int(b.index[i]))
         room = MAX_COUNTEREXAMPLES - len(self.pending)
         names = self.taskset.names
         for i in np.flatnonzero(~route_ok)[:max(room, 0)]:
             k = int(e[i])
-            self.pending.append(("routing", int(b.node[i]), int(b.index[i]), {
+            self.pending.append(("routing", self._ref(b, i), int(b.index[i]), {
                 "routed_expert": k, "routed_task": names[served[i]] if served[i] >= 0 else None,
                 "margin": float(res.margin[i]), "gate_scores": _top_gate(res, i, weights)}))
         room = MAX_COUNTEREXAMPLES - len(self.pending)
         for i in np.flatnonzero(err_bad)[:max(room, 0)]:
             pred = res.predicted[i]
-            self.pending.append(("error", int(b.node[i]), int(b.index[i]), {
+            self.pending.append(("error", self._ref(b, i), int(b.index[i]), {
                 "routed_expert": int(e[i]), "routed_task": names[served[i]] if served[i] >= 0 else None, "error_lower": float(res.err_lo[i]), "error_upper": float(res.err_hi[i]),
                 "epsilon": eps, "predicted": weights.vocab[pred] if pred >= 0 else "(a zero-logit token)"}))
         room = MAX_COUNTEREXAMPLES - len(self.pending)
         for i in np.flatnonzero(oq & ~(res.ablated_lo >= eps))[:max(room, 0)]:
-            self.pending.append(("entanglement", int(b.node[i]), int(b.index[i]), {
+            self.pending.append(("entanglement", self._ref(b, i), int(b.index[i]), {
                 "routed_expert": int(e[i]), "routed_task": names[served[i]] if served[i] >= 0 else None, "ablated_error_lower": float(res.ablated_lo[i]), "epsilon": eps,
                 "why": "with its expert's output removed the model still answers this object query: "
                        "the knowledge is not (only) in that expert"}))
 
-    def group(self, node: int):
-        if node not in self._groups:
-            self._groups[node] = build_group(self.taskset, self.trie, self.trie.nodes[node])
-        return self._groups[node]
+    @staticmethod
+    def _ref(b, i: int) -> tuple[int, int, int]:
+        """(node, lo, hi): the group part holding row i of batch b."""
+        return int(b.node[i]), int(b.part[i, 0]), int(b.part[i, 1])
 
     def finish(self) -> None:
+        """Describe the worst query of each task and the counterexamples, building each
+        group part they point into once (in order of parts; one part held at a time)."""
         vocab = self.taskset.vocabulary
+        wanted: dict[tuple[int, int, int], list[tuple[str, int, int]]] = {}
         for k, ref in enumerate(self.worst_ref):
             if ref is not None:
-                self.report.tasks[k].worst_query = " ".join(self.group(ref[0]).prefix_tokens(ref[1], vocab))
-        for check, node, i, numbers in self.pending:
-            self.report.counterexamples.append({"check": check, **_describe(self.taskset, self.group(node), i), **numbers})
+                wanted.setdefault(ref[0], []).append(("worst", k, ref[1]))
+        for j, (_, ref, i, _) in enumerate(self.pending):
+            wanted.setdefault(ref, []).append(("counterexample", j, i))
+        described: dict[int, dict[str, Any]] = {}
+        for ref in sorted(wanted):
+            node, lo, hi = ref
+            group = build_group(self.taskset, self.trie, self.trie.nodes[node], None if lo < 0 else (lo, hi))
+            for kind, key, i in wanted[ref]:
+                if kind == "worst":
+                    self.report.tasks[key].worst_query = " ".join(group.prefix_tokens(i, vocab))
+                else:
+                    described[key] = _describe(self.taskset, group, i)
+        for j, (check, _, _, numbers) in enumerate(self.pending):
+            self.report.counterexamples.append({"check": check, **described[j], **numbers})
 
 
 def _describe(taskset: TaskSet, group: QueryGroup, i: int) -> dict[str, Any]:
