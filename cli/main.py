@@ -40,10 +40,16 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--no-isolation", action="store_true", help="skip the rebuild-without-each-task modularity check")
     c.add_argument("--jobs", type=int, default=1, metavar="N", help="worker processes (0: one per CPU); the result does not depend on it")
 
-    i = sub.add_parser("inspect", help="expert sizes against the bound, parameters, closed-form bound", description="Show the construction without verifying it.")
+    i = sub.add_parser("inspect", help="expert sizes against the bound, parameters, closed-form bound; --block: the symbolic weights",
+                       description="Show the construction without verifying it. With --block, list a block's symbolic "
+                                   "weights as 'row label <- column label : expression in beta, gamma'.")
     common(i)
     add_json(i, "the same")
     add_quiet(i)
+    block_flags(i)
+    i.add_argument("--all", action="store_true", help="with --block: every entry, not one line per pattern")
+    i.add_argument("--format", choices=("text", "markdown", "latex", "json"), default="text",
+                   help="with --block: output format (default text)")
 
     b = sub.add_parser("build", help="export the weights", description="Build the model and write its weights (.npz, documented layout).")
     common(b)
@@ -66,12 +72,22 @@ def parser() -> argparse.ArgumentParser:
         "the model's gamma; each beta is a full verification). Needs matplotlib: pip install -e .[plots]"))
     common(pl)
     pl.add_argument("--out", required=True, metavar="DIR", help="output directory (created if missing)")
+    block_flags(pl, "draw these blocks as heat maps (NAME_<block>.png) instead of verifying")
     pl.add_argument("--name", help="file name prefix (default: the tasks file's name, or its directory's for tasks.yaml)")
     pl.add_argument("--betas", type=_positive, nargs="+", metavar="BETA",
                     help="beta values for the bound-vs-beta picture (default: integers from the chosen beta - 4 to + 3)")
     add_json(pl, "the list of pictures written")
     add_quiet(pl)
     return p
+
+
+def block_flags(sp: argparse.ArgumentParser, what: str = "list this block's symbolic weights") -> None:
+    sp.add_argument("--block", metavar="NAME", help=f"{what}: E, P, U, a head (structure1, ..., subject) or one of its "
+                    "W_Q/W_K/W_V/W_O (structure1.W_Q), gate (W_G, b_G), expert:TASK (W_1, b_1, W_2), a matrix name "
+                    "across groups (W_Q, W_1), or all")
+    sp.add_argument("--task", metavar="NAME", help="with --block: only this task's expert and gate row")
+    sp.add_argument("--at", metavar="beta=B,gamma=G", help="with --block: substitute these values (exact; a "
+                    "parameter left out takes the model's); default: symbols")
 
 
 def _write_text(path: str, text: str, inputs: Sequence[str]) -> None:
@@ -156,8 +172,32 @@ def inspect_data(model) -> dict:
     }
 
 
+def _listings(args, model):
+    """The listings selected by --block, --task and --at (a TaskError for an unknown name)."""
+    from construction.listing import named_blocks, parse_values, patterns, select
+
+    names = model.taskset.names
+    if args.task is not None and args.task not in names:
+        raise TaskError(f"--task '{args.task}' is not a task of {args.tasks}", fix=f"give one of: {', '.join(names)}")
+    task = names.index(args.task) if args.task is not None else None
+    values = parse_values(args.at, model.values)
+    chosen = select(named_blocks(model), args.block, task)
+    return [patterns(b, rows_only=[task] if task is not None and b.task_rows else None, values=values) for b in chosen]
+
+
 def cmd_inspect(args) -> int:
     model = _build(args, _load(args))
+    if args.block is None and (args.task is not None or args.at is not None or args.all or args.format != "text"):
+        raise TaskError("--task, --at, --all and --format apply to --block", fix="add --block NAME (e.g. --block gate)")
+    if args.block is not None:
+        from construction.printing import render
+
+        listings = _listings(args, model)
+        if args.json:
+            _write_text(args.json, render(listings, "json", all_entries=args.all), _inputs(args))
+        if args.json != "-":
+            print(render(listings, args.format, all_entries=args.all))
+        return EXIT_OK
     data = inspect_data(model)
     if args.json:
         _write_text(args.json, json.dumps(data, indent=2, ensure_ascii=False), _inputs(args))
@@ -230,13 +270,33 @@ def cmd_plot(args) -> int:
         parent = os.path.basename(os.path.dirname(os.path.abspath(args.tasks)))
         name = parent if stem == "tasks" and parent else stem
     model = _build(args, taskset)
-    paths = plot_all(taskset, model, args.out, name, args.betas, quiet=args.quiet)
+    if args.block is not None:
+        paths = _plot_blocks(args, model, args.out, name)
+    else:
+        if args.task is not None or args.at is not None:
+            raise TaskError("--task and --at apply to --block", fix="add --block NAME (e.g. --block gate)")
+        paths = plot_all(taskset, model, args.out, name, args.betas, quiet=args.quiet)
     if args.json:
         _write_text(args.json, json.dumps({"pictures": paths}, indent=2, ensure_ascii=False), _inputs(args))
     if args.json != "-":
         for path in paths:
             print(path)
     return EXIT_OK
+
+
+def _plot_blocks(args, model, out: str, name: str) -> list[str]:
+    """One heat map per selected block: ``<name>_<block>.png`` (':' and '.' become '_')."""
+    import re
+
+    from construction.listing import grid
+    from verifier.plots import plot_block, save_png
+
+    paths = []
+    for listing in _listings(args, model):
+        stem = re.sub(r"[^A-Za-z0-9_-]+", "_", listing.block.name)
+        path = os.path.join(out, f"{name}_{stem}.png")
+        paths.append(save_png(plot_block(grid(listing, model.values), title=name), path))
+    return paths
 
 
 COMMANDS = {"check": cmd_check, "inspect": cmd_inspect, "build": cmd_build, "explain": cmd_explain, "plot": cmd_plot}

@@ -189,3 +189,44 @@ def plot_bound_vs_beta(points: Sequence[BetaPoint], epsilon: float, gamma: Fract
     ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2, frameon=False)
     ax.grid(True, which="major", axis="y", alpha=0.3)
     return fig
+
+
+def plot_block(grid, title: str = ""):
+    """Heat map of one weight block (a :class:`construction.listing.Grid`): its nonzero rows
+    and columns with their labels, the label blocks (``pos``, ``slot2``, ``subj``, …) marked
+    by lines and named on the axes; values in a diverging colour scale centred on 0."""
+    plt = require_matplotlib()
+    v = np.asarray(grid.values, float)
+    R, C = v.shape
+    w = min(22.0, max(5.0, 0.22 * C + 3.5))
+    h = min(22.0, max(3.0, 0.22 * R + 2.5))
+    fig, ax = plt.subplots(figsize=(w, h))
+    top = float(np.abs(v).max()) if v.size else 1.0
+    im = ax.imshow(v if v.size else np.zeros((1, 1)), cmap="RdBu_r", vmin=-top or -1, vmax=top or 1,
+                   aspect="auto", interpolation="nearest")
+    for axis, n, labels, spans in (("y", R, grid.row_labels, grid.row_spans), ("x", C, grid.col_labels, grid.col_spans)):
+        step = _thin(n, 80)
+        ticks = list(range(0, n, step))
+        text = [labels[i] for i in ticks]
+        if axis == "y":
+            ax.set_yticks(ticks)
+            ax.set_yticklabels(text, fontsize=_tick_font(len(ticks)))
+        else:
+            ax.set_xticks(ticks)
+            ax.set_xticklabels(text, fontsize=_tick_font(len(ticks)), rotation=90)
+        for start, stop, name in spans:
+            if start > 0:
+                (ax.axhline if axis == "y" else ax.axvline)(start - 0.5, color="black", lw=0.6, alpha=0.6)
+            mid = (start + stop - 1) / 2
+            if axis == "x":
+                ax.annotate(name, xy=(mid, 1.0), xycoords=("data", "axes fraction"), xytext=(0, 3),
+                            textcoords="offset points", ha="center", va="bottom", fontsize=7, color="#444444")
+            else:
+                ax.annotate(name, xy=(1.0, mid), xycoords=("axes fraction", "data"), xytext=(3, 0),
+                            textcoords="offset points", ha="left", va="center", fontsize=7, color="#444444")
+    cb = fig.colorbar(im, ax=ax, fraction=0.046, pad=0.08)
+    cb.set_label(f"weight at {grid.at}")
+    note = " (binned: each cell the largest-magnitude weight it covers)" if grid.binned else ""
+    ax.set_title((title + "\n" if title else "") + f"{grid.name}: nonzero rows × nonzero columns{note}",
+                 fontsize=10, pad=18)
+    return fig
