@@ -72,12 +72,33 @@ class RoutingError(TaskError):
 
 @dataclass(frozen=True)
 class Cells:
-    """Routing cells: per row a structure node, the designated winner and Δ_T per task."""
+    """Routing cells: per row a structure node, the designated winner and Δ_T per task.
+
+    Δ_T is not stored densely (a million cells times a thousand tasks would not fit):
+    it is a per-node row (λ on the node's tasks for a subject node, −λ/2 everywhere for
+    an object node, 0 for a plain one) with the cell's own allowed set T set to 0 for a
+    subject cell (there Δ_T = λ on the node's tasks outside T). :meth:`delta_rows`
+    rebuilds it for any rows, exactly (all values are dyadic).
+    """
 
     node: np.ndarray        # (n_cells,) trie node ids
     winner: np.ndarray      # (n_cells,) task index
-    delta: np.ndarray       # (n_cells, K) subject-term lower bound Δ_T for each competitor
     determined: np.ndarray  # (n_cells,) bool: the cell's allowed set is a single task
+    node_delta: np.ndarray  # (n_nodes, K) the node's part of Δ_T
+    subject: np.ndarray     # (n_cells,) bool: a subject cell (its allowed set is subtracted)
+    allowed_ptr: np.ndarray  # CSR of each cell's allowed set T
+    allowed: np.ndarray
+
+    def delta_rows(self, idx: np.ndarray) -> np.ndarray:
+        """Δ_T for the cells ``idx``, (len(idx), K)."""
+        idx = np.asarray(idx, np.int64)
+        out = self.node_delta[self.node[idx]].copy()
+        counts = self.allowed_ptr[idx + 1] - self.allowed_ptr[idx]
+        rows = np.repeat(np.arange(idx.size), counts)
+        starts = np.repeat(self.allowed_ptr[idx], counts) + (np.arange(rows.size) - np.repeat(np.cumsum(counts) - counts, counts))
+        sub = self.subject[idx][rows]
+        out[rows[sub], self.allowed[starts][sub]] = 0.0
+        return out
 
 
 @dataclass(frozen=True)
@@ -137,42 +158,52 @@ def _patterns(group) -> set[tuple[int, ...]]:
 def routing_cells(taskset: TaskSet, trie: StructureTrie) -> Cells:
     K = len(taskset.tasks)
     lam = float(LAMBDA)
-    node_ids, winners, deltas, determined = [], [], [], []
+    node_delta = np.zeros((len(trie.nodes), K))
+    node_ids, winners, determined, subject, sets = [], [], [], [], []
     for node in trie:
         patterns: set[tuple[int, ...]] = set()
         for part in group_parts(taskset, node, GROUP_ROWS):    # a large group a part at a time
             group = build_group(taskset, trie, node, part)
             patterns |= _patterns(group)
-        in_k = np.zeros(K, bool)
-        in_k[list(node.tasks)] = True
+        if group.kind == "subject":
+            node_delta[node.id, list(node.tasks)] = lam
+        elif group.kind == "object":
+            node_delta[node.id, :] = -lam / 2
         for pattern in sorted(patterns):
-            d = np.zeros(K)
-            if group.kind == "subject":
-                in_m = np.zeros(K, bool)
-                in_m[list(pattern)] = True
-                d[in_k & ~in_m] = lam
-            elif group.kind == "object":
-                d[:] = -lam / 2
             node_ids.append(node.id)
             winners.append(pattern[0])
-            deltas.append(d)
             determined.append(len(pattern) == 1)
-    return Cells(np.asarray(node_ids, np.int64), np.asarray(winners, np.int64),
-                 np.asarray(deltas).reshape(-1, K), np.asarray(determined, bool))
+            subject.append(group.kind == "subject")
+            sets.append(pattern)
+    ptr = np.zeros(len(sets) + 1, np.int64)
+    np.cumsum([len(t) for t in sets], out=ptr[1:])
+    allowed = np.fromiter((k for t in sets for k in t), np.int64, int(ptr[-1]))
+    return Cells(np.asarray(node_ids, np.int64), np.asarray(winners, np.int64), np.asarray(determined, bool),
+                 node_delta, np.asarray(subject, bool), ptr, allowed)
+
+
+#: Cells whose scores are held at once when margins are computed (memory: CELL_CHUNK × K).
+CELL_CHUNK = 8192
 
 
 def ideal_margins(S: np.ndarray, b: np.ndarray, cells: Cells) -> tuple[np.ndarray, np.ndarray]:
     """Per cell: the smallest margin over competitors, and the competitor attaining it.
 
     ``S`` is the ideal structural score per (node, task). Exact for dyadic weights.
+    Computed :data:`CELL_CHUNK` cells at a time.
     """
-    scores = S[cells.node] + b[None, :] + 0.0  # (cells, K)
-    w = cells.winner
-    rows = np.arange(w.size)
-    margin = scores[rows, w][:, None] - scores + cells.delta
-    margin[rows, w] = np.inf
-    j = np.argmin(margin, axis=1)
-    return margin[rows, j], j
+    n = cells.node.size
+    best, who = np.zeros(n), np.zeros(n, np.int64)
+    for lo in range(0, n, CELL_CHUNK):
+        idx = np.arange(lo, min(n, lo + CELL_CHUNK))
+        scores = S[cells.node[idx]] + b[None, :] + 0.0  # (chunk, K)
+        w = cells.winner[idx]
+        rows = np.arange(idx.size)
+        margin = scores[rows, w][:, None] - scores + cells.delta_rows(idx)
+        margin[rows, w] = np.inf
+        j = np.argmin(margin, axis=1)
+        best[idx], who[idx] = margin[rows, j], j
+    return best, who
 
 
 def _assemble(taskset: TaskSet, residual: Space, index, W_struct: np.ndarray | sp.spmatrix, b: np.ndarray) -> tuple[SymMatrix, SymMatrix]:
@@ -248,6 +279,7 @@ def _solve_lp(phi: sp.csr_matrix, cells: Cells, S_fixed: np.ndarray, Q: np.ndarr
 
     for i in np.flatnonzero(active):
         node, w = int(cells.node[i]), int(cells.winner[i])
+        delta = cells.delta_rows(np.array([i]))[0]
         feats = phi.indices[phi.indptr[node]:phi.indptr[node + 1]]
         one = np.ones(feats.size)
         qw = pos_in_Q[w]
@@ -257,17 +289,17 @@ def _solve_lp(phi: sp.csr_matrix, cells: Cells, S_fixed: np.ndarray, Q: np.ndarr
                     continue
                 qj = pos_in_Q[j]
                 emit(np.concatenate([qw * F + feats, qj * F + feats, [nQ * F + qw, nQ * F + qj, T]]),
-                     np.concatenate([-one, one, [-1.0, 1.0, 1.0]]), cells.delta[i, j])
+                     np.concatenate([-one, one, [-1.0, 1.0, 1.0]]), delta[j])
             fixed = np.ones(S_fixed.shape[1], bool)
             fixed[Q] = False
             if fixed.any():
                 emit(np.concatenate([qw * F + feats, [nQ * F + qw, T]]), np.concatenate([-one, [-1.0, 1.0]]),
-                     float(np.min(cells.delta[i, fixed] - S_fixed[node, fixed])))
+                     float(np.min(delta[fixed] - S_fixed[node, fixed])))
         else:
             for j in Q:
                 qj = pos_in_Q[j]
                 emit(np.concatenate([qj * F + feats, [nQ * F + qj, T]]), np.concatenate([one, [1.0, 1.0]]),
-                     float(S_fixed[node, w] + cells.delta[i, j]))
+                     float(S_fixed[node, w] + delta[j]))
     if row == 0:
         return np.zeros((nQ, F)), np.zeros(nQ), 1.0, True
     A = sp.csr_matrix((np.concatenate(vals), (np.concatenate(r_idx), np.concatenate(c_idx))), shape=(row, T + 1))
