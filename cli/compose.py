@@ -14,14 +14,16 @@ from construction.evidence import evidence
 from construction.model import SymbolicModel
 from layout import Weights
 from tasks.model import TaskSet
-from verifier.parallel import ordered_map
+from verifier.parallel import Executor, LocalPool
 from verifier.verify import Report, verify
 
 
 def check_built(taskset: TaskSet, model: SymbolicModel, *, weights: Weights | None = None, isolation: bool = True,
-                jobs: int = 1, progress: Callable[[int, int], None] | None = None, source: str = "weights") -> Report:
+                jobs: int = 1, progress: Callable[[int, int], None] | None = None, source: str = "weights",
+                executor: Executor | None = None) -> Report:
     """Verify the model's weights and attach the closed form and (``isolation``) the
-    rebuild-without-each-task check; ``report.seconds`` covers both.
+    rebuild-without-each-task check; ``report.seconds`` covers both. Both run their work
+    units on ``executor`` (default: ``jobs`` local processes).
 
     The construction's evidence is gathered first, so that the symbolic model can be
     released before the verification (at scale it is the larger part of memory; the
@@ -30,9 +32,10 @@ def check_built(taskset: TaskSet, model: SymbolicModel, *, weights: Weights | No
     start = time.perf_counter()
     weights = weights if weights is not None else model.instantiate()
     epsilon = model.epsilon
-    ev = evidence(taskset, model, check_isolation=isolation, map_fn=lambda fn, items: ordered_map(fn, items, jobs))
+    executor = executor if executor is not None else LocalPool(jobs)
+    ev = evidence(taskset, model, check_isolation=isolation, map_fn=executor.map)
     del model
-    report = verify(taskset, weights, epsilon, source=source, progress=progress, jobs=jobs)
+    report = verify(taskset, weights, epsilon, source=source, progress=progress, executor=executor)
     report.attach(ev.closed_form, ev.bound, ev.gate, ev.isolated, ev.notes)
     report.seconds = time.perf_counter() - start
     return report

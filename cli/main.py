@@ -7,6 +7,7 @@ Exit status: 0 certified (or the command succeeded), 1 not certified, 2 bad inpu
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -39,6 +40,8 @@ def parser() -> argparse.ArgumentParser:
     add_quiet(c)
     c.add_argument("--no-isolation", action="store_true", help="skip the rebuild-without-each-task modularity check")
     c.add_argument("--jobs", type=int, default=1, metavar="N", help="worker processes (0: one per CPU); the result does not depend on it")
+    c.add_argument("--scheduler", metavar="ADDRESS", help="run the work on a Dask cluster instead: a scheduler address "
+                   "(tcp://HOST:8786) or local:N for N local workers (needs the dask extra); the report is the same")
 
     i = sub.add_parser("inspect", help="expert sizes against the bound, parameters, closed-form bound; --block: the symbolic weights",
                        description="Show the construction without verifying it. With --block, list a block's symbolic "
@@ -126,6 +129,22 @@ def _build(args, taskset):
     return build(taskset, epsilon=args.epsilon, beta=args.beta, gamma=args.gamma)
 
 
+@contextlib.contextmanager
+def _executor(args):
+    """Where the work units run: ``--jobs`` local processes, or the Dask cluster of ``--scheduler``."""
+    from verifier.parallel import LocalPool
+
+    if args.scheduler is None:
+        yield LocalPool(args.jobs)
+        return
+    if args.jobs != 1:
+        raise TaskError("--jobs and --scheduler exclude each other", fix="size the cluster instead (local:N, or its workers)")
+    from verifier.cluster import connect
+
+    with connect(args.scheduler) as executor:
+        yield executor
+
+
 def cmd_check(args) -> int:
     import layout
     from cli.compose import check_built
@@ -134,13 +153,14 @@ def cmd_check(args) -> int:
 
     taskset = _load(args)
     progress = counter(args.quiet, "verifying", "queries")
-    if args.weights:
-        weights = layout.load(args.weights)
-        epsilon = args.epsilon or taskset.epsilon or 0.01
-        report = verify(taskset, weights, epsilon, source=args.weights, progress=progress, jobs=args.jobs)
-    else:
-        report = check_built(taskset, _build(args, taskset), isolation=not args.no_isolation, jobs=args.jobs,
-                             progress=progress)
+    with _executor(args) as executor:
+        if args.weights:
+            weights = layout.load(args.weights)
+            epsilon = args.epsilon or taskset.epsilon or 0.01
+            report = verify(taskset, weights, epsilon, source=args.weights, progress=progress, executor=executor)
+        else:
+            report = check_built(taskset, _build(args, taskset), isolation=not args.no_isolation, progress=progress,
+                                 executor=executor)
     if args.json:
         _write_text(args.json, dumps(report), _inputs(args))
     code = EXIT_OK if report.certified else EXIT_NOT_CERTIFIED

@@ -27,15 +27,17 @@ from construction.experts import build_expert, column_map, same_expert
 from construction.residual import residual_space
 from tasks.model import TaskSet
 
+S = TypeVar("S")
 T = TypeVar("T")
 R = TypeVar("R")
-#: ``map_fn(fn, items)`` yields ``(item, fn(item))`` in order (the caller may run it in parallel).
-MapFn = Callable[[Callable[[T], R], Iterable[T]], Iterator[tuple[T, R]]]
+#: ``map_fn(fn, shared, items)`` yields ``(item, fn(shared, item))`` in order (the caller
+#: may run it in parallel, sending ``shared`` to each worker once).
+MapFn = Callable[[Callable[[S, T], R], S, Iterable[T]], Iterator[tuple[T, R]]]
 
 
-def serial_map(fn: Callable[[T], R], items: Iterable[T]) -> Iterator[tuple[T, R]]:
+def serial_map(fn: Callable[[S, T], R], shared: S, items: Iterable[T]) -> Iterator[tuple[T, R]]:
     for item in items:
-        yield item, fn(item)
+        yield item, fn(shared, item)
 
 
 @dataclass(frozen=True)
@@ -54,6 +56,17 @@ def leave_one_out_tasks(K: int, n_facts: int) -> list[int]:
     return list(range(K)) if K <= count else sorted(set(np.linspace(0, K - 1, count).astype(int).tolist()))
 
 
+def changed_experts(shared, j: int) -> list[str]:
+    """The tasks whose expert changes when task ``j`` is removed and the model rebuilt
+    (``shared`` = (task set, the full model's residual space, its experts)): a work unit."""
+    taskset, residual, experts = shared
+    rest = taskset.without(taskset.tasks[j].name)
+    space = residual_space(rest)
+    to_full = column_map(space, residual)
+    return [task.name for k_new, task in enumerate(rest.tasks)
+            if not same_expert(build_expert(rest, k_new, space), experts[taskset.index(task.name)], to_full)]
+
+
 def isolation(taskset: TaskSet, model, map_fn: MapFn = serial_map) -> tuple[tuple[bool, ...], tuple[str, ...]]:
     """(per task: its expert is unchanged when built alone and without each removed task, notes)."""
     isolated = [same_expert(build_expert(TaskSet((task,)), 0, residual_space(TaskSet((task,)))), model.experts[k])
@@ -63,15 +76,8 @@ def isolation(taskset: TaskSet, model, map_fn: MapFn = serial_map) -> tuple[tupl
         return tuple(isolated), ()
     chosen = leave_one_out_tasks(K, taskset.n_facts)
 
-    def changed(j: int) -> list[str]:
-        rest = taskset.without(taskset.tasks[j].name)
-        space = residual_space(rest)
-        to_full = column_map(space, model.residual)
-        return [task.name for k_new, task in enumerate(rest.tasks)
-                if not same_expert(build_expert(rest, k_new, space), model.experts[taskset.index(task.name)], to_full)]
-
     notes = []
-    for j, names in map_fn(changed, chosen):
+    for j, names in map_fn(changed_experts, (taskset, model.residual, model.experts), chosen):
         for name in names:
             isolated[taskset.index(name)] = False
             notes.append(f"expert '{name}' changes when task '{taskset.tasks[j].name}' is removed")

@@ -25,3 +25,16 @@ def test_peer_benchmark_smallest_size():
     assert run.returncode == 0, run.stderr
     lines = run.stdout.strip().splitlines()
     assert len(lines) == 2 and all("0 expert disagreements, 0 errors outside the enclosure" in l for l in lines), run.stdout
+
+
+def test_cluster_benchmark_smallest_size(tmp_path):
+    """Local processes against a LocalCluster: same report (no timing asserted)."""
+    import pytest
+
+    pytest.importorskip("distributed")
+    out = tmp_path / "results.md"
+    run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "cluster.py"), "--sizes", "2000", "--out", str(out)],
+                         capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert run.returncode == 0, run.stderr
+    text = out.read_text()
+    assert "| 2,000 |" in text and text.rstrip().count("| yes |") == 1 and "Machine:" in text

@@ -62,6 +62,13 @@ class Batch:
     def __len__(self) -> int:
         return self.tokens.shape[0]
 
+    def take(self, idx: np.ndarray) -> "Batch":
+        """Rows ``idx`` of this batch, in that order."""
+        vp, vv = take_csr(self.valid_ptr, self.valid, idx)
+        ap, av = take_csr(self.allowed_ptr, self.allowed, idx)
+        return Batch(self.p, self.tokens[idx], vp, vv, ap, av, self.determined[idx], self.object_query[idx],
+                     self.node[idx], self.part[idx], self.index[idx])
+
 
 def group_tokens(group: QueryGroup) -> np.ndarray:
     cols = []

@@ -56,6 +56,7 @@ class BatchResult:
     ablated_hi: np.ndarray
     predicted: np.ndarray     # (n,) argmax token of the logit midpoints (routed expert), -1: a zero logit
     top_gate: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None  # (n, 3) experts, lower, upper ends
+    candidates: tuple[np.ndarray, np.ndarray] | None = None  # CSR (ptr, experts): the experts that may win each row
 
     @property
     def gate_lo(self) -> np.ndarray:
@@ -120,7 +121,10 @@ class Prepared:
     rows changes no value, so every enclosure is the one computed for each token.
     """
 
-    def __init__(self, weights: Weights) -> None:
+    def __init__(self, weights: Weights, gate_terms: int = 0) -> None:
+        """``gate_terms``: a lower limit for the longest gate row used in the rounding bound
+        (a shard of larger weights passes theirs, so that its enclosures are theirs bit for
+        bit; a larger count only widens the bound)."""
         I.check_platform()
         weights.validate()
         self.weights = weights
@@ -186,7 +190,7 @@ class Prepared:
         # the largest |W_G[k, j]| per residual direction j (0 where the gate reads nothing)
         self.wg_colmax = np.zeros(d)
         np.maximum.at(self.wg_colmax, WG.indices, np.abs(WG.data))
-        self.wg_max_terms = int(np.diff(WG.indptr).max(initial=1))
+        self.wg_max_terms = max(int(np.diff(WG.indptr).max(initial=1)), int(gate_terms))
         # columns read by many experts: their part of the gate scores is shared by rows (kernels.gate)
         self.wg_hot = np.diff(self.WGT_arrays[0]) >= HOT_READERS
         # All experts side by side for the kernels: neuron g of expert k is global neuron
@@ -460,5 +464,6 @@ def run_batch(prep: Prepared | Weights, tokens: np.ndarray, valid_ptr: np.ndarra
     undecided = ~np.isfinite(Grad)                     # the gate cannot say which expert wins
     err_lo[undecided], err_hi[undecided] = 0.0, 1.0
     top_gate = (top, top_lo, top_hi)
-    return BatchResult(e, margin, ~(margin > 0), Gm, Grad, err_lo, err_hi, ab_lo, ab_hi, predicted, top_gate)
+    return BatchResult(e, margin, ~(margin > 0), Gm, Grad, err_lo, err_hi, ab_lo, ab_hi, predicted, top_gate,
+                       (cand_ptr, cand))
 

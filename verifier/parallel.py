@@ -1,4 +1,16 @@
-"""Order-preserving parallel map over batches, with bounded memory.
+"""Order-preserving parallel map over batches, with bounded memory: the executor seam.
+
+The verifier hands its work units to an :class:`Executor`: ``map(fn, shared, items)``
+yields ``(item, fn(shared, item))`` in the order of ``items``, where ``shared`` is the
+large read-only state every unit needs (the weights), sent to each worker at most once.
+:class:`LocalPool` is the fork-based pool below: its workers share the caller's memory
+(``shares_memory``). An executor whose workers do not (``verifier.cluster.DaskExecutor``)
+also offers ``map_keyed(fn, part, items)`` over ``(key, payload)`` items, each unit
+needing only ``part(key)`` (one shard of the weights, :mod:`verifier.shards`), and says
+how many ``shards`` it wants. The order of results, and so the report, does not depend
+on the executor.
+
+The local pool:
 
 Workers are forked after the per-weights preparation, so they share it copy-on-write
 and nothing large is pickled: only each batch goes out and its (compact) result comes
@@ -16,10 +28,33 @@ import gc
 import multiprocessing
 import os
 from collections import deque
-from typing import Callable, Iterable, Iterator, TypeVar
+from dataclasses import dataclass
+from functools import partial
+from typing import Callable, Iterable, Iterator, Protocol, TypeVar
 
+S = TypeVar("S")
 T = TypeVar("T")
 R = TypeVar("R")
+
+
+class Executor(Protocol):
+    """Runs ``fn(shared, item)`` for every item, yielding ``(item, result)`` in order."""
+
+    #: whether workers see the caller's memory (then ``shared`` is best fully prepared first)
+    shares_memory: bool
+
+    def map(self, fn: Callable[[S, T], R], shared: S, items: Iterable[T]) -> Iterator[tuple[T, R]]: ...
+
+
+@dataclass(frozen=True)
+class LocalPool:
+    """``jobs`` forked worker processes on this machine (1: inline; 0: one per CPU)."""
+
+    jobs: int = 1
+    shares_memory: bool = True
+
+    def map(self, fn: Callable[[S, T], R], shared: S, items: Iterable[T]) -> Iterator[tuple[T, R]]:
+        return ordered_map(partial(fn, shared), items, self.jobs)
 
 _FN: Callable | None = None  # set in the parent just before forking; read by the workers
 

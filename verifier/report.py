@@ -55,6 +55,7 @@ def report_json(report: Report) -> dict[str, Any]:
         "epsilon": report.epsilon,
         "parameters": report.parameters,
         "queries": report.queries,
+        "enumerated_queries": report.enumerated,
         "query_definition": QUERY_DEFINITION,
         "seconds": round(report.seconds, 3),
         "gate": report.gate,
@@ -157,5 +158,7 @@ def summary(report: Report) -> str:
         verdict += f" (failing tasks: {', '.join(failed[:5])}{' ...' if len(failed) > 5 else ''})"
     if report.foreign:
         verdict += f"; {report.foreign} determined queries reached another task's expert"
+    if not report.complete:
+        verdict += f"; only {report.queries} of {report.enumerated} enumerated queries have results"
     lines.append(verdict)
     return "\n".join(lines)

@@ -35,7 +35,7 @@ from tasks.queries import QueryGroup, build_group
 from tasks.structure import StructureTrie, check_routable
 from verifier.batches import batches
 from verifier.forward import Prepared, run_batch
-from verifier.parallel import ordered_map
+from verifier.parallel import Executor, LocalPool
 from layout import Weights
 
 CHUNK = 20_000
@@ -89,7 +89,7 @@ class Report:
     epsilon: float
     parameters: dict[str, Any]
     tasks: list[TaskRecord]
-    queries: int
+    queries: int                               # queries whose results were recorded
     counterexamples: list[dict[str, Any]] = field(default_factory=list)
     closed_form: str | None = None
     closed_form_value: float | None = None
@@ -100,10 +100,17 @@ class Report:
     seconds: float = 0.0
     verify_seconds: float = 0.0                # of which the certified pass and its checks
     notes: list[str] = field(default_factory=list)
+    enumerated: int = 0                        # queries sent to the certified pass
+    deferred: int = 0                          # of which run again over the full weights (sharded runs)
+
+    @property
+    def complete(self) -> bool:
+        """Every enumerated query has its result recorded (and there was at least one)."""
+        return self.queries == self.enumerated and self.enumerated > 0
 
     @property
     def certified(self) -> bool:
-        return all(t.certified for t in self.tasks) and self.foreign == 0
+        return all(t.certified for t in self.tasks) and self.foreign == 0 and self.complete
 
     def attach(self, closed_form: str, bound: float, gate: str, isolated: Sequence[bool] | None,
                notes: Sequence[str] = ()) -> None:
@@ -127,6 +134,131 @@ def token_map(taskset: TaskSet, weights: Weights, source: str = "weights") -> np
     return weights.token_ids(taskset.vocabulary.tokens, source)
 
 
+class Shard:
+    """What a worker needs to run any batch: the weights and the task-set → weights token
+    map. The interval tables (:class:`Prepared`) are built on first use in the process
+    that uses them and are never pickled: a cluster worker receives the weights once and
+    builds its own tables; a forked worker inherits the parent's."""
+
+    def __init__(self, weights: Weights, tmap: np.ndarray, gate_terms: int = 0) -> None:
+        self.weights, self.tmap, self.gate_terms = weights, tmap, gate_terms
+        self._prepared: Prepared | None = None
+
+    def prepared(self) -> Prepared:
+        if self._prepared is None:
+            self._prepared = Prepared(self.weights, gate_terms=self.gate_terms)
+        return self._prepared
+
+    def __getstate__(self) -> dict:
+        return {"weights": self.weights, "tmap": self.tmap, "gate_terms": self.gate_terms, "_prepared": None}
+
+
+def verify_batch(shard: Shard, batch) -> Any:
+    """The certified pass over one batch, reduced to what the checks read (a work unit)."""
+    tmap = shard.tmap
+    res = run_batch(shard.prepared(), tmap[batch.tokens], batch.valid_ptr, tmap[batch.valid],
+                    ablate=batch.object_query & (batch.determined >= 0), scores=False).compact()
+    if res.expert.shape[0] != len(batch):
+        raise RuntimeError(f"a work unit returned {res.expert.shape[0]} rows for a batch of {len(batch)}")
+    return res
+
+
+class ShardPart:
+    """A worker's share of a sharded run: the weights cut to one shard
+    (:func:`verifier.shards.restrict`), the token map, and which tokens and experts the
+    shard holds. Like :class:`Shard`, its tables are built where it is used."""
+
+    def __init__(self, weights: Weights, tmap: np.ndarray, tokens: np.ndarray, experts: np.ndarray,
+                 gate_terms: int) -> None:
+        self.shard = Shard(weights, tmap, gate_terms)
+        self.has_token = np.zeros(weights.E.shape[0], bool)
+        self.has_token[tokens] = True
+        self.has_token[weights.bos] = True
+        self.has_expert = np.zeros(len(weights.experts), bool)
+        self.has_expert[experts] = True
+
+
+def verify_shard_batch(part: ShardPart, batch) -> tuple[Any, np.ndarray]:
+    """The certified pass over one batch on a shard, and which rows must be run again over
+    the full weights (a token or a candidate expert outside the shard): a work unit."""
+    shard = part.shard
+    tmap = shard.tmap
+    res = run_batch(shard.prepared(), tmap[batch.tokens], batch.valid_ptr, tmap[batch.valid],
+                    ablate=batch.object_query & (batch.determined >= 0), scores=False)
+    cand_ptr, cand = res.candidates
+    outside = np.zeros(len(batch), bool)
+    rows = np.repeat(np.arange(len(batch)), np.diff(cand_ptr))
+    outside[rows[~part.has_expert[cand]]] = True
+    outside |= ~part.has_expert[res.expert]
+    outside |= ~part.has_token[tmap[batch.tokens]].all(axis=1)
+    return res.compact(), outside
+
+
+def _merge(n: int, pieces: list[tuple[np.ndarray, Any]]) -> Any:
+    """One compact result of n rows from results of row subsets ``(rows, result)``."""
+    from verifier.forward import BatchResult
+
+    first = pieces[0][1]
+
+    def field(get):
+        out = np.empty((n,) + get(first).shape[1:], get(first).dtype)
+        for rows, res in pieces:
+            out[rows] = get(res)
+        return out
+
+    top = tuple(field(lambda r, i=i: r.top_gate[i]) for i in range(3)) if first.top_gate is not None else None
+    return BatchResult(field(lambda r: r.expert), field(lambda r: r.margin), field(lambda r: r.ambiguous), None, None,
+                       field(lambda r: r.err_lo), field(lambda r: r.err_hi), field(lambda r: r.ablated_lo),
+                       field(lambda r: r.ablated_hi), field(lambda r: r.predicted), top)
+
+
+def _sharded(executor, taskset: TaskSet, weights: Weights, tmap: np.ndarray, stream, shards: int, deferred: list):
+    """``(batch, result)`` in order, the batches' rows run on the shards of their tasks and
+    the deferred rows again over the full weights (here); ``deferred[0]`` counts them."""
+    from collections import deque
+
+    from verifier.shards import Plan, restrict
+
+    plan = Plan.make(taskset, weights, tmap, shards)
+    full: list[Shard] = []
+    queue: deque = deque()
+
+    gate_terms = int(np.diff(weights.W_G.tocsr().indptr).max(initial=1))   # as the full weights' tables
+
+    def part(s: int) -> ShardPart:
+        return ShardPart(restrict(weights, plan.tokens[s], plan.experts[s]), tmap, plan.tokens[s], plan.experts[s],
+                         gate_terms)
+
+    def items():
+        for batch in stream:
+            split = plan.split(batch)
+            queue.append((batch, split))
+            for s, rows in split:
+                yield s, batch.take(rows)
+
+    results = executor.map_keyed(verify_shard_batch, part, items())
+    while True:
+        try:
+            item, got = next(results)
+        except StopIteration:
+            return
+        batch, split = queue.popleft()
+        pieces, redo = [], []
+        for k, (s, rows) in enumerate(split):
+            if k:
+                item, got = next(results)
+            res, outside = got
+            pieces.append((rows, res))
+            redo.append(rows[outside])
+        redo_rows = np.concatenate(redo)
+        if redo_rows.size:
+            if not full:
+                full.append(Shard(weights, tmap))
+            deferred[0] += int(redo_rows.size)
+            pieces.append((redo_rows, verify_batch(full[0], batch.take(redo_rows))))
+        yield batch, _merge(len(batch), pieces)
+
+
 def verify(
     taskset: TaskSet,
     weights: Weights,
@@ -135,12 +267,15 @@ def verify(
     source: str = "weights",
     progress: Callable[[int, int], None] | None = None,
     jobs: int = 1,
+    executor: Executor | None = None,
 ) -> Report:
     """Run every check on ``weights`` (any weights in the layout, however made).
 
     ``progress(done, total)`` is called after each batch (``total`` an estimate; -1 at
-    the end). ``jobs`` worker processes share the batches (0: one per CPU); the result
-    does not depend on it.
+    the end). The batches run on ``executor`` (default: ``jobs`` local worker processes,
+    0 meaning one per CPU); the result does not depend on it. Every enumerated query is
+    counted when it is sent and again when its result is recorded; the report is
+    certified only if the two counts agree (no work unit lost on the way).
     """
     start = time.perf_counter()
     weights.validate(source)
@@ -165,17 +300,28 @@ def verify(
     total = sum(1 if not n.has_subject else sum(sizes[k] for k in n.tasks) for n in trie)
     report = Report(epsilon, dict(weights.parameters), records, 0)
     report.routing_matrix = np.zeros((K_tasks, K_exp), np.int64)
-    prep = Prepared(weights)
+    executor = executor if executor is not None else LocalPool(jobs)
+    shard = Shard(weights, tmap)
+    if executor.shares_memory:
+        shard.prepared()          # built once, before any worker starts
     state = _State(taskset, trie, report, expert_task_index, epsilon)
     chunk = max(1_000, min(CHUNK, 20_000_000 // max(K_exp, 1)))
     done = 0
 
-    def work(batch):
-        return run_batch(prep, tmap[batch.tokens], batch.valid_ptr, tmap[batch.valid],
-                         ablate=batch.object_query & (batch.determined >= 0), scores=False).compact()
+    def sent(stream):
+        for batch in stream:
+            report.enumerated += len(batch)
+            yield batch
 
-    for batch, res in ordered_map(work, batches(taskset, trie, chunk), jobs):
+    stream = sent(batches(taskset, trie, chunk))
+    deferred = [0]
+    if executor.shares_memory:
+        results = executor.map(verify_batch, shard, stream)
+    else:   # each worker holds the weights of its shard of tasks only
+        results = _sharded(executor, taskset, weights, tmap, stream, executor.shards, deferred)
+    for batch, res in results:
         state.record(batch, res, weights)
+        report.deferred = deferred[0]
         done += len(batch)
         report.queries = done
         if progress:
@@ -214,8 +360,9 @@ class _State:
         counts = np.diff(b.allowed_ptr)
         pr = np.repeat(rows, counts)
         pt = b.allowed
-        allowed_keys = pr * (K + 1) + pt
-        route_ok = (~res.ambiguous) & (served >= 0) & np.isin(rows * (K + 1) + served, allowed_keys)
+        member = np.zeros(n, bool)                   # the routed expert serves a consistent task
+        member[pr[np.repeat(served, counts) == pt]] = True
+        route_ok = (~res.ambiguous) & (served >= 0) & member
         err_bad = ~(res.err_hi < eps)
         det = b.determined
         has = det >= 0
@@ -224,11 +371,15 @@ class _State:
         q = np.bincount(pt, minlength=K)
         bad_r = np.bincount(pt[~route_ok[pr]], minlength=K)
         bad_e = np.bincount(pt[err_bad[pr]], minlength=K)
-        # worst error per task, with the row that attains it
-        order = np.lexsort((-res.err_hi[pr], pt))
-        first = np.ones(order.size, bool)
-        first[1:] = pt[order][1:] != pt[order][:-1]
-        top_rows, top_tasks = pr[order][first], pt[order][first]
+        # worst error per task, with the first row (in row order) that attains it
+        e_hi = res.err_hi[pr]
+        worst = np.full(K, -np.inf)
+        np.fmax.at(worst, pt, e_hi)
+        at_max = np.flatnonzero(e_hi == worst[pt])
+        first_at = np.full(K, pr.size, np.int64)
+        np.minimum.at(first_at, pt[at_max], at_max)
+        top_tasks = np.flatnonzero(first_at < pr.size)
+        top_rows = pr[first_at[top_tasks]]
         # smallest certified margin over determined, well-routed queries
         ok_det = has & route_ok
         margins = np.full(K, np.inf)

@@ -1,0 +1,164 @@
+"""Shards of the weights for runs past one machine: each worker holds only what its tasks need.
+
+A *shard* is a set of tasks (a contiguous range, about equal in facts), the tokens its
+queries can contain (every template word, BOS, and the entities of its tasks) and the
+experts that serve its tasks. :func:`restrict` cuts the weights down to the shard's
+*cone of influence*, keeping every shape and every coordinate number:
+
+* ``E`` keeps the rows of the shard's tokens (and BOS); ``P`` is kept whole;
+* C0 = the residual coordinates those rows and ``P`` touch; each head keeps the columns
+  of ``W_Q``, ``W_K``, ``W_V`` in C0, and ``W_O`` the columns (value coordinates) that
+  ``W_V`` can write from C0;
+* C1 = C0 plus the residual rows those ``W_O`` columns write; ``W_G`` keeps its columns
+  in C1, every expert of the shard keeps the columns of ``W_1`` in C1 and its whole
+  ``b_1`` and ``W_2``; every other expert becomes width 0;
+* C2 = C1 plus the rows the kept ``W_2`` write; ``U`` keeps its columns in C2.
+
+*Claim.* For a query whose tokens are the shard's and whose candidate experts (those the
+gate cannot rule out) serve the shard's tasks, the certified pass over the restricted
+weights computes bitwise the same enclosures as over the full weights.
+
+*Proof.* By induction along the pass. The embedding of the query is supported in C0
+(its rows of ``E`` and ``P`` are unchanged). Every entry dropped from ``W_Q``, ``W_K``,
+``W_V`` lies in a column outside C0, so it multiplies a coordinate that is absent
+(structurally zero) from every embedding of the query: the sparse kernels never form
+that product, so the same terms are summed in the same order. Likewise for ``W_O``
+(value coordinates outside the reach of C0 are absent), for ``W_G`` and the kept ``W_1``
+(the residual is supported in C1), and for ``U`` (the residual plus the routed expert's
+output is supported in C2). The experts that became width 0 are never evaluated for such
+a query. Shapes and coordinate numbers are unchanged, so every index agrees. ∎
+
+A query that does not meet the claim's conditions (a candidate expert outside the shard,
+which happens only for misrouted or undecided queries, or a token outside it) is
+*deferred*: the worker reports it and the caller runs it again over the full weights.
+The bitwise claim is also tested directly (``tests/test_cluster.py``): every batch of
+several task sets, built and mutated, gives identical results both ways.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import scipy.sparse as sp
+
+from layout import Expert, Head, Weights
+from tasks.model import TaskSet
+
+
+def _keep(m: sp.spmatrix, rows: np.ndarray | None = None, cols: np.ndarray | None = None):
+    """``m`` (CSR or CSC, canonical) with only the entries whose row is in the mask ``rows``
+    and column in the mask ``cols``; the order of the kept entries, the format and the
+    shape are unchanged."""
+    if m.format not in ("csr", "csc"):
+        m = m.tocsr()
+    major, minor = (rows, cols) if m.format == "csr" else (cols, rows)
+    n_major = m.indptr.size - 1
+    per_major = np.diff(m.indptr)
+    keep = np.ones(m.indices.size, bool)
+    if minor is not None:
+        keep &= minor[m.indices]
+    if major is not None:
+        keep &= np.repeat(major, per_major)
+    counts = np.zeros(n_major, np.int64)
+    np.add.at(counts, np.repeat(np.arange(n_major), per_major), keep)
+    ptr = np.zeros(n_major + 1, m.indptr.dtype)
+    np.cumsum(counts, out=ptr[1:])
+    cls = sp.csr_matrix if m.format == "csr" else sp.csc_matrix
+    out = cls((m.data[keep], m.indices[keep], ptr), shape=m.shape)
+    out.has_sorted_indices = m.has_sorted_indices
+    out.has_canonical_format = m.has_canonical_format
+    return out
+
+
+def _rows_touching(m: sp.spmatrix, cols: np.ndarray) -> np.ndarray:
+    """Bool mask of the rows of ``m`` with an entry in a column of the mask ``cols``."""
+    c = m.tocoo()
+    out = np.zeros(m.shape[0], bool)
+    out[c.row[cols[c.col]]] = True
+    return out
+
+
+def _cols_of(m: sp.spmatrix, rows: np.ndarray | None = None) -> np.ndarray:
+    """Bool mask of the columns of ``m`` with an entry in a row of the mask ``rows`` (all rows if None)."""
+    c = m.tocoo()
+    out = np.zeros(m.shape[1], bool)
+    sel = c.col if rows is None else c.col[rows[c.row]]
+    out[sel] = True
+    return out
+
+
+def restrict(weights: Weights, tokens: np.ndarray, experts: np.ndarray) -> Weights:
+    """The weights cut to the cone of influence of ``tokens`` (weights' token ids; BOS is
+    always kept) with only ``experts`` evaluable; see the module docstring for the proof."""
+    V1, d = weights.E.shape
+    keep_tok = np.zeros(V1, bool)
+    keep_tok[np.asarray(tokens, np.int64)] = True
+    keep_tok[weights.bos] = True
+    E = _keep(weights.E, rows=keep_tok)
+    C0 = _cols_of(E) | _cols_of(weights.P)
+    heads, C1 = [], C0.copy()
+    for h in weights.heads:
+        W_V = _keep(h.W_V, cols=C0)
+        value = _rows_touching(W_V, C0)
+        W_O = _keep(h.W_O, cols=value)
+        heads.append(Head(_keep(h.W_Q, cols=C0), _keep(h.W_K, cols=C0), W_V, W_O))
+        C1 |= _rows_touching(W_O, value)
+    wanted = np.zeros(len(weights.experts), bool)
+    wanted[np.asarray(experts, np.int64)] = True
+    out_experts, C2 = [], C1.copy()
+    for k, e in enumerate(weights.experts):
+        if not wanted[k]:
+            out_experts.append(Expert(sp.csr_matrix((0, d)), np.zeros(0), sp.csc_matrix((d, 0))))
+            continue
+        out_experts.append(Expert(_keep(e.W_1, cols=C1), e.b_1, e.W_2))
+        C2 |= _rows_touching(e.W_2, np.ones(e.W_2.shape[1], bool))
+    W_G = _keep(weights.W_G, cols=C1)
+    U = _keep(weights.U, cols=C2)
+    return weights.replace(E=E, heads=tuple(heads), W_G=W_G, experts=tuple(out_experts), U=U,
+                           residual_labels=None, neuron_labels=None)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Tasks cut into ``n`` contiguous shards of about equal facts, and per shard its
+    tokens and experts (weights' ids)."""
+
+    shard_of_task: np.ndarray          # (K_tasks,) shard index
+    tokens: tuple[np.ndarray, ...]     # per shard: weights' token ids
+    experts: tuple[np.ndarray, ...]    # per shard: expert indices
+
+    @staticmethod
+    def make(taskset: TaskSet, weights: Weights, tmap: np.ndarray, n: int) -> "Plan":
+        facts = np.array([max(t.n_facts, 1) for t in taskset.tasks], np.int64)
+        n = max(1, min(n, facts.size))
+        cum = np.cumsum(facts)
+        shard = np.minimum((cum - facts) * n // cum[-1], n - 1).astype(np.int64)
+        words = np.arange(taskset.vocabulary.n_words, dtype=np.int64)
+        expert_of = {name: k for k, name in enumerate(weights.expert_tasks) if name}
+        tokens, experts = [], []
+        for s in range(n):
+            members = np.flatnonzero(shard == s)
+            ents = [words]
+            for k in members:
+                subj, obj = taskset.fact_ids[k]
+                ents += [subj, obj]
+            tokens.append(np.unique(tmap[np.concatenate(ents)]))
+            experts.append(np.array(sorted(expert_of[taskset.tasks[k].name] for k in members
+                                           if taskset.tasks[k].name in expert_of), np.int64))
+        return Plan(shard, tuple(tokens), tuple(experts))
+
+    @property
+    def n(self) -> int:
+        return len(self.tokens)
+
+    def split(self, batch) -> list[tuple[int, np.ndarray]]:
+        """(shard, rows) covering the batch: each row goes to the shard of its first consistent task."""
+        counts = np.diff(batch.allowed_ptr)
+        first = batch.allowed[np.minimum(batch.allowed_ptr[:-1], max(batch.allowed.size - 1, 0))] \
+            if batch.allowed.size else np.zeros(counts.size, np.int64)
+        shard = np.where(counts > 0, self.shard_of_task[first], 0)   # a row without tasks: shard 0 defers it
+        out = []
+        for s in np.unique(shard):
+            out.append((int(s), np.flatnonzero(shard == s)))
+        return out
