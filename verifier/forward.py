@@ -163,8 +163,15 @@ class Prepared:
             first, inv = _unique_rows(table)
             keys = [table[f].tobytes() for f in first]
             qk_class[a:b] = qk_table.add(keys, lambda new: table[first[new]])[inv]
-            for m in range(H):
-                O = I.matmul(I.matmul(X, WV[m]), WO[m])
+        for m in range(H):
+            # Every token's value row W_O W_V E[x] in one product per head: scipy's sparse
+            # product costs time in the number of output columns (d) per call, so a call
+            # per chunk of tokens would cost d per chunk. Each output row depends on its
+            # own input row only, so the rows are those a product per chunk gives.
+            O_all = I.matmul(I.matmul(I.exact(E), WV[m]), WO[m]) if V1 else None
+            for a in range(0, V1, TOKEN_CHUNK):
+                b = min(a + TOKEN_CHUNK, V1)
+                O = O_all.rows(np.arange(a, b)) if (a, b) != (0, V1) else O_all
                 cls = _sparse_row_classes(O)
                 first, inv = np.unique(cls, return_index=True, return_inverse=True)[1:]
                 if 2 * first.size > O.shape[0]:
@@ -174,6 +181,7 @@ class Prepared:
                     rows = O.rows(first)
                     keys = [_sparse_row_bytes(rows, i) for i in range(first.size)]
                     v_row[m, a:b] = v_table.add(keys, rows.rows)[inv.reshape(-1)]
+            del O_all
         QK = np.concatenate(qk_table.parts) if qk_table.parts else np.zeros((0, 4 * int(self.widths.sum())))
         w_ = int(self.widths.sum())
         self.QE = (QK[:, :w_], QK[:, w_:2 * w_])            # (query/key classes, Σd_h) mid, rad
