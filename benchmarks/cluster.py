@@ -51,7 +51,7 @@ def one(n: int, seed: int, workers: int) -> dict:
 
     from construction.model import build
     from tasks.synthetic import wikidata_like
-    from verifier.cluster import DaskExecutor
+    from verifier.cluster import DaskExecutor, local_cluster
     from verifier.parallel import LocalPool
     from verifier.report import report_json
     from verifier.shards import Plan, restrict
@@ -65,8 +65,7 @@ def one(n: int, seed: int, workers: int) -> dict:
     start = time.perf_counter()
     local = verify(ts, weights, eps, executor=LocalPool(workers))
     local_s = time.perf_counter() - start
-    with distributed.LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
-                                  dashboard_address=":0") as cluster, distributed.Client(cluster) as client:
+    with local_cluster(workers) as cluster, distributed.Client(cluster) as client:
         executor = DaskExecutor(client)
         start = time.perf_counter()
         remote = verify(ts, weights, eps, executor=executor)

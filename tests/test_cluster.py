@@ -39,7 +39,9 @@ def _comparable(report) -> dict:
 
 @pytest.fixture(scope="module")
 def client():
-    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0") as cluster:
+    from verifier.cluster import local_cluster
+
+    with local_cluster(2) as cluster:
         with distributed.Client(cluster) as c:
             yield c
 
