@@ -14,13 +14,14 @@ from construction.evidence import evidence
 from construction.model import SymbolicModel
 from layout import Weights
 from tasks.model import TaskSet
+from verifier.floating import Deployment
 from verifier.parallel import Executor, LocalPool
 from verifier.verify import Report, verify
 
 
 def check_built(taskset: TaskSet, model: SymbolicModel, *, weights: Weights | None = None, isolation: bool = True,
                 jobs: int = 1, progress: Callable[[int, int], None] | None = None, source: str = "weights",
-                executor: Executor | None = None) -> Report:
+                executor: Executor | None = None, deployment: Deployment | None = None) -> Report:
     """Verify the model's weights and attach the closed form and (``isolation``) the
     rebuild-without-each-task check; ``report.seconds`` covers both. Both run their work
     units on ``executor`` (default: ``jobs`` local processes).
@@ -35,7 +36,12 @@ def check_built(taskset: TaskSet, model: SymbolicModel, *, weights: Weights | No
     executor = executor if executor is not None else LocalPool(jobs)
     ev = evidence(taskset, model, check_isolation=isolation, map_fn=executor.map)
     del model
-    report = verify(taskset, weights, epsilon, source=source, progress=progress, executor=executor)
-    report.attach(ev.closed_form, ev.bound, ev.gate, ev.isolated, ev.notes)
+    report = verify(taskset, weights, epsilon, source=source, progress=progress, executor=executor,
+                    deployment=deployment)
+    notes = list(ev.notes)
+    if deployment is not None:
+        notes.append(f"the closed-form bound is the exact model's; the measured errors are of every execution in "
+                     f"{deployment.fmt.name}")
+    report.attach(ev.closed_form, ev.bound, ev.gate, ev.isolated, notes)
     report.seconds = time.perf_counter() - start
     return report

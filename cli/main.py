@@ -42,6 +42,12 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--jobs", type=int, default=1, metavar="N", help="worker processes (0: one per CPU); the result does not depend on it")
     c.add_argument("--scheduler", metavar="ADDRESS", help="run the work on a Dask cluster instead: a scheduler address "
                    "(tcp://HOST:8786) or local:N for N local workers (needs the dask extra); the report is the same")
+    c.add_argument("--precision", choices=PRECISIONS, default="exact",
+                   help="what is certified: the exact forward pass (default), or every execution of the model "
+                        "deployed in this floating-point format (weights rounded to it, any summation order, "
+                        "with or without FMA; README 'Precision')")
+    c.add_argument("--ulps", type=_positive, default=None, metavar="K",
+                   help="with --precision: assume exp and division accurate to K units in the last place (default 4)")
 
     i = sub.add_parser("inspect", help="expert sizes against the bound, parameters, closed-form bound; --block: the symbolic weights",
                        description="Show the construction without verifying it. With --block, list a block's symbolic "
@@ -145,6 +151,20 @@ def _executor(args):
         yield executor
 
 
+PRECISIONS = ("exact", "float64", "float32", "bfloat16")
+
+
+def _deployment(args):
+    """The floating-point deployment of --precision (None: the exact pass)."""
+    if args.precision == "exact":
+        if args.ulps is not None:
+            raise TaskError("--ulps needs a floating-point --precision", fix="add e.g. --precision float32")
+        return None
+    from verifier.floating import DEFAULT_ULPS, Deployment
+
+    return Deployment.named(args.precision, args.ulps if args.ulps is not None else DEFAULT_ULPS)
+
+
 def cmd_check(args) -> int:
     import layout
     from cli.compose import check_built
@@ -152,15 +172,17 @@ def cmd_check(args) -> int:
     from verifier.verify import verify
 
     taskset = _load(args)
+    deployment = _deployment(args)
     progress = counter(args.quiet, "verifying", "queries")
     with _executor(args) as executor:
         if args.weights:
             weights = layout.load(args.weights)
             epsilon = args.epsilon or taskset.epsilon or 0.01
-            report = verify(taskset, weights, epsilon, source=args.weights, progress=progress, executor=executor)
+            report = verify(taskset, weights, epsilon, source=args.weights, progress=progress, executor=executor,
+                            deployment=deployment)
         else:
             report = check_built(taskset, _build(args, taskset), isolation=not args.no_isolation, progress=progress,
-                                 executor=executor)
+                                 executor=executor, deployment=deployment)
     if args.json:
         _write_text(args.json, dumps(report), _inputs(args))
     code = EXIT_OK if report.certified else EXIT_NOT_CERTIFIED

@@ -303,7 +303,17 @@ def softmax_bounds(s_lo: np.ndarray, s_hi: np.ndarray, s_mid: np.ndarray):
     with np.errstate(invalid="ignore", over="ignore"):
         e_lo = I.exp_lo_unique(I.down(s_lo - M))
         e_hi = I.exp_hi_unique(I.up(s_hi - M))
-    J = s_mid.shape[-1]
+    return ratio_bounds(e_lo, e_hi)
+
+
+def ratio_bounds(e_lo: np.ndarray, e_hi: np.ndarray):
+    """Enclosure (lo, hi) of e_j / Σ_l e_l over the last axis, for e_l ∈ [e_lo_l, e_hi_l], e_lo >= 0.
+
+    The ratio increases in e_j and decreases in the others: lo takes e_j's lower and the
+    others' upper bounds, hi the reverse. Sums of the non-negative bounds are enclosed by
+    Lemma 1 of :mod:`verifier.interval`, every other step is one operation rounded outward.
+    """
+    J = e_lo.shape[-1]
     tot_hi = I.up(I.sum_factor(J) * e_hi.sum(axis=-1, keepdims=True))
     tot_lo = I.down(I.down(1.0 - I.gamma(J)) * e_lo.sum(axis=-1, keepdims=True))
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):

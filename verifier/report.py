@@ -53,6 +53,8 @@ def report_json(report: Report) -> dict[str, Any]:
         "verdict": report.verdict,
         "certified": report.certified,
         "epsilon": report.epsilon,
+        "precision": report.precision,
+        "precision_model": report.precision_model,
         "parameters": report.parameters,
         "queries": report.queries,
         "enumerated_queries": report.enumerated,
@@ -153,7 +155,10 @@ def summary(report: Report) -> str:
     if len(report.counterexamples) > 5:
         lines.append(f"... {len(report.counterexamples) - 5} more counterexamples in the JSON report")
     failed = [r.name for r in report.tasks if not r.certified]
-    verdict = f"verdict: {report.verdict.upper()} at epsilon = {report.epsilon}"
+    if report.precision_model:
+        lines.append(f"precision: every execution in {report.precision_model}")
+    at = "" if report.precision == "exact" else f" in {report.precision}"
+    verdict = f"verdict: {report.verdict.upper()} at epsilon = {report.epsilon}{at}"
     if failed:
         verdict += f" (failing tasks: {', '.join(failed[:5])}{' ...' if len(failed) > 5 else ''})"
     if report.foreign:

@@ -34,6 +34,7 @@ from tasks.model import TaskSet
 from tasks.queries import QueryGroup, build_group
 from tasks.structure import StructureTrie, check_routable
 from verifier.batches import batches
+from verifier.floating import Deployment, FloatPass
 from verifier.forward import Prepared, run_batch
 from verifier.parallel import Executor, LocalPool
 from layout import Weights
@@ -102,6 +103,8 @@ class Report:
     notes: list[str] = field(default_factory=list)
     enumerated: int = 0                        # queries sent to the certified pass
     deferred: int = 0                          # of which run again over the full weights (sharded runs)
+    precision: str = "exact"                   # the forward pass certified: exact, or a floating-point format
+    precision_model: str | None = None         # the executions a floating-point certificate covers
 
     @property
     def complete(self) -> bool:
@@ -140,23 +143,36 @@ class Shard:
     that uses them and are never pickled: a cluster worker receives the weights once and
     builds its own tables; a forked worker inherits the parent's."""
 
-    def __init__(self, weights: Weights, tmap: np.ndarray, gate_terms: int = 0) -> None:
-        self.weights, self.tmap, self.gate_terms = weights, tmap, gate_terms
-        self._prepared: Prepared | None = None
+    def __init__(self, weights: Weights, tmap: np.ndarray, gate_terms: int = 0,
+                 deployment: Deployment | None = None) -> None:
+        self.weights, self.tmap, self.gate_terms, self.deployment = weights, tmap, gate_terms, deployment
+        self._prepared: Prepared | FloatPass | None = None
 
-    def prepared(self) -> Prepared:
+    def prepared(self) -> Prepared | FloatPass:
+        """The exact pass's tables, or the deployed pass of a floating-point format."""
         if self._prepared is None:
-            self._prepared = Prepared(self.weights, gate_terms=self.gate_terms)
+            if self.deployment is None:
+                self._prepared = Prepared(self.weights, gate_terms=self.gate_terms)
+            else:
+                self._prepared = FloatPass(self.weights, self.deployment)
         return self._prepared
 
+    def run(self, tokens: np.ndarray, valid_ptr: np.ndarray, valid: np.ndarray, ablate: np.ndarray,
+            scores: bool) -> Any:
+        prep = self.prepared()
+        if isinstance(prep, FloatPass):
+            return prep.run_batch(tokens, valid_ptr, valid, ablate=ablate, scores=scores)
+        return run_batch(prep, tokens, valid_ptr, valid, ablate=ablate, scores=scores)
+
     def __getstate__(self) -> dict:
-        return {"weights": self.weights, "tmap": self.tmap, "gate_terms": self.gate_terms, "_prepared": None}
+        return {"weights": self.weights, "tmap": self.tmap, "gate_terms": self.gate_terms,
+                "deployment": self.deployment, "_prepared": None}
 
 
 def verify_batch(shard: Shard, batch) -> Any:
     """The certified pass over one batch, reduced to what the checks read (a work unit)."""
     tmap = shard.tmap
-    res = run_batch(shard.prepared(), tmap[batch.tokens], batch.valid_ptr, tmap[batch.valid],
+    res = shard.run(tmap[batch.tokens], batch.valid_ptr, tmap[batch.valid],
                     ablate=batch.object_query & (batch.determined >= 0), scores=False).compact()
     if res.expert.shape[0] != len(batch):
         raise RuntimeError(f"a work unit returned {res.expert.shape[0]} rows for a batch of {len(batch)}")
@@ -268,6 +284,7 @@ def verify(
     progress: Callable[[int, int], None] | None = None,
     jobs: int = 1,
     executor: Executor | None = None,
+    deployment: Deployment | None = None,
 ) -> Report:
     """Run every check on ``weights`` (any weights in the layout, however made).
 
@@ -276,6 +293,9 @@ def verify(
     0 meaning one per CPU); the result does not depend on it. Every enumerated query is
     counted when it is sent and again when its result is recorded; the report is
     certified only if the two counts agree (no work unit lost on the way).
+
+    ``deployment`` (a floating-point format, :mod:`verifier.floating`): certify every
+    execution of the model deployed in that format instead of the exact forward pass.
     """
     start = time.perf_counter()
     weights.validate(source)
@@ -299,9 +319,14 @@ def verify(
     sizes = [t.n_facts for t in taskset.tasks]
     total = sum(1 if not n.has_subject else sum(sizes[k] for k in n.tasks) for n in trie)
     report = Report(epsilon, dict(weights.parameters), records, 0)
+    if deployment is not None:
+        report.precision, report.precision_model = deployment.fmt.name, deployment.describe()
     report.routing_matrix = np.zeros((K_tasks, K_exp), np.int64)
     executor = executor if executor is not None else LocalPool(jobs)
-    shard = Shard(weights, tmap)
+    if deployment is not None and not executor.shares_memory:
+        raise TaskError(f"--precision {deployment.fmt.name} runs on local processes only (the sharded cluster path "
+                        "certifies the exact pass)", file=source, fix="drop --scheduler, or use --precision exact")
+    shard = Shard(weights, tmap, deployment=deployment)
     if executor.shares_memory:
         shard.prepared()          # built once, before any worker starts
     state = _State(taskset, trie, report, expert_task_index, epsilon)
@@ -464,4 +489,4 @@ def _describe(taskset: TaskSet, group: QueryGroup, i: int) -> dict[str, Any]:
 def _top_gate(res, i: int, weights: Weights) -> list[dict[str, Any]]:
     ids, lo, hi = res.top_gate
     return [{"expert": int(k), "task": weights.expert_tasks[k] or None, "lower": float(a), "upper": float(b)}
-            for k, a, b in zip(ids[i], lo[i], hi[i])]
+            for k, a, b in zip(ids[i], lo[i], hi[i]) if k >= 0]

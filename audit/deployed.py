@@ -1,0 +1,122 @@
+"""Concrete deployed executions of the forward pass, for testing the float certificates.
+
+Written apart from :mod:`verifier.floating` (it shares only the layout and the format
+table): the equations of :mod:`layout` evaluated one operation at a time in a format
+(float32 or bfloat16, emulated in float64 with one rounding to nearest per operation),
+with the weights rounded as deployed, in a chosen order of summation:
+
+* ``"sequential"``: terms added left to right in a random permutation;
+* ``"pairwise"``: a balanced tree over a random permutation;
+* ``"fma"``: left to right in a random permutation, each step one fused multiply-add
+  (the product is not rounded; products of two values of at most 24 significand bits
+  are exact in float64, so the float64 sum rounded once is the fused result);
+* ``"float64-accumulate"``: the exact sum of the products rounded once at the end.
+
+Softmax subtracts the row maximum, and exp and the division are evaluated in float64
+and rounded once (within 1 ulp: inside the verifier's default assumption of 4).
+Small dense models only (a query at a time).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from layout import Weights
+from layout.formats import Format
+
+ORDERS = ("sequential", "pairwise", "fma", "float64-accumulate")
+
+
+def round_to(x, p: int):
+    """x rounded to nearest (ties to even) to p significand bits, directly from float64
+    (normal range only; these tests never leave it)."""
+    x = np.asarray(x, np.float64)
+    m, e = np.frexp(x)                       # x = m·2^e, 0.5 <= |m| < 1
+    return np.ldexp(np.rint(np.ldexp(m, p)), e - p)
+
+
+class Deployed:
+    """The layout's forward pass in ``fmt``, one rounding per operation."""
+
+    def __init__(self, weights: Weights, fmt: Format, order: str, seed: int = 0) -> None:
+        assert order in ORDERS
+        self.fmt, self.order = fmt, order
+        self.rng = np.random.default_rng(seed)
+        d = lambda M: fmt.round(M.toarray())           # noqa: E731  (weights as deployed: F1)
+        self.w = weights
+        self.E, self.P, self.U, self.WG = d(weights.E), d(weights.P), d(weights.U), d(weights.W_G)
+        self.bG = fmt.round(weights.b_G)
+        self.heads = [tuple(d(M) for M in (h.W_Q, h.W_K, h.W_V, h.W_O)) for h in weights.heads]
+        self.experts = [(d(e.W_1), fmt.round(e.b_1), d(e.W_2)) for e in weights.experts]
+
+    def r(self, x):
+        return round_to(x, self.fmt.p)
+
+    def _sum(self, terms: list[float]) -> float:
+        terms = [terms[i] for i in self.rng.permutation(len(terms))]
+        if not terms:
+            return 0.0
+        if self.order == "pairwise":
+            while len(terms) > 1:
+                terms = [self.r(terms[i] + terms[i + 1]) if i + 1 < len(terms) else terms[i]
+                         for i in range(0, len(terms), 2)]
+            return float(terms[0])
+        s = terms[0]
+        for t in terms[1:]:
+            s = self.r(s + t)
+        return float(s)
+
+    def dot(self, x: np.ndarray, w: np.ndarray, bias: float | None = None) -> float:
+        nz = np.flatnonzero((x != 0) & (w != 0))
+        if self.order == "float64-accumulate":
+            exact = math.fsum([float(x[j]) * float(w[j]) for j in nz] + ([bias] if bias else []))
+            return float(self.r(exact))
+        if self.order == "fma":
+            idx = list(self.rng.permutation(nz))
+            s = float(bias) if bias else 0.0
+            for j in idx:
+                s = float(self.r(s + float(x[j]) * float(w[j])))
+            return s
+        terms = [float(self.r(float(x[j]) * float(w[j]))) for j in nz] + ([float(bias)] if bias else [])
+        return self._sum(terms)
+
+    def matvec(self, W: np.ndarray, x: np.ndarray, b: np.ndarray | None = None) -> np.ndarray:
+        return np.array([self.dot(x, W[i], None if b is None else float(b[i])) for i in range(W.shape[0])])
+
+    def softmax(self, s: np.ndarray) -> np.ndarray:
+        t = self.r(s - s.max())
+        e = self.r(np.exp(t))
+        S = self._sum(list(e))
+        return self.r(e / S)
+
+    def run(self, prefix: list[int]) -> tuple[np.ndarray, int]:
+        """(the output distribution p̂ at the last position, the routed expert) for a
+        prefix of token ids (BOS is prepended)."""
+        ids = [self.w.bos] + list(prefix)
+        h = [self.r(self.E[t] + self.P[i]) for i, t in enumerate(ids)]
+        last = h[-1]
+        resid_terms = [[float(v)] for v in last]
+        for WQ, WK, WV, WO in self.heads:
+            q = self.matvec(WQ, last)
+            s = np.array([self.dot(q, self.matvec(WK, hj)) for hj in h])
+            a = self.softmax(s)
+            vs = [self.matvec(WV, hj) for hj in h]
+            c = np.array([self.dot(a, np.array([v[l] for v in vs])) for l in range(WV.shape[0])])
+            for k in range(WO.shape[0]):
+                resid_terms[k].extend(float(self.r(WO[k, l] * c[l])) if self.order != "float64-accumulate"
+                                      else float(WO[k, l] * c[l]) for l in np.flatnonzero((WO[k] != 0) & (c != 0)))
+        if self.order == "float64-accumulate":
+            r = np.array([float(self.r(math.fsum(t))) for t in resid_terms])
+        else:
+            r = np.array([self._sum(t) for t in resid_terms])
+        g = self.matvec(self.WG, r, self.bG)
+        e = int(np.argmax(g))
+        W1, b1, W2 = self.experts[e]
+        z = np.maximum(self.matvec(W1, r, b1), 0.0)
+        o = self.matvec(W2, z)
+        if self.w.gate_mode == "top1-scaled":
+            o = self.r(self.softmax(g)[e] * o)
+        y = self.r(r + o)
+        return self.softmax(self.matvec(self.U, y)), e

@@ -1,0 +1,171 @@
+"""Floating-point certificates (``check --precision``): the deployed pass's enclosures
+contain concrete executions in every summation order, and a model that is right in exact
+arithmetic but wrong in float32 is refused at float32."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from audit.deployed import ORDERS, Deployed, round_to
+from construction.model import build
+from layout import Expert, Head
+from layout.formats import FORMATS, round_weights
+from tasks.io import load_tasks
+from verifier.batches import batches
+from verifier.floating import Deployment, FloatPass
+from verifier.verify import token_map, verify
+
+
+@pytest.fixture(scope="module")
+def capitals():
+    ts = load_tasks("examples/capitals.yaml")
+    return ts, build(ts).instantiate()
+
+
+def _queries(ts, weights):
+    """(tokens (n, p) in the weights' ids, valid CSR) for every query, one batch per length."""
+    tmap = token_map(ts, weights)
+    for b in batches(ts):
+        yield tmap[b.tokens], b.valid_ptr, tmap[b.valid]
+
+
+def _contained(ts, weights, fmt_name: str, orders=ORDERS, seeds=(0,)) -> tuple[int, int]:
+    """Checks every query's deployed executions against the enclosures; returns (queries,
+    rows whose routing is certified)."""
+    dep = Deployment.named(fmt_name)
+    fp = FloatPass(weights, dep)
+    count = routed = 0
+    for tokens, vptr, valid in _queries(ts, weights):
+        res = fp.run_batch(tokens, vptr, valid)
+        for order in orders:
+            for seed in seeds:
+                run = Deployed(weights, FORMATS[fmt_name], order, seed)
+                for i in range(tokens.shape[0]):
+                    p, e = run.run(list(tokens[i]))
+                    err = 1.0 - math.fsum(p[valid[vptr[i]:vptr[i + 1]]])
+                    assert res.err_lo[i] <= err <= res.err_hi[i] or e != res.expert[i], (order, i, err, res.err_lo[i], res.err_hi[i])
+                    if res.margin[i] > 0:
+                        assert e == res.expert[i], (order, i)
+        count += tokens.shape[0]
+        routed += int((res.margin > 0).sum())
+    return count, routed
+
+
+@pytest.mark.parametrize("fmt", ["float32", "bfloat16"])
+def test_enclosures_contain_every_order(capitals, fmt):
+    ts, weights = capitals
+    n, routed = _contained(ts, weights, fmt)
+    assert n == 67
+    if fmt == "float32":
+        assert routed == n
+
+
+def _perturbed(weights, seed: int):
+    """Weights that did not come from the construction: every value scaled by a random
+    factor in [0.5, 2], random signs on a tenth, and random extra entries."""
+    rng = np.random.default_rng(seed)
+
+    def m(M):
+        M = sp.csr_matrix(M, dtype=np.float64)
+        M = M + sp.random(*M.shape, density=0.05, random_state=rng, format="csr") * 0.3
+        M.sum_duplicates()
+        M.sort_indices()
+        M.data *= rng.uniform(0.5, 2.0, M.nnz) * np.where(rng.random(M.nnz) < 0.1, -1.0, 1.0)
+        return M.tocsr()
+
+    heads = tuple(Head(m(h.W_Q), m(h.W_K), m(h.W_V), m(h.W_O)) for h in weights.heads)
+    experts = tuple(Expert(m(e.W_1), e.b_1 * rng.uniform(0.5, 2.0, e.b_1.size), m(e.W_2)) for e in weights.experts)
+    return weights.replace(E=m(weights.E), P=m(weights.P), heads=heads, W_G=m(weights.W_G), experts=experts,
+                           U=m(weights.U), b_G=rng.normal(size=weights.b_G.size))
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_enclosures_contain_executions_of_arbitrary_weights(capitals, seed):
+    ts, weights = capitals
+    w = _perturbed(weights, seed)
+    w = w.replace(gate_mode="top1-scaled") if seed == 2 else w
+    _contained(ts, w, "float32", orders=("sequential", "fma"))
+
+
+def test_round_to_formats():
+    x = np.array([1 + 2.0 ** -8 + 2.0 ** -30, 1.0 / 3, -2.5e-3, 65504.0])
+    # bfloat16 as deployed: through float32 (a value just above a tie lands on the tie)
+    assert FORMATS["bfloat16"].round(x)[0] == 1.0
+    assert round_to(x[0], 8) == 1.0 + 2.0 ** -7
+    assert np.array_equal(FORMATS["float32"].round(x), x.astype(np.float32).astype(np.float64))
+    b = FORMATS["bfloat16"].round(x)
+    assert np.all(np.abs(b - x) <= 2.0 ** -8 * np.abs(x) * 1.0000001 + 2 ** -30)
+
+
+def _cancelling_offset(weights, M: float = 2.0 ** 30):
+    """Two new residual directions, both 1 at every position, read by U with +M and −M:
+    every logit gains M − M = 0 exactly, so the exact model is unchanged; in float32 a sum
+    that adds M first loses the logit's own value (ulp(2^30) = 128)."""
+    d = weights.d
+
+    def wide(X, rows=False):
+        X = sp.csr_matrix(X)
+        if rows:   # W_O and W_2 map into the residual: two new zero rows
+            return sp.vstack([X, sp.csr_matrix((2, X.shape[1]))]).tocsr()
+        return sp.hstack([X, sp.csr_matrix((X.shape[0], 2))]).tocsr()
+
+    P = sp.hstack([weights.P, sp.csr_matrix(np.ones((weights.P.shape[0], 2)))]).tocsr()
+    V = weights.U.shape[0]
+    U = sp.hstack([weights.U, sp.csr_matrix(np.tile([M, -M], (V, 1)))]).tocsr()
+    heads = tuple(Head(wide(h.W_Q), wide(h.W_K), wide(h.W_V), wide(h.W_O, rows=True)) for h in weights.heads)
+    experts = tuple(Expert(wide(e.W_1), e.b_1, wide(e.W_2, rows=True)) for e in weights.experts)
+    labels = None if weights.residual_labels is None else weights.residual_labels + ("offset:+", "offset:-")
+    w = weights.replace(E=wide(weights.E), P=P, heads=heads, W_G=wide(weights.W_G), experts=experts, U=U,
+                        residual_labels=labels)
+    assert w.d == d + 2
+    return w
+
+
+def test_exact_but_wrong_in_float32_is_refused(capitals):
+    ts, weights = capitals
+    w = _cancelling_offset(weights)
+    exact = verify(ts, w, 0.01)
+    assert exact.certified                                   # right in exact arithmetic
+    f32 = verify(ts, w, 0.01, deployment=Deployment.named("float32"))
+    assert not f32.certified and f32.precision == "float32"
+    assert any(t.over_epsilon for t in f32.tasks)
+    # and it is wrong in float32, concretely: adding +M first loses the logits
+    tmap = token_map(ts, w)
+    run = Deployed(w, FORMATS["float32"], "sequential", seed=0)
+    worst = 0.0
+    for tokens, vptr, valid in _queries(ts, w):
+        for i in range(tokens.shape[0]):
+            p, _ = run.run(list(tokens[i]))
+            worst = max(worst, 1.0 - math.fsum(p[valid[vptr[i]:vptr[i + 1]]]))
+    assert worst >= 0.01
+    assert tmap is not None
+
+
+def test_float32_certifies_bundled_examples(capitals):
+    ts, weights = capitals
+    rep = verify(ts, weights, 0.01, deployment=Deployment.named("float32"))
+    assert rep.certified and rep.precision == "float32"
+    exact = verify(ts, weights, 0.01)
+    assert exact.measured_worst <= rep.measured_worst < 0.01
+
+
+def test_round_weights_refuses_overflow(capitals):
+    from tasks.errors import TaskError
+
+    _, weights = capitals
+    big = weights.replace(b_G=np.full(weights.b_G.size, 1e39))
+    with pytest.raises(TaskError, match="overflows float32"):
+        round_weights(big, FORMATS["float32"])
+
+
+def test_pass_uses_weights_rounded_to_the_format(capitals):
+    _, weights = capitals
+    w = weights.replace(b_G=weights.b_G + 1.0 / 3.0)
+    for name in ("float32", "bfloat16"):
+        fp = FloatPass(w, Deployment.named(name))
+        assert np.array_equal(fp.b_G, FORMATS[name].round(w.b_G)) and not np.array_equal(fp.b_G, w.b_G)
+        assert np.array_equal(fp.UT[0].T.toarray(), FORMATS[name].round(w.U.toarray()))
