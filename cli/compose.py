@@ -45,3 +45,57 @@ def check_built(taskset: TaskSet, model: SymbolicModel, *, weights: Weights | No
     report.attach(ev.closed_form, ev.bound, ev.gate, ev.isolated, notes)
     report.seconds = time.perf_counter() - start
     return report
+
+
+#: Construction targets tried by :func:`build_for` (each half the previous).
+ATTEMPTS = 12
+
+
+def build_for(taskset: TaskSet, deployment: Deployment, epsilon: float | None = None, beta: float | None = None,
+              gamma: float | None = None, *, executor: Executor | None = None) -> tuple[SymbolicModel, list[dict]]:
+    """A model whose certificate holds at ε for every execution in ``deployment``.
+
+    The construction's parameters come from a target error: for the exact model that
+    target is ε itself. Rounding adds error, so when the deployed certificate fails the
+    construction is asked for a smaller target ε' = ε/2, ε/4, ... (a larger logit scale γ,
+    and with it a larger β where the gate needs one), at most :data:`ATTEMPTS` times, until
+    the certificate at ε holds in the format. Returns the model (its ``epsilon`` is ε) and
+    one record per attempt (target, β, γ, worst error, certified). Raises TaskError when
+    no parameters can work: the certificate's own floor for |V| tokens
+    (:func:`verifier.floating.error_floor`) is at least ε, or every target failed.
+    """
+    from dataclasses import replace
+
+    from construction.model import build
+    from tasks.errors import TaskError
+    from verifier.floating import error_floor
+
+    epsilon = epsilon if epsilon is not None else (taskset.epsilon if taskset.epsilon is not None else 0.01)
+    floor = error_floor(taskset.vocabulary.size, deployment)
+    name = deployment.fmt.name
+    if floor >= epsilon:
+        raise TaskError(f"no parameters can certify epsilon = {epsilon:g} in {name}: with {taskset.vocabulary.size} "
+                        f"tokens summed in {name} in any order, the output softmax alone leaves an error bound of "
+                        f"at least {floor:.3g} (1 - (1 - kappa)/(1 + gamma_(V-1)), kappa = {deployment.kappa:.3g})",
+                        fix=f"raise epsilon above {floor:.3g}, or deploy in a wider format")
+    attempts: list[dict] = []
+    target = epsilon
+    for _ in range(ATTEMPTS):
+        try:
+            model = replace(build(taskset, epsilon=target, beta=beta, gamma=gamma), epsilon=epsilon)
+        except TaskError:
+            if not attempts:
+                raise
+            break                     # no parameters reach this target: the previous ones were the last
+
+        report = verify(taskset, model.instantiate(), epsilon, executor=executor, deployment=deployment)
+        attempts.append({"target": target, "beta": str(model.beta), "gamma": str(model.gamma),
+                         "worst_error": report.measured_worst, "certified": report.certified})
+        if report.certified:
+            return model, attempts
+        if gamma is not None:
+            break
+        target /= 2.0
+    tried = ", ".join(f"{a['target']:.3g} (worst {a['worst_error']:.3g})" for a in attempts)
+    raise TaskError(f"no construction target made the {name} certificate hold at epsilon = {epsilon:g}; "
+                    f"tried {tried}", fix=f"raise epsilon, or deploy in a wider format")

@@ -63,8 +63,22 @@ def parser() -> argparse.ArgumentParser:
     b = sub.add_parser("build", help="export the weights", description="Build the model and write its weights (.npz, documented layout).")
     common(b)
     b.add_argument("-o", "--output", required=True, help="output .npz file")
+    b.add_argument("--precision", choices=PRECISIONS, default="exact",
+                   help="choose the parameters so that the certificate holds for every execution in this format "
+                        "(README 'Precision'); prints the margin left at exact and at this precision")
+    b.add_argument("--ulps", type=_positive, default=None, metavar="K",
+                   help="with --precision: assume exp and division accurate to K ulps (default 4)")
     add_json(b, "a summary (experts, widths, parameters)")
     add_quiet(b)
+
+    x = sub.add_parser("export", help="write the model as an ONNX graph (float32)",
+                       description="Build the model (or load --weights) and write its forward pass as an ONNX graph "
+                                   "in float32 (needs the onnx extra). Inputs and outputs: README 'ONNX export'.")
+    common(x)
+    x.add_argument("--weights", help="export these weights (an .npz in the documented layout) instead of building")
+    x.add_argument("--onnx", required=True, metavar="FILE", help="output .onnx file")
+    add_json(x, "a summary (inputs, outputs, size)")
+    add_quiet(x)
 
     e = sub.add_parser("explain", help="trace one prefix through the model", description="Show one query's attention, gate, neurons and next tokens.")
     common(e)
@@ -135,6 +149,23 @@ def _build(args, taskset):
     return build(taskset, epsilon=args.epsilon, beta=args.beta, gamma=args.gamma)
 
 
+def _build_for(args, taskset, deployment, executor=None):
+    """The construction, aimed at ``deployment`` when one is given (cli.compose.build_for):
+    (model, notes on the targets tried)."""
+    if deployment is None:
+        return _build(args, taskset), []
+    from cli.compose import build_for
+
+    model, attempts = build_for(taskset, deployment, epsilon=args.epsilon, beta=args.beta, gamma=args.gamma,
+                                executor=executor)
+    if len(attempts) == 1:
+        return model, []
+    tried = "; ".join(f"target {a['target']:.3g}: beta={a['beta']}, gamma={a['gamma']}, worst {a['worst_error']:.3g}"
+                      for a in attempts)
+    return model, [f"built for {deployment.fmt.name}: the construction's target error was tightened until the "
+                   f"{deployment.fmt.name} certificate held ({tried})"]
+
+
 @contextlib.contextmanager
 def _executor(args):
     """Where the work units run: ``--jobs`` local processes, or the Dask cluster of ``--scheduler``."""
@@ -181,8 +212,10 @@ def cmd_check(args) -> int:
             report = verify(taskset, weights, epsilon, source=args.weights, progress=progress, executor=executor,
                             deployment=deployment)
         else:
-            report = check_built(taskset, _build(args, taskset), isolation=not args.no_isolation, progress=progress,
+            model, notes = _build_for(args, taskset, deployment, executor)
+            report = check_built(taskset, model, isolation=not args.no_isolation, progress=progress,
                                  executor=executor, deployment=deployment)
+            report.notes.extend(notes)
     if args.json:
         _write_text(args.json, dumps(report), _inputs(args))
     code = EXIT_OK if report.certified else EXIT_NOT_CERTIFIED
@@ -197,7 +230,10 @@ def cmd_check(args) -> int:
 
 def inspect_data(model) -> dict:
     ts = model.taskset
+    counts = model.instantiate().parameter_counts()
+    counts["facts_per_parameter"] = ts.n_facts / counts["total"] if counts["total"] else None
     return {
+        "parameter_counts": counts,
         "epsilon": model.epsilon,
         "parameters": {"beta": str(model.beta), "gamma": str(model.gamma)},
         "gate": model.gate.method,
@@ -209,8 +245,8 @@ def inspect_data(model) -> dict:
         "vocabulary": ts.vocabulary.size,
         "residual_width": model.residual.dim,
         "experts": [{"task": t.name, "templates": t.n_templates, "facts": t.n_facts, "width": w, "bound": c,
-                     "template_neurons": w - t.n_facts, "dictionary_neurons": t.n_facts}
-                    for t, w, c in zip(ts.tasks, model.widths, model.bounds)],
+                     "template_neurons": w - t.n_facts, "dictionary_neurons": t.n_facts, "parameters": n}
+                    for t, w, c, n in zip(ts.tasks, model.widths, model.bounds, counts["per_expert"])],
     }
 
 
@@ -251,17 +287,23 @@ def cmd_inspect(args) -> int:
     print(f"  at these parameters: {data['bound']:.6g} (proven upper bound); leak delta = {data['conditions']['delta']:.3g} "
           f"(gate needs < {data['conditions']['delta_max_gate']:.3g})")
     name_w = max(4, *(len(e["task"]) for e in data["experts"]))
-    print(f"{'task'.ljust(name_w)}  |T|  N_k  template  dictionary  width  bound L|T|+N_k")
+    print(f"{'task'.ljust(name_w)}  |T|  N_k  template  dictionary  width  bound L|T|+N_k  parameters")
     for e in data["experts"]:
         print(f"{e['task'].ljust(name_w)}  {e['templates']:>3}  {e['facts']:>3}  {e['template_neurons']:>8}  {e['dictionary_neurons']:>10}  "
-              f"{e['width']:>5}  {e['bound']:>5}  {'ok' if e['width'] <= e['bound'] else 'OVER'}")
+              f"{e['width']:>5}  {e['bound']:>5}  {'ok  ' if e['width'] <= e['bound'] else 'OVER'}  {e['parameters']:>10,}")
+    c = data["parameter_counts"]
+    print(f"parameters (stored entries): {c['total']:,} in total, {c['shared']:,} shared, {c['active_per_query']:,} "
+          f"active per query; {c['facts_per_parameter']:.3g} facts per parameter; dense shapes would hold {c['dense_total']:,}")
     return EXIT_OK
 
 
 def cmd_build(args) -> int:
     import layout
 
-    model = _build(args, _load(args))
+    taskset = _load(args)
+    deployment = _deployment(args)
+    model, notes = _build_for(args, taskset, deployment)
+    margins = _margins(taskset, model, deployment) if deployment is not None else None
     out = os.path.abspath(args.output)
     if out in {os.path.abspath(p) for p in _inputs(args)}:
         raise TaskError("refusing to overwrite an input file", file=args.output, fix="choose another output path")
@@ -270,10 +312,53 @@ def cmd_build(args) -> int:
     layout.save(model.instantiate(), out)
     if args.json:
         data = {"output": args.output, "experts": len(model.experts), "widths": list(model.widths),
-                "beta": str(model.beta), "gamma": str(model.gamma), "epsilon": model.epsilon}
+                "beta": str(model.beta), "gamma": str(model.gamma), "epsilon": model.epsilon,
+                "precision": args.precision, "margins": margins, "notes": notes}
         _write_text(args.json, json.dumps(data, indent=2, ensure_ascii=False), _inputs(args) + [args.output])
     if not args.quiet and args.json != "-":
         print(f"wrote {args.output}: {len(model.experts)} experts, widths {list(model.widths)}, beta = {model.beta}, gamma = {model.gamma}")
+        for note in notes:
+            print(f"note: {note}")
+        for m in margins or []:
+            print(f"{m['precision']}: worst error {m['worst_error']:.6g}, margin {m['margin']:.3g} below epsilon = "
+                  f"{model.epsilon:g}" + ("" if m["certified"] else " (NOT certified)"))
+    return EXIT_OK
+
+
+def _margins(taskset, model, deployment) -> list[dict]:
+    """Worst error and margin ε − worst of the built weights, exact and in ``deployment``."""
+    from verifier.verify import verify
+
+    weights = model.instantiate()
+    out = []
+    for dep in (None, deployment):
+        rep = verify(taskset, weights, model.epsilon, deployment=dep)
+        out.append({"precision": "exact" if dep is None else dep.fmt.name, "worst_error": rep.measured_worst,
+                    "margin": model.epsilon - rep.measured_worst, "certified": rep.certified})
+    return out
+
+
+def cmd_export(args) -> int:
+    import layout
+    from layout.onnx_graph import save_onnx
+
+    taskset = _load(args)
+    weights = layout.load(args.weights) if args.weights else _build(args, taskset).instantiate()
+    out = os.path.abspath(args.onnx)
+    if out in {os.path.abspath(p) for p in _inputs(args)}:
+        raise TaskError("refusing to overwrite an input file", file=args.onnx, fix="choose another output path")
+    if not os.path.isdir(os.path.dirname(out)):
+        raise TaskError("the output directory does not exist", file=args.onnx, fix="create it first")
+    save_onnx(weights, out, source=args.weights or "weights")
+    size = os.path.getsize(out)
+    if args.json:
+        data = {"output": args.onnx, "bytes": size, "inputs": {"tokens": ["N", "T", "int64"]},
+                "outputs": {"probs": ["N", len(weights.vocab), "float32"], "expert": ["N", "int64"],
+                            "gate": ["N", len(weights.experts), "float32"]}}
+        _write_text(args.json, json.dumps(data, indent=2, ensure_ascii=False), _inputs(args) + [args.onnx])
+    if not args.quiet and args.json != "-":
+        print(f"wrote {args.onnx}: {size / 1e6:.1f} MB, float32; input tokens (N, T) int64 without BOS; "
+              f"outputs probs (N, {len(weights.vocab)}), expert (N,), gate (N, {len(weights.experts)})")
     return EXIT_OK
 
 
@@ -341,7 +426,7 @@ def _plot_blocks(args, model, out: str, name: str) -> list[str]:
     return paths
 
 
-COMMANDS = {"check": cmd_check, "inspect": cmd_inspect, "build": cmd_build, "explain": cmd_explain, "plot": cmd_plot}
+COMMANDS = {"check": cmd_check, "inspect": cmd_inspect, "build": cmd_build, "export": cmd_export, "explain": cmd_explain, "plot": cmd_plot}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -174,6 +174,27 @@ class Weights:
     def replace(self, **changes) -> "Weights":
         return replace(self, **changes)
 
+    def parameter_counts(self) -> dict[str, Any]:
+        """Parameters, counted as stored entries (the sparse weights' non-zeros; biases
+        count every entry): per expert, shared (everything but the experts) and in total;
+        active per query (shared plus the widest expert: a query runs one expert); and
+        the dense counts (every entry of every matrix, what a dense model of these
+        shapes would hold)."""
+        def stored(M) -> int:
+            return int(M.nnz) if sp.issparse(M) else int(np.asarray(M).size)
+
+        def dense(M) -> int:
+            return int(np.prod(M.shape))
+
+        experts = [stored(e.W_1) + stored(e.b_1) + stored(e.W_2) for e in self.experts]
+        shared_arrays = [self.E, self.P, self.W_G, self.b_G, self.U] + [m for h in self.heads
+                                                                         for m in (h.W_Q, h.W_K, h.W_V, h.W_O)]
+        shared = sum(stored(M) for M in shared_arrays)
+        dense_total = sum(dense(M) for M in shared_arrays) + sum(dense(e.W_1) + dense(e.b_1) + dense(e.W_2)
+                                                                 for e in self.experts)
+        return {"per_expert": experts, "shared": shared, "total": shared + sum(experts),
+                "active_per_query": shared + max(experts, default=0), "dense_total": dense_total}
+
     def token_ids(self, tokens, source: str = "weights") -> np.ndarray:
         """The ids of ``tokens`` (strings) in this vocabulary, matched by exact string.
 

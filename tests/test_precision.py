@@ -169,3 +169,42 @@ def test_pass_uses_weights_rounded_to_the_format(capitals):
         fp = FloatPass(w, Deployment.named(name))
         assert np.array_equal(fp.b_G, FORMATS[name].round(w.b_G)) and not np.array_equal(fp.b_G, w.b_G)
         assert np.array_equal(fp.UT[0].T.toarray(), FORMATS[name].round(w.U.toarray()))
+
+
+def test_check_precision_cli(tmp_path, capsys):
+    import json
+
+    from cli.main import main
+
+    out = tmp_path / "r.json"
+    assert main(["check", "examples/capitals.yaml", "--precision", "float32", "--json", str(out), "--quiet"]) == 0
+    data = json.loads(out.read_text())
+    assert data["precision"] == "float32" and "any summation order" in data["precision_model"]
+    assert data["certified"] and data["closed_form"]["measured_worst"] < 0.01
+    counts = data["parameter_counts"]
+    assert counts["total"] == counts["shared"] + sum(counts["per_expert"]) and counts["active_per_query"] < counts["total"]
+    # bfloat16 at 0.01 is out of reach of the certificate: one line, exit 2, why
+    assert main(["check", "examples/capitals.yaml", "--precision", "bfloat16"]) == 2
+    assert "no parameters can certify epsilon = 0.01 in bfloat16" in capsys.readouterr().err
+    assert main(["check", "examples/capitals.yaml", "--ulps", "2"]) == 2
+
+
+def test_build_for_tightens_the_target_until_the_float_certificate_holds(capitals):
+    from cli.compose import build_for
+
+    ts, _ = capitals
+    # at epsilon just above the exact model's worst error (9.63e-3), float32 rounding pushes
+    # the first construction over; a tighter target leaves room
+    model, attempts = build_for(ts, Deployment.named("float32"), epsilon=0.0096319)
+    assert attempts[-1]["certified"] and len(attempts) >= 2 and not attempts[0]["certified"]
+    assert model.epsilon == 0.0096319
+    rep = verify(ts, model.instantiate(), 0.0096319, deployment=Deployment.named("float32"))
+    assert rep.certified
+
+
+def test_error_floor_grows_with_the_vocabulary():
+    from verifier.floating import error_floor
+
+    f32, bf16 = Deployment.named("float32"), Deployment.named("bfloat16")
+    assert error_floor(30, f32) < 1e-5 < error_floor(10 ** 6, f32) and error_floor(10 ** 6, f32) > 0.05
+    assert error_floor(23, bf16) > 0.1

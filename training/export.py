@@ -28,7 +28,7 @@ import torch
 
 from tasks.model import TaskSet
 from training.metrics import declared_mapping, majority_mapping
-from training.model import MoETransformer
+from training.model import ModelConfig, MoETransformer
 from layout import Expert, Head, Weights
 
 MAPPINGS = ("none", "majority", "declared")
@@ -86,3 +86,45 @@ def to_weights(model: MoETransformer, taskset: TaskSet, expert_tasks: str | tupl
     )
     weights.validate("trained weights")
     return weights
+
+
+def from_weights(weights: Weights, dtype: torch.dtype = torch.float32) -> MoETransformer:
+    """A :class:`MoETransformer` computing ``weights``' forward pass (the inverse of
+    :func:`to_weights`), with its parameters in ``dtype`` (rounded to nearest, as
+    ``Tensor.to`` does).
+
+    The torch model stacks heads and experts with one shape each, so narrower ones are
+    padded with zeros: a head's extra query/key rows add 0·0 = 0 to every score, its extra
+    value rows give values 0 that its extra W_O columns multiply by 0, and an expert's
+    extra neurons have W_1 rows and b_1 of 0 (ReLU(0) = 0) and W_2 columns of 0. Every
+    added term is an exact zero, so the padded model computes the same floats.
+    """
+    H = len(weights.heads)
+    dh = max([1] + [max(h.W_Q.shape[0], h.W_V.shape[0]) for h in weights.heads])
+    width = max(e.width for e in weights.experts)
+    config = ModelConfig(vocab_size=len(weights.vocab), n_positions=weights.n_positions, d=weights.d,
+                         n_heads=max(H, 1), d_head=dh, n_experts=len(weights.experts), expert_width=max(width, 1),
+                         gate_mode=weights.gate_mode)
+    model = MoETransformer(config)
+
+    def dense(M, shape) -> torch.Tensor:
+        out = np.zeros(shape)
+        A = M.toarray() if hasattr(M, "toarray") else np.asarray(M)
+        out[tuple(slice(0, s) for s in A.shape)] = A
+        return torch.from_numpy(out)
+
+    d = weights.d
+    with torch.no_grad():
+        params = {"E": dense(weights.E, (config.vocab_size + 1, d)), "P": dense(weights.P, (config.n_positions, d)),
+                  "W_G": dense(weights.W_G, (config.n_experts, d)), "b_G": torch.from_numpy(np.asarray(weights.b_G)),
+                  "U": dense(weights.U, (config.vocab_size, d))}
+        params["W_Q"] = torch.stack([dense(h.W_Q, (dh, d)) for h in weights.heads]) if H else torch.zeros(1, dh, d)
+        params["W_K"] = torch.stack([dense(h.W_K, (dh, d)) for h in weights.heads]) if H else torch.zeros(1, dh, d)
+        params["W_V"] = torch.stack([dense(h.W_V, (dh, d)) for h in weights.heads]) if H else torch.zeros(1, dh, d)
+        params["W_O"] = torch.stack([dense(h.W_O, (d, dh)) for h in weights.heads]) if H else torch.zeros(1, d, dh)
+        params["W_1"] = torch.stack([dense(e.W_1, (config.expert_width, d)) for e in weights.experts])
+        params["b_1"] = torch.stack([dense(e.b_1, (config.expert_width,)) for e in weights.experts])
+        params["W_2"] = torch.stack([dense(e.W_2, (d, config.expert_width)) for e in weights.experts])
+        for name, value in params.items():
+            setattr(model, name, torch.nn.Parameter(value.to(torch.float64).to(dtype)))
+    return model

@@ -113,6 +113,14 @@ class Deployment:
                 f"exp and division within {self.ulps:g} ulps)")
 
 
+def error_floor(V: int, dep: Deployment) -> float:
+    """The least upper error bound this certificate can give for V tokens, whatever the
+    weights: the output softmax's factor (1 − κ)/(1 + γ_{V−1}) alone leaves
+    1 − Σ_valid p̂ <= ε unprovable for ε below 1 − that factor (Lemma F2)."""
+    f_lo, _, _ = _factors(V, dep, mass=True)
+    return float(I.up(1.0 - f_lo))
+
+
 # --- rounding of one operation -----------------------------------------------------------------
 
 

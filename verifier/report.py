@@ -67,6 +67,7 @@ def report_json(report: Report) -> dict[str, Any]:
             "measured_worst": _num(report.measured_worst),
             "bound_over_measured": _num(ratio),
         },
+        "parameter_counts": report.parameter_counts,
         "foreign_queries": report.foreign,
         "tasks": [task_json(r) for r in report.tasks],
         "counterexamples": report.counterexamples,
@@ -148,6 +149,12 @@ def summary(report: Report) -> str:
     params = ", ".join(f"{_printable(k)}={_printable(v)}" for k, v in report.parameters.items())
     gate = "" if "gate" in report.parameters else f"; gate: {report.gate or 'given weights'}"
     lines.append(f"parameters: {params or 'none stored'}{gate}; queries: {report.queries} (non-empty proper prefixes); time: {report.seconds:.2f}s")
+    c = report.parameter_counts
+    if c:
+        per_fact = f"; {c['facts_per_parameter']:.3g} facts per parameter" if c.get("facts_per_parameter") else ""
+        lines.append(f"size: {c['total']:,} parameters stored ({c['shared']:,} shared, experts "
+                     f"{min(c['per_expert'], default=0):,}..{max(c['per_expert'], default=0):,}); "
+                     f"{c['active_per_query']:,} active per query{per_fact}; dense shapes would hold {c['dense_total']:,}")
     for note in report.notes:
         lines.append(f"note: {note}")
     for c in report.counterexamples[:5]:

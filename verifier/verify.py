@@ -105,6 +105,7 @@ class Report:
     deferred: int = 0                          # of which run again over the full weights (sharded runs)
     precision: str = "exact"                   # the forward pass certified: exact, or a floating-point format
     precision_model: str | None = None         # the executions a floating-point certificate covers
+    parameter_counts: dict[str, Any] | None = None   # Weights.parameter_counts() and facts per parameter
 
     @property
     def complete(self) -> bool:
@@ -321,6 +322,9 @@ def verify(
     report = Report(epsilon, dict(weights.parameters), records, 0)
     if deployment is not None:
         report.precision, report.precision_model = deployment.fmt.name, deployment.describe()
+    counts = weights.parameter_counts()
+    counts["facts_per_parameter"] = taskset.n_facts / counts["total"] if counts["total"] else None
+    report.parameter_counts = counts
     report.routing_matrix = np.zeros((K_tasks, K_exp), np.int64)
     executor = executor if executor is not None else LocalPool(jobs)
     if deployment is not None and not executor.shares_memory:
