@@ -3,7 +3,9 @@
 Written apart from :mod:`verifier.floating` (it shares only the layout and the format
 table): the equations of :mod:`layout` evaluated one operation at a time in a format
 (float32 or bfloat16, emulated in float64 with one rounding to nearest per operation),
-with the weights rounded as deployed, in a chosen order of summation:
+with the weights rounded as deployed, in a chosen order of summation (optionally with
+sums, exp and divisions in a wider format and each result rounded to the format:
+mixed precision):
 
 * ``"sequential"``: terms added left to right in a random permutation;
 * ``"pairwise"``: a balanced tree over a random permutation;
@@ -40,9 +42,11 @@ def round_to(x, p: int):
 class Deployed:
     """The layout's forward pass in ``fmt``, one rounding per operation."""
 
-    def __init__(self, weights: Weights, fmt: Format, order: str, seed: int = 0) -> None:
+    def __init__(self, weights: Weights, fmt: Format, order: str, seed: int = 0, acc: Format | None = None) -> None:
+        """``acc``: sums, exp and divisions in this wider format, each result rounded to ``fmt``."""
         assert order in ORDERS
         self.fmt, self.order = fmt, order
+        self.acc_p = acc.p if acc is not None else fmt.p
         self.rng = np.random.default_rng(seed)
         d = lambda M: fmt.round(M.toarray())           # noqa: E731  (weights as deployed: F1)
         self.w = weights
@@ -52,6 +56,11 @@ class Deployed:
         self.experts = [(d(e.W_1), fmt.round(e.b_1), d(e.W_2)) for e in weights.experts]
 
     def r(self, x):
+        """One operation inside a sum, exp or division (the working precision)."""
+        return round_to(x, self.acc_p)
+
+    def store(self, x):
+        """A computed result stored in the format."""
         return round_to(x, self.fmt.p)
 
     def _sum(self, terms: list[float]) -> float:
@@ -83,27 +92,27 @@ class Deployed:
         return self._sum(terms)
 
     def matvec(self, W: np.ndarray, x: np.ndarray, b: np.ndarray | None = None) -> np.ndarray:
-        return np.array([self.dot(x, W[i], None if b is None else float(b[i])) for i in range(W.shape[0])])
+        return self.store(np.array([self.dot(x, W[i], None if b is None else float(b[i])) for i in range(W.shape[0])]))
 
     def softmax(self, s: np.ndarray) -> np.ndarray:
         t = self.r(s - s.max())
         e = self.r(np.exp(t))
         S = self._sum(list(e))
-        return self.r(e / S)
+        return self.store(self.r(e / S))
 
     def run(self, prefix: list[int]) -> tuple[np.ndarray, int]:
         """(the output distribution p̂ at the last position, the routed expert) for a
         prefix of token ids (BOS is prepended)."""
         ids = [self.w.bos] + list(prefix)
-        h = [self.r(self.E[t] + self.P[i]) for i, t in enumerate(ids)]
+        h = [self.store(self.E[t] + self.P[i]) for i, t in enumerate(ids)]
         last = h[-1]
         resid_terms = [[float(v)] for v in last]
         for WQ, WK, WV, WO in self.heads:
             q = self.matvec(WQ, last)
-            s = np.array([self.dot(q, self.matvec(WK, hj)) for hj in h])
+            s = self.store(np.array([self.dot(q, self.matvec(WK, hj)) for hj in h]))
             a = self.softmax(s)
             vs = [self.matvec(WV, hj) for hj in h]
-            c = np.array([self.dot(a, np.array([v[l] for v in vs])) for l in range(WV.shape[0])])
+            c = self.store(np.array([self.dot(a, np.array([v[l] for v in vs])) for l in range(WV.shape[0])]))
             for k in range(WO.shape[0]):
                 resid_terms[k].extend(float(self.r(WO[k, l] * c[l])) if self.order != "float64-accumulate"
                                       else float(WO[k, l] * c[l]) for l in np.flatnonzero((WO[k] != 0) & (c != 0)))
@@ -111,12 +120,13 @@ class Deployed:
             r = np.array([float(self.r(math.fsum(t))) for t in resid_terms])
         else:
             r = np.array([self._sum(t) for t in resid_terms])
+        r = self.store(r)
         g = self.matvec(self.WG, r, self.bG)
         e = int(np.argmax(g))
         W1, b1, W2 = self.experts[e]
         z = np.maximum(self.matvec(W1, r, b1), 0.0)
         o = self.matvec(W2, z)
         if self.w.gate_mode == "top1-scaled":
-            o = self.r(self.softmax(g)[e] * o)
-        y = self.r(r + o)
+            o = self.store(self.r(self.softmax(g)[e] * o))
+        y = self.store(r + o)
         return self.softmax(self.matvec(self.U, y)), e

@@ -48,6 +48,9 @@ def parser() -> argparse.ArgumentParser:
                         "with or without FMA; README 'Precision')")
     c.add_argument("--ulps", type=_positive, default=None, metavar="K",
                    help="with --precision: assume exp and division accurate to K units in the last place (default 4)")
+    c.add_argument("--accumulate", choices=("float32", "float64"), default=None,
+                   help="with --precision: sums, exp and division computed in this wider format, each result "
+                        "rounded to the precision (mixed-precision bfloat16)")
 
     i = sub.add_parser("inspect", help="expert sizes against the bound, parameters, closed-form bound; --block: the symbolic weights",
                        description="Show the construction without verifying it. With --block, list a block's symbolic "
@@ -68,6 +71,8 @@ def parser() -> argparse.ArgumentParser:
                         "(README 'Precision'); prints the margin left at exact and at this precision")
     b.add_argument("--ulps", type=_positive, default=None, metavar="K",
                    help="with --precision: assume exp and division accurate to K ulps (default 4)")
+    b.add_argument("--accumulate", choices=("float32", "float64"), default=None,
+                   help="with --precision: sums, exp and division in this wider format (mixed precision)")
     add_json(b, "a summary (experts, widths, parameters)")
     add_quiet(b)
 
@@ -188,12 +193,17 @@ PRECISIONS = ("exact", "float64", "float32", "bfloat16")
 def _deployment(args):
     """The floating-point deployment of --precision (None: the exact pass)."""
     if args.precision == "exact":
-        if args.ulps is not None:
-            raise TaskError("--ulps needs a floating-point --precision", fix="add e.g. --precision float32")
+        if args.ulps is not None or args.accumulate is not None:
+            flag = "--ulps" if args.ulps is not None else "--accumulate"
+            raise TaskError(f"{flag} needs a floating-point --precision", fix="add e.g. --precision float32")
         return None
     from verifier.floating import DEFAULT_ULPS, Deployment
 
-    return Deployment.named(args.precision, args.ulps if args.ulps is not None else DEFAULT_ULPS)
+    try:
+        return Deployment.named(args.precision, args.ulps if args.ulps is not None else DEFAULT_ULPS, args.accumulate)
+    except ValueError as exc:
+        raise TaskError(f"--accumulate {args.accumulate}: {exc}",
+                        fix="accumulate in a format wider than --precision (e.g. bfloat16 with float32)") from None
 
 
 def cmd_check(args) -> int:

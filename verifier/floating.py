@@ -23,6 +23,10 @@ subnormal η, largest finite Ω) that satisfies the execution model:
      one of ulps·2^emin below the normal range, which covers an exp that flushes tiny
      results to zero).
 (F4) No intermediate value overflows: checked, not assumed (see below).
+(F5) Optionally (``Deployment.acc``, ``--accumulate float32``): sums, exp and divisions
+     are computed in a wider format and each result is rounded once to F (bfloat16
+     with float32 accumulation, as mixed-precision kernels do); the bounds below then
+     use the wider format's u and add one rounding to F per stored result.
 
 Lemmas used (Higham §3.1, with underflow as in :mod:`verifier.interval`; every bound
 holds for any order of the additions because each term passes through at most n − 1
@@ -77,39 +81,72 @@ DEFAULT_ULPS = 4.0
 
 @dataclass(frozen=True)
 class Deployment:
-    """A floating-point format and the accuracy assumed of its exp and division."""
+    """A floating-point format, the format its sums and softmaxes accumulate in, and the
+    accuracy assumed of exp and division.
+
+    ``acc`` (default: ``fmt`` itself) models the common mixed-precision deployment of
+    bfloat16: weights and every stored activation in ``fmt``, but each product's sum,
+    each softmax's exp, sum and division computed in ``acc`` (float32) and the result
+    rounded once to ``fmt``. Every bound of the module then uses acc's unit roundoff for
+    the computation and adds one rounding to ``fmt`` per stored result:
+    γ_n = γ^acc_n + u·(1 + γ^acc_n) for a stored sum, a factor 1 ± u on a stored softmax.
+    """
 
     fmt: Format
     ulps: float = DEFAULT_ULPS
+    acc: Format | None = None
 
     @classmethod
-    def named(cls, name: str, ulps: float = DEFAULT_ULPS) -> "Deployment":
-        return cls(FORMATS[name], float(ulps))
+    def named(cls, name: str, ulps: float = DEFAULT_ULPS, accumulate: str | None = None) -> "Deployment":
+        fmt = FORMATS[name]
+        acc = FORMATS[accumulate] if accumulate is not None else None
+        if acc is not None and acc.p <= fmt.p:
+            raise ValueError(f"accumulating in {acc.name} is not wider than {fmt.name}")
+        return cls(fmt, float(ulps), acc)
+
+    @property
+    def work(self) -> Format:
+        """The format sums, exp and divisions are computed in."""
+        return self.acc if self.acc is not None else self.fmt
+
+    @property
+    def store_u(self) -> float:
+        """Relative error of storing a computed result in ``fmt`` (0 when it is computed there)."""
+        return self.fmt.u if self.acc is not None else 0.0
 
     @property
     def kappa(self) -> float:
         """Relative error bound of exp and the division: ulps·ulp(x) <= 2·ulps·u·|x|."""
-        return float(I.up(2.0 * self.ulps * self.fmt.u))
+        return float(I.up(2.0 * self.ulps * self.work.u))
 
     @property
     def eta_op(self) -> float:
         """Absolute underflow error of one operation, as carried through later additions (F1)."""
-        return 2.0 * 2.0 ** self.fmt.emin
+        return 2.0 * 2.0 ** max(self.fmt.emin, self.work.emin)
 
     @property
     def zeta(self) -> float:
         """Absolute error of exp and of the division below the normal range (F3)."""
-        return float(I.up(self.ulps * 2.0 ** self.fmt.emin))
+        return float(I.up(self.ulps * 2.0 ** max(self.fmt.emin, self.work.emin)))
 
-    def gamma(self, n: int) -> float:
-        """An upper bound of γ^F_n = n·u/(1 − n·u); ∞ when n·u >= 1/2 (no useful bound)."""
-        nu = float(I.up(n * self.fmt.u))
+    def gamma_work(self, n: int) -> float:
+        """An upper bound of γ_n = n·u/(1 − n·u) in the working format; ∞ when n·u >= 1/2."""
+        nu = float(I.up(n * self.work.u))
         if nu >= 0.5:
             return float("inf")
         return float(I.up(nu / float(I.down(1.0 - nu))))
 
+    def gamma(self, n: int) -> float:
+        """The relative error bound of a sum of n terms whose result is stored in ``fmt``."""
+        g = self.gamma_work(n)
+        if self.acc is None:
+            return g
+        return float(I.up(g + I.up(self.fmt.u * I.up(1.0 + g))))
+
     def describe(self) -> str:
-        return (f"{self.fmt.name} (u = 2^-{self.fmt.p}; any summation order, with or without FMA; "
+        acc = (f"; sums, exp and division in {self.acc.name}, each result rounded to {self.fmt.name}"
+               if self.acc is not None else "")
+        return (f"{self.fmt.name} (u = 2^-{self.fmt.p}; any summation order, with or without FMA{acc}; "
                 f"exp and division within {self.ulps:g} ulps)")
 
 
@@ -228,9 +265,9 @@ def weighted_rows(Vv: SparseInterval, am: np.ndarray, ar: np.ndarray, group: int
 
 def _exp_terms(lo, hi, Mhi, c, dep: Deployment):
     """Lower and upper bounds of e^{t}(1 + δ) relative to the common shift c (Lemma F2)."""
-    u, kappa = dep.fmt.u, dep.kappa
+    u, kappa = dep.work.u, dep.kappa
     with np.errstate(invalid="ignore", over="ignore"):
-        theta = I.up(I.up(u * I.up(Mhi - lo)) + 2.0 ** dep.fmt.emin)   # + a flushed difference
+        theta = I.up(I.up(u * I.up(Mhi - lo)) + 2.0 ** dep.work.emin)   # + a flushed difference
         e_lo = I.down(I.exp_lo_unique(I.down(I.down(lo - theta) - c)) * I.down(1.0 - kappa))
         e_hi = I.up(I.exp_hi_unique(I.up(I.up(hi + theta) - c)) * I.up(1.0 + kappa))
     e_lo = np.where(np.isnan(e_lo), 0.0, np.maximum(e_lo, 0.0))
@@ -242,12 +279,13 @@ def _factors(n: int, dep: Deployment, mass: bool = False) -> tuple[float, float,
     """(lower factor, upper factor, τ) of Lemma F2 for n terms; ``mass``: τ for a sum of
     outputs ((17n + 9)·ζ: the ζ's move the set's share by 8n·ζ, doubled by the
     upper factor, plus one ζ' per output)."""
-    g = dep.gamma(max(n - 1, 1))
+    g = dep.gamma_work(max(n - 1, 1))
     kappa = dep.kappa
     if not (kappa <= 0.5 and g <= 0.25):
         return 0.0, float("inf"), 0.0
-    f_lo = float(I.down(I.down(1.0 - kappa) / I.up(1.0 + g)))
-    f_hi = float(I.up(I.up(1.0 + kappa) / I.down(1.0 - g)))
+    store = dep.store_u                       # the outputs rounded to the storage format
+    f_lo = float(I.down(I.down(I.down(1.0 - kappa) / I.up(1.0 + g)) * I.down(1.0 - store)))
+    f_hi = float(I.up(I.up(I.up(1.0 + kappa) / I.down(1.0 - g)) * I.up(1.0 + store)))
     tau = float(I.up(((17.0 if mass else 8.0) * n + 9.0) * dep.zeta))
     return f_lo, f_hi, tau
 
@@ -465,7 +503,7 @@ class FloatPass:
                 Wz = I.scale_rows(Wz, cm, cr)
                 with np.errstate(invalid="ignore", over="ignore"):
                     Wz = SparseInterval(Wz.shape, Wz.indptr, Wz.indices, Wz.mid,
-                                        _widen(Wz.mid, Wz.rad, I.upper(np.abs(Wz.mid), Wz.rad), dep.fmt.u,
+                                        _widen(Wz.mid, Wz.rad, I.upper(np.abs(Wz.mid), Wz.rad), dep.gamma(1),
                                                dep.eta_op, dep.fmt.largest))
             S = I.add(Rk, Wz)
             Y = rounded_sum(S, I.upper(np.abs(S.mid), S.rad), 2, dep)
