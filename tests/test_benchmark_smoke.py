@@ -38,3 +38,17 @@ def test_cluster_benchmark_smallest_size(tmp_path):
     assert run.returncode == 0, run.stderr
     text = out.read_text()
     assert "| 2,000 |" in text and text.rstrip().count("| yes |") == 1 and "Machine:" in text
+
+
+def test_precision_benchmark_smallest_set(tmp_path):
+    """The float32 certificate, ONNX Runtime and PyTorch on the capitals example."""
+    import pytest
+
+    pytest.importorskip("onnxruntime")
+    pytest.importorskip("torch")
+    out = tmp_path / "results.md"
+    run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "precision.py"), "--sets", "capitals", "--out", str(out)],
+                         capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert run.returncode == 0, run.stderr
+    text = out.read_text()
+    assert "| capitals | 13 | 67 |" in text and text.rstrip().count("| yes |") == 1 and "Machine:" in text

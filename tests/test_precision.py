@@ -231,3 +231,45 @@ def test_mixed_precision_reaches_the_error_but_not_the_routing_of_capitals():
     ts = load_tasks("examples/capitals.yaml")
     with pytest.raises(TaskError, match="no construction target made the bfloat16 certificate hold"):
         build_for(ts, Deployment.named("bfloat16", accumulate="float32"), epsilon=0.01)
+
+
+def _tiny_model(heads, experts, U, E=((1, 0), (1, 0), (1, 0))):
+    from layout import Weights
+
+    def C(a):
+        m = sp.csr_matrix(np.asarray(a, np.float64))
+        m.sort_indices()
+        return m
+
+    return Weights(("t0", "t1"), C(E), C([[0, 0], [0, 0]]), tuple(Head(*map(C, h)) for h in heads), C([[1, 0]]),
+                   np.zeros(1), tuple(Expert(C(w1), np.asarray(b1, np.float64), C(w2)) for w1, b1, w2 in experts),
+                   C(U), ("",))
+
+
+def _ort_probs(w, prefix):
+    ort = pytest.importorskip("onnxruntime")
+    from layout.onnx_graph import to_onnx
+
+    session = ort.InferenceSession(to_onnx(w).SerializeToString(), providers=["CPUExecutionProvider"])
+    return session.run(None, {"tokens": np.array([prefix], np.int64)})[0]
+
+
+def test_a_score_that_overflows_makes_the_query_undecided():
+    """Scores of 2^128 overflow float32: every runtime's softmax gives NaN (inf − inf), so
+    the query may not be certified (found by an adversarial review: the softmax of an
+    unbounded score row had been clipped to [0, 1])."""
+    big = 2.0 ** 64
+    w = _tiny_model(heads=[([[big, 0]], [[big, 0]], [[1, 0]], [[0], [1]])], experts=[([[0, 0]], [0.0], [[0], [0]])],
+                    U=[[0, 0], [100, 1]])
+    res = FloatPass(w, Deployment.named("float32")).run_batch(np.array([[0]]), np.array([0, 1]), np.array([1]))
+    assert res.margin[0] == -np.inf and res.err_hi[0] == 1.0
+    assert np.isnan(_ort_probs(w, [0])).all()
+
+
+def test_an_overflow_no_weight_reads_still_makes_the_query_undecided():
+    """A neuron overflows to inf but W_2 reads it with no stored entry: a dense runtime
+    still multiplies it by 0 and gets NaN (the sparse pattern alone would call it absent)."""
+    w = _tiny_model(heads=[], experts=[([[3e38, 0], [0, 0]], [3e38, 0.0], [[0, 0], [0, 0]])], U=[[0, 0], [100, 0]])
+    res = FloatPass(w, Deployment.named("float32")).run_batch(np.array([[0]]), np.array([0, 1]), np.array([1]))
+    assert res.margin[0] == -np.inf and res.err_hi[0] == 1.0
+    assert np.isnan(_ort_probs(w, [0])).all()

@@ -8,7 +8,12 @@ subnormal η, largest finite Ω) that satisfies the execution model:
 
 (F1) The weights are the stored values rounded to F (:func:`layout.formats.round_weights`).
 (F2) Every operation of the equations is carried out in F, with gradual underflow or
-     with results below the normal range flushed to zero (inputs are not flushed): h = E[x] + P[i] is one
+     with results below the normal range flushed to zero (inputs are not flushed:
+     denormals-are-zero modes, e.g. ``torch.set_flush_denormal(True)``, are outside
+     the model, since a subnormal weight read as 0 can be amplified without bound);
+     the runtime may be dense (it multiplies every value, also by zero weights, so
+     one non-finite intermediate value anywhere in a query's computation can make its
+     output NaN: such a query is never certified, see (F4)). h = E[x] + P[i] is one
      addition; every matrix product (with its bias, if any) is a sum of products
      computed in **any order and grouping**, with or without fused multiply-add, each
      product and addition rounded to nearest in F; the residual r = h + Σ_m W_O^m c_m
@@ -18,11 +23,14 @@ subnormal η, largest finite Ω) that satisfies the execution model:
      after the product, and y = r + that one addition.
 (F3) Every softmax subtracts the row maximum (an element of the row), exponentiates,
      sums in any order, and divides; ``exp`` and the division (or a reciprocal and a
-     multiplication) are within ``ulps`` units in the last place of the exact result
-     (``--ulps``, default 4: a relative error of at most κ = 2·ulps·u, or an absolute
-     one of ulps·2^emin below the normal range, which covers an exp that flushes tiny
-     results to zero).
-(F4) No intermediate value overflows: checked, not assumed (see below).
+     multiplication, counted together) are within ``ulps`` units in the last place of
+     the exact result (``--ulps``, default 4: a relative error of at most κ = 2·ulps·u,
+     or an absolute one of max(ulps, 1)·2^emin below the normal range, which covers an
+     exp that flushes tiny results to zero).
+(F4) No intermediate value overflows: checked, not assumed. Every intermediate value of
+     a query whose enclosure is not finite (one that may overflow: any key, value,
+     score, hidden neuron of a candidate expert, residual or logit entry, whether or not
+     a later weight reads it) makes that query undecided: margin −∞, error [0, 1].
 (F5) Optionally (``Deployment.acc``, ``--accumulate float32``): sums, exp and divisions
      are computed in a wider format and each result is rounded once to F (bfloat16
      with float32 accumulation, as mixed-precision kernels do); the bounds below then
@@ -33,10 +41,12 @@ holds for any order of the additions because each term passes through at most n 
 of them):
 
 **Lemma F1** (dot products in F). For x̂ ∈ X (an interval vector) and weights b,
-fl_F(Σ_j x̂_j b_j + b_0) lies within γ^F_{n+1}·(Σ_j |x̂_j||b_j| + |b_0|) + (n+1)·η_op of the
-exact Σ_j x̂_j b_j + b_0, where n is the number of terms, γ^F_n = n·u/(1 − n·u), and
-η_op = 2·2^emin bounds one operation's absolute underflow error (η/2 with gradual
-underflow, below 2^emin when flushed) after the later additions (a factor <= 1 + γ <= 2). So
+fl_F(Σ_j x̂_j b_j + b_0) lies within γ^F_{n+1}·(Σ_j |x̂_j||b_j| + |b_0|) + 2(n+1)·η_op of
+the exact Σ_j x̂_j b_j + b_0, where n is the number of terms, γ^F_n = n·u/(1 − n·u), and
+η_op = 2·2^emin: the sum has at most 2n + 2 operations (products, additions, the
+bias), each losing less than 2^emin to underflow (η/2 for a product with gradual
+underflow, nothing for an addition; less than 2^emin when results are flushed), and
+a lost amount is carried through the later roundings by a factor <= 1 + γ <= 2. So
 :func:`product` encloses the exact product of X (by :func:`verifier.interval.matmul`) and
 widens each entry by that bound, with Σ|x̂_j||b_j| bounded above by the product of
 the point matrix up(|mid| + rad) with |B| (itself enclosed, and its upper end taken).
@@ -127,7 +137,7 @@ class Deployment:
     @property
     def zeta(self) -> float:
         """Absolute error of exp and of the division below the normal range (F3)."""
-        return float(I.up(self.ulps * 2.0 ** max(self.fmt.emin, self.work.emin)))
+        return float(I.up(max(self.ulps, 1.0) * 2.0 ** max(self.fmt.emin, self.work.emin)))
 
     def gamma_work(self, n: int) -> float:
         """An upper bound of γ_n = n·u/(1 − n·u) in the working format; ∞ when n·u >= 1/2."""
@@ -161,6 +171,24 @@ def error_floor(V: int, dep: Deployment) -> float:
 # --- rounding of one operation -----------------------------------------------------------------
 
 
+def _unbounded(X: SparseInterval) -> np.ndarray:
+    """Per row of X: some stored entry's enclosure is not finite (the value may be ±inf or NaN)."""
+    return X.nonfinite_rows() if X.nnz else np.zeros(X.shape[0], bool)
+
+
+def _unbounded_dense(m: np.ndarray, r: np.ndarray) -> np.ndarray:
+    """Per row (first axis): some entry's enclosure is not finite."""
+    with np.errstate(invalid="ignore"):
+        ok = np.isfinite(m) & np.isfinite(r)
+    return ~ok.reshape(ok.shape[0], -1).all(axis=1)
+
+
+def _floor(n_terms: int, dep: "Deployment") -> float:
+    """The absolute underflow allowance of a sum of n_terms products (and a bias):
+    at most 2n + 2 operations, each losing less than 2^emin, carried through by at most 1 + γ <= 2."""
+    return 2.0 * (n_terms + 1) * dep.eta_op
+
+
 def _columns_terms(B: sp.csr_matrix) -> int:
     """The most stored entries in a column of B: the most terms of an entry of X·B."""
     return int(np.bincount(B.indices, minlength=1).max()) if B.nnz else 0
@@ -188,7 +216,7 @@ def product(X: SparseInterval, B: sp.csr_matrix, absB: sp.csr_matrix, n_terms: i
         return exact
     mag = I.matmul(_point(X), absB, absB)
     g = dep.gamma(n_terms)
-    rad = _widen(exact.mid, exact.rad, I.upper(mag.mid, mag.rad), g, (n_terms + 1) * dep.eta_op, dep.fmt.largest)
+    rad = _widen(exact.mid, exact.rad, I.upper(mag.mid, mag.rad), g, _floor(n_terms, dep), dep.fmt.largest)
     return SparseInterval(exact.shape, exact.indptr, exact.indices, exact.mid, rad)
 
 
@@ -204,7 +232,7 @@ def affine(X: SparseInterval, B: sp.csr_matrix, absB: sp.csr_matrix, n_terms: in
         r = I.add_rad(r, I.up(I.U * np.abs(mid)))                      # the float64 addition of the bias
         upper_mag = I.add_rad(I.upper(mm, mr), np.abs(bias)[None, :])
     g = dep.gamma(n_terms + 1)
-    return mid, _widen(mid, r, upper_mag, g, (n_terms + 2) * dep.eta_op, dep.fmt.largest)
+    return mid, _widen(mid, r, upper_mag, g, _floor(n_terms + 1, dep), dep.fmt.largest)
 
 
 def rounded_sum(S: SparseInterval, mag: np.ndarray, n_terms: int, dep: Deployment) -> SparseInterval:
@@ -212,7 +240,7 @@ def rounded_sum(S: SparseInterval, mag: np.ndarray, n_terms: int, dep: Deploymen
     that sum in any order: γ^F_{n−1}·Σ|terms|, plus η_op per addition (an addition is
     exact below the normal range unless results are flushed to zero)."""
     g = dep.gamma(max(n_terms - 1, 1))
-    rad = _widen(S.mid, S.rad, mag, g, n_terms * dep.eta_op, dep.fmt.largest)
+    rad = _widen(S.mid, S.rad, mag, g, _floor(n_terms, dep), dep.fmt.largest)
     return SparseInterval(S.shape, S.indptr, S.indices, S.mid, rad)
 
 
@@ -240,7 +268,7 @@ def dot_last(am, ar, bm, br, dep: Deployment):
         ma = I.up(np.abs(am) + ar)
         mb = I.up(np.abs(bm) + br)
         pm, pr = I.dot_rows(ma, np.zeros_like(ma), mb, np.zeros_like(mb))
-    return m, _widen(m, r, I.upper(pm, pr), dep.gamma(t), (t + 1) * dep.eta_op, dep.fmt.largest)
+    return m, _widen(m, r, I.upper(pm, pr), dep.gamma(t), _floor(t, dep), dep.fmt.largest)
 
 
 def weighted_rows(Vv: SparseInterval, am: np.ndarray, ar: np.ndarray, group: int, dep: Deployment) -> SparseInterval:
@@ -256,7 +284,7 @@ def weighted_rows(Vv: SparseInterval, am: np.ndarray, ar: np.ndarray, group: int
         terms = I.up(_point(Vv).mid * amag[Vv.row_ids()])
     M = I.sum_terms(S.shape, rows, Vv.indices, terms, np.zeros(Vv.nnz))
     mag = I.upper(M.mid, M.rad)                       # the same pattern as S (same entries summed)
-    rad = _widen(S.mid, S.rad, mag, dep.gamma(group), (group + 1) * dep.eta_op, dep.fmt.largest)
+    rad = _widen(S.mid, S.rad, mag, dep.gamma(group), _floor(group, dep), dep.fmt.largest)
     return SparseInterval(S.shape, S.indptr, S.indices, S.mid, rad)
 
 
@@ -407,22 +435,30 @@ class FloatPass:
                         np.concatenate([Er.data, Pr.data]), np.zeros(Er.nnz + Pr.nnz))
         return rounded_sum(S, I.upper(np.abs(S.mid), S.rad), 2, self.dep)
 
-    def residual(self, ids: np.ndarray) -> SparseInterval:
-        """Enclosure of the deployed r at the last position of each row of ids (BOS first)."""
+    def residual(self, ids: np.ndarray) -> tuple[SparseInterval, np.ndarray]:
+        """Enclosure of the deployed r at the last position of each row of ids (BOS first),
+        and per row whether any intermediate value may be non-finite (:func:`_unbounded`)."""
         n, p1 = ids.shape
         dep = self.dep
         Hall = self._embed(ids)                                   # (n·(p+1), d)
+        bad = _unbounded(Hall).reshape(n, p1).any(axis=1)
         last = Hall.rows(np.arange(n) * p1 + p1 - 1)
         terms = [last]
         mags = [_point(last)]
         for (WQ, WK, WV, WO) in self.heads:
-            qm, qr = product(last, *WQ, dep).dense()
-            km, kr = product(Hall, *WK, dep).dense()
+            Q = product(last, *WQ, dep)
+            K = product(Hall, *WK, dep)
+            Vv = product(Hall, *WV, dep)
+            bad |= _unbounded(Q) | _unbounded(K).reshape(n, p1).any(axis=1) | _unbounded(Vv).reshape(n, p1).any(axis=1)
+            qm, qr = Q.dense()
+            km, kr = K.dense()
             km, kr = km.reshape(n, p1, -1), kr.reshape(n, p1, -1)
             sm, sr = dot_last(qm[:, None, :], qr[:, None, :], km, kr, dep)           # (n, p+1)
+            bad |= _unbounded_dense(sm, sr)
             a_lo, a_hi = softmax(I.lower(sm, sr), I.upper(sm, sr), sm, dep)
-            am, ar = I.from_bounds(a_lo, np.where(np.isfinite(a_hi), a_hi, np.inf))
-            C = weighted_rows(product(Hall, *WV, dep), am.reshape(-1), ar.reshape(-1), p1, dep)   # (n, d_v)
+            am, ar = I.from_bounds(a_lo, a_hi)
+            C = weighted_rows(Vv, am.reshape(-1), ar.reshape(-1), p1, dep)            # (n, d_v)
+            bad |= _unbounded(C)
             terms.append(I.matmul(C, WO[0], WO[1]))
             mags.append(I.matmul(_point(C), WO[1], WO[1]))
         S = I.sum_terms((n, self.E.shape[1]), np.concatenate([t.row_ids() for t in terms]),
@@ -432,12 +468,14 @@ class FloatPass:
                         np.concatenate([I.upper(t.mid, t.rad) for t in mags]), np.zeros(sum(t.nnz for t in mags)))
         mag = _aligned(S, SparseInterval(M.shape, M.indptr, M.indices, M.mid, M.rad))
         g = dep.gamma(self.n_residual)
-        rad = _widen(S.mid, S.rad, mag, g, (self.n_residual + 1) * dep.eta_op, dep.fmt.largest)
-        return SparseInterval(S.shape, S.indptr, S.indices, S.mid, rad)
+        rad = _widen(S.mid, S.rad, mag, g, _floor(self.n_residual, dep), dep.fmt.largest)
+        R = SparseInterval(S.shape, S.indptr, S.indices, S.mid, rad)
+        return R, bad | _unbounded(R)
 
     def _logits_error(self, Y: SparseInterval, valid_ptr, valid):
+        """The error enclosure of each row, and whether its logits may be non-finite."""
         L = product(Y, *self.UT, self.dep)
-        return valid_mass_error(L, len(self.weights.vocab), valid_ptr, valid, self.dep)
+        return valid_mass_error(L, len(self.weights.vocab), valid_ptr, valid, self.dep), _unbounded(L)
 
     def run_batch(self, tokens: np.ndarray, valid_ptr: np.ndarray, valid: np.ndarray,
                   ablate: np.ndarray | None = None, scores: bool = True) -> BatchResult:
@@ -469,8 +507,9 @@ class FloatPass:
         n = tokens.shape[0]
         K = len(w.experts)
         ids = np.concatenate([np.full((n, 1), w.bos, np.int64), tokens], axis=1)
-        R = self.residual(ids)
+        R, bad = self.residual(ids)
         gm, gr = affine(R, *self.WG, self.b_G, dep)                                   # (n, K)
+        bad |= _unbounded_dense(gm, gr)
         g_lo, g_hi = I.lower(gm, gr), I.upper(gm, gr)
         e = np.argmax(np.where(np.isfinite(gm), gm, -np.inf), axis=1)
         win_lo = g_lo[np.arange(n), e]
@@ -495,6 +534,7 @@ class FloatPass:
             rows = cand_rows[sel]
             Rk = R.rows(rows)
             zm, zr = affine(Rk, *self.W1[k], self.b1[k], dep)
+            bad_k = _unbounded_dense(zm, zr)
             z_lo, z_hi = np.maximum(I.lower(zm, zr), 0.0), np.maximum(I.upper(zm, zr), 0.0)   # ReLU is exact
             Z = dense_interval(*I.from_bounds(z_lo, z_hi)).prune()   # ReLU(x) = 0 exactly where x <= 0
             Wz = product(Z, *self.W2[k], dep)
@@ -508,7 +548,8 @@ class FloatPass:
             S = I.add(Rk, Wz)
             Y = rounded_sum(S, I.upper(np.abs(S.mid), S.rad), 2, dep)
             vp, vv = _take(vptr, vals, rows)
-            lo, hi, pred = self._logits_error(Y, vp, vv)
+            (lo, hi, pred), bad_L = self._logits_error(Y, vp, vv)
+            np.logical_or.at(bad, rows, bad_k | _unbounded(Wz) | _unbounded(Y) | bad_L)
             np.minimum.at(err_lo, rows, lo)
             np.maximum.at(err_hi, rows, hi)
             routed = e[rows] == k
@@ -517,7 +558,14 @@ class FloatPass:
         ab = np.flatnonzero(ablate)
         if ab.size:
             vp, vv = _take(vptr, vals, ab)
-            ab_lo[ab], ab_hi[ab], _ = self._logits_error(R.rows(ab), vp, vv)
+            (ab_lo[ab], ab_hi[ab], _), bad_ab = self._logits_error(R.rows(ab), vp, vv)
+            ab_lo[ab[bad_ab]], ab_hi[ab[bad_ab]] = 0.0, 1.0
+        # A row any of whose intermediate values may be non-finite decides nothing: a dense
+        # runtime multiplies every value, also by zero weights, and 0·inf = NaN spreads.
+        ab_lo, ab_hi = np.where(bad & ablate, 0.0, ab_lo), np.where(bad & ablate, 1.0, ab_hi)
+        margin = np.where(bad, -np.inf, margin)
+        # (reported as the exact pass reports an undecided row: error [0, 1], margin −∞)
+        err_lo, err_hi = np.where(bad, 0.0, err_lo), np.where(bad, 1.0, err_hi)
         top = np.argsort(-np.where(np.isfinite(gm), gm, -np.inf), axis=1, kind="stable")[:, :3]
         pad = 3 - top.shape[1]
         top_lo = np.take_along_axis(g_lo, top, axis=1)
@@ -526,7 +574,7 @@ class FloatPass:
             top = np.concatenate([top, np.full((n, pad), -1)], axis=1)
             top_lo = np.concatenate([top_lo, np.full((n, pad), np.nan)], axis=1)
             top_hi = np.concatenate([top_hi, np.full((n, pad), np.nan)], axis=1)
-        grad = np.where(np.isfinite(win_lo), np.max(np.where(np.isfinite(gr), gr, np.inf), axis=1), np.inf)
+        grad = np.where(np.isfinite(win_lo) & ~bad, np.max(np.where(np.isfinite(gr), gr, np.inf), axis=1), np.inf)
         return BatchResult(e.astype(np.int64), margin, ~(margin > 0), gm if scores else None, grad, err_lo, err_hi,
                            ab_lo, ab_hi, predicted, (top.astype(np.int64), top_lo, top_hi), (cand_ptr, cand.astype(np.int64)))
 
