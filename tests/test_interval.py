@@ -297,3 +297,30 @@ def test_kernel_platform_check():
     from verifier import kernels as K
 
     K.check()
+
+
+def test_matmul_rows_do_not_depend_on_the_other_rows():
+    """Row i of X·B is the same floats whether X has other rows or not, and whether B keeps
+    columns no row of X reaches (verifier.shards relies on it: a shard multiplies fewer
+    rows by a cut B)."""
+    import scipy.sparse as sp
+
+    from verifier import interval as I
+
+    rng = np.random.default_rng(5)
+    B = sp.random(40, 30, density=0.3, random_state=rng, format="csr")
+    B.data = rng.normal(size=B.nnz)
+    X = sp.random(12, 40, density=0.08, random_state=rng, format="csr")
+    X.data = rng.normal(size=X.nnz)
+    X = X.tolil()
+    X[0, :] = rng.normal(size=40)                   # one dense row: many more terms than the others
+    X = sp.csr_matrix(X)
+    X.sort_indices()
+    XI = I.SparseInterval(X.shape, X.indptr.astype(np.int64), X.indices.astype(np.int64), X.data.copy(),
+                          np.abs(X.data) * 1e-9)
+    full = I.matmul(XI, B)
+    rows = np.arange(1, 12)
+    part = I.matmul(XI.rows(rows), B)
+    ref = full.rows(rows)
+    assert np.array_equal(part.indptr, ref.indptr) and np.array_equal(part.indices, ref.indices)
+    assert np.array_equal(part.mid, ref.mid) and np.array_equal(part.rad, ref.rad)

@@ -121,13 +121,16 @@ class Prepared:
     rows changes no value, so every enclosure is the one computed for each token.
     """
 
-    def __init__(self, weights: Weights, gate_terms: int = 0) -> None:
+    def __init__(self, weights: Weights, gate_terms: int = 0, vocab_size: int | None = None) -> None:
         """``gate_terms``: a lower limit for the longest gate row used in the rounding bound
         (a shard of larger weights passes theirs, so that its enclosures are theirs bit for
-        bit; a larger count only widens the bound)."""
+        bit; a larger count only widens the bound). ``vocab_size``: the number of tokens the
+        output softmax runs over, if more than the weights' rows (a compact shard,
+        :class:`verifier.shards.Compact`: the missing tokens have logit exactly 0)."""
         I.check_platform()
         weights.validate()
         self.weights = weights
+        self.vocab_size = max(len(weights.vocab), vocab_size or 0)
         d, V1, H = weights.d, weights.E.shape[0], len(weights.heads)
         self.n_heads = H
         P = I.exact(weights.P)
@@ -431,7 +434,7 @@ def run_batch(prep: Prepared | Weights, tokens: np.ndarray, valid_ptr: np.ndarra
     if tokens.ndim == 1:
         tokens = tokens[None, :]
     n = tokens.shape[0]
-    V = len(w.vocab)
+    V = prep.vocab_size
     R = residual(prep, tokens)
     scaled = w.gate_mode == "top1-scaled"
     want = scores or scaled

@@ -109,6 +109,14 @@ def gamma(n: int) -> float:
     return float(up(up(nu) / down(1.0 - nu)))
 
 
+def gammas(n: np.ndarray) -> np.ndarray:
+    """:func:`gamma` element-wise (the same operations, so the same floats)."""
+    nu = np.asarray(n, np.float64) * U
+    if nu.size and nu.max() >= 0.25:
+        raise ValueError(f"too many terms for the rounding bound: {int(np.max(n))}")
+    return up(up(nu) / down(1.0 - nu))
+
+
 def sum_factor(n: int) -> float:
     """c_n = up(1 + 2γ_n): Σ t <= c_n·fl(Σ t) for n non-negative terms (Lemma 1)."""
     return float(up(1.0 + 2.0 * gamma(n)))
@@ -463,7 +471,11 @@ def _align(pattern: sp.csr_matrix, M: sp.csr_matrix) -> np.ndarray:
 def matmul(X: SparseInterval, B: sp.csr_matrix, absB: sp.csr_matrix | None = None) -> SparseInterval:
     """X @ B for an exact sparse B: structural pattern, radius by Lemma 2 (module docstring).
 
-    ``absB`` may pass |B| precomputed.
+    ``absB`` may pass |B| precomputed. The rounding bound of row i uses n_i, the most
+    terms of an entry of that row (γ_{n_i + 1} and c_{n_i}): a row's radii depend on that
+    row and B only, never on which other rows are multiplied with it (so a product of a
+    subset of rows, or of B restricted to the columns the rows reach, gives the same
+    radii: :mod:`verifier.shards` relies on it).
     """
     B = sp.csr_matrix(B)
     shape = (X.shape[0], B.shape[1])
@@ -474,15 +486,20 @@ def matmul(X: SparseInterval, B: sp.csr_matrix, absB: sp.csr_matrix | None = Non
     C.sort_indices()
     if C.nnz == 0:
         return SparseInterval(shape, np.zeros(shape[0] + 1, np.int64), np.zeros(0, np.int64), np.zeros(0), np.zeros(0))
-    n = int(C.data.max())
-    g = gamma(n + 1)
+    counts = np.diff(C.indptr)
+    n_row = np.zeros(C.shape[0])
+    has = counts > 0
+    n_row[has] = np.maximum.reduceat(C.data, C.indptr[:-1][has])      # most terms of an entry, per row
+    g_row = gammas(n_row + 1)
+    c_row = up(1.0 + 2.0 * gammas(n_row))                                # sum_factor per row
     Ym = (X.mid_csr() @ B).tocsr()
     Ym.sort_indices()
-    S = sp.csr_matrix((add_rad(X.rad, up(g * np.abs(X.mid))), X.indices, X.indptr), shape=X.shape)
+    S = sp.csr_matrix((add_rad(X.rad, up(g_row[X.row_ids()] * np.abs(X.mid))), X.indices, X.indptr), shape=X.shape)
     Rs = (S @ (abs(B) if absB is None else absB)).tocsr()
     Rs.sort_indices()
     mid = _align(C, Ym)
-    rad = guard(mid, add_rad(up(sum_factor(n) * _align(C, Rs)), up(2.0 * FLOOR * C.data)))
+    c_entry = np.repeat(c_row, counts)
+    rad = guard(mid, add_rad(up(c_entry * _align(C, Rs)), up(2.0 * FLOOR * C.data)))
     return SparseInterval(shape, C.indptr.astype(np.int64), C.indices.astype(np.int64), mid, rad)
 
 

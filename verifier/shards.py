@@ -3,7 +3,9 @@
 A *shard* is a set of tasks (a contiguous range, about equal in facts), the tokens its
 queries can contain (every template word, BOS, and the entities of its tasks) and the
 experts that serve its tasks. :func:`restrict` cuts the weights down to the shard's
-*cone of influence*, keeping every shape and every coordinate number:
+*cone of influence*, keeping every shape and every coordinate number (:func:`compact`
+then renumbers what is left, so that a worker's memory follows its share of the model
+rather than the whole model's size):
 
 * ``E`` keeps the rows of the shard's tokens (and BOS); ``P`` is kept whole;
 * C0 = the residual coordinates those rows and ``P`` touch; each head keeps the columns
@@ -22,7 +24,10 @@ weights computes bitwise the same enclosures as over the full weights.
 (its rows of ``E`` and ``P`` are unchanged). Every entry dropped from ``W_Q``, ``W_K``,
 ``W_V`` lies in a column outside C0, so it multiplies a coordinate that is absent
 (structurally zero) from every embedding of the query: the sparse kernels never form
-that product, so the same terms are summed in the same order. Likewise for ``W_O``
+that product, so the same terms are summed in the same order; and every rounding
+bound of a row is computed from that row's own term counts (:func:`verifier.interval.matmul`
+bounds row by row; the gate's longest row is passed in as ``gate_terms``), so no bound
+changes when other rows or columns are dropped. Likewise for ``W_O``
 (value coordinates outside the reach of C0 are absent), for ``W_G`` and the kept ``W_1``
 (the residual is supported in C1), and for ``U`` (the residual plus the routed expert's
 output is supported in C2). The experts that became width 0 are never evaluated for such
@@ -117,6 +122,83 @@ def restrict(weights: Weights, tokens: np.ndarray, experts: np.ndarray) -> Weigh
     U = _keep(weights.U, cols=C2)
     return weights.replace(E=E, heads=tuple(heads), W_G=W_G, experts=tuple(out_experts), U=U,
                            residual_labels=None, neuron_labels=None)
+
+
+@dataclass(frozen=True)
+class Compact:
+    """Restricted weights renumbered to what they hold: the tokens a shard's queries can
+    meet or its logits can touch, and the residual coordinates of its cone (C2), each
+    kept in its original order. ``tokens[i]`` is the full weights' id of compact token i
+    (BOS is the compact vocabulary's BOS); ``coords[j]`` the full coordinate of compact
+    coordinate j; ``vocab_size`` the full vocabulary's size, which the error needs (a
+    token of no kept row of U has logit exactly 0 and is counted, not stored)."""
+
+    weights: Weights
+    tokens: np.ndarray
+    coords: np.ndarray
+    vocab_size: int
+
+    def token_map(self, full_ids: np.ndarray) -> np.ndarray:
+        """Compact ids of full weights' token ids (−1 for a token the shard does not hold)."""
+        V1 = self.vocab_size + 1
+        out = np.full(V1, -1, np.int64)
+        out[self.tokens] = np.arange(self.tokens.size)
+        out[V1 - 1] = self.tokens.size                 # BOS
+        return out[np.asarray(full_ids, np.int64)]
+
+
+def compact(restricted: Weights, tokens: np.ndarray) -> Compact:
+    """The restricted weights (:func:`restrict`) keeping only the rows of their tokens
+    (``tokens``, full ids, and every token with an entry of U) and the residual
+    coordinates their entries touch, renumbered monotonically.
+
+    *Claim.* On the shard's queries the certified pass over the compact weights (told the
+    full vocabulary size) computes bitwise what it computes over the restricted ones.
+    *Proof.* Renumbering keeps the order of the stored entries in every row and column,
+    and the kernels and products visit entries in that order and accumulate them in that
+    order, so every sum has the same terms in the same order; every rounding bound of a
+    row depends on its own term counts only (:func:`verifier.interval.matmul` bounds per
+    row; the gate's count is passed in as before). A coordinate dropped is touched by no
+    kept entry: it is exactly 0 in every enclosure on both sides. A token dropped has no
+    entry in E's kept rows (no query of the shard contains it) and none in U: its logit
+    is exactly 0 in both passes, and the error counts it from ``vocab_size``. ∎
+    """
+    w = restricted
+    V = len(w.vocab)
+    keep_tok = np.zeros(V, bool)
+    keep_tok[np.asarray(tokens, np.int64)[np.asarray(tokens) < V]] = True
+    keep_tok |= np.diff(w.U.tocsr().indptr) > 0
+    kept = np.flatnonzero(keep_tok)
+    coords = np.zeros(w.d, bool)
+    for M in [w.E, w.P, w.W_G, w.U] + [m for h in w.heads for m in (h.W_Q, h.W_K, h.W_V)] \
+            + [e.W_1 for e in w.experts]:
+        coords |= _cols_of(M)
+    for h in w.heads:
+        coords |= _rows_touching(h.W_O, np.ones(h.W_O.shape[1], bool))
+    for e in w.experts:
+        coords |= _rows_touching(e.W_2, np.ones(e.W_2.shape[1], bool))
+    cols = np.flatnonzero(coords)
+
+    def c(M, rows=None):
+        """Columns ``cols`` (and rows ``rows``) of M, in order, in M's format."""
+        fmt = M.format
+        M = sp.csc_matrix(M)[:, cols] if rows is None else sp.csc_matrix(M)[rows][:, cols]
+        M.sort_indices()
+        return M.asformat(fmt)
+
+    def r(M):
+        """Rows ``cols`` of M (a map into the residual), in order, in M's format."""
+        fmt = M.format
+        M = sp.csr_matrix(M)[cols]
+        M.sort_indices()
+        return M.asformat(fmt)
+
+    E_rows = np.append(kept, w.bos)
+    heads = tuple(Head(c(h.W_Q), c(h.W_K), c(h.W_V), r(h.W_O)) for h in w.heads)
+    experts = tuple(Expert(c(e.W_1), e.b_1, r(e.W_2)) for e in w.experts)
+    out = w.replace(vocab=tuple(w.vocab[i] for i in kept), E=c(w.E, E_rows), P=c(w.P), heads=heads,
+                    W_G=c(w.W_G), experts=experts, U=c(w.U, kept), residual_labels=None, neuron_labels=None)
+    return Compact(out, kept, cols, V)
 
 
 @dataclass(frozen=True)

@@ -145,15 +145,16 @@ class Shard:
     builds its own tables; a forked worker inherits the parent's."""
 
     def __init__(self, weights: Weights, tmap: np.ndarray, gate_terms: int = 0,
-                 deployment: Deployment | None = None) -> None:
+                 deployment: Deployment | None = None, vocab_size: int | None = None) -> None:
         self.weights, self.tmap, self.gate_terms, self.deployment = weights, tmap, gate_terms, deployment
+        self.vocab_size = vocab_size
         self._prepared: Prepared | FloatPass | None = None
 
     def prepared(self) -> Prepared | FloatPass:
         """The exact pass's tables, or the deployed pass of a floating-point format."""
         if self._prepared is None:
             if self.deployment is None:
-                self._prepared = Prepared(self.weights, gate_terms=self.gate_terms)
+                self._prepared = Prepared(self.weights, gate_terms=self.gate_terms, vocab_size=self.vocab_size)
             else:
                 self._prepared = FloatPass(self.weights, self.deployment)
         return self._prepared
@@ -167,7 +168,7 @@ class Shard:
 
     def __getstate__(self) -> dict:
         return {"weights": self.weights, "tmap": self.tmap, "gate_terms": self.gate_terms,
-                "deployment": self.deployment, "_prepared": None}
+                "deployment": self.deployment, "vocab_size": self.vocab_size, "_prepared": None}
 
 
 def verify_batch(shard: Shard, batch) -> Any:
@@ -181,33 +182,54 @@ def verify_batch(shard: Shard, batch) -> Any:
 
 
 class ShardPart:
-    """A worker's share of a sharded run: the weights cut to one shard
-    (:func:`verifier.shards.restrict`), the token map, and which tokens and experts the
-    shard holds. Like :class:`Shard`, its tables are built where it is used."""
+    """A worker's share of a sharded run: the weights cut to one shard and renumbered to
+    what it holds (:func:`verifier.shards.restrict`, :func:`verifier.shards.compact`),
+    its tokens (compact id -> full id) and experts. Work units arrive with their tokens
+    already in compact ids (:meth:`localize`, on the client), so a worker holds nothing
+    of the size of the whole vocabulary. Like :class:`Shard`, its tables are built where
+    it is used."""
 
-    def __init__(self, weights: Weights, tmap: np.ndarray, tokens: np.ndarray, experts: np.ndarray,
-                 gate_terms: int) -> None:
-        self.shard = Shard(weights, tmap, gate_terms)
-        self.has_token = np.zeros(weights.E.shape[0], bool)
-        self.has_token[tokens] = True
-        self.has_token[weights.bos] = True
-        self.has_expert = np.zeros(len(weights.experts), bool)
+    def __init__(self, comp, experts: np.ndarray, gate_terms: int) -> None:
+        self.shard = Shard(comp.weights, np.zeros(0, np.int64), gate_terms, vocab_size=comp.vocab_size)
+        self.tokens = comp.tokens                      # compact token id -> full id (sorted)
+        self.vocab_size = comp.vocab_size
+        self.has_expert = np.zeros(len(comp.weights.experts), bool)
         self.has_expert[experts] = True
 
+    def _compact_ids(self, full_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(compact ids, held?) of full weights' token ids; a token not held maps to BOS."""
+        full_ids = np.asarray(full_ids, np.int64)
+        pos = np.minimum(np.searchsorted(self.tokens, full_ids), max(self.tokens.size - 1, 0))
+        held = (self.tokens.size > 0) & (self.tokens[pos] == full_ids) if self.tokens.size else np.zeros(full_ids.shape, bool)
+        bos = full_ids == self.vocab_size
+        return np.where(held, pos, self.tokens.size), held | bos
 
-def verify_shard_batch(part: ShardPart, batch) -> tuple[Any, np.ndarray]:
-    """The certified pass over one batch on a shard, and which rows must be run again over
-    the full weights (a token or a candidate expert outside the shard): a work unit."""
+    def localize(self, batch, tmap: np.ndarray):
+        """(the batch with compact token ids, rows holding a token outside the shard)."""
+        from dataclasses import replace
+
+        tokens, held = self._compact_ids(tmap[batch.tokens])
+        valid, vheld = self._compact_ids(tmap[batch.valid])
+        outside = ~held.all(axis=1)
+        bad_valid = np.repeat(np.arange(len(batch)), np.diff(batch.valid_ptr))[~vheld]
+        outside[bad_valid] = True
+        return replace(batch, tokens=tokens, valid=valid), outside
+
+
+def verify_shard_batch(part: ShardPart, payload) -> tuple[Any, np.ndarray]:
+    """The certified pass over one batch on a shard (tokens in the shard's compact ids),
+    and which rows must be run again over the full weights (a token or a candidate expert
+    outside the shard): a work unit."""
+    batch, outside = payload
     shard = part.shard
-    tmap = shard.tmap
-    res = run_batch(shard.prepared(), tmap[batch.tokens], batch.valid_ptr, tmap[batch.valid],
+    res = run_batch(shard.prepared(), batch.tokens, batch.valid_ptr, batch.valid,
                     ablate=batch.object_query & (batch.determined >= 0), scores=False)
     cand_ptr, cand = res.candidates
-    outside = np.zeros(len(batch), bool)
     rows = np.repeat(np.arange(len(batch)), np.diff(cand_ptr))
+    outside = outside.copy()
     outside[rows[~part.has_expert[cand]]] = True
     outside |= ~part.has_expert[res.expert]
-    outside |= ~part.has_token[tmap[batch.tokens]].all(axis=1)
+    res.predicted = np.where(res.predicted >= 0, part.tokens[np.maximum(res.predicted, 0)], -1)
     return res.compact(), outside
 
 
@@ -234,7 +256,7 @@ def _sharded(executor, taskset: TaskSet, weights: Weights, tmap: np.ndarray, str
     the deferred rows again over the full weights (here); ``deferred[0]`` counts them."""
     from collections import deque
 
-    from verifier.shards import Plan, restrict
+    from verifier.shards import Plan, compact, restrict
 
     plan = Plan.make(taskset, weights, tmap, shards)
     full: list[Shard] = []
@@ -242,16 +264,20 @@ def _sharded(executor, taskset: TaskSet, weights: Weights, tmap: np.ndarray, str
 
     gate_terms = int(np.diff(weights.W_G.tocsr().indptr).max(initial=1))   # as the full weights' tables
 
+    parts: dict[int, ShardPart] = {}
+
     def part(s: int) -> ShardPart:
-        return ShardPart(restrict(weights, plan.tokens[s], plan.experts[s]), tmap, plan.tokens[s], plan.experts[s],
-                         gate_terms)
+        if s not in parts:
+            comp = compact(restrict(weights, plan.tokens[s], plan.experts[s]), plan.tokens[s])
+            parts[s] = ShardPart(comp, plan.experts[s], gate_terms)
+        return parts[s]
 
     def items():
         for batch in stream:
             split = plan.split(batch)
             queue.append((batch, split))
             for s, rows in split:
-                yield s, batch.take(rows)
+                yield s, part(s).localize(batch.take(rows), tmap)
 
     results = executor.map_keyed(verify_shard_batch, part, items())
     while True:
