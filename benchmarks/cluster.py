@@ -11,7 +11,7 @@ with ``--jobs`` local processes and on a ``LocalCluster`` of as many single-thre
 workers. Columns: time of each certified pass (building the shards, scattering and
 running the units, recording); overhead = cluster ÷ local; the shards and the
 queries rerun over the full weights; the size of the full weights and of the largest
-shard (sum of the arrays' bytes); each worker's peak resident set (``ru_maxrss`` read on
+(compact) shard (sum of the arrays' bytes); each worker's peak resident set (``ru_maxrss`` read on
 the worker); whether the two JSON reports are equal (timings aside). Nothing is
 asserted on time.
 """
@@ -54,7 +54,7 @@ def one(n: int, seed: int, workers: int) -> dict:
     from verifier.cluster import DaskExecutor, local_cluster
     from verifier.parallel import LocalPool
     from verifier.report import report_json
-    from verifier.shards import Plan, restrict
+    from verifier.shards import Plan, compact, restrict
     from verifier.verify import token_map, verify
 
     ts = wikidata_like(n, seed=seed)
@@ -73,7 +73,8 @@ def one(n: int, seed: int, workers: int) -> dict:
         worker_peak = max(client.run(_peak_rss_mb).values())
         shards = executor.shards
     plan = Plan.make(ts, weights, token_map(ts, weights), shards)
-    largest = max(nbytes(restrict(weights, plan.tokens[s], plan.experts[s])) for s in range(plan.n))
+    largest = max(nbytes(compact(restrict(weights, plan.tokens[s], plan.experts[s]), plan.tokens[s]).weights)
+                  for s in range(plan.n))
     a, b = report_json(local), report_json(remote)
     a.pop("seconds"), b.pop("seconds")
     return {"facts": n, "tasks": len(ts.tasks), "queries": local.queries, "local_s": local_s, "cluster_s": remote_s,

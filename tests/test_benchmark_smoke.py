@@ -52,3 +52,12 @@ def test_precision_benchmark_smallest_set(tmp_path):
     assert run.returncode == 0, run.stderr
     text = out.read_text()
     assert "| capitals | 13 | 67 |" in text and text.rstrip().count("| yes |") == 1 and "Machine:" in text
+
+
+def test_shard_memory_benchmark_small(tmp_path):
+    out = tmp_path / "results.md"
+    run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "shard_memory.py"), "--facts", "3000", "--shards", "3",
+                          "--out", str(out)], capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert run.returncode == 0, run.stderr
+    text = out.read_text()
+    assert "| whole model |" in text and "| shard 1 (" in text and "Compact shards: largest" in text
