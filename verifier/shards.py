@@ -216,6 +216,8 @@ class Plan:
         n = max(1, min(n, facts.size))
         cum = np.cumsum(facts)
         shard = np.minimum((cum - facts) * n // cum[-1], n - 1).astype(np.int64)
+        shard = np.unique(shard, return_inverse=True)[1].reshape(-1).astype(np.int64)   # no empty shard: a task
+        n = int(shard.max()) + 1                                                         # larger than 1/n takes its place
         words = np.arange(taskset.vocabulary.n_words, dtype=np.int64)
         expert_of = {name: k for k, name in enumerate(weights.expert_tasks) if name}
         tokens, experts = [], []
