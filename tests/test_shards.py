@@ -44,7 +44,7 @@ def test_compact_shards_are_bitwise_the_full_pass(name):
             if s not in parts:
                 comp = compact(restrict(weights, plan.tokens[s], plan.experts[s]), plan.tokens[s])
                 assert comp.weights.d < weights.d or plan.n == 1
-                parts[s] = ShardPart(comp, plan.experts[s], gate_terms)
+                parts[s] = ShardPart(comp, plan.experts[s], gate_terms, plan.tokens[s])
             got, outside = verify_shard_batch(parts[s], parts[s].localize(b.take(rows), tmap))
             keep = ~outside
             for field in ("expert", "margin", "err_lo", "err_hi", "ablated_lo", "ablated_hi", "predicted"):
@@ -53,3 +53,38 @@ def test_compact_shards_are_bitwise_the_full_pass(name):
                 assert _same(got.top_gate[i][keep], ref.top_gate[i][rows][keep])
             compared += int(keep.sum())
     assert compared > 0
+
+
+def test_a_token_with_only_a_row_of_u_is_not_held():
+    """compact keeps tokens that only have a row of U (for their logits); a query containing
+    one is not the shard's to answer (its E row is gone) and must be deferred."""
+    import scipy.sparse as sp
+
+    ts = SETS["generated"]()
+    weights = build(ts).instantiate()
+    tmap = token_map(ts, weights)
+    plan = Plan.make(ts, weights, tmap, 7)
+    s = int(np.argmin([t.size for t in plan.tokens]))
+    # give a token outside shard 0 the row of U of one inside it (a permuted unembedding)
+    outside_tok = np.setdiff1d(np.arange(len(weights.vocab)), plan.tokens[s])[0]
+    inside_tok = plan.tokens[s][-1]
+    order = np.arange(len(weights.vocab))
+    order[[outside_tok, inside_tok]] = order[[inside_tok, outside_tok]]
+    U = sp.csr_matrix(weights.U[order])
+    U.sort_indices()
+    weights = weights.replace(U=U)
+    gate_terms = int(np.diff(weights.W_G.tocsr().indptr).max(initial=1))
+    comp = compact(restrict(weights, plan.tokens[s], plan.experts[s]), plan.tokens[s])
+    part = ShardPart(comp, plan.experts[s], gate_terms, plan.tokens[s])
+    extra = np.setdiff1d(comp.tokens, plan.tokens[s])
+    b = next(iter(batches(ts, chunk=3000)))
+    tokens = b.tokens.copy()
+    inv = np.full(len(weights.vocab) + 1, -1)
+    inv[tmap] = np.arange(tmap.size)
+    if extra.size == 0:
+        pytest.skip("no token kept only for its row of U in this set")
+    tokens[0, 0] = inv[extra[0]]
+    from dataclasses import replace
+
+    _, outside = part.localize(replace(b, tokens=tokens), tmap)
+    assert outside[0]

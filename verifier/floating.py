@@ -13,7 +13,12 @@ subnormal η, largest finite Ω) that satisfies the execution model:
      the model, since a subnormal weight read as 0 can be amplified without bound);
      the runtime may be dense (it multiplies every value, also by zero weights, so
      one non-finite intermediate value anywhere in a query's computation can make its
-     output NaN: such a query is never certified, see (F4)). h = E[x] + P[i] is one
+     output NaN: such a query is never certified, see (F4)). Top-1 dispatch computes
+     the routed expert (or discards the others' outputs by selection, as the ONNX
+     graph's ``Where`` does; multiplying every expert's output by a one-hot weight is
+     outside the model, since a non-finite output of an expert that cannot win would
+     spread). Inputs are the query itself: a batch padded to a longer length, whose
+     padded positions are masked but still multiplied, is outside the model. h = E[x] + P[i] is one
      addition; every matrix product (with its bias, if any) is a sum of products
      computed in **any order and grouping**, with or without fused multiply-add, each
      product and addition rounded to nearest in F; the residual r = h + Σ_m W_O^m c_m

@@ -241,7 +241,7 @@ class Plan:
         counts = np.diff(batch.allowed_ptr)
         first = batch.allowed[np.minimum(batch.allowed_ptr[:-1], max(batch.allowed.size - 1, 0))] \
             if batch.allowed.size else np.zeros(counts.size, np.int64)
-        shard = np.where(counts > 0, self.shard_of_task[first], 0)   # a row without tasks: shard 0 defers it
+        shard = np.where(counts > 0, self.shard_of_task[first], 0)   # (every query has a consistent task)
         out = []
         for s in np.unique(shard):
             out.append((int(s), np.flatnonzero(shard == s)))

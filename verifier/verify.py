@@ -189,9 +189,11 @@ class ShardPart:
     of the size of the whole vocabulary. Like :class:`Shard`, its tables are built where
     it is used."""
 
-    def __init__(self, comp, experts: np.ndarray, gate_terms: int) -> None:
+    def __init__(self, comp, experts: np.ndarray, gate_terms: int, tokens: np.ndarray) -> None:
+        """``tokens``: the shard's own tokens (full ids), the only ones its E rows embed."""
         self.shard = Shard(comp.weights, np.zeros(0, np.int64), gate_terms, vocab_size=comp.vocab_size)
         self.tokens = comp.tokens                      # compact token id -> full id (sorted)
+        self.embedded = np.unique(np.asarray(tokens, np.int64))   # query tokens the shard can hold
         self.vocab_size = comp.vocab_size
         self.has_expert = np.zeros(len(comp.weights.experts), bool)
         self.has_expert[experts] = True
@@ -208,8 +210,15 @@ class ShardPart:
         """(the batch with compact token ids, rows holding a token outside the shard)."""
         from dataclasses import replace
 
-        tokens, held = self._compact_ids(tmap[batch.tokens])
+        full = tmap[batch.tokens]
+        tokens, _ = self._compact_ids(full)
+        # a query token must be one the shard embeds (compact also keeps tokens that only
+        # have a row of U: their E rows are gone)
+        pos = np.minimum(np.searchsorted(self.embedded, full), max(self.embedded.size - 1, 0))
+        held = (self.embedded[pos] == full) if self.embedded.size else np.zeros(full.shape, bool)
+        held |= full == self.vocab_size
         valid, vheld = self._compact_ids(tmap[batch.valid])
+        vheld &= tmap[batch.valid] != self.vocab_size     # BOS is never a next token
         outside = ~held.all(axis=1)
         bad_valid = np.repeat(np.arange(len(batch)), np.diff(batch.valid_ptr))[~vheld]
         outside[bad_valid] = True
@@ -269,7 +278,7 @@ def _sharded(executor, taskset: TaskSet, weights: Weights, tmap: np.ndarray, str
     def part(s: int) -> ShardPart:
         if s not in parts:
             comp = compact(restrict(weights, plan.tokens[s], plan.experts[s]), plan.tokens[s])
-            parts[s] = ShardPart(comp, plan.experts[s], gate_terms)
+            parts[s] = ShardPart(comp, plan.experts[s], gate_terms, plan.tokens[s])
         return parts[s]
 
     def items():
