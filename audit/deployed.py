@@ -42,10 +42,14 @@ def round_to(x, p: int):
 class Deployed:
     """The layout's forward pass in ``fmt``, one rounding per operation."""
 
-    def __init__(self, weights: Weights, fmt: Format, order: str, seed: int = 0, acc: Format | None = None) -> None:
-        """``acc``: sums, exp and divisions in this wider format, each result rounded to ``fmt``."""
+    def __init__(self, weights: Weights, fmt: Format, order: str, seed: int = 0, acc: Format | None = None,
+                 daz: bool = False) -> None:
+        """``acc``: sums, exp and divisions in this wider format, each result rounded to ``fmt``.
+        ``daz``: flush-to-zero and denormals-are-zero: every operand and result below the
+        normal range is 0."""
         assert order in ORDERS
         self.fmt, self.order = fmt, order
+        self.tiny = 2.0 ** fmt.emin if daz else 0.0
         self.acc_p = acc.p if acc is not None else fmt.p
         self.rng = np.random.default_rng(seed)
         d = lambda M: fmt.round(M.toarray())           # noqa: E731  (weights as deployed: F1)
@@ -55,13 +59,18 @@ class Deployed:
         self.heads = [tuple(d(M) for M in (h.W_Q, h.W_K, h.W_V, h.W_O)) for h in weights.heads]
         self.experts = [(d(e.W_1), fmt.round(e.b_1), d(e.W_2)) for e in weights.experts]
 
+    def flush(self, x):
+        """Below the normal range: 0 (with ``daz``), else unchanged."""
+        x = np.asarray(x, np.float64)
+        return np.where(np.abs(x) < self.tiny, 0.0, x) if self.tiny else x
+
     def r(self, x):
         """One operation inside a sum, exp or division (the working precision)."""
-        return round_to(x, self.acc_p)
+        return self.flush(round_to(x, self.acc_p))
 
     def store(self, x):
         """A computed result stored in the format."""
-        return round_to(x, self.fmt.p)
+        return self.flush(round_to(x, self.fmt.p))
 
     def _sum(self, terms: list[float]) -> float:
         terms = [terms[i] for i in self.rng.permutation(len(terms))]
@@ -78,6 +87,8 @@ class Deployed:
         return float(s)
 
     def dot(self, x: np.ndarray, w: np.ndarray, bias: float | None = None) -> float:
+        x, w = self.flush(x), self.flush(w)
+        bias = None if bias is None else float(self.flush(bias))
         nz = np.flatnonzero((x != 0) & (w != 0))
         if self.order == "float64-accumulate":
             exact = math.fsum([float(x[j]) * float(w[j]) for j in nz] + ([bias] if bias else []))

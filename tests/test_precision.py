@@ -273,3 +273,34 @@ def test_an_overflow_no_weight_reads_still_makes_the_query_undecided():
     res = FloatPass(w, Deployment.named("float32")).run_batch(np.array([[0]]), np.array([0, 1]), np.array([1]))
     assert res.margin[0] == -np.inf and res.err_hi[0] == 1.0
     assert np.isnan(_ort_probs(w, [0])).all()
+
+
+def test_denormals_are_zero_executions_are_covered(capitals):
+    """Runtimes that flush subnormal inputs and results to zero (torch.set_flush_denormal)
+    are inside the model: a subnormal weight read as 0, then amplified, moves the error
+    from 0 to 0.5, and the enclosure holds both (an adversarial review's model)."""
+    w = _tiny_model(heads=[], experts=[([[2.0 ** -140, 0]], [0.0], [[0], [2.0 ** 24]])], U=[[0, 0], [0, 1]],
+                    E=((2.0 ** 126, 0), (2.0 ** 126, 0), (2.0 ** 126, 0)))
+    w = w.replace(W_G=sp.csr_matrix((1, 2)))
+    res = FloatPass(w, Deployment.named("float32")).run_batch(np.array([[0]]), np.array([0, 1]), np.array([1]))
+    for daz in (False, True):
+        p, _ = Deployed(w, FORMATS["float32"], "sequential", daz=daz).run([0])
+        err = 1.0 - p[1]
+        assert res.err_lo[0] <= err <= res.err_hi[0]
+    assert Deployed(w, FORMATS["float32"], "sequential", daz=True).run([0])[0][1] == 0.5
+    # and on perturbed weights with a tenth of their values made subnormal
+    ts, weights = capitals
+    pert = _perturbed(weights, 4)
+    rng = np.random.default_rng(4)
+    U = pert.U.copy()
+    U.data = np.where(rng.random(U.nnz) < 0.1, U.data * 2.0 ** -135, U.data)
+    pert = pert.replace(U=U)
+    dep = Deployment.named("float32")
+    fp = FloatPass(pert, dep)
+    for tokens, vptr, valid in _queries(ts, pert):
+        r = fp.run_batch(tokens, vptr, valid)
+        run = Deployed(pert, FORMATS["float32"], "sequential", daz=True)
+        for i in range(tokens.shape[0]):
+            p, e = run.run(list(tokens[i]))
+            err = 1.0 - math.fsum(p[valid[vptr[i]:vptr[i + 1]]])
+            assert r.err_lo[i] <= err <= r.err_hi[i] or e != r.expert[i]

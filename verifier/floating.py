@@ -8,9 +8,9 @@ subnormal η, largest finite Ω) that satisfies the execution model:
 
 (F1) The weights are the stored values rounded to F (:func:`layout.formats.round_weights`).
 (F2) Every operation of the equations is carried out in F, with gradual underflow or
-     with results below the normal range flushed to zero (inputs are not flushed:
-     denormals-are-zero modes, e.g. ``torch.set_flush_denormal(True)``, are outside
-     the model, since a subnormal weight read as 0 can be amplified without bound);
+     with results below the normal range flushed to zero, and with inputs below it read
+     as zero or not (denormals-are-zero, e.g. ``torch.set_flush_denormal(True)``: a
+     product x·w then loses less than 2^emin·(|x| + |w|), which Lemma F1 adds);
      the runtime may be dense (it multiplies every value, also by zero weights, so
      one non-finite intermediate value anywhere in a query's computation can make its
      output NaN: such a query is never certified, see (F4)). Top-1 dispatch computes
@@ -51,7 +51,8 @@ the exact Σ_j x̂_j b_j + b_0, where n is the number of terms, γ^F_n = n·u/(1
 η_op = 2·2^emin: the sum has at most 2n + 2 operations (products, additions, the
 bias), each losing less than 2^emin to underflow (η/2 for a product with gradual
 underflow, nothing for an addition; less than 2^emin when results are flushed), and
-a lost amount is carried through the later roundings by a factor <= 1 + γ <= 2. So
+a lost amount is carried through the later roundings by a factor <= 1 + γ <= 2. Inputs
+read as zero add less than 2·2^emin·n·(max|x̂_j| + max|b_j|) (:func:`_daz`). So
 :func:`product` encloses the exact product of X (by :func:`verifier.interval.matmul`) and
 widens each entry by that bound, with Σ|x̂_j||b_j| bounded above by the product of
 the point matrix up(|mid| + rad) with |B| (itself enclosed, and its upper end taken).
@@ -161,7 +162,7 @@ class Deployment:
     def describe(self) -> str:
         acc = (f"; sums, exp and division in {self.acc.name}, each result rounded to {self.fmt.name}"
                if self.acc is not None else "")
-        return (f"{self.fmt.name} (u = 2^-{self.fmt.p}; any summation order, with or without FMA{acc}; "
+        return (f"{self.fmt.name} (u = 2^-{self.fmt.p}; any summation order, with or without FMA, flushing subnormals or not{acc}; "
                 f"exp and division within {self.ulps:g} ulps)")
 
 
@@ -214,6 +215,30 @@ def _widen(mid, rad, mag, gamma: float, floor: float, largest: float):
         return np.where(over, np.inf, I.guard(mid, r))
 
 
+def _row_max(X: SparseInterval) -> np.ndarray:
+    """Per row, an upper bound of |x̂| over its stored entries (0 for an empty row)."""
+    out = np.zeros(X.shape[0])
+    if X.nnz:
+        np.maximum.at(out, X.row_ids(), _point(X).mid)
+    return out
+
+
+def _col_max(absB: sp.csr_matrix) -> np.ndarray:
+    """Per column of |B|, its largest entry (0 for an empty column)."""
+    out = np.zeros(absB.shape[1])
+    if absB.nnz:
+        np.maximum.at(out, absB.indices, absB.data)
+    return out
+
+
+def _daz(n_terms: int, x_max, w_max, dep: Deployment):
+    """Lemma F1's allowance for inputs read as 0 below the normal range (denormals-are-zero):
+    each of n terms x·w loses less than 2^emin·(|x| + |w|) (the operand read as 0 is below
+    2^emin, the other is at most |x| or |w|), carried through by at most 1 + γ <= 2."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        return I.up(I.up(2.0 * n_terms * 2.0 ** dep.fmt.emin) * I.up(x_max + w_max))
+
+
 def product(X: SparseInterval, B: sp.csr_matrix, absB: sp.csr_matrix, n_terms: int, dep: Deployment) -> SparseInterval:
     """Enclosure of fl_F(x̂·B) for every x̂ ∈ X and every execution (Lemma F1)."""
     exact = I.matmul(X, B, absB)
@@ -221,7 +246,9 @@ def product(X: SparseInterval, B: sp.csr_matrix, absB: sp.csr_matrix, n_terms: i
         return exact
     mag = I.matmul(_point(X), absB, absB)
     g = dep.gamma(n_terms)
-    rad = _widen(exact.mid, exact.rad, I.upper(mag.mid, mag.rad), g, _floor(n_terms, dep), dep.fmt.largest)
+    daz = _daz(n_terms, _row_max(X)[exact.row_ids()], _col_max(absB)[exact.indices], dep)
+    rad = _widen(exact.mid, exact.rad, I.upper(mag.mid, mag.rad), g, 0.0, dep.fmt.largest)
+    rad = I.add_rad(rad, daz, _floor(n_terms, dep))
     return SparseInterval(exact.shape, exact.indptr, exact.indices, exact.mid, rad)
 
 
@@ -237,7 +264,9 @@ def affine(X: SparseInterval, B: sp.csr_matrix, absB: sp.csr_matrix, n_terms: in
         r = I.add_rad(r, I.up(I.U * np.abs(mid)))                      # the float64 addition of the bias
         upper_mag = I.add_rad(I.upper(mm, mr), np.abs(bias)[None, :])
     g = dep.gamma(n_terms + 1)
-    return mid, _widen(mid, r, upper_mag, g, _floor(n_terms + 1, dep), dep.fmt.largest)
+    daz = _daz(n_terms + 1, _row_max(X)[:, None], np.maximum(_col_max(absB), np.abs(bias))[None, :], dep)
+    rad = _widen(mid, r, upper_mag, g, 0.0, dep.fmt.largest)
+    return mid, I.add_rad(rad, daz, _floor(n_terms + 1, dep))
 
 
 def rounded_sum(S: SparseInterval, mag: np.ndarray, n_terms: int, dep: Deployment) -> SparseInterval:
@@ -273,7 +302,9 @@ def dot_last(am, ar, bm, br, dep: Deployment):
         ma = I.up(np.abs(am) + ar)
         mb = I.up(np.abs(bm) + br)
         pm, pr = I.dot_rows(ma, np.zeros_like(ma), mb, np.zeros_like(mb))
-    return m, _widen(m, r, I.upper(pm, pr), dep.gamma(t), _floor(t, dep), dep.fmt.largest)
+        daz = _daz(t, np.max(ma, axis=-1, initial=0.0), np.max(mb, axis=-1, initial=0.0), dep)
+    rad = _widen(m, r, I.upper(pm, pr), dep.gamma(t), 0.0, dep.fmt.largest)
+    return m, I.add_rad(rad, daz, _floor(t, dep))
 
 
 def weighted_rows(Vv: SparseInterval, am: np.ndarray, ar: np.ndarray, group: int, dep: Deployment) -> SparseInterval:
@@ -289,8 +320,14 @@ def weighted_rows(Vv: SparseInterval, am: np.ndarray, ar: np.ndarray, group: int
         terms = I.up(_point(Vv).mid * amag[Vv.row_ids()])
     M = I.sum_terms(S.shape, rows, Vv.indices, terms, np.zeros(Vv.nnz))
     mag = I.upper(M.mid, M.rad)                       # the same pattern as S (same entries summed)
-    rad = _widen(S.mid, S.rad, mag, dep.gamma(group), _floor(group, dep), dep.fmt.largest)
-    return SparseInterval(S.shape, S.indptr, S.indices, S.mid, rad)
+    a_max = np.zeros(n)
+    np.maximum.at(a_max, np.arange(am.size) // group, amag)
+    v_max = np.zeros(n)
+    if Vv.nnz:
+        np.maximum.at(v_max, rows, _point(Vv).mid)
+    daz = _daz(group, a_max, v_max, dep)[S.row_ids()]
+    rad = _widen(S.mid, S.rad, mag, dep.gamma(group), 0.0, dep.fmt.largest)
+    return SparseInterval(S.shape, S.indptr, S.indices, S.mid, I.add_rad(rad, daz, _floor(group, dep)))
 
 
 # --- softmax ----------------------------------------------------------------------------------
@@ -450,6 +487,7 @@ class FloatPass:
         last = Hall.rows(np.arange(n) * p1 + p1 - 1)
         terms = [last]
         mags = [_point(last)]
+        o_max = np.zeros(n)                     # per row: the largest |c| or |W_O| of a product term
         for (WQ, WK, WV, WO) in self.heads:
             Q = product(last, *WQ, dep)
             K = product(Hall, *WK, dep)
@@ -466,6 +504,7 @@ class FloatPass:
             bad |= _unbounded(C)
             terms.append(I.matmul(C, WO[0], WO[1]))
             mags.append(I.matmul(_point(C), WO[1], WO[1]))
+            o_max = np.maximum(o_max, I.up(_row_max(C) + _col_max(WO[1]).max(initial=0.0)))
         S = I.sum_terms((n, self.E.shape[1]), np.concatenate([t.row_ids() for t in terms]),
                         np.concatenate([t.indices for t in terms]), np.concatenate([t.mid for t in terms]),
                         np.concatenate([t.rad for t in terms]))
@@ -473,8 +512,9 @@ class FloatPass:
                         np.concatenate([I.upper(t.mid, t.rad) for t in mags]), np.zeros(sum(t.nnz for t in mags)))
         mag = _aligned(S, SparseInterval(M.shape, M.indptr, M.indices, M.mid, M.rad))
         g = dep.gamma(self.n_residual)
-        rad = _widen(S.mid, S.rad, mag, g, _floor(self.n_residual, dep), dep.fmt.largest)
-        R = SparseInterval(S.shape, S.indptr, S.indices, S.mid, rad)
+        rad = _widen(S.mid, S.rad, mag, g, 0.0, dep.fmt.largest)
+        daz = _daz(self.n_residual, o_max, 0.0, dep)[S.row_ids()]
+        R = SparseInterval(S.shape, S.indptr, S.indices, S.mid, I.add_rad(rad, daz, _floor(self.n_residual, dep)))
         return R, bad | _unbounded(R)
 
     def _logits_error(self, Y: SparseInterval, valid_ptr, valid):
@@ -548,8 +588,10 @@ class FloatPass:
                 Wz = I.scale_rows(Wz, cm, cr)
                 with np.errstate(invalid="ignore", over="ignore"):
                     Wz = SparseInterval(Wz.shape, Wz.indptr, Wz.indices, Wz.mid,
-                                        _widen(Wz.mid, Wz.rad, I.upper(np.abs(Wz.mid), Wz.rad), dep.gamma(1),
-                                               dep.eta_op, dep.fmt.largest))
+                                        I.add_rad(_widen(Wz.mid, Wz.rad, I.upper(np.abs(Wz.mid), Wz.rad),
+                                                         dep.gamma(1), 2.0 * dep.eta_op, dep.fmt.largest),
+                                                  _daz(1, I.up(np.abs(cm) + cr)[Wz.row_ids()],
+                                                       I.upper(np.abs(Wz.mid), Wz.rad), dep)))
             S = I.add(Rk, Wz)
             Y = rounded_sum(S, I.upper(np.abs(S.mid), S.rad), 2, dep)
             vp, vv = _take(vptr, vals, rows)
