@@ -28,6 +28,8 @@ Strategies:
 * :func:`templates`: a :class:`~tasks.model.Template` over given words;
 * :func:`task_sets`: a well-posed :class:`~tasks.model.TaskSet` (see its docstring for
   what "well-posed" means and which features it produces);
+* :func:`shared_template_task_sets`: a well-posed task set in which 2 to 5 tasks share
+  the same template text and are told apart by their (disjoint) subjects;
 * :func:`ill_posed_task_sets`: tasks that two-by-two obey every local rule but share
   an object-query prefix with a shared subject.
 
@@ -55,7 +57,8 @@ from hypothesis.strategies import SearchStrategy
 
 from tasks.model import OBJECT, SLOT_SPELLINGS, SUBJECT, Facts, Task, TaskSet, Template
 
-__all__ = ["words", "entity_names", "task_names", "templates", "task_sets", "ill_posed_task_sets"]
+__all__ = ["words", "entity_names", "task_names", "templates", "task_sets", "shared_template_task_sets",
+           "ill_posed_task_sets"]
 
 #: Unicode letters, numbers, punctuation and symbols: no whitespace, no control characters.
 _VISIBLE = ("L", "N", "P", "S")
@@ -65,10 +68,15 @@ def _not_slot(text: str) -> bool:
     return text not in SLOT_SPELLINGS
 
 
+def _no_slot_inside(text: str) -> bool:
+    return not any(s in text for s in SLOT_SPELLINGS)
+
+
 def words(max_size: int = 8) -> SearchStrategy[str]:
-    """A template word: non-empty unicode without whitespace, not spelled like a slot."""
+    """A template word: non-empty unicode without whitespace, containing no slot spelling
+    (``0*1`` would be read as a slot glued to a word when a template is parsed)."""
     alphabet = st.characters(categories=_VISIBLE)
-    return st.text(alphabet, min_size=1, max_size=max_size).filter(_not_slot)
+    return st.text(alphabet, min_size=1, max_size=max_size).filter(_no_slot_inside)
 
 
 def entity_names(max_size: int = 12) -> SearchStrategy[str]:
@@ -229,6 +237,111 @@ def task_sets(
     return _task_list(
         min_tasks, max_tasks, max_templates, max_facts, max_template_length, allow_structural_collisions
     ).map(lambda tasks: TaskSet(tuple(tasks)))
+
+
+def _chunks(draw: st.DrawFn, items: Sequence[str], sizes: Sequence[int]) -> list[list[str]]:
+    """Consecutive disjoint chunks of a random permutation of ``items`` (``sum(sizes) <= len(items)``)."""
+    order = draw(st.permutations(list(items)))
+    out, at = [], 0
+    for n in sizes:
+        out.append(order[at: at + n])
+        at += n
+    return out
+
+
+@st.composite
+def shared_template_task_sets(
+    draw: st.DrawFn,
+    min_sharing: int = 2,
+    max_sharing: int = 5,
+    max_groups: int = 2,
+    max_other_tasks: int = 2,
+    max_templates: int = 3,
+    max_facts: int = 4,
+    max_template_length: int = 6,
+) -> TaskSet:
+    """A well-posed :class:`~tasks.model.TaskSet` in which several tasks share template text.
+
+    Up to ``max_groups`` *sharing groups*, each of ``min_sharing..max_sharing`` tasks that
+    all have the group's first shared template (word for word) and some of its others,
+    plus templates of their own; then up to ``max_other_tasks`` tasks of their own. This is
+    the case of two relations phrased alike (``⋆1 is located in ⋆2`` for cities → countries
+    and for countries → continents): the subject tells which task a query belongs to.
+
+    Well-posed without filtering: within a group the subjects are pairwise disjoint (so no
+    object query σ[s] is shared), and no template outside the group passes through a shared
+    template's object-query structure. That holds in one of two ways, drawn per group:
+
+    * *marked*: the group's shared templates carry the group's own word before ⋆2, and every
+      other template carries its task's own word before ⋆2 (as in :func:`task_sets`), so
+      subjects may be shared with tasks outside the group;
+    * *unmarked*: the shared templates use pool words only (``⋆1 is ⋆2``), so other tasks'
+      templates may pass through them; the group's subjects are then reserved: no other
+      task has them as subjects. (Two unmarked groups may draw the same text, which
+      more tasks then share.)
+
+    Objects are drawn from all entities, so an object of one sharing task is often a
+    subject of another (the country that cities are located in is itself located in a
+    continent); templates often have words after ⋆2, and entities are unicode.
+    """
+    if not 2 <= min_sharing <= max_sharing:
+        raise ValueError(f"need 2 <= min_sharing <= max_sharing, got {min_sharing}, {max_sharing}")
+    _check_sizes(1, 1, max_templates, max_facts, max_template_length)
+    n_groups = draw(st.integers(1, max_groups))
+    sizes = [draw(st.integers(min_sharing, max_sharing)) for _ in range(n_groups)]
+    marked_group = [draw(st.booleans()) for _ in range(n_groups)]
+    n_other = draw(st.integers(0, max_other_tasks))
+    n_tasks = sum(sizes) + n_other
+    n_pool = draw(st.integers(1, 3))
+    vocab = _make_unique(draw(st.lists(words(), min_size=n_pool + n_groups + n_tasks,
+                                       max_size=n_pool + n_groups + n_tasks)), set(), "~")
+    pool, group_words, task_words = vocab[:n_pool], vocab[n_pool:n_pool + n_groups], vocab[n_pool + n_groups:]
+    counts = [[draw(st.integers(1, max_facts)) for _ in range(n)] for n in sizes]
+    reserved_total = sum(sum(c) for c, m in zip(counts, marked_group) if not m)
+    open_total = max([sum(c) for c, m in zip(counts, marked_group) if m] + [1])
+    n_entities = reserved_total + open_total + draw(st.integers(0, 2))
+    entities = _make_unique(draw(st.lists(entity_names(), min_size=n_entities, max_size=n_entities)), set(vocab), " #")
+    names = _make_unique(draw(st.lists(task_names(), min_size=n_tasks, max_size=n_tasks)), set(), " #")
+    # The first reserved_total entities (in a random order) are the unmarked groups' subjects.
+    shuffled = draw(st.permutations(entities))
+    reserved, open_pool = shuffled[:reserved_total], shuffled[reserved_total:]
+
+    def own_templates(k: int, n: int) -> list[Template]:
+        if n <= 0:
+            return []
+        return draw(st.lists(_marked_templates(pool, task_words[k], max_template_length),
+                             min_size=0, max_size=n, unique_by=lambda t: t.parts))
+
+    tasks: list[Task] = []
+    k = 0
+    reserved_at = 0
+    for g, n in enumerate(sizes):
+        if marked_group[g]:
+            shared_t = _marked_templates(pool, group_words[g], max_template_length)
+            subject_sets = _chunks(draw, open_pool, counts[g])
+        else:
+            shared_t = templates(words=st.sampled_from(pool), max_length=max_template_length, min_length=2)
+            subject_sets = [reserved[reserved_at + sum(counts[g][:i]): reserved_at + sum(counts[g][:i + 1])]
+                            for i in range(n)]
+            reserved_at += sum(counts[g])
+        shared = draw(st.lists(shared_t, min_size=1, max_size=2, unique_by=lambda t: t.parts))
+        for i in range(n):
+            mine = [shared[0]] + [t for t in shared[1:] if draw(st.booleans())]
+            mine += own_templates(k, max_templates - len(mine))
+            subjects = subject_sets[i]
+            objects = draw(st.lists(st.sampled_from(entities), min_size=len(subjects), max_size=len(subjects)))
+            tasks.append(Task(names[k], tuple(mine), Facts(zip(subjects, objects))))
+            k += 1
+    for _ in range(n_other):
+        subjects = draw(st.lists(st.sampled_from(open_pool), min_size=1, max_size=min(max_facts, len(open_pool)),
+                                 unique=True))
+        objects = draw(st.lists(st.sampled_from(entities), min_size=len(subjects), max_size=len(subjects)))
+        chosen = draw(st.lists(_marked_templates(pool, task_words[k], max_template_length),
+                               min_size=1, max_size=max_templates, unique_by=lambda t: t.parts))
+        tasks.append(Task(names[k], tuple(chosen), Facts(zip(subjects, objects))))
+        k += 1
+    order = draw(st.permutations(range(len(tasks))))
+    return TaskSet(tuple(tasks[i] for i in order))
 
 
 @st.composite

@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 
 from tasks import SUBJECT, StructureTrie, TaskSet, Template, object_query_collisions
 from tasks.model import SLOT_SPELLINGS, check_name
-from tasks.strategies import entity_names, ill_posed_task_sets, task_sets, templates, words
+from tasks.strategies import entity_names, ill_posed_task_sets, shared_template_task_sets, task_sets, templates, words
+from tasks.structure import check_routable
 
 FAST = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 def sample(strategy: st.SearchStrategy, n: int = 200) -> list:
@@ -139,3 +140,55 @@ def test_strategies_accept_a_user_word_pool() -> None:
     made = sample(templates(words=st.sampled_from(["the", "of"]), max_length=4), 50)
     assert all(set(t.words) <= {"the", "of"} for t in made)
     assert any(t.length == 4 for t in made)
+
+
+# --- shared templates ------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def shared() -> list[TaskSet]:
+    return sample(shared_template_task_sets(), 150)
+
+
+def _sharing_counts(ts: TaskSet) -> list[int]:
+    """For each template text used by several tasks, how many tasks use it."""
+    users: dict = {}
+    for task in ts:
+        for t in task.templates:
+            users.setdefault(t.parts, set()).add(task.name)
+    return [len(u) for u in users.values() if len(u) > 1]
+
+
+def test_shared_template_sets_are_well_posed_and_share(shared: list[TaskSet]) -> None:
+    for ts in shared:
+        check_routable(ts)                                   # no object query shared with a shared subject
+        counts = _sharing_counts(ts)
+        assert counts and all(2 <= c <= 10 for c in counts)   # two unmarked groups may draw the same text
+        assert object_query_collisions(StructureTrie(ts), structural=True)
+    assert {c for ts in shared for c in _sharing_counts(ts)} >= {2, 3, 4, 5}
+
+
+def _sharers_chain(ts: TaskSet) -> bool:
+    """An object of one task is a subject of another task with the same template text."""
+    return any(set(a.facts.objects) & set(b.facts.subjects) for a in ts for b in ts
+               if a is not b and set(a.templates) & set(b.templates))
+
+
+def _word_after_object(ts: TaskSet) -> bool:
+    return any(t.object_index < t.length - 1 for task in ts for t in task.templates)
+
+
+def _non_ascii_entity(ts: TaskSet) -> bool:
+    return any(not e.isascii() for e in ts.vocabulary.entities)
+
+
+@pytest.mark.parametrize("feature, share", [(_sharers_chain, 0.5), (_word_after_object, 0.3),
+                                            (_non_ascii_entity, 0.5), (_starts_with_word, 0.3),
+                                            (_starts_with_subject, 0.3)])
+def test_shared_template_sets_produce(shared: list[TaskSet], feature, share: float) -> None:
+    assert sum(map(feature, shared)) >= share * len(shared)
+
+
+def test_shared_template_bad_arguments() -> None:
+    with pytest.raises(ValueError):
+        shared_template_task_sets(min_sharing=1).example()
