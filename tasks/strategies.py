@@ -249,9 +249,7 @@ def _chunks(draw: st.DrawFn, items: Sequence[str], sizes: Sequence[int]) -> list
     return out
 
 
-@st.composite
 def shared_template_task_sets(
-    draw: st.DrawFn,
     min_sharing: int = 2,
     max_sharing: int = 5,
     max_groups: int = 2,
@@ -259,7 +257,7 @@ def shared_template_task_sets(
     max_templates: int = 3,
     max_facts: int = 4,
     max_template_length: int = 6,
-) -> TaskSet:
+) -> SearchStrategy[TaskSet]:
     """A well-posed :class:`~tasks.model.TaskSet` in which several tasks share template text.
 
     Up to ``max_groups`` *sharing groups*, each of ``min_sharing..max_sharing`` tasks that
@@ -287,6 +285,15 @@ def shared_template_task_sets(
     if not 2 <= min_sharing <= max_sharing:
         raise ValueError(f"need 2 <= min_sharing <= max_sharing, got {min_sharing}, {max_sharing}")
     _check_sizes(1, 1, max_templates, max_facts, max_template_length)
+    return _shared_template_sets(min_sharing, max_sharing, max_groups, max_other_tasks, max_templates, max_facts,
+                                 max_template_length)
+
+
+@st.composite
+def _shared_template_sets(draw: st.DrawFn, min_sharing: int, max_sharing: int, max_groups: int,
+                          max_other_tasks: int, max_templates: int, max_facts: int,
+                          max_template_length: int) -> TaskSet:
+    """The sets of :func:`shared_template_task_sets` (arguments checked there)."""
     n_groups = draw(st.integers(1, max_groups))
     sizes = [draw(st.integers(min_sharing, max_sharing)) for _ in range(n_groups)]
     marked_group = [draw(st.booleans()) for _ in range(n_groups)]

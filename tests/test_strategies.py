@@ -191,4 +191,4 @@ def test_shared_template_sets_produce(shared: list[TaskSet], feature, share: flo
 
 def test_shared_template_bad_arguments() -> None:
     with pytest.raises(ValueError):
-        shared_template_task_sets(min_sharing=1).example()
+        shared_template_task_sets(min_sharing=1)
