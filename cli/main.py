@@ -54,7 +54,9 @@ def parser() -> argparse.ArgumentParser:
 
     i = sub.add_parser("inspect", help="expert sizes against the bound, parameters, closed-form bound; --block: the symbolic weights",
                        description="Show the construction without verifying it. With --block, list a block's symbolic "
-                                   "weights as 'row label <- column label : expression in beta, gamma'.")
+                                   "weights as 'row label <- column label : expression in beta, gamma'. For a task "
+                                   "set the construction refuses: why (what is proven), and the smallest edits of "
+                                   "the tasks file that make it constructible, each checked (exit status 2).")
     common(i)
     add_json(i, "the same")
     add_quiet(i)
@@ -135,10 +137,10 @@ def _write_text(path: str, text: str, inputs: Sequence[str]) -> None:
     write_text_atomic(target, text + "\n")
 
 
-def _load(args):
+def _load(args, routable: bool = True):
     from tasks.io import load_tasks
 
-    return load_tasks(args.tasks)
+    return load_tasks(args.tasks, routable=routable)
 
 
 def _inputs(args) -> list[str]:
@@ -273,8 +275,37 @@ def _listings(args, model):
     return [patterns(b, rows_only=[task] if task is not None and b.task_rows else None, values=values) for b in chosen]
 
 
+def _explain_refusal(args, taskset, refusal) -> int:
+    """inspect on a refused set: the refusal, what it proves, the smallest checked changes (exit 2)."""
+    from construction.remedies import smallest_changes, summarize
+
+    changes = smallest_changes(taskset, refusal)
+    if args.json:
+        data = {"constructible": False, "refusal": refusal.as_dict(), "changes": [c.as_dict() for c in changes]}
+        _write_text(args.json, json.dumps(data, indent=2, ensure_ascii=False), _inputs(args))
+    if args.json != "-":
+        print(f"not constructible ({refusal.kind}): {refusal.error}")
+        print(f"proven: {refusal.proven}")
+        if changes:
+            print("smallest changes that make it constructible (each checked by running the construction on the edited set):")
+            for n, steps in enumerate(summarize(changes), start=1):
+                print(f"  {n}. {steps[0]}" if len(steps) == 1 else f"  {n}. these {len(steps)} edits together:")
+                for step in steps[1:] if len(steps) == 1 else steps:
+                    print(f"       - {step}")
+        else:
+            print("no single edit of the templates or facts it names makes it constructible")
+    print(f"error: {refusal.error}", file=sys.stderr)
+    return EXIT_BAD_INPUT
+
+
 def cmd_inspect(args) -> int:
-    model = _build(args, _load(args))
+    from construction.remedies import diagnose
+
+    taskset = _load(args, routable=False)      # a set nobody could route is explained, not just refused
+    refusal = diagnose(taskset)
+    if refusal is not None:
+        return _explain_refusal(args, taskset, refusal)
+    model = _build(args, taskset)
     if args.block is None and (args.task is not None or args.at is not None or args.all or args.format != "text"):
         raise TaskError("--task, --at, --all and --format apply to --block", fix="add --block NAME (e.g. --block gate)")
     if args.block is not None:
@@ -295,7 +326,8 @@ def cmd_inspect(args) -> int:
     print(f"parameters: beta = {data['parameters']['beta']}, gamma = {data['parameters']['gamma']}, epsilon = {data['epsilon']}")
     print(f"closed-form bound: eps(beta, gamma) = {data['closed_form']}")
     print(f"  at these parameters: {data['bound']:.6g} (proven upper bound); leak delta = {data['conditions']['delta']:.3g} "
-          f"(gate needs < {data['conditions']['delta_max_gate']:.3g})")
+          f"(gate needs < {data['conditions']['delta_max_gate']:.3g}); subject-head leak e^-beta = "
+          f"{data['conditions']['delta_subject']:.3g} (needs < 1/2)")
     name_w = max(4, *(len(e["task"]) for e in data["experts"]))
     print(f"{'task'.ljust(name_w)}  |T|  N_k  template  dictionary  width  bound L|T|+N_k  parameters")
     for e in data["experts"]:
@@ -439,12 +471,21 @@ def _plot_blocks(args, model, out: str, name: str) -> list[str]:
 COMMANDS = {"check": cmd_check, "inspect": cmd_inspect, "build": cmd_build, "export": cmd_export, "explain": cmd_explain, "plot": cmd_plot}
 
 
+def _refusal_hint(args, exc: TaskError) -> str:
+    """For a task set the construction refuses: where to find the smallest changes."""
+    from construction.gate import RoutingError
+
+    if args.command != "inspect" and (isinstance(exc, RoutingError) or "no model can route" in exc.problem):
+        return f" ('python -m verifier inspect {args.tasks}' lists the smallest changes that make it constructible)"
+    return ""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
         return COMMANDS[args.command](args)
     except TaskError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {exc}{_refusal_hint(args, exc)}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except RecursionError:
         print("error: input nested too deeply", file=sys.stderr)

@@ -1,13 +1,14 @@
 """The worst-case next-token error in closed form, and parameters that certify ε.
 
 Notation: V = |vocabulary|, L = largest template length, δ = δ_{L−1} =
-(L−1)/(e^β + L−1) the largest attention leak (construction.heads), and
+(L−1)/(e^β + L−1) the largest leak of a structure head, δ_S = e^−β the largest leak
+of the subject head at a prefix with one entity (construction.heads), and
 
     c_T = 1 − 2(L−1)δ        lower bound on a firing template neuron (experts)
-    c_D = 1 − 2δ             lower bound on a firing dictionary neuron (experts)
+    c_D = 1 − 2δ_S           lower bound on the subject's dictionary neuron at an object query
 
-**Theorem.** If δ < 1/2 and routing is as designed (δ below the gate's condition,
-construction.gate), every query's error 1 − P(valid next tokens) is at most
+**Theorem.** If δ < 1/2, δ_S < 1/2 and routing is as designed (δ below the gate's
+condition, construction.gate), every query's error 1 − P(valid next tokens) is at most
 
     ε(β, γ) = max( (e^γ + V − 2) / (e^{2γ c_T} + e^γ + V − 2),
                    (V − 1) / (e^{γ c_D} + V − 1) ).
@@ -24,9 +25,10 @@ this prefix in a sentence of k (k is consistent). Dictionary neurons:
 2. *Between ⋆1 and ⋆2, not an object query*, and *past ⋆2*: as in 1, plus at most one
    dictionary neuron (the subject's) writing <= γ on one possibly invalid token.
    Error <= (e^γ + V − 2)/(e^{2γc_T} + e^γ + V − 2), which also bounds case 1.
-3. *Object query*: the subject's dictionary neuron writes γ·c_D or more on D_k(s),
-   which is valid; any other write is a template neuron's, on valid tokens; every
-   other token has logit 0. Error <= (V−1)/(e^{γ c_D} + V − 1).
+3. *Object query*: the prefix holds one entity, the subject s, so subj:s >= 1 − δ_S
+   (construction.heads) and the subject's dictionary neuron writes γ·c_D or more on
+   D_k(s), which is valid; any other write is a template neuron's, on valid tokens;
+   every other token has logit 0. Error <= (V−1)/(e^{γ c_D} + V − 1).
 
 Each error has the form a/(a + b) with a the invalid mass (bounded above) and b the
 valid mass (bounded below), and a/(a+b) increases in a and decreases in b. ∎
@@ -53,11 +55,16 @@ def leak(L: int, beta=BETA):
     return sympy.Integer(L - 1) / (sympy.exp(beta) + L - 1)
 
 
+def subject_leak(beta=BETA):
+    """δ_S = e^−β: the subject head's leak at a prefix with one entity (construction.heads)."""
+    return sympy.exp(-beta)
+
+
 def error_bound(L: int, V: int, beta=BETA, gamma=GAMMA) -> sympy.Expr:
     """ε(β, γ) as a sympy expression (see the module docstring)."""
     d = leak(L, beta)
     c_T = 1 - 2 * (L - 1) * d
-    c_D = 1 - 2 * d
+    c_D = 1 - 2 * subject_leak(beta)
     word = (sympy.exp(gamma) + V - 2) / (sympy.exp(2 * gamma * c_T) + sympy.exp(gamma) + V - 2)
     obj = sympy.Integer(V - 1) / (sympy.exp(gamma * c_D) + V - 1)
     return sympy.Max(word, obj)
@@ -77,7 +84,7 @@ def _bound_iv(L: int, V: int, beta: Fraction, gamma: Fraction):
     g = iv.mpf([gamma.numerator, gamma.numerator]) / gamma.denominator
     d = (L - 1) / (iv.exp(b) + (L - 1))
     c_T = 1 - 2 * (L - 1) * d
-    c_D = 1 - 2 * d
+    c_D = 1 - 2 / iv.exp(b)
     word = (iv.exp(g) + (V - 2)) / (iv.exp(2 * g * c_T) + iv.exp(g) + (V - 2))
     obj = iv.mpf(V - 1) / (iv.exp(g * c_D) + (V - 1))
     return word, obj
@@ -94,6 +101,14 @@ def leak_upper(L: int, beta: Fraction) -> float:
     beta = Fraction(beta)
     b = iv.mpf([beta.numerator, beta.numerator]) / beta.denominator
     return float(((L - 1) / (iv.exp(b) + (L - 1))).b) * (1 + 2 ** -50)
+
+
+def subject_leak_upper(beta: Fraction) -> float:
+    """A proven upper bound on δ_S = e^−β."""
+    iv = _interval_context()
+    beta = Fraction(beta)
+    b = iv.mpf([beta.numerator, beta.numerator]) / beta.denominator
+    return float((1 / iv.exp(b)).b) * (1 + 2 ** -50)
 
 
 @dataclass(frozen=True)

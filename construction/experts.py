@@ -24,12 +24,19 @@ slots beyond q hold <= δ in total, z <= 2(q + δ) − 2p − 1 < 0. ∎
 
     z = 2·subj:s − 1,     writes 1·next:D_k(s).
 
-*Claim.* Between ⋆1 and ⋆2 (one entity, the subject s) the neuron of s has
-activation 1 − 2δ_p and every other dictionary neuron is 0. Past ⋆2 (entities s != o)
-all dictionary neurons are 0; if s = o the neuron of s has activation <= 1.
+*Claim.* Wherever the prefix has an entity, its first entity s is the subject: the
+neuron of s (if s is a subject of task k) has activation in [1 − 2δ_p, 1] (in
+[1 − 2δ_S, 1], δ_S = e^−β, when the prefix holds one entity) and every other dictionary
+neuron is 0. Before ⋆1 every dictionary neuron is 0.
 
-*Proof.* By the subject-head claim, subj:s = 1 − δ_p and subj:s' = 0 for s' != s.
-Past ⋆2, subj:s, subj:o < 1/2, so z < 0. ∎
+*Proof.* By the subject-head claim (construction.heads), subj:s ∈ [1 − δ_p, 1]
+(∈ [1 − δ_S, 1] with one entity), so z ∈ [1 − 2δ_p, 1]; every other subj coordinate is at most δ_p < 1/2 (the object, past
+⋆2) or 0, so its neuron has z < 0. Before ⋆1, subj = 0 and z = −1. ∎
+
+So at an object query the subject's neuron writes D_k(s), the valid token; elsewhere at
+most that one neuron writes at most 1 on one token (past ⋆2: D_k(s), the object just
+read, which is not a valid next token there), and the bound (construction.bound) counts
+it as invalid mass.
 
 Width: the template neurons number at most Σ_t (|t| − 2) <= (L − 2)·|T(k)| (a prefix
 followed only by ⋆2 needs none, and there is one per template), the dictionary

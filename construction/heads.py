@@ -27,16 +27,40 @@ is 0; every other position's value is the one-hot of its symbol. ∎
 In words: each slot block holds the one-hot symbol at its position up to a leak of
 total mass δ_p (and is ~0 beyond the prefix), exactly as a function of β and σ.
 
-**Subject head** copies the identity of the entities in the prefix::
+**Subject head** copies the identity of the *first* entity of the prefix, the subject::
 
-    W_Q: one -> β        W_K: entity -> 1        W_V: id:e -> e        W_O: e -> subj:e
+    W_Q: one -> β·first      W_K: entity -> L·first,  pos:j -> −j·first
+    W_V: id:e -> e           W_O: e -> subj:e
 
-*Claim.* With one entity s in the prefix (between ⋆1 and ⋆2, or ⋆1 the last token),
-subj = (1-δ_p)·subj:s exactly. With two distinct entities s, o (past ⋆2), each gets
-e^β/(2e^β + p - 1) < 1/2. With none, subj = 0.
+So s_ij = β·(L·[x_j is an entity] − j): entities score above words and BOS, and among
+entities the earlier one scores higher (a positional tie-break).
 
-*Proof.* Scores are β on entity positions and 0 elsewhere; words and BOS have value
-0 (W_V reads only ``id``). ∎
+*Claim.* Let the prefix have length p and its first entity (if any) be at position f.
+Every other position j scores at least β below f, so the head puts weight a_f >= 1 − δ_p
+on f and at most δ_p on all other positions together. Hence
+
+* no entity: subj = 0 exactly;
+* one entity s (⋆1 the last token, or between ⋆1 and ⋆2): subj = a_f·subj:s, with
+  a_f ∈ [1 − δ_p, 1];
+* two entities, s at f and o after it (past ⋆2): subj:s ∈ [1 − δ_p, 1] and, if o != s,
+  subj:o <= δ_p; every other subj coordinate is 0.
+
+*Proof.* An entity at j > f: s_f − s_j = β(j − f) >= β. A word or BOS at j:
+s_f − s_j = β(L − f + j) >= β(L − f) >= β, since f <= p <= L − 1 (positions run 0..L−1).
+With p other positions each at least β below, a_f >= e^β/(e^β + p) = 1 − δ_p. Words
+and BOS have value 0 (W_V reads only ``id``), an entity at j writes a_j·subj:x_j, and
+the weights sum to 1. ∎
+
+*Sharper, with one entity.* Then every other position is a word or BOS, and the gaps
+s_f − s_j = β(L − f + j) are distinct integers times β, all >= β; so
+Σ_{j != f} e^{s_j − s_f} < Σ_{i >= 1} e^{−βi} = 1/(e^β − 1) and a_f > 1 − e^−β = 1 − δ_S,
+whatever p and L. (This is the leak the error bound uses at object queries,
+construction.bound.)
+
+In words: the subject head reads the subject wherever the prefix stops, past ⋆2
+included, with at most the leak δ_p of a structure head (at most e^−β before ⋆2). (Attending to every entity alike
+would average subject and object past ⋆2, and tasks that share a template, told apart
+only by their subjects, could not be routed there.)
 """
 
 from __future__ import annotations
@@ -79,9 +103,14 @@ def structure_head(taskset: TaskSet, residual: Space, m: int) -> SymHead:
 
 
 def subject_head(taskset: TaskSet, residual: Space) -> SymHead:
-    qk = Space.of(block("score", ("entity",)))
+    L = taskset.L
+    qk = Space.of(block("score", ("first",)))
     W_Q = SymMatrix.build(qk, residual, ([0], [residual.index("one", "")], [1.0]), BETA)
-    W_K = SymMatrix.build(qk, residual, ([0], [residual.index("entity", "")], [1.0]))
+    positions = list(range(1, L))
+    W_K = SymMatrix.build(qk, residual, (
+        [0] * (1 + len(positions)),
+        [residual.index("entity", "")] + residual.indices("pos", positions),
+        [float(L)] + [-float(j) for j in positions]))
     entities = taskset.vocabulary.entities
     n = len(entities)
     val = Space.of(block("entity", entities))

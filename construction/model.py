@@ -71,7 +71,8 @@ class SymbolicModel:
     def conditions(self) -> dict[str, float]:
         """The side conditions of the theorem at the chosen β (all must hold)."""
         d = bound.leak_upper(self.taskset.L, self.beta)
-        return {"delta": d, "delta_max_gate": float(self.gate.beta_condition()), "delta_max_neurons": 0.5}
+        return {"delta": d, "delta_max_gate": float(self.gate.beta_condition()), "delta_max_neurons": 0.5,
+                "delta_subject": bound.subject_leak_upper(self.beta), "delta_subject_max": 0.5}
 
     def instantiate(self, beta: Fraction | None = None, gamma: Fraction | None = None) -> Weights:
         """Numeric weights in the verifier's layout (exact for dyadic β and γ)."""
@@ -118,6 +119,8 @@ def _located(err: TaskError, taskset: TaskSet) -> TaskError:
             problem += f" (the other template is on line {other})"
     out = type(err)(problem, file=err.file or file, line=err.line or line, fix=err.fix)
     out.refs = refs
+    if hasattr(err, "certificate"):
+        out.certificate = err.certificate
     return out
 
 
@@ -132,6 +135,33 @@ def _parameter(name: str, value: float, from_flag: bool, taskset: TaskSet) -> Fr
     return f
 
 
+def route(taskset: TaskSet, trie: StructureTrie | None = None) -> tuple[Space, GateResult]:
+    """The parts of the construction that can refuse a task set: its residual space and gate.
+
+    Raises a :class:`TaskError`, at the file and line of the template it names: a template
+    longer than :data:`MAX_TEMPLATE_LENGTH`; an ill-posed set (tasks.structure, no model can
+    route it); or a :class:`RoutingError` when no gate of the construction's form routes it
+    (with a proof where one was found, construction.separation).
+    """
+    if taskset.L > MAX_TEMPLATE_LENGTH:
+        k, t = next((k, t) for k, task in enumerate(taskset.tasks) for t, tpl in enumerate(task.templates)
+                    if len(tpl.parts) == taskset.L)
+        file, line = taskset.template_source(k, t)
+        err = TaskError(f"a template of {taskset.L} words is longer than the {MAX_TEMPLATE_LENGTH} the construction "
+                        f"builds (it needs {taskset.L - 1} structure heads, and verification grows like L³ per "
+                        f"sentence)", file=file, line=line, fix="split the sentence into shorter templates")
+        err.refs = [(k, t)]  # type: ignore[attr-defined]
+        raise err
+    trie = trie if trie is not None else StructureTrie(taskset)
+    try:
+        check_routable(taskset, trie)
+        residual = residual_space(taskset)
+        gate = build_gate(taskset, residual, trie)
+    except TaskError as err:
+        raise _located(err, taskset) from None
+    return residual, gate
+
+
 def build(taskset: TaskSet, epsilon: float | None = None, beta: float | None = None, gamma: float | None = None) -> SymbolicModel:
     """Construct the model; ε, β, γ default to the task set's, then to computed values.
 
@@ -142,20 +172,7 @@ def build(taskset: TaskSet, epsilon: float | None = None, beta: float | None = N
     beta_flag, gamma_flag = beta is not None, gamma is not None
     beta = beta if beta is not None else taskset.parameters.get("beta")
     gamma = gamma if gamma is not None else taskset.parameters.get("gamma")
-    if taskset.L > MAX_TEMPLATE_LENGTH:
-        k, t = next((k, t) for k, task in enumerate(taskset.tasks) for t, tpl in enumerate(task.templates)
-                    if len(tpl.parts) == taskset.L)
-        file, line = taskset.template_source(k, t)
-        raise TaskError(f"a template of {taskset.L} words is longer than the {MAX_TEMPLATE_LENGTH} the construction "
-                        f"builds (it needs {taskset.L - 1} structure heads, and verification grows like L³ per "
-                        f"sentence)", file=file, line=line, fix="split the sentence into shorter templates")
-    trie = StructureTrie(taskset)
-    try:
-        check_routable(taskset, trie)
-        residual = residual_space(taskset)
-        gate = build_gate(taskset, residual, trie)
-    except TaskError as err:
-        raise _located(err, taskset) from None
+    residual, gate = route(taskset)
     L, V = taskset.L, taskset.vocabulary.size
     smallest = bound.smallest_beta(L, gate.beta_condition())
     chosen_beta = _parameter("beta", beta, beta_flag, taskset) if beta is not None else smallest

@@ -43,9 +43,10 @@ class _TaskHead:
 class _Builder:
     """Walks the YAML node graph of one tasks file and builds the :class:`TaskSet`."""
 
-    def __init__(self, file: str, base_dir: str, lines: LineMap) -> None:
+    def __init__(self, file: str, base_dir: str, lines: LineMap, routable: bool = True) -> None:
         self.file = file
         self.base_dir = base_dir
+        self.routable = routable
         self._lines = lines
         self._constructor = yaml.constructor.SafeConstructor()
 
@@ -169,7 +170,8 @@ class _Builder:
             taskset = TaskSet(tuple(tasks), epsilon, parameters, sources)
         except TaskError as e:
             raise e.located(self.file) from None
-        self.check_routable(taskset, heads)
+        if self.routable:
+            self.check_routable(taskset, heads)
         return taskset
 
     def epsilon(self, node: Node) -> float:
@@ -394,11 +396,14 @@ class _Builder:
 
 
 
-def loads_tasks(text: str | bytes, file: str = "<string>", base_dir: str | None = None) -> TaskSet:
+def loads_tasks(text: str | bytes, file: str = "<string>", base_dir: str | None = None,
+                routable: bool = True) -> TaskSet:
     """Parse a tasks document.
 
     ``file`` names the document in messages; relative ``facts_file`` paths are resolved
     against ``base_dir`` (the current directory when None). Raises :class:`TaskError`.
+    With ``routable=False`` a set in which two tasks share an object-query prefix is
+    returned rather than refused (for explaining what to change).
     """
     try:
         if isinstance(text, (bytes, bytearray)):
@@ -411,15 +416,16 @@ def loads_tasks(text: str | bytes, file: str = "<string>", base_dir: str | None 
                             file=file, line=line_of(text, nul), fix="give the tasks YAML text")
         lines = LineMap(text)
         root = compose(text, file, lines)
-        return _Builder(file, "" if base_dir is None else os.fspath(base_dir), lines).build(root)
+        return _Builder(file, "" if base_dir is None else os.fspath(base_dir), lines, routable).build(root)
     except TaskError as e:
         raise one_line(e) from None
     except RecursionError:
         raise TaskError("the input is nested too deeply", file=file) from None
 
 
-def load_tasks(path: str | os.PathLike) -> TaskSet:
-    """Read a ``tasks.yaml`` file (see the module docstring for the format)."""
+def load_tasks(path: str | os.PathLike, routable: bool = True) -> TaskSet:
+    """Read a ``tasks.yaml`` file (see the module docstring for the format); ``routable`` as
+    in :func:`loads_tasks`."""
     file = os.fspath(path)
     try:
         data = read_bytes(file, "tasks file")
@@ -431,7 +437,7 @@ def load_tasks(path: str | os.PathLike) -> TaskSet:
         text = decode(data, file)
     except TaskError as e:
         raise one_line(e) from None
-    return loads_tasks(text, file=file, base_dir=os.path.dirname(file))
+    return loads_tasks(text, file=file, base_dir=os.path.dirname(file), routable=routable)
 
 
 def input_files(path: str | os.PathLike) -> list[str]:

@@ -72,7 +72,7 @@ def test_json_listing_equals_the_exact_entries(capsys, capitals_model):
 def test_known_entries_of_the_proofs(capsys, capitals_model):
     """The entries the docstrings' proofs name: W_Q of structure head m is β on pos:i for
     i ≥ m (score:at) and on pos:i for i < m (score:before); W_K reads pos:m and pos:0;
-    the subject head's query is β·one; U is γ on next:t; fact neurons read subj:s with 2
+    the subject head's query is β·one and its key L·entity − j·pos:j; U is γ on next:t; fact neurons read subj:s with 2
     and have bias −1."""
     L = capitals_model.taskset.L
     for m in range(1, L):
@@ -84,7 +84,12 @@ def test_known_entries_of_the_proofs(capsys, capitals_model):
         code, out, _ = _run(capsys, "inspect", CAPITALS, "--block", f"structure{m}.W_K")
         assert f"score:at ← pos:{m}" in out and "score:before ← pos:0" in out
     code, out, _ = _run(capsys, "inspect", CAPITALS, "--block", "subject.W_Q", "--format", "latex")
-    assert r"\text{score:entity} & \beta" in out
+    assert r"\text{score:first} & \beta" in out
+    code, out, _ = _run(capsys, "inspect", CAPITALS, "--block", "subject.W_K", "--all")
+    lines = {line.split("   ")[0].strip(): line.split()[-1] for line in out.splitlines()[1:] if "←" in line}
+    assert lines["score:first ← entity"] == str(L)           # entities above words and BOS ...
+    for j in range(1, L):
+        assert lines[f"score:first ← pos:{j}"] == str(-j)     # ... and the earliest entity above the others
     code, out, _ = _run(capsys, "inspect", CAPITALS, "--block", "U")
     assert "token:<x> ← next:<x>   γ" in out
     code, out, _ = _run(capsys, "inspect", CAPITALS, "--block", "expert:capital", "--all")

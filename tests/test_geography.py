@@ -55,7 +55,9 @@ def test_example_loads(geo):
     assert "Bonaire, Saint Eustatius and Saba" in facts["continent"]  # GeoNames' trailing space stripped
 
 
-def test_no_shared_object_query_structure(geo):
+def test_every_relation_is_named_before_the_object(geo):
+    """A property of the example's templates (not a need of the construction, which also
+    serves tasks that share template text): no two tasks share an object-query structure."""
     trie = StructureTrie(geo)
     assert object_query_collisions(trie, structural=True) == []
 

@@ -48,8 +48,8 @@ def test_beta_sweep_numbers(capitals_set, capitals_model):
     for b in (8, 12):
         p = by_beta[b]
         assert p.conditions_hold and p.certified
-        # the bound is attained: the enclosure's upper end is within its radius of it
-        assert p.measured == pytest.approx(p.bound, rel=1e-9)
+        # tight up to the subject head's leak e^-β (about 0.5% at β = 8)
+        assert p.measured <= p.bound and p.measured == pytest.approx(p.bound, rel=1e-2)
     assert by_beta[12].bound < by_beta[8].bound < 0.01
 
 

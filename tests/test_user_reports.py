@@ -128,16 +128,25 @@ def test_explain_labels_the_subject_head(capsys):
 # --- 5: construction refusals name the file and line ----------------------------------------------------
 
 
+SHARED_TEMPLATE = ("tasks:\n  - name: a\n    templates: [\"*1 is in *2\"]\n    facts: {P: F}\n"
+                   "  - name: b\n    templates: [\"*1 is in *2\"]\n    facts: {F: E}\n")
+
+
 @pytest.mark.parametrize("text,line", [
-    ("tasks:\n  - name: a\n    templates: [\"*1 is in *2\"]\n    facts: {P: F}\n"
-     "  - name: b\n    templates: [\"*1 is in *2\"]\n    facts: {F: E}\n", 3),
+    (SHARED_TEMPLATE.replace("{F: E}", "{P: E}"), 3),                 # a shared subject: no model can route it
     ("tasks:\n  - name: same\n    templates: [p p *1 *2, q q *1 *2]\n    facts: {A: B}\n"
-     "  - name: diff\n    templates: [p q *1 *2, q p *1 *2]\n    facts: {C: D}\n", 6),
+     "  - name: diff\n    templates: [p q *1 *2, q p *1 *2]\n    facts: {C: D}\n", 3),   # XOR: proven, no gate
 ])
 def test_construction_refusals_name_the_template_line(tmp_path, capsys, text, line):
     path = write(tmp_path, text)
     message = one_line_exit_2(capsys, ["check", path])
     assert message.startswith(f"error: {path}:{line}:") and "the other template is on line" in message
+    assert f"'python -m verifier inspect {path}' lists the smallest changes" in message
+
+
+def test_a_template_shared_by_two_tasks_with_their_own_subjects_certifies(tmp_path, capsys):
+    """Once refused ('the structure gate cannot tell them apart'): the subject tells them apart."""
+    assert main(["check", str(write(tmp_path, SHARED_TEMPLATE)), "--quiet"]) == 0
 
 
 # --- 6: smaller things -----------------------------------------------------------------------------------

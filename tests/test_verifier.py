@@ -41,7 +41,9 @@ def test_example_certifies(capitals_set, capitals_model, weights):
     assert all(r.isolated for r in report.tasks)
     assert all(r.ablation_broken == r.object_queries > 0 for r in report.tasks)
     assert report.measured_worst < 0.01
-    assert report.measured_worst == pytest.approx(report.closed_form_value, rel=1e-9)
+    # tight up to the subject head's leak e^-β, which the closed form assumes at every object query
+    assert max(r.worst_error_lower for r in report.tasks) <= report.closed_form_value
+    assert report.measured_worst == pytest.approx(report.closed_form_value, rel=1e-2)
 
 
 @pytest.mark.parametrize("hot", [1, 2, 16])
