@@ -19,9 +19,9 @@ y by linear programming (scipy.optimize.linprog, HiGHS, a vertex of few rows) ov
 determined prefixes of one length at a time, then recomputes it in exact fractions on
 its support and checks Σ y_r a_r = 0 and y >= 0 exactly; only a checked certificate is
 returned. Using fewer rows than all is a relaxation, so a certificate over some rows
-is a proof for all of them. (A cell stands for all its queries; its row uses the
-membership of one of them, the cell's recorded subject: that row is one of the true
-constraints.)
+is a proof for all of them. (A prefix with a subject gives one row per rival for each
+distinct pattern of its subjects' membership in the tasks considered, each written for
+one such subject: every row is one of the true constraints.)
 
 **What it proves.**
 
@@ -132,16 +132,37 @@ class Certificate:
         return out[:2]
 
 
+def _memberships(taskset: TaskSet, trie: StructureTrie, node_id: int, winner: int, tasks: np.ndarray) -> dict:
+    """For the determined queries of ``winner`` at a node: one subject per distinct pattern of
+    membership in ``tasks`` (pattern -> subject token id). Each pattern is a different true
+    constraint on the subject weights, so each gets its own rows."""
+    from tasks.queries import build_group
+
+    group = build_group(taskset, trie, trie.nodes[node_id])
+    counts = np.diff(group.allowed_ptr)
+    mine = np.flatnonzero((counts == 1) & (group.allowed[group.allowed_ptr[:-1]] == winner))
+    subjects = np.unique(group.subjects[mine])
+    out: dict[tuple[bool, ...], int] = {}
+    members = [taskset.fact_ids[k][0] for k in tasks.tolist()]
+    inside = np.stack([np.isin(subjects, m) for m in members], axis=1) if subjects.size else np.zeros((0, len(members)), bool)
+    for s, pattern in zip(subjects.tolist(), map(tuple, inside.tolist())):
+        out.setdefault(pattern, s)
+    return out
+
+
 def _rows(taskset: TaskSet, trie: StructureTrie, cells, tasks: np.ndarray, depth: int):
     """The Gordan rows of the determined cells of one length with winners in ``tasks``:
-    (list of (cell, winner, rival, subject), A as a sparse matrix over the variables)."""
-    names_ok = np.zeros(len(taskset.tasks), bool)
-    names_ok[tasks] = True
+    (list of (cell, winner, rival, subject), A as a sparse matrix over the variables).
+
+    A cell with an entity gives rows for each distinct membership of its subjects in
+    ``tasks`` (:func:`_memberships`); every row is one of the true constraints."""
+    in_tasks = np.zeros(len(taskset.tasks), bool)
+    in_tasks[tasks] = True
     depth_of = np.array([n.depth for n in trie.nodes], np.int64)
-    chosen = np.flatnonzero(cells.determined & (depth_of[cells.node] == depth) & names_ok[cells.winner])
+    chosen = np.flatnonzero(cells.determined & (depth_of[cells.node] == depth) & in_tasks[cells.winner])
     if chosen.size < 2:
         return [], None
-    subjects_of = [set(s.tolist()) for s, _ in taskset.fact_ids]
+    position = {k: n for n, k in enumerate(tasks.tolist())}
     feature: dict[tuple[int, int, str], int] = {}   # (task, m, symbol) -> variable
     n_tasks = len(taskset.tasks)
     base_b, base_l = 0, n_tasks                      # biases 0..K-1, subject weights K..2K-1; features after
@@ -154,28 +175,27 @@ def _rows(taskset: TaskSet, trie: StructureTrie, cells, tasks: np.ndarray, depth
     for i in chosen.tolist():
         node = trie.nodes[int(cells.node[i])]
         w = int(cells.winner[i])
-        s = int(cells.subject[i])
-        e = 1.0 if cells.entity[i] else 0.0
         syms = [symbol_label(c, taskset) for c in node.symbols]
-        for j in tasks.tolist():
-            if j == w:
-                continue
-            c_j = 1.0 if (s >= 0 and s in subjects_of[j]) else 0.0
-            r = len(rows)
-            entries = {}
-            for m, sym in enumerate(syms, start=1):
-                entries[var(w, m, sym)] = entries.get(var(w, m, sym), 0.0) + 1.0
-                entries[var(j, m, sym)] = entries.get(var(j, m, sym), 0.0) - 1.0
-            entries[base_b + w] = 1.0
-            entries[base_b + j] = -1.0
-            if e:
-                entries[base_l + w] = entries.get(base_l + w, 0.0) + e
-            if c_j:
-                entries[base_l + j] = entries.get(base_l + j, 0.0) - c_j
-            for col, v in entries.items():
-                if v != 0.0:
-                    r_idx.append(r); c_idx.append(col); vals.append(v)
-            rows.append((i, w, j, s if e else -1))
+        reps = _memberships(taskset, trie, node.id, w, tasks) if cells.entity[i] else {None: -1}
+        for pattern, s in reps.items():
+            for j in tasks.tolist():
+                if j == w:
+                    continue
+                entries: dict[int, float] = {}
+                for m, sym in enumerate(syms, start=1):
+                    entries[var(w, m, sym)] = entries.get(var(w, m, sym), 0.0) + 1.0
+                    entries[var(j, m, sym)] = entries.get(var(j, m, sym), 0.0) - 1.0
+                entries[base_b + w] = 1.0
+                entries[base_b + j] = -1.0
+                if pattern is not None:
+                    entries[base_l + w] = 1.0                    # w has the subject (it is consistent)
+                    if pattern[position[j]]:
+                        entries[base_l + j] = -1.0
+                r = len(rows)
+                for col, v in entries.items():
+                    if v != 0.0:
+                        r_idx.append(r); c_idx.append(col); vals.append(v)
+                rows.append((i, w, j, s))
     A = sp.csr_matrix((vals, (r_idx, c_idx)), shape=(len(rows), offset + len(feature)))
     return rows, A
 
