@@ -21,7 +21,8 @@ from verifier.verify import Report, verify
 
 def check_built(taskset: TaskSet, model: SymbolicModel, *, weights: Weights | None = None, isolation: bool = True,
                 jobs: int = 1, progress: Callable[[int, int], None] | None = None, source: str = "weights",
-                executor: Executor | None = None, deployment: Deployment | None = None) -> Report:
+                executor: Executor | None = None, deployment: Deployment | None = None,
+                classes=None) -> Report:
     """Verify the model's weights and attach the closed form and (``isolation``) the
     rebuild-without-each-task check; ``report.seconds`` covers both. Both run their work
     units on ``executor`` (default: ``jobs`` local processes).
@@ -37,7 +38,7 @@ def check_built(taskset: TaskSet, model: SymbolicModel, *, weights: Weights | No
     ev = evidence(taskset, model, check_isolation=isolation, map_fn=executor.map)
     del model
     report = verify(taskset, weights, epsilon, source=source, progress=progress, executor=executor,
-                    deployment=deployment)
+                    deployment=deployment, classes=classes)
     notes = list(ev.notes)
     if deployment is not None:
         notes.append(f"the closed-form bound is the exact model's; the measured errors are of every execution in "
@@ -99,3 +100,108 @@ def build_for(taskset: TaskSet, deployment: Deployment, epsilon: float | None = 
     tried = ", ".join(f"{a['target']:.3g} (worst {a['worst_error']:.3g})" for a in attempts)
     raise TaskError(f"no construction target made the {name} certificate hold at epsilon = {epsilon:g}; "
                     f"tried {tried}", fix=f"raise epsilon, or deploy in a wider format")
+
+
+# --- saved certificates and re-certification after an edit -------------------------------------
+
+
+def _cert_summary(report: Report) -> dict:
+    from verifier.report import report_json
+    return report_json(report)
+
+
+def check_and_save(taskset: TaskSet, model: SymbolicModel, directory: str, *, isolation: bool = True, jobs: int = 1,
+                   progress: Callable[[int, int], None] | None = None, source: str = "weights") -> Report:
+    """``check --certificate DIR``: the full check, with its query classes saved for later edits."""
+    from tasks.structure import StructureTrie
+    from verifier.certificate import Certificate, save_certificate, task_hash
+    from verifier.classes import CellPlan, ClassRecorder
+    from verifier.locality import watched_neurons
+
+    weights = model.instantiate()
+    trie = StructureTrie(taskset)
+    plan = CellPlan.of(taskset, trie)
+    watched = watched_neurons(weights)
+    recorder = ClassRecorder.for_weights(taskset, trie, plan, weights, model.epsilon, watched)
+    report = check_built(taskset, model, weights=weights, isolation=isolation, jobs=jobs, progress=progress,
+                         source=source, classes=recorder)
+    cert = Certificate(model.epsilon, report.verdict, taskset, weights, recorder.table(), plan, watched,
+                       _cert_summary(report), {t.name: task_hash(t) for t in taskset.tasks})
+    save_certificate(cert, directory)
+    report.notes.append(f"certificate saved to {directory}")
+    return report
+
+
+def pinned_parameters(old, taskset: TaskSet) -> tuple[float, float]:
+    """The certificate's β and γ (exact binary fractions), which an edit keeps: only then are
+    the weights of what the edit did not touch unchanged."""
+    from fractions import Fraction
+    p = old.weights.parameters or {}
+    try:
+        return float(Fraction(p["beta"])), float(Fraction(p["gamma"]))
+    except (KeyError, ValueError, ZeroDivisionError):
+        from tasks.errors import TaskError
+        raise TaskError("the certificate's weights do not record beta and gamma", fix="write a new certificate") from None
+
+
+def check_since(taskset: TaskSet, directory: str, out: str | None = None, *, isolation: bool = True, jobs: int = 1,
+                progress: Callable[[int, int], None] | None = None, source: str = "weights"):
+    """``check --since DIR``: re-certify an edited task set from a saved certificate, running
+    again only the queries the edit can reach (verifier.incremental); the model keeps the
+    certificate's β and γ. Saves the updated certificate to ``out`` (default: DIR). Returns
+    (report, model)."""
+    from construction.experts import build_expert, same_expert
+    from construction.model import build
+    from construction.numbering import correspondence, numbering
+    from construction.residual import residual_space
+    from tasks.structure import StructureTrie
+    from verifier.certificate import Certificate, load_certificate, save_certificate, task_hash
+    from verifier.classes import CellPlan, ClassRecorder
+    from verifier.incremental import recertify
+    from verifier.locality import Correspondence, watched_neurons
+
+    start = time.perf_counter()
+    old = load_certificate(directory)
+    beta, gamma = pinned_parameters(old, taskset)
+    # parameters written in the tasks file win (if they differ, every weight changes: a full check)
+    beta, gamma = taskset.parameters.get("beta", beta), taskset.parameters.get("gamma", gamma)
+    model = build(taskset, epsilon=old.epsilon, beta=beta, gamma=gamma)
+    weights = model.instantiate()
+    cor = Correspondence(**correspondence(numbering(old.taskset), numbering(taskset)))
+    report, table, watched, info = recertify(old, taskset, weights, cor, model.epsilon, jobs=jobs, source=source,
+                                             progress=progress)
+    if report is None:
+        trie = StructureTrie(taskset)
+        plan = CellPlan.of(taskset, trie)
+        watched = watched_neurons(weights)
+        recorder = ClassRecorder.for_weights(taskset, trie, plan, weights, model.epsilon, watched)
+        report = verify(taskset, weights, model.epsilon, source=source, progress=progress, jobs=jobs, classes=recorder)
+        table = recorder.table()
+    else:
+        plan = old.plan
+    # the construction's evidence: the closed form at the new vocabulary; isolation carried over
+    # for the tasks the edit left alone (their experts are unchanged, the diff shows it), checked
+    # again for the edited ones
+    hashes = {t.name: task_hash(t) for t in taskset.tasks}
+    old_iso = {t["name"]: t.get("isolated") for t in old.summary.get("tasks", [])}
+    isolated = []
+    for k, task in enumerate(taskset.tasks):
+        if info.mode == "incremental" and old.task_hashes.get(task.name) == hashes[task.name] and old_iso.get(task.name):
+            isolated.append(True)
+        elif isolation:
+            alone = TaskSet((task,))
+            isolated.append(same_expert(build_expert(alone, 0, residual_space(alone)), model.experts[k]))
+        else:
+            isolated.append(None)
+    report.attach(str(model.error_bound()), model.bound_value(), model.gate.method,
+                  None if any(x is None for x in isolated) else isolated,
+                  ["isolation: carried over from the certificate for unedited tasks, built alone for edited ones"]
+                  if info.mode == "incremental" else [])
+    report.incremental = info.as_dict()
+    report.seconds = time.perf_counter() - start
+    info.seconds = report.seconds
+    report.incremental["seconds"] = round(report.seconds, 3)
+    cert = Certificate(model.epsilon, report.verdict, taskset, weights, table, plan, watched,
+                       _cert_summary(report), hashes)
+    save_certificate(cert, out or directory)
+    return report, model

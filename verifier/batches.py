@@ -122,3 +122,43 @@ def batches(taskset: TaskSet, trie: StructureTrie | None = None, chunk: int = 20
                         parts, size = [], 0
         if parts:
             yield _emit(p, parts)
+
+
+def batches_of(taskset: TaskSet, trie: StructureTrie, cells: list[tuple[int, Part | None]],
+               chunk: int = 20_000) -> Iterator[Batch]:
+    """The queries of some cells only: (node id, subject range or None for the whole node),
+    in batches of one prefix length and at most ``chunk`` rows (as :func:`batches`). A
+    range beyond ``GROUP_ROWS`` facts is built in parts."""
+    by_depth: dict[int, list] = {}
+    for nid, part in cells:
+        by_depth.setdefault(trie.nodes[nid].depth, []).append((nid, part))
+    for p in sorted(by_depth):
+        parts: list[dict] = []
+        size = 0
+        for nid, part in sorted(by_depth[p], key=lambda c: (c[0], c[1] or (-1, -1))):
+            node = trie.nodes[nid]
+            for sub in _split(taskset, node, part):
+                g = build_group(taskset, trie, node, sub)
+                order = np.argsort(g.allowed[g.allowed_ptr[:-1]], kind="stable")
+                for lo in range(0, order.size, chunk):
+                    idx = order[lo: lo + chunk]
+                    parts.append(_rows(g, sub, idx))
+                    size += idx.size
+                    if size >= chunk:
+                        yield _emit(p, parts)
+                        parts, size = [], 0
+        if parts:
+            yield _emit(p, parts)
+
+
+def _split(taskset: TaskSet, node, part: Part | None) -> list[Part | None]:
+    """``part`` cut where :func:`tasks.queries.group_parts` would cut the node (bounded memory)."""
+    if part is None or not node.has_subject:
+        return [None] if not node.has_subject else group_parts(taskset, node, GROUP_ROWS)
+    cuts = [c for c in group_parts(taskset, node, GROUP_ROWS) if c is not None]
+    out, (lo, hi) = [], part
+    for a, b in cuts:
+        a, b = max(a, lo), min(b, hi)
+        if a < b:
+            out.append((a, b))
+    return out or [part]

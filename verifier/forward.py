@@ -57,6 +57,15 @@ class BatchResult:
     predicted: np.ndarray     # (n,) argmax token of the logit midpoints (routed expert), -1: a zero logit
     top_gate: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None  # (n, 3) experts, lower, upper ends
     candidates: tuple[np.ndarray, np.ndarray] | None = None  # CSR (ptr, experts): the experts that may win each row
+    #: enclosure of the probability one token of logit exactly 0 has, with the routed expert
+    #: (rho) and with it removed (ablated_rho); NaN where not computed (kernels._error)
+    rho_lo: np.ndarray | None = None
+    rho_hi: np.ndarray | None = None
+    ablated_rho_lo: np.ndarray | None = None
+    ablated_rho_hi: np.ndarray | None = None
+    #: (n, R + 1): watched neurons of the routed expert that may be on (Prepared.watch), and
+    #: in the last column how many there were (more than R: the list is incomplete)
+    active: np.ndarray | None = None
 
     @property
     def gate_lo(self) -> np.ndarray:
@@ -70,7 +79,8 @@ class BatchResult:
     def compact(self) -> "BatchResult":
         """Without the full (n, K) gate enclosures (kept: the top three per row)."""
         return BatchResult(self.expert, self.margin, self.ambiguous, None, None, self.err_lo, self.err_hi,
-                           self.ablated_lo, self.ablated_hi, self.predicted, self.top_gate)
+                           self.ablated_lo, self.ablated_hi, self.predicted, self.top_gate, None,
+                           self.rho_lo, self.rho_hi, self.ablated_rho_lo, self.ablated_rho_hi, self.active)
 
 
 class _RowTable:
@@ -218,6 +228,9 @@ class Prepared:
         self.pos_ptr = np.concatenate([[0], np.cumsum([x.size for x in pos])]).astype(np.int64)
         self.pos_idx = np.concatenate(pos).astype(np.int64) if pos else np.zeros(0, np.int64)
         self.max_width = int(widths.max(initial=1))
+        #: global neurons whose possible activity each row records (BatchResult.active); set
+        #: by whoever saves a certificate (verifier.classes), empty otherwise
+        self.watch = np.zeros(0, bool)
         self._scratch = None
         self._stamp = 0
 
@@ -390,6 +403,8 @@ def residual(prep: Prepared, tokens: np.ndarray) -> SparseInterval:
 
 
 LOGITS_PER_RUN = 4_000_000
+#: Watched neurons recorded per row (BatchResult.active); more are counted, not listed.
+ACTIVE_SLOTS = 8
 
 
 def _row_runs(bound: np.ndarray, limit: int) -> list[tuple[int, int]]:
@@ -454,8 +469,14 @@ def run_batch(prep: Prepared | Weights, tokens: np.ndarray, valid_ptr: np.ndarra
     vals = np.asarray(valid, np.int64)
     err_lo = np.full(n, np.inf)
     err_hi = np.full(n, -np.inf)
+    rho_lo = np.full(n, np.inf)
+    rho_hi = np.full(n, -np.inf)
     predicted = np.full(n, -1, np.int64)
     ab_lo, ab_hi = np.full(n, np.nan), np.full(n, np.nan)
+    ab_rho_lo, ab_rho_hi = np.full(n, np.nan), np.full(n, np.nan)
+    R_ACT = ACTIVE_SLOTS
+    active = np.full((n, R_ACT + 1), -1, np.int64)
+    active[:, R_ACT] = 0
     ablate = np.ones(n, bool) if ablate is None else np.asarray(ablate, bool)
     UT_ptr, UT_idx, UT_val = prep.UT_arrays
     # U·r for a run of rows at a time, so that memory stays bounded for any unembedding
@@ -467,24 +488,34 @@ def run_batch(prep: Prepared | Weights, tokens: np.ndarray, valid_ptr: np.ndarra
             L = K_.logits(Rc.indptr, Rc.indices, Rc.mid, Rc.rad, UT_ptr, UT_idx, UT_val, *sc["L"],
                           prep.stamps(b - a), max(int(bound[a:b].sum()), 1))
             sel = (pair_rows >= a) & (pair_rows < b)
-            lo, hi, pred = K_.experts((pair_rows[sel] - a).astype(np.int64), pair_experts[sel].astype(np.int64),
+            n_sel = int(sel.sum())
+            act = np.full((n_sel, R_ACT + 1), -1, np.int64)
+            act[:, R_ACT] = 0
+            lo, hi, pred, r_lo, r_hi = K_.experts((pair_rows[sel] - a).astype(np.int64), pair_experts[sel].astype(np.int64),
                                       np.ascontiguousarray(cm[sel]), np.ascontiguousarray(cr[sel]),
                                       Rc.indptr, Rc.indices, Rc.mid, Rc.rad, *L,
                                       *prep.W1T, prep.off, prep.b1, prep.pos_ptr, prep.pos_idx, *prep.W2T,
                                       UT_ptr, UT_idx, UT_val, V, vp, vv, *sc["z"], *sc["y"], *sc["L"], sc["v"],
-                                      prep.stamps(int(sel.sum())))
+                                      prep.stamps(n_sel), prep.watch, act)
             rows_sel = pair_rows[sel]
             np.minimum.at(err_lo, rows_sel, lo)
             np.maximum.at(err_hi, rows_sel, hi)
+            np.fmin.at(rho_lo, rows_sel, r_lo)
+            np.fmax.at(rho_hi, rows_sel, r_hi)
+            bad_rho = ~(np.isfinite(r_lo) & np.isfinite(r_hi))
+            rho_lo[rows_sel[bad_rho]] = np.nan                # any candidate without a ρ: none for the row
             routed = pair_experts[sel] == e[rows_sel]
             predicted[rows_sel[routed]] = pred[routed]
+            active[rows_sel[routed]] = act[routed]
             ab = np.flatnonzero(ablate[a:b])
             if ab.size:
-                ab_lo[a + ab], ab_hi[a + ab] = K_.ablated(ab.astype(np.int64), *L, V, vp, vv, *sc["L"], sc["v"],
-                                                          prep.stamps(ab.size))
+                ab_lo[a + ab], ab_hi[a + ab], ab_rho_lo[a + ab], ab_rho_hi[a + ab] = K_.ablated(
+                    ab.astype(np.int64), *L, V, vp, vv, *sc["L"], sc["v"], prep.stamps(ab.size))
     undecided = ~np.isfinite(Grad)                     # the gate cannot say which expert wins
     err_lo[undecided], err_hi[undecided] = 0.0, 1.0
+    rho_lo[undecided | ~np.isfinite(rho_lo)] = np.nan
+    rho_hi[np.isnan(rho_lo)] = np.nan
     top_gate = (top, top_lo, top_hi)
     return BatchResult(e, margin, ~(margin > 0), Gm, Grad, err_lo, err_hi, ab_lo, ab_hi, predicted, top_gate,
-                       (cand_ptr, cand))
+                       (cand_ptr, cand), rho_lo, rho_hi, ab_rho_lo, ab_rho_hi, active)
 

@@ -630,11 +630,13 @@ def logits(R_ptr, R_idx, R_mid, R_rad, UT_ptr, UT_idx, UT_val, Lacc, Ltouched, s
 
 @njit(cache=True)
 def _error(nt, Ltouched, Lacc, V, vptr_lo, vptr_hi, valid, vstamp, s):
-    """Enclosure (lo, hi) of 1 − P(valid), and the argmax token (−1: a zero logit), from the
-    logits in the accumulator (for the ``nt`` tokens in ``Ltouched``, mid in column 1 and
-    *radius* in column 2). A token not touched has logit exactly 0 and is counted, not
-    enumerated. error = S_inv/(S_inv + S_val) with S the sums of e^(l − M): increasing in
-    S_inv, decreasing in S_val.
+    """Enclosure (lo, hi) of 1 − P(valid), the argmax token (−1: a zero logit), and an
+    enclosure (rho_lo, rho_hi) of ρ = e^(0 − M)/(S_inv + S_val), the probability one token
+    of logit exactly 0 has, from the logits in the accumulator (for the ``nt`` tokens in
+    ``Ltouched``, mid in column 1 and *radius* in column 2). A token not touched has logit
+    exactly 0 and is counted, not enumerated. error = S_inv/(S_inv + S_val) with S the sums
+    of e^(l − M): increasing in S_inv, decreasing in S_val. (ρ lets a saved certificate
+    account for tokens added to or removed from the vocabulary: verifier.incremental.)
     """
     n_valid = 0
     for q in range(vptr_lo, vptr_hi):
@@ -655,7 +657,7 @@ def _error(nt, Ltouched, Lacc, V, vptr_lo, vptr_hi, valid, vstamp, s):
             best = Lacc[t, 1]
             arg = t
     if bad or not np.isfinite(M):
-        return 0.0, 1.0, arg
+        return 0.0, 1.0, arg, np.nan, np.nan
     if zeros > 0 and best < 0.0:
         arg = -1
     inv_lo = 0.0
@@ -690,16 +692,28 @@ def _error(nt, Ltouched, Lacc, V, vptr_lo, vptr_hi, valid, vstamp, s):
         err_hi = 1.0
     if not (err_lo >= 0.0):
         err_lo = 0.0
-    return err_lo, err_hi, arg
+    rho_hi = up(z_hi / down(inv_lo + val_lo))
+    rho_lo = down(z_lo / up(inv_hi + val_hi))
+    if not (rho_hi <= 1.0):
+        rho_hi = 1.0
+    if not (rho_lo >= 0.0):
+        rho_lo = 0.0
+    return err_lo, err_hi, arg, rho_lo, rho_hi
 
 
 @njit(cache=True)
 def experts(rows, experts_of, cm, cr, R_ptr, R_idx, R_mid, R_rad, L_ptr, L_idx, L_mid, L_rad,
             W1T_ptr, W1T_idx, W1T_val, off, b1, pos_ptr, pos_idx, W2T_ptr, W2T_idx, W2T_val,
             UT_ptr, UT_idx, UT_val, V, valid_ptr, valid,
-            zacc, ztouched, yacc, ytouched, Lacc, Ltouched, vstamp, stamp0):
+            zacc, ztouched, yacc, ytouched, Lacc, Ltouched, vstamp, stamp0, watch, active):
     """For each pair (row ``rows[q]``, expert ``experts_of[q]``), with the expert's output
-    scaled by [cm ± cr] (1 ± 0 in gate mode "top1"): error enclosure and argmax token.
+    scaled by [cm ± cr] (1 ± 0 in gate mode "top1"): error enclosure, argmax token and the
+    zero-logit probability ρ (:func:`_error`).
+
+    ``watch`` (bool per neuron, over all experts; empty: none) selects neurons whose
+    possible activity is recorded: ``active[q, :R]`` receives up to R = active.shape[1] − 1
+    watched neurons that may be on for pair q (upper end of ReLU(z) above 0, or a positive
+    bias), ``active[q, R]`` how many there were (more than R: the list is incomplete).
 
     z = W_1 r + b_1 per neuron the row reaches (a neuron it does not reach has
     pre-activation exactly b_1 and contributes max(b_1, 0)); a = ReLU(z);
@@ -708,7 +722,11 @@ def experts(rows, experts_of, cm, cr, R_ptr, R_idx, R_mid, R_rad, L_ptr, L_idx, 
     P = rows.size
     err_lo = np.empty(P)
     err_hi = np.empty(P)
+    rho_lo = np.empty(P)
+    rho_hi = np.empty(P)
     pred = np.empty(P, np.int64)
+    watching = watch.size > 0
+    R_act = active.shape[1] - 1
     for q in range(P):
         i = rows[q]
         k = experts_of[q]
@@ -750,6 +768,11 @@ def experts(rows, experts_of, cm, cr, R_ptr, R_idx, R_mid, R_rad, L_ptr, L_idx, 
             a_hi = max(up(zm + zr), 0.0)
             if a_hi == 0.0:
                 continue                                  # exactly 0: the neuron is off
+            if watching and watch[g]:
+                c_act = active[q, R_act]
+                if c_act < R_act:
+                    active[q, c_act] = g
+                active[q, R_act] = c_act + 1
             if a_lo == a_hi:
                 am, ar = a_lo, 0.0
             else:
@@ -767,6 +790,11 @@ def experts(rows, experts_of, cm, cr, R_ptr, R_idx, R_mid, R_rad, L_ptr, L_idx, 
             loc = g - lo_n
             if zacc[loc, 0] == s:
                 continue                                  # reached: handled above
+            if watching and watch[g]:
+                c_act = active[q, R_act]
+                if c_act < R_act:
+                    active[q, c_act] = g
+                active[q, R_act] = c_act + 1
             am, ar = b1[g], 0.0
             if scaled:
                 am, ar = mul_interval(am, ar, cm[q], cr[q])
@@ -776,7 +804,7 @@ def experts(rows, experts_of, cm, cr, R_ptr, R_idx, R_mid, R_rad, L_ptr, L_idx, 
                 m, a, b = prod_terms(am, ar, W2T_val[u])
                 _add(j, m, a, b, yacc)
         if bad:
-            err_lo[q], err_hi[q], pred[q] = 0.0, 1.0, -1
+            err_lo[q], err_hi[q], pred[q], rho_lo[q], rho_hi[q] = 0.0, 1.0, -1, np.nan, np.nan
             continue
         # logits: U·r (one interval term per token) plus U·o (product terms)
         nt = 0
@@ -796,22 +824,25 @@ def experts(rows, experts_of, cm, cr, R_ptr, R_idx, R_mid, R_rad, L_ptr, L_idx, 
                 m, a, b = prod_terms(om, orad, UT_val[t])
                 _add(tok, m, a, b, Lacc)
         if bad:
-            err_lo[q], err_hi[q], pred[q] = 0.0, 1.0, -1
+            err_lo[q], err_hi[q], pred[q], rho_lo[q], rho_hi[q] = 0.0, 1.0, -1, np.nan, np.nan
             continue
         for u in range(nt):
             t = Ltouched[u]
             Lacc[t, 2] = entry_radius(Lacc[t, 2], Lacc[t, 3], int(Lacc[t, 4]))   # column 2 becomes the radius
-        err_lo[q], err_hi[q], pred[q] = _error(nt, Ltouched, Lacc, V, valid_ptr[i], valid_ptr[i + 1], valid, vstamp, s)
-    return err_lo, err_hi, pred
+        err_lo[q], err_hi[q], pred[q], rho_lo[q], rho_hi[q] = _error(nt, Ltouched, Lacc, V, valid_ptr[i],
+                                                                     valid_ptr[i + 1], valid, vstamp, s)
+    return err_lo, err_hi, pred, rho_lo, rho_hi
 
 
 @njit(cache=True)
 def ablated(rows, L_ptr, L_idx, L_mid, L_rad, V, valid_ptr, valid, Lacc, Ltouched, vstamp, stamp0):
     """The error enclosure of softmax(U·r) (the routed expert's output removed) for ``rows``,
-    from the logits of :func:`logits`."""
+    from the logits of :func:`logits`, and its zero-logit probability ρ (:func:`_error`)."""
     P = rows.size
     err_lo = np.empty(P)
     err_hi = np.empty(P)
+    rho_lo = np.empty(P)
+    rho_hi = np.empty(P)
     for q in range(P):
         i = rows[q]
         s = stamp0 + q
@@ -821,9 +852,9 @@ def ablated(rows, L_ptr, L_idx, L_mid, L_rad, V, valid_ptr, valid, Lacc, Ltouche
             nt = _touch(t, Lacc, s, Ltouched, nt)
             Lacc[t, 1] = L_mid[e]
             Lacc[t, 2] = L_rad[e]
-        lo, hi, _ = _error(nt, Ltouched, Lacc, V, valid_ptr[i], valid_ptr[i + 1], valid, vstamp, s)
-        err_lo[q], err_hi[q] = lo, hi
-    return err_lo, err_hi
+        lo, hi, _, r_lo, r_hi = _error(nt, Ltouched, Lacc, V, valid_ptr[i], valid_ptr[i + 1], valid, vstamp, s)
+        err_lo[q], err_hi[q], rho_lo[q], rho_hi[q] = lo, hi, r_lo, r_hi
+    return err_lo, err_hi, rho_lo, rho_hi
 
 
 @njit(cache=True)

@@ -72,6 +72,7 @@ def report_json(report: Report) -> dict[str, Any]:
         "tasks": [task_json(r) for r in report.tasks],
         "counterexamples": report.counterexamples,
         "notes": report.notes,
+        "incremental": report.incremental,
     }
 
 
@@ -157,6 +158,18 @@ def summary(report: Report) -> str:
                      f"{c['active_per_query']:,} active per query{per_fact}; dense shapes would hold {c['dense_total']:,}")
     for note in report.notes:
         lines.append(f"note: {note}")
+    inc = report.incremental
+    if inc:
+        if inc["mode"] == "full":
+            lines.append(f"since the certificate: a full check ({inc['reason']})")
+        else:
+            changed = ", ".join(f"{k} {v}" for k, v in list(inc["changed_weights"].items())[:8]) or "none"
+            lines.append(f"since the certificate: {inc['queries_rerun']:,} queries run again in {inc['cells_rerun']:,} "
+                         f"of {inc['cells_total']:,} cells, {inc['queries_reused']:,} reused ({inc['classes_reused']:,} "
+                         f"classes); vocabulary {inc['vocabulary_delta']:+d} tokens; changed entries: {changed}")
+            reused = inc["tasks_reused"]
+            lines.append(f"  tasks reused whole: {len(reused)} of {len(report.tasks)}"
+                         + (f" ({', '.join(reused[:6])}{' ...' if len(reused) > 6 else ''})" if reused else ""))
     for c in report.counterexamples[:5]:
         lines.extend(counterexample_lines(c))
     if len(report.counterexamples) > 5:

@@ -34,6 +34,7 @@ from tasks.model import TaskSet
 from tasks.queries import QueryGroup, build_group
 from tasks.structure import StructureTrie, check_routable
 from verifier.batches import batches
+from verifier.classes import ClassRecorder
 from verifier.floating import Deployment, FloatPass
 from verifier.forward import Prepared, run_batch
 from verifier.parallel import Executor, LocalPool
@@ -106,6 +107,7 @@ class Report:
     precision: str = "exact"                   # the forward pass certified: exact, or a floating-point format
     precision_model: str | None = None         # the executions a floating-point certificate covers
     parameter_counts: dict[str, Any] | None = None   # Weights.parameter_counts() and facts per parameter
+    incremental: dict[str, Any] | None = None  # check --since: what was reused and what ran again
 
     @property
     def complete(self) -> bool:
@@ -321,6 +323,7 @@ def verify(
     jobs: int = 1,
     executor: Executor | None = None,
     deployment: Deployment | None = None,
+    classes: "ClassRecorder | None" = None,
 ) -> Report:
     """Run every check on ``weights`` (any weights in the layout, however made).
 
@@ -332,6 +335,10 @@ def verify(
 
     ``deployment`` (a floating-point format, :mod:`verifier.floating`): certify every
     execution of the model deployed in that format instead of the exact forward pass.
+
+    ``classes`` (:class:`verifier.classes.ClassRecorder`, exact pass on local processes
+    only): also aggregate every batch into query classes, for a saved certificate; the
+    recorder's ``watch`` mask says which neurons' possible activity to record.
     """
     start = time.perf_counter()
     weights.validate(source)
@@ -366,8 +373,13 @@ def verify(
         raise TaskError(f"--precision {deployment.fmt.name} runs on local processes only (the sharded cluster path "
                         "certifies the exact pass)", file=source, fix="drop --scheduler, or use --precision exact")
     shard = Shard(weights, tmap, deployment=deployment)
+    if classes is not None and (deployment is not None or not executor.shares_memory):
+        raise TaskError("a certificate for later edits is saved for the exact pass on local processes only",
+                        file=source, fix="drop --precision / --scheduler, or drop --certificate")
     if executor.shares_memory:
-        shard.prepared()          # built once, before any worker starts
+        prepared = shard.prepared()          # built once, before any worker starts
+        if classes is not None:
+            prepared.watch = classes.watch
     state = _State(taskset, trie, report, expert_task_index, epsilon)
     chunk = max(1_000, min(CHUNK, 20_000_000 // max(K_exp, 1)))
     done = 0
@@ -385,6 +397,8 @@ def verify(
         results = _sharded(executor, taskset, weights, tmap, stream, executor.shards, deferred)
     for batch, res in results:
         state.record(batch, res, weights)
+        if classes is not None:
+            classes.record(batch, res)
         report.deferred = deferred[0]
         done += len(batch)
         report.queries = done

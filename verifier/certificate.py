@@ -1,0 +1,226 @@
+"""A saved certificate: what a verification certified, kept so that an edit can be re-certified.
+
+``check --certificate DIR`` writes a directory:
+
+==================  ==================================================================
+file                holds
+==================  ==================================================================
+certificate.json    format, ε, verdict, parameters, per-task records and content hashes,
+                    the construction's evidence, and the SHA-256 of every other file
+weights.npz         the certified weights (the layout of ``layout.npz``)
+tasks.npz           the certified task set, compiled: vocabulary, per task its name,
+                    templates and facts as token ids (``tasks.compiled``)
+classes.npz         the query classes (``verifier.classes``): cells, per-class summaries,
+                    and which neurons were watched
+==================  ==================================================================
+
+**What it can be trusted for.** Every file's SHA-256 is checked when the certificate is
+read, so a file changed by accident (or a directory mixed from two runs) is refused. The
+directory is this tool's own record, though: whoever can write it can also rewrite the
+hashes, and ``check --since`` takes its class summaries as proven. Use ``check --since``
+with certificates you made; for weights or certificates from elsewhere, run a full check.
+
+The directory is written in full beside the target and then moved into place: an
+interrupted write leaves the previous certificate (or none), never a mixture.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from layout import Weights, load, save
+from tasks.errors import TaskError
+from tasks.model import Facts, Task, TaskSet
+from verifier.classes import COUNTS, FLOATS, CellPlan, ClassTable
+
+FORMAT = "moe-knowledge-certificate/1"
+FILES = ("weights.npz", "tasks.npz", "classes.npz")
+
+
+@dataclass
+class Certificate:
+    """A verification's record (see the module docstring)."""
+
+    epsilon: float
+    verdict: str
+    taskset: TaskSet
+    weights: Weights
+    table: ClassTable
+    plan: CellPlan
+    watched: list[np.ndarray]                  # per expert: neurons whose activity the classes record
+    summary: dict[str, Any] = field(default_factory=dict)   # per-task records, counts, evidence (JSON)
+    task_hashes: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def certified(self) -> bool:
+        return self.verdict == "certified"
+
+
+def task_hash(task: Task) -> str:
+    """SHA-256 of a task's content: name, templates, and facts in subject order."""
+    h = hashlib.sha256()
+    h.update(task.name.encode("utf-8") + b"\x00")
+    for t in task.templates:
+        h.update(t.text().encode("utf-8") + b"\x01")
+    for s, o in sorted(task.facts.items()):
+        h.update(s.encode("utf-8") + b"\x02" + o.encode("utf-8") + b"\x03")
+    return h.hexdigest()
+
+
+def _sha256(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _strings(values) -> np.ndarray:
+    values = list(values)
+    return np.asarray(values, dtype=str) if values else np.zeros(0, "U1")
+
+
+def _save_taskset(ts: TaskSet, path: str) -> None:
+    vocab = ts.vocabulary
+    arrays: dict[str, np.ndarray] = {"words": _strings(vocab.words), "entities": _strings(vocab.entities),
+                                     "names": _strings(ts.names)}
+    template_text, template_ptr = [], [0]
+    for k, task in enumerate(ts.tasks):
+        template_text += [t.text() for t in task.templates]
+        template_ptr.append(len(template_text))
+        s, o = ts.fact_ids[k]
+        arrays[f"subjects.{k}"] = np.asarray(s, np.int64)
+        arrays[f"objects.{k}"] = np.asarray(o, np.int64)
+    arrays["templates"] = _strings(template_text)
+    arrays["template_ptr"] = np.asarray(template_ptr, np.int64)
+    with open(path, "wb") as f:
+        np.savez(f, **arrays)
+
+
+def _load_taskset(path: str, epsilon: float | None, parameters: dict) -> TaskSet:
+    with np.load(path, allow_pickle=False) as z:
+        words = tuple(z["words"].tolist())
+        entities = tuple(z["entities"].tolist())
+        names = z["names"].tolist()
+        templates = z["templates"].tolist()
+        ptr = z["template_ptr"]
+        W = len(words)
+        tasks, ids = [], []
+        for k, name in enumerate(names):
+            s, o = z[f"subjects.{k}"], z[f"objects.{k}"]
+            facts = Facts.trusted(tuple(entities[i - W] for i in s.tolist()), tuple(entities[i - W] for i in o.tolist()))
+            tasks.append(Task(name, tuple(templates[ptr[k]: ptr[k + 1]]), facts))
+            s.setflags(write=False)
+            o.setflags(write=False)
+            ids.append((s, o))
+    return TaskSet.trusted(tuple(tasks), words, entities, tuple(ids), epsilon, parameters)
+
+
+def _save_classes(cert: Certificate, path: str) -> None:
+    t, plan = cert.table, cert.plan
+    keys = sorted(plan.boundaries)
+    b_ptr = np.zeros(len(keys) + 1, np.int64)
+    np.cumsum([len(plan.boundaries[k]) for k in keys], out=b_ptr[1:])
+    w_ptr = np.zeros(len(cert.watched) + 1, np.int64)
+    np.cumsum([m.size for m in cert.watched], out=w_ptr[1:])
+    arrays = {
+        "nodes": _strings(t.nodes), "node": t.node, "cell": t.cell, "expert": t.expert,
+        "allowed_ptr": t.allowed_ptr, "allowed": t.allowed, "counts": t.counts, "floats": t.floats,
+        "worst_subject": _strings(w[0] for w in t.worst), "worst_object": _strings(w[1] for w in t.worst),
+        "active_ptr": t.active_ptr, "active": t.active, "overflow": t.overflow,
+        "plan_keys": _strings(keys), "plan_ptr": b_ptr,
+        "plan_bounds": _strings(b for k in keys for b in plan.boundaries[k]),
+        "watched_ptr": w_ptr,
+        "watched": np.concatenate(cert.watched) if cert.watched else np.zeros(0, bool),
+        "columns": _strings(COUNTS + FLOATS),
+    }
+    with open(path, "wb") as f:
+        np.savez(f, **arrays)
+
+
+def _load_classes(path: str) -> tuple[ClassTable, CellPlan, list[np.ndarray]]:
+    with np.load(path, allow_pickle=False) as z:
+        if tuple(z["columns"].tolist()) != COUNTS + FLOATS:
+            raise TaskError("the certificate's class summaries have other columns than this version writes",
+                            file=path, fix="run a full check with --certificate to write a new one")
+        worst = list(zip(z["worst_subject"].tolist(), z["worst_object"].tolist()))
+        t = ClassTable(z["nodes"].tolist(), z["node"], z["cell"], z["expert"], z["allowed_ptr"], z["allowed"],
+                       z["counts"], z["floats"], worst, z["active_ptr"], z["active"], z["overflow"])
+        keys, ptr, bounds = z["plan_keys"].tolist(), z["plan_ptr"], z["plan_bounds"].tolist()
+        plan = CellPlan({k: tuple(bounds[ptr[i]: ptr[i + 1]]) for i, k in enumerate(keys)})
+        wp, wv = z["watched_ptr"], z["watched"]
+        watched = [wv[wp[i]: wp[i + 1]].copy() for i in range(wp.size - 1)]
+    return t, plan, watched
+
+
+def save_certificate(cert: Certificate, directory: str | os.PathLike) -> None:
+    """Write ``cert`` to ``directory`` (created or replaced as a whole; see the module docstring)."""
+    target = os.path.abspath(os.fspath(directory))
+    parent = os.path.dirname(target) or "."
+    if os.path.exists(target) and not os.path.isdir(target):
+        raise TaskError(f"'{directory}' exists and is not a directory", fix="give a directory for the certificate")
+    try:
+        tmp = tempfile.mkdtemp(prefix=".certificate-", dir=parent)
+    except OSError as e:
+        raise TaskError(f"cannot write the certificate beside '{directory}': {e.strerror or e}",
+                        fix="give a writable directory") from None
+    try:
+        save(cert.weights, os.path.join(tmp, "weights.npz"))
+        _save_taskset(cert.taskset, os.path.join(tmp, "tasks.npz"))
+        _save_classes(cert, os.path.join(tmp, "classes.npz"))
+        manifest = {
+            "format": FORMAT, "epsilon": cert.epsilon, "verdict": cert.verdict,
+            "parameters": cert.taskset.parameters, "task_set_epsilon": cert.taskset.epsilon,
+            "task_hashes": cert.task_hashes, "summary": cert.summary,
+            "files": {name: _sha256(os.path.join(tmp, name)) for name in FILES},
+        }
+        with open(os.path.join(tmp, "certificate.json"), "w", encoding="utf-8") as f:
+            json.dump(manifest, f, indent=1, ensure_ascii=False, default=float)
+        old = None
+        if os.path.isdir(target):
+            old = tempfile.mkdtemp(prefix=".certificate-old-", dir=parent)
+            os.rmdir(old)
+            os.replace(target, old)
+        os.replace(tmp, target)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def load_certificate(directory: str | os.PathLike) -> Certificate:
+    """Read a certificate written by :func:`save_certificate`, every file's hash checked."""
+    d = os.fspath(directory)
+    path = os.path.join(d, "certificate.json")
+    try:
+        with open(path, encoding="utf-8") as f:
+            manifest = json.load(f)
+    except FileNotFoundError:
+        raise TaskError(f"'{d}' holds no certificate (certificate.json not found)",
+                        fix="give the directory written by 'check --certificate DIR'") from None
+    except (OSError, ValueError) as e:
+        raise TaskError(f"certificate.json cannot be read: {e}", file=path, fix="write the certificate again") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise TaskError(f"certificate.json is not a certificate of format {FORMAT}", file=path,
+                        fix="write the certificate again with this version ('check --certificate DIR')")
+    for name in FILES:
+        full = os.path.join(d, name)
+        want = manifest.get("files", {}).get(name)
+        if not os.path.isfile(full) or want is None or _sha256(full) != want:
+            raise TaskError(f"the certificate's {name} is missing or does not match its recorded SHA-256",
+                            file=full, fix="the directory was changed after it was written; write it again")
+    epsilon = float(manifest["epsilon"])
+    taskset = _load_taskset(os.path.join(d, "tasks.npz"), manifest.get("task_set_epsilon"),
+                            manifest.get("parameters") or {})
+    table, plan, watched = _load_classes(os.path.join(d, "classes.npz"))
+    return Certificate(epsilon, manifest["verdict"], taskset, load(os.path.join(d, "weights.npz")), table, plan,
+                       watched, manifest.get("summary") or {}, manifest.get("task_hashes") or {})

@@ -1,0 +1,371 @@
+"""Query classes: what a saved certificate keeps of a verification, so that an edit can reuse it.
+
+A verification decides, per query, numbers that its checks compare with thresholds. A
+certificate cannot keep them per query (millions), and an edit must not need them per
+query either. So the queries are grouped:
+
+* a **cell** is the queries of one structure node whose subject's name lies in one range
+  of the sorted entity names (:class:`CellPlan`; a node without an entity is one cell). A
+  cell is the unit an edit re-runs: every query of a cell is either reused or run again.
+* a **class** is the queries of a cell with the same set M of consistent tasks and the same
+  routed expert e. Its *summary* holds exactly what the checks and the per-task records
+  need, aggregated: the number of queries; the largest upper end of the error enclosure
+  (and that query's lower end, subject and object, to name it); the smallest certified
+  margin; the failures counted per check; over the object queries the smallest lower end
+  of the ablated error; and the ranges of ρ, the probability one token of logit exactly 0
+  has (with and without the expert's output), which lets a count of such tokens change
+  soundly (:mod:`verifier.incremental`); the smallest margin over all its queries; and
+  which *watched* neurons of e may be on in some query of the class.
+
+:func:`records` turns a table of classes into the per-task records a :class:`Report` shows,
+with the same meaning as the records the full pass accumulates (``verifier.verify``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from tasks.model import TaskSet
+from tasks.structure import OBJ, SUBJ, StructureTrie
+
+#: Queries per cell at most (about): the largest unit an edit re-runs for one subject.
+CELL_QUERIES = 2048
+#: The float summaries of a class, in this order in :attr:`ClassTable.floats`.
+FLOATS = ("err_hi", "err_lo", "rho_lo", "rho_hi", "margin", "ab_lo", "ab_rho_lo", "ab_rho_hi", "margin_all")
+#: The counts of a class, in this order in :attr:`ClassTable.counts`.
+COUNTS = ("queries", "object_queries", "route_bad", "err_bad", "broken", "foreign")
+
+
+def node_key(trie: StructureTrie, node) -> str:
+    """A node's structure as text, stable across edits that keep the templates:
+    words by name, ⋆1 and ⋆2 for the slots, separated by a tab."""
+    vocab = trie.taskset.vocabulary
+    return "\t".join("⋆1" if c == SUBJ else "⋆2" if c == OBJ else vocab.token(c) for c in node.symbols)
+
+
+@dataclass(frozen=True)
+class CellPlan:
+    """Per structure node (by :func:`node_key`), the subject names that start its cells after
+    the first, sorted. A subject s falls in cell #{b : b <= s}."""
+
+    boundaries: dict[str, tuple[str, ...]]
+
+    @staticmethod
+    def of(taskset: TaskSet, trie: StructureTrie, size: int = CELL_QUERIES) -> "CellPlan":
+        vocab = taskset.vocabulary
+        ids = taskset.fact_ids
+        out: dict[str, tuple[str, ...]] = {}
+        for node in trie:
+            if not node.has_subject:
+                continue
+            subjects = np.unique(np.concatenate([ids[k][0] for k in node.tasks]))
+            picks = subjects[size::size]
+            out[node_key(trie, node)] = tuple(vocab.token(int(s)) for s in picks)
+        return CellPlan(out)
+
+    def thresholds(self, key: str, taskset: TaskSet) -> np.ndarray:
+        """Token ids at which the node's cells start (after the first) in ``taskset``'s
+        vocabulary: the cell of a subject id is ``searchsorted(thresholds, id, 'right')``."""
+        b = self.boundaries.get(key, ())
+        if not b:
+            return np.zeros(0, np.int64)
+        entities = _entity_array(taskset)
+        return taskset.vocabulary.n_words + np.searchsorted(entities, np.asarray(b, dtype=entities.dtype), side="left")
+
+    def ranges(self, key: str, taskset: TaskSet) -> list[tuple[int, int]]:
+        """The cells of a node as subject-id ranges [lo, hi) in ``taskset``'s numbering."""
+        t = self.thresholds(key, taskset)
+        W, V = taskset.vocabulary.n_words, taskset.vocabulary.size
+        edges = np.concatenate([[W], t, [V]]).astype(np.int64)
+        return [(int(a), int(b)) for a, b in zip(edges[:-1], edges[1:])]
+
+
+def _entity_array(taskset: TaskSet) -> np.ndarray:
+    cache = taskset.__dict__.get("_entity_array")
+    if cache is None:
+        cache = np.asarray(taskset.vocabulary.entities, dtype=str) if taskset.vocabulary.entities else np.zeros(0, "U1")
+        taskset.__dict__["_entity_array"] = cache
+    return cache
+
+
+@dataclass
+class ClassTable:
+    """Classes as columns. ``allowed`` and ``active`` are CSR (pointer, values)."""
+
+    nodes: list[str]                       # node keys; ``node`` indexes this list
+    node: np.ndarray                       # (n,) int
+    cell: np.ndarray                       # (n,) int
+    expert: np.ndarray                     # (n,) int: the routed expert
+    allowed_ptr: np.ndarray
+    allowed: np.ndarray                    # consistent task indices, ascending
+    counts: np.ndarray                     # (n, len(COUNTS)) int
+    floats: np.ndarray                     # (n, len(FLOATS)) float
+    worst: list[tuple[str, str]]           # (subject, object) names of each class's worst query ("" if none)
+    active_ptr: np.ndarray
+    active: np.ndarray                     # local neuron ids of the expert that may be on
+    overflow: np.ndarray                   # (n,) bool: more watched neurons may be on than listed
+
+    def __len__(self) -> int:
+        return int(self.node.size)
+
+    def allowed_of(self, i: int) -> np.ndarray:
+        return self.allowed[self.allowed_ptr[i]: self.allowed_ptr[i + 1]]
+
+    def active_of(self, i: int) -> np.ndarray:
+        return self.active[self.active_ptr[i]: self.active_ptr[i + 1]]
+
+    def column(self, name: str) -> np.ndarray:
+        return self.floats[:, FLOATS.index(name)] if name in FLOATS else self.counts[:, COUNTS.index(name)]
+
+    @staticmethod
+    def empty() -> "ClassTable":
+        z = np.zeros(0, np.int64)
+        return ClassTable([], z, z, z, np.zeros(1, np.int64), z, np.zeros((0, len(COUNTS)), np.int64),
+                          np.zeros((0, len(FLOATS))), [], np.zeros(1, np.int64), z, np.zeros(0, bool))
+
+    def take(self, idx: np.ndarray) -> "ClassTable":
+        idx = np.asarray(idx, np.int64)
+        from verifier.batches import take_csr
+        ap, av = take_csr(self.allowed_ptr, self.allowed, idx)
+        cp, cv = take_csr(self.active_ptr, self.active, idx)
+        return ClassTable(self.nodes, self.node[idx], self.cell[idx], self.expert[idx], ap, av, self.counts[idx],
+                          self.floats[idx], [self.worst[i] for i in idx.tolist()], cp, cv, self.overflow[idx])
+
+    @staticmethod
+    def concat(parts: list["ClassTable"]) -> "ClassTable":
+        """Tables of classes over the same task set, their node lists merged."""
+        from verifier.batches import concat_csr
+        parts = [p for p in parts if len(p)]
+        if not parts:
+            return ClassTable.empty()
+        nodes: list[str] = []
+        index: dict[str, int] = {}
+        remapped = []
+        for p in parts:
+            m = np.array([index.setdefault(k, len(index)) for k in p.nodes], np.int64)
+            remapped.append(m[p.node] if p.node.size else p.node)
+        nodes = sorted(index, key=index.get)
+        ap, av = concat_csr([(p.allowed_ptr, p.allowed) for p in parts])
+        cp, cv = concat_csr([(p.active_ptr, p.active) for p in parts])
+        return ClassTable(nodes, np.concatenate(remapped), np.concatenate([p.cell for p in parts]),
+                          np.concatenate([p.expert for p in parts]), ap, av,
+                          np.concatenate([p.counts for p in parts]), np.concatenate([p.floats for p in parts]),
+                          [w for p in parts for w in p.worst], cp, cv, np.concatenate([p.overflow for p in parts]))
+
+
+class ClassRecorder:
+    """Aggregates a verification's batches into a :class:`ClassTable` (vectorised per batch).
+
+    ``served`` maps an expert to the task index it serves (-1: none); ``off`` is the first
+    global neuron of each expert (``Prepared.off``), to store watched neurons locally.
+    """
+
+    def __init__(self, taskset: TaskSet, trie: StructureTrie, plan: CellPlan, served: np.ndarray,
+                 off: np.ndarray, epsilon: float, watch: np.ndarray | None = None) -> None:
+        self.taskset, self.trie, self.plan = taskset, trie, plan
+        #: global neurons whose possible activity is recorded (verifier.locality.watched_neurons)
+        self.watch = np.zeros(0, bool) if watch is None else np.asarray(watch, bool)
+        self.served, self.off, self.eps = np.asarray(served, np.int64), np.asarray(off, np.int64), float(epsilon)
+        self.keys = [node_key(trie, n) for n in trie]
+        self.thresholds = [plan.thresholds(k, taskset) for k in self.keys]
+        self.subject_at = np.array([n.subject_position for n in trie], np.int64)
+        self.object_at = np.array([n.object_position for n in trie], np.int64)
+        self.index: dict[tuple, int] = {}
+        self.patterns: dict[tuple[int, ...], int] = {}
+        self._n = 0
+        self._node, self._cell, self._expert, self._pattern = [], [], [], []
+        self._counts = np.zeros((0, len(COUNTS)), np.int64)
+        self._floats = np.zeros((0, len(FLOATS)))
+        self._worst: list[tuple[int, int]] = []
+        self._active: dict[int, set[int]] = {}
+        self._overflow: list[bool] = []
+
+    @staticmethod
+    def for_weights(taskset: TaskSet, trie: StructureTrie, plan: CellPlan, weights, epsilon: float,
+                    watched: list[np.ndarray]) -> "ClassRecorder":
+        """A recorder for ``weights`` (experts' served tasks by name), watching ``watched``
+        (per expert, a bool mask of its neurons)."""
+        names = taskset.names
+        served = np.array([names.index(t) if t in names else -1 for t in weights.expert_tasks], np.int64)
+        off = np.concatenate([[0], np.cumsum([e.width for e in weights.experts])]).astype(np.int64)
+        watch = np.concatenate(watched) if watched else np.zeros(0, bool)
+        return ClassRecorder(taskset, trie, plan, served, off, epsilon, watch)
+
+    def _grow(self, n_new: int) -> None:
+        self._counts = np.concatenate([self._counts, np.zeros((n_new, len(COUNTS)), np.int64)])
+        init = np.array([-np.inf, -np.inf, np.inf, -np.inf, np.inf, np.inf, np.inf, -np.inf, np.inf])
+        self._floats = np.concatenate([self._floats, np.tile(init, (n_new, 1))])
+
+    def cells_of(self, node_ids: np.ndarray, subjects: np.ndarray) -> np.ndarray:
+        out = np.zeros(node_ids.size, np.int64)
+        for nid in np.unique(node_ids):
+            t = self.thresholds[int(nid)]
+            if t.size:
+                sel = node_ids == nid
+                out[sel] = np.searchsorted(t, subjects[sel], side="right")
+        return out
+
+    def record(self, b, res) -> None:
+        n = len(b)
+        if n == 0:
+            return
+        K = len(self.taskset.tasks)
+        rows = np.arange(n)
+        e = np.asarray(res.expert, np.int64)
+        served = self.served[e]
+        counts = np.diff(b.allowed_ptr)
+        pr = np.repeat(rows, counts)
+        member = np.zeros(n, bool)
+        member[pr[np.repeat(served, counts) == b.allowed]] = True
+        route_ok = (~res.ambiguous) & (served >= 0) & member
+        err_bad = ~(res.err_hi < self.eps)
+        det = b.determined
+        has = det >= 0
+        oq = b.object_query & has
+        broken = oq & (res.ablated_lo >= self.eps)
+        foreign = has & (served != det) & (served >= 0)
+        node = np.asarray(b.node, np.int64)
+        sp_ = self.subject_at[node]
+        subj = np.where(sp_ >= 0, b.tokens[rows, np.maximum(sp_, 0)], -1)
+        op_ = self.object_at[node]
+        obj = np.where(op_ >= 0, b.tokens[rows, np.maximum(op_, 0)], -1)
+        cell = self.cells_of(node, subj)
+        # pattern of M: a single task k is k; a larger set gets its own number from K on
+        pattern = np.where(counts == 1, b.allowed[b.allowed_ptr[:-1]] if n else 0, -1)
+        for i in np.flatnonzero(counts != 1):
+            tup = tuple(b.allowed[b.allowed_ptr[i]: b.allowed_ptr[i + 1]].tolist())
+            pattern[i] = K + self.patterns.setdefault(tup, len(self.patterns))
+        stacked = np.stack([node, cell, pattern, e], axis=1)
+        uniq, inv = np.unique(stacked, axis=0, return_inverse=True)
+        inv = inv.reshape(-1)
+        cls = np.empty(uniq.shape[0], np.int64)
+        new = 0
+        for j, key in enumerate(map(tuple, uniq.tolist())):
+            c = self.index.get(key)
+            if c is None:
+                c = self.index[key] = self._n + new
+                new += 1
+                self._node.append(key[0]); self._cell.append(key[1]); self._pattern.append(key[2])
+                self._expert.append(key[3]); self._worst.append((-1, -1)); self._overflow.append(False)
+            cls[j] = c
+        if new:
+            self._grow(new)
+            self._n += new
+        c = cls[inv]
+        C = self._counts
+        np.add.at(C[:, 0], c, 1)
+        np.add.at(C[:, 1], c, oq)
+        np.add.at(C[:, 2], c, ~route_ok)
+        np.add.at(C[:, 3], c, err_bad)
+        np.add.at(C[:, 4], c, broken)
+        np.add.at(C[:, 5], c, foreign)
+        F = self._floats
+        before = F[:, 0].copy()
+        np.fmax.at(F[:, 0], c, res.err_hi)
+        for j in np.unique(c):
+            if F[j, 0] > before[j]:                      # a new worst query: the first row attaining it
+                i = int(np.flatnonzero((c == j) & (res.err_hi == F[j, 0]))[0])
+                F[j, 1] = res.err_lo[i]
+                self._worst[j] = (int(subj[i]), int(obj[i]))
+        nan = lambda a: np.full(n, np.nan) if a is None else np.asarray(a, float)  # noqa: E731
+        rho_lo, rho_hi = nan(res.rho_lo), nan(res.rho_hi)
+        np.minimum.at(F[:, 2], c, np.where(np.isnan(rho_lo), -np.inf, rho_lo))    # NaN: no ρ (becomes -inf)
+        np.maximum.at(F[:, 3], c, np.where(np.isnan(rho_hi), np.inf, rho_hi))
+        ok_det = has & route_ok
+        np.minimum.at(F[:, 4], c[ok_det], res.margin[ok_det])
+        np.minimum.at(F[:, 8], c, np.where(np.isnan(res.margin), -np.inf, res.margin))
+        ab_lo, a_rlo, a_rhi = np.asarray(res.ablated_lo, float), nan(res.ablated_rho_lo), nan(res.ablated_rho_hi)
+        np.minimum.at(F[:, 5], c[oq], np.where(np.isnan(ab_lo[oq]), -np.inf, ab_lo[oq]))
+        np.minimum.at(F[:, 6], c[oq], np.where(np.isnan(a_rlo[oq]), -np.inf, a_rlo[oq]))
+        np.maximum.at(F[:, 7], c[oq], np.where(np.isnan(a_rhi[oq]), np.inf, a_rhi[oq]))
+        if res.active is not None:
+            act = np.asarray(res.active)
+            R = act.shape[1] - 1
+            over = act[:, R] > R
+            for j in np.unique(c[over]):
+                self._overflow[j] = True
+            rr, kk = np.nonzero(act[:, :R] >= 0)
+            if rr.size:
+                local = act[rr, kk] - self.off[e[rr]]
+                pairs = np.unique(np.stack([c[rr], local], axis=1), axis=0)
+                for j, g in pairs.tolist():
+                    self._active.setdefault(j, set()).add(g)
+        else:
+            for j in np.unique(c):
+                self._overflow[j] = True
+
+    def table(self) -> ClassTable:
+        vocab = self.taskset.vocabulary
+        K = len(self.taskset.tasks)
+        by_id = {v: k for k, v in self.patterns.items()}
+        sets = [(p,) if p < K else by_id[p - K] for p in self._pattern]
+        ap = np.zeros(len(sets) + 1, np.int64)
+        np.cumsum([len(s) for s in sets], out=ap[1:])
+        av = np.fromiter((k for s in sets for k in s), np.int64, int(ap[-1]))
+        acts = [sorted(self._active.get(j, ())) for j in range(self._n)]
+        cp = np.zeros(self._n + 1, np.int64)
+        np.cumsum([len(a) for a in acts], out=cp[1:])
+        cv = np.fromiter((g for a in acts for g in a), np.int64, int(cp[-1]))
+        name = lambda t: vocab.token(t) if t >= 0 else ""  # noqa: E731
+        return ClassTable(list(self.keys), np.asarray(self._node, np.int64), np.asarray(self._cell, np.int64),
+                          np.asarray(self._expert, np.int64), ap, av, self._counts.copy(), self._floats.copy(),
+                          [(name(s), name(o)) for s, o in self._worst], cp, cv, np.asarray(self._overflow, bool))
+
+
+@dataclass
+class Totals:
+    """What the per-task records of a report hold, from a class table (:func:`records`)."""
+
+    queries: np.ndarray
+    object_queries: np.ndarray
+    misrouted: np.ndarray
+    over_epsilon: np.ndarray
+    broken: np.ndarray
+    min_margin: np.ndarray
+    worst: np.ndarray
+    worst_lower: np.ndarray
+    worst_query: list[str]
+    routing: np.ndarray
+    foreign: int
+    total_queries: int = field(default=0)
+
+
+def records(table: ClassTable, taskset: TaskSet, n_experts: int) -> Totals:
+    """Per task: queries consistent with it, object queries, failures per check, smallest
+    margin over its determined well-routed queries, worst error (and its query's text), and
+    the routing matrix over determined queries; the same meaning as ``verifier.verify``."""
+    K = len(taskset.tasks)
+    t = Totals(*(np.zeros(K, np.int64) for _ in range(5)), np.full(K, np.inf), np.full(K, -np.inf),
+               np.zeros(K), [""] * K, np.zeros((K, n_experts), np.int64), 0)
+    if not len(table):
+        return t
+    cnt = {name: table.column(name) for name in COUNTS}
+    size = np.diff(table.allowed_ptr)
+    owner = np.repeat(np.arange(len(table)), size)
+    for name, out in (("queries", t.queries), ("route_bad", t.misrouted), ("err_bad", t.over_epsilon)):
+        np.add.at(out, table.allowed, cnt[name][owner])
+    single = size == 1
+    det = np.where(single, table.allowed[table.allowed_ptr[:-1]] if len(table) else 0, -1)
+    d = det >= 0
+    np.add.at(t.object_queries, det[d], cnt["object_queries"][d])
+    np.add.at(t.broken, det[d], cnt["broken"][d])
+    np.minimum.at(t.min_margin, det[d], table.column("margin")[d])
+    np.add.at(t.routing, (det[d], table.expert[d]), cnt["queries"][d])
+    t.foreign = int(cnt["foreign"].sum())
+    t.total_queries = int(cnt["queries"].sum())
+    err_hi, err_lo = table.column("err_hi"), table.column("err_lo")
+    for k in range(K):
+        mine = owner[table.allowed == k]
+        if mine.size == 0:
+            continue
+        j = int(mine[np.argmax(err_hi[mine])])
+        t.worst[k], t.worst_lower[k] = err_hi[j], err_lo[j]
+        t.worst_query[k] = query_text(table.nodes[int(table.node[j])], *table.worst[j])
+    return t
+
+
+def query_text(key: str, subject: str, obj: str) -> str:
+    """The query named by a node key and its entities."""
+    return " ".join(subject if w == "⋆1" else obj if w == "⋆2" else w for w in key.split("\t"))
