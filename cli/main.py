@@ -51,6 +51,13 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--accumulate", choices=("float32", "float64"), default=None,
                    help="with --precision: sums, exp and division computed in this wider format, each result "
                         "rounded to the precision (mixed-precision bfloat16)")
+    c.add_argument("--certificate", metavar="DIR",
+                   help="also save the certificate (weights, task set, query classes) to DIR, so that an edit "
+                        "can be re-certified with --since DIR (README 'Editing knowledge')")
+    c.add_argument("--since", metavar="DIR",
+                   help="re-certify from the certificate in DIR: rebuild with its beta and gamma, run again only "
+                        "the queries the edit can reach, reuse the rest; writes the updated certificate back to "
+                        "DIR (or to --certificate)")
 
     i = sub.add_parser("inspect", help="expert sizes against the bound, parameters, closed-form bound; --block: the symbolic weights",
                        description="Show the construction without verifying it. With --block, list a block's symbolic "
@@ -86,6 +93,22 @@ def parser() -> argparse.ArgumentParser:
     x.add_argument("--onnx", required=True, metavar="FILE", help="output .onnx file")
     add_json(x, "a summary (inputs, outputs, size)")
     add_quiet(x)
+
+    ed = sub.add_parser("edit", help="set, change or remove facts of a task in the tasks file",
+                        description="Edit the tasks file (or the task's facts file) in place: --set adds or changes "
+                                    "a fact, --remove drops one, --delete-task removes the task. The edited set is "
+                                    "checked like a loaded one before anything is written, and every file is "
+                                    "replaced atomically. Then 'check --since DIR' re-certifies it.")
+    ed.add_argument("tasks", help="the tasks.yaml file")
+    ed.add_argument("task", help="the task to edit (its name)")
+    ed.add_argument("--set", action="append", default=[], metavar="SUBJECT=OBJECT",
+                    help="add the fact, or change the subject's object (split at the first '='); repeatable")
+    ed.add_argument("--set-pair", action="append", nargs=2, default=[], metavar=("SUBJECT", "OBJECT"),
+                    help="the same, for names that contain '='; repeatable")
+    ed.add_argument("--remove", action="append", default=[], metavar="SUBJECT", help="remove the subject's fact; repeatable")
+    ed.add_argument("--delete-task", action="store_true", help="remove the whole task")
+    add_json(ed, "what changed")
+    add_quiet(ed)
 
     e = sub.add_parser("explain", help="trace one prefix through the model", description="Show one query's attention, gate, neurons and next tokens.")
     common(e)
@@ -217,6 +240,8 @@ def cmd_check(args) -> int:
     taskset = _load(args)
     deployment = _deployment(args)
     progress = counter(args.quiet, "verifying", "queries")
+    if args.certificate or args.since:
+        return _check_certificate(args, taskset, deployment, progress)
     with _executor(args) as executor:
         if args.weights:
             weights = layout.load(args.weights)
@@ -238,6 +263,61 @@ def cmd_check(args) -> int:
         except BrokenPipeError:  # the reader stopped early; the verdict still decides the status
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return code
+
+
+def _check_certificate(args, taskset, deployment, progress) -> int:
+    """check --certificate / --since: a full check that saves its certificate, or a re-certification from one."""
+    from cli.compose import check_and_save, check_since
+    from verifier.report import dumps, summary
+
+    for flag, bad in (("--weights", args.weights), ("--precision", deployment is not None),
+                      ("--scheduler", getattr(args, "scheduler", None))):
+        if bad:
+            raise TaskError(f"--certificate and --since work on models this tool builds, for the exact pass on local "
+                            f"processes; {flag} does not combine with them", fix=f"drop {flag}")
+    if args.since:
+        for name, given in (("beta", args.beta), ("gamma", args.gamma)):
+            if given is not None:
+                raise TaskError(f"--since keeps the certificate's beta and gamma; --{name} does not combine with it",
+                                fix=f"drop --{name}, or run a full check with --certificate")
+        if args.epsilon is not None:
+            raise TaskError("--since keeps the certificate's epsilon; --epsilon does not combine with it",
+                            fix="drop --epsilon, or run a full check with --certificate")
+        for d in (args.since, args.certificate):
+            if d and os.path.abspath(d) in {os.path.abspath(p) for p in _inputs(args)}:
+                raise TaskError(f"the certificate directory {d} is an input file", fix="give another directory")
+        report, _ = check_since(taskset, args.since, args.certificate, isolation=not args.no_isolation,
+                                jobs=args.jobs, progress=progress, source=args.tasks)
+    else:
+        model = _build(args, taskset)
+        report = check_and_save(taskset, model, args.certificate, isolation=not args.no_isolation, jobs=args.jobs,
+                                progress=progress, source=args.tasks)
+    if args.json:
+        _write_text(args.json, dumps(report), _inputs(args))
+    if args.json != "-":
+        print(summary(report))
+    return EXIT_OK if report.certified else EXIT_NOT_CERTIFIED
+
+
+def cmd_edit(args) -> int:
+    from tasks.editing import Edit, edit_tasks_file, parse_pair
+
+    pairs = [parse_pair(x) for x in args.set] + [tuple(p) for p in args.set_pair]
+    if not pairs and not args.remove and not args.delete_task:
+        raise TaskError("nothing to edit", fix="give --set SUBJECT=OBJECT, --remove SUBJECT or --delete-task")
+    if args.delete_task and (pairs or args.remove):
+        raise TaskError("--delete-task removes the whole task; it does not combine with --set or --remove",
+                        fix="give one or the other")
+    taskset = _load(args)
+    result = edit_tasks_file(args.tasks, taskset, Edit(args.task, tuple(pairs), tuple(args.remove), args.delete_task))
+    data = {"task": args.task, "changes": result.changes, "written": result.written}
+    if args.json:
+        _write_text(args.json, json.dumps(data, indent=2, ensure_ascii=False), [])
+    if args.json != "-" and not args.quiet:
+        for change in result.changes:
+            print(f"{args.task}: {change}")
+        print(f"wrote {', '.join(result.written)}")
+    return EXIT_OK
 
 
 def inspect_data(model) -> dict:
@@ -468,7 +548,8 @@ def _plot_blocks(args, model, out: str, name: str) -> list[str]:
     return paths
 
 
-COMMANDS = {"check": cmd_check, "inspect": cmd_inspect, "build": cmd_build, "export": cmd_export, "explain": cmd_explain, "plot": cmd_plot}
+COMMANDS = {"check": cmd_check, "inspect": cmd_inspect, "build": cmd_build, "export": cmd_export, "explain": cmd_explain,
+            "plot": cmd_plot, "edit": cmd_edit}
 
 
 def _refusal_hint(args, exc: TaskError) -> str:

@@ -396,6 +396,36 @@ class _Builder:
 
 
 
+@dataclass
+class TaskSource:
+    """Where one task of a tasks file is written (for editing the file, :mod:`tasks.editing`)."""
+
+    name: str
+    node: Node                       # the task's mapping node in the ``tasks`` list
+    facts_node: Node | None          # inline facts, or None
+    files: list[str]                 # facts files, resolved against the YAML file's directory
+
+
+def task_sources(path: str | os.PathLike) -> tuple[str, list[TaskSource]]:
+    """(the YAML text, where each task is written) of a tasks file that loads."""
+    file = os.fspath(path)
+    data = read_bytes(file, "tasks file")
+    text = decode(data, file)
+    lines = LineMap(text)
+    root = compose(text, file, lines)
+    b = _Builder(file, os.path.dirname(file), lines, routable=False)
+    items = b.mapping(root, TOP_KEYS, "at the top level") if isinstance(root, MappingNode) else {}
+    if "tasks" not in items:
+        raise TaskError("the file has no tasks", file=file, fix="add a 'tasks:' list")
+    heads = b.task_heads(*items["tasks"])
+    nodes = b.sequence_items(items["tasks"][1], "'tasks'")
+    out = []
+    for head, node in zip(heads, nodes):
+        files = [p if os.path.isabs(p) else os.path.normpath(os.path.join(b.base_dir, p)) for p, _ in head.files]
+        out.append(TaskSource(head.name, node, head.facts_node, files))
+    return text, out
+
+
 def loads_tasks(text: str | bytes, file: str = "<string>", base_dir: str | None = None,
                 routable: bool = True) -> TaskSet:
     """Parse a tasks document.

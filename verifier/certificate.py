@@ -173,6 +173,9 @@ def save_certificate(cert: Certificate, directory: str | os.PathLike) -> None:
         raise TaskError(f"cannot write the certificate beside '{directory}': {e.strerror or e}",
                         fix="give a writable directory") from None
     try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o777 & ~umask)              # mkdtemp makes it private; a certificate is an ordinary directory
         save(cert.weights, os.path.join(tmp, "weights.npz"))
         _save_taskset(cert.taskset, os.path.join(tmp, "tasks.npz"))
         _save_classes(cert, os.path.join(tmp, "classes.npz"))

@@ -31,7 +31,7 @@ from tasks.model import TaskSet
 from tasks.structure import OBJ, SUBJ, StructureTrie
 
 #: Queries per cell at most (about): the largest unit an edit re-runs for one subject.
-CELL_QUERIES = 2048
+CELL_QUERIES = 256
 #: The float summaries of a class, in this order in :attr:`ClassTable.floats`.
 FLOATS = ("err_hi", "err_lo", "rho_lo", "rho_hi", "margin", "ab_lo", "ab_rho_lo", "ab_rho_hi", "margin_all")
 #: The counts of a class, in this order in :attr:`ClassTable.counts`.

@@ -146,15 +146,22 @@ class _Touch:
     def __init__(self, old: Certificate, new: Weights, cor: Correspondence) -> None:
         self.old, self.new, self.cor = old, new, cor
         self.tokens = np.zeros(new.E.shape[0], bool)
+        #: per old expert: tokens at which something changes only for queries routed to it
+        self.by_expert: dict[int, np.ndarray] = {}
         self.position = False
         self.experts: set[int] = set()          # old expert indices
         self.classes = np.zeros(len(old.table), bool)
         self._E_old = sp.csr_matrix(old.weights.E)
         self._E_new = sp.csr_matrix(new.E)
 
-    def _old_tokens(self, mask_old: np.ndarray) -> None:
+    def _target(self, expert: int | None) -> np.ndarray:
+        if expert is None:
+            return self.tokens
+        return self.by_expert.setdefault(expert, np.zeros(self.tokens.size, bool))
+
+    def _old_tokens(self, mask_old: np.ndarray, expert: int | None = None) -> None:
         ids = self.cor.tokens[np.flatnonzero(mask_old)]
-        self.tokens[ids[ids >= 0]] = True
+        self._target(expert)[ids[ids >= 0]] = True
 
     def direct(self, coords_new: np.ndarray, coords_old: np.ndarray) -> None:
         """Queries whose embeddings have one of these coordinates (read directly by W_Q, W_K, W_V)."""
@@ -175,8 +182,9 @@ class _Touch:
             if Pc.nnz and mask[Pc.indices].any():
                 self.position = True
 
-    def reach(self, coords_new: np.ndarray, coords_old: np.ndarray) -> None:
-        """Queries whose residual may have one of these coordinates."""
+    def reach(self, coords_new: np.ndarray, coords_old: np.ndarray, expert: int | None = None) -> None:
+        """Queries whose residual may have one of these coordinates (with ``expert``: only those
+        of them routed to that old expert)."""
         for w, coords, old in ((self.new, coords_new, False), (self.old.weights, coords_old, True)):
             if coords.size == 0:
                 continue
@@ -185,9 +193,9 @@ class _Touch:
             toks, pos = reaching(w, mask)
             self.position |= pos
             if old:
-                self._old_tokens(toks)
+                self._old_tokens(toks, expert)
             else:
-                self.tokens |= toks
+                self._target(expert)[:] |= toks
 
     def neuron(self, k_old: int, n_new: int | None, n_old: int | None, first_layer: bool) -> None:
         """Neuron of old expert ``k_old`` whose output may change: ``first_layer`` when its row of
@@ -212,7 +220,7 @@ class _Touch:
             return
         cn = sp.csr_matrix(e_new.W_1)[n_new].indices if n_new is not None else np.zeros(0, np.int64)
         co = sp.csr_matrix(e_old.W_1)[n_old].indices if n_old is not None else np.zeros(0, np.int64)
-        self.reach(np.asarray(cn, np.int64), np.asarray(co, np.int64))
+        self.reach(np.asarray(cn, np.int64), np.asarray(co, np.int64), expert=k_old)
 
     def writers(self, coords_new: np.ndarray, coords_old: np.ndarray) -> None:
         """Neurons whose second layer writes these coordinates (a logit that changed)."""
@@ -270,8 +278,8 @@ def touched(old: Certificate, new: Weights, cor: Correspondence, d: Diff) -> _To
         inv = np.full(new.experts[k_new].width, -1, np.int64)
         inv[nm[nm >= 0]] = np.flatnonzero(nm >= 0)
         w1, w2 = M[f"experts.{k_new}.W_1"], M[f"experts.{k_new}.W_2"]
-        # a changed entry of W_1 at (n, c): z_n changes where c is reached
-        T.reach(np.unique(w1.cols), np.unique(w1.gone_cols))
+        # a changed entry of W_1 at (n, c): z_n changes where c is reached (in queries routed here)
+        T.reach(np.unique(w1.cols), np.unique(w1.gone_cols), expert=k_old)
         first = set(d.vectors[f"experts.{k_new}.b_1"].tolist()) | set(d.vectors[f"experts.{k_new}.new"].tolist())
         for n in sorted(first):
             T.neuron(k_old, n, int(inv[n]) if inv[n] >= 0 else None, True)
@@ -342,8 +350,6 @@ def recertify(old: Certificate, taskset: TaskSet, weights: Weights, cor: Corresp
     # tokens: where each touched token (and each changed subject) sits in the new queries
     subj_sets = [set(s.tolist()) for s, _ in taskset.fact_ids]
     old_subjects = [set(vocab.id(x) for x in t.facts.subjects if x in vocab) for t in old.taskset.tasks]
-    word_touched = set(int(t) for t in touched_ids if not vocab.is_entity(int(t)))
-    ent_touched = np.array([t for t in touched_ids.tolist() if vocab.is_entity(t)], np.int64)
     # a changed subject's place in the new numbering: its id, or (gone from the vocabulary) the
     # id it would have; either way the cell whose name range holds it
     from verifier.classes import _entity_array
@@ -351,34 +357,31 @@ def recertify(old: Certificate, taskset: TaskSet, weights: Weights, cor: Corresp
     place = lambda names: (vocab.n_words + np.searchsorted(ents, np.asarray(sorted(names), dtype=ents.dtype))  # noqa: E731
                            if names else np.zeros(0, np.int64)).astype(np.int64)
     changed_ids = [place(ch) for ch in ch_subj]
+    rerun |= _token_cells(trie, taskset, touched_ids, cell_of, old_subjects, subj_sets)
     for node in trie:
         nid = node.id
-        if word_touched & {c for c in node.symbols if c >= 0}:
-            rerun.update((nid, c) for c in range(len(ranges[nid])))
-            continue
         if not node.has_subject:
             if any(ch_set[k] for k in node.tasks):
                 rerun.add((nid, 0))
             continue
-        subjects = []
-        for k in node.tasks:
-            if ent_touched.size:
-                here = np.array([t for t in ent_touched.tolist() if t in subj_sets[k] or t in old_subjects[k]],
-                                np.int64)
-                subjects.append(here)
-                if node.has_object:
-                    s, o = taskset.fact_ids[k]
-                    subjects.append(s[np.isin(o, ent_touched)])
-            subjects.append(changed_ids[k])
-        if subjects:
-            ids = np.unique(np.concatenate(subjects))
-            if ids.size:
-                rerun.update((nid, int(c)) for c in cell_of(nid, ids).tolist())
-    # old classes: mapped to new nodes; forced by the watched neurons, failures, missing ρ
+        ids = np.unique(np.concatenate([changed_ids[k] for k in node.tasks]))
+        if ids.size:
+            rerun.update((nid, int(c)) for c in cell_of(nid, ids).tolist())
+    # old classes: mapped to new nodes
     cls_node = np.array([node_of_key.get(table.nodes[int(n)], -1) for n in table.node.tolist()], np.int64)
     if (cls_node < 0).any():
         info.mode, info.reason = "full", "the certificate's structures do not match the task set's"
         return None, None, None, info
+    # tokens at which something changed only for queries routed to one expert: the cells
+    # holding them, where a class of the old table was routed to that expert
+    for k_old, mask in T.by_expert.items():
+        ids = back[np.flatnonzero(mask)]
+        ids = ids[ids >= 0]
+        if ids.size == 0:
+            continue
+        routed_here = {(int(n), int(c)) for n, c, e in zip(cls_node.tolist(), table.cell.tolist(), table.expert.tolist())
+                       if e == k_old}
+        rerun.update(_token_cells(trie, taskset, ids, cell_of, old_subjects, subj_sets) & routed_here)
     counts = table.counts
     F = table.floats
     col = {name: i for i, name in enumerate(FLOATS)}
@@ -452,6 +455,35 @@ def recertify(old: Certificate, taskset: TaskSet, weights: Weights, cor: Corresp
     info.seconds = time.perf_counter() - start
     report.seconds = report.verify_seconds = info.seconds
     return report, merged, watched, info
+
+
+def _token_cells(trie, taskset: TaskSet, ids: np.ndarray, cell_of, old_subjects, subj_sets) -> set[tuple[int, int]]:
+    """The cells (node, cell) holding a query with one of the tokens ``ids`` (task-set ids):
+    every cell of a node with such a word; for an entity, the cell of its subject place
+    at the nodes of the tasks it is (or was) a subject of, and past ⋆2 the cells of the
+    subjects whose object it is."""
+    vocab = taskset.vocabulary
+    words = {int(t) for t in ids.tolist() if not vocab.is_entity(int(t))}
+    ents = np.array([t for t in ids.tolist() if vocab.is_entity(int(t))], np.int64)
+    out: set[tuple[int, int]] = set()
+    for node in trie:
+        nid = node.id
+        if words & {c for c in node.symbols if c >= 0}:
+            n_cells = int(cell_of(nid, np.array([vocab.size], np.int64))[0]) + 1 if node.has_subject else 1
+            out.update((nid, c) for c in range(n_cells))
+            continue
+        if not node.has_subject or ents.size == 0:
+            continue
+        subjects = []
+        for k in node.tasks:
+            subjects.append(np.array([t for t in ents.tolist() if t in subj_sets[k] or t in old_subjects[k]], np.int64))
+            if node.has_object:
+                s, o = taskset.fact_ids[k]
+                subjects.append(s[np.isin(o, ents)])
+        here = np.unique(np.concatenate(subjects)) if subjects else np.zeros(0, np.int64)
+        if here.size:
+            out.update((nid, int(c)) for c in cell_of(nid, here).tolist())
+    return out
 
 
 def _key(trie, node) -> str:
