@@ -111,8 +111,10 @@ def _cert_summary(report: Report) -> dict:
 
 
 def check_and_save(taskset: TaskSet, model: SymbolicModel, directory: str, *, isolation: bool = True, jobs: int = 1,
-                   progress: Callable[[int, int], None] | None = None, source: str = "weights") -> Report:
+                   progress: Callable[[int, int], None] | None = None, source: str = "weights",
+                   tasks_path: str | None = None) -> Report:
     """``check --certificate DIR``: the full check, with its query classes saved for later edits."""
+    from tasks.compiled import facts_file_hashes
     from tasks.structure import StructureTrie
     from verifier.certificate import Certificate, save_certificate, task_hash
     from verifier.classes import CellPlan, ClassRecorder
@@ -126,7 +128,8 @@ def check_and_save(taskset: TaskSet, model: SymbolicModel, directory: str, *, is
     report = check_built(taskset, model, weights=weights, isolation=isolation, jobs=jobs, progress=progress,
                          source=source, classes=recorder)
     cert = Certificate(model.epsilon, report.verdict, taskset, weights, recorder.table(), plan, watched,
-                       _cert_summary(report), {t.name: task_hash(t) for t in taskset.tasks})
+                       _cert_summary(report), {t.name: task_hash(t) for t in taskset.tasks},
+                       facts_file_hashes(tasks_path) if tasks_path is not None else {})
     save_certificate(cert, directory)
     report.notes.append(f"certificate saved to {directory}")
     return report
@@ -144,64 +147,110 @@ def pinned_parameters(old, taskset: TaskSet) -> tuple[float, float]:
         raise TaskError("the certificate's weights do not record beta and gamma", fix="write a new certificate") from None
 
 
-def check_since(taskset: TaskSet, directory: str, out: str | None = None, *, isolation: bool = True, jobs: int = 1,
-                progress: Callable[[int, int], None] | None = None, source: str = "weights"):
+def load_since(tasks_path: str, directory: str):
+    """(the certificate in ``directory``, the tasks file read against it): facts files whose
+    bytes are unchanged are taken from the certificate (tasks.compiled)."""
+    from tasks.compiled import FactsCache
+    from tasks.io import load_tasks
+    from verifier.certificate import load_certificate
+
+    old = load_certificate(directory)
+    cache = FactsCache(old.taskset, old.file_hashes)
+    return old, load_tasks(tasks_path, cache=cache), cache
+
+
+def check_since(taskset: TaskSet, directory: str | None = None, out: str | None = None, *, old=None, cache=None,
+                isolation: bool = True, jobs: int = 1, progress: Callable[[int, int], None] | None = None,
+                source: str = "weights", tasks_path: str | None = None):
     """``check --since DIR``: re-certify an edited task set from a saved certificate, running
     again only the queries the edit can reach (verifier.incremental); the model keeps the
-    certificate's β and γ. Saves the updated certificate to ``out`` (default: DIR). Returns
-    (report, model)."""
+    certificate's β and γ and is built from the certificate's weights where the edit allows
+    (construction.patch). Saves the updated certificate to ``out`` (default: DIR). Returns
+    (report, edited task names)."""
+    from fractions import Fraction
+
+    from construction import bound
     from construction.experts import build_expert, same_expert
     from construction.model import build
     from construction.numbering import correspondence, numbering
+    from construction.patch import patched_weights
     from construction.residual import residual_space
+    from tasks.compiled import facts_file_hashes
     from tasks.structure import StructureTrie
     from verifier.certificate import Certificate, load_certificate, save_certificate, task_hash
     from verifier.classes import CellPlan, ClassRecorder
     from verifier.incremental import recertify
     from verifier.locality import Correspondence, watched_neurons
 
-    start = time.perf_counter()
-    old = load_certificate(directory)
+    start = t0 = time.perf_counter()
+    old = old if old is not None else load_certificate(directory)
+    reused = cache.reused if cache is not None else set()
     beta, gamma = pinned_parameters(old, taskset)
     # parameters written in the tasks file win (if they differ, every weight changes: a full check)
     beta, gamma = taskset.parameters.get("beta", beta), taskset.parameters.get("gamma", gamma)
-    model = build(taskset, epsilon=old.epsilon, beta=beta, gamma=gamma)
-    weights = model.instantiate()
-    cor = Correspondence(**correspondence(numbering(old.taskset), numbering(taskset)))
-    report, table, watched, info = recertify(old, taskset, weights, cor, model.epsilon, jobs=jobs, source=source,
-                                             progress=progress)
+    hashes = {t.name: (old.task_hashes.get(t.name) if t.name in reused else task_hash(t)) for t in taskset.tasks}
+    edited = {name for name, h in hashes.items() if old.task_hashes.get(name) != h}
+    epsilon = old.epsilon
+    patched = None
+    if beta == pinned_parameters(old, taskset)[0] and gamma == pinned_parameters(old, taskset)[1]:
+        patched = patched_weights(old.weights, old.taskset, taskset, edited, Fraction(beta), Fraction(gamma), epsilon)
+    if patched is not None:
+        weights, experts = patched
+        model = None
+        L, V = taskset.L, taskset.vocabulary.size
+        closed_form, bound_value, gate = str(bound.error_bound(L, V)), bound.bound_upper(L, V, Fraction(beta), Fraction(gamma)), "closed form"
+    else:
+        model = build(taskset, epsilon=epsilon, beta=beta, gamma=gamma)
+        weights, experts = model.instantiate(), {t.name: model.experts[k] for k, t in enumerate(taskset.tasks)}
+        closed_form, bound_value, gate = str(model.error_bound()), model.bound_value(), model.gate.method
+    t_model = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    cor = Correspondence(**correspondence(numbering(old.taskset), numbering(taskset), set(taskset.names) - edited))
+    t_cor = time.perf_counter() - t0
+    report, table, watched, info = recertify(old, taskset, weights, cor, epsilon, jobs=jobs, source=source,
+                                             progress=progress, edited=edited)
     if report is None:
         trie = StructureTrie(taskset)
         plan = CellPlan.of(taskset, trie)
         watched = watched_neurons(weights)
-        recorder = ClassRecorder.for_weights(taskset, trie, plan, weights, model.epsilon, watched)
-        report = verify(taskset, weights, model.epsilon, source=source, progress=progress, jobs=jobs, classes=recorder)
+        recorder = ClassRecorder.for_weights(taskset, trie, plan, weights, epsilon, watched)
+        report = verify(taskset, weights, epsilon, source=source, progress=progress, jobs=jobs, classes=recorder)
         table = recorder.table()
     else:
         plan = old.plan
     # the construction's evidence: the closed form at the new vocabulary; isolation carried over
     # for the tasks the edit left alone (their experts are unchanged, the diff shows it), checked
     # again for the edited ones
-    hashes = {t.name: task_hash(t) for t in taskset.tasks}
     old_iso = {t["name"]: t.get("isolated") for t in old.summary.get("tasks", [])}
     isolated = []
     for k, task in enumerate(taskset.tasks):
-        if info.mode == "incremental" and old.task_hashes.get(task.name) == hashes[task.name] and old_iso.get(task.name):
+        if info.mode == "incremental" and task.name not in edited and old_iso.get(task.name):
             isolated.append(True)
         elif isolation:
             alone = TaskSet((task,))
-            isolated.append(same_expert(build_expert(alone, 0, residual_space(alone)), model.experts[k]))
+            mine = experts.get(task.name) or build_expert(taskset, k, residual_space(taskset))
+            isolated.append(same_expert(build_expert(alone, 0, residual_space(alone)), mine))
         else:
             isolated.append(None)
-    report.attach(str(model.error_bound()), model.bound_value(), model.gate.method,
-                  None if any(x is None for x in isolated) else isolated,
+    report.attach(closed_form, bound_value, gate, None if any(x is None for x in isolated) else isolated,
                   ["isolation: carried over from the certificate for unedited tasks, built alone for edited ones"]
                   if info.mode == "incremental" else [])
     report.incremental = info.as_dict()
-    report.seconds = time.perf_counter() - start
-    info.seconds = report.seconds
-    report.incremental["seconds"] = round(report.seconds, 3)
-    cert = Certificate(model.epsilon, report.verdict, taskset, weights, table, plan, watched,
-                       _cert_summary(report), hashes)
+    report.incremental["phases"] = {"model": round(t_model, 3), "correspondence": round(t_cor, 3), **info.phases}
+    report.incremental["edited_tasks"] = sorted(edited)
+    report.incremental["model"] = "patched from the certificate's weights" if patched is not None else "built in full"
+    if cache is not None:
+        file_hashes = {t.name: cache.seen.get(t.name, []) for t in taskset.tasks}
+    elif tasks_path is not None:
+        file_hashes = facts_file_hashes(tasks_path)
+    else:
+        file_hashes = {}
+    report.incremental["recertify_seconds"] = round(time.perf_counter() - start, 3)
+    t0 = time.perf_counter()
+    cert = Certificate(epsilon, report.verdict, taskset, weights, table, plan, watched, _cert_summary(report),
+                       hashes, file_hashes)
     save_certificate(cert, out or directory)
-    return report, model
+    report.incremental["phases"]["save certificate"] = round(time.perf_counter() - t0, 3)
+    report.seconds = time.perf_counter() - start
+    report.incremental["seconds"] = round(report.seconds, 3)
+    return report, sorted(edited)

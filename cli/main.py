@@ -237,11 +237,11 @@ def cmd_check(args) -> int:
     from verifier.report import dumps, summary
     from verifier.verify import verify
 
-    taskset = _load(args)
     deployment = _deployment(args)
     progress = counter(args.quiet, "verifying", "queries")
     if args.certificate or args.since:
-        return _check_certificate(args, taskset, deployment, progress)
+        return _check_certificate(args, deployment, progress)
+    taskset = _load(args)
     with _executor(args) as executor:
         if args.weights:
             weights = layout.load(args.weights)
@@ -265,9 +265,9 @@ def cmd_check(args) -> int:
     return code
 
 
-def _check_certificate(args, taskset, deployment, progress) -> int:
+def _check_certificate(args, deployment, progress) -> int:
     """check --certificate / --since: a full check that saves its certificate, or a re-certification from one."""
-    from cli.compose import check_and_save, check_since
+    from cli.compose import check_and_save, check_since, load_since
     from verifier.report import dumps, summary
 
     for flag, bad in (("--weights", args.weights), ("--precision", deployment is not None),
@@ -286,12 +286,15 @@ def _check_certificate(args, taskset, deployment, progress) -> int:
         for d in (args.since, args.certificate):
             if d and os.path.abspath(d) in {os.path.abspath(p) for p in _inputs(args)}:
                 raise TaskError(f"the certificate directory {d} is an input file", fix="give another directory")
-        report, _ = check_since(taskset, args.since, args.certificate, isolation=not args.no_isolation,
-                                jobs=args.jobs, progress=progress, source=args.tasks)
+        old, taskset, cache = load_since(args.tasks, args.since)
+        report, _ = check_since(taskset, args.since, args.certificate, old=old, cache=cache,
+                                isolation=not args.no_isolation, jobs=args.jobs, progress=progress,
+                                source=args.tasks, tasks_path=args.tasks)
     else:
+        taskset = _load(args)
         model = _build(args, taskset)
         report = check_and_save(taskset, model, args.certificate, isolation=not args.no_isolation, jobs=args.jobs,
-                                progress=progress, source=args.tasks)
+                                progress=progress, source=args.tasks, tasks_path=args.tasks)
     if args.json:
         _write_text(args.json, dumps(report), _inputs(args))
     if args.json != "-":

@@ -27,7 +27,15 @@ class Numbering:
     qk: tuple[Space, ...]              # per head (structure heads 1..L-1, then the subject head)
     values: tuple[Space, ...]
     experts: tuple[str, ...]           # the task each expert serves
-    neurons: tuple[Space, ...]         # per expert
+    taskset: TaskSet
+
+    def neurons(self, k: int) -> Space:
+        """Expert k's neurons (built on demand: a million fact labels cost time)."""
+        return neuron_space(self.taskset, k)
+
+    def width(self, k: int) -> int:
+        task = self.taskset.tasks[k]
+        return len(template_nodes(task)) + task.n_facts
 
 
 BOS = "<BOS>"
@@ -49,27 +57,58 @@ def numbering(taskset: TaskSet) -> Numbering:
     structure_v = Space.of(block("symbol", symbols(taskset)))
     qk = (structure_qk,) * (L - 1) + (Space.of(block("score", ("first",))),)
     values = (structure_v,) * (L - 1) + (Space.of(block("entity", taskset.vocabulary.entities)),)
-    return Numbering(taskset.vocabulary.tokens + (BOS,), residual_space(taskset), qk, values, taskset.names,
-                     tuple(neuron_space(taskset, k) for k in range(len(taskset.tasks))))
+    return Numbering(taskset.vocabulary.tokens + (BOS,), residual_space(taskset), qk, values, taskset.names, taskset)
 
 
-def _by_name(old: tuple[str, ...], new: tuple[str, ...]) -> np.ndarray:
+def _by_name(old, new) -> np.ndarray:
+    """Position in ``new`` of each name of ``old`` (-1: none). Sorted sequences of strings (the
+    vocabulary's entities and tokens) are matched by binary search, others by a dict."""
+    if len(old) == 0:
+        return np.zeros(0, np.int64)
+    if old is new or (len(old) == len(new) and tuple(old) == tuple(new)):
+        return np.arange(len(old), dtype=np.int64)
+    if all(isinstance(x, str) for x in (old[0], new[0] if len(new) else "")):
+        a, b = np.asarray(list(old), dtype=str), np.asarray(list(new), dtype=str)
+        if b.size and (a[1:] >= a[:-1]).all() and (b[1:] > b[:-1]).all():
+            pos = np.minimum(np.searchsorted(b, a), b.size - 1)
+            return np.where(b[pos] == a, pos, -1).astype(np.int64)
     index = {name: i for i, name in enumerate(new)}
     return np.fromiter((index.get(name, -1) for name in old), np.int64, len(old))
 
 
-def correspondence(old: Numbering, new: Numbering) -> dict[str, object]:
+def space_map(old: Space, new: Space) -> np.ndarray:
+    """For each coordinate of ``old``, the coordinate of the same (block, label) in ``new`` (-1: none)."""
+    out = np.full(old.dim, -1, np.int64)
+    for blk, off in zip(old.blocks, old.offsets):
+        if new.has_block(blk.name):
+            other = new.block(blk.name)
+            pos = _by_name(blk.labels, other.labels)
+            out[off: off + len(blk)] = np.where(pos >= 0, pos + new.offset(blk.name), -1)
+    return out
+
+
+def correspondence(old: Numbering, new: Numbering, same_experts: set[str] | None = None) -> dict[str, object]:
     """For each index of the old model, the index of the same name in the new one (-1: none).
     Keys: ``tokens``, ``coords``, ``qk``, ``values`` (per head), ``experts``, ``neurons`` (per
-    old expert). Heads correspond one to one only if both models have as many."""
+    old expert). Heads correspond one to one only if both models have as many. The experts of
+    ``same_experts`` (tasks whose templates and facts are unchanged) have the same neurons in
+    the same order, so their map is the identity (not recomputed label by label)."""
     experts = _by_name(old.experts, new.experts)
     heads = len(old.qk) == len(new.qk)
+    same = same_experts or set()
+
+    def neurons(k: int, j: int) -> np.ndarray:
+        if j < 0:
+            return np.full(old.width(k), -1, np.int64)
+        if old.experts[k] in same and old.width(k) == new.width(j):
+            return np.arange(old.width(k), dtype=np.int64)
+        return column_map(old.neurons(k), new.neurons(j))
+
     return {
         "tokens": _by_name(old.tokens, new.tokens),
-        "coords": column_map(old.residual, new.residual),
-        "qk": tuple(column_map(a, b) for a, b in zip(old.qk, new.qk)) if heads else (),
-        "values": tuple(column_map(a, b) for a, b in zip(old.values, new.values)) if heads else (),
+        "coords": space_map(old.residual, new.residual),
+        "qk": tuple(space_map(a, b) for a, b in zip(old.qk, new.qk)) if heads else (),
+        "values": tuple(space_map(a, b) for a, b in zip(old.values, new.values)) if heads else (),
         "experts": experts,
-        "neurons": tuple(column_map(old.neurons[k], new.neurons[int(j)]) if j >= 0 else
-                         np.full(old.neurons[k].dim, -1, np.int64) for k, j in enumerate(experts.tolist())),
+        "neurons": tuple(neurons(k, int(j)) for k, j in enumerate(experts.tolist())),
     }

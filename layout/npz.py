@@ -31,6 +31,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import zipfile
 from typing import Any, Iterator
 
@@ -137,11 +138,12 @@ class _Reader:
         a = self.get(name)
         if a.ndim != 1 or a.dtype.kind != "U":
             raise self.fail(f"'{name}' must be a one-dimensional array of unicode strings (it has dtype {a.dtype}, shape {a.shape})")
-        out = tuple(str(t) for t in a)
-        for i, t in enumerate(out):
-            problem = text_problem(t)
-            if problem:
-                raise self.fail(f"'{name}' entry {i} {problem}", fix="names are text: no NUL, no lone surrogate")
+        out = tuple(a.tolist())
+        if _BAD_TEXT.search("\x01".join(out)):            # one scan; then find the entry to name it
+            for i, t in enumerate(out):
+                problem = text_problem(t)
+                if problem:
+                    raise self.fail(f"'{name}' entry {i} {problem}", fix="names are text: no NUL, no lone surrogate")
         return out
 
     def matrix(self, name: str) -> sp.spmatrix:
@@ -178,13 +180,17 @@ class _Reader:
         return m
 
 
+_BAD_TEXT = re.compile("[\x00\ud800-\udfff]")
+
+
 def text_problem(text: str) -> str | None:
     """Why a string cannot be a name in the file (it would not survive writing or printing), or None."""
-    if "\x00" in text:
+    bad = _BAD_TEXT.search(text)
+    if bad is None:
+        return None
+    if bad.group() == "\x00":
         return "contains a NUL character"
-    if any("\ud800" <= c <= "\udfff" for c in text):
-        return "contains a lone surrogate (not valid unicode text)"
-    return None
+    return "contains a lone surrogate (not valid unicode text)"
 
 
 def _kind_name(dtype: np.dtype) -> str:
@@ -319,8 +325,11 @@ def _members(path: str) -> dict[str, np.ndarray]:
         raise bad(f"not a readable .npz weights file ({type(exc).__name__}: {exc})".replace("\n", " ")) from None
 
 
-def load(path: str | os.PathLike) -> Weights:
-    """Read a weights file strictly (module docstring); any problem is a one-line TaskError."""
+def load(path: str | os.PathLike, validate: bool = True) -> Weights:
+    """Read a weights file strictly (module docstring); any problem is a one-line TaskError.
+    ``validate=False`` skips the last, whole-array check of the layout's rules
+    (:meth:`Weights.validate`): only for a file this tool wrote and whose hash was checked
+    (a saved certificate's)."""
     path = os.fspath(path)
     if os.path.isdir(path):
         raise TaskError("is a directory, not a weights file", file=path, fix="give the .npz file written by 'verifier build'")
@@ -344,5 +353,6 @@ def load(path: str | os.PathLike) -> Weights:
     if extra:
         raise r.fail(f"member '{extra[0]}' is not part of the layout (n_heads = {meta['n_heads']}, n_experts = {meta['n_experts']})",
                      fix="remove it, or correct meta.n_heads / meta.n_experts")
-    weights.validate(path)
+    if validate:
+        weights.validate(path)
     return weights

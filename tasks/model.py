@@ -162,7 +162,7 @@ class Facts(Mapping[str, str]):
     model building lives in :class:`TaskSet` (``fact_ids``).
     """
 
-    __slots__ = ("_subjects", "_objects", "_index")
+    __slots__ = ("_subjects", "_objects", "_index", "_ids")
 
     def __init__(self, pairs: Iterable[tuple[str, str]] | Mapping[str, str] = ()) -> None:
         items = pairs.items() if isinstance(pairs, Mapping) else pairs
@@ -187,6 +187,7 @@ class Facts(Mapping[str, str]):
         self._subjects = tuple(subjects)
         self._objects = tuple(objects)
         self._index = None      # built again on the first lookup (saves a dict per task at scale)
+        self._ids = None
         del index
 
     @classmethod
@@ -194,33 +195,52 @@ class Facts(Mapping[str, str]):
         """Facts from names already checked (a saved certificate's task set, which was
         validated when it was first read): distinct subjects, valid names. No check here."""
         out = cls.__new__(cls)
-        out._subjects, out._objects, out._index = tuple(subjects), tuple(objects), None
+        out._subjects, out._objects, out._index, out._ids = tuple(subjects), tuple(objects), None, None
         return out
+
+    @classmethod
+    def lazy(cls, names: Sequence[str], subject_ids: np.ndarray, object_ids: np.ndarray) -> "Facts":
+        """Trusted facts given as positions in ``names`` (a certificate's entities): the name
+        tuples are made only when asked for, so a task set of millions of facts read back
+        from a certificate costs arrays, not strings."""
+        out = cls.__new__(cls)
+        out._subjects = out._objects = out._index = None
+        out._ids = (names, np.asarray(subject_ids), np.asarray(object_ids))
+        return out
+
+    def _names(self) -> None:
+        names, s, o = self._ids
+        self._subjects = tuple(names[i] for i in s.tolist())
+        self._objects = tuple(names[i] for i in o.tolist())
 
     @property
     def subjects(self) -> tuple[str, ...]:
+        if self._subjects is None:
+            self._names()
         return self._subjects
 
     @property
     def objects(self) -> tuple[str, ...]:
+        if self._objects is None:
+            self._names()
         return self._objects
 
     def __getitem__(self, subject: str) -> str:
-        return self._objects[self._lookup()[subject]]
+        return self.objects[self._lookup()[subject]]
 
     def __contains__(self, subject: object) -> bool:
         return subject in self._lookup()
 
     def _lookup(self) -> dict[str, int]:
         if self._index is None:
-            self._index = {s: i for i, s in enumerate(self._subjects)}
+            self._index = {s: i for i, s in enumerate(self.subjects)}
         return self._index
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self._subjects)
+        return iter(self.subjects)
 
     def __len__(self) -> int:
-        return len(self._subjects)
+        return len(self._subjects) if self._subjects is not None else int(self._ids[1].size)
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Mapping):
@@ -228,7 +248,7 @@ class Facts(Mapping[str, str]):
         return len(self) == len(other) and all(other.get(s, None) == o for s, o in self.items())
 
     def __hash__(self) -> int:
-        return hash(frozenset(zip(self._subjects, self._objects)))
+        return hash(frozenset(zip(self.subjects, self.objects)))
 
     def __repr__(self) -> str:
         shown = ", ".join(f"{s!r}: {o!r}" for s, o in list(self.items())[:4])
@@ -236,7 +256,7 @@ class Facts(Mapping[str, str]):
         return f"Facts({{{shown}{more}}})"
 
     def items(self):  # type: ignore[override]
-        return zip(self._subjects, self._objects)
+        return zip(self.subjects, self.objects)
 
 
 @dataclass(frozen=True)

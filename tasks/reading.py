@@ -43,10 +43,11 @@ class _TaskHead:
 class _Builder:
     """Walks the YAML node graph of one tasks file and builds the :class:`TaskSet`."""
 
-    def __init__(self, file: str, base_dir: str, lines: LineMap, routable: bool = True) -> None:
+    def __init__(self, file: str, base_dir: str, lines: LineMap, routable: bool = True, cache=None) -> None:
         self.file = file
         self.base_dir = base_dir
         self.routable = routable
+        self.cache = cache          # tasks.compiled.FactsCache: facts files read before
         self._lines = lines
         self._constructor = yaml.constructor.SafeConstructor()
 
@@ -167,11 +168,15 @@ class _Builder:
         sources = Sources(self.file, {(k, t): line for k, head in enumerate(heads) for t, line in enumerate(head.template_lines)},
                           parameter_lines, self.line(items["epsilon"][1]) if "epsilon" in items else None)
         try:
-            taskset = TaskSet(tuple(tasks), epsilon, parameters, sources)
+            if self.cache is not None and self.cache.reused:
+                taskset = self.cache.assemble(tasks, epsilon, parameters, sources)
+            else:
+                taskset = TaskSet(tuple(tasks), epsilon, parameters, sources)
         except TaskError as e:
             raise e.located(self.file) from None
         if self.routable:
-            self.check_routable(taskset, heads)
+            only = self.cache.changed(taskset) if self.cache is not None and self.cache.reused else None
+            self.check_routable(taskset, heads, only)
         return taskset
 
     def epsilon(self, node: Node) -> float:
@@ -307,7 +312,13 @@ class _Builder:
         return out
 
     def facts(self, head: _TaskHead, words: dict[str, tuple[str, str, int]]) -> Facts:
-        """The task's dictionary, each fact checked where it was written."""
+        """The task's dictionary, each fact checked where it was written (or, with a cache, the
+        facts read before from facts files of the same bytes)."""
+        if self.cache is not None and head.files:
+            paths = [p if os.path.isabs(p) else os.path.normpath(os.path.join(self.base_dir, p)) for p, _ in head.files]
+            cached = self.cache.lookup(head.name, paths)
+            if cached is not None:
+                return cached
         label = f"task {show_name(head.name)}"
         pairs: dict[str, str] = {}
         for raw_s, raw_o, file, line in self.iter_facts(head):
@@ -379,9 +390,9 @@ class _Builder:
 
     # --- routability -------------------------------------------------------------------
 
-    def check_routable(self, taskset: TaskSet, heads: list[_TaskHead]) -> None:
+    def check_routable(self, taskset: TaskSet, heads: list[_TaskHead], only: list[int] | None = None) -> None:
         try:
-            check_routable(taskset)
+            check_routable(taskset, only=only)
         except TaskError as e:
             refs = getattr(e, "refs", None)
             if not refs or len(refs) < 2:
@@ -427,13 +438,15 @@ def task_sources(path: str | os.PathLike) -> tuple[str, list[TaskSource]]:
 
 
 def loads_tasks(text: str | bytes, file: str = "<string>", base_dir: str | None = None,
-                routable: bool = True) -> TaskSet:
+                routable: bool = True, cache=None) -> TaskSet:
     """Parse a tasks document.
 
     ``file`` names the document in messages; relative ``facts_file`` paths are resolved
     against ``base_dir`` (the current directory when None). Raises :class:`TaskError`.
     With ``routable=False`` a set in which two tasks share an object-query prefix is
-    returned rather than refused (for explaining what to change).
+    returned rather than refused (for explaining what to change). ``cache``
+    (:class:`tasks.compiled.FactsCache`): facts files whose bytes were read before are not
+    read again.
     """
     try:
         if isinstance(text, (bytes, bytearray)):
@@ -446,16 +459,16 @@ def loads_tasks(text: str | bytes, file: str = "<string>", base_dir: str | None 
                             file=file, line=line_of(text, nul), fix="give the tasks YAML text")
         lines = LineMap(text)
         root = compose(text, file, lines)
-        return _Builder(file, "" if base_dir is None else os.fspath(base_dir), lines, routable).build(root)
+        return _Builder(file, "" if base_dir is None else os.fspath(base_dir), lines, routable, cache).build(root)
     except TaskError as e:
         raise one_line(e) from None
     except RecursionError:
         raise TaskError("the input is nested too deeply", file=file) from None
 
 
-def load_tasks(path: str | os.PathLike, routable: bool = True) -> TaskSet:
-    """Read a ``tasks.yaml`` file (see the module docstring for the format); ``routable`` as
-    in :func:`loads_tasks`."""
+def load_tasks(path: str | os.PathLike, routable: bool = True, cache=None) -> TaskSet:
+    """Read a ``tasks.yaml`` file (see the module docstring for the format); ``routable`` and
+    ``cache`` as in :func:`loads_tasks`."""
     file = os.fspath(path)
     try:
         data = read_bytes(file, "tasks file")
@@ -467,7 +480,7 @@ def load_tasks(path: str | os.PathLike, routable: bool = True) -> TaskSet:
         text = decode(data, file)
     except TaskError as e:
         raise one_line(e) from None
-    return loads_tasks(text, file=file, base_dir=os.path.dirname(file), routable=routable)
+    return loads_tasks(text, file=file, base_dir=os.path.dirname(file), routable=routable, cache=cache)
 
 
 def input_files(path: str | os.PathLike) -> list[str]:

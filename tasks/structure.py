@@ -168,13 +168,16 @@ class Collision:
         )
 
 
-def object_query_collisions(trie: StructureTrie, structural: bool = False) -> list[Collision]:
+def object_query_collisions(trie: StructureTrie, structural: bool = False,
+                            only: list[int] | None = None) -> list[Collision]:
     """Object-query structures shared by two tasks.
 
     With ``structural=False`` only data-level collisions are returned: a subject of
     both tasks makes an actual prefix that is an object query of one task and a
     prefix of the other's sentence, so no model can route it. With ``structural=True``
-    every shared object-query *structure* is returned (shared subjects or not).
+    every shared object-query *structure* is returned (shared subjects or not). With
+    ``only`` (task indices), only collisions involving one of those tasks are looked for
+    (the others' were ruled out before, when none of them changed).
     """
     taskset = trie.taskset
     out: list[Collision] = []
@@ -184,9 +187,10 @@ def object_query_collisions(trie: StructureTrie, structural: bool = False) -> li
         oq = node.object_query_tasks()
         if not oq or len(node.children) < 2:
             continue
+        mine = None if only is None else set(only)
         for k in oq:
             for j in node.tasks:
-                if j == k:
+                if j == k or (mine is not None and k not in mine and j not in mine):
                     continue
                 shared = np.intersect1d(ids[k][0], ids[j][0], assume_unique=True)
                 if shared.size == 0 and not structural:
@@ -204,10 +208,11 @@ def _followed_by(taskset: TaskSet, k: int, ti: int, depth: int, slot: Slot) -> b
     return taskset.tasks[k].templates[ti].parts[depth] is slot
 
 
-def check_routable(taskset: TaskSet, trie: StructureTrie | None = None) -> None:
-    """Raise :class:`TaskError` if two tasks share an object-query prefix (data level)."""
+def check_routable(taskset: TaskSet, trie: StructureTrie | None = None, only: list[int] | None = None) -> None:
+    """Raise :class:`TaskError` if two tasks share an object-query prefix (data level);
+    ``only`` as in :func:`object_query_collisions`."""
     trie = trie or StructureTrie(taskset)
-    collisions = object_query_collisions(trie)
+    collisions = object_query_collisions(trie, only=only)
     if collisions:
         c = collisions[0]
         more = f" ({len(collisions) - 1} more such collisions)" if len(collisions) > 1 else ""

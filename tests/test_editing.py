@@ -105,8 +105,8 @@ def run_sequence(ts: TaskSet, steps: list, tmp_path) -> list[str]:
     check_and_save(ts, model, d, isolation=False)
     modes = []
     for new in steps:
-        inc, m = check_since(new, d, isolation=False)
-        full = verify(new, m.instantiate(), m.epsilon)
+        inc, _ = check_since(new, d, isolation=False)
+        full = verify(new, build(new, beta=float(model.beta), gamma=float(model.gamma)).instantiate(), model.epsilon)
         _compare(inc, full)
         modes.append(inc.incremental["mode"])
     return modes

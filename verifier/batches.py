@@ -124,11 +124,17 @@ def batches(taskset: TaskSet, trie: StructureTrie | None = None, chunk: int = 20
             yield _emit(p, parts)
 
 
+def allowed_keys(g: QueryGroup) -> list[tuple[int, ...]]:
+    """Each query's set of consistent tasks, as a tuple."""
+    return [tuple(g.allowed[g.allowed_ptr[i]: g.allowed_ptr[i + 1]].tolist()) for i in range(len(g))]
+
+
 def batches_of(taskset: TaskSet, trie: StructureTrie, cells: list[tuple[int, Part | None]],
-               chunk: int = 20_000) -> Iterator[Batch]:
+               chunk: int = 20_000, keep: dict | None = None) -> Iterator[Batch]:
     """The queries of some cells only: (node id, subject range or None for the whole node),
     in batches of one prefix length and at most ``chunk`` rows (as :func:`batches`). A
-    range beyond ``GROUP_ROWS`` facts is built in parts."""
+    range beyond ``GROUP_ROWS`` facts is built in parts. ``keep[(node id, range)]``, when
+    given and not None, is the set of consistent-task tuples whose queries are wanted."""
     by_depth: dict[int, list] = {}
     for nid, part in cells:
         by_depth.setdefault(trie.nodes[nid].depth, []).append((nid, part))
@@ -137,9 +143,13 @@ def batches_of(taskset: TaskSet, trie: StructureTrie, cells: list[tuple[int, Par
         size = 0
         for nid, part in sorted(by_depth[p], key=lambda c: (c[0], c[1] or (-1, -1))):
             node = trie.nodes[nid]
+            wanted = None if keep is None else keep.get((nid, part))
             for sub in _split(taskset, node, part):
                 g = build_group(taskset, trie, node, sub)
                 order = np.argsort(g.allowed[g.allowed_ptr[:-1]], kind="stable")
+                if wanted is not None:
+                    keys = allowed_keys(g)
+                    order = order[np.fromiter((keys[i] in wanted for i in order.tolist()), bool, order.size)]
                 for lo in range(0, order.size, chunk):
                     idx = order[lo: lo + chunk]
                     parts.append(_rows(g, sub, idx))

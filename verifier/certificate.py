@@ -58,6 +58,7 @@ class Certificate:
     watched: list[np.ndarray]                  # per expert: neurons whose activity the classes record
     summary: dict[str, Any] = field(default_factory=dict)   # per-task records, counts, evidence (JSON)
     task_hashes: dict[str, str] = field(default_factory=dict)
+    file_hashes: dict[str, list[str]] = field(default_factory=dict)   # per task: SHA-256 of each facts file
 
     @property
     def certified(self) -> bool:
@@ -112,12 +113,11 @@ def _load_taskset(path: str, epsilon: float | None, parameters: dict) -> TaskSet
         names = z["names"].tolist()
         templates = z["templates"].tolist()
         ptr = z["template_ptr"]
-        W = len(words)
+        tokens = words + entities
         tasks, ids = [], []
         for k, name in enumerate(names):
             s, o = z[f"subjects.{k}"], z[f"objects.{k}"]
-            facts = Facts.trusted(tuple(entities[i - W] for i in s.tolist()), tuple(entities[i - W] for i in o.tolist()))
-            tasks.append(Task(name, tuple(templates[ptr[k]: ptr[k + 1]]), facts))
+            tasks.append(Task(name, tuple(templates[ptr[k]: ptr[k + 1]]), Facts.lazy(tokens, s, o)))
             s.setflags(write=False)
             o.setflags(write=False)
             ids.append((s, o))
@@ -182,7 +182,7 @@ def save_certificate(cert: Certificate, directory: str | os.PathLike) -> None:
         manifest = {
             "format": FORMAT, "epsilon": cert.epsilon, "verdict": cert.verdict,
             "parameters": cert.taskset.parameters, "task_set_epsilon": cert.taskset.epsilon,
-            "task_hashes": cert.task_hashes, "summary": cert.summary,
+            "task_hashes": cert.task_hashes, "file_hashes": cert.file_hashes, "summary": cert.summary,
             "files": {name: _sha256(os.path.join(tmp, name)) for name in FILES},
         }
         with open(os.path.join(tmp, "certificate.json"), "w", encoding="utf-8") as f:
@@ -225,5 +225,7 @@ def load_certificate(directory: str | os.PathLike) -> Certificate:
     taskset = _load_taskset(os.path.join(d, "tasks.npz"), manifest.get("task_set_epsilon"),
                             manifest.get("parameters") or {})
     table, plan, watched = _load_classes(os.path.join(d, "classes.npz"))
-    return Certificate(epsilon, manifest["verdict"], taskset, load(os.path.join(d, "weights.npz")), table, plan,
-                       watched, manifest.get("summary") or {}, manifest.get("task_hashes") or {})
+    weights = load(os.path.join(d, "weights.npz"), validate=False)      # written by save_certificate, hash checked
+    return Certificate(epsilon, manifest["verdict"], taskset, weights, table, plan, watched,
+                       manifest.get("summary") or {}, manifest.get("task_hashes") or {},
+                       manifest.get("file_hashes") or {})

@@ -76,6 +76,15 @@ class BatchResult:
     def gate_hi(self) -> np.ndarray:
         return I.upper(self.gate_mid, self.gate_rad[:, None])
 
+    def take(self, idx: np.ndarray) -> "BatchResult":
+        """Rows ``idx`` (without the full gate enclosures and the candidates)."""
+        pick = lambda a: None if a is None else a[idx]  # noqa: E731
+        top = tuple(a[idx] for a in self.top_gate) if self.top_gate is not None else None
+        return BatchResult(self.expert[idx], self.margin[idx], self.ambiguous[idx], None, None, self.err_lo[idx],
+                           self.err_hi[idx], self.ablated_lo[idx], self.ablated_hi[idx], self.predicted[idx], top, None,
+                           pick(self.rho_lo), pick(self.rho_hi), pick(self.ablated_rho_lo), pick(self.ablated_rho_hi),
+                           pick(self.active))
+
     def compact(self) -> "BatchResult":
         """Without the full (n, K) gate enclosures (kept: the top three per row)."""
         return BatchResult(self.expert, self.margin, self.ambiguous, None, None, self.err_lo, self.err_hi,

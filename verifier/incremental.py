@@ -84,6 +84,12 @@ class Incremental:
     queries_reused: int = 0
     tasks_reused: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    phases: dict[str, float] = field(default_factory=dict)    # seconds per step
+
+    def mark(self, name: str, since: float) -> float:
+        now = time.perf_counter()
+        self.phases[name] = round(self.phases.get(name, 0.0) + now - since, 3)
+        return now
 
     def as_dict(self) -> dict:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
@@ -294,11 +300,16 @@ def touched(old: Certificate, new: Weights, cor: Correspondence, d: Diff) -> _To
     return T
 
 
-def changed_subjects(old: TaskSet, new: TaskSet) -> tuple[list[set[str]], list[bool]]:
+def changed_subjects(old: TaskSet, new: TaskSet, edited: set[str] | None = None) -> tuple[list[set[str]], list[bool]]:
     """Per task (same order in both): the subjects whose fact was added, removed or changed,
-    and whether its set of subjects changed (step 3 of the module docstring)."""
+    and whether its set of subjects changed (step 3 of the module docstring). Tasks not in
+    ``edited`` (when given: their facts are known to be equal) are not compared."""
     out, sets = [], []
     for a, b in zip(old.tasks, new.tasks):
+        if edited is not None and a.name not in edited:
+            out.append(set())
+            sets.append(False)
+            continue
         fa, fb = dict(a.facts.items()), dict(b.facts.items())
         ch = {s for s in fa.keys() | fb.keys() if fa.get(s) != fb.get(s)}
         out.append(ch)
@@ -308,19 +319,23 @@ def changed_subjects(old: TaskSet, new: TaskSet) -> tuple[list[set[str]], list[b
 
 def recertify(old: Certificate, taskset: TaskSet, weights: Weights, cor: Correspondence, epsilon: float, *,
               executor: Executor | None = None, jobs: int = 1, source: str = "weights",
-              progress: Callable[[int, int], None] | None = None):
+              progress: Callable[[int, int], None] | None = None, edited: set[str] | None = None):
     """(report, class table, watched neurons per expert, :class:`Incremental`): the report a
     full check of ``weights`` would give. When the edit needs a full check, the first three
     are None and ``Incremental.reason`` says why."""
-    start = time.perf_counter()
+    start = t = time.perf_counter()
+    info = Incremental("incremental")
     weights.validate(source)
+    t = info.mark("validate", t)
     d = diff(old.weights, weights, cor)
+    info.changed_weights = d.changed
+    t = info.mark("diff", t)
     reason = full_reason(old, taskset, weights, epsilon, d)
-    info = Incremental("incremental", changed_weights=d.changed)
     if reason:
         info.mode, info.reason = "full", reason
         return None, None, None, info
     T = touched(old, weights, cor, d)
+    t = info.mark("reach", t)
     if T.position or T.tokens[weights.bos]:
         info.mode, info.reason = "full", "a changed weight is reached by a position embedding or by BOS (every query)"
         return None, None, None, info
@@ -335,53 +350,86 @@ def recertify(old: Certificate, taskset: TaskSet, weights: Weights, cor: Corresp
     table = old.table
     Δ = len(weights.vocab) - len(old.weights.vocab)
     info.vocabulary_delta = Δ
-    ch_subj, ch_set = changed_subjects(old.taskset, taskset)
+    ch_subj, ch_set = changed_subjects(old.taskset, taskset, edited)
     vocab = taskset.vocabulary
     keys = [_key(trie, n) for n in trie]
     node_of_key = {k: i for i, k in enumerate(keys)}
     thresholds = [plan.thresholds(k, taskset) for k in keys]
     ranges = [plan.ranges(k, taskset) if trie.nodes[i].has_subject else [None] for i, k in enumerate(keys)]
-    rerun: set[tuple[int, int]] = set()           # (node id, cell)
+    # what runs again: sub-cells (node id, cell, M), the queries of a cell whose consistent
+    # tasks are M (None: every query of the cell)
+    rerun: set[tuple[int, int, tuple | None]] = set()
+
+    # a subject gone from the vocabulary gets an id of its own, -2, -3, ... (its name's place in
+    # the new numbering, ``placed``, says its cell; it must not pass for the entity now there)
+    gone_id: dict[str, int] = {}
+    placed: dict[int, int] = {}
 
     def cell_of(nid: int, subject_ids: np.ndarray) -> np.ndarray:
-        return np.searchsorted(thresholds[nid], subject_ids, side="right") if thresholds[nid].size else \
-            np.zeros(subject_ids.size, np.int64)
+        ids = np.asarray(subject_ids, np.int64)
+        if (ids < 0).any():
+            ids = np.array([placed.get(int(i), i) for i in ids.tolist()], np.int64)
+        return np.searchsorted(thresholds[nid], ids, side="right") if thresholds[nid].size else \
+            np.zeros(ids.size, np.int64)
 
-    # tokens: where each touched token (and each changed subject) sits in the new queries
-    subj_sets = [set(s.tolist()) for s, _ in taskset.fact_ids]
-    old_subjects = [set(vocab.id(x) for x in t.facts.subjects if x in vocab) for t in old.taskset.tasks]
-    # a changed subject's place in the new numbering: its id, or (gone from the vocabulary) the
-    # id it would have; either way the cell whose name range holds it
+    # a task's subjects and facts, new and (mapped to the new ids) old: sorted arrays
+    subj_new = [s for s, _ in taskset.fact_ids]
     from verifier.classes import _entity_array
     ents = _entity_array(taskset)
-    place = lambda names: (vocab.n_words + np.searchsorted(ents, np.asarray(sorted(names), dtype=ents.dtype))  # noqa: E731
-                           if names else np.zeros(0, np.int64)).astype(np.int64)
-    changed_ids = [place(ch) for ch in ch_subj]
-    rerun |= _token_cells(trie, taskset, touched_ids, cell_of, old_subjects, subj_sets)
-    for node in trie:
-        nid = node.id
-        if not node.has_subject:
-            if any(ch_set[k] for k in node.tasks):
-                rerun.add((nid, 0))
+    old_tokens = old.taskset.vocabulary.tokens
+    facts_old = []
+    for k, (s_old, o_old) in enumerate(old.taskset.fact_ids):
+        if edited is not None and taskset.tasks[k].name not in edited:
+            facts_old.append(taskset.fact_ids[k])
             continue
-        ids = np.unique(np.concatenate([changed_ids[k] for k in node.tasks]))
-        if ids.size:
-            rerun.update((nid, int(c)) for c in cell_of(nid, ids).tolist())
+        ms, mo = (back[cor.tokens[s_old]], back[cor.tokens[o_old]]) if s_old.size else (s_old, o_old)
+        gone = np.flatnonzero(ms < 0)
+        if gone.size:
+            ms = ms.copy()
+            for j in gone.tolist():
+                name = old_tokens[int(s_old[j])]
+                if name not in gone_id:
+                    gone_id[name] = -2 - len(gone_id)
+                    placed[gone_id[name]] = vocab.n_words + int(np.searchsorted(ents, np.asarray([name], dtype=ents.dtype))[0])
+                ms[j] = gone_id[name]
+        order = np.argsort(ms, kind="stable")
+        facts_old.append((ms[order], mo[order]))
+    subj_old = [s for s, _ in facts_old]
+    sub = _SubCells(trie, taskset, cell_of, subj_new, subj_old, taskset.fact_ids, facts_old)
+    for t in touched_ids.tolist():
+        rerun |= sub.of_token(int(t))
+    # a changed subject's place in the new numbering: its id, or (gone from the vocabulary) the
+    # id it would have; either way the cell whose name range holds it
+    for k, ch in enumerate(ch_subj):
+        for name in sorted(ch):
+            s_id = vocab.id(name) if name in vocab else gone_id.get(name)
+            if s_id is not None:
+                rerun |= sub.of_subject(int(s_id), tasks=[k])
+    for node in trie:
+        if not node.has_subject and any(ch_set[k] for k in node.tasks):
+            rerun.add((node.id, 0, None))
     # old classes: mapped to new nodes
     cls_node = np.array([node_of_key.get(table.nodes[int(n)], -1) for n in table.node.tolist()], np.int64)
     if (cls_node < 0).any():
         info.mode, info.reason = "full", "the certificate's structures do not match the task set's"
         return None, None, None, info
-    # tokens at which something changed only for queries routed to one expert: the cells
+    cls_M = [tuple(table.allowed_of(i).tolist()) for i in range(len(table))]
+    # tokens at which something changed only for queries routed to one expert: the sub-cells
     # holding them, where a class of the old table was routed to that expert
     for k_old, mask in T.by_expert.items():
         ids = back[np.flatnonzero(mask)]
         ids = ids[ids >= 0]
         if ids.size == 0:
             continue
-        routed_here = {(int(n), int(c)) for n, c, e in zip(cls_node.tolist(), table.cell.tolist(), table.expert.tolist())
-                       if e == k_old}
-        rerun.update(_token_cells(trie, taskset, ids, cell_of, old_subjects, subj_sets) & routed_here)
+        routed_here = {(int(n), int(c), m) for n, c, e, m in zip(cls_node.tolist(), table.cell.tolist(),
+                                                                 table.expert.tolist(), cls_M) if e == k_old}
+        cells_here = {(n, c) for n, c, _ in routed_here}
+        for t in ids.tolist():
+            for n, c, m in sub.of_token(int(t)):
+                if m is None and (n, c) in cells_here:
+                    rerun.update(x for x in routed_here if x[:2] == (n, c))
+                elif (n, c, m) in routed_here:
+                    rerun.add((n, c, m))
     counts = table.counts
     F = table.floats
     col = {name: i for i, name in enumerate(FLOATS)}
@@ -408,13 +456,24 @@ def recertify(old: Certificate, taskset: TaskSet, weights: Weights, cor: Corresp
         # last bits, so a margin within the band is decided by running it again
         forced |= ~(F[:, col["margin_all"]] > BAND)
     for i in np.flatnonzero(forced).tolist():
-        rerun.add((int(cls_node[i]), int(table.cell[i])))
-    # run the cells again on the new weights
-    cells = sorted(rerun)
+        rerun.add((int(cls_node[i]), int(table.cell[i]), cls_M[i]))
+    t = info.mark("cells", t)
+    # run the sub-cells again on the new weights
+    whole = {(n, c) for n, c, m in rerun if m is None}
+    keep: dict[tuple, set | None] = {}
+    for n, c, m in rerun:
+        key = (n, ranges[n][c])
+        if (n, c) in whole:
+            keep[key] = None
+        elif keep.get(key, set()) is not None:
+            keep.setdefault(key, set()).add(m)
+    cells = sorted({(n, c) for n, c, _ in rerun})
     info.cells_total = sum(len(r) for r in ranges)
     info.cells_rerun = len(cells)
-    reused_mask = np.array([(int(n), int(c)) not in rerun for n, c in zip(cls_node.tolist(), table.cell.tolist())],
-                           bool) if len(table) else np.zeros(0, bool)
+    rerun_set = rerun
+    reused_mask = np.array([(n, c) not in whole and (n, c, m) not in rerun_set
+                            for n, c, m in zip(cls_node.tolist(), table.cell.tolist(), cls_M)], bool) \
+        if len(table) else np.zeros(0, bool)
     served = np.array([taskset.names.index(t) if t in taskset.names else -1 for t in weights.expert_tasks], np.int64)
     off = np.concatenate([[0], np.cumsum([e.width for e in weights.experts])]).astype(np.int64)
     watched = watched_since(old, weights, cor)
@@ -426,18 +485,21 @@ def recertify(old: Certificate, taskset: TaskSet, weights: Weights, cor: Corresp
     scratch = Report(epsilon, dict(weights.parameters), recs, 0)
     scratch.routing_matrix = np.zeros((len(names), len(weights.experts)), np.int64)
     state = _State(taskset, trie, scratch, served, epsilon)
-    executor = executor if executor is not None else LocalPool(jobs)
-    shard = Shard(weights, tmap)
-    shard.prepared().watch = watch
     cell_parts = [(nid, ranges[nid][c]) for nid, c in cells]
     rerun_count = 0
-    for batch, res in executor.map(verify_batch, shard, batches_of(taskset, trie, cell_parts)):
+    # the experts a rerun query may need: those its class was routed to before, and the
+    # edited tasks' (a query routed elsewhere is run again over the full weights)
+    wanted = {int(cor.experts[e]) for i, e in enumerate(table.expert.tolist())
+              if not reused_mask[i] and cor.experts[e] >= 0}
+    wanted |= {int(k) for k in np.flatnonzero(np.isin(served, [taskset.index(t) for t in (edited or ())]))}
+    for batch, res in _run(taskset, trie, weights, tmap, cell_parts, watched, served, sorted(wanted), keep):
         state.record(batch, res, weights)
         recorder.record(batch, res)
         rerun_count += len(batch)
         if progress:
             progress(rerun_count, -1)
     state.finish()
+    t = info.mark("rerun", t)
     # the reused classes, in the new numbering
     reused = table.take(np.flatnonzero(reused_mask))
     reused.floats = new_floats[reused_mask]
@@ -449,6 +511,7 @@ def recertify(old: Certificate, taskset: TaskSet, weights: Weights, cor: Corresp
     info.queries_reused = int(reused.counts[:, 0].sum()) if len(reused) else 0
     report = _report(taskset, weights, epsilon, merged, state, trie)
     report.enumerated = report.queries
+    t = info.mark("merge", t)
     fresh = recorder.table()
     rerun_tasks = set(fresh.allowed.tolist())
     info.tasks_reused = [names[k] for k in range(len(names)) if k not in rerun_tasks]
@@ -457,33 +520,131 @@ def recertify(old: Certificate, taskset: TaskSet, weights: Weights, cor: Corresp
     return report, merged, watched, info
 
 
-def _token_cells(trie, taskset: TaskSet, ids: np.ndarray, cell_of, old_subjects, subj_sets) -> set[tuple[int, int]]:
-    """The cells (node, cell) holding a query with one of the tokens ``ids`` (task-set ids):
-    every cell of a node with such a word; for an entity, the cell of its subject place
-    at the nodes of the tasks it is (or was) a subject of, and past ⋆2 the cells of the
-    subjects whose object it is."""
-    vocab = taskset.vocabulary
-    words = {int(t) for t in ids.tolist() if not vocab.is_entity(int(t))}
-    ents = np.array([t for t in ids.tolist() if vocab.is_entity(int(t))], np.int64)
-    out: set[tuple[int, int]] = set()
-    for node in trie:
-        nid = node.id
-        if words & {c for c in node.symbols if c >= 0}:
-            n_cells = int(cell_of(nid, np.array([vocab.size], np.int64))[0]) + 1 if node.has_subject else 1
-            out.update((nid, c) for c in range(n_cells))
-            continue
-        if not node.has_subject or ents.size == 0:
-            continue
-        subjects = []
+class _SubCells:
+    """Where a token or a subject sits among the queries: the sub-cells (node id, cell, M)
+    holding the queries that contain it, in the new task set and (for what an edit removed)
+    in the old one."""
+
+    def __init__(self, trie, taskset: TaskSet, cell_of, subj_new, subj_old, facts_new, facts_old) -> None:
+        self.trie, self.taskset, self.cell_of = trie, taskset, cell_of
+        self.subj = (subj_new, subj_old)
+        self.facts = (facts_new, facts_old)
+
+    def _M(self, node, s: int, side: int) -> tuple:
+        """The consistent tasks at ``node`` of a query with subject ``s`` (before ⋆2)."""
+        return tuple(k for k in node.tasks if _member(np.array([s]), self.subj[side][k])[0])
+
+    def of_subject(self, s: int, tasks: list[int] | None = None) -> set:
+        """Sub-cells of the queries whose subject is ``s`` (at the nodes of ``tasks``, or all)."""
+        out: set = set()
+        for node in self.trie:
+            if not node.has_subject or (tasks is not None and not set(tasks) & set(node.tasks)):
+                continue
+            c = int(self.cell_of(node.id, np.array([s]))[0])
+            for side in (0, 1):
+                if node.has_object:
+                    out |= self._object_cells(node, np.array([s]), side, by_subject=True)
+                else:
+                    m = self._M(node, s, side)
+                    if m:
+                        out.add((node.id, c, m))
+        return out
+
+    def _object_cells(self, node, ids: np.ndarray, side: int, by_subject: bool) -> set:
+        """Past ⋆2: the sub-cells of the queries σ[s, D_k(s)] whose subject (``by_subject``)
+        or object is one of ``ids``; M = the tasks through σ with that same fact."""
+        out: set = set()
+        pairs: dict[tuple[int, int], list[int]] = {}
         for k in node.tasks:
-            subjects.append(np.array([t for t in ents.tolist() if t in subj_sets[k] or t in old_subjects[k]], np.int64))
+            s, o = self.facts[side][k]
+            hit = _member(s, ids) if by_subject else _member(o, ids)
+            for a, b in zip(s[hit].tolist(), o[hit].tolist()):
+                pairs.setdefault((a, b), []).append(k)
+        for (a, b), ks in pairs.items():
+            # every task through σ with this fact: the query σ[a, b]'s consistent tasks
+            m = tuple(k for k in node.tasks if self._has_fact(k, a, b, side))
+            out.add((node.id, int(self.cell_of(node.id, np.array([a]))[0]), m or tuple(ks)))
+        return out
+
+    def _has_fact(self, k: int, a: int, b: int, side: int) -> bool:
+        s, o = self.facts[side][k]
+        i = np.searchsorted(s, a)
+        return bool(i < s.size and s[i] == a and o[i] == b)
+
+    def of_token(self, t: int) -> set:
+        """Sub-cells of the queries containing token ``t``: every cell of a node with the word
+        ``t``; an entity as a subject, and past ⋆2 as an object."""
+        vocab = self.taskset.vocabulary
+        out: set = set()
+        if not vocab.is_entity(t):
+            for node in self.trie:
+                if t in node.symbols:
+                    n_cells = int(self.cell_of(node.id, np.array([vocab.size]))[0]) + 1 if node.has_subject else 1
+                    out.update((node.id, c, None) for c in range(n_cells))
+            return out
+        out |= self.of_subject(t)
+        for node in self.trie:
             if node.has_object:
-                s, o = taskset.fact_ids[k]
-                subjects.append(s[np.isin(o, ents)])
-        here = np.unique(np.concatenate(subjects)) if subjects else np.zeros(0, np.int64)
-        if here.size:
-            out.update((nid, int(c)) for c in cell_of(nid, here).tolist())
-    return out
+                for side in (0, 1):
+                    out |= self._object_cells(node, np.array([t]), side, by_subject=False)
+        return out
+
+
+def _run(taskset: TaskSet, trie, weights: Weights, tmap: np.ndarray, cells, watched: list[np.ndarray],
+         served: np.ndarray, experts: list[int] | None = None, keep: dict | None = None):
+    """(batch, result) for the queries of ``cells``, run on the weights cut to their cone
+    (verifier.shards: ``restrict``, then ``compact``; bitwise the full pass's results), rows
+    reaching beyond it (a candidate expert outside) run again on the full weights."""
+    from verifier.shards import compact, restrict
+    from verifier.verify import ShardPart, _merge, verify_shard_batch
+
+    todo = list(batches_of(taskset, trie, cells, keep=keep))
+    if not todo:
+        return
+    tokens = np.unique(np.concatenate([tmap[b.tokens].reshape(-1) for b in todo] + [tmap[b.valid] for b in todo]))
+    if experts is None:
+        tasks = np.unique(np.concatenate([b.allowed for b in todo]))
+        experts = np.flatnonzero(np.isin(served, tasks))
+    experts = np.asarray(experts, np.int64)
+    gate_terms = int(np.diff(sp.csr_matrix(weights.W_G).indptr).max(initial=1))
+    comp = compact(restrict(weights, tokens, experts), tokens)
+    import os as _os
+    if _os.environ.get("MOE_DEBUG_SHARD"):
+        cw = comp.weights
+        print("shard:", len(tokens), "tokens,", experts.size, "experts, d", cw.d, "V", len(cw.vocab),
+              "E", cw.E.nnz, "W_G", cw.W_G.nnz, "U", cw.U.nnz, "experts nnz", sum(e.W_1.nnz + e.W_2.nnz for e in cw.experts),
+              [h.W_V.nnz for h in cw.heads])
+    part = ShardPart(comp, experts, gate_terms, tokens)
+    prep = part.shard.prepared()
+    prep.watch = np.concatenate([watched[k] if part.has_expert[k] else np.zeros(0, bool)
+                                 for k in range(len(weights.experts))] + [np.zeros(0, bool)])
+    full_off = np.concatenate([[0], np.cumsum([e.width for e in weights.experts])]).astype(np.int64)
+    full: list = []
+    for b in todo:
+        res, outside = verify_shard_batch(part, part.localize(b, tmap))
+        if res.active is not None:           # the shard's neuron numbering -> the full weights'
+            act = res.active.copy()
+            shift = (full_off - prep.off)[res.expert]
+            R = act.shape[1] - 1
+            act[:, :R] = np.where(act[:, :R] >= 0, act[:, :R] + shift[:, None], -1)
+            res.active = act
+        rows = np.arange(len(b))
+        pieces = [(rows[~outside], res.take(rows[~outside]) if outside.any() else res)]
+        if outside.any():
+            if not full:
+                full.append(Shard(weights, tmap))
+                full[0].prepared().watch = np.concatenate(watched) if watched else np.zeros(0, bool)
+            pieces.append((rows[outside], verify_batch(full[0], b.take(rows[outside]))))
+            res = _merge(len(b), pieces)
+        yield b, res
+
+
+def _member(x: np.ndarray, sorted_values: np.ndarray) -> np.ndarray:
+    """Bool mask: which of ``x`` are in the sorted array."""
+    if sorted_values.size == 0 or x.size == 0:
+        return np.zeros(x.size, bool)
+    pos = np.minimum(np.searchsorted(sorted_values, x), sorted_values.size - 1)
+    return sorted_values[pos] == x
 
 
 def _key(trie, node) -> str:
@@ -506,20 +667,23 @@ def watched_since(old: Certificate, new: Weights, cor: Correspondence) -> list[n
 
 
 def _map_active(t: ClassTable, cor: Correspondence) -> ClassTable:
-    """Active neuron lists of reused classes in the new numbering (a neuron that is gone is dropped)."""
-    acts, over = [t.active_of(i) for i in range(len(t))], t.overflow.copy()
-    # the expert indices are already new; the neuron ids are mapped through the old expert's map
-    inv_exp = {int(k_new): k_old for k_old, k_new in enumerate(cor.experts.tolist()) if k_new >= 0}
-    new_acts = []
-    for i, a in enumerate(acts):
-        nm = cor.neurons[inv_exp[int(t.expert[i])]]
-        m = nm[a] if a.size else a
-        new_acts.append(np.sort(m[m >= 0]))
+    """Active neuron lists of reused classes in the new numbering (a neuron that is gone is dropped).
+    ``t.expert`` is already new; each list is mapped through its old expert's neuron map."""
+    inv_exp = np.full(max(int(cor.experts.max(initial=-1)) + 1, 1), -1, np.int64)
+    ok = cor.experts >= 0
+    inv_exp[cor.experts[ok]] = np.flatnonzero(ok)
+    counts = np.diff(t.active_ptr)
+    owner = np.repeat(np.arange(len(t)), counts)
+    mapped = np.full(t.active.size, -1, np.int64)
+    for e_new in np.unique(t.expert[owner]) if owner.size else []:
+        sel = t.expert[owner] == e_new
+        nm = cor.neurons[int(inv_exp[e_new])]
+        mapped[sel] = nm[t.active[sel]]
+    keep = mapped >= 0
+    new_counts = np.bincount(owner[keep], minlength=len(t)) if owner.size else np.zeros(len(t), np.int64)
     ptr = np.zeros(len(t) + 1, np.int64)
-    np.cumsum([a.size for a in new_acts], out=ptr[1:])
-    t.active_ptr = ptr
-    t.active = np.concatenate(new_acts).astype(np.int64) if new_acts else np.zeros(0, np.int64)
-    t.overflow = over
+    np.cumsum(new_counts, out=ptr[1:])
+    t.active_ptr, t.active = ptr, mapped[keep]
     return t
 
 

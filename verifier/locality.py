@@ -158,8 +158,92 @@ def _entries(m: sp.spmatrix) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return c.row.astype(np.int64), c.col.astype(np.int64), c.data
 
 
+def _increasing(m: np.ndarray) -> bool:
+    kept = m[m >= 0]
+    return bool((kept[1:] > kept[:-1]).all())
+
+
+def _same(old: sp.spmatrix, new: sp.spmatrix, rmap: np.ndarray, cmap: np.ndarray) -> bool:
+    """True when ``new`` is exactly ``old`` renumbered (a check in one pass, no sorting): both in
+    the same compressed format, the maps increasing, every old entry kept, and the renumbered
+    pointer, index and value arrays equal. False means only: not shown equal this way."""
+    if old.format != new.format or old.format not in ("csr", "csc"):
+        return False
+    major, minor = (rmap, cmap) if old.format == "csr" else (cmap, rmap)
+    if not (_increasing(major) and _increasing(minor)):
+        return False
+    if (minor[old.indices] < 0).any() if old.indices.size else False:
+        return False
+    counts = np.diff(old.indptr)
+    if (major[counts > 0] < 0).any():
+        return False
+    n_major = new.indptr.size - 1
+    new_counts = np.zeros(n_major, np.int64)
+    kept = major >= 0
+    new_counts[major[kept]] = counts[kept]
+    if not np.array_equal(new_counts, np.diff(new.indptr)):
+        return False
+    return bool(np.array_equal(minor[old.indices], new.indices) and np.array_equal(old.data, new.data))
+
+
+def _keep_majors(m: sp.spmatrix, keep: np.ndarray) -> sp.spmatrix:
+    """``m`` with only the entries of the major rows (CSR) or columns (CSC) in ``keep``."""
+    counts = np.diff(m.indptr)
+    mask = np.repeat(keep, counts)
+    ptr = np.zeros(m.indptr.size, np.int64)
+    np.cumsum(np.where(keep, counts, 0), out=ptr[1:])
+    cls = sp.csr_matrix if m.format == "csr" else sp.csc_matrix
+    return cls((m.data[mask], m.indices[mask], ptr), shape=m.shape)
+
+
+def _differing_majors(old: sp.spmatrix, new: sp.spmatrix, rmap: np.ndarray, cmap: np.ndarray):
+    """(old majors, new majors) that may differ, as bool masks, when the maps are increasing
+    and keep every old entry; None otherwise. A major row of the same length whose entries
+    renumber to the new ones exactly is equal; any other is returned."""
+    if old.format != new.format or old.format not in ("csr", "csc"):
+        return None
+    major, minor = (rmap, cmap) if old.format == "csr" else (cmap, rmap)
+    if not (_increasing(major) and _increasing(minor)):
+        return None
+    o_counts = np.diff(old.indptr)
+    if old.indices.size and (minor[old.indices] < 0).any():
+        return None
+    if (major[o_counts > 0] < 0).any():
+        return None
+    n_major = new.indptr.size - 1
+    n_counts = np.diff(new.indptr)
+    kept = major >= 0
+    o_at = np.full(n_major, -1, np.int64)            # new major -> old major
+    o_at[major[kept]] = np.flatnonzero(kept)
+    mapped_counts = np.where(o_at >= 0, o_counts[np.maximum(o_at, 0)], 0)
+    differ = mapped_counts != n_counts
+    same_len = np.flatnonzero(~differ & (n_counts > 0))
+    if same_len.size:
+        # entries of the same-length majors, in order, on both sides
+        starts_n = new.indptr[same_len]
+        starts_o = old.indptr[o_at[same_len]]
+        lens = n_counts[same_len]
+        offs = np.arange(int(lens.sum())) - np.repeat(np.cumsum(lens) - lens, lens)
+        en = np.repeat(starts_n, lens) + offs
+        eo = np.repeat(starts_o, lens) + offs
+        bad = (minor[old.indices[eo]] != new.indices[en]) | (old.data[eo] != new.data[en])
+        owner = np.repeat(same_len, lens)
+        differ[owner[bad]] = True
+    n_sel = differ
+    o_sel = np.zeros(o_counts.size, bool)
+    o_sel[o_at[differ & (o_at >= 0)]] = True
+    return o_sel, n_sel
+
+
 def _compare(name: str, old: sp.spmatrix, new: sp.spmatrix, rmap: np.ndarray, cmap: np.ndarray) -> MatrixChange:
     """Entries of ``new`` that differ from ``old`` mapped by (rmap, cmap), and old entries with no place."""
+    if _same(old, new, rmap, cmap):
+        z = np.zeros(0, np.int64)
+        return MatrixChange(name, z, z, z, z)
+    rows_only = _differing_majors(old, new, rmap, cmap)
+    if rows_only is not None:                # compare entry by entry within the differing rows only
+        o_sel, n_sel = rows_only
+        old, new = _keep_majors(old, o_sel), _keep_majors(new, n_sel)
     r0, c0, v0 = _entries(old)
     nr, nc = new.shape
     r1, c1, v1 = _entries(new)
@@ -197,7 +281,7 @@ def _misfit(old: Weights, new: Weights, cor: Correspondence) -> str:
         if m.shape != (n_old,) or (m >= n_new).any():
             return True
         hit = m[m >= 0]
-        return np.unique(hit).size != hit.size
+        return bool(hit.size) and int(np.bincount(hit, minlength=n_new).max()) > 1
     checks = [("tokens", cor.tokens, old.E.shape[0], new.E.shape[0]), ("coordinates", cor.coords, old.d, new.d),
               ("experts", cor.experts, len(old.experts), len(new.experts))]
     if len(cor.qk) != len(old.heads) or len(cor.values) != len(old.heads) or len(cor.neurons) != len(old.experts):

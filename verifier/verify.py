@@ -257,9 +257,13 @@ def _merge(n: int, pieces: list[tuple[np.ndarray, Any]]) -> Any:
         return out
 
     top = tuple(field(lambda r, i=i: r.top_gate[i]) for i in range(3)) if first.top_gate is not None else None
+    extra = {}
+    if all(res.rho_lo is not None for _, res in pieces):
+        for name in ("rho_lo", "rho_hi", "ablated_rho_lo", "ablated_rho_hi", "active"):
+            extra[name] = field(lambda r, name=name: getattr(r, name))
     return BatchResult(field(lambda r: r.expert), field(lambda r: r.margin), field(lambda r: r.ambiguous), None, None,
                        field(lambda r: r.err_lo), field(lambda r: r.err_hi), field(lambda r: r.ablated_lo),
-                       field(lambda r: r.ablated_hi), field(lambda r: r.predicted), top)
+                       field(lambda r: r.ablated_hi), field(lambda r: r.predicted), top, **extra)
 
 
 def _sharded(executor, taskset: TaskSet, weights: Weights, tmap: np.ndarray, stream, shards: int, deferred: list):

@@ -1,0 +1,116 @@
+"""Reading a tasks file against facts read before: the facts files whose bytes did not change.
+
+A saved certificate keeps the task set it certified as arrays (the vocabulary, and per task
+its facts as token ids) and, per task, the SHA-256 of each of its facts files. Reading the
+tasks file again after an edit, :class:`FactsCache` gives back the facts of every task
+whose facts files hash the same, without reading those files (at a million facts,
+reading them is most of the time: every name checked in Python), and the loader reads
+only the others. What is skipped was checked when the same bytes were first read (the
+same parser, the same rules); what must be checked again because other tasks changed is
+checked again on the whole set (:meth:`FactsCache.assemble`): no token both a word and an
+entity, and no object query shared by two tasks where one of them changed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from typing import Sequence
+
+import numpy as np
+
+from tasks.errors import TaskError
+from tasks.model import Facts, Task, TaskSet, Vocabulary
+
+
+def file_hash(path: str) -> str:
+    """SHA-256 of a file's bytes."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def facts_file_hashes(path: str | os.PathLike) -> dict[str, list[str]]:
+    """Per task of a tasks file, the SHA-256 of each of its facts files (empty: inline facts)."""
+    from tasks.reading import task_sources
+
+    _, sources = task_sources(path)
+    return {s.name: [file_hash(f) for f in s.files] for s in sources}
+
+
+class FactsCache:
+    """Facts of an earlier read of a tasks file (``taskset``), with its facts files' hashes."""
+
+    def __init__(self, taskset: TaskSet, hashes: dict[str, list[str]]) -> None:
+        self.taskset, self.hashes = taskset, hashes
+        self.reused: set[str] = set()
+        #: per task looked up: the hashes of the facts files read this time (for the next certificate)
+        self.seen: dict[str, list[str]] = {}
+
+    def lookup(self, name: str, files: Sequence[str]) -> Facts | None:
+        """The cached facts of task ``name`` if it read exactly these files' bytes before."""
+        try:
+            got = [file_hash(f) for f in files]
+        except OSError:
+            return None
+        self.seen[name] = got
+        want = self.hashes.get(name)
+        if not files or want is None or got != want or name not in self.taskset.names:
+            return None
+        self.reused.add(name)
+        return self.taskset.tasks[self.taskset.index(name)].facts
+
+    def assemble(self, tasks: list[Task], epsilon, parameters, sources) -> TaskSet:
+        """The task set of ``tasks`` (cached facts among them), its vocabulary and fact ids
+        computed from the cache's arrays; the whole-set rules checked (module docstring)."""
+        old = self.taskset
+        old_tokens = np.asarray(old.vocabulary.tokens, dtype=str) if old.vocabulary.size else np.zeros(0, "U1")
+        words = sorted({w for t in tasks for tpl in t.templates for w in tpl.words})
+        ids, names = [], []
+        for t in tasks:
+            if t.name in self.reused:
+                ids.extend(old.fact_ids[old.index(t.name)])
+            else:
+                names.append(np.asarray(sorted(set(t.facts.subjects) | set(t.facts.objects)), dtype=str))
+        kept = old_tokens[np.unique(np.concatenate(ids))] if ids else np.zeros(0, "U1")   # integers first: cheap
+        entities = np.unique(np.concatenate([kept] + names)) if names else kept
+        entity_names = tuple(entities.tolist())
+        clash = set(words) & set(entity_names)
+        if clash:
+            name = sorted(clash)[0]
+            raise TaskError(f"token '{name}' is a template word and also an entity of a fact",
+                            fix="a token is either a template word or an entity; rename one of them")
+        vocab = Vocabulary(tuple(words), entity_names)
+        W = len(words)
+        # an old token id -> the new one (the same name): both vocabularies are sorted
+        to_new = np.full(old_tokens.size, -1, np.int64)
+        is_entity = np.arange(old_tokens.size) >= old.vocabulary.n_words
+        pos = np.searchsorted(entities, old_tokens[is_entity])
+        pos = np.minimum(pos, max(entities.size - 1, 0))
+        ok = entities.size > 0
+        hit = (entities[pos] == old_tokens[is_entity]) if ok else np.zeros(int(is_entity.sum()), bool)
+        to_new[np.flatnonzero(is_entity)[hit]] = W + pos[hit]
+        out_tasks, ids = [], []
+        for t in tasks:
+            if t.name in self.reused:
+                s, o = old.fact_ids[old.index(t.name)]
+                s, o = to_new[s], to_new[o]
+                t = Task(t.name, t.templates, Facts.lazy(vocab.tokens, s, o))
+            else:
+                s = vocab.entity_ids(t.facts.subjects)
+                o = vocab.entity_ids(t.facts.objects)
+                order = np.argsort(s, kind="stable")
+                s, o = s[order], o[order]
+            s.setflags(write=False)
+            o.setflags(write=False)
+            out_tasks.append(t)
+            ids.append((s, o))
+        ts = TaskSet.trusted(tuple(out_tasks), vocab.words, vocab.entities, tuple(ids), epsilon, parameters)
+        object.__setattr__(ts, "sources", sources)
+        return ts
+
+    def changed(self, taskset: TaskSet) -> list[int]:
+        """Indices of the tasks not taken from the cache."""
+        return [k for k, t in enumerate(taskset.tasks) if t.name not in self.reused]
