@@ -396,8 +396,8 @@ def recertify(old: Certificate, taskset: TaskSet, weights: Weights, cor: Corresp
         facts_old.append((ms[order], mo[order]))
     subj_old = [s for s, _ in facts_old]
     sub = _SubCells(trie, taskset, cell_of, subj_new, subj_old, taskset.fact_ids, facts_old)
-    for t in touched_ids.tolist():
-        rerun |= sub.of_token(int(t))
+    for tok in touched_ids.tolist():
+        rerun |= sub.of_token(int(tok))
     # a changed subject's place in the new numbering: its id, or (gone from the vocabulary) the
     # id it would have; either way the cell whose name range holds it
     for k, ch in enumerate(ch_subj):
@@ -424,8 +424,8 @@ def recertify(old: Certificate, taskset: TaskSet, weights: Weights, cor: Corresp
         routed_here = {(int(n), int(c), m) for n, c, e, m in zip(cls_node.tolist(), table.cell.tolist(),
                                                                  table.expert.tolist(), cls_M) if e == k_old}
         cells_here = {(n, c) for n, c, _ in routed_here}
-        for t in ids.tolist():
-            for n, c, m in sub.of_token(int(t)):
+        for tok in ids.tolist():
+            for n, c, m in sub.of_token(int(tok)):
                 if m is None and (n, c) in cells_here:
                     rerun.update(x for x in routed_here if x[:2] == (n, c))
                 elif (n, c, m) in routed_here:
@@ -522,54 +522,49 @@ def recertify(old: Certificate, taskset: TaskSet, weights: Weights, cor: Corresp
 
 class _SubCells:
     """Where a token or a subject sits among the queries: the sub-cells (node id, cell, M)
-    holding the queries that contain it, in the new task set and (for what an edit removed)
-    in the old one."""
+    holding the queries that contain it, in the new task set (side 0) and, for what an edit
+    removed, in the old one (side 1)."""
 
     def __init__(self, trie, taskset: TaskSet, cell_of, subj_new, subj_old, facts_new, facts_old) -> None:
         self.trie, self.taskset, self.cell_of = trie, taskset, cell_of
         self.subj = (subj_new, subj_old)
         self.facts = (facts_new, facts_old)
+        self.nodes_of: list[list] = [[] for _ in taskset.tasks]       # per task: its nodes with a subject
+        for node in trie:
+            if node.has_subject:
+                for k in node.tasks:
+                    self.nodes_of[k].append(node)
 
-    def _M(self, node, s: int, side: int) -> tuple:
-        """The consistent tasks at ``node`` of a query with subject ``s`` (before ⋆2)."""
-        return tuple(k for k in node.tasks if _member(np.array([s]), self.subj[side][k])[0])
-
-    def of_subject(self, s: int, tasks: list[int] | None = None) -> set:
-        """Sub-cells of the queries whose subject is ``s`` (at the nodes of ``tasks``, or all)."""
-        out: set = set()
-        for node in self.trie:
-            if not node.has_subject or (tasks is not None and not set(tasks) & set(node.tasks)):
-                continue
-            c = int(self.cell_of(node.id, np.array([s]))[0])
-            for side in (0, 1):
-                if node.has_object:
-                    out |= self._object_cells(node, np.array([s]), side, by_subject=True)
-                else:
-                    m = self._M(node, s, side)
-                    if m:
-                        out.add((node.id, c, m))
-        return out
-
-    def _object_cells(self, node, ids: np.ndarray, side: int, by_subject: bool) -> set:
-        """Past ⋆2: the sub-cells of the queries σ[s, D_k(s)] whose subject (``by_subject``)
-        or object is one of ``ids``; M = the tasks through σ with that same fact."""
-        out: set = set()
-        pairs: dict[tuple[int, int], list[int]] = {}
-        for k in node.tasks:
-            s, o = self.facts[side][k]
-            hit = _member(s, ids) if by_subject else _member(o, ids)
-            for a, b in zip(s[hit].tolist(), o[hit].tolist()):
-                pairs.setdefault((a, b), []).append(k)
-        for (a, b), ks in pairs.items():
-            # every task through σ with this fact: the query σ[a, b]'s consistent tasks
-            m = tuple(k for k in node.tasks if self._has_fact(k, a, b, side))
-            out.add((node.id, int(self.cell_of(node.id, np.array([a]))[0]), m or tuple(ks)))
-        return out
+    def _is_subject(self, k: int, s: int, side: int) -> bool:
+        return bool(_member(np.array([s]), self.subj[side][k])[0])
 
     def _has_fact(self, k: int, a: int, b: int, side: int) -> bool:
         s, o = self.facts[side][k]
         i = np.searchsorted(s, a)
         return bool(i < s.size and s[i] == a and o[i] == b)
+
+    def _add(self, out: set, node, s: int, obj: int | None, side: int) -> None:
+        c = int(self.cell_of(node.id, np.array([s]))[0])
+        if node.has_object:
+            m = tuple(k for k in node.tasks if self._has_fact(k, s, obj, side))
+        else:
+            m = tuple(k for k in node.tasks if self._is_subject(k, s, side))
+        if m:
+            out.add((node.id, c, m))
+
+    def of_subject(self, s: int, tasks: list[int] | None = None) -> set:
+        """Sub-cells of the queries whose subject is ``s`` (at the nodes of ``tasks``, or of every
+        task that has s as a subject)."""
+        out: set = set()
+        for side in (0, 1):
+            for k in (tasks if tasks is not None else range(len(self.taskset.tasks))):
+                if not self._is_subject(k, s, side):
+                    continue
+                fs, fo = self.facts[side][k]
+                obj = int(fo[np.searchsorted(fs, s)])
+                for node in self.nodes_of[k]:
+                    self._add(out, node, s, obj if node.has_object else None, side)
+        return out
 
     def of_token(self, t: int) -> set:
         """Sub-cells of the queries containing token ``t``: every cell of a node with the word
@@ -583,10 +578,16 @@ class _SubCells:
                     out.update((node.id, c, None) for c in range(n_cells))
             return out
         out |= self.of_subject(t)
-        for node in self.trie:
-            if node.has_object:
-                for side in (0, 1):
-                    out |= self._object_cells(node, np.array([t]), side, by_subject=False)
+        for side in (0, 1):
+            for k in range(len(self.taskset.tasks)):
+                fs, fo = self.facts[side][k]
+                hits = fs[fo == t]
+                if hits.size == 0:
+                    continue
+                for node in self.nodes_of[k]:
+                    if node.has_object:
+                        for x in hits.tolist():
+                            self._add(out, node, int(x), t, side)
         return out
 
 
