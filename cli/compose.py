@@ -147,6 +147,33 @@ def pinned_parameters(old, taskset: TaskSet) -> tuple[float, float]:
         raise TaskError("the certificate's weights do not record beta and gamma", fix="write a new certificate") from None
 
 
+def changed_entries(d, names, per_array: int = 6) -> dict[str, list[str]]:
+    """A few changed entries of each array, by the construction's names: 'row <- column'."""
+    out: dict[str, list[str]] = {}
+    for key, m in d.matrices.items():
+        if not m.rows.size:
+            continue
+        parts = key.split(".")
+        if key == "E":
+            row, col = (lambda i: names.tokens[i]), names.residual.label
+        elif key == "U":
+            row, col = (lambda i: names.tokens[i]), names.residual.label
+        elif key == "W_G":
+            row, col = (lambda i: f"expert:{names.experts[i]}"), names.residual.label
+        elif parts[0] == "heads":
+            h = int(parts[1])
+            rows_space = {"W_Q": names.qk[h], "W_K": names.qk[h], "W_V": names.values[h], "W_O": names.residual}[parts[2]]
+            cols_space = names.values[h] if parts[2] == "W_O" else names.residual
+            row, col = rows_space.label, cols_space.label
+        elif parts[0] == "experts":
+            neurons = names.neurons(int(parts[1]))
+            row, col = (neurons.label, names.residual.label) if parts[2] == "W_1" else (names.residual.label, neurons.label)
+        else:
+            continue
+        out[key] = [f"{row(int(r))} <- {col(int(c))}" for r, c in zip(m.rows[:per_array], m.cols[:per_array])]
+    return out
+
+
 def load_since(tasks_path: str, directory: str):
     """(the certificate in ``directory``, the tasks file read against it): facts files whose
     bytes are unchanged are taken from the certificate (tasks.compiled)."""
@@ -236,6 +263,8 @@ def check_since(taskset: TaskSet, directory: str | None = None, out: str | None 
                   ["isolation: carried over from the certificate for unedited tasks, built alone for edited ones"]
                   if info.mode == "incremental" else [])
     report.incremental = info.as_dict()
+    if info.diff is not None:
+        report.incremental["changed_rows"] = changed_entries(info.diff, numbering(taskset))
     report.incremental["phases"] = {"model": round(t_model, 3), "correspondence": round(t_cor, 3), **info.phases}
     report.incremental["edited_tasks"] = sorted(edited)
     report.incremental["model"] = "patched from the certificate's weights" if patched is not None else "built in full"

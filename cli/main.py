@@ -286,10 +286,14 @@ def _check_certificate(args, deployment, progress) -> int:
         for d in (args.since, args.certificate):
             if d and os.path.abspath(d) in {os.path.abspath(p) for p in _inputs(args)}:
                 raise TaskError(f"the certificate directory {d} is an input file", fix="give another directory")
+        import time
+        start = time.perf_counter()
         old, taskset, cache = load_since(args.tasks, args.since)
+        read = time.perf_counter() - start
         report, _ = check_since(taskset, args.since, args.certificate, old=old, cache=cache,
                                 isolation=not args.no_isolation, jobs=args.jobs, progress=progress,
                                 source=args.tasks, tasks_path=args.tasks)
+        report.incremental["phases"] = {"read certificate and tasks": round(read, 3), **report.incremental["phases"]}
     else:
         taskset = _load(args)
         model = _build(args, taskset)

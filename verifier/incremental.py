@@ -85,6 +85,7 @@ class Incremental:
     tasks_reused: list[str] = field(default_factory=list)
     seconds: float = 0.0
     phases: dict[str, float] = field(default_factory=dict)    # seconds per step
+    diff: Diff | None = None                                  # the entries that changed (not in the report)
 
     def mark(self, name: str, since: float) -> float:
         now = time.perf_counter()
@@ -92,7 +93,7 @@ class Incremental:
         return now
 
     def as_dict(self) -> dict:
-        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+        return {k: getattr(self, k) for k in self.__dataclass_fields__ if k != "diff"}
 
 
 def _up(x):
@@ -328,7 +329,7 @@ def recertify(old: Certificate, taskset: TaskSet, weights: Weights, cor: Corresp
     weights.validate(source)
     t = info.mark("validate", t)
     d = diff(old.weights, weights, cor)
-    info.changed_weights = d.changed
+    info.changed_weights, info.diff = d.changed, d
     t = info.mark("diff", t)
     reason = full_reason(old, taskset, weights, epsilon, d)
     if reason:

@@ -167,6 +167,8 @@ def summary(report: Report) -> str:
             lines.append(f"since the certificate: {inc['queries_rerun']:,} queries run again in {inc['cells_rerun']:,} "
                          f"of {inc['cells_total']:,} cells, {inc['queries_reused']:,} reused ({inc['classes_reused']:,} "
                          f"classes); vocabulary {inc['vocabulary_delta']:+d} tokens; changed entries: {changed}")
+            for array, entries in list((inc.get("changed_rows") or {}).items())[:8]:
+                lines.append(f"  changed {array}: {', '.join(entries[:4])}{' ...' if len(entries) > 4 else ''}")
             reused = inc["tasks_reused"]
             lines.append(f"  tasks reused whole: {len(reused)} of {len(report.tasks)}"
                          + (f" ({', '.join(reused[:6])}{' ...' if len(reused) > 6 else ''})" if reused else ""))

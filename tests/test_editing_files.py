@@ -1,0 +1,185 @@
+"""The edit command and the certificate directory: files changed in place and nowhere else,
+bad edits refused with nothing written, certificates checked when read, patched models equal
+to full builds."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from cli.main import main
+from construction.model import build
+from construction.patch import patched_weights
+from tasks.io import load_tasks
+from tasks.strategies import task_sets
+
+TSV = "subject\tobject\n# a comment that must stay\nFrance\tParis\n\nGermany\tBerlin\nJapan\tTokyo\n"
+CSV = 'subject,object\n"Washington, D.C.",United States\nFrance,Paris\nGermany,Berlin\n'
+
+
+def _set_up(tmp_path: Path, facts_style: str) -> Path:
+    if facts_style == "tsv":
+        (tmp_path / "capital.tsv").write_text(TSV, encoding="utf-8")
+        facts = "    facts_file: capital.tsv\n"
+    elif facts_style == "csv":
+        (tmp_path / "capital.csv").write_text(CSV, encoding="utf-8")
+        facts = "    facts_file: capital.csv\n"
+    elif facts_style == "block":
+        facts = "    facts:\n      France: Paris\n      Germany: Berlin\n"
+    elif facts_style == "flow":
+        facts = "    facts: {France: Paris, Germany: Berlin}\n"
+    else:
+        facts = "    facts:\n      - [France, Paris]\n      - [Germany, Berlin]\n"
+    text = ("# my task set\ntasks:\n  - name: capital\n    templates: [the capital of *1 is *2]\n" + facts +
+            "  - name: continent   # a comment\n    templates: [the continent of *1 is *2]\n"
+            "    facts: {France: Europe, Japan: Asia}\n")
+    path = tmp_path / "tasks.yaml"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize("style", ["tsv", "csv", "block", "flow", "pairs"])
+def test_edit_changes_the_facts_and_nothing_else(tmp_path, capsys, style):
+    path = _set_up(tmp_path, style)
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    assert main(["edit", str(path), "capital", "--set", "France=Lyon", "--set", "Spain=Madrid",
+                 "--remove", "Germany"]) == 0
+    out = capsys.readouterr().out
+    assert "changed 'France' -> 'Lyon' (was 'Paris')" in out and "added 'Spain' -> 'Madrid'" in out
+    ts = load_tasks(path)
+    assert dict(ts.tasks[0].facts.items())["France"] == "Lyon" and "Germany" not in ts.tasks[0].facts
+    assert dict(ts.tasks[1].facts.items()) == {"France": "Europe", "Japan": "Asia"}
+    after = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    changed = {n for n in after if after[n] != before.get(n)}
+    assert changed == ({"capital.tsv"} if style == "tsv" else {"capital.csv"} if style == "csv" else {"tasks.yaml"})
+    if style == "tsv":
+        text = (tmp_path / "capital.tsv").read_text(encoding="utf-8")
+        assert text.startswith("subject\tobject\n# a comment that must stay\nFrance\tLyon\n\n")
+        assert "Japan\tTokyo" in text and text.endswith("Spain\tMadrid\n")
+    if style not in ("tsv", "csv"):
+        text = path.read_text(encoding="utf-8")
+        assert text.startswith("# my task set\n") and "# a comment" in text     # the rest of the YAML kept
+
+
+def test_edit_csv_quotes_what_needs_quotes(tmp_path, capsys):
+    path = _set_up(tmp_path, "csv")
+    assert main(["edit", str(path), "capital", "--set-pair", "Ottawa, Canada", "Ontario = home"]) == 0
+    assert dict(load_tasks(path).tasks[0].facts.items())["Ottawa, Canada"] == "Ontario = home"
+    assert '"Ottawa, Canada",Ontario = home' in (tmp_path / "capital.csv").read_text(encoding="utf-8")
+
+
+def test_delete_task(tmp_path, capsys):
+    path = _set_up(tmp_path, "block")
+    assert main(["edit", str(path), "capital", "--delete-task"]) == 0
+    assert load_tasks(path).names == ("continent",)
+
+
+@pytest.mark.parametrize("flags, problem", [
+    (["nope", "--set", "a=b"], "no task is named 'nope'"),
+    (["capital", "--remove", "Atlantis"], "has no fact of 'Atlantis'"),
+    (["capital", "--remove", "France", "--remove", "Germany", "--remove", "Japan"], "without facts"),
+    (["capital", "--set", "France"], "has no '='"),
+    (["capital", "--set", "capital=x"], "template word"),
+    (["capital"], "nothing to edit"),
+])
+def test_bad_edits_are_refused_and_nothing_is_written(tmp_path, capsys, flags, problem):
+    path = _set_up(tmp_path, "tsv")
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    assert main(["edit", str(path), *flags]) == 2
+    err = capsys.readouterr().err
+    assert problem in err and err.count("\n") == 1
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+
+
+def test_an_edit_that_makes_the_set_ill_posed_is_refused(tmp_path, capsys):
+    path = tmp_path / "tasks.yaml"
+    path.write_text("tasks:\n  - name: a\n    templates: ['*1 is in *2']\n    facts: {x: y}\n"
+                    "  - name: b\n    templates: ['*1 is in *2']\n    facts: {z: w}\n", encoding="utf-8")
+    before = path.read_bytes()
+    assert main(["edit", str(path), "b", "--set", "x=q"]) == 2
+    assert "no model can route" in capsys.readouterr().err and path.read_bytes() == before
+
+
+def test_check_since_and_the_certificate(tmp_path, capsys):
+    path = _set_up(tmp_path, "tsv")
+    cert = tmp_path / "cert"
+    assert main(["check", str(path), "--certificate", str(cert), "--quiet"]) == 0
+    assert {p.name for p in cert.iterdir()} == {"certificate.json", "weights.npz", "tasks.npz", "classes.npz"}
+    assert main(["edit", str(path), "capital", "--set", "Japan=Kyoto", "--quiet"]) == 0
+    capsys.readouterr()
+    assert main(["check", str(path), "--since", str(cert), "--json", "-"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    inc = data["incremental"]
+    assert inc["mode"] == "incremental" and inc["edited_tasks"] == ["capital"]
+    assert inc["queries_rerun"] + inc["queries_reused"] == data["queries"]
+    assert any("fact:Japan" in e for e in inc["changed_rows"]["experts.0.W_2"])
+    assert set(inc["changed_weights"]) <= {"E", "U", "heads.5.W_V", "heads.5.W_O", "experts.0.W_2"}   # head 5: the subject head
+    # the certificate was updated: a second --since with no edit runs nothing again
+    assert main(["check", str(path), "--since", str(cert), "--json", "-"]) == 0
+    again = json.loads(capsys.readouterr().out)["incremental"]
+    assert again["queries_rerun"] == 0 and again["changed_weights"] == {}
+
+
+def test_a_changed_certificate_is_refused(tmp_path, capsys):
+    path = _set_up(tmp_path, "tsv")
+    cert = tmp_path / "cert"
+    assert main(["check", str(path), "--certificate", str(cert), "--quiet"]) == 0
+    data = bytearray((cert / "classes.npz").read_bytes())
+    data[len(data) // 2] ^= 1
+    (cert / "classes.npz").write_bytes(bytes(data))
+    capsys.readouterr()
+    assert main(["check", str(path), "--since", str(cert)]) == 2
+    assert "does not match its recorded SHA-256" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flags", [["--weights", "w.npz"], ["--precision", "float32"], ["--beta", "9"]])
+def test_since_refuses_what_it_cannot_reuse(tmp_path, capsys, flags):
+    path = _set_up(tmp_path, "tsv")
+    cert = tmp_path / "cert"
+    assert main(["check", str(path), "--certificate", str(cert), "--quiet"]) == 0
+    capsys.readouterr()
+    assert main(["check", str(path), "--since", str(cert), *flags]) == 2
+    assert capsys.readouterr().err.count("\n") == 1
+
+
+def test_removing_a_task_falls_back_to_a_full_check(tmp_path, capsys):
+    path = _set_up(tmp_path, "block")
+    cert = tmp_path / "cert"
+    assert main(["check", str(path), "--certificate", str(cert), "--quiet"]) == 0
+    assert main(["edit", str(path), "continent", "--delete-task", "--quiet"]) == 0
+    capsys.readouterr()
+    assert main(["check", str(path), "--since", str(cert), "--json", "-"]) == 0
+    inc = json.loads(capsys.readouterr().out)["incremental"]
+    assert inc["mode"] == "full" and "tasks were added, removed or reordered" in inc["reason"]
+
+
+@settings(max_examples=30, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
+@given(task_sets(max_tasks=3, max_templates=2, max_facts=4, max_template_length=5), st.data())
+def test_patched_weights_equal_a_full_build(ts, data):
+    from tests.test_editing import edit
+
+    model = build(ts)
+    new = data.draw(edit(ts, [0]))
+    if new is None or new.names != ts.names:
+        return
+    edited = {a.name for a, b in zip(ts.tasks, new.tasks) if a.facts != b.facts}
+    got = patched_weights(model.instantiate(), ts, new, edited, model.beta, model.gamma, model.epsilon)
+    if got is None:
+        assert model.gate.method != "closed form"
+        return
+    want = build(new, beta=float(model.beta), gamma=float(model.gamma)).instantiate()
+    for (n1, a), (n2, b) in zip(got[0].arrays(), want.arrays()):
+        assert n1 == n2
+        if hasattr(a, "indptr"):
+            assert a.format == b.format and a.shape == b.shape, n1
+            assert np.array_equal(a.indptr, b.indptr) and np.array_equal(a.indices, b.indices), n1
+            assert np.array_equal(a.data, b.data), n1
+        else:
+            assert np.array_equal(np.asarray(a), np.asarray(b)), n1
+    assert got[0].parameters == want.parameters and got[0].neuron_labels == want.neuron_labels
