@@ -48,23 +48,25 @@ FORMATS = ("moe-knowledge-weights/1", FORMAT)
 META_KEYS = ("format", "gate_mode", "n_heads", "n_experts", "residual_labels", "neuron_labels", "parameters")
 
 
-def _put(out: dict, name: str, m) -> None:
+def _put(out: dict, name: str, m, index_dtype=np.int64) -> None:
     if sp.issparse(m):
         out[f"{name}.format"] = np.array(m.format)
         out[f"{name}.data"] = m.data.astype(np.float64)
-        out[f"{name}.indices"] = m.indices.astype(np.int64)
-        out[f"{name}.indptr"] = m.indptr.astype(np.int64)
+        small = index_dtype == np.int32 and max(m.shape + (m.nnz,)) < 2 ** 31
+        out[f"{name}.indices"] = m.indices.astype(np.int32 if small else np.int64)
+        out[f"{name}.indptr"] = m.indptr.astype(np.int32 if small else np.int64)
         out[f"{name}.shape"] = np.asarray(m.shape, dtype=np.int64)
     else:
         out[name] = np.asarray(m, dtype=np.float64)
 
 
-def to_arrays(weights: Weights) -> dict[str, np.ndarray]:
-    """The file's members, by name (what :func:`save` writes)."""
+def to_arrays(weights: Weights, small_indices: bool = False) -> dict[str, np.ndarray]:
+    """The file's members, by name (what :func:`save` writes); ``small_indices``: index arrays
+    as int32 where they fit (the layout reads any integer type)."""
     weights.validate()
     arrays: dict[str, np.ndarray] = {"vocab": np.array(weights.vocab, dtype=str)}
     for name, m in weights.arrays():
-        _put(arrays, name, m)
+        _put(arrays, name, m, np.int32 if small_indices else np.int64)
     arrays["expert_tasks"] = np.array(weights.expert_tasks, dtype=str)
     meta = {
         "format": FORMAT,
@@ -79,9 +81,9 @@ def to_arrays(weights: Weights) -> dict[str, np.ndarray]:
     return arrays
 
 
-def save(weights: Weights, path: str | os.PathLike) -> None:
+def save(weights: Weights, path: str | os.PathLike, small_indices: bool = False) -> None:
     """Write an ``.npz`` file atomically (a temporary file, then rename)."""
-    arrays = to_arrays(weights)
+    arrays = to_arrays(weights, small_indices)
     with atomic_file(path) as f:
         np.savez(f, **arrays)
 

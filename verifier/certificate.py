@@ -98,8 +98,8 @@ def _save_taskset(ts: TaskSet, path: str) -> None:
         template_text += [t.text() for t in task.templates]
         template_ptr.append(len(template_text))
         s, o = ts.fact_ids[k]
-        arrays[f"subjects.{k}"] = np.asarray(s, np.int64)
-        arrays[f"objects.{k}"] = np.asarray(o, np.int64)
+        arrays[f"subjects.{k}"] = np.asarray(s, np.int32 if vocab.size < 2 ** 31 else np.int64)
+        arrays[f"objects.{k}"] = np.asarray(o, np.int32 if vocab.size < 2 ** 31 else np.int64)
     arrays["templates"] = _strings(template_text)
     arrays["template_ptr"] = np.asarray(template_ptr, np.int64)
     with open(path, "wb") as f:
@@ -116,7 +116,7 @@ def _load_taskset(path: str, epsilon: float | None, parameters: dict) -> TaskSet
         tokens = words + entities
         tasks, ids = [], []
         for k, name in enumerate(names):
-            s, o = z[f"subjects.{k}"], z[f"objects.{k}"]
+            s, o = z[f"subjects.{k}"].astype(np.int64), z[f"objects.{k}"].astype(np.int64)
             tasks.append(Task(name, tuple(templates[ptr[k]: ptr[k + 1]]), Facts.lazy(tokens, s, o)))
             s.setflags(write=False)
             o.setflags(write=False)
@@ -131,9 +131,10 @@ def _save_classes(cert: Certificate, path: str) -> None:
     np.cumsum([len(plan.boundaries[k]) for k in keys], out=b_ptr[1:])
     w_ptr = np.zeros(len(cert.watched) + 1, np.int64)
     np.cumsum([m.size for m in cert.watched], out=w_ptr[1:])
+    i32 = lambda a: np.asarray(a, np.int32) if (a.size == 0 or int(np.abs(a).max()) < 2 ** 31) else a  # noqa: E731
     arrays = {
-        "nodes": _strings(t.nodes), "node": t.node, "cell": t.cell, "expert": t.expert,
-        "allowed_ptr": t.allowed_ptr, "allowed": t.allowed, "counts": t.counts, "floats": t.floats,
+        "nodes": _strings(t.nodes), "node": i32(t.node), "cell": i32(t.cell), "expert": i32(t.expert),
+        "allowed_ptr": t.allowed_ptr, "allowed": i32(t.allowed), "counts": i32(t.counts), "floats": t.floats,
         "worst_subject": _strings(w[0] for w in t.worst), "worst_object": _strings(w[1] for w in t.worst),
         "active_ptr": t.active_ptr, "active": t.active, "overflow": t.overflow,
         "plan_keys": _strings(keys), "plan_ptr": b_ptr,
@@ -152,8 +153,9 @@ def _load_classes(path: str) -> tuple[ClassTable, CellPlan, list[np.ndarray]]:
             raise TaskError("the certificate's class summaries have other columns than this version writes",
                             file=path, fix="run a full check with --certificate to write a new one")
         worst = list(zip(z["worst_subject"].tolist(), z["worst_object"].tolist()))
-        t = ClassTable(z["nodes"].tolist(), z["node"], z["cell"], z["expert"], z["allowed_ptr"], z["allowed"],
-                       z["counts"], z["floats"], worst, z["active_ptr"], z["active"], z["overflow"])
+        i64 = lambda name: z[name].astype(np.int64)  # noqa: E731
+        t = ClassTable(z["nodes"].tolist(), i64("node"), i64("cell"), i64("expert"), i64("allowed_ptr"), i64("allowed"),
+                       i64("counts"), z["floats"], worst, i64("active_ptr"), i64("active"), z["overflow"])
         keys, ptr, bounds = z["plan_keys"].tolist(), z["plan_ptr"], z["plan_bounds"].tolist()
         plan = CellPlan({k: tuple(bounds[ptr[i]: ptr[i + 1]]) for i, k in enumerate(keys)})
         wp, wv = z["watched_ptr"], z["watched"]
@@ -176,7 +178,7 @@ def save_certificate(cert: Certificate, directory: str | os.PathLike) -> None:
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o777 & ~umask)              # mkdtemp makes it private; a certificate is an ordinary directory
-        save(cert.weights, os.path.join(tmp, "weights.npz"))
+        save(cert.weights, os.path.join(tmp, "weights.npz"), small_indices=True)
         _save_taskset(cert.taskset, os.path.join(tmp, "tasks.npz"))
         _save_classes(cert, os.path.join(tmp, "classes.npz"))
         manifest = {
