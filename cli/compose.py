@@ -112,8 +112,9 @@ def _cert_summary(report: Report) -> dict:
 
 def check_and_save(taskset: TaskSet, model: SymbolicModel, directory: str, *, isolation: bool = True, jobs: int = 1,
                    progress: Callable[[int, int], None] | None = None, source: str = "weights",
-                   tasks_path: str | None = None) -> Report:
-    """``check --certificate DIR``: the full check, with its query classes saved for later edits."""
+                   tasks_path: str | None = None, cell_queries: int | None = None) -> Report:
+    """``check --certificate DIR``: the full check, with its query classes saved for later edits
+    (cells of about ``cell_queries`` queries, default ``verifier.classes.CELL_QUERIES``)."""
     from tasks.compiled import facts_file_hashes
     from tasks.structure import StructureTrie
     from verifier.certificate import Certificate, save_certificate, task_hash
@@ -122,7 +123,7 @@ def check_and_save(taskset: TaskSet, model: SymbolicModel, directory: str, *, is
 
     weights = model.instantiate()
     trie = StructureTrie(taskset)
-    plan = CellPlan.of(taskset, trie)
+    plan = CellPlan.of(taskset, trie) if cell_queries is None else CellPlan.of(taskset, trie, cell_queries)
     watched = watched_neurons(weights)
     recorder = ClassRecorder.for_weights(taskset, trie, plan, weights, model.epsilon, watched)
     report = check_built(taskset, model, weights=weights, isolation=isolation, jobs=jobs, progress=progress,
@@ -217,7 +218,9 @@ def check_since(taskset: TaskSet, directory: str | None = None, out: str | None 
     beta, gamma = taskset.parameters.get("beta", beta), taskset.parameters.get("gamma", gamma)
     hashes = {t.name: (old.task_hashes.get(t.name) if t.name in reused else task_hash(t)) for t in taskset.tasks}
     edited = {name for name, h in hashes.items() if old.task_hashes.get(name) != h}
-    epsilon = old.epsilon
+    # the certificate's ε, unless the tasks file states one (as a full check would take it); a
+    # different ε is a full check (verifier.incremental.full_reason)
+    epsilon = taskset.epsilon if taskset.epsilon is not None else old.epsilon
     patched = None
     if beta == pinned_parameters(old, taskset)[0] and gamma == pinned_parameters(old, taskset)[1]:
         patched = patched_weights(old.weights, old.taskset, taskset, edited, Fraction(beta), Fraction(gamma), epsilon)

@@ -281,7 +281,7 @@ def _check_certificate(args, deployment, progress) -> int:
                 raise TaskError(f"--since keeps the certificate's beta and gamma; --{name} does not combine with it",
                                 fix=f"drop --{name}, or run a full check with --certificate")
         if args.epsilon is not None:
-            raise TaskError("--since keeps the certificate's epsilon; --epsilon does not combine with it",
+            raise TaskError("--since takes epsilon from the tasks file (else the certificate); --epsilon does not combine with it",
                             fix="drop --epsilon, or run a full check with --certificate")
         for d in (args.since, args.certificate):
             if d and os.path.abspath(d) in {os.path.abspath(p) for p in _inputs(args)}:

@@ -20,6 +20,7 @@ from typing import Sequence
 import numpy as np
 
 from tasks.errors import TaskError
+from tasks.facts_files import parse_mode
 from tasks.model import Facts, Task, TaskSet, Vocabulary
 
 
@@ -32,12 +33,20 @@ def file_hash(path: str) -> str:
     return h.hexdigest()
 
 
+def facts_file_key(path: str) -> str:
+    """What a facts file's facts depend on: how it is parsed (its name's extension) and the
+    SHA-256 of its bytes, as ``"tsv:<hex>"`` or ``"csv:<hex>"`` (the same bytes renamed from
+    .tsv to .csv are other facts)."""
+    return f"{parse_mode(path)}:{file_hash(path)}"
+
+
 def facts_file_hashes(path: str | os.PathLike) -> dict[str, list[str]]:
-    """Per task of a tasks file, the SHA-256 of each of its facts files (empty: inline facts)."""
+    """Per task of a tasks file, :func:`facts_file_key` of each of its facts files (empty:
+    inline facts only)."""
     from tasks.reading import task_sources
 
     _, sources = task_sources(path)
-    return {s.name: [file_hash(f) for f in s.files] for s in sources}
+    return {s.name: [facts_file_key(f) for f in s.files] for s in sources}
 
 
 class FactsCache:
@@ -50,9 +59,10 @@ class FactsCache:
         self.seen: dict[str, list[str]] = {}
 
     def lookup(self, name: str, files: Sequence[str]) -> Facts | None:
-        """The cached facts of task ``name`` if it read exactly these files' bytes before."""
+        """The cached facts of task ``name`` if it read exactly these files' bytes before, in
+        the same order and parse modes."""
         try:
-            got = [file_hash(f) for f in files]
+            got = [facts_file_key(f) for f in files]
         except OSError:
             return None
         self.seen[name] = got

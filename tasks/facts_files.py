@@ -24,6 +24,11 @@ MAX_LINE_BYTES = 1 << 20
 
 
 
+def parse_mode(path: str) -> str:
+    """How a facts file is read: "csv" (a name ending in .csv, any case) or "tsv"."""
+    return "csv" if path.lower().endswith(".csv") else "tsv"
+
+
 def iter_facts_file(path: str, task: str, yaml_file: str, yaml_line: int) -> Iterator[tuple[str, str, str, int]]:
     """(subject, object, path, line) for every fact of a facts file (see the module doc)."""
     try:
@@ -38,7 +43,7 @@ def iter_facts_file(path: str, task: str, yaml_file: str, yaml_line: int) -> Ite
         kind = "a directory" if stat.S_ISDIR(info.st_mode) else "not a regular file"
         raise TaskError(f"facts file '{path}' of task {show_name(task)} is {kind}", file=yaml_file, line=yaml_line,
                         fix="give the path of a TSV or CSV file")
-    is_csv = path.lower().endswith(".csv")
+    is_csv = parse_mode(path) == "csv"
     header_done = False
     for line, text in _file_lines(path, yaml_file, yaml_line):
         stripped = text.strip()

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from cli.compose import check_and_save, check_since
 from construction.model import build
 from tasks.errors import TaskError
-from tasks.model import Facts, Task, TaskSet
+from tasks.model import Facts, Task, TaskSet, Template
 from tasks.strategies import shared_template_task_sets, task_sets
 from tasks.structure import check_routable
 from verifier.verify import verify
@@ -99,10 +99,10 @@ def _compare(inc, full) -> None:
                 (math.isinf(a.min_margin) and math.isinf(b.min_margin))
 
 
-def run_sequence(ts: TaskSet, steps: list, tmp_path) -> list[str]:
+def run_sequence(ts: TaskSet, steps: list, tmp_path, cell_queries: int | None = None) -> list[str]:
     d = str(tmp_path / "cert")
     model = build(ts)
-    check_and_save(ts, model, d, isolation=False)
+    check_and_save(ts, model, d, isolation=False, cell_queries=cell_queries)
     modes = []
     for new in steps:
         inc, _ = check_since(new, d, isolation=False)
@@ -128,7 +128,10 @@ def test_incremental_verdicts_equal_full_ones(tmp_path_factory, ts, data):
         if new is not None:
             steps.append(new)
             current = new
-    for mode in run_sequence(ts, steps, tmp_path_factory.mktemp("seq")):
+    # cells of one, two or three subjects put cell boundaries among the few facts drawn here
+    # (at the default size every small set is one cell)
+    cell = data.draw(st.sampled_from([1, 2, 3, None]))
+    for mode in run_sequence(ts, steps, tmp_path_factory.mktemp("seq"), cell):
         MODES[mode] = MODES.get(mode, 0) + 1
 
 
@@ -136,6 +139,62 @@ def test_zz_both_modes_ran():
     """The sequences above exercised the incremental path, and the fallback to a full check."""
     if MODES:
         assert MODES.get("incremental", 0) > 100 and MODES.get("full", 0) > 0, MODES
+
+
+# --- edits at cell boundaries ---------------------------------------------------------------------
+
+BOUNDARY_KINDS = ("remove the boundary's subject", "remove the subject before a boundary",
+                  "add a name just before a boundary", "add a name just after a boundary",
+                  "change an object to a new name", "change an object to an existing entity")
+
+
+@settings(max_examples=60, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
+@given(st.integers(6, 14), st.integers(2, 4), st.data())
+def test_edits_at_cell_boundaries(tmp_path_factory, n_subjects, cell, data):
+    """Two tasks over one pool of names, cells of ``cell`` subjects, so that removed and added
+    subjects (and names leaving the vocabulary) sit at, just before and just after the cells'
+    first names: the cells a re-certification reruns are decided by name ranges there."""
+    from verifier.classes import CellPlan
+    from tasks.structure import StructureTrie
+
+    pool = sorted(data.draw(st.sets(st.text("ab", min_size=1, max_size=5), min_size=n_subjects + 4,
+                                    max_size=n_subjects + 4)))
+    subjects = pool[:n_subjects]
+    objects = pool[n_subjects:]
+    first = {s: data.draw(st.sampled_from(objects), label="object") for s in subjects}
+    second = {s: data.draw(st.sampled_from(objects), label="object") for s in subjects[::3]}
+    ts = TaskSet((Task("first", (Template.parse("the first of ⋆1 is ⋆2"),), Facts(first.items())),
+                  Task("second", (Template.parse("⋆1 has second ⋆2 here"),), Facts(second.items()))), 0.01, {})
+    plan = CellPlan.of(ts, StructureTrie(ts), cell)
+    bounds = sorted({b for v in plan.boundaries.values() for b in v})
+    steps, current = [], ts
+    for _ in range(data.draw(st.integers(1, 2))):
+        k = data.draw(st.integers(0, 1))
+        facts = dict(current.tasks[k].facts.items())
+        kind = data.draw(st.sampled_from(BOUNDARY_KINDS))
+        b = data.draw(st.sampled_from(bounds)) if bounds else min(facts)
+        before = [s for s in sorted(facts) if s < b]
+        if kind == "remove the boundary's subject" and b in facts and len(facts) > 1:
+            del facts[b]
+        elif kind == "remove the subject before a boundary" and before and len(facts) > 1:
+            del facts[before[-1]]
+        elif kind == "add a name just before a boundary" and b[:-1]:
+            facts[b[:-1]] = data.draw(st.sampled_from(objects))      # a prefix sorts first
+        elif kind == "add a name just after a boundary":
+            facts[b + "a"] = data.draw(st.sampled_from(objects))
+        elif kind == "change an object to a new name":
+            facts[data.draw(st.sampled_from(sorted(facts)))] = b + "b"
+        else:
+            facts[data.draw(st.sampled_from(sorted(facts)))] = data.draw(st.sampled_from(list(current.vocabulary.entities)))
+        try:
+            new = _with_task(current, k, Task(current.tasks[k].name, current.tasks[k].templates, Facts(facts.items())))
+            check_routable(new)
+        except TaskError:
+            continue
+        steps.append(new)
+        current = new
+    for mode in run_sequence(ts, steps, tmp_path_factory.mktemp("cells"), cell):
+        MODES[mode] = MODES.get(mode, 0) + 1
 
 
 # --- the locality analysis against weights the construction did not make ------------------------

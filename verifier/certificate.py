@@ -15,7 +15,8 @@ classes.npz         the query classes (``verifier.classes``): cells, per-class s
 ==================  ==================================================================
 
 **What it can be trusted for.** Every file's SHA-256 is checked when the certificate is
-read, so a file changed by accident (or a directory mixed from two runs) is refused. The
+read, and so is a SHA-256 of certificate.json's own fields, so a file or field changed by
+accident (or a directory mixed from two runs) is refused. The
 directory is this tool's own record, though: whoever can write it can also rewrite the
 hashes, and ``check --since`` takes its class summaries as proven. Use ``check --since``
 with certificates you made; for weights or certificates from elsewhere, run a full check.
@@ -163,6 +164,13 @@ def _load_classes(path: str) -> tuple[ClassTable, CellPlan, list[np.ndarray]]:
     return t, plan, watched
 
 
+def _manifest_hash(manifest: dict) -> str:
+    """SHA-256 of the manifest's own fields (all but this hash), in a canonical JSON form: an
+    edited ε, verdict or hash list is refused like an edited file."""
+    body = {k: v for k, v in manifest.items() if k != "manifest_sha256"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, ensure_ascii=False).encode("utf-8")).hexdigest()
+
+
 def save_certificate(cert: Certificate, directory: str | os.PathLike) -> None:
     """Write ``cert`` to ``directory`` (created or replaced as a whole; see the module docstring)."""
     target = os.path.abspath(os.fspath(directory))
@@ -187,6 +195,8 @@ def save_certificate(cert: Certificate, directory: str | os.PathLike) -> None:
             "task_hashes": cert.task_hashes, "file_hashes": cert.file_hashes, "summary": cert.summary,
             "files": {name: _sha256(os.path.join(tmp, name)) for name in FILES},
         }
+        manifest = json.loads(json.dumps(manifest, default=float))     # plain JSON types, as it reads back
+        manifest["manifest_sha256"] = _manifest_hash(manifest)
         with open(os.path.join(tmp, "certificate.json"), "w", encoding="utf-8") as f:
             json.dump(manifest, f, indent=1, ensure_ascii=False, default=float)
         old = None
@@ -217,6 +227,9 @@ def load_certificate(directory: str | os.PathLike) -> Certificate:
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise TaskError(f"certificate.json is not a certificate of format {FORMAT}", file=path,
                         fix="write the certificate again with this version ('check --certificate DIR')")
+    if manifest.get("manifest_sha256") != _manifest_hash(manifest):
+        raise TaskError("certificate.json does not match its recorded SHA-256 (it was edited after it was written)",
+                        file=path, fix="write the certificate again with 'check --certificate DIR'")
     for name in FILES:
         full = os.path.join(d, name)
         want = manifest.get("files", {}).get(name)

@@ -72,7 +72,9 @@ class CellPlan:
         if not b:
             return np.zeros(0, np.int64)
         entities = _entity_array(taskset)
-        return taskset.vocabulary.n_words + np.searchsorted(entities, np.asarray(b, dtype=entities.dtype), side="left")
+        # the names keep their own width: cast to the entities' width, a boundary longer than
+        # every entity would be cut short and move (``'S0255x'`` read as ``'S0255'``)
+        return taskset.vocabulary.n_words + np.searchsorted(entities, np.asarray(b, dtype=str), side="left")
 
     def ranges(self, key: str, taskset: TaskSet) -> list[tuple[int, int]]:
         """The cells of a node as subject-id ranges [lo, hi) in ``taskset``'s numbering."""

@@ -6,7 +6,9 @@ the report a full ``verify`` of W' would give, running only part of the queries:
 
 1. **What changed in the weights.** :func:`verifier.locality.diff` compares W and W' entry
    by entry under a correspondence of their numberings (given by the caller; any
-   injective one gives a sound answer).
+   injective one that pairs indices of the same name gives a sound answer, and
+   :func:`naming_problem` checks the names: a full check reads token rows and experts by
+   name, so rows renamed with no array changed are another model).
 2. **Which queries it can reach.** A changed entry of ``E``, of a head's ``W_Q``, ``W_K``,
    ``W_V`` (column c) matters only to queries with a token whose embedding has c; of
    ``W_O`` (value v) only to queries with a token whose embedding feeds v; of ``W_G`` or of
@@ -36,7 +38,9 @@ the report a full ``verify`` of W' would give, running only part of the queries:
    band of 1e-9 of ε when Δ != 0, or a margin below the band when the gate's longest row
    changed, which changes the rounding bound of every gate score in a full check) is run
    again too, so every failure in the report, and every counterexample, comes from a query
-   run on W'. The band keeps the verdict the full check's: a full check encloses the same
+   run on W'. Every reused class is compared with the ε asked for, from its stored
+   enclosures (not from counts recorded at the certificate's ε). The band keeps the verdict
+   the full check's: a full check encloses the same
    exact values, so it can only disagree where its own enclosure is wider than the band.
 
 The classes of the new run and the reused ones (with their updated bounds) form the new
@@ -46,6 +50,7 @@ certificate's table, and the per-task records are computed from it
 
 from __future__ import annotations
 
+import bisect
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -121,6 +126,26 @@ def _grown(e_lo, e_hi, r_lo, r_hi, d: int):
     for a in (hi, lo, rho_hi, rho_lo):
         a[bad] = np.nan
     return np.clip(lo, 0.0, 1.0), np.clip(hi, 0.0, 1.0), np.maximum(rho_lo, 0.0), np.minimum(rho_hi, 1.0)
+
+
+def naming_problem(old: Certificate, weights: Weights, cor: Correspondence) -> str:
+    """Why the correspondence does not pair rows of the same meaning ("" if it does).
+
+    The diff compares rows index by index under ``cor``; a full check reads rows by name
+    (a token's row is the one its name labels, a task's expert the one ``expert_tasks``
+    names). So every pair must carry one name: two names swapped in ``vocab`` with no array
+    changed is another model (each token now reads the other's row), which a diff of the
+    arrays alone would call unchanged."""
+    ov, nv = np.asarray(old.weights.vocab, dtype=str), np.asarray(weights.vocab, dtype=str)
+    named = cor.tokens[:ov.size]                       # then BOS's row, which has no name in vocab
+    m = np.flatnonzero(named >= 0)
+    if cor.tokens.size != ov.size + 1 or cor.tokens[-1] != nv.size or \
+            (m.size and (named[m].max() >= nv.size or (ov[m] != nv[named[m]]).any())):
+        return "the weights' vocabulary does not name its rows as the task set numbers them"
+    ot, nt = list(old.weights.expert_tasks), list(weights.expert_tasks)
+    if cor.experts.size != len(ot) or any(j >= len(nt) or (j >= 0 and nt[j] != ot[i]) for i, j in enumerate(cor.experts.tolist())):
+        return "the weights' experts are not named as the task set numbers them"
+    return ""
 
 
 def full_reason(old: Certificate, taskset: TaskSet, weights: Weights, epsilon: float, d: Diff) -> str:
@@ -328,6 +353,10 @@ def recertify(old: Certificate, taskset: TaskSet, weights: Weights, cor: Corresp
     info = Incremental("incremental")
     weights.validate(source)
     t = info.mark("validate", t)
+    reason = naming_problem(old, weights, cor)
+    if reason:
+        info.mode, info.reason = "full", reason
+        return None, None, None, info
     d = diff(old.weights, weights, cor)
     info.changed_weights, info.diff = d.changed, d
     t = info.mark("diff", t)
@@ -361,22 +390,24 @@ def recertify(old: Certificate, taskset: TaskSet, weights: Weights, cor: Corresp
     # tasks are M (None: every query of the cell)
     rerun: set[tuple[int, int, tuple | None]] = set()
 
-    # a subject gone from the vocabulary gets an id of its own, -2, -3, ... (its name's place in
-    # the new numbering, ``placed``, says its cell; it must not pass for the entity now there)
+    # a subject gone from the vocabulary gets an id of its own, -2, -3, ... (it must not pass for
+    # the entity now at its place); its cell is decided by its name against the cell boundaries'
+    # names, as every subject's is: #{b : b <= name}. (An id such as "the entity after it" would
+    # put a name just before a boundary into the boundary's cell.)
     gone_id: dict[str, int] = {}
-    placed: dict[int, int] = {}
+    gone_name: dict[int, str] = {}
+    bounds = [plan.boundaries.get(k, ()) for k in keys]
 
     def cell_of(nid: int, subject_ids: np.ndarray) -> np.ndarray:
         ids = np.asarray(subject_ids, np.int64)
-        if (ids < 0).any():
-            ids = np.array([placed.get(int(i), i) for i in ids.tolist()], np.int64)
-        return np.searchsorted(thresholds[nid], ids, side="right") if thresholds[nid].size else \
+        out = np.searchsorted(thresholds[nid], ids, side="right") if thresholds[nid].size else \
             np.zeros(ids.size, np.int64)
+        for j in np.flatnonzero(ids < 0).tolist():
+            out[j] = bisect.bisect_right(bounds[nid], gone_name[int(ids[j])])
+        return out
 
     # a task's subjects and facts, new and (mapped to the new ids) old: sorted arrays
     subj_new = [s for s, _ in taskset.fact_ids]
-    from verifier.classes import _entity_array
-    ents = _entity_array(taskset)
     old_tokens = old.taskset.vocabulary.tokens
     facts_old = []
     for k, (s_old, o_old) in enumerate(old.taskset.fact_ids):
@@ -391,7 +422,7 @@ def recertify(old: Certificate, taskset: TaskSet, weights: Weights, cor: Corresp
                 name = old_tokens[int(s_old[j])]
                 if name not in gone_id:
                     gone_id[name] = -2 - len(gone_id)
-                    placed[gone_id[name]] = vocab.n_words + int(np.searchsorted(ents, np.asarray([name], dtype=ents.dtype))[0])
+                    gone_name[gone_id[name]] = name
                 ms[j] = gone_id[name]
         order = np.argsort(ms, kind="stable")
         facts_old.append((ms[order], mo[order]))
@@ -451,6 +482,11 @@ def recertify(old: Certificate, taskset: TaskSet, weights: Weights, cor: Corresp
         new_floats[has_oq, col["ab_rho_lo"]], new_floats[has_oq, col["ab_rho_hi"]] = arlo[has_oq], arhi[has_oq]
         undecided = ~(hi < epsilon - BAND) | (has_oq & ~(alo >= epsilon + BAND))
         forced |= undecided
+    else:
+        # the stored enclosures hold as they are; compared with ε again here rather than trusting
+        # the counts recorded at the certificate's ε (they agree unless the certificate was edited)
+        has_oq = counts[:, 1] > 0
+        forced |= ~(F[:, col["err_hi"]] < epsilon) | (has_oq & ~(F[:, col["ab_lo"]] >= epsilon))
     gate_terms = lambda w: int(np.diff(sp.csr_matrix(w.W_G).indptr).max(initial=1))  # noqa: E731
     if gate_terms(weights) != gate_terms(old.weights):
         # the gate's rounding bound counts its longest row: a full check's margins differ in the

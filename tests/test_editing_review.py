@@ -1,0 +1,165 @@
+"""Re-certification against inputs an adversarial review built: each case once gave a
+verdict, counts or facts other than a full check's; each now gives the full check's.
+
+* weights whose vocabulary names two rows the other way round (no array changed);
+* certificate.json edited by hand (its ε), and an ε changed in the tasks file;
+* a facts file renamed from .tsv to .csv (same bytes, other facts);
+* a subject just before a cell boundary leaving the vocabulary, and a boundary name longer
+  than every entity left.
+"""
+
+from __future__ import annotations
+
+import json
+from fractions import Fraction
+from pathlib import Path
+
+import numpy as np
+
+from cli.compose import check_and_save, check_since
+from cli.main import main
+from construction.model import build
+from construction.numbering import correspondence, numbering
+from tasks.io import load_tasks
+from tasks.model import Facts, Task, TaskSet
+from verifier.certificate import load_certificate
+from verifier.incremental import recertify
+from verifier.locality import Correspondence
+from verifier.verify import verify
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+
+def _counts(report) -> list:
+    return [(t.name, t.queries, t.object_queries, t.misrouted, t.over_epsilon, t.ablation_broken) for t in report.tasks]
+
+
+def _facts_set(spec) -> TaskSet:
+    return TaskSet(tuple(Task(n, tuple(t), Facts(list(f.items()))) for n, t, f in spec), 0.01, {})
+
+
+def _since_equals_full(ts: TaskSet, new: TaskSet, tmp_path: Path) -> dict:
+    d = str(tmp_path / "cert")
+    model = build(ts)
+    check_and_save(ts, model, d, isolation=False)
+    inc, _ = check_since(new, d, isolation=False)
+    full = verify(new, build(new, beta=float(model.beta), gamma=float(model.gamma)).instantiate(), model.epsilon)
+    assert inc.verdict == full.verdict and _counts(inc) == _counts(full)
+    assert inc.queries == full.queries and np.array_equal(inc.routing_matrix, full.routing_matrix)
+    for a, b in zip(inc.tasks, full.tasks):
+        assert a.worst_error_lower <= b.worst_error and b.worst_error_lower <= a.worst_error
+    return inc.incremental
+
+
+def test_renamed_vocabulary_rows_are_not_taken_for_unchanged_ones(tmp_path):
+    ts = load_tasks(EXAMPLES / "capitals.yaml")
+    d = str(tmp_path / "cert")
+    model = build(ts)
+    check_and_save(ts, model, d, isolation=False)
+    old = load_certificate(d)
+    w = build(ts, beta=float(model.beta), gamma=float(model.gamma)).instantiate()
+    vocab = list(w.vocab)
+    i, j = vocab.index("Paris"), vocab.index("Berlin")
+    vocab[i], vocab[j] = vocab[j], vocab[i]
+    swapped = w.replace(vocab=tuple(vocab))
+    full = verify(ts, swapped, model.epsilon)
+    assert not full.certified                          # each capital now reads the other's row
+    cor = Correspondence(**correspondence(numbering(old.taskset), numbering(ts)))
+    report, _, _, info = recertify(old, ts, swapped, cor, model.epsilon)
+    assert report is None and info.mode == "full" and "vocabulary" in info.reason
+
+
+def test_an_edited_certificate_json_is_refused(tmp_path, capsys):
+    path = tmp_path / "tasks.yaml"
+    path.write_text((EXAMPLES / "capitals.yaml").read_text(encoding="utf-8"), encoding="utf-8")
+    cert = tmp_path / "cert"
+    assert main(["check", str(path), "--certificate", str(cert), "--quiet", "--no-isolation"]) == 0
+    manifest = json.loads((cert / "certificate.json").read_text(encoding="utf-8"))
+    manifest["epsilon"] = 1e-7
+    (cert / "certificate.json").write_text(json.dumps(manifest), encoding="utf-8")
+    capsys.readouterr()
+    assert main(["check", str(path), "--since", str(cert)]) == 2
+    err = capsys.readouterr().err
+    assert "certificate.json does not match its recorded SHA-256" in err and err.count("\n") == 1
+
+
+def test_reused_classes_are_compared_with_the_current_epsilon(tmp_path):
+    """Even with a certificate whose ε was changed in memory (the counts recorded at another
+    ε), the verdict compares the stored enclosures with the ε asked for."""
+    ts = load_tasks(EXAMPLES / "capitals.yaml")
+    d = str(tmp_path / "cert")
+    model = build(ts)
+    check_and_save(ts, model, d, isolation=False)
+    old = load_certificate(d)
+    tight = 1e-7
+    old.epsilon = tight
+    w = build(ts, beta=float(model.beta), gamma=float(model.gamma)).instantiate()
+    cor = Correspondence(**correspondence(numbering(old.taskset), numbering(ts)))
+    report, _, _, info = recertify(old, ts, w, cor, tight)
+    assert info.mode == "incremental" and info.queries_rerun > 0
+    full = verify(ts, w, tight)
+    assert report.verdict == full.verdict == "not certified" and _counts(report) == _counts(full)
+
+
+def test_epsilon_changed_in_the_tasks_file_is_honoured(tmp_path, capsys):
+    path = tmp_path / "tasks.yaml"
+    text = (EXAMPLES / "capitals.yaml").read_text(encoding="utf-8")
+    assert "epsilon: 0.01" in text
+    path.write_text(text, encoding="utf-8")
+    cert = tmp_path / "cert"
+    assert main(["check", str(path), "--certificate", str(cert), "--quiet", "--no-isolation"]) == 0
+    path.write_text(text.replace("epsilon: 0.01", "epsilon: 0.0000001"), encoding="utf-8")
+    capsys.readouterr()
+    assert main(["check", str(path), "--since", str(cert), "--no-isolation", "--json", "-"]) == 1
+    data = json.loads(capsys.readouterr().out)
+    assert data["epsilon"] == 1e-7 and data["verdict"] == "not certified"
+    assert data["incremental"]["mode"] == "full" and "epsilon changed" in data["incremental"]["reason"]
+
+
+TWO_TASKS = ("epsilon: 0.01\ntasks:\n  - name: capital\n    templates:\n      - the capital of *1 is *2\n"
+             "    facts_file: {file}\n  - name: continent\n    templates:\n      - the continent of *1 is *2\n"
+             "    facts:\n      France: Europe\n      Japan: Asia\n")
+
+
+def _json_check(args, capsys) -> dict:
+    code = main(["check", *args, "--no-isolation", "--json", "-"])
+    assert code in (0, 1)
+    return json.loads(capsys.readouterr().out)
+
+
+def test_a_facts_file_renamed_to_csv_is_read_again(tmp_path, capsys):
+    # as TSV: three facts with subjects 'France,' 'France' 'Japan,'; as CSV: other splits
+    (tmp_path / "cap.tsv").write_text("France,\tParis\nFrance\t,Paris\nJapan,\tTokyo\n", encoding="utf-8")
+    path = tmp_path / "tasks.yaml"
+    path.write_text(TWO_TASKS.format(file="cap.tsv"), encoding="utf-8")
+    cert = tmp_path / "cert"
+    assert main(["check", str(path), "--certificate", str(cert), "--quiet", "--no-isolation"]) == 0
+    (tmp_path / "cap.tsv").rename(tmp_path / "cap.csv")
+    path.write_text(TWO_TASKS.format(file="cap.csv"), encoding="utf-8")
+    capsys.readouterr()
+    since = _json_check([str(path), "--since", str(cert)], capsys)
+    params = load_certificate(cert).weights.parameters
+    full = _json_check([str(path), "--beta", str(float(Fraction(params["beta"]))),
+                        "--gamma", str(float(Fraction(params["gamma"])))], capsys)
+    assert [(t["name"], t["queries"]) for t in since["tasks"]] == [(t["name"], t["queries"]) for t in full["tasks"]]
+    assert since["verdict"] == full["verdict"]
+
+
+def test_a_subject_just_before_a_cell_boundary_leaves(tmp_path):
+    facts = {f"e{i:04d}": f"o{i % 5}" for i in range(600)}
+    ts = _facts_set([("rel", ["the rel of ⋆1 is ⋆2"], facts), ("other", ["where is ⋆1 ? ⋆2"], {"e0001": "o1", "o3": "o4"})])
+    edited = dict(facts)
+    del edited["e0255"]                      # the cell boundary is e0256 (256 queries a cell)
+    info = _since_equals_full(ts, _facts_set([("rel", ["the rel of ⋆1 is ⋆2"], edited),
+                                              ("other", ["where is ⋆1 ? ⋆2"], {"e0001": "o1", "o3": "o4"})]), tmp_path)
+    assert info["mode"] == "incremental"
+
+
+def test_a_boundary_name_longer_than_every_entity_left(tmp_path):
+    names = [f"S{i:04d}" for i in range(256)] + ["S0255x"] + [f"S{i:04d}" for i in range(256, 300)]
+    facts = {s: f"O{i % 3}" for i, s in enumerate(names)}
+    edited = dict(facts)
+    del edited["S0255x"]                     # the boundary, and the only name of six characters
+    info = _since_equals_full(_facts_set([("rel", ["the rel of ⋆1 is ⋆2"], facts)]),
+                              _facts_set([("rel", ["the rel of ⋆1 is ⋆2"], edited)]), tmp_path)
+    assert info["mode"] == "incremental" and info["queries_rerun"] > 0
