@@ -221,9 +221,11 @@ def check_since(taskset: TaskSet, directory: str | None = None, out: str | None 
     # the certificate's ε, unless the tasks file states one (as a full check would take it); a
     # different ε is a full check (verifier.incremental.full_reason)
     epsilon = taskset.epsilon if taskset.epsilon is not None else old.epsilon
+    names: dict = {}                 # name maps between the two task sets' blocks, computed once
     patched = None
     if beta == pinned_parameters(old, taskset)[0] and gamma == pinned_parameters(old, taskset)[1]:
-        patched = patched_weights(old.weights, old.taskset, taskset, edited, Fraction(beta), Fraction(gamma), epsilon)
+        patched = patched_weights(old.weights, old.taskset, taskset, edited, Fraction(beta), Fraction(gamma), epsilon,
+                                  memo=names)
     if patched is not None:
         weights, experts = patched
         model = None
@@ -235,7 +237,8 @@ def check_since(taskset: TaskSet, directory: str | None = None, out: str | None 
         closed_form, bound_value, gate = str(model.error_bound()), model.bound_value(), model.gate.method
     t_model = time.perf_counter() - t0
     t0 = time.perf_counter()
-    cor = Correspondence(**correspondence(numbering(old.taskset), numbering(taskset), set(taskset.names) - edited))
+    cor = Correspondence(**correspondence(numbering(old.taskset), numbering(taskset), set(taskset.names) - edited,
+                                          memo=names))
     t_cor = time.perf_counter() - t0
     report, table, watched, info = recertify(old, taskset, weights, cor, epsilon, jobs=jobs, source=source,
                                              progress=progress, edited=edited)

@@ -60,9 +60,19 @@ def numbering(taskset: TaskSet) -> Numbering:
     return Numbering(taskset.vocabulary.tokens + (BOS,), residual_space(taskset), qk, values, taskset.names, taskset)
 
 
-def _by_name(old, new) -> np.ndarray:
+def _by_name(old, new, memo: dict | None = None) -> np.ndarray:
     """Position in ``new`` of each name of ``old`` (-1: none). Sorted sequences of strings (the
-    vocabulary's entities and tokens) are matched by binary search, others by a dict."""
+    vocabulary's entities and tokens) are matched by binary search, others by a dict.
+    ``memo`` (optional, kept by the caller for one comparison of two models) remembers the
+    answer per pair of sequence objects: the residual stream and the subject head label
+    several blocks by one vocabulary tuple, a million names each at scale."""
+    if memo is not None:
+        hit = memo.get((id(old), id(new)))
+        if hit is not None and hit[0] is old and hit[1] is new:
+            return hit[2]
+        out = _by_name(old, new)
+        memo[(id(old), id(new))] = (old, new, out)      # the objects are kept: their ids stay theirs
+        return out
     if len(old) == 0:
         return np.zeros(0, np.int64)
     if old is new or (len(old) == len(new) and tuple(old) == tuple(new)):
@@ -76,23 +86,27 @@ def _by_name(old, new) -> np.ndarray:
     return np.fromiter((index.get(name, -1) for name in old), np.int64, len(old))
 
 
-def space_map(old: Space, new: Space) -> np.ndarray:
-    """For each coordinate of ``old``, the coordinate of the same (block, label) in ``new`` (-1: none)."""
+def space_map(old: Space, new: Space, memo: dict | None = None) -> np.ndarray:
+    """For each coordinate of ``old``, the coordinate of the same (block, label) in ``new``
+    (-1: none); ``memo`` as in :func:`_by_name`."""
     out = np.full(old.dim, -1, np.int64)
     for blk, off in zip(old.blocks, old.offsets):
         if new.has_block(blk.name):
             other = new.block(blk.name)
-            pos = _by_name(blk.labels, other.labels)
+            pos = _by_name(blk.labels, other.labels, memo)
             out[off: off + len(blk)] = np.where(pos >= 0, pos + new.offset(blk.name), -1)
     return out
 
 
-def correspondence(old: Numbering, new: Numbering, same_experts: set[str] | None = None) -> dict[str, object]:
+def correspondence(old: Numbering, new: Numbering, same_experts: set[str] | None = None,
+                   memo: dict | None = None) -> dict[str, object]:
     """For each index of the old model, the index of the same name in the new one (-1: none).
     Keys: ``tokens``, ``coords``, ``qk``, ``values`` (per head), ``experts``, ``neurons`` (per
     old expert). Heads correspond one to one only if both models have as many. The experts of
     ``same_experts`` (tasks whose templates and facts are unchanged) have the same neurons in
-    the same order, so their map is the identity (not recomputed label by label)."""
+    the same order, so their map is the identity (not recomputed label by label). ``memo``
+    as in :func:`_by_name` (shared with other comparisons of the same two task sets)."""
+    memo = {} if memo is None else memo
     experts = _by_name(old.experts, new.experts)
     heads = len(old.qk) == len(new.qk)
     same = same_experts or set()
@@ -105,10 +119,10 @@ def correspondence(old: Numbering, new: Numbering, same_experts: set[str] | None
         return column_map(old.neurons(k), new.neurons(j))
 
     return {
-        "tokens": _by_name(old.tokens, new.tokens),
-        "coords": space_map(old.residual, new.residual),
-        "qk": tuple(space_map(a, b) for a, b in zip(old.qk, new.qk)) if heads else (),
-        "values": tuple(space_map(a, b) for a, b in zip(old.values, new.values)) if heads else (),
+        "tokens": _by_name(old.tokens, new.tokens, memo),
+        "coords": space_map(old.residual, new.residual, memo),
+        "qk": tuple(space_map(a, b, memo) for a, b in zip(old.qk, new.qk)) if heads else (),
+        "values": tuple(space_map(a, b, memo) for a, b in zip(old.values, new.values)) if heads else (),
         "experts": experts,
         "neurons": tuple(neurons(k, int(j)) for k, j in enumerate(experts.tolist())),
     }

@@ -53,9 +53,10 @@ def _renumber(m: sp.spmatrix, rows: np.ndarray | None, cols: np.ndarray | None, 
 
 
 def patched_weights(old: Weights, old_ts: TaskSet, new_ts: TaskSet, edited: set[str], beta: Fraction,
-                    gamma: Fraction, epsilon: float) -> tuple[Weights, dict[str, SymExpert]] | None:
+                    gamma: Fraction, epsilon: float, memo: dict | None = None) -> tuple[Weights, dict[str, SymExpert]] | None:
     """The new model's weights (module docstring) and the edited tasks' symbolic experts, or
-    None when the previous model's gate was not the closed form."""
+    None when the previous model's gate was not the closed form. ``memo``: as in
+    :func:`construction.numbering.space_map`."""
     if (old.parameters or {}).get("gate") != "closed form":
         return None
     if old_ts.names != new_ts.names or any(a.templates != b.templates for a, b in zip(old_ts.tasks, new_ts.tasks)):
@@ -65,7 +66,7 @@ def patched_weights(old: Weights, old_ts: TaskSet, new_ts: TaskSet, edited: set[
     residual = residual_space(new_ts)
     old_residual = residual_space(old_ts)
     from construction.numbering import space_map
-    cmap = space_map(old_residual, residual)
+    cmap = space_map(old_residual, residual, memo)
     d = residual.dim
     trie = StructureTrie(new_ts)
     K = len(new_ts.tasks)
