@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import math
 import sys
+from fractions import Fraction
 from typing import Callable
 
 EXIT_OK, EXIT_NOT_CERTIFIED, EXIT_BAD_INPUT, EXIT_INTERNAL = 0, 1, 2, 3
@@ -41,10 +42,11 @@ def epsilon(text: str) -> float:
 
 
 def positive(text: str) -> float:
-    """A finite number > 0."""
+    """A finite number > 0, written as a decimal or as a fraction such as ``273/16`` (the form
+    in which reports print β and γ; a dyadic fraction is read exactly)."""
     try:
-        value = float(text)
-    except ValueError:
+        value = float(Fraction(text.strip())) if "/" in text else float(text)
+    except (ValueError, ZeroDivisionError, OverflowError):
         raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
     if not (value > 0 and math.isfinite(value)):
         raise argparse.ArgumentTypeError(f"expected a positive finite number, got {value:g}")

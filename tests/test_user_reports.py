@@ -169,6 +169,20 @@ def test_plot_prints_no_progress_when_stderr_is_not_a_terminal(tmp_path):
     assert out.returncode == 0 and out.stderr == ""
 
 
+def test_parameters_are_read_as_the_report_prints_them(capsys):
+    """The report prints β and γ as fractions (gamma=31/4); --beta and --gamma take them back."""
+    assert main(["check", str(EXAMPLE), "--json", "-", "--quiet"]) == 0
+    params = json.loads(capsys.readouterr().out)["parameters"]
+    assert "/" in params["gamma"]
+    assert main(["check", str(EXAMPLE), "--beta", params["beta"], "--gamma", params["gamma"], "--json", "-", "--quiet"]) == 0
+    again = json.loads(capsys.readouterr().out)["parameters"]
+    assert (again["beta"], again["gamma"]) == (params["beta"], params["gamma"])
+    for bad in ("1/0", "-3/4", "x/2"):
+        with pytest.raises(SystemExit) as stop:
+            main(["check", str(EXAMPLE), "--gamma", bad])
+        assert stop.value.code == 2 and "argument --gamma" in capsys.readouterr().err
+
+
 def test_counterexamples_read_as_text_not_python(capsys):
     assert main(["check", str(EXAMPLE), "--gamma", "3", "--quiet"]) == 1
     out = capsys.readouterr().out
