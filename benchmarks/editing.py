@@ -86,7 +86,8 @@ def main(argv=None) -> int:
     rows = []
     for label, task, flags, n in edits:
         run(["edit", "tasks.yaml", task, *flags, "--quiet"], work)
-        since_s, code_i, _ = run(["check", "tasks.yaml", "--since", "cert", "--quiet", "--json", "since.json"], work)
+        since_s, code_i, _ = run(["check", "tasks.yaml", "--since", "cert", "--jobs", "2", "--quiet", "--json", "since.json"],
+                                 work)
         inc = json.load(open(os.path.join(work, "since.json")))
         ref_s, code_f, _ = run(["check", "tasks.yaml", "--beta", beta, "--gamma", gamma, "--no-isolation", "--jobs", "2",
                                 "--quiet", "--json", "ref.json"], work)
@@ -100,7 +101,7 @@ def main(argv=None) -> int:
     lines = ["## Editing", "",
              f"`python benchmarks/editing.py --facts {args.facts}` on {machine()}: a set of {args.facts:,} facts "
              f"({len(ts.tasks)} tasks, seed 0) certified with `check --certificate` in "
-             f"{full_s:.1f} s (2 jobs); each edit made with `edit`, re-certified with `check --since` (the whole "
+             f"{full_s:.1f} s (2 jobs); each edit made with `edit`, re-certified with `check --since --jobs 2` (the whole "
              f"process, as run), and checked against a full `check` of the same model (β = {beta}, γ = {gamma}, "
              f"2 jobs).", "",
              "| edit | facts | mode | queries run again | reused | `check --since` (s) | of which re-certification (s) "

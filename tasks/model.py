@@ -25,6 +25,7 @@ prefix structure and lives in :mod:`tasks.structure`.
 from __future__ import annotations
 
 import enum
+import re
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Iterable, Iterator, Mapping, Sequence
@@ -52,6 +53,12 @@ Symbol = "str | Slot"
 SLOT_SPELLINGS: dict[str, Slot] = {"⋆1": SUBJECT, "⋆2": OBJECT, "*1": SUBJECT, "*2": OBJECT}
 
 
+#: A tab, or a character at which ``str.splitlines`` breaks (inside a stripped name: a second line).
+_TAB_OR_LINE_BREAK = re.compile("[\t\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029]")
+#: NUL or a lone surrogate: not storable in a weights file's string arrays.
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+
+
 def check_name(text: object, what: str) -> str:
     """A token (word or entity) name: a string, stripped, non-empty, one line."""
     if not isinstance(text, str):
@@ -62,9 +69,9 @@ def check_name(text: object, what: str) -> str:
     name = text.strip()
     if not name:
         raise TaskError(f"{what} is empty", fix="give it a name")
-    if "\t" in name or len(name.splitlines()) > 1:
+    if _TAB_OR_LINE_BREAK.search(name):
         raise TaskError(f"{what} {name!r} contains a tab or line break", fix="remove it")
-    if "\x00" in name or any("\ud800" <= c <= "\udfff" for c in name):
+    if _UNSTORABLE.search(name):
         raise TaskError(f"{what} {name!r} contains a NUL character or a lone surrogate",
                         fix="remove it (a weights file could not store the name)")
     if name in SLOT_SPELLINGS:

@@ -185,6 +185,8 @@ class _Touch:
         self.classes = np.zeros(len(old.table), bool)
         self._E_old = sp.csr_matrix(old.weights.E)
         self._E_new = sp.csr_matrix(new.E)
+        self._first_rows: dict[int, tuple[list, list]] = {}   # per old expert: W_1 rows (new, old) to reach
+        self._csr: dict = {}
 
     def _target(self, expert: int | None) -> np.ndarray:
         if expert is None:
@@ -250,9 +252,26 @@ class _Touch:
                 if t.overflow[i] or n_old in t.active_of(i):
                     self.classes[i] = True
             return
-        cn = sp.csr_matrix(e_new.W_1)[n_new].indices if n_new is not None else np.zeros(0, np.int64)
-        co = sp.csr_matrix(e_old.W_1)[n_old].indices if n_old is not None else np.zeros(0, np.int64)
-        self.reach(np.asarray(cn, np.int64), np.asarray(co, np.int64), expert=k_old)
+        # its row of W_1 is reached where the neuron may change; collected per expert and reached
+        # at once in :meth:`flush` (reaching a union of coordinates is the union of reaching each)
+        rows = self._first_rows.setdefault(k_old, ([], []))
+        if n_new is not None:
+            rows[0].append(self._W1(e_new.W_1, (k_new, False))[n_new].indices)
+        if n_old is not None:
+            rows[1].append(self._W1(e_old.W_1, (k_old, True))[n_old].indices)
+
+    def _W1(self, W_1, key) -> sp.csr_matrix:
+        m = self._csr.get(key)
+        if m is None:
+            m = self._csr[key] = sp.csr_matrix(W_1)
+        return m
+
+    def flush(self) -> None:
+        """Reach the first-layer rows collected by :meth:`neuron`, one pass per expert."""
+        for k_old, (new_rows, old_rows) in sorted(self._first_rows.items()):
+            union = lambda parts: np.unique(np.concatenate(parts)).astype(np.int64) if parts else np.zeros(0, np.int64)  # noqa: E731
+            self.reach(union(new_rows), union(old_rows), expert=k_old)
+        self._first_rows.clear()
 
     def writers(self, coords_new: np.ndarray, coords_old: np.ndarray) -> None:
         """Neurons whose second layer writes these coordinates (a logit that changed)."""
@@ -323,6 +342,7 @@ def touched(old: Certificate, new: Weights, cor: Correspondence, d: Diff) -> _To
         for n_old in np.unique(w2.gone_cols).tolist():
             n = int(nm[n_old])
             T.neuron(k_old, n if n >= 0 else None, n_old, n < 0)
+    T.flush()
     return T
 
 
