@@ -21,7 +21,7 @@ import numpy as np
 
 from tasks.errors import TaskError
 from tasks.facts_files import parse_mode
-from tasks.model import Facts, Task, TaskSet, Vocabulary
+from tasks.model import Facts, Task, TaskSet, Vocabulary, sorted_fact_ids
 
 
 def file_hash(path: str) -> str:
@@ -106,15 +106,12 @@ class FactsCache:
         for t in tasks:
             if t.name in self.reused:
                 s, o = old.fact_ids[old.index(t.name)]
-                s, o = to_new[s], to_new[o]
+                s, o = to_new[s], to_new[o]          # both vocabularies sorted: the order is kept
+                s.setflags(write=False)
+                o.setflags(write=False)
                 t = Task(t.name, t.templates, Facts.lazy(vocab.tokens, s, o))
             else:
-                s = vocab.entity_ids(t.facts.subjects)
-                o = vocab.entity_ids(t.facts.objects)
-                order = np.argsort(s, kind="stable")
-                s, o = s[order], o[order]
-            s.setflags(write=False)
-            o.setflags(write=False)
+                s, o = sorted_fact_ids(vocab, t.facts)
             out_tasks.append(t)
             ids.append((s, o))
         ts = TaskSet.trusted(tuple(out_tasks), vocab.words, vocab.entities, tuple(ids), epsilon, parameters)

@@ -368,6 +368,17 @@ class Sources:
     epsilon: int | None = None
 
 
+def sorted_fact_ids(vocab: "Vocabulary", facts: "Facts") -> tuple[np.ndarray, np.ndarray]:
+    """A dictionary's (subject ids, object ids) in ``vocab``, sorted by subject id, read-only."""
+    s = vocab.entity_ids(facts.subjects)
+    o = vocab.entity_ids(facts.objects)
+    order = np.argsort(s, kind="stable")
+    s, o = s[order], o[order]
+    s.setflags(write=False)
+    o.setflags(write=False)
+    return s, o
+
+
 @dataclass(frozen=True)
 class TaskSet:
     """An ordered set of tasks with unique names, plus optional ε and parameters.
@@ -451,17 +462,7 @@ class TaskSet:
     @cached_property
     def fact_ids(self) -> tuple[tuple[np.ndarray, np.ndarray], ...]:
         """Per task, (subject ids, object ids) as token ids, sorted by subject id."""
-        vocab = self.vocabulary
-        out = []
-        for task in self.tasks:
-            s = vocab.entity_ids(task.facts.subjects)
-            o = vocab.entity_ids(task.facts.objects)
-            order = np.argsort(s, kind="stable")
-            s, o = s[order], o[order]
-            s.setflags(write=False)
-            o.setflags(write=False)
-            out.append((s, o))
-        return tuple(out)
+        return tuple(sorted_fact_ids(self.vocabulary, task.facts) for task in self.tasks)
 
     def sentences(self) -> Iterator[tuple[tuple[str, ...], int, Template, str]]:
         """Every dataset sentence: (tokens, task index, template, subject)."""

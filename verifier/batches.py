@@ -107,21 +107,29 @@ def batches(taskset: TaskSet, trie: StructureTrie | None = None, chunk: int = 20
     for node in trie:
         by_depth.setdefault(node.depth, []).append(node)
     for p in sorted(by_depth):
-        parts: list[dict] = []
-        size = 0
-        for node in sorted(by_depth[p], key=lambda n: n.tasks[0]):
-            for part in group_parts(taskset, node, GROUP_ROWS):
-                g = build_group(taskset, trie, node, part)
-                order = np.argsort(g.allowed[g.allowed_ptr[:-1]], kind="stable")
-                for lo in range(0, order.size, chunk):
-                    idx = order[lo: lo + chunk]
-                    parts.append(_rows(g, part, idx))
-                    size += idx.size
-                    if size >= chunk:
-                        yield _emit(p, parts)
-                        parts, size = [], 0
-        if parts:
-            yield _emit(p, parts)
+        def rows(p: int = p):           # this length's groups, read as the batches are made
+            for node in sorted(by_depth[p], key=lambda n: n.tasks[0]):
+                for part in group_parts(taskset, node, GROUP_ROWS):
+                    g = build_group(taskset, trie, node, part)
+                    yield g, part, np.argsort(g.allowed[g.allowed_ptr[:-1]], kind="stable")
+        yield from _chunked(p, rows(), chunk)
+
+
+def _chunked(p: int, groups: Iterator, chunk: int) -> Iterator[Batch]:
+    """Batches of prefix length ``p`` and at most ``chunk`` rows from (group, part, row
+    order) triples, in that order."""
+    parts: list[dict] = []
+    size = 0
+    for g, part, order in groups:
+        for lo in range(0, order.size, chunk):
+            idx = order[lo: lo + chunk]
+            parts.append(_rows(g, part, idx))
+            size += idx.size
+            if size >= chunk:
+                yield _emit(p, parts)
+                parts, size = [], 0
+    if parts:
+        yield _emit(p, parts)
 
 
 def allowed_keys(g: QueryGroup) -> list[tuple[int, ...]]:
@@ -139,26 +147,18 @@ def batches_of(taskset: TaskSet, trie: StructureTrie, cells: list[tuple[int, Par
     for nid, part in cells:
         by_depth.setdefault(trie.nodes[nid].depth, []).append((nid, part))
     for p in sorted(by_depth):
-        parts: list[dict] = []
-        size = 0
-        for nid, part in sorted(by_depth[p], key=lambda c: (c[0], c[1] or (-1, -1))):
-            node = trie.nodes[nid]
-            wanted = None if keep is None else keep.get((nid, part))
-            for sub in _split(taskset, node, part):
-                g = build_group(taskset, trie, node, sub)
-                order = np.argsort(g.allowed[g.allowed_ptr[:-1]], kind="stable")
-                if wanted is not None:
-                    keys = allowed_keys(g)
-                    order = order[np.fromiter((keys[i] in wanted for i in order.tolist()), bool, order.size)]
-                for lo in range(0, order.size, chunk):
-                    idx = order[lo: lo + chunk]
-                    parts.append(_rows(g, sub, idx))
-                    size += idx.size
-                    if size >= chunk:
-                        yield _emit(p, parts)
-                        parts, size = [], 0
-        if parts:
-            yield _emit(p, parts)
+        def rows(p: int = p):           # this length's groups, read as the batches are made
+            for nid, part in sorted(by_depth[p], key=lambda c: (c[0], c[1] or (-1, -1))):
+                node = trie.nodes[nid]
+                wanted = None if keep is None else keep.get((nid, part))
+                for sub in _split(taskset, node, part):
+                    g = build_group(taskset, trie, node, sub)
+                    order = np.argsort(g.allowed[g.allowed_ptr[:-1]], kind="stable")
+                    if wanted is not None:
+                        keys = allowed_keys(g)
+                        order = order[np.fromiter((keys[i] in wanted for i in order.tolist()), bool, order.size)]
+                    yield g, sub, order
+        yield from _chunked(p, rows(), chunk)
 
 
 def _split(taskset: TaskSet, node, part: Part | None) -> list[Part | None]:

@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from layout import Weights, load, save
+from tasks.compiled import file_hash
 from tasks.errors import TaskError
 from tasks.model import Facts, Task, TaskSet
 from verifier.classes import COUNTS, FLOATS, CellPlan, ClassTable
@@ -74,14 +75,6 @@ def task_hash(task: Task) -> str:
         h.update(t.text().encode("utf-8") + b"\x01")
     for s, o in sorted(task.facts.items()):
         h.update(s.encode("utf-8") + b"\x02" + o.encode("utf-8") + b"\x03")
-    return h.hexdigest()
-
-
-def _sha256(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            h.update(block)
     return h.hexdigest()
 
 
@@ -193,7 +186,7 @@ def save_certificate(cert: Certificate, directory: str | os.PathLike) -> None:
             "format": FORMAT, "epsilon": cert.epsilon, "verdict": cert.verdict,
             "parameters": cert.taskset.parameters, "task_set_epsilon": cert.taskset.epsilon,
             "task_hashes": cert.task_hashes, "file_hashes": cert.file_hashes, "summary": cert.summary,
-            "files": {name: _sha256(os.path.join(tmp, name)) for name in FILES},
+            "files": {name: file_hash(os.path.join(tmp, name)) for name in FILES},
         }
         manifest = json.loads(json.dumps(manifest, default=float))     # plain JSON types, as it reads back
         manifest["manifest_sha256"] = _manifest_hash(manifest)
@@ -233,7 +226,7 @@ def load_certificate(directory: str | os.PathLike) -> Certificate:
     for name in FILES:
         full = os.path.join(d, name)
         want = manifest.get("files", {}).get(name)
-        if not os.path.isfile(full) or want is None or _sha256(full) != want:
+        if not os.path.isfile(full) or want is None or file_hash(full) != want:
             raise TaskError(f"the certificate's {name} is missing or does not match its recorded SHA-256",
                             file=full, fix="the directory was changed after it was written; write it again")
     epsilon = float(manifest["epsilon"])
