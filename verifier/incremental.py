@@ -40,8 +40,8 @@ the report a full ``verify`` of W' would give, running only part of the queries:
    again too, so every failure in the report, and every counterexample, comes from a query
    run on W'. Every reused class is compared with the ε asked for, from its stored
    enclosures (not from counts recorded at the certificate's ε). The band keeps the verdict
-   the full check's: a full check encloses the same
-   exact values, so it can only disagree where its own enclosure is wider than the band.
+   the full check's: a full check encloses the same exact values, so it can only disagree
+   where its own enclosure is wider than the band.
 
 The classes of the new run and the reused ones (with their updated bounds) form the new
 certificate's table, and the per-task records are computed from it
