@@ -213,9 +213,9 @@ def check_since(taskset: TaskSet, directory: str | None = None, out: str | None 
     start = t0 = time.perf_counter()
     old = old if old is not None else load_certificate(directory)
     reused = cache.reused if cache is not None else set()
-    beta, gamma = pinned_parameters(old, taskset)
+    pinned = pinned_parameters(old, taskset)
     # parameters written in the tasks file win (if they differ, every weight changes: a full check)
-    beta, gamma = taskset.parameters.get("beta", beta), taskset.parameters.get("gamma", gamma)
+    beta, gamma = taskset.parameters.get("beta", pinned[0]), taskset.parameters.get("gamma", pinned[1])
     hashes = {t.name: (old.task_hashes.get(t.name) if t.name in reused else task_hash(t)) for t in taskset.tasks}
     edited = {name for name, h in hashes.items() if old.task_hashes.get(name) != h}
     # the certificate's ε, unless the tasks file states one (as a full check would take it); a
@@ -223,7 +223,7 @@ def check_since(taskset: TaskSet, directory: str | None = None, out: str | None 
     epsilon = taskset.epsilon if taskset.epsilon is not None else old.epsilon
     names: dict = {}                 # name maps between the two task sets' blocks, computed once
     patched = None
-    if beta == pinned_parameters(old, taskset)[0] and gamma == pinned_parameters(old, taskset)[1]:
+    if (beta, gamma) == pinned:
         patched = patched_weights(old.weights, old.taskset, taskset, edited, Fraction(beta), Fraction(gamma), epsilon,
                                   memo=names)
     if patched is not None:
@@ -237,8 +237,8 @@ def check_since(taskset: TaskSet, directory: str | None = None, out: str | None 
         closed_form, bound_value, gate = str(model.error_bound()), model.bound_value(), model.gate.method
     t_model = time.perf_counter() - t0
     t0 = time.perf_counter()
-    cor = Correspondence(**correspondence(numbering(old.taskset), numbering(taskset), set(taskset.names) - edited,
-                                          memo=names))
+    new_names = numbering(taskset)
+    cor = Correspondence(**correspondence(numbering(old.taskset), new_names, set(taskset.names) - edited, memo=names))
     t_cor = time.perf_counter() - t0
     report, table, watched, info = recertify(old, taskset, weights, cor, epsilon, jobs=jobs, source=source,
                                              progress=progress, edited=edited)
@@ -270,7 +270,7 @@ def check_since(taskset: TaskSet, directory: str | None = None, out: str | None 
                   if info.mode == "incremental" else [])
     report.incremental = info.as_dict()
     if info.diff is not None:
-        report.incremental["changed_rows"] = changed_entries(info.diff, numbering(taskset))
+        report.incremental["changed_rows"] = changed_entries(info.diff, new_names)
     report.incremental["phases"] = {"model": round(t_model, 3), "correspondence": round(t_cor, 3), **info.phases}
     report.incremental["edited_tasks"] = sorted(edited)
     report.incremental["model"] = "patched from the certificate's weights" if patched is not None else "built in full"
