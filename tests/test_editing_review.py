@@ -69,6 +69,22 @@ def test_renamed_vocabulary_rows_are_not_taken_for_unchanged_ones(tmp_path):
     assert report is None and info.mode == "full" and "vocabulary" in info.reason
 
 
+def test_renamed_experts_are_not_taken_for_unchanged_ones(tmp_path):
+    ts = load_tasks(EXAMPLES / "capitals.yaml")
+    d = str(tmp_path / "cert")
+    model = build(ts)
+    check_and_save(ts, model, d, isolation=False)
+    old = load_certificate(d)
+    w = build(ts, beta=float(model.beta), gamma=float(model.gamma)).instantiate()
+    names = list(w.expert_tasks)
+    names[0], names[1] = names[1], names[0]
+    swapped = w.replace(expert_tasks=tuple(names))
+    assert not verify(ts, swapped, model.epsilon).certified     # every query now routed to the other's name
+    cor = Correspondence(**correspondence(numbering(old.taskset), numbering(ts)))
+    report, _, _, info = recertify(old, ts, swapped, cor, model.epsilon)
+    assert report is None and info.mode == "full" and "experts" in info.reason
+
+
 def test_an_edited_certificate_json_is_refused(tmp_path, capsys):
     path = tmp_path / "tasks.yaml"
     path.write_text((EXAMPLES / "capitals.yaml").read_text(encoding="utf-8"), encoding="utf-8")
