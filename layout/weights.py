@@ -200,8 +200,10 @@ class Weights:
 
         Raises :class:`TaskError` naming a missing token (weights built for another set).
         """
-        index = {t: i for i, t in enumerate(self.vocab)}
         tokens = list(tokens)
+        if tuple(tokens) == self.vocab[:len(tokens)] and len(set(self.vocab)) == len(self.vocab):
+            return np.arange(len(tokens), dtype=np.int64)       # the usual case: the vocabulary in order
+        index = {t: i for i, t in enumerate(self.vocab)}
         missing = [t for t in tokens if t not in index]
         if missing:
             raise TaskError(f"the weights' vocabulary lacks {len(missing)} token(s) of the task set, e.g. {missing[0]!r}",

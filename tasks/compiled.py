@@ -85,7 +85,13 @@ class FactsCache:
             else:
                 names.append(np.asarray(sorted(set(t.facts.subjects) | set(t.facts.objects)), dtype=str))
         kept = old_tokens[np.unique(np.concatenate(ids))] if ids else np.zeros(0, "U1")   # integers first: cheap
-        entities = np.unique(np.concatenate([kept] + names)) if names else kept
+        entities = kept                  # sorted and distinct: old entities are, and ids are unique
+        if names:                        # the edited tasks' names merged in (the sort of only those)
+            extra = np.unique(np.concatenate(names))
+            at = np.searchsorted(kept, extra)
+            hit = at < kept.size
+            hit[hit] = kept[at[hit]] == extra[hit]
+            entities = np.insert(kept, at[~hit], extra[~hit])
         entity_names = tuple(entities.tolist())
         clash = set(words) & set(entity_names)
         if clash:

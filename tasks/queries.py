@@ -128,9 +128,13 @@ def group_parts(taskset: TaskSet, node: Node, max_rows: int) -> list[Part | None
     return [(W + int(a), W + int(b)) for a, b in zip(bounds[:-1], bounds[1:])]
 
 
-def build_group(taskset: TaskSet, trie: StructureTrie, node: Node, part: Part | None = None) -> QueryGroup:
+def build_group(taskset: TaskSet, trie: StructureTrie, node: Node, part: Part | None = None,
+                subjects: np.ndarray | None = None) -> QueryGroup:
     """The queries whose prefix has structure ``node`` (and, with ``part = (lo, hi)``, whose
-    subject token id is in [lo, hi): see :func:`group_parts`)."""
+    subject token id is in [lo, hi): see :func:`group_parts`; with ``subjects``, a sorted
+    array of token ids, whose subject is one of them). A query's consistent tasks and valid
+    next tokens come from its own subject's facts only, so the queries kept are exactly the
+    full group's rows with those subjects."""
     ids = taskset.fact_ids
     tasks = node.tasks
     if not node.has_subject:
@@ -160,6 +164,11 @@ def build_group(taskset: TaskSet, trie: StructureTrie, node: Node, part: Part | 
         if part is not None:
             a, b = np.searchsorted(s, part)     # subjects are sorted within a task
             s, o = s[a:b], o[a:b]
+        if subjects is not None:           # a task's subjects are distinct and sorted
+            at = np.searchsorted(s, subjects)
+            hit = at < s.size
+            hit[hit] = s[at[hit]] == subjects[hit]
+            s, o = s[at[hit]], o[at[hit]]
         subj_parts.append(s)
         obj_parts.append(o)
         task_parts.append(np.full(s.size, k, np.int64))

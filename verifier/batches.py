@@ -146,12 +146,15 @@ def batches_of(taskset: TaskSet, trie: StructureTrie, cells: list[tuple[int, Par
     by_depth: dict[int, list] = {}
     for nid, part in cells:
         by_depth.setdefault(trie.nodes[nid].depth, []).append((nid, part))
+    cuts: dict[int, list] = {}          # per node, its parts (group_parts is linear in the entities)
     for p in sorted(by_depth):
         def rows(p: int = p):           # this length's groups, read as the batches are made
             for nid, part in sorted(by_depth[p], key=lambda c: (c[0], c[1] or (-1, -1))):
                 node = trie.nodes[nid]
                 wanted = None if keep is None else keep.get((nid, part))
-                for sub in _split(taskset, node, part):
+                if nid not in cuts:
+                    cuts[nid] = group_parts(taskset, node, GROUP_ROWS)
+                for sub in _split(node, part, cuts[nid]):
                     g = build_group(taskset, trie, node, sub)
                     order = np.argsort(g.allowed[g.allowed_ptr[:-1]], kind="stable")
                     if wanted is not None:
@@ -161,11 +164,52 @@ def batches_of(taskset: TaskSet, trie: StructureTrie, cells: list[tuple[int, Par
         yield from _chunked(p, rows(), chunk)
 
 
-def _split(taskset: TaskSet, node, part: Part | None) -> list[Part | None]:
-    """``part`` cut where :func:`tasks.queries.group_parts` would cut the node (bounded memory)."""
+def batches_of_subjects(taskset: TaskSet, trie: StructureTrie, subjects: dict[int, np.ndarray], drop=None,
+                        chunk: int = 20_000) -> Iterator[Batch]:
+    """The queries of some subjects only: ``subjects[node id]`` a sorted array of subject
+    token ids, every query of those subjects at that node (``drop(node id, group)``, when
+    given, a bool mask of rows to leave out). Each row names the part of its own subject,
+    (s, s + 1), and its index in it, as a row of :func:`batches` names its group's part:
+    the queries of one subject at a node are that part, in the same order."""
+    by_depth: dict[int, list[int]] = {}
+    for nid in sorted(subjects):
+        by_depth.setdefault(trie.nodes[nid].depth, []).append(nid)
+    for p in sorted(by_depth):
+        def rows(p: int = p):
+            for nid in by_depth[p]:
+                g = build_group(taskset, trie, trie.nodes[nid], subjects=np.asarray(subjects[nid], np.int64))
+                n = len(g)
+                if n == 0:
+                    continue
+                first = np.flatnonzero(np.r_[True, g.subjects[1:] != g.subjects[:-1]])   # rows sorted by subject
+                rank = np.arange(n) - np.repeat(first, np.diff(np.r_[first, n]))
+                order = np.argsort(g.allowed[g.allowed_ptr[:-1]], kind="stable")
+                if drop is not None:
+                    order = order[~np.asarray(drop(nid, g), bool)[order]]
+                for lo in range(0, order.size, chunk):
+                    idx = order[lo: lo + chunk]
+                    r = _rows(g, None, idx)
+                    r["part"] = np.stack([g.subjects[idx], g.subjects[idx] + 1], axis=1)
+                    r["index"] = rank[idx]
+                    yield r
+        parts: list[dict] = []
+        size = 0
+        for r in rows():
+            parts.append(r)
+            size += r["index"].size
+            if size >= chunk:
+                yield _emit(p, parts)
+                parts, size = [], 0
+        if parts:
+            yield _emit(p, parts)
+
+
+def _split(node, part: Part | None, parts: list[Part | None]) -> list[Part | None]:
+    """``part`` cut where the node's ``parts`` (:func:`tasks.queries.group_parts`) cut it
+    (bounded memory)."""
     if part is None or not node.has_subject:
-        return [None] if not node.has_subject else group_parts(taskset, node, GROUP_ROWS)
-    cuts = [c for c in group_parts(taskset, node, GROUP_ROWS) if c is not None]
+        return [None] if not node.has_subject else parts
+    cuts = [c for c in parts if c is not None]
     out, (lo, hi) = [], part
     for a, b in cuts:
         a, b = max(a, lo), min(b, hi)

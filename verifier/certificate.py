@@ -43,7 +43,7 @@ from tasks.errors import TaskError
 from tasks.model import Facts, Task, TaskSet
 from verifier.classes import COUNTS, FLOATS, CellPlan, ClassTable
 
-FORMAT = "moe-knowledge-certificate/1"
+FORMAT = "moe-knowledge-certificate/2"
 FILES = ("weights.npz", "tasks.npz", "classes.npz")
 
 
@@ -130,6 +130,7 @@ def _save_classes(cert: Certificate, path: str) -> None:
         "nodes": _strings(t.nodes), "node": i32(t.node), "cell": i32(t.cell), "expert": i32(t.expert),
         "allowed_ptr": t.allowed_ptr, "allowed": i32(t.allowed), "counts": i32(t.counts), "floats": t.floats,
         "worst_subject": _strings(w[0] for w in t.worst), "worst_object": _strings(w[1] for w in t.worst),
+        "least_subject": _strings(w[0] for w in t.least), "least_object": _strings(w[1] for w in t.least),
         "active_ptr": t.active_ptr, "active": t.active, "overflow": t.overflow,
         "plan_keys": _strings(keys), "plan_ptr": b_ptr,
         "plan_bounds": _strings(b for k in keys for b in plan.boundaries[k]),
@@ -147,9 +148,10 @@ def _load_classes(path: str) -> tuple[ClassTable, CellPlan, list[np.ndarray]]:
             raise TaskError("the certificate's class summaries have other columns than this version writes",
                             file=path, fix="run a full check with --certificate to write a new one")
         worst = list(zip(z["worst_subject"].tolist(), z["worst_object"].tolist()))
+        least = list(zip(z["least_subject"].tolist(), z["least_object"].tolist()))
         i64 = lambda name: z[name].astype(np.int64)  # noqa: E731
         t = ClassTable(z["nodes"].tolist(), i64("node"), i64("cell"), i64("expert"), i64("allowed_ptr"), i64("allowed"),
-                       i64("counts"), z["floats"], worst, i64("active_ptr"), i64("active"), z["overflow"])
+                       i64("counts"), z["floats"], worst, i64("active_ptr"), i64("active"), z["overflow"], least)
         keys, ptr, bounds = z["plan_keys"].tolist(), z["plan_ptr"], z["plan_bounds"].tolist()
         plan = CellPlan({k: tuple(bounds[ptr[i]: ptr[i + 1]]) for i, k in enumerate(keys)})
         wp, wv = z["watched_ptr"], z["watched"]

@@ -11,7 +11,7 @@ query either. So the queries are grouped:
   routed expert e. Its *summary* holds exactly what the checks and the per-task records
   need, aggregated: the number of queries; the largest upper end of the error enclosure
   (and that query's lower end, subject and object, to name it); the smallest certified
-  margin; the failures counted per check; over the object queries the smallest lower end
+  margin (and that query's subject and object); the failures counted per check; over the object queries the smallest lower end
   of the ablated error; and the ranges of ρ, the probability one token of logit exactly 0
   has (with and without the expert's output), which lets a count of such tokens change
   soundly (:mod:`verifier.incremental`); the smallest margin over all its queries; and
@@ -108,6 +108,7 @@ class ClassTable:
     active_ptr: np.ndarray
     active: np.ndarray                     # local neuron ids of the expert that may be on
     overflow: np.ndarray                   # (n,) bool: more watched neurons may be on than listed
+    least: list[tuple[str, str]]           # (subject, object) names of the query of the smallest margin ("" if none)
 
     def __len__(self) -> int:
         return int(self.node.size)
@@ -125,7 +126,7 @@ class ClassTable:
     def empty() -> "ClassTable":
         z = np.zeros(0, np.int64)
         return ClassTable([], z, z, z, np.zeros(1, np.int64), z, np.zeros((0, len(COUNTS)), np.int64),
-                          np.zeros((0, len(FLOATS))), [], np.zeros(1, np.int64), z, np.zeros(0, bool))
+                          np.zeros((0, len(FLOATS))), [], np.zeros(1, np.int64), z, np.zeros(0, bool), [])
 
     def take(self, idx: np.ndarray) -> "ClassTable":
         idx = np.asarray(idx, np.int64)
@@ -133,7 +134,8 @@ class ClassTable:
         ap, av = take_csr(self.allowed_ptr, self.allowed, idx)
         cp, cv = take_csr(self.active_ptr, self.active, idx)
         return ClassTable(self.nodes, self.node[idx], self.cell[idx], self.expert[idx], ap, av, self.counts[idx],
-                          self.floats[idx], [self.worst[i] for i in idx.tolist()], cp, cv, self.overflow[idx])
+                          self.floats[idx], [self.worst[i] for i in idx.tolist()], cp, cv, self.overflow[idx],
+                          [self.least[i] for i in idx.tolist()])
 
     @staticmethod
     def concat(parts: list["ClassTable"]) -> "ClassTable":
@@ -154,7 +156,8 @@ class ClassTable:
         return ClassTable(nodes, np.concatenate(remapped), np.concatenate([p.cell for p in parts]),
                           np.concatenate([p.expert for p in parts]), ap, av,
                           np.concatenate([p.counts for p in parts]), np.concatenate([p.floats for p in parts]),
-                          [w for p in parts for w in p.worst], cp, cv, np.concatenate([p.overflow for p in parts]))
+                          [w for p in parts for w in p.worst], cp, cv, np.concatenate([p.overflow for p in parts]),
+                          [w for p in parts for w in p.least])
 
 
 class ClassRecorder:
@@ -181,6 +184,7 @@ class ClassRecorder:
         self._counts = np.zeros((0, len(COUNTS)), np.int64)
         self._floats = np.zeros((0, len(FLOATS)))
         self._worst: list[tuple[int, int]] = []
+        self._least: list[tuple[int, int]] = []
         self._active: dict[int, set[int]] = {}
         self._overflow: list[bool] = []
 
@@ -251,6 +255,7 @@ class ClassRecorder:
                 new += 1
                 self._node.append(key[0]); self._cell.append(key[1]); self._pattern.append(key[2])
                 self._expert.append(key[3]); self._worst.append((-1, -1)); self._overflow.append(False)
+                self._least.append((-1, -1))
             cls[j] = c
         if new:
             self._grow(new)
@@ -276,7 +281,12 @@ class ClassRecorder:
         np.minimum.at(F[:, 2], c, np.where(np.isnan(rho_lo), -np.inf, rho_lo))    # NaN: no ρ (becomes -inf)
         np.maximum.at(F[:, 3], c, np.where(np.isnan(rho_hi), np.inf, rho_hi))
         ok_det = has & route_ok
+        before = F[:, 4].copy()
         np.minimum.at(F[:, 4], c[ok_det], res.margin[ok_det])
+        for j in np.unique(c[ok_det]):
+            if F[j, 4] < before[j]:                      # a new smallest margin: the first row attaining it
+                i = int(np.flatnonzero((c == j) & ok_det & (res.margin == F[j, 4]))[0])
+                self._least[j] = (int(subj[i]), int(obj[i]))
         np.minimum.at(F[:, 8], c, np.where(np.isnan(res.margin), -np.inf, res.margin))
         ab_lo, a_rlo, a_rhi = np.asarray(res.ablated_lo, float), nan(res.ablated_rho_lo), nan(res.ablated_rho_hi)
         np.minimum.at(F[:, 5], c[oq], np.where(np.isnan(ab_lo[oq]), -np.inf, ab_lo[oq]))
@@ -313,7 +323,8 @@ class ClassRecorder:
         name = lambda t: vocab.token(t) if t >= 0 else ""  # noqa: E731
         return ClassTable(list(self.keys), np.asarray(self._node, np.int64), np.asarray(self._cell, np.int64),
                           np.asarray(self._expert, np.int64), ap, av, self._counts.copy(), self._floats.copy(),
-                          [(name(s), name(o)) for s, o in self._worst], cp, cv, np.asarray(self._overflow, bool))
+                          [(name(s), name(o)) for s, o in self._worst], cp, cv, np.asarray(self._overflow, bool),
+                          [(name(s), name(o)) for s, o in self._least])
 
 
 @dataclass
@@ -371,3 +382,51 @@ def records(table: ClassTable, taskset: TaskSet, n_experts: int) -> Totals:
 def query_text(key: str, subject: str, obj: str) -> str:
     """The query named by a node key and its entities."""
     return " ".join(subject if w == "⋆1" else obj if w == "⋆2" else w for w in key.split("\t"))
+
+
+def merge_classes(t: ClassTable, rows: np.ndarray) -> ClassTable:
+    """``t`` with the classes among ``rows`` that share node, cell, consistent tasks and
+    expert made one, their summaries combined as :class:`ClassRecorder` combines queries:
+    counts added; the largest error (fmax, with its query's lower end and names), ρ's and
+    the ablated ρ's ranges widened, the smallest margins and ablated error (with the
+    smallest margin's names); watched neurons united. A table whose classes were recorded
+    in two runs (queries reused and queries run again) so becomes the table one run gives."""
+    groups: dict[tuple, list[int]] = {}
+    for i in np.asarray(rows, np.int64).tolist():
+        key = (t.nodes[int(t.node[i])], int(t.cell[i]), tuple(t.allowed_of(i).tolist()), int(t.expert[i]))
+        groups.setdefault(key, []).append(i)
+    dup = [g for g in groups.values() if len(g) > 1]
+    if not dup:
+        return t
+    C, F = t.counts.copy(), t.floats.copy()
+    worst, least, overflow = list(t.worst), list(t.least), t.overflow.copy()
+    col = {name: j for j, name in enumerate(FLOATS)}
+    target = np.arange(len(t))
+    for g in dup:
+        a, ga = g[0], np.asarray(g)
+        C[a] = C[ga].sum(axis=0)
+        hi = np.where(np.isnan(F[ga, col["err_hi"]]), -np.inf, F[ga, col["err_hi"]])
+        j = int(ga[int(np.argmax(hi))])
+        F[a, col["err_hi"]], F[a, col["err_lo"]], worst[a] = hi.max(), F[j, col["err_lo"]], worst[j]
+        m = F[ga, col["margin"]]
+        j = int(ga[int(np.argmin(m))])
+        F[a, col["margin"]], least[a] = m.min(), least[j]
+        for name in ("rho_lo", "ab_lo", "ab_rho_lo", "margin_all"):
+            F[a, col[name]] = F[ga, col[name]].min()
+        for name in ("rho_hi", "ab_rho_hi"):
+            F[a, col[name]] = F[ga, col[name]].max()
+        overflow[a] = bool(overflow[ga].any())
+        target[ga[1:]] = a
+    kept = np.flatnonzero(target == np.arange(len(t)))
+    position = np.full(len(t), -1, np.int64)
+    position[kept] = np.arange(kept.size)
+    owner = position[target[np.repeat(np.arange(len(t)), np.diff(t.active_ptr))]]
+    width = int(t.active.max(initial=0)) + 1
+    pairs = np.unique(owner * width + t.active)           # (class, neuron) pairs, sorted, each once
+    ptr = np.zeros(kept.size + 1, np.int64)
+    np.cumsum(np.bincount(pairs // width, minlength=kept.size), out=ptr[1:])
+    from verifier.batches import take_csr
+    ap, av = take_csr(t.allowed_ptr, t.allowed, kept)
+    return ClassTable(t.nodes, t.node[kept], t.cell[kept], t.expert[kept], ap, av, C[kept], F[kept],
+                      [worst[i] for i in kept.tolist()], ptr, (pairs % width).astype(np.int64), overflow[kept],
+                      [least[i] for i in kept.tolist()])

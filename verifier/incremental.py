@@ -25,9 +25,17 @@ the report a full ``verify`` of W' would give, running only part of the queries:
    structure, and (for a structure without an entity, followed by ⋆1) on those tasks'
    subject sets (``tasks.queries``). So an edit of task k's facts changes the queries of
    its changed subjects, at k's structures, and k's plain structures followed by ⋆1.
-4. The **cells** (``verifier.classes``) holding any such query are run again, on W'. Every
-   other class is reused: its queries compute, in exact arithmetic, what they computed
-   under W, except that the vocabulary has Δ = |V'| − |V| more tokens, each of logit
+4. What runs again is chosen per subject where it can be (:class:`_Selection`): every query
+   of an affected subject at an affected node, on W'; the certificate's queries of that
+   subject there are taken out of their classes. A class that loses queries keeps its
+   summary, now over fewer queries: its largest upper end of the error and smallest margins
+   are still bounds for the rest, and stay *exact* because a class loses queries only while
+   its worst query and its query of the smallest margin stay in it (else its sub-cell, the
+   queries of its cell with its consistent tasks, runs again whole, as does any sub-cell
+   with two classes or a class that step 5 forces). A word (every query of a node holds
+   it) brings back whole cells. Every other class is reused whole: its queries compute, in
+   exact arithmetic, what they computed under W, except that the vocabulary has
+   Δ = |V'| − |V| more tokens, each of logit
    exactly 0 there (a new token's logit is written only where its unembedding row's
    coordinates are reached, which step 2 excludes; a removed token had logit 0 there, and
    was not a valid next token, else step 3 would have found the query). With ρ the
@@ -44,13 +52,14 @@ the report a full ``verify`` of W' would give, running only part of the queries:
    where its own enclosure is wider than the band.
 
 The classes of the new run and the reused ones (with their updated bounds) form the new
-certificate's table, and the per-task records are computed from it
-(:func:`verifier.classes.records`).
+certificate's table, a class run again and a reused one of the same key made one
+(:func:`verifier.classes.merge_classes`), and the per-task records are computed from it
+(:func:`verifier.classes.records`): counts, worst errors and smallest margins as a full
+check's, the reused parts' enclosures as stored.
 """
 
 from __future__ import annotations
 
-import bisect
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -61,10 +70,11 @@ import scipy.sparse as sp
 from layout import Weights
 from tasks.errors import TaskError
 from tasks.model import TaskSet
+from tasks.queries import build_group
 from tasks.structure import StructureTrie, check_routable
-from verifier.batches import batches_of
+from verifier.batches import batches_of, batches_of_subjects
 from verifier.certificate import Certificate
-from verifier.classes import FLOATS, ClassRecorder, ClassTable, records
+from verifier.classes import FLOATS, ClassRecorder, ClassTable, merge_classes, records
 from verifier.locality import Correspondence, Diff, diff, reaching
 from verifier.parallel import Executor, LocalPool
 from verifier.verify import Report, Shard, TaskRecord, _State, token_map, verify_batch
@@ -85,6 +95,7 @@ class Incremental:
     cells_total: int = 0
     cells_rerun: int = 0
     classes_reused: int = 0
+    classes_partly_reused: int = 0             # of them, classes that some of their queries left (run again)
     queries_rerun: int = 0
     queries_reused: int = 0
     tasks_reused: list[str] = field(default_factory=list)
@@ -394,94 +405,31 @@ def recertify(old: Certificate, taskset: TaskSet, weights: Weights, cor: Corresp
     tmap = token_map(taskset, weights, source)
     back = np.full(weights.E.shape[0], -1, np.int64)
     back[tmap] = np.arange(tmap.size)             # weights' token id -> task set's id
-    touched_ids = back[np.flatnonzero(T.tokens)]
-    touched_ids = touched_ids[touched_ids >= 0]
-    plan = old.plan
     table = old.table
     Δ = len(weights.vocab) - len(old.weights.vocab)
     info.vocabulary_delta = Δ
     ch_subj, ch_set = changed_subjects(old.taskset, taskset, edited)
-    vocab = taskset.vocabulary
     keys = [_key(trie, n) for n in trie]
     node_of_key = {k: i for i, k in enumerate(keys)}
-    thresholds = [plan.thresholds(k, taskset) for k in keys]
-    ranges = [plan.ranges(k, taskset) if trie.nodes[i].has_subject else [None] for i, k in enumerate(keys)]
-    # what runs again: sub-cells (node id, cell, M), the queries of a cell whose consistent
-    # tasks are M (None: every query of the cell)
-    rerun: set[tuple[int, int, tuple | None]] = set()
-
-    # a subject gone from the vocabulary gets an id of its own, -2, -3, ... (it must not pass for
-    # the entity now at its place); its cell is decided by its name against the cell boundaries'
-    # names, as every subject's is: #{b : b <= name}. (An id such as "the entity after it" would
-    # put a name just before a boundary into the boundary's cell.)
-    gone_id: dict[str, int] = {}
-    gone_name: dict[int, str] = {}
-    bounds = [plan.boundaries.get(k, ()) for k in keys]
-
-    def cell_of(nid: int, subject_ids: np.ndarray) -> np.ndarray:
-        ids = np.asarray(subject_ids, np.int64)
-        out = np.searchsorted(thresholds[nid], ids, side="right") if thresholds[nid].size else \
-            np.zeros(ids.size, np.int64)
-        for j in np.flatnonzero(ids < 0).tolist():
-            out[j] = bisect.bisect_right(bounds[nid], gone_name[int(ids[j])])
-        return out
-
-    # a task's subjects and facts, new and (mapped to the new ids) old: sorted arrays
-    subj_new = [s for s, _ in taskset.fact_ids]
-    old_tokens = old.taskset.vocabulary.tokens
-    facts_old = []
-    for k, (s_old, o_old) in enumerate(old.taskset.fact_ids):
-        if edited is not None and taskset.tasks[k].name not in edited:
-            facts_old.append(taskset.fact_ids[k])
-            continue
-        ms, mo = (back[cor.tokens[s_old]], back[cor.tokens[o_old]]) if s_old.size else (s_old, o_old)
-        gone = np.flatnonzero(ms < 0)
-        if gone.size:
-            ms = ms.copy()
-            for j in gone.tolist():
-                name = old_tokens[int(s_old[j])]
-                if name not in gone_id:
-                    gone_id[name] = -2 - len(gone_id)
-                    gone_name[gone_id[name]] = name
-                ms[j] = gone_id[name]
-        order = np.argsort(ms, kind="stable")
-        facts_old.append((ms[order], mo[order]))
-    subj_old = [s for s, _ in facts_old]
-    sub = _SubCells(trie, taskset, cell_of, subj_new, subj_old, taskset.fact_ids, facts_old)
-    for tok in touched_ids.tolist():
-        rerun |= sub.of_token(int(tok))
-    # a changed subject's place in the new numbering: its id, or (gone from the vocabulary) the
-    # id it would have; either way the cell whose name range holds it
-    for k, ch in enumerate(ch_subj):
-        for name in sorted(ch):
-            s_id = vocab.id(name) if name in vocab else gone_id.get(name)
-            if s_id is not None:
-                rerun |= sub.of_subject(int(s_id), tasks=[k])
-    for node in trie:
-        if not node.has_subject and any(ch_set[k] for k in node.tasks):
-            rerun.add((node.id, 0, None))
-    # old classes: mapped to new nodes
-    cls_node = np.array([node_of_key.get(table.nodes[int(n)], -1) for n in table.node.tolist()], np.int64)
+    key_node = np.array([node_of_key.get(k, -1) for k in table.nodes], np.int64)
+    cls_node = key_node[table.node] if len(table) else np.zeros(0, np.int64)
     if (cls_node < 0).any():
         info.mode, info.reason = "full", "the certificate's structures do not match the task set's"
         return None, None, None, info
-    cls_M = [tuple(table.allowed_of(i).tolist()) for i in range(len(table))]
-    # tokens at which something changed only for queries routed to one expert: the sub-cells
-    # holding them, where a class of the old table was routed to that expert
-    for k_old, mask in T.by_expert.items():
+    old_rows = token_map(old.taskset, old.weights, "the certificate's weights")
+    sel = _Selection(old, taskset, trie, keys, cor.tokens[old_rows], back, cls_node)
+    touched_ids = back[np.flatnonzero(T.tokens)]
+    sel.tokens(touched_ids[touched_ids >= 0])
+    for k, ch in enumerate(ch_subj):
+        sel.changed(k, ch)
+    for node in trie:
+        if not node.has_subject and any(ch_set[k] for k in node.tasks):
+            sel.whole.add((node.id, 0, None))
+    # tokens at which something changed only for queries routed to one expert: their queries
+    # where a class of the old table was routed to that expert
+    for k_old, mask in sorted(T.by_expert.items()):
         ids = back[np.flatnonzero(mask)]
-        ids = ids[ids >= 0]
-        if ids.size == 0:
-            continue
-        routed_here = {(int(n), int(c), m) for n, c, e, m in zip(cls_node.tolist(), table.cell.tolist(),
-                                                                 table.expert.tolist(), cls_M) if e == k_old}
-        cells_here = {(n, c) for n, c, _ in routed_here}
-        for tok in ids.tolist():
-            for n, c, m in sub.of_token(int(tok)):
-                if m is None and (n, c) in cells_here:
-                    rerun.update(x for x in routed_here if x[:2] == (n, c))
-                elif (n, c, m) in routed_here:
-                    rerun.add((n, c, m))
+        sel.tokens(ids[ids >= 0], routed=k_old)
     counts = table.counts
     F = table.floats
     col = {name: i for i, name in enumerate(FLOATS)}
@@ -513,29 +461,27 @@ def recertify(old: Certificate, taskset: TaskSet, weights: Weights, cor: Corresp
         # last bits, so a margin within the band is decided by running it again
         forced |= ~(F[:, col["margin_all"]] > BAND)
     for i in np.flatnonzero(forced).tolist():
-        rerun.add((int(cls_node[i]), int(table.cell[i]), cls_M[i]))
+        sel.whole.add((int(cls_node[i]), int(table.cell[i]), tuple(table.allowed_of(i).tolist())))
+    dropped, less, less_oq, fine = sel.settle()
     t = info.mark("cells", t)
-    # run the sub-cells again on the new weights
-    whole = {(n, c) for n, c, m in rerun if m is None}
+    # run again: the whole sub-cells, and the single subjects' queries outside them
+    ranges = sel.ranges
+    whole_cells = {(n, c) for n, c, m in sel.whole if m is None}
     keep: dict[tuple, set | None] = {}
-    for n, c, m in rerun:
+    for n, c, m in sel.whole:
         key = (n, ranges[n][c])
-        if (n, c) in whole:
+        if (n, c) in whole_cells:
             keep[key] = None
         elif keep.get(key, set()) is not None:
             keep.setdefault(key, set()).add(m)
-    cells = sorted({(n, c) for n, c, _ in rerun})
+    cells = sorted({(n, c) for n, c, _ in sel.whole})
     info.cells_total = sum(len(r) for r in ranges)
-    info.cells_rerun = len(cells)
-    rerun_set = rerun
-    reused_mask = np.array([(n, c) not in whole and (n, c, m) not in rerun_set
-                            for n, c, m in zip(cls_node.tolist(), table.cell.tolist(), cls_M)], bool) \
-        if len(table) else np.zeros(0, bool)
+    reused_mask = ~dropped
     served = np.array([taskset.names.index(t) if t in taskset.names else -1 for t in weights.expert_tasks], np.int64)
     off = np.concatenate([[0], np.cumsum([e.width for e in weights.experts])]).astype(np.int64)
     watched = watched_since(old, weights, cor)
     watch = np.concatenate(watched) if watched else np.zeros(0, bool)
-    recorder = ClassRecorder(taskset, trie, plan, served, off, epsilon, watch)
+    recorder = ClassRecorder(taskset, trie, old.plan, served, off, epsilon, watch)
     names = taskset.names
     recs = [TaskRecord(t.name, t.n_templates, t.n_facts, taskset.L, taskset.complexity(k), None, None)
             for k, t in enumerate(taskset.tasks)]
@@ -546,30 +492,46 @@ def recertify(old: Certificate, taskset: TaskSet, weights: Weights, cor: Corresp
     rerun_count = 0
     # the experts a rerun query may need: those its class was routed to before, and the
     # edited tasks' (a query routed elsewhere is run again over the full weights)
-    wanted = {int(cor.experts[e]) for i, e in enumerate(table.expert.tolist())
-              if not reused_mask[i] and cor.experts[e] >= 0}
+    touched_cls = np.flatnonzero(dropped | (less > 0))
+    wanted = {int(cor.experts[e]) for e in np.unique(table.expert[touched_cls]).tolist() if cor.experts[e] >= 0}
     wanted |= {int(k) for k in np.flatnonzero(np.isin(served, [taskset.index(t) for t in (edited or ())]))}
-    for batch, res in _run(taskset, trie, weights, tmap, cell_parts, watched, served, sorted(wanted), keep):
+    todo = list(batches_of(taskset, trie, cell_parts, keep=keep)) + \
+        list(batches_of_subjects(taskset, trie, fine, drop=sel.in_whole))
+    touched_cells = set(cells)
+    for batch, res in _run(taskset, trie, weights, tmap, todo, watched, served, sorted(wanted)):
         state.record(batch, res, weights)
         recorder.record(batch, res)
         rerun_count += len(batch)
         if progress:
             progress(rerun_count, -1)
+    for nid, s in fine.items():
+        touched_cells.update((nid, int(c)) for c in np.unique(sel.cell_of(nid, s)).tolist())
+    info.cells_rerun = len(touched_cells)
     state.finish()
     t = info.mark("rerun", t)
-    # the reused classes, in the new numbering
-    reused = table.take(np.flatnonzero(reused_mask))
-    reused.floats = new_floats[reused_mask]
+    # the reused classes, in the new numbering, less the queries of the subjects run again
+    kept = np.flatnonzero(reused_mask)
+    reused = table.take(kept)
+    reused.counts = reused.counts.copy()
+    reused.counts[:, 0] -= less[kept]
+    reused.counts[:, 1] -= less_oq[kept]
+    reused.counts[:, 4] -= less_oq[kept]        # a class that loses queries has no failure: each object query's ablation broke it
+    reused.floats = new_floats[kept]
     reused.expert = cor.experts[reused.expert]
     reused = _map_active(reused, cor)
-    merged = ClassTable.concat([reused, recorder.table()])      # the recorder's table: the classes run again
+    fresh = recorder.table()
+    merged = ClassTable.concat([reused, fresh])
+    # a fresh class with the key of a reused one (a subject's query run again, beside the
+    # cell's other queries) is made one with it, as a full run records them
+    pair = merged.node.astype(np.int64) * (int(merged.cell.max(initial=0)) + 1) + merged.cell
+    merged = merge_classes(merged, np.flatnonzero(np.isin(pair, pair[len(reused):])))
     info.classes_reused = len(reused)
+    info.classes_partly_reused = int(np.count_nonzero(less[kept]))
     info.queries_rerun = rerun_count
     info.queries_reused = int(reused.counts[:, 0].sum()) if len(reused) else 0
     report = _report(taskset, weights, epsilon, merged, state, trie)
     report.enumerated = report.queries
     t = info.mark("merge", t)
-    fresh = recorder.table()
     rerun_tasks = set(fresh.allowed.tolist())
     info.tasks_reused = [names[k] for k in range(len(names)) if k not in rerun_tasks]
     info.seconds = time.perf_counter() - start
@@ -577,86 +539,224 @@ def recertify(old: Certificate, taskset: TaskSet, weights: Weights, cor: Corresp
     return report, merged, watched, info
 
 
-class _SubCells:
-    """Where a token or a subject sits among the queries: the sub-cells (node id, cell, M)
-    holding the queries that contain it, in the new task set (side 0) and, for what an edit
-    removed, in the old one (side 1)."""
+class _Selection:
+    """What runs again (steps 2 to 5 of the module docstring), at two grains.
 
-    def __init__(self, trie, taskset: TaskSet, cell_of, subj_new, subj_old, facts_new, facts_old) -> None:
-        self.trie, self.taskset, self.cell_of = trie, taskset, cell_of
-        self.subj = (subj_new, subj_old)
-        self.facts = (facts_new, facts_old)
-        self.nodes_of: list[list] = [[] for _ in taskset.tasks]       # per task: its nodes with a subject
+    * ``whole``: sub-cells (node id, cell, M), the queries of a cell whose consistent tasks
+      are M, or (node id, cell, None), every query of the cell. Their classes of the
+      certificate are dropped and all their queries run again.
+    * single subjects, (node id, subject): every query of that subject at that node runs
+      again on the new task set, and the certificate's queries of that subject there leave
+      their classes (:meth:`settle`). A query's consistent tasks and valid next tokens come
+      from its own subject's facts only, so a subject's queries can be taken out of a class
+      and put back as run again.
+
+    Taking queries out of a class keeps its summary sound for the rest: a largest upper end
+    or smallest lower end over fewer queries is at most (at least) what it was over all.
+    It keeps it *exact* while the class's worst query and its query of the smallest margin
+    stay (their values are the extremes of the rest too), so a class loses queries only
+    then, when it is the only class of its sub-cell (a query's class is known by its
+    sub-cell alone), and when it is not forced to run again; otherwise its whole sub-cell
+    runs again. Subjects are numbered in the new task set; the certificate's queries are
+    built from the certificate's task set, in its numbering, and found in its cells by the
+    same plan (cells are ranges of names).
+    """
+
+    def __init__(self, old: Certificate, taskset: TaskSet, trie: StructureTrie, keys: list[str],
+                 new_of_old_rows: np.ndarray, back: np.ndarray, cls_node: np.ndarray) -> None:
+        self.old, self.taskset, self.trie, self.cls_node = old, taskset, trie, cls_node
+        self.old_ts = old.taskset
+        self.old_trie = StructureTrie(self.old_ts)
+        by_key = {_key(self.old_trie, n): n for n in self.old_trie}
+        self.old_nodes = [by_key.get(k) for k in keys]
+        # certificate's task-set id -> new task-set id (-1: gone), and back
+        self.new_of_old = np.where(new_of_old_rows >= 0, back[np.maximum(new_of_old_rows, 0)], -1)
+        self.old_of_new = np.full(taskset.vocabulary.size, -1, np.int64)
+        ok = self.new_of_old >= 0
+        self.old_of_new[self.new_of_old[ok]] = np.flatnonzero(ok)
+        plan = old.plan
+        self.thresholds = [plan.thresholds(k, taskset) for k in keys]
+        self.old_thresholds = [plan.thresholds(k, self.old_ts) for k in keys]
+        self.ranges = [plan.ranges(k, taskset) if trie.nodes[i].has_subject else [None] for i, k in enumerate(keys)]
+        self.subject_nodes: list[list[int]] = [[] for _ in taskset.tasks]
+        self.object_nodes: list[list[int]] = [[] for _ in taskset.tasks]
+        self.word_nodes: dict[int, list[int]] = {}
         for node in trie:
-            if node.has_subject:
-                for k in node.tasks:
-                    self.nodes_of[k].append(node)
+            for k in node.tasks:
+                if node.has_subject:
+                    self.subject_nodes[k].append(node.id)
+                if node.has_object:
+                    self.object_nodes[k].append(node.id)
+            for c in set(node.symbols):
+                if c >= 0:
+                    self.word_nodes.setdefault(int(c), []).append(node.id)
+        self.whole: set[tuple[int, int, tuple | None]] = set()
+        self._new: dict[int, list[np.ndarray]] = {}      # node -> subjects (new ids)
+        self._gone: dict[int, list[np.ndarray]] = {}     # node -> subjects gone from the vocabulary (old ids)
+        self._routed: dict[int, dict[tuple[int, int], list[int]]] = {}
+        self._whole_cells: set = set()
+        self._whole_sub: set = set()
 
-    def _is_subject(self, k: int, s: int, side: int) -> bool:
-        return bool(_member(np.array([s]), self.subj[side][k])[0])
+    def cell_of(self, nid: int, subjects: np.ndarray) -> np.ndarray:
+        t = self.thresholds[nid]
+        return np.searchsorted(t, subjects, side="right") if t.size else np.zeros(np.size(subjects), np.int64)
 
-    def _has_fact(self, k: int, a: int, b: int, side: int) -> bool:
-        s, o = self.facts[side][k]
-        i = np.searchsorted(s, a)
-        return bool(i < s.size and s[i] == a and o[i] == b)
-
-    def _add(self, out: set, node, s: int, obj: int | None, side: int) -> None:
-        c = int(self.cell_of(node.id, np.array([s]))[0])
-        if node.has_object:
-            m = tuple(k for k in node.tasks if self._has_fact(k, s, obj, side))
-        else:
-            m = tuple(k for k in node.tasks if self._is_subject(k, s, side))
-        if m:
-            out.add((node.id, c, m))
-
-    def of_subject(self, s: int, tasks: list[int] | None = None) -> set:
-        """Sub-cells of the queries whose subject is ``s`` (at the nodes of ``tasks``, or of every
-        task that has s as a subject)."""
-        out: set = set()
-        for side in (0, 1):
-            for k in (tasks if tasks is not None else range(len(self.taskset.tasks))):
-                if not self._is_subject(k, s, side):
-                    continue
-                fs, fo = self.facts[side][k]
-                obj = int(fo[np.searchsorted(fs, s)])
-                for node in self.nodes_of[k]:
-                    self._add(out, node, s, obj if node.has_object else None, side)
+    def _classes_routed(self, k_old: int) -> dict[tuple[int, int], list[int]]:
+        """(node, cell) -> the certificate's classes there routed to expert ``k_old``."""
+        out = self._routed.get(k_old)
+        if out is None:
+            out = {}
+            t = self.old.table
+            for i in np.flatnonzero(t.expert == k_old).tolist():
+                out.setdefault((int(self.cls_node[i]), int(t.cell[i])), []).append(i)
+            self._routed[k_old] = out
         return out
 
-    def of_token(self, t: int) -> set:
-        """Sub-cells of the queries containing token ``t``: every cell of a node with the word
-        ``t``; an entity as a subject, and past ⋆2 as an object."""
-        vocab = self.taskset.vocabulary
-        out: set = set()
-        if not vocab.is_entity(t):
-            for node in self.trie:
-                if t in node.symbols:
-                    n_cells = int(self.cell_of(node.id, np.array([vocab.size]))[0]) + 1 if node.has_subject else 1
-                    out.update((node.id, c, None) for c in range(n_cells))
-            return out
-        out |= self.of_subject(t)
-        for side in (0, 1):
-            for k in range(len(self.taskset.tasks)):
-                fs, fo = self.facts[side][k]
-                hits = fs[fo == t]
-                if hits.size == 0:
+    def _add(self, nid: int, subjects: np.ndarray, routed: int | None) -> None:
+        if subjects.size == 0:
+            return
+        if routed is not None:
+            here = self._classes_routed(routed)
+            cells = self.cell_of(nid, subjects)
+            subjects = subjects[np.fromiter(((nid, c) in here for c in cells.tolist()), bool, cells.size)]
+        if subjects.size:
+            self._new.setdefault(nid, []).append(subjects)
+
+    def tokens(self, ids: np.ndarray, routed: int | None = None) -> None:
+        """The queries holding one of these tokens (new ids): every cell of a node with the
+        word; for an entity, its queries as a subject, and past ⋆2 as an object, in the
+        new task set and the certificate's. With ``routed``: only where a class of the
+        certificate there was routed to that (old) expert."""
+        ids = np.unique(np.asarray(ids, np.int64))
+        if ids.size == 0:
+            return
+        n_words = self.taskset.vocabulary.n_words
+        for w in ids[ids < n_words].tolist():
+            for nid in self.word_nodes.get(w, []):
+                n_cells = len(self.ranges[nid])
+                if routed is None:
+                    self.whole.update((nid, c, None) for c in range(n_cells))
+                else:
+                    t = self.old.table
+                    for c in range(n_cells):
+                        for i in self._classes_routed(routed).get((nid, c), []):
+                            self.whole.add((nid, c, tuple(t.allowed_of(i).tolist())))
+        ents = ids[ids >= n_words]
+        if ents.size == 0:
+            return
+        old_ents = np.unique(self.old_of_new[ents])
+        old_ents = old_ents[old_ents >= 0]
+        for k in range(len(self.taskset.tasks)):
+            for (s, o), e, to_new in ((self.taskset.fact_ids[k], ents, None),
+                                      (self.old_ts.fact_ids[k], old_ents, self.new_of_old)):
+                if s.size == 0 or e.size == 0:
                     continue
-                for node in self.nodes_of[k]:
-                    if node.has_object:
-                        for x in hits.tolist():
-                            self._add(out, node, int(x), t, side)
-        return out
+                as_subject, as_object = s[_member(s, e)], s[_member(o, e)]
+                if to_new is not None:        # a subject gone from the vocabulary is a changed one (see changed)
+                    as_subject, as_object = to_new[as_subject], to_new[as_object]
+                    as_subject, as_object = as_subject[as_subject >= 0], as_object[as_object >= 0]
+                for nid in self.subject_nodes[k]:
+                    self._add(nid, as_subject, routed)
+                for nid in self.object_nodes[k]:
+                    self._add(nid, as_object, routed)
+
+    def changed(self, k: int, names: set[str]) -> None:
+        """The queries of subjects whose fact in task k was added, removed or changed: theirs
+        at every node of k."""
+        if not names:
+            return
+        vocab, old_vocab = self.taskset.vocabulary, self.old_ts.vocabulary
+        new = np.array(sorted(vocab.id(n) for n in names if n in vocab), np.int64)
+        gone = np.array(sorted(old_vocab.id(n) for n in names if n not in vocab and n in old_vocab), np.int64)
+        for nid in self.subject_nodes[k]:
+            self._add(nid, new, None)
+            if gone.size:
+                self._gone.setdefault(nid, []).append(gone)
+
+    def in_whole(self, nid: int, g) -> np.ndarray:
+        """Rows of a new group (node ``nid``) inside a sub-cell that runs again whole."""
+        cells = self.cell_of(nid, g.subjects)
+        return np.fromiter(((nid, c) in self._whole_cells or
+                            (nid, c, tuple(g.allowed_of(i).tolist())) in self._whole_sub
+                            for i, c in enumerate(cells.tolist())), bool, len(g))
+
+    def settle(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[int, np.ndarray]]:
+        """(dropped, less, less_oq, subjects): per class of the certificate whether it is
+        dropped (its sub-cell runs again whole, or nothing of it is left) and how many of
+        its queries and object queries leave it; per node the subjects (new ids) whose
+        queries run again. Adds to ``whole`` the sub-cells whose classes cannot lose queries."""
+        t = self.old.table
+        n = len(t)
+        nodes = set(self._new) | set(self._gone)
+        subj_new, subj_old = {}, {}
+        for nid in nodes:
+            new = np.unique(np.concatenate(self._new.get(nid, [np.zeros(0, np.int64)])))
+            old = self.old_of_new[new]
+            gone = self._gone.get(nid, [])
+            subj_old[nid] = np.unique(np.concatenate([old[old >= 0]] + gone))
+            if new.size:
+                subj_new[nid] = new
+        self._whole_cells = {(a, c) for a, c, m in self.whole if m is None}
+        self._whole_sub = {x for x in self.whole if x[2] is not None}
+        # the certificate's queries of those subjects, by sub-cell: how many, how many object
+        # queries, and their names
+        out: dict[tuple, list] = {}
+        tok = self.old_ts.vocabulary.tokens
+        for nid, S in sorted(subj_old.items()):
+            if S.size == 0:
+                continue
+            g = build_group(self.old_ts, self.old_trie, self.old_nodes[nid], subjects=S)
+            th = self.old_thresholds[nid]
+            cells = np.searchsorted(th, g.subjects, side="right") if th.size else np.zeros(len(g), np.int64)
+            oq = g.object_query & (g.determined >= 0)
+            for i, c in enumerate(cells.tolist()):
+                if (nid, c) in self._whole_cells:
+                    continue
+                key = (nid, c, tuple(g.allowed_of(i).tolist()))
+                if key in self._whole_sub:
+                    continue
+                r = out.setdefault(key, [0, 0, set()])
+                r[0] += 1
+                r[1] += bool(oq[i])
+                r[2].add((tok[int(g.subjects[i])], tok[int(g.objects[i])] if g.objects[i] >= 0 else ""))
+        # the certificate's classes of those sub-cells, and of the ones run again whole
+        width = int(t.cell.max(initial=0)) + 2
+        pair = self.cls_node * width + t.cell
+        near = np.flatnonzero(np.isin(pair, [a * width + c for a, c, _ in list(out) + list(self._whole_sub)]))
+        by_sub: dict[tuple, list[int]] = {}
+        for i in near.tolist():
+            by_sub.setdefault((int(self.cls_node[i]), int(t.cell[i]), tuple(t.allowed_of(i).tolist())), []).append(i)
+        less, less_oq = np.zeros(n, np.int64), np.zeros(n, np.int64)
+        margin, err_hi = t.column("margin"), t.column("err_hi")
+        for key, (nq, noq, names) in out.items():
+            held = by_sub.get(key, [])
+            i = held[0] if len(held) == 1 else -1
+            if i >= 0 and t.counts[i, 0] >= nq and t.counts[i, 1] >= noq and not np.isnan(margin[i]) \
+                    and t.worst[i] not in names and t.least[i] not in names \
+                    and (t.worst[i][0] != "" or not np.isfinite(err_hi[i])) \
+                    and (t.least[i][0] != "" or not np.isfinite(margin[i])):
+                less[i], less_oq[i] = nq, noq
+            elif i >= 0 and t.counts[i, 0] == nq and t.counts[i, 1] == noq:
+                less[i], less_oq[i] = nq, noq          # every query of the class leaves it: dropped
+            else:
+                self.whole.add(key)
+                self._whole_sub.add(key)
+        dropped = np.isin(pair, [a * width + c for a, c in self._whole_cells])
+        for key in self._whole_sub:
+            for i in by_sub.get(key, []):
+                dropped[i] = True
+        dropped |= (less > 0) & (t.counts[:, 0] - less <= 0)
+        return dropped, less, less_oq, subj_new
 
 
-def _run(taskset: TaskSet, trie, weights: Weights, tmap: np.ndarray, cells, watched: list[np.ndarray],
-         served: np.ndarray, experts: list[int] | None = None, keep: dict | None = None):
-    """(batch, result) for the queries of ``cells``, run on the weights cut to their cone
+def _run(taskset: TaskSet, trie, weights: Weights, tmap: np.ndarray, todo: list, watched: list[np.ndarray],
+         served: np.ndarray, experts: list[int] | None = None):
+    """(batch, result) for the batches ``todo``, run on the weights cut to their cone
     (verifier.shards: ``restrict``, then ``compact``; bitwise the full pass's results), rows
     reaching beyond it (a candidate expert outside) run again on the full weights."""
     from verifier.shards import compact, restrict
     from verifier.verify import ShardPart, _merge, verify_shard_batch
 
-    todo = list(batches_of(taskset, trie, cells, keep=keep))
     if not todo:
         return
     tokens = np.unique(np.concatenate([tmap[b.tokens].reshape(-1) for b in todo] + [tmap[b.valid] for b in todo]))

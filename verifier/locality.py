@@ -158,19 +158,25 @@ def _entries(m: sp.spmatrix) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return c.row.astype(np.int64), c.col.astype(np.int64), c.data
 
 
-def _increasing(m: np.ndarray) -> bool:
+def _increasing(m: np.ndarray, memo: dict | None = None) -> bool:
+    """Whether the map's kept values increase (``memo``: results by array, for one diff's maps)."""
+    if memo is not None and id(m) in memo:
+        return memo[id(m)][1]
     kept = m[m >= 0]
-    return bool((kept[1:] > kept[:-1]).all())
+    out = bool((kept[1:] > kept[:-1]).all())
+    if memo is not None:
+        memo[id(m)] = (m, out)           # the array is held, so its id is not reused meanwhile
+    return out
 
 
-def _same(old: sp.spmatrix, new: sp.spmatrix, rmap: np.ndarray, cmap: np.ndarray) -> bool:
+def _same(old: sp.spmatrix, new: sp.spmatrix, rmap: np.ndarray, cmap: np.ndarray, memo: dict | None = None) -> bool:
     """True when ``new`` is exactly ``old`` renumbered (a check in one pass, no sorting): both in
     the same compressed format, the maps increasing, every old entry kept, and the renumbered
     pointer, index and value arrays equal. False means only: not shown equal this way."""
     if old.format != new.format or old.format not in ("csr", "csc"):
         return False
     major, minor = (rmap, cmap) if old.format == "csr" else (cmap, rmap)
-    if not (_increasing(major) and _increasing(minor)):
+    if not (_increasing(major, memo) and _increasing(minor, memo)):
         return False
     if (minor[old.indices] < 0).any() if old.indices.size else False:
         return False
@@ -196,14 +202,14 @@ def _keep_majors(m: sp.spmatrix, keep: np.ndarray) -> sp.spmatrix:
     return cls((m.data[mask], m.indices[mask], ptr), shape=m.shape)
 
 
-def _differing_majors(old: sp.spmatrix, new: sp.spmatrix, rmap: np.ndarray, cmap: np.ndarray):
+def _differing_majors(old: sp.spmatrix, new: sp.spmatrix, rmap: np.ndarray, cmap: np.ndarray, memo: dict | None = None):
     """(old majors, new majors) that may differ, as bool masks, when the maps are increasing
     and keep every old entry; None otherwise. A major row of the same length whose entries
     renumber to the new ones exactly is equal; any other is returned."""
     if old.format != new.format or old.format not in ("csr", "csc"):
         return None
     major, minor = (rmap, cmap) if old.format == "csr" else (cmap, rmap)
-    if not (_increasing(major) and _increasing(minor)):
+    if not (_increasing(major, memo) and _increasing(minor, memo)):
         return None
     o_counts = np.diff(old.indptr)
     if old.indices.size and (minor[old.indices] < 0).any():
@@ -235,12 +241,13 @@ def _differing_majors(old: sp.spmatrix, new: sp.spmatrix, rmap: np.ndarray, cmap
     return o_sel, n_sel
 
 
-def _compare(name: str, old: sp.spmatrix, new: sp.spmatrix, rmap: np.ndarray, cmap: np.ndarray) -> MatrixChange:
+def _compare(name: str, old: sp.spmatrix, new: sp.spmatrix, rmap: np.ndarray, cmap: np.ndarray,
+             memo: dict | None = None) -> MatrixChange:
     """Entries of ``new`` that differ from ``old`` mapped by (rmap, cmap), and old entries with no place."""
-    if _same(old, new, rmap, cmap):
+    if _same(old, new, rmap, cmap, memo):
         z = np.zeros(0, np.int64)
         return MatrixChange(name, z, z, z, z)
-    rows_only = _differing_majors(old, new, rmap, cmap)
+    rows_only = _differing_majors(old, new, rmap, cmap, memo)
     if rows_only is not None:                # compare entry by entry within the differing rows only
         o_sel, n_sel = rows_only
         old, new = _keep_majors(old, o_sel), _keep_majors(new, n_sel)
@@ -320,17 +327,18 @@ def diff(old: Weights, new: Weights, cor: Correspondence) -> Diff:
         out.shape_change = problem
         return out
     pos = np.arange(old.P.shape[0], dtype=np.int64)
+    memo: dict = {}
     M = out.matrices
-    M["E"] = _compare("E", old.E, new.E, cor.tokens, cor.coords)
-    M["P"] = _compare("P", old.P, new.P, pos, cor.coords)
+    M["E"] = _compare("E", old.E, new.E, cor.tokens, cor.coords, memo)
+    M["P"] = _compare("P", old.P, new.P, pos, cor.coords, memo)
     for m, (a, b) in enumerate(zip(old.heads, new.heads)):
-        M[f"heads.{m}.W_Q"] = _compare(f"heads.{m}.W_Q", a.W_Q, b.W_Q, cor.qk[m], cor.coords)
-        M[f"heads.{m}.W_K"] = _compare(f"heads.{m}.W_K", a.W_K, b.W_K, cor.qk[m], cor.coords)
-        M[f"heads.{m}.W_V"] = _compare(f"heads.{m}.W_V", a.W_V, b.W_V, cor.values[m], cor.coords)
-        M[f"heads.{m}.W_O"] = _compare(f"heads.{m}.W_O", a.W_O, b.W_O, cor.coords, cor.values[m])
-    M["W_G"] = _compare("W_G", old.W_G, new.W_G, cor.experts, cor.coords)
+        M[f"heads.{m}.W_Q"] = _compare(f"heads.{m}.W_Q", a.W_Q, b.W_Q, cor.qk[m], cor.coords, memo)
+        M[f"heads.{m}.W_K"] = _compare(f"heads.{m}.W_K", a.W_K, b.W_K, cor.qk[m], cor.coords, memo)
+        M[f"heads.{m}.W_V"] = _compare(f"heads.{m}.W_V", a.W_V, b.W_V, cor.values[m], cor.coords, memo)
+        M[f"heads.{m}.W_O"] = _compare(f"heads.{m}.W_O", a.W_O, b.W_O, cor.coords, cor.values[m], memo)
+    M["W_G"] = _compare("W_G", old.W_G, new.W_G, cor.experts, cor.coords, memo)
     V_old, V_new = len(old.vocab), len(new.vocab)
-    M["U"] = _compare("U", old.U, new.U, cor.tokens[:V_old], cor.coords)
+    M["U"] = _compare("U", old.U, new.U, cor.tokens[:V_old], cor.coords, memo)
     bg = np.full(len(new.experts), np.nan)
     ok = cor.experts >= 0
     bg[cor.experts[ok]] = np.asarray(old.b_G)[ok]
@@ -341,8 +349,8 @@ def diff(old: Weights, new: Weights, cor: Correspondence) -> Diff:
         if k_new < 0:
             continue
         a, b, nm = old.experts[k_old], new.experts[k_new], cor.neurons[k_old]
-        M[f"experts.{k_new}.W_1"] = _compare(f"experts.{k_new}.W_1", a.W_1, b.W_1, nm, cor.coords)
-        M[f"experts.{k_new}.W_2"] = _compare(f"experts.{k_new}.W_2", a.W_2, b.W_2, cor.coords, nm)
+        M[f"experts.{k_new}.W_1"] = _compare(f"experts.{k_new}.W_1", a.W_1, b.W_1, nm, cor.coords, memo)
+        M[f"experts.{k_new}.W_2"] = _compare(f"experts.{k_new}.W_2", a.W_2, b.W_2, cor.coords, nm, memo)
         b1 = np.full(b.width, np.nan)
         okn = nm >= 0
         b1[nm[okn]] = np.asarray(a.b_1)[okn]

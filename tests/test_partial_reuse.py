@@ -1,0 +1,131 @@
+"""Reuse of part of a class: a subject's queries taken out of their classes and run again.
+
+The pieces ``check --since`` rests on when it re-runs single subjects rather than whole
+cells (``verifier.incremental._Selection``): a group built for some subjects is exactly
+the full group's rows with those subjects; a row of such a batch names a part that holds
+it; classes recorded in two runs and merged are the classes one run records. The end-to-end
+property (verdicts, counts, margins equal a full check's) is ``tests/test_editing.py``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from cli.compose import check_and_save, check_since
+from construction.model import build
+from tasks.model import Facts, Task, TaskSet, Template
+from tasks.queries import build_group
+from tasks.strategies import shared_template_task_sets, task_sets
+from tasks.structure import StructureTrie
+from verifier.batches import batches, batches_of_subjects
+from verifier.classes import CellPlan, ClassRecorder, merge_classes
+from verifier.locality import watched_neurons
+from verifier.verify import Shard, token_map, verify, verify_batch
+
+SETS = st.one_of(task_sets(max_tasks=3, max_templates=2, max_facts=6),
+                 shared_template_task_sets(max_sharing=3, max_groups=1, max_other_tasks=1, max_facts=4))
+
+
+def _rows(g) -> list[tuple]:
+    return [(int(g.subjects[i]), int(g.objects[i]), tuple(g.allowed_of(i).tolist()), tuple(g.valid_of(i).tolist()),
+             bool(g.object_query[i]), int(g.determined[i])) for i in range(len(g))]
+
+
+@settings(max_examples=60, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
+@given(SETS, st.data())
+def test_a_group_of_some_subjects_is_the_full_groups_rows_with_them(ts, data):
+    trie = StructureTrie(ts)
+    entities = np.arange(ts.vocabulary.n_words, ts.vocabulary.size, dtype=np.int64)
+    for node in trie:
+        if not node.has_subject:
+            continue
+        chosen = np.array(sorted(data.draw(st.sets(st.sampled_from(entities.tolist()), max_size=4))), np.int64)
+        full = [r for r in _rows(build_group(ts, trie, node)) if r[0] in set(chosen.tolist())]
+        assert _rows(build_group(ts, trie, node, subjects=chosen)) == full
+
+
+@settings(max_examples=40, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
+@given(SETS)
+def test_a_subject_batch_row_names_the_part_that_holds_it(ts):
+    """Counterexamples are described by rebuilding the part a row names (verify._State.finish)."""
+    trie = StructureTrie(ts)
+    subjects = {node.id: np.unique(np.concatenate([ts.fact_ids[k][0] for k in node.tasks]))
+                for node in trie if node.has_subject}
+    seen = 0
+    for b in batches_of_subjects(ts, trie, subjects, chunk=3):
+        for i in range(len(b)):
+            lo, hi = (int(x) for x in b.part[i])
+            assert hi == lo + 1 == b.tokens[i, trie.nodes[int(b.node[i])].subject_position] + 1
+            g = build_group(ts, trie, trie.nodes[int(b.node[i])], (lo, hi))
+            assert tuple(b.tokens[i]) == tuple(int(x) for x in _tokens(g, int(b.index[i])))
+            seen += 1
+    assert seen == sum(len(build_group(ts, trie, trie.nodes[n])) for n in subjects)
+
+
+def _tokens(g, i: int) -> list[int]:
+    from verifier.batches import group_tokens
+    return group_tokens(g)[i].tolist()
+
+
+def _recorder(ts, trie, weights, plan):
+    return ClassRecorder.for_weights(ts, trie, plan, weights, 0.01, watched_neurons(weights))
+
+
+@settings(max_examples=40, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
+@given(SETS, st.integers(0, 2 ** 16))
+def test_classes_recorded_in_two_runs_and_merged_are_one_runs(ts, seed):
+    weights = build(ts).instantiate()
+    trie = StructureTrie(ts)
+    plan = CellPlan.of(ts, trie, 2)
+    shard = Shard(weights, token_map(ts, weights))
+    one, parts = _recorder(ts, trie, weights, plan), [_recorder(ts, trie, weights, plan) for _ in range(2)]
+    rng = np.random.default_rng(seed)
+    for b in batches(ts, trie):
+        res = verify_batch(shard, b)
+        one.record(b, res)
+        side = rng.integers(0, 2, len(b)).astype(bool)
+        for j, rows in enumerate((np.flatnonzero(side), np.flatnonzero(~side))):
+            if rows.size:
+                parts[j].record(b.take(rows), res.take(rows))
+    a = one.table()
+    from verifier.classes import ClassTable
+    both = ClassTable.concat([p.table() for p in parts])
+    m = merge_classes(both, np.arange(len(both)))
+
+    def rows(t):
+        out = {}
+        for i in range(len(t)):
+            key = (t.nodes[int(t.node[i])], int(t.cell[i]), tuple(t.allowed_of(i).tolist()), int(t.expert[i]))
+            assert key not in out
+            floats = np.delete(t.floats[i], 1)                          # err_lo follows the witness chosen
+            out[key] = (tuple(t.counts[i].tolist()), tuple(np.nan_to_num(floats, nan=7.0).tolist()),
+                        tuple(t.active_of(i).tolist()), bool(t.overflow[i]))
+        return out
+    assert rows(m) == rows(a)
+    for i in range(len(m)):                 # a class with a subject names its worst query
+        if "⋆1" in m.nodes[int(m.node[i])]:
+            assert (m.worst[i][0] != "") == bool(np.isfinite(m.floats[i, 0]))
+
+
+def _task(name, facts):
+    return Task(name, (Template.parse("⋆1 of ⋆2"), Template.parse("about ⋆1 : ⋆2 .")), Facts(facts))
+
+
+def test_an_edit_of_one_subject_reruns_its_queries_not_its_cell(tmp_path):
+    facts = {f"s{i:03d}": f"o{i % 7}" for i in range(200)}
+    ts = TaskSet((_task("a", facts), _task("b", {f"t{i:03d}": f"o{i % 5}" for i in range(50)})))
+    model = build(ts)
+    check_and_save(ts, model, str(tmp_path / "cert"), isolation=False)
+    new = TaskSet((_task("a", {**facts, "s100": "o3"}), ts.tasks[1]))
+    inc, _ = check_since(new, str(tmp_path / "cert"), isolation=False)
+    full = verify(new, build(new, beta=float(model.beta), gamma=float(model.gamma)).instantiate(), model.epsilon)
+    i = inc.incremental
+    assert i["mode"] == "incremental" and i["classes_partly_reused"] > 0
+    # the subject's queries: at most one per prefix of the task's two templates
+    assert 0 < i["queries_rerun"] <= 8, i
+    assert inc.certified == full.certified and inc.queries == full.queries
+    for a, b in zip(inc.tasks, full.tasks):
+        assert (a.queries, a.object_queries, a.misrouted, a.over_epsilon, a.ablation_broken, a.min_margin) == \
+               (b.queries, b.object_queries, b.misrouted, b.over_epsilon, b.ablation_broken, b.min_margin)
