@@ -384,6 +384,23 @@ def query_text(key: str, subject: str, obj: str) -> str:
     return " ".join(subject if w == "⋆1" else obj if w == "⋆2" else w for w in key.split("\t"))
 
 
+def set_codes(ptr: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """Per row of a CSR (ptr, values) of small non-negative integers, a 64-bit code of its
+    values in order: equal rows get equal codes. Unequal rows may collide, so a code only
+    narrows a search; rows are compared exactly after it."""
+    n = ptr.size - 1
+    counts = np.diff(ptr)
+    out = np.zeros(n, np.uint64)
+    if values.size == 0:
+        return out
+    position = np.arange(values.size) - np.repeat(ptr[:-1], counts)
+    with np.errstate(over="ignore"):
+        term = (values.astype(np.uint64) + np.uint64(1)) * (np.uint64(0x9E3779B97F4A7C15) ** position.astype(np.uint64) |
+                                                             np.uint64(1))
+        np.add.at(out, np.repeat(np.arange(n), counts), term)
+    return out
+
+
 def merge_classes(t: ClassTable, rows: np.ndarray) -> ClassTable:
     """``t`` with the classes among ``rows`` that share node, cell, consistent tasks and
     expert made one, their summaries combined as :class:`ClassRecorder` combines queries:
@@ -391,11 +408,21 @@ def merge_classes(t: ClassTable, rows: np.ndarray) -> ClassTable:
     the ablated ρ's ranges widened, the smallest margins and ablated error (with the
     smallest margin's names); watched neurons united. A table whose classes were recorded
     in two runs (queries reused and queries run again) so becomes the table one run gives."""
-    groups: dict[tuple, list[int]] = {}
-    for i in np.asarray(rows, np.int64).tolist():
-        key = (t.nodes[int(t.node[i])], int(t.cell[i]), tuple(t.allowed_of(i).tolist()), int(t.expert[i]))
-        groups.setdefault(key, []).append(i)
-    dup = [g for g in groups.values() if len(g) > 1]
+    rows = np.asarray(rows, np.int64)
+    code = set_codes(*_take_allowed(t, rows)).view(np.int64)
+    # candidate groups by (node, cell, code, expert); only those of two or more rows are
+    # compared exactly (a code collision splits into exact groups here)
+    _, inv, size = np.unique(np.stack([t.node[rows], t.cell[rows], code, t.expert[rows]], axis=1), axis=0,
+                             return_inverse=True, return_counts=True)
+    inv = inv.reshape(-1)
+    by_group = rows[np.argsort(inv, kind="stable")]
+    end = np.cumsum(size)
+    dup: list[list[int]] = []
+    for grp in np.flatnonzero(size > 1).tolist():
+        exact: dict[tuple, list[int]] = {}
+        for i in by_group[end[grp] - size[grp]: end[grp]].tolist():
+            exact.setdefault(tuple(t.allowed_of(i).tolist()), []).append(i)
+        dup += [g for g in exact.values() if len(g) > 1]
     if not dup:
         return t
     C, F = t.counts.copy(), t.floats.copy()
@@ -430,3 +457,8 @@ def merge_classes(t: ClassTable, rows: np.ndarray) -> ClassTable:
     return ClassTable(t.nodes, t.node[kept], t.cell[kept], t.expert[kept], ap, av, C[kept], F[kept],
                       [worst[i] for i in kept.tolist()], ptr, (pairs % width).astype(np.int64), overflow[kept],
                       [least[i] for i in kept.tolist()])
+
+
+def _take_allowed(t: ClassTable, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    from verifier.batches import take_csr
+    return take_csr(t.allowed_ptr, t.allowed, rows)

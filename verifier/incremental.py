@@ -74,7 +74,7 @@ from tasks.queries import build_group
 from tasks.structure import StructureTrie, check_routable
 from verifier.batches import batches_of, batches_of_subjects
 from verifier.certificate import Certificate
-from verifier.classes import FLOATS, ClassRecorder, ClassTable, merge_classes, records
+from verifier.classes import FLOATS, ClassRecorder, ClassTable, merge_classes, records, set_codes
 from verifier.locality import Correspondence, Diff, diff, reaching
 from verifier.parallel import Executor, LocalPool
 from verifier.verify import Report, Shard, TaskRecord, _State, token_map, verify_batch
@@ -680,6 +680,30 @@ class _Selection:
                             (nid, c, tuple(g.allowed_of(i).tolist())) in self._whole_sub
                             for i, c in enumerate(cells.tolist())), bool, len(g))
 
+    def _classes_of(self, keys: list[tuple], pair: np.ndarray, width: int) -> dict[tuple, list[int]]:
+        """Sub-cell (node, cell, M) -> the certificate's classes in it: found by a code of
+        (node, cell, M) (:func:`verifier.classes.set_codes`), then compared exactly."""
+        t = self.old.table
+        if not keys or not len(t):
+            return {}
+        mult = np.uint64(0xD6E8FEB86659FD93)
+        with np.errstate(over="ignore"):
+            code = pair.astype(np.uint64) * mult + set_codes(t.allowed_ptr, t.allowed)
+            order = np.argsort(code, kind="stable")
+            sorted_code = code[order]
+            m_ptr = np.zeros(len(keys) + 1, np.int64)
+            np.cumsum([len(k[2]) for k in keys], out=m_ptr[1:])
+            m_val = np.fromiter((x for k in keys for x in k[2]), np.int64, int(m_ptr[-1]))
+            want = np.array([a * width + c for a, c, _ in keys], np.int64).astype(np.uint64) * mult + \
+                set_codes(m_ptr, m_val)
+        lo, hi = np.searchsorted(sorted_code, want, "left"), np.searchsorted(sorted_code, want, "right")
+        out: dict[tuple, list[int]] = {}
+        for key, a, b in zip(keys, lo.tolist(), hi.tolist()):
+            n, c, m = key
+            out[key] = [i for i in sorted(order[a:b].tolist())
+                        if self.cls_node[i] == n and t.cell[i] == c and tuple(t.allowed_of(i).tolist()) == m]
+        return out
+
     def settle(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[int, np.ndarray]]:
         """(dropped, less, less_oq, subjects): per class of the certificate whether it is
         dropped (its sub-cell runs again whole, or nothing of it is left) and how many of
@@ -722,10 +746,7 @@ class _Selection:
         # the certificate's classes of those sub-cells, and of the ones run again whole
         width = int(t.cell.max(initial=0)) + 2
         pair = self.cls_node * width + t.cell
-        near = np.flatnonzero(np.isin(pair, [a * width + c for a, c, _ in list(out) + list(self._whole_sub)]))
-        by_sub: dict[tuple, list[int]] = {}
-        for i in near.tolist():
-            by_sub.setdefault((int(self.cls_node[i]), int(t.cell[i]), tuple(t.allowed_of(i).tolist())), []).append(i)
+        by_sub = self._classes_of(list(out) + list(self._whole_sub), pair, width)
         less, less_oq = np.zeros(n, np.int64), np.zeros(n, np.int64)
         margin, err_hi = t.column("margin"), t.column("err_hi")
         for key, (nq, noq, names) in out.items():

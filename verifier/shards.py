@@ -179,9 +179,26 @@ def compact(restricted: Weights, tokens: np.ndarray) -> Compact:
         coords |= _rows_touching(e.W_2, np.ones(e.W_2.shape[1], bool))
     cols = np.flatnonzero(coords)
 
+    at = np.full(w.d, -1, np.int64)
+    at[cols] = np.arange(cols.size)
+
+    def renumbered(M, fmt: str, shape: tuple[int, int]):
+        """M (canonical, in ``fmt``) with its minor indices renumbered by ``at``: every stored
+        minor index is in ``cols`` (they are the coordinates its entries touch), the map is
+        increasing, so the entries keep their order and the result is canonical too."""
+        cls = sp.csr_matrix if fmt == "csr" else sp.csc_matrix
+        idx = at[M.indices]
+        if idx.size and idx.min() < 0:
+            return None
+        return cls((M.data, idx.astype(M.indices.dtype), M.indptr), shape=shape)
+
     def c(M, rows=None):
         """Columns ``cols`` (and rows ``rows``) of M, in order, in M's format."""
         fmt = M.format
+        if rows is None and fmt == "csr" and M.has_canonical_format:
+            out = renumbered(M, "csr", (M.shape[0], cols.size))
+            if out is not None:
+                return out
         M = sp.csc_matrix(M)[:, cols] if rows is None else sp.csc_matrix(M)[rows][:, cols]
         M.sort_indices()
         return M.asformat(fmt)
@@ -189,6 +206,10 @@ def compact(restricted: Weights, tokens: np.ndarray) -> Compact:
     def r(M):
         """Rows ``cols`` of M (a map into the residual), in order, in M's format."""
         fmt = M.format
+        if fmt == "csc" and M.has_canonical_format:
+            out = renumbered(M, "csc", (cols.size, M.shape[1]))
+            if out is not None:
+                return out
         M = sp.csr_matrix(M)[cols]
         M.sort_indices()
         return M.asformat(fmt)
