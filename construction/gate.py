@@ -66,7 +66,6 @@ from fractions import Fraction
 
 import numpy as np
 import scipy.sparse as sp
-from scipy.optimize import linprog
 
 from construction.bases import Space, block
 from construction.params import LAMBDA
@@ -350,6 +349,8 @@ def _solve_lp(phi: sp.csr_matrix, cells: Cells, S_fixed: np.ndarray, lam_fixed: 
     cost = np.zeros(T + 1)
     cost[-1] = -1.0
     bounds = [(-1.0, 1.0)] * (nQ * F + nQ) + [(0.0, 1.0)] * nQ + [(None, 1.0)]
+    from scipy.optimize import linprog          # here: only the LP gate needs it (a slow import)
+
     res = linprog(cost, A_ub=A, b_ub=np.asarray(rhs), bounds=bounds, method="highs")
     if res.status != 0:
         return None, None, None, -np.inf, False

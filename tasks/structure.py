@@ -32,7 +32,6 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Iterator
 
-import networkx as nx
 import numpy as np
 
 from tasks.errors import TaskError
@@ -224,7 +223,7 @@ def check_routable(taskset: TaskSet, trie: StructureTrie | None = None, only: li
         raise err
 
 
-def conflict_graph(trie: StructureTrie) -> nx.Graph:
+def conflict_graph(trie: StructureTrie) -> "networkx.Graph":
     """Templates as nodes, an edge between templates of different tasks sharing a prefix.
 
     Node keys are ``(task index, template index)`` with attributes ``task`` (name) and
@@ -237,6 +236,8 @@ def conflict_graph(trie: StructureTrie) -> nx.Graph:
     * ``shared_subjects``: how many subjects the two tasks share (a data-level
       collision when ``object_query`` is also True).
     """
+    import networkx as nx                   # here: the trie itself does not need it (a slow import)
+
     taskset = trie.taskset
     graph = nx.Graph()
     for k, task in enumerate(taskset.tasks):
