@@ -166,7 +166,7 @@ def summary(report: Report) -> str:
             changed = ", ".join(f"{k} {v}" for k, v in list(inc["changed_weights"].items())[:8]) or "none"
             lines.append(f"since the certificate: {inc['queries_rerun']:,} queries run again in {inc['cells_rerun']:,} "
                          f"of {inc['cells_total']:,} cells, {inc['queries_reused']:,} reused ({inc['classes_reused']:,} "
-                         f"classes); vocabulary {inc['vocabulary_delta']:+d} tokens; changed entries: {changed}")
+                         f"classes, {inc.get('classes_partly_reused', 0):,} of them in part); vocabulary {inc['vocabulary_delta']:+d} tokens; changed entries: {changed}")
             for array, entries in list((inc.get("changed_rows") or {}).items())[:8]:
                 lines.append(f"  changed {array}: {', '.join(entries[:4])}{' ...' if len(entries) > 4 else ''}")
             reused = inc["tasks_reused"]
