@@ -88,6 +88,7 @@ class FactsCache:
         entities = kept                  # sorted and distinct: old entities are, and ids are unique
         if names:                        # the edited tasks' names merged in (the sort of only those)
             extra = np.unique(np.concatenate(names))
+            kept = kept.astype(np.result_type(kept.dtype, extra.dtype))   # wide enough for every name
             at = np.searchsorted(kept, extra)
             hit = at < kept.size
             hit[hit] = kept[at[hit]] == extra[hit]

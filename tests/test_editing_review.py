@@ -5,7 +5,8 @@ verdict, counts or facts other than a full check's; each now gives the full chec
 * certificate.json edited by hand (its ε), and an ε changed in the tasks file;
 * a facts file renamed from .tsv to .csv (same bytes, other facts);
 * a subject just before a cell boundary leaving the vocabulary, and a boundary name longer
-  than every entity left.
+  than every entity left;
+* a new name longer than every token the certificate knew (the facts cache cut it short).
 """
 
 from __future__ import annotations
@@ -179,3 +180,26 @@ def test_a_boundary_name_longer_than_every_entity_left(tmp_path):
     info = _since_equals_full(_facts_set([("rel", ["the rel of ⋆1 is ⋆2"], facts)]),
                               _facts_set([("rel", ["the rel of ⋆1 is ⋆2"], edited)]), tmp_path)
     assert info["mode"] == "incremental" and info["queries_rerun"] > 0
+
+
+def test_a_new_name_longer_than_every_old_token(tmp_path, capsys):
+    """The facts cache merges the edited tasks' names into the certificate's sorted ones: a
+    name longer than every old token must keep its length (it was once cut to the old width)."""
+    (tmp_path / "a.tsv").write_text("subject\tobject\nab\tcd\nef\tgh\n", encoding="utf-8")
+    (tmp_path / "b.tsv").write_text("subject\tobject\nij\tkl\n", encoding="utf-8")
+    path = tmp_path / "tasks.yaml"
+    path.write_text("tasks:\n  - name: capital\n    templates: [the capital of *1 is *2]\n    facts_file: a.tsv\n"
+                    "  - name: other\n    templates: [the other of *1 is *2]\n    facts_file: b.tsv\n", encoding="utf-8")
+    cert = tmp_path / "cert"
+    assert main(["check", str(path), "--certificate", str(cert), "--quiet", "--no-isolation"]) == 0
+    with open(tmp_path / "b.tsv", "a", encoding="utf-8") as f:
+        f.write("mnopqrstuv\twxyzlongname\n")
+    capsys.readouterr()
+    since = _json_check([str(path), "--since", str(cert)], capsys)
+    assert since["incremental"]["mode"] == "incremental"
+    params = load_certificate(cert).weights.parameters
+    full = _json_check([str(path), "--beta", str(float(Fraction(params["beta"]))),
+                        "--gamma", str(float(Fraction(params["gamma"])))], capsys)
+    assert [(t["name"], t["queries"], t["facts"]) for t in since["tasks"]] == \
+        [(t["name"], t["queries"], t["facts"]) for t in full["tasks"]]
+    assert since["verdict"] == full["verdict"]
