@@ -6,7 +6,8 @@ query either. So the queries are grouped:
 
 * a **cell** is the queries of one structure node whose subject's name lies in one range
   of the sorted entity names (:class:`CellPlan`; a node without an entity is one cell). A
-  cell is the unit an edit re-runs: every query of a cell is either reused or run again.
+  cell (or the part of it with one set of consistent tasks) is what an edit re-runs when
+  it cannot take single subjects' queries out of a class (``verifier.incremental``).
 * a **class** is the queries of a cell with the same set M of consistent tasks and the same
   routed expert e. Its *summary* holds exactly what the checks and the per-task records
   need, aggregated: the number of queries; the largest upper end of the error enclosure
@@ -30,7 +31,7 @@ import numpy as np
 from tasks.model import TaskSet
 from tasks.structure import OBJ, SUBJ, StructureTrie
 
-#: Queries per cell at most (about): the largest unit an edit re-runs for one subject.
+#: Queries per cell at most (about): the most an edit re-runs for one subject (a whole cell).
 CELL_QUERIES = 256
 #: The float summaries of a class, in this order in :attr:`ClassTable.floats`.
 FLOATS = ("err_hi", "err_lo", "rho_lo", "rho_hi", "margin", "ab_lo", "ab_rho_lo", "ab_rho_hi", "margin_all")
