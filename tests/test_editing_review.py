@@ -52,13 +52,17 @@ def _since_equals_full(ts: TaskSet, new: TaskSet, tmp_path: Path) -> dict:
     return inc.incremental
 
 
-def test_renamed_vocabulary_rows_are_not_taken_for_unchanged_ones(tmp_path):
+def _certified_capitals(tmp_path: Path):
+    """(task set, model, its certificate, the same weights built again): capitals.yaml."""
     ts = load_tasks(EXAMPLES / "capitals.yaml")
     d = str(tmp_path / "cert")
     model = build(ts)
     check_and_save(ts, model, d, isolation=False)
-    old = load_certificate(d)
-    w = build(ts, beta=float(model.beta), gamma=float(model.gamma)).instantiate()
+    return ts, model, load_certificate(d), build(ts, beta=float(model.beta), gamma=float(model.gamma)).instantiate()
+
+
+def test_renamed_vocabulary_rows_are_not_taken_for_unchanged_ones(tmp_path):
+    ts, model, old, w = _certified_capitals(tmp_path)
     vocab = list(w.vocab)
     i, j = vocab.index("Paris"), vocab.index("Berlin")
     vocab[i], vocab[j] = vocab[j], vocab[i]
@@ -71,12 +75,7 @@ def test_renamed_vocabulary_rows_are_not_taken_for_unchanged_ones(tmp_path):
 
 
 def test_renamed_experts_are_not_taken_for_unchanged_ones(tmp_path):
-    ts = load_tasks(EXAMPLES / "capitals.yaml")
-    d = str(tmp_path / "cert")
-    model = build(ts)
-    check_and_save(ts, model, d, isolation=False)
-    old = load_certificate(d)
-    w = build(ts, beta=float(model.beta), gamma=float(model.gamma)).instantiate()
+    ts, model, old, w = _certified_capitals(tmp_path)
     names = list(w.expert_tasks)
     names[0], names[1] = names[1], names[0]
     swapped = w.replace(expert_tasks=tuple(names))

@@ -111,19 +111,24 @@ def batches(taskset: TaskSet, trie: StructureTrie | None = None, chunk: int = 20
             for node in sorted(by_depth[p], key=lambda n: n.tasks[0]):
                 for part in group_parts(taskset, node, GROUP_ROWS):
                     g = build_group(taskset, trie, node, part)
-                    yield g, part, np.argsort(g.allowed[g.allowed_ptr[:-1]], kind="stable")
+                    yield _part_rows(g, part), np.argsort(g.allowed[g.allowed_ptr[:-1]], kind="stable")
         yield from _chunked(p, rows(), chunk)
 
 
+def _part_rows(g: QueryGroup, part: Part | None):
+    """Rows of group ``g`` (idx -> their arrays), each naming the group's part."""
+    return lambda idx: _rows(g, part, idx)
+
+
 def _chunked(p: int, groups: Iterator, chunk: int) -> Iterator[Batch]:
-    """Batches of prefix length ``p`` and at most ``chunk`` rows from (group, part, row
-    order) triples, in that order."""
+    """Batches of prefix length ``p`` and at most ``chunk`` rows from (rows, row order)
+    pairs, in that order: ``rows(idx)`` gives a group's rows ``idx`` as arrays."""
     parts: list[dict] = []
     size = 0
-    for g, part, order in groups:
+    for make, order in groups:
         for lo in range(0, order.size, chunk):
             idx = order[lo: lo + chunk]
-            parts.append(_rows(g, part, idx))
+            parts.append(make(idx))
             size += idx.size
             if size >= chunk:
                 yield _emit(p, parts)
@@ -160,7 +165,7 @@ def batches_of(taskset: TaskSet, trie: StructureTrie, cells: list[tuple[int, Par
                     if wanted is not None:
                         keys = allowed_keys(g)
                         order = order[np.fromiter((keys[i] in wanted for i in order.tolist()), bool, order.size)]
-                    yield g, sub, order
+                    yield _part_rows(g, sub), order
         yield from _chunked(p, rows(), chunk)
 
 
@@ -186,22 +191,19 @@ def batches_of_subjects(taskset: TaskSet, trie: StructureTrie, subjects: dict[in
                 order = np.argsort(g.allowed[g.allowed_ptr[:-1]], kind="stable")
                 if drop is not None:
                     order = order[~np.asarray(drop(nid, g), bool)[order]]
-                for lo in range(0, order.size, chunk):
-                    idx = order[lo: lo + chunk]
-                    r = _rows(g, None, idx)
-                    r["part"] = np.stack([g.subjects[idx], g.subjects[idx] + 1], axis=1)
-                    r["index"] = rank[idx]
-                    yield r
-        parts: list[dict] = []
-        size = 0
-        for r in rows():
-            parts.append(r)
-            size += r["index"].size
-            if size >= chunk:
-                yield _emit(p, parts)
-                parts, size = [], 0
-        if parts:
-            yield _emit(p, parts)
+                yield _subject_rows(g, rank), order
+        yield from _chunked(p, rows(), chunk)
+
+
+def _subject_rows(g: QueryGroup, rank: np.ndarray):
+    """Rows of group ``g`` (idx -> their arrays), each naming its subject's part (s, s + 1)
+    and its index ``rank`` there."""
+    def make(idx: np.ndarray) -> dict:
+        r = _rows(g, None, idx)
+        r["part"] = np.stack([g.subjects[idx], g.subjects[idx] + 1], axis=1)
+        r["index"] = rank[idx]
+        return r
+    return make
 
 
 def _split(node, part: Part | None, parts: list[Part | None]) -> list[Part | None]:

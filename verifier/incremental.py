@@ -476,7 +476,6 @@ def recertify(old: Certificate, taskset: TaskSet, weights: Weights, cor: Corresp
             keep.setdefault(key, set()).add(m)
     cells = sorted({(n, c) for n, c, _ in sel.whole})
     info.cells_total = sum(len(r) for r in ranges)
-    reused_mask = ~dropped
     served = np.array([taskset.names.index(t) if t in taskset.names else -1 for t in weights.expert_tasks], np.int64)
     off = np.concatenate([[0], np.cumsum([e.width for e in weights.experts])]).astype(np.int64)
     watched = watched_since(old, weights, cor)
@@ -510,7 +509,7 @@ def recertify(old: Certificate, taskset: TaskSet, weights: Weights, cor: Corresp
     state.finish()
     t = info.mark("rerun", t)
     # the reused classes, in the new numbering, less the queries of the subjects run again
-    kept = np.flatnonzero(reused_mask)
+    kept = np.flatnonzero(~dropped)
     reused = table.take(kept)
     reused.counts = reused.counts.copy()
     reused.counts[:, 0] -= less[kept]
@@ -787,12 +786,6 @@ def _run(taskset: TaskSet, trie, weights: Weights, tmap: np.ndarray, todo: list,
     experts = np.asarray(experts, np.int64)
     gate_terms = int(np.diff(sp.csr_matrix(weights.W_G).indptr).max(initial=1))
     comp = compact(restrict(weights, tokens, experts), tokens)
-    import os as _os
-    if _os.environ.get("MOE_DEBUG_SHARD"):
-        cw = comp.weights
-        print("shard:", len(tokens), "tokens,", experts.size, "experts, d", cw.d, "V", len(cw.vocab),
-              "E", cw.E.nnz, "W_G", cw.W_G.nnz, "U", cw.U.nnz, "experts nnz", sum(e.W_1.nnz + e.W_2.nnz for e in cw.experts),
-              [h.W_V.nnz for h in cw.heads])
     part = ShardPart(comp, experts, gate_terms, tokens)
     prep = part.shard.prepared()
     prep.watch = np.concatenate([watched[k] if part.has_expert[k] else np.zeros(0, bool)
