@@ -100,6 +100,7 @@ class FactsCache:
             raise TaskError(f"token '{name}' is a template word and also an entity of a fact",
                             fix="a token is either a template word or an entity; rename one of them")
         vocab = Vocabulary(tuple(words), entity_names)
+        vocab.__dict__["entity_array"] = entities        # the cached property, already computed here
         W = len(words)
         # an old token id -> the new one (the same name): both vocabularies are sorted
         to_new = np.full(old_tokens.size, -1, np.int64)

@@ -59,6 +59,69 @@ def iter_facts_file(path: str, task: str, yaml_file: str, yaml_line: int) -> Ite
         yield fields[0], fields[1], path, line
 
 
+def read_plain(path: str) -> tuple[list[str], list[str]] | None:
+    """The raw (subject, object) fields of every fact line of a facts file, in order, read in
+    bulk, or None when the file needs :func:`iter_facts_file` (any problem to report, or a CSV
+    line with quotes). Whenever it returns fields they are exactly the fields
+    :func:`iter_facts_file` yields, so the caller may use them in its place and read the file
+    again line by line only to locate a problem.
+
+    Why the same: the line reader splits the bytes at b"\\n" and decodes each line; a UTF-8
+    sequence never contains the byte 0x0A, so decoding the whole file succeeds exactly when
+    every line decodes, and splitting the text at "\\n" gives the same lines. Everything the
+    line reader refuses (a UTF-16 mark, a NUL byte, a line longer than the limit, bytes that
+    are not UTF-8, a line without exactly 2 fields) makes this return None instead.
+    """
+    try:
+        if not stat.S_ISREG(os.stat(path).st_mode):     # a FIFO would block the read below
+            return None
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    if data.startswith(UTF16_BOMS) or b"\x00" in data:
+        return None
+    if len(data) > MAX_LINE_BYTES:
+        import numpy as np
+
+        ends = np.flatnonzero(np.frombuffer(data, np.uint8) == 0x0A)
+        starts = np.concatenate(([0], ends + 1))
+        stops = np.concatenate((ends + 1, [len(data)]))
+        if int((stops - starts).max()) > MAX_LINE_BYTES:
+            return None
+    if data.startswith(UTF8_BOM):
+        data = data[len(UTF8_BOM):]
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    is_csv = parse_mode(path) == "csv"
+    if is_csv and '"' in text:
+        return None
+    sep = "," if is_csv else "\t"
+    subjects: list[str] = []
+    objects: list[str] = []
+    header_done = False
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()                   # the text after the last line break: no line
+    for line in lines:
+        line = line.rstrip("\r")     # the line reader strips "\r\n"; only "\r" can remain here
+        stripped = line.strip()
+        if not stripped or stripped[0] == "#":
+            continue
+        fields = line.split(sep)
+        if not header_done:
+            header_done = True
+            if [x.strip() for x in fields] == ["subject", "object"]:
+                continue
+        if len(fields) != 2:
+            return None
+        subjects.append(fields[0])
+        objects.append(fields[1])
+    return subjects, objects
+
+
 def _file_lines(path: str, yaml_file: str, yaml_line: int) -> Iterator[tuple[int, str]]:
     """Decoded lines (1-based number, text without the line end) of a UTF-8 file."""
     try:

@@ -15,9 +15,9 @@ import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from tasks.errors import TaskError
-from tasks.facts_files import iter_facts_file
+from tasks.facts_files import iter_facts_file, read_plain
 from tasks.messages import one_line, quoted, show_name, suggest_key, where_line
-from tasks.model import Facts, Sources, Task, TaskSet, Template, check_name
+from tasks.model import Facts, Sources, Task, TaskSet, Template, check_name, plain_names
 from tasks.structure import check_routable
 from tasks.yaml_nodes import FLOAT, IMPLICIT, INT, MAP, MERGE, NULL, SEQ, STR, LineMap, compose, decode, describe, line_of, read_bytes
 
@@ -319,6 +319,9 @@ class _Builder:
             cached = self.cache.lookup(head.name, paths)
             if cached is not None:
                 return cached
+        plain = self.plain_facts(head, words)
+        if plain is not None:
+            return plain
         label = f"task {show_name(head.name)}"
         pairs: dict[str, str] = {}
         for raw_s, raw_o, file, line in self.iter_facts(head):
@@ -345,6 +348,29 @@ class _Builder:
             raise self.error(f"{label} has an empty dictionary {where}".rstrip(), line=head.facts_line,
                              fix="give it at least one fact")
         return Facts(pairs)
+
+    def plain_facts(self, head: _TaskHead, words: dict[str, tuple[str, str, int]]) -> Facts | None:
+        """A task's facts read in bulk when they come only from facts files and nothing in them
+        is to be reported: the facts :meth:`facts` would return. None otherwise, and
+        :meth:`facts` reads them line by line to name the problem (or the subject written
+        twice, which needs its first line)."""
+        if head.facts_node is not None or not head.files:
+            return None
+        raw_s: list[str] = []
+        raw_o: list[str] = []
+        for path, _ in head.files:
+            got = read_plain(path if os.path.isabs(path) else os.path.normpath(os.path.join(self.base_dir, path)))
+            if got is None:
+                return None
+            raw_s += got[0]
+            raw_o += got[1]
+        subjects, objects = [x.strip() for x in raw_s], [x.strip() for x in raw_o]
+        if not subjects or not plain_names(subjects) or not plain_names(objects):
+            return None
+        pairs = dict(zip(subjects, objects))
+        if len(pairs) != len(subjects) or not words.keys().isdisjoint(pairs) or not words.keys().isdisjoint(objects):
+            return None
+        return Facts.trusted(tuple(pairs), tuple(pairs.values()))
 
     def first_occurrence(self, head: _TaskHead, subject: str) -> tuple[str, int]:
         for raw_s, _, file, line in self.iter_facts(head):
