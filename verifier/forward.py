@@ -178,32 +178,47 @@ class Prepared:
         qk_class = np.zeros(V1, np.int64)
         v_row = np.zeros((H, V1), np.int64)
         E = I.as_csr(weights.E)
-        for a in range(0, V1 if H else 0, TOKEN_CHUNK):
-            b = min(a + TOKEN_CHUNK, V1)
-            X = I.exact(E[a:b])
+        # Tokens whose E row is empty (a shard keeps only its queries' rows) all have the
+        # same projections, those of an empty row: one of them is computed and stands for
+        # the rest. (Each output row depends on its own input row only.)
+        empty = np.diff(E.indptr) == 0
+        if empty.sum() > 1:
+            todo = np.concatenate([np.flatnonzero(~empty), np.flatnonzero(empty)[:1]])
+            todo.sort()
+            E_todo = E[todo]
+        else:
+            todo, E_todo = np.arange(V1), E
+        n = todo.size
+        for a in range(0, n if H else 0, TOKEN_CHUNK):
+            b = min(a + TOKEN_CHUNK, n)
+            X = I.exact(E_todo[a:b])
             table = np.ascontiguousarray(np.concatenate(qk(X), axis=1))
             first, inv = _unique_rows(table)
             keys = [table[f].tobytes() for f in first]
-            qk_class[a:b] = qk_table.add(keys, lambda new: table[first[new]])[inv]
+            qk_class[todo[a:b]] = qk_table.add(keys, lambda new: table[first[new]])[inv]
         for m in range(H):
             # Every token's value row W_O W_V E[x] in one product per head: scipy's sparse
             # product costs time in the number of output columns (d) per call, so a call
             # per chunk of tokens would cost d per chunk. Each output row depends on its
             # own input row only, so the rows are those a product per chunk gives.
-            O_all = I.matmul(I.matmul(I.exact(E), WV[m]), WO[m]) if V1 else None
-            for a in range(0, V1, TOKEN_CHUNK):
-                b = min(a + TOKEN_CHUNK, V1)
-                O = O_all.rows(np.arange(a, b)) if (a, b) != (0, V1) else O_all
+            O_all = I.matmul(I.matmul(I.exact(E_todo), WV[m]), WO[m]) if n else None
+            for a in range(0, n, TOKEN_CHUNK):
+                b = min(a + TOKEN_CHUNK, n)
+                O = O_all.rows(np.arange(a, b)) if (a, b) != (0, n) else O_all
                 cls = _sparse_row_classes(O)
                 first, inv = np.unique(cls, return_index=True, return_inverse=True)[1:]
                 if 2 * first.size > O.shape[0]:
                     ids = v_table.append(O, O.shape[0])
-                    v_row[m, a:b] = ids
+                    v_row[m, todo[a:b]] = ids
                 else:
                     rows = O.rows(first)
                     keys = [_sparse_row_bytes(rows, i) for i in range(first.size)]
-                    v_row[m, a:b] = v_table.add(keys, rows.rows)[inv.reshape(-1)]
+                    v_row[m, todo[a:b]] = v_table.add(keys, rows.rows)[inv.reshape(-1)]
             del O_all
+        if n < V1:
+            stand_in = todo[np.flatnonzero(empty[todo])[0]]
+            qk_class[empty] = qk_class[stand_in]
+            v_row[:, empty] = v_row[:, [stand_in]]
         QK = np.concatenate(qk_table.parts) if qk_table.parts else np.zeros((0, 4 * int(self.widths.sum())))
         w_ = int(self.widths.sum())
         self.QE = (QK[:, :w_], QK[:, w_:2 * w_])            # (query/key classes, Σd_h) mid, rad

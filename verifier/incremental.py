@@ -779,14 +779,17 @@ def _run(taskset: TaskSet, trie, weights: Weights, tmap: np.ndarray, todo: list,
 
     if not todo:
         return
-    tokens = np.unique(np.concatenate([tmap[b.tokens].reshape(-1) for b in todo] + [tmap[b.valid] for b in todo]))
+    # E keeps the rows of the query tokens only; a valid next token needs just its U row and
+    # a compact id (verifier.shards: the claim is about the tokens the queries contain)
+    inputs = np.unique(np.concatenate([tmap[b.tokens].reshape(-1) for b in todo]))
+    tokens = np.union1d(inputs, np.concatenate([tmap[b.valid] for b in todo]))
     if experts is None:
         tasks = np.unique(np.concatenate([b.allowed for b in todo]))
         experts = np.flatnonzero(np.isin(served, tasks))
     experts = np.asarray(experts, np.int64)
     gate_terms = int(np.diff(sp.csr_matrix(weights.W_G).indptr).max(initial=1))
-    comp = compact(restrict(weights, tokens, experts), tokens)
-    part = ShardPart(comp, experts, gate_terms, tokens)
+    comp = compact(restrict(weights, inputs, experts), tokens)
+    part = ShardPart(comp, experts, gate_terms, inputs)
     prep = part.shard.prepared()
     prep.watch = np.concatenate([watched[k] if part.has_expert[k] else np.zeros(0, bool)
                                  for k in range(len(weights.experts))] + [np.zeros(0, bool)])
