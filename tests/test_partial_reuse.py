@@ -129,3 +129,32 @@ def test_an_edit_of_one_subject_reruns_its_queries_not_its_cell(tmp_path):
     for a, b in zip(inc.tasks, full.tasks):
         assert (a.queries, a.object_queries, a.misrouted, a.over_epsilon, a.ablation_broken, a.min_margin) == \
                (b.queries, b.object_queries, b.misrouted, b.over_epsilon, b.ablation_broken, b.min_margin)
+
+
+@settings(max_examples=60, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
+@given(task_sets(max_tasks=3, max_templates=2, max_facts=6), st.data())
+def test_changed_subjects_by_ids_are_the_subjects_whose_fact_differs_by_name(ts, data):
+    """verifier.incremental.changed_subjects compares facts as integer pairs through the
+    token map; by name, a subject is changed when its object differs or it is in one task set only."""
+    from verifier.incremental import changed_subjects
+
+    new_names = ["n0", "n1", "n2"]
+    tasks = []
+    for task in ts.tasks:
+        facts = dict(task.facts.items())
+        for s in data.draw(st.lists(st.sampled_from(sorted(facts) + new_names), max_size=3)):
+            action = data.draw(st.sampled_from(["set", "remove"]))
+            if action == "remove" and s in facts and len(facts) > 1:
+                del facts[s]
+            elif action == "set":
+                facts[s] = data.draw(st.sampled_from(sorted(set(facts.values())) + new_names))
+        tasks.append(Task(task.name, task.templates, Facts(facts)))
+    new = TaskSet(tuple(tasks), ts.epsilon, ts.parameters)
+    old_tokens, new_tokens = ts.vocabulary.tokens, new.vocabulary.tokens
+    where = {t: i for i, t in enumerate(new_tokens)}
+    to_new = np.array([where.get(t, -1) for t in old_tokens], np.int64)
+    got, sets = changed_subjects(ts, new, to_new)
+    for a, b, ch, changed_set in zip(ts.tasks, new.tasks, got, sets):
+        fa, fb = dict(a.facts.items()), dict(b.facts.items())
+        assert ch == {s for s in fa.keys() | fb.keys() if fa.get(s) != fb.get(s)}
+        assert changed_set == (fa.keys() != fb.keys())

@@ -357,20 +357,33 @@ def touched(old: Certificate, new: Weights, cor: Correspondence, d: Diff) -> _To
     return T
 
 
-def changed_subjects(old: TaskSet, new: TaskSet, edited: set[str] | None = None) -> tuple[list[set[str]], list[bool]]:
+def changed_subjects(old: TaskSet, new: TaskSet, to_new: np.ndarray,
+                     edited: set[str] | None = None) -> tuple[list[set[str]], list[bool]]:
     """Per task (same order in both): the subjects whose fact was added, removed or changed,
     and whether its set of subjects changed (step 3 of the module docstring). Tasks not in
-    ``edited`` (when given: their facts are known to be equal) are not compared."""
+    ``edited`` (when given: their facts are known to be equal) are not compared.
+
+    ``to_new``: the new task set's id of each old token id (-1: gone). A token keeps its name
+    exactly when it keeps its id through ``to_new``, so facts are compared as integer pairs:
+    an old fact (s, o) is unchanged when the new task has subject ``to_new[s]`` with object
+    ``to_new[o]`` (the fact ids are sorted by subject, so one binary search finds it)."""
     out, sets = [], []
-    for a, b in zip(old.tasks, new.tasks):
+    for k, (a, b) in enumerate(zip(old.tasks, new.tasks)):
         if edited is not None and a.name not in edited:
             out.append(set())
             sets.append(False)
             continue
-        fa, fb = dict(a.facts.items()), dict(b.facts.items())
-        ch = {s for s in fa.keys() | fb.keys() if fa.get(s) != fb.get(s)}
-        out.append(ch)
-        sets.append(fa.keys() != fb.keys())
+        sa, oa = old.fact_ids[k]
+        sb, ob = new.fact_ids[k]
+        sa_new, oa_new = to_new[sa], to_new[oa]
+        at = np.minimum(np.searchsorted(sb, sa_new), max(sb.size - 1, 0))
+        kept = (sa_new >= 0) & (sb[at] == sa_new) if sb.size else np.zeros(sa.size, bool)
+        same = kept & (ob[at] == oa_new)
+        added = np.ones(sb.size, bool)
+        added[at[kept]] = False
+        out.append({old.vocabulary.token(i) for i in sa[~same].tolist()}
+                   | {new.vocabulary.token(i) for i in sb[added].tolist()})
+        sets.append(bool((~kept).any() or added.any()))
     return out, sets
 
 
@@ -408,7 +421,10 @@ def recertify(old: Certificate, taskset: TaskSet, weights: Weights, cor: Corresp
     table = old.table
     Δ = len(weights.vocab) - len(old.weights.vocab)
     info.vocabulary_delta = Δ
-    ch_subj, ch_set = changed_subjects(old.taskset, taskset, edited)
+    old_rows = token_map(old.taskset, old.weights, "the certificate's weights")
+    new_rows = cor.tokens[old_rows]
+    old_to_new = np.where(new_rows >= 0, back[np.maximum(new_rows, 0)], -1)   # task sets' ids, by name
+    ch_subj, ch_set = changed_subjects(old.taskset, taskset, old_to_new, edited)
     keys = [_key(trie, n) for n in trie]
     node_of_key = {k: i for i, k in enumerate(keys)}
     key_node = np.array([node_of_key.get(k, -1) for k in table.nodes], np.int64)
@@ -416,8 +432,7 @@ def recertify(old: Certificate, taskset: TaskSet, weights: Weights, cor: Corresp
     if (cls_node < 0).any():
         info.mode, info.reason = "full", "the certificate's structures do not match the task set's"
         return None, None, None, info
-    old_rows = token_map(old.taskset, old.weights, "the certificate's weights")
-    sel = _Selection(old, taskset, trie, keys, cor.tokens[old_rows], back, cls_node)
+    sel = _Selection(old, taskset, trie, keys, new_rows, back, cls_node)
     touched_ids = back[np.flatnonzero(T.tokens)]
     sel.tokens(touched_ids[touched_ids >= 0])
     for k, ch in enumerate(ch_subj):
