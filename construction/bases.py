@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Iterable, Sequence
 
+import numpy as np
+
 
 @dataclass(frozen=True)
 class Block:
@@ -28,6 +30,26 @@ class Block:
     @cached_property
     def _index(self) -> dict:
         return {label: i for i, label in enumerate(self.labels)}
+
+    @cached_property
+    def sorted_labels(self) -> np.ndarray | None:
+        """The labels as a numpy string array when they are strings in strictly increasing
+        order (an entity block), else None: such a block is searched without a dict."""
+        if len(self) < 2 or not isinstance(self.labels, tuple) or not all(isinstance(x, str) for x in self.labels[:1]):
+            return None
+        a = np.asarray(self.labels, dtype=str)
+        return a if a.dtype.kind == "U" and bool((a[1:] > a[:-1]).all()) else None
+
+    def positions(self, labels: Sequence) -> np.ndarray:
+        """Position in this block of each of ``labels`` (-1: none)."""
+        b = self.sorted_labels
+        if b is not None and "_index" not in self.__dict__ and len(labels) > 64 \
+                and all(isinstance(x, str) for x in labels):
+            a = np.asarray(list(labels), dtype=str)
+            pos = np.minimum(np.searchsorted(b, a), b.size - 1)
+            return np.where(b[pos] == a, pos, -1).astype(np.int64)
+        index = self._index
+        return np.fromiter((index.get(x, -1) for x in labels), dtype=np.int64, count=len(labels))
 
     def position(self, label) -> int:
         try:
@@ -140,6 +162,8 @@ class Prefixed(Sequence):
     def __eq__(self, other) -> bool:
         if not isinstance(other, Sequence) or isinstance(other, str) or len(other) != len(self):
             return False
+        if isinstance(other, Prefixed) and other.prefix == self.prefix and tuple(other.head) == tuple(self.head):
+            return list(self.items) == list(other.items)        # the same prefix: compare the items
         return all(a == b for a, b in zip(self, other))
 
     def __hash__(self) -> int:

@@ -106,6 +106,9 @@ class _Entities(Sequence):
     def __getitem__(self, i):
         return self.entities[int(self.ids[i])]
 
+    def __iter__(self):
+        return map(self.entities.__getitem__, self.ids.tolist())
+
 
 def build_expert(taskset: TaskSet, k: int, residual: Space) -> SymExpert:
     task = taskset.tasks[k]
@@ -162,14 +165,14 @@ def labelled_entries(expert: SymExpert) -> dict[tuple[str, str, str], str]:
 def column_map(src: Space, dst: Space) -> np.ndarray:
     """For each coordinate of ``src``, the coordinate of the same label in ``dst`` (-1: none).
 
-    Uses each destination block's cached label index, so mapping many spaces into one
-    full space builds that index once.
+    Uses each destination block's cached label index (or, for a block of sorted names,
+    its cached array, searched), so mapping many spaces into one full space builds that
+    index once.
     """
     out = np.full(src.dim, -1, np.int64)
     for blk, off in zip(src.blocks, src.offsets):
         if dst.has_block(blk.name):
-            index = dst.block(blk.name)._index
-            pos = np.fromiter((index.get(x, -1) for x in blk.labels), dtype=np.int64, count=len(blk))
+            pos = dst.block(blk.name).positions(blk.labels)
             out[off: off + len(blk)] = np.where(pos >= 0, pos + dst.offset(blk.name), -1)
     return out
 

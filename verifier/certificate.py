@@ -73,8 +73,8 @@ def task_hash(task: Task) -> str:
     h.update(task.name.encode("utf-8") + b"\x00")
     for t in task.templates:
         h.update(t.text().encode("utf-8") + b"\x01")
-    for s, o in sorted(task.facts.items()):
-        h.update(s.encode("utf-8") + b"\x02" + o.encode("utf-8") + b"\x03")
+    # the bytes of every fact in one piece (one update per fact costs more than the hashing)
+    h.update("".join(f"{s}\x02{o}\x03" for s, o in sorted(task.facts.items())).encode("utf-8"))
     return h.hexdigest()
 
 
