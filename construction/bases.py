@@ -35,19 +35,23 @@ class Block:
     def sorted_labels(self) -> np.ndarray | None:
         """The labels as a numpy string array when they are strings in strictly increasing
         order (an entity block), else None: such a block is searched without a dict."""
-        if len(self) < 2 or not isinstance(self.labels, tuple) or not all(isinstance(x, str) for x in self.labels[:1]):
-            return None
-        a = np.asarray(self.labels, dtype=str)
-        return a if a.dtype.kind == "U" and bool((a[1:] > a[:-1]).all()) else None
+        return _sorted_strings(self.labels) if isinstance(self.labels, tuple) else None
 
     def positions(self, labels: Sequence) -> np.ndarray:
-        """Position in this block of each of ``labels`` (-1: none)."""
-        b = self.sorted_labels
-        if b is not None and "_index" not in self.__dict__ and len(labels) > 64 \
-                and all(isinstance(x, str) for x in labels):
-            a = np.asarray(list(labels), dtype=str)
-            pos = np.minimum(np.searchsorted(b, a), b.size - 1)
-            return np.where(b[pos] == a, pos, -1).astype(np.int64)
+        """Position in this block of each of ``labels`` (-1: none). Without building the
+        block's dict where it can: a block of sorted names is searched, and a block of
+        prefixed names (neurons ``fact:<subject>``) maps another such block item by item."""
+        mine = self.labels
+        if "_index" not in self.__dict__ and len(labels) > 64:
+            b = self.sorted_labels
+            if b is not None:
+                a = _sorted_strings(labels, strict=False)
+                if a is not None:
+                    return _search(b, a)
+            if isinstance(mine, Prefixed) and isinstance(labels, Prefixed) and mine.prefix == labels.prefix:
+                out = mine.positions_of(labels)
+                if out is not None:
+                    return out
         index = self._index
         return np.fromiter((index.get(x, -1) for x in labels), dtype=np.int64, count=len(labels))
 
@@ -59,6 +63,22 @@ class Block:
 
     def __contains__(self, label) -> bool:
         return label in self._index
+
+
+def _sorted_strings(labels: Sequence, strict: bool = True) -> np.ndarray | None:
+    """``labels`` as a numpy string array if every one is a ``str`` and they increase (strictly,
+    or not decreasing), else None. (numpy orders strings by code point, as ``sorted`` does.)"""
+    if len(labels) < 2 or set(map(type, labels)) != {str}:
+        return None
+    a = np.asarray(list(labels), dtype=str)
+    up = (a[1:] > a[:-1]) if strict else (a[1:] >= a[:-1])
+    return a if bool(up.all()) else None
+
+
+def _search(b: np.ndarray, a: np.ndarray) -> np.ndarray:
+    """Position in the sorted distinct array ``b`` of each of ``a`` (-1: none); every hit compared exactly."""
+    pos = np.minimum(np.searchsorted(b, a), b.size - 1)
+    return np.where(b[pos] == a, pos, -1).astype(np.int64)
 
 
 @dataclass(frozen=True)
@@ -158,6 +178,33 @@ class Prefixed(Sequence):
         yield from self.head
         for x in self.items:
             yield self.prefix + x
+
+    def positions_of(self, other: "Prefixed") -> np.ndarray | None:
+        """Position here of each label of ``other`` (-1: none), for the same prefix and sorted
+        items on both sides (else None: the caller uses a dict). A head label can equal a
+        prefixed item of the other side only if it starts with the prefix; those few are
+        looked up one by one, every other label by its item, by binary search."""
+        assert other.prefix == self.prefix
+        mine, theirs = _sorted_strings(self.items), _sorted_strings(other.items)
+        if mine is None or theirs is None:
+            return None
+        n = len(self.prefix)
+        head = {h: i for i, h in enumerate(self.head)}
+        out = np.empty(len(other), np.int64)
+        for i, h in enumerate(other.head):
+            j = head.get(h, -1)
+            if j < 0 and isinstance(h, str) and h.startswith(self.prefix):
+                hit = _search(mine, np.asarray([h[n:]], dtype=str))[0]
+                j = -1 if hit < 0 else len(self.head) + int(hit)
+            out[i] = j
+        hit = _search(mine, theirs)
+        out[len(other.head):] = np.where(hit >= 0, hit + len(self.head), -1)
+        for h, j in head.items():                  # my head labels that look like a prefixed item
+            if isinstance(h, str) and h.startswith(self.prefix):
+                k = _search(theirs, np.asarray([h[n:]], dtype=str))[0]
+                if k >= 0:
+                    out[len(other.head) + k] = j
+        return out
 
     def __eq__(self, other) -> bool:
         if not isinstance(other, Sequence) or isinstance(other, str) or len(other) != len(self):

@@ -519,7 +519,7 @@ def input_files(path: str | os.PathLike) -> list[str]:
     out = [file]
     try:
         with open(file, encoding="utf-8-sig") as f:
-            doc = yaml.safe_load(f)
+            doc = yaml.load(f, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))   # libyaml where installed
     except (OSError, yaml.YAMLError, UnicodeDecodeError):
         return out
     base = os.path.dirname(file)
