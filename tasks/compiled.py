@@ -84,7 +84,10 @@ class FactsCache:
                 ids.extend(old.fact_ids[old.index(t.name)])
             else:
                 names.append(np.asarray(sorted(set(t.facts.subjects) | set(t.facts.objects)), dtype=str))
-        kept = old_tokens[np.unique(np.concatenate(ids))] if ids else np.zeros(0, "U1")   # integers first: cheap
+        used = np.zeros(old_tokens.size, bool)          # the old ids in use: integers first, cheap
+        for a in ids:
+            used[a] = True
+        kept = old_tokens[used] if ids else np.zeros(0, "U1")
         entities = kept                  # sorted and distinct: old entities are, and ids are unique
         if names:                        # the edited tasks' names merged in (the sort of only those)
             extra = np.unique(np.concatenate(names))

@@ -10,6 +10,7 @@ a first line ``subject<sep>object`` is a header. Every problem names the file an
 from __future__ import annotations
 
 import csv
+import operator
 import os
 import stat
 from typing import Iterator
@@ -62,9 +63,10 @@ def iter_facts_file(path: str, task: str, yaml_file: str, yaml_line: int) -> Ite
 def read_plain(path: str) -> tuple[list[str], list[str]] | None:
     """The raw (subject, object) fields of every fact line of a facts file, in order, read in
     bulk, or None when the file needs :func:`iter_facts_file` (any problem to report, or a CSV
-    line with quotes). Whenever it returns fields they are exactly the fields
-    :func:`iter_facts_file` yields, so the caller may use them in its place and read the file
-    again line by line only to locate a problem.
+    line with quotes). Whenever it returns fields they are, once stripped, the fields
+    :func:`iter_facts_file` yields (an object may keep the "\\r" of a "\\r\\n" line end), so
+    the caller may use them in its place and read the file again line by line only to
+    locate a problem.
 
     Why the same: the line reader splits the bytes at b"\\n" and decodes each line; a UTF-8
     sequence never contains the byte 0x0A, so decoding the whole file succeeds exactly when
@@ -105,6 +107,13 @@ def read_plain(path: str) -> tuple[list[str], list[str]] | None:
     lines = text.split("\n")
     if lines and lines[-1] == "":
         lines.pop()                   # the text after the last line break: no line
+    if "#" not in text and lines and set(map(operator.methodcaller("count", sep), lines)) == {1}:
+        # every line is one field, the separator, one field (no comment, no blank line: a line
+        # that is blank has no separator): the fields alternate, subject first
+        fields = sep.join(lines).split(sep)
+        first = [x.strip() for x in fields[:2]]
+        start = 2 if first == ["subject", "object"] else 0
+        return fields[start::2], fields[start + 1::2]     # a "\r" before a line end: stripped by the caller
     for line in lines:
         line = line.rstrip("\r")     # the line reader strips "\r\n"; only "\r" can remain here
         stripped = line.strip()
