@@ -48,25 +48,39 @@ FORMATS = ("moe-knowledge-weights/1", FORMAT)
 META_KEYS = ("format", "gate_mode", "n_heads", "n_experts", "residual_labels", "neuron_labels", "parameters")
 
 
-def _put(out: dict, name: str, m, index_dtype=np.int64) -> None:
+def _narrowest(values: np.ndarray) -> np.ndarray:
+    """``values`` (float64) as float16 or float32 when that holds every one exactly (checked
+    by converting back), else as they are: the reader converts them back to the same float64s."""
+    for t in (np.float16, np.float32):
+        with np.errstate(over="ignore"):
+            narrow = values.astype(t)
+        if np.array_equal(narrow.astype(np.float64), values):
+            return narrow
+    return values
+
+
+def _put(out: dict, name: str, m, index_dtype=np.int64, narrow: bool = False) -> None:
     if sp.issparse(m):
         out[f"{name}.format"] = np.array(m.format)
-        out[f"{name}.data"] = m.data.astype(np.float64)
+        data = m.data.astype(np.float64)
+        out[f"{name}.data"] = _narrowest(data) if narrow else data
         small = index_dtype == np.int32 and max(m.shape + (m.nnz,)) < 2 ** 31
         out[f"{name}.indices"] = m.indices.astype(np.int32 if small else np.int64)
         out[f"{name}.indptr"] = m.indptr.astype(np.int32 if small else np.int64)
         out[f"{name}.shape"] = np.asarray(m.shape, dtype=np.int64)
     else:
-        out[name] = np.asarray(m, dtype=np.float64)
+        data = np.asarray(m, dtype=np.float64)
+        out[name] = _narrowest(data) if narrow else data
 
 
-def to_arrays(weights: Weights, small_indices: bool = False) -> dict[str, np.ndarray]:
+def to_arrays(weights: Weights, small_indices: bool = False, narrow: bool = False) -> dict[str, np.ndarray]:
     """The file's members, by name (what :func:`save` writes); ``small_indices``: index arrays
-    as int32 where they fit (the layout reads any integer type)."""
+    as int32 where they fit (the layout reads any integer type); ``narrow``: values as float16
+    or float32 where every value of the array is exact in it (the layout reads those too)."""
     weights.validate()
     arrays: dict[str, np.ndarray] = {"vocab": np.array(weights.vocab, dtype=str)}
     for name, m in weights.arrays():
-        _put(arrays, name, m, np.int32 if small_indices else np.int64)
+        _put(arrays, name, m, np.int32 if small_indices else np.int64, narrow)
     arrays["expert_tasks"] = np.array(weights.expert_tasks, dtype=str)
     meta = {
         "format": FORMAT,
@@ -81,9 +95,10 @@ def to_arrays(weights: Weights, small_indices: bool = False) -> dict[str, np.nda
     return arrays
 
 
-def save(weights: Weights, path: str | os.PathLike, small_indices: bool = False) -> None:
-    """Write an ``.npz`` file atomically (a temporary file, then rename)."""
-    arrays = to_arrays(weights, small_indices)
+def save(weights: Weights, path: str | os.PathLike, small_indices: bool = False, narrow: bool = False) -> None:
+    """Write an ``.npz`` file atomically (a temporary file, then rename); the options as in
+    :func:`to_arrays` (smaller files, the same weights read back)."""
+    arrays = to_arrays(weights, small_indices, narrow)
     with atomic_file(path) as f:
         np.savez(f, **arrays)
 
@@ -99,6 +114,7 @@ class _Reader:
         self.members = members
         self.used: set[str] = set()
         self.version = FORMAT
+        self.trusted = False       # load(validate=False): the canonical-form check is skipped too
 
     def fail(self, what: str, fix: str = "export the weights again (layout.save writes the layout)") -> TaskError:
         return TaskError(what, file=self.path, fix=fix)
@@ -176,6 +192,8 @@ class _Reader:
                             f"0..{n_minor - 1}")
         make = sp.csr_matrix if fmt == "csr" else sp.csc_matrix
         m = make((data, indices, indptr), shape=(rows, cols))
+        if self.trusted:
+            return m
         problem = sparse_problem(m)
         if problem:
             raise self.fail(f"'{name}' {problem}", fix="write canonical CSR or CSC (layout.save does)")
@@ -329,13 +347,14 @@ def _members(path: str) -> dict[str, np.ndarray]:
 
 def load(path: str | os.PathLike, validate: bool = True) -> Weights:
     """Read a weights file strictly (module docstring); any problem is a one-line TaskError.
-    ``validate=False`` skips the last, whole-array check of the layout's rules
-    (:meth:`Weights.validate`): only for a file this tool wrote and whose hash was checked
-    (a saved certificate's)."""
+    ``validate=False`` skips the whole-array checks of the layout's rules (each matrix's
+    canonical form, and :meth:`Weights.validate`): only for a file this tool wrote, from
+    validated weights, and whose hash was checked (a saved certificate's)."""
     path = os.fspath(path)
     if os.path.isdir(path):
         raise TaskError("is a directory, not a weights file", file=path, fix="give the .npz file written by 'verifier build'")
     r = _Reader(path, _members(path))
+    r.trusted = not validate
     meta = _read_meta(r)
     heads = tuple(Head(r.matrix(f"heads.{m}.W_Q"), r.matrix(f"heads.{m}.W_K"), r.matrix(f"heads.{m}.W_V"), r.matrix(f"heads.{m}.W_O"))
                   for m in range(meta["n_heads"]))

@@ -284,6 +284,32 @@ def test_acceptable_encodings_load_to_the_same_weights(tmp_path, built):
     assert np.array_equal(w.b_G, built.b_G) and (w.E != built.E).nnz == 0
 
 
+def test_narrow_values_are_stored_only_where_exact_and_read_back_bitwise(tmp_path, built):
+    """layout.save(narrow=True), as certificates are written: an array goes to float16/32 only
+    if every value survives, and the weights read back are the same float64s, signs of zero included."""
+    import scipy.sparse as sp
+
+    tricky = np.array([2.0, -0.0, 65504.0, 2.0 ** -24, 1e-8, 0.1, 1.5, 3.0e38, 1e300])
+    arrays = dict(layout.to_arrays(built, narrow=True))
+    for value, stored in [(np.array([2.0, -0.0, 65504.0, 2.0 ** -24]), np.float16),
+                          (np.array([2.0, 2.0 ** -30]), np.float32), (np.array([1.5, 2.0 ** 100]), np.float32),
+                          (tricky, np.float64), (np.array([0.1]), np.float64)]:
+        got = layout.npz._narrowest(value)
+        assert got.dtype == stored and np.array_equal(got.astype(np.float64), value)
+        assert np.array_equal(np.signbit(got.astype(np.float64)), np.signbit(value))
+    assert any(a.dtype == np.float16 for k, a in arrays.items() if k.endswith(".data"))
+    path = tmp_path / "narrow.npz"
+    layout.save(built, path, small_indices=True, narrow=True)
+    w = layout.load(path)
+    for (name, a), (_, b) in zip(built.arrays(), w.arrays()):
+        if sp.issparse(a):
+            assert b.data.dtype == np.float64 and np.array_equal(a.data, b.data), name
+            assert np.array_equal(np.signbit(a.data), np.signbit(b.data)), name
+            assert np.array_equal(a.indices, b.indices) and np.array_equal(a.indptr, b.indptr), name
+        else:
+            assert b.dtype == np.float64 and np.array_equal(a, b), name
+
+
 def test_duplicate_archive_members_are_refused(tmp_path, built):
     path = _file(tmp_path, layout.to_arrays(built))
     with zipfile.ZipFile(path, "a") as zf, pytest.warns(UserWarning):

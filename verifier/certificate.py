@@ -181,7 +181,7 @@ def save_certificate(cert: Certificate, directory: str | os.PathLike) -> None:
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o777 & ~umask)              # mkdtemp makes it private; a certificate is an ordinary directory
-        save(cert.weights, os.path.join(tmp, "weights.npz"), small_indices=True)
+        save(cert.weights, os.path.join(tmp, "weights.npz"), small_indices=True, narrow=True)
         _save_taskset(cert.taskset, os.path.join(tmp, "tasks.npz"))
         _save_classes(cert, os.path.join(tmp, "classes.npz"))
         manifest = {
