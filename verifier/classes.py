@@ -430,21 +430,39 @@ def merge_classes(t: ClassTable, rows: np.ndarray) -> ClassTable:
     worst, least, overflow = list(t.worst), list(t.least), t.overflow.copy()
     col = {name: j for j, name in enumerate(FLOATS)}
     target = np.arange(len(t))
-    for g in dup:
-        a, ga = g[0], np.asarray(g)
-        C[a] = C[ga].sum(axis=0)
-        hi = np.where(np.isnan(F[ga, col["err_hi"]]), -np.inf, F[ga, col["err_hi"]])
-        j = int(ga[int(np.argmax(hi))])
-        F[a, col["err_hi"]], F[a, col["err_lo"]], worst[a] = hi.max(), F[j, col["err_lo"]], worst[j]
-        m = F[ga, col["margin"]]
-        j = int(ga[int(np.argmin(m))])
-        F[a, col["margin"]], least[a] = m.min(), least[j]
-        for name in ("rho_lo", "ab_lo", "ab_rho_lo", "margin_all"):
-            F[a, col[name]] = F[ga, col[name]].min()
-        for name in ("rho_hi", "ab_rho_hi"):
-            F[a, col[name]] = F[ga, col[name]].max()
-        overflow[a] = bool(overflow[ga].any())
-        target[ga[1:]] = a
+    # every group at once: members listed group by group, each group's first member keeps the
+    # merged summary; a reduction per group (reduceat) is the reduction over its members, and
+    # the witness is the first member at the extreme, as argmax / argmin pick it
+    members = np.fromiter((i for g in dup for i in g), np.int64)
+    sizes = np.array([len(g) for g in dup], np.int64)
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    gid = np.repeat(np.arange(len(dup)), sizes)
+    first = members[starts]
+
+    def first_where(mask: np.ndarray) -> np.ndarray:
+        """Per group, its first member where ``mask`` holds (it holds somewhere in every group)."""
+        at = np.where(mask, np.arange(members.size), members.size)
+        return members[np.minimum.reduceat(at, starts)]
+
+    C[first] = np.add.reduceat(C[members], starts, axis=0)
+    hi = F[members, col["err_hi"]]
+    hi = np.where(np.isnan(hi), -np.inf, hi)
+    top = np.maximum.reduceat(hi, starts)
+    j = first_where(hi == top[gid])
+    F[first, col["err_hi"]], F[first, col["err_lo"]] = top, F[j, col["err_lo"]]
+    m = F[members, col["margin"]]
+    low = np.minimum.reduceat(m, starts)                 # NaN if a member's margin is NaN, as min() gives
+    nan = np.isnan(m)
+    j_least = first_where(np.where(np.logical_or.reduceat(nan, starts)[gid], nan, m == low[gid]))
+    F[first, col["margin"]] = low
+    for name in ("rho_lo", "ab_lo", "ab_rho_lo", "margin_all"):
+        F[first, col[name]] = np.minimum.reduceat(F[members, col[name]], starts)
+    for name in ("rho_hi", "ab_rho_hi"):
+        F[first, col[name]] = np.maximum.reduceat(F[members, col[name]], starts)
+    overflow[first] = np.logical_or.reduceat(overflow[members], starts)
+    for a, w, q in zip(first.tolist(), j.tolist(), j_least.tolist()):
+        worst[a], least[a] = worst[w], least[q]
+    target[members] = first[gid]
     kept = np.flatnonzero(target == np.arange(len(t)))
     position = np.full(len(t), -1, np.int64)
     position[kept] = np.arange(kept.size)
