@@ -167,12 +167,18 @@ def column_map(src: Space, dst: Space) -> np.ndarray:
 
     Uses each destination block's cached label index (or, for a block of sorted names,
     its cached array, searched), so mapping many spaces into one full space builds that
-    index once.
+    index once. Blocks labelled by the same sequences on both sides (the residual's blocks
+    of entity names share the vocabulary's tuple) are matched once.
     """
     out = np.full(src.dim, -1, np.int64)
+    seen: dict[tuple[int, int], np.ndarray] = {}       # the label objects are alive for the whole call
     for blk, off in zip(src.blocks, src.offsets):
         if dst.has_block(blk.name):
-            pos = dst.block(blk.name).positions(blk.labels)
+            other = dst.block(blk.name)
+            key = (id(blk.labels), id(other.labels))
+            pos = seen.get(key)
+            if pos is None:
+                pos = seen[key] = other.positions(blk.labels)
             out[off: off + len(blk)] = np.where(pos >= 0, pos + dst.offset(blk.name), -1)
     return out
 

@@ -65,10 +65,8 @@ def _keep(m: sp.spmatrix, rows: np.ndarray | None = None, cols: np.ndarray | Non
         keep &= minor[m.indices]
     if major is not None:
         keep &= np.repeat(major, per_major)
-    counts = np.zeros(n_major, np.int64)
-    np.add.at(counts, np.repeat(np.arange(n_major), per_major), keep)
-    ptr = np.zeros(n_major + 1, m.indptr.dtype)
-    np.cumsum(counts, out=ptr[1:])
+    # the kept entries before each row's (column's) first entry: a running count of ``keep``
+    ptr = np.concatenate([[0], np.cumsum(keep)])[m.indptr].astype(m.indptr.dtype)
     cls = sp.csr_matrix if m.format == "csr" else sp.csc_matrix
     out = cls((m.data[keep], m.indices[keep], ptr), shape=m.shape)
     out.has_sorted_indices = m.has_sorted_indices
