@@ -347,13 +347,24 @@ class Vocabulary:
     def __len__(self) -> int:
         return self.size
 
+    def find(self, token: object) -> int | None:
+        """The id of ``token``, or None. An entity is looked up in the entity dict once that
+        is built, else by binary search in ``entity_array`` (a few lookups need no dict of a
+        million names)."""
+        i = self._word_ids.get(token)  # type: ignore[arg-type]
+        if i is not None or not isinstance(token, str):
+            return i
+        if "_entity_ids" in self.__dict__ or not self.entities:
+            return self._entity_ids.get(token)
+        entities = self.entity_array
+        at = int(np.searchsorted(entities, token))
+        return len(self.words) + at if at < entities.size and entities[at] == token else None
+
     def __contains__(self, token: object) -> bool:
-        return token in self._word_ids or token in self._entity_ids
+        return self.find(token) is not None
 
     def id(self, token: str) -> int:
-        i = self._word_ids.get(token)
-        if i is None:
-            i = self._entity_ids.get(token)
+        i = self.find(token)
         if i is None:
             raise TaskError(f"unknown token {token!r}", fix="use a template word or an entity of the task set")
         return i

@@ -103,7 +103,8 @@ def _save_taskset(ts: TaskSet, path: str) -> None:
 def _load_taskset(path: str, epsilon: float | None, parameters: dict) -> TaskSet:
     with np.load(path, allow_pickle=False) as z:
         words = tuple(z["words"].tolist())
-        entities = tuple(z["entities"].tolist())
+        entity_array = z["entities"]
+        entities = tuple(entity_array.tolist())
         names = z["names"].tolist()
         templates = z["templates"].tolist()
         ptr = z["template_ptr"]
@@ -115,7 +116,9 @@ def _load_taskset(path: str, epsilon: float | None, parameters: dict) -> TaskSet
             s.setflags(write=False)
             o.setflags(write=False)
             ids.append((s, o))
-    return TaskSet.trusted(tuple(tasks), words, entities, tuple(ids), epsilon, parameters)
+    ts = TaskSet.trusted(tuple(tasks), words, entities, tuple(ids), epsilon, parameters)
+    ts.vocabulary.__dict__["entity_array"] = entity_array      # the cached property, as read
+    return ts
 
 
 def _save_classes(cert: Certificate, path: str) -> None:
