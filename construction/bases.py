@@ -32,22 +32,29 @@ class Block:
         return {label: i for i, label in enumerate(self.labels)}
 
     @cached_property
-    def sorted_labels(self) -> np.ndarray | None:
-        """The labels as a numpy string array when they are strings in strictly increasing
-        order (an entity block), else None: such a block is searched without a dict."""
-        return _sorted_strings(self.labels) if isinstance(self.labels, tuple) else None
+    def _string_search(self) -> tuple[np.ndarray, np.ndarray | None] | None:
+        """(the labels sorted, as a numpy string array; their positions, None if already in
+        order) when every label is a ``str``, else None: such a block is searched, without a
+        dict. (numpy orders strings by code point, as ``sorted`` does.)"""
+        if not isinstance(self.labels, tuple) or len(self) < 2 or set(map(type, self.labels)) != {str}:
+            return None
+        a = np.asarray(self.labels, dtype=str)
+        if bool((a[1:] > a[:-1]).all()):
+            return a, None
+        order = np.argsort(a, kind="stable")
+        a = a[order]
+        return (a, order) if bool((a[1:] > a[:-1]).all()) else None
 
     def positions(self, labels: Sequence) -> np.ndarray:
         """Position in this block of each of ``labels`` (-1: none). Without building the
-        block's dict where it can: a block of sorted names is searched, and a block of
-        prefixed names (neurons ``fact:<subject>``) maps another such block item by item."""
+        block's dict where it can: a block of names is searched, and a block of prefixed
+        names (neurons ``fact:<subject>``) maps another such block item by item."""
         mine = self.labels
         if "_index" not in self.__dict__ and len(labels) > 64:
-            b = self.sorted_labels
-            if b is not None:
-                a = _sorted_strings(labels, strict=False)
-                if a is not None:
-                    return _search(b, a)
+            search = self._string_search
+            if search is not None and len(labels) and set(map(type, labels)) == {str}:
+                pos = _search(search[0], np.asarray(list(labels), dtype=str))
+                return pos if search[1] is None else np.where(pos >= 0, search[1][np.maximum(pos, 0)], -1)
             if isinstance(mine, Prefixed) and isinstance(labels, Prefixed) and mine.prefix == labels.prefix:
                 out = mine.positions_of(labels)
                 if out is not None:
