@@ -268,7 +268,7 @@ def check_since(taskset: TaskSet, directory: str | None = None, out: str | None 
         if info.mode == "incremental" and task.name not in edited and old_iso.get(task.name):
             isolated.append(True)
         elif isolation:
-            alone = TaskSet((task,))
+            alone = taskset.alone(k)
             mine = experts.get(task.name) or build_expert(taskset, k, residual_space(taskset))
             isolated.append(same_expert(build_expert(alone, 0, residual_space(alone)), mine))
         else:

@@ -69,8 +69,10 @@ def changed_experts(shared, j: int) -> list[str]:
 
 def isolation(taskset: TaskSet, model, map_fn: MapFn = serial_map) -> tuple[tuple[bool, ...], tuple[str, ...]]:
     """(per task: its expert is unchanged when built alone and without each removed task, notes)."""
-    isolated = [same_expert(build_expert(TaskSet((task,)), 0, residual_space(TaskSet((task,)))), model.experts[k])
-                for k, task in enumerate(taskset.tasks)]
+    isolated = []
+    for k in range(len(taskset.tasks)):
+        alone = taskset.alone(k)                 # TaskSet((task,)), from this set's arrays
+        isolated.append(same_expert(build_expert(alone, 0, residual_space(alone)), model.experts[k]))
     K = len(taskset.tasks)
     if K < 2:
         return tuple(isolated), ()

@@ -548,6 +548,29 @@ class TaskSet:
         out.__dict__["fact_ids"] = tuple(fact_ids)
         return out
 
+    def alone(self, k: int) -> "TaskSet":
+        """Task k by itself: what ``TaskSet((task,))`` gives (its template words and its
+        entities, each sorted, as its vocabulary; its fact ids in it), computed from this
+        set's arrays. Its entities are some of this vocabulary's, in the same (sorted)
+        order, so an entity's new id is its rank among the task's entity ids, and the facts
+        stay sorted by subject."""
+        task = self.tasks[k]
+        vocab = self.vocabulary
+        W = vocab.n_words
+        s, o = self.fact_ids[k]
+        ids = np.unique(np.concatenate([s, o]))            # the task's entity ids, sorted
+        words = tuple(sorted({w for t in task.templates for w in t.words}))
+        names = vocab.entities
+        entities = tuple(names[i] for i in (ids - W).tolist())
+        new_s = np.searchsorted(ids, s).astype(np.int64) + len(words)
+        new_o = np.searchsorted(ids, o).astype(np.int64) + len(words)
+        new_s.setflags(write=False)
+        new_o.setflags(write=False)
+        out = TaskSet.trusted((task,), words, entities, ((new_s, new_o),))
+        if "entity_array" in vocab.__dict__:
+            out.vocabulary.__dict__["entity_array"] = vocab.entity_array[ids - W]
+        return out
+
     def without(self, name: str) -> "TaskSet":
         """The same task set without one task (for modularity checks)."""
         return TaskSet(tuple(t for t in self.tasks if t.name != name), self.epsilon, self.parameters)

@@ -455,3 +455,18 @@ def test_synthetic_100k_facts() -> None:
     assert taskset.n_facts == 100_000
     assert len(taskset) == default_n_tasks(100_000)
     check_routable(taskset)
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.data())
+def test_a_task_alone_is_the_task_set_of_it_alone(data):
+    """TaskSet.alone(k), computed from the set's arrays, is TaskSet((task,)): vocabulary, fact ids, L."""
+    from tasks.strategies import task_sets
+
+    ts = data.draw(task_sets(max_tasks=4, max_templates=3, max_facts=8))
+    for k, task in enumerate(ts.tasks):
+        got, want = ts.alone(k), TaskSet((task,))
+        assert got.vocabulary == want.vocabulary and got.L == want.L and got.tasks == want.tasks
+        for (a, b), (c, d) in zip(got.fact_ids, want.fact_ids):
+            assert a.tolist() == c.tolist() and b.tolist() == d.tolist()
+        assert got.vocabulary.entity_array.tolist() == list(want.vocabulary.entities)
