@@ -216,7 +216,7 @@ def check_since(taskset: TaskSet, directory: str | None = None, out: str | None 
     pinned = pinned_parameters(old, taskset)
     # parameters written in the tasks file win (if they differ, every weight changes: a full check)
     beta, gamma = taskset.parameters.get("beta", pinned[0]), taskset.parameters.get("gamma", pinned[1])
-    hashes = {t.name: (old.task_hashes.get(t.name) if t.name in reused else task_hash(t)) for t in taskset.tasks}
+    hashes = {t.name: (old.task_hashes.get(t.name) if t.name in reused else task_hash(t, taskset)) for t in taskset.tasks}
     edited = {name for name, h in hashes.items() if old.task_hashes.get(name) != h}
     # the certificate's ε, unless the tasks file states one (as a full check would take it); a
     # different ε is a full check (verifier.incremental.full_reason)

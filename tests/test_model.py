@@ -470,3 +470,14 @@ def test_a_task_alone_is_the_task_set_of_it_alone(data):
         for (a, b), (c, d) in zip(got.fact_ids, want.fact_ids):
             assert a.tolist() == c.tolist() and b.tolist() == d.tolist()
         assert got.vocabulary.entity_array.tolist() == list(want.vocabulary.entities)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.data())
+def test_a_task_hash_from_the_fact_ids_is_the_hash_of_its_sorted_facts(data):
+    from tasks.strategies import task_sets
+    from verifier.certificate import task_hash
+
+    ts = data.draw(task_sets(max_tasks=4, max_templates=2, max_facts=8))
+    for task in ts.tasks:
+        assert task_hash(task, ts) == task_hash(task)

@@ -67,14 +67,22 @@ class Certificate:
         return self.verdict == "certified"
 
 
-def task_hash(task: Task) -> str:
-    """SHA-256 of a task's content: name, templates, and facts in subject order."""
+def task_hash(task: Task, taskset: TaskSet | None = None) -> str:
+    """SHA-256 of a task's content: name, templates, and facts in subject order. With the
+    task set holding it, the order is read from its fact ids rather than sorted: they are
+    sorted by subject id, and ids follow the names' order (the vocabulary is sorted)."""
     h = hashlib.sha256()
     h.update(task.name.encode("utf-8") + b"\x00")
     for t in task.templates:
         h.update(t.text().encode("utf-8") + b"\x01")
+    if taskset is not None:
+        tokens = taskset.vocabulary.tokens
+        s, o = taskset.fact_ids[taskset.index(task.name)]
+        facts = zip(map(tokens.__getitem__, s.tolist()), map(tokens.__getitem__, o.tolist()))
+    else:
+        facts = sorted(task.facts.items())
     # the bytes of every fact in one piece (one update per fact costs more than the hashing)
-    h.update("".join(f"{s}\x02{o}\x03" for s, o in sorted(task.facts.items())).encode("utf-8"))
+    h.update("".join(f"{a}\x02{b}\x03" for a, b in facts).encode("utf-8"))
     return h.hexdigest()
 
 
