@@ -21,7 +21,7 @@ import numpy as np
 
 from tasks.errors import TaskError
 from tasks.facts_files import parse_mode
-from tasks.model import Facts, Task, TaskSet, Vocabulary, sorted_fact_ids
+from tasks.model import Facts, Task, TaskSet, Vocabulary
 
 
 def file_hash(path: str) -> str:
@@ -47,6 +47,10 @@ def facts_file_hashes(path: str | os.PathLike) -> dict[str, list[str]]:
 
     _, sources = task_sources(path)
     return {s.name: [facts_file_key(f) for f in s.files] for s in sources}
+
+
+def _names(names) -> np.ndarray:
+    return np.asarray(names, dtype=str) if len(names) else np.zeros(0, "U1")
 
 
 class FactsCache:
@@ -79,11 +83,15 @@ class FactsCache:
         old_tokens = np.asarray(old.vocabulary.tokens, dtype=str) if old.vocabulary.size else np.zeros(0, "U1")
         words = sorted({w for t in tasks for tpl in t.templates for w in tpl.words})
         ids, names = [], []
+        local: dict[str, tuple[np.ndarray, np.ndarray]] = {}   # edited task -> (its names, sorted; each fact name's rank)
         for t in tasks:
             if t.name in self.reused:
                 ids.extend(old.fact_ids[old.index(t.name)])
             else:
-                names.append(np.asarray(sorted(set(t.facts.subjects) | set(t.facts.objects)), dtype=str))
+                both = np.concatenate([_names(t.facts.subjects), _names(t.facts.objects)])
+                uniq, rank = np.unique(both, return_inverse=True)
+                local[t.name] = (uniq, rank.reshape(-1))
+                names.append(uniq)
         used = np.zeros(old_tokens.size, bool)          # the old ids in use: integers first, cheap
         for a in ids:
             used[a] = True
@@ -122,7 +130,14 @@ class FactsCache:
                 o.setflags(write=False)
                 t = Task(t.name, t.templates, Facts.lazy(vocab.tokens, s, o))
             else:
-                s, o = sorted_fact_ids(vocab, t.facts)
+                # a name's id: its rank among the task's names, placed in the merged entities
+                uniq, rank = local[t.name]
+                at = np.searchsorted(entities, uniq).astype(np.int64) + W
+                both, n = at[rank], len(t.facts)
+                order = np.argsort(both[:n], kind="stable")
+                s, o = both[:n][order], both[n:][order]
+                s.setflags(write=False)
+                o.setflags(write=False)
             out_tasks.append(t)
             ids.append((s, o))
         ts = TaskSet.trusted(tuple(out_tasks), vocab.words, vocab.entities, tuple(ids), epsilon, parameters)

@@ -1,0 +1,52 @@
+"""The tasks file read against a certificate (cli.compose.load_since: facts files of the
+same bytes taken from the certificate, edited ones read again and merged in by
+tasks.compiled.FactsCache.assemble) is the task set a plain read gives: the same tasks,
+facts, vocabulary and fact ids, after random edits of random task sets' facts files."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from cli.compose import check_and_save, load_since
+from construction.model import build
+from tasks.io import dump_tasks, load_tasks
+from tasks.reading import task_sources
+from tasks.strategies import task_sets
+
+
+@settings(max_examples=25, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
+@given(task_sets(max_tasks=3, max_templates=2, max_facts=6), st.data())
+def test_read_against_a_certificate_is_the_plain_read(ts, data):
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "tasks.yaml")
+        dump_tasks(ts, path, facts_dir=d)
+        check_and_save(load_tasks(path), build(load_tasks(path)), os.path.join(d, "cert"), isolation=False,
+                       tasks_path=path)
+        files = {source.name: source.files for source in task_sources(path)[1]}
+        entities = sorted(ts.vocabulary.entities) + ["Zz_new", "aa_new", "Ωnew"]
+        for k, task in enumerate(ts.tasks):               # rewrite some facts files: change, add, drop facts
+            if not data.draw(st.booleans()):
+                continue
+            facts = dict(task.facts.items())
+            for s in data.draw(st.lists(st.sampled_from(entities), max_size=3)):
+                facts[s] = data.draw(st.sampled_from(entities))
+            for s in data.draw(st.lists(st.sampled_from(sorted(facts)), max_size=2)):
+                if len(facts) > 1:
+                    facts.pop(s, None)
+            with open(files[task.name][0], "w", encoding="utf-8") as f:
+                f.write("".join(f"{s}\t{o}\n" for s, o in facts.items()))
+        try:
+            plain = load_tasks(path)
+        except Exception:                                 # an edit the task set refuses: nothing to compare
+            return
+        _, cached, cache = load_since(path, os.path.join(d, "cert"))
+        assert cached.names == plain.names
+        assert cached.vocabulary == plain.vocabulary
+        for a, b in zip(cached.tasks, plain.tasks):
+            assert a.templates == b.templates and dict(a.facts.items()) == dict(b.facts.items())   # (order: the ids')
+        for (s1, o1), (s2, o2) in zip(cached.fact_ids, plain.fact_ids):
+            assert s1.tolist() == s2.tolist() and o1.tolist() == o2.tolist()
