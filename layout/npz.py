@@ -73,11 +73,14 @@ def _put(out: dict, name: str, m, index_dtype=np.int64, narrow: bool = False) ->
         out[name] = _narrowest(data) if narrow else data
 
 
-def to_arrays(weights: Weights, small_indices: bool = False, narrow: bool = False) -> dict[str, np.ndarray]:
+def to_arrays(weights: Weights, small_indices: bool = False, narrow: bool = False,
+              validated: bool = False) -> dict[str, np.ndarray]:
     """The file's members, by name (what :func:`save` writes); ``small_indices``: index arrays
     as int32 where they fit (the layout reads any integer type); ``narrow``: values as float16
-    or float32 where every value of the array is exact in it (the layout reads those too)."""
-    weights.validate()
+    or float32 where every value of the array is exact in it (the layout reads those too);
+    ``validated``: the caller has just validated these very weights (else they are here)."""
+    if not validated:
+        weights.validate()
     arrays: dict[str, np.ndarray] = {"vocab": np.array(weights.vocab, dtype=str)}
     for name, m in weights.arrays():
         _put(arrays, name, m, np.int32 if small_indices else np.int64, narrow)
@@ -95,10 +98,11 @@ def to_arrays(weights: Weights, small_indices: bool = False, narrow: bool = Fals
     return arrays
 
 
-def save(weights: Weights, path: str | os.PathLike, small_indices: bool = False, narrow: bool = False) -> None:
+def save(weights: Weights, path: str | os.PathLike, small_indices: bool = False, narrow: bool = False,
+         validated: bool = False) -> None:
     """Write an ``.npz`` file atomically (a temporary file, then rename); the options as in
     :func:`to_arrays` (smaller files, the same weights read back)."""
-    arrays = to_arrays(weights, small_indices, narrow)
+    arrays = to_arrays(weights, small_indices, narrow, validated)
     with atomic_file(path) as f:
         np.savez(f, **arrays)
 

@@ -127,15 +127,31 @@ def test_check_since_and_the_certificate(tmp_path, capsys):
 
 
 def test_a_changed_certificate_is_refused(tmp_path, capsys):
+    """Each file of the certificate, damaged so that it still parses (one bit) or no longer
+    does (cut short, not a zip): refused as changed, whatever parsing it (on another thread
+    than its hash) made of it."""
+    import shutil
+
     path = _set_up(tmp_path, "tsv")
     cert = tmp_path / "cert"
     assert main(["check", str(path), "--certificate", str(cert), "--quiet"]) == 0
-    data = bytearray((cert / "classes.npz").read_bytes())
-    data[len(data) // 2] ^= 1
-    (cert / "classes.npz").write_bytes(bytes(data))
-    capsys.readouterr()
-    assert main(["check", str(path), "--since", str(cert)]) == 2
-    assert "does not match its recorded SHA-256" in capsys.readouterr().err
+    for name in ("classes.npz", "weights.npz", "tasks.npz"):
+        for damage in ("bit", "cut", "garbage"):
+            copy = tmp_path / f"cert-{name}-{damage}"
+            shutil.copytree(cert, copy)
+            data = bytearray((copy / name).read_bytes())
+            if damage == "bit":
+                data[len(data) // 2] ^= 1
+            elif damage == "cut":
+                data = data[: len(data) // 2]
+            else:
+                data = bytearray(b"not a zip" * 10)
+            (copy / name).write_bytes(bytes(data))
+            capsys.readouterr()
+            assert main(["check", str(path), "--since", str(copy)]) == 2, (name, damage)
+            err = capsys.readouterr().err
+            assert f"certificate's {name} is missing or does not match its recorded SHA-256" in err, (name, damage)
+            assert err.count("\n") == 1
 
 
 @pytest.mark.parametrize("flags", [["--weights", "w.npz"], ["--precision", "float32"], ["--beta", "9"]])

@@ -32,6 +32,7 @@ import json
 import os
 import shutil
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -178,7 +179,9 @@ def _manifest_hash(manifest: dict) -> str:
 
 
 def save_certificate(cert: Certificate, directory: str | os.PathLike) -> None:
-    """Write ``cert`` to ``directory`` (created or replaced as a whole; see the module docstring)."""
+    """Write ``cert`` to ``directory`` (created or replaced as a whole; see the module docstring).
+    ``cert.weights`` are the weights its verification validated (verify and recertify
+    validate what they certify), so they are not validated again here."""
     target = os.path.abspath(os.fspath(directory))
     parent = os.path.dirname(target) or "."
     if os.path.exists(target) and not os.path.isdir(target):
@@ -192,7 +195,7 @@ def save_certificate(cert: Certificate, directory: str | os.PathLike) -> None:
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o777 & ~umask)              # mkdtemp makes it private; a certificate is an ordinary directory
-        save(cert.weights, os.path.join(tmp, "weights.npz"), small_indices=True, narrow=True)
+        save(cert.weights, os.path.join(tmp, "weights.npz"), small_indices=True, narrow=True, validated=True)
         _save_taskset(cert.taskset, os.path.join(tmp, "tasks.npz"))
         _save_classes(cert, os.path.join(tmp, "classes.npz"))
         manifest = {
@@ -236,17 +239,32 @@ def load_certificate(directory: str | os.PathLike) -> Certificate:
     if manifest.get("manifest_sha256") != _manifest_hash(manifest):
         raise TaskError("certificate.json does not match its recorded SHA-256 (it was edited after it was written)",
                         file=path, fix="write the certificate again with 'check --certificate DIR'")
+    def refused(name: str) -> TaskError:
+        return TaskError(f"the certificate's {name} is missing or does not match its recorded SHA-256",
+                         file=os.path.join(d, name), fix="the directory was changed after it was written; write it again")
+
     for name in FILES:
-        full = os.path.join(d, name)
-        want = manifest.get("files", {}).get(name)
-        if not os.path.isfile(full) or want is None or file_hash(full) != want:
-            raise TaskError(f"the certificate's {name} is missing or does not match its recorded SHA-256",
-                            file=full, fix="the directory was changed after it was written; write it again")
+        if not os.path.isfile(os.path.join(d, name)) or manifest.get("files", {}).get(name) is None:
+            raise refused(name)
+    # The files are hashed on other threads (hashlib releases the GIL) while this one parses
+    # them; nothing parsed is returned, and no parse error is reported, before every hash
+    # is known to match: a changed file is refused as changed, whatever its parse did.
+    with ThreadPoolExecutor(len(FILES)) as pool:
+        hashes = {name: pool.submit(file_hash, os.path.join(d, name)) for name in FILES}
+        try:
+            taskset = _load_taskset(os.path.join(d, "tasks.npz"), manifest.get("task_set_epsilon"),
+                                    manifest.get("parameters") or {})
+            table, plan, watched = _load_classes(os.path.join(d, "classes.npz"))
+            weights = load(os.path.join(d, "weights.npz"), validate=False)   # written by save_certificate
+            problem = None
+        except Exception as e:                    # reported only if every hash matches
+            problem = e
+        for name in FILES:
+            if hashes[name].result() != manifest["files"][name]:
+                raise refused(name)
+    if problem is not None:
+        raise problem
     epsilon = float(manifest["epsilon"])
-    taskset = _load_taskset(os.path.join(d, "tasks.npz"), manifest.get("task_set_epsilon"),
-                            manifest.get("parameters") or {})
-    table, plan, watched = _load_classes(os.path.join(d, "classes.npz"))
-    weights = load(os.path.join(d, "weights.npz"), validate=False)      # written by save_certificate, hash checked
     return Certificate(epsilon, manifest["verdict"], taskset, weights, table, plan, watched,
                        manifest.get("summary") or {}, manifest.get("task_hashes") or {},
                        manifest.get("file_hashes") or {})
