@@ -53,7 +53,7 @@ class Block:
         if "_index" not in self.__dict__ and len(labels) > 64:
             search = self._string_search
             if search is not None and len(labels) and set(map(type, labels)) == {str}:
-                pos = _search(search[0], np.asarray(list(labels), dtype=str))
+                pos = search_sorted(search[0], np.asarray(list(labels), dtype=str))
                 return pos if search[1] is None else np.where(pos >= 0, search[1][np.maximum(pos, 0)], -1)
             if isinstance(mine, Prefixed) and isinstance(labels, Prefixed) and mine.prefix == labels.prefix:
                 out = mine.positions_of(labels)
@@ -72,7 +72,7 @@ class Block:
         return label in self._index
 
 
-def _sorted_strings(labels: Sequence, strict: bool = True) -> np.ndarray | None:
+def sorted_strings(labels: Sequence, strict: bool = True) -> np.ndarray | None:
     """``labels`` as a numpy string array if every one is a ``str`` and they increase (strictly,
     or not decreasing), else None. (numpy orders strings by code point, as ``sorted`` does.)"""
     if len(labels) < 2 or set(map(type, labels)) != {str}:
@@ -82,7 +82,7 @@ def _sorted_strings(labels: Sequence, strict: bool = True) -> np.ndarray | None:
     return a if bool(up.all()) else None
 
 
-def _search(b: np.ndarray, a: np.ndarray) -> np.ndarray:
+def search_sorted(b: np.ndarray, a: np.ndarray) -> np.ndarray:
     """Position in the sorted distinct array ``b`` of each of ``a`` (-1: none); every hit compared exactly."""
     pos = np.minimum(np.searchsorted(b, a), b.size - 1)
     return np.where(b[pos] == a, pos, -1).astype(np.int64)
@@ -192,7 +192,7 @@ class Prefixed(Sequence):
         prefixed item of the other side only if it starts with the prefix; those few are
         looked up one by one, every other label by its item, by binary search."""
         assert other.prefix == self.prefix
-        mine, theirs = _sorted_strings(self.items), _sorted_strings(other.items)
+        mine, theirs = sorted_strings(self.items), sorted_strings(other.items)
         if mine is None or theirs is None:
             return None
         n = len(self.prefix)
@@ -201,14 +201,14 @@ class Prefixed(Sequence):
         for i, h in enumerate(other.head):
             j = head.get(h, -1)
             if j < 0 and isinstance(h, str) and h.startswith(self.prefix):
-                hit = _search(mine, np.asarray([h[n:]], dtype=str))[0]
+                hit = search_sorted(mine, np.asarray([h[n:]], dtype=str))[0]
                 j = -1 if hit < 0 else len(self.head) + int(hit)
             out[i] = j
-        hit = _search(mine, theirs)
+        hit = search_sorted(mine, theirs)
         out[len(other.head):] = np.where(hit >= 0, hit + len(self.head), -1)
         for h, j in head.items():                  # my head labels that look like a prefixed item
             if isinstance(h, str) and h.startswith(self.prefix):
-                k = _search(theirs, np.asarray([h[n:]], dtype=str))[0]
+                k = search_sorted(theirs, np.asarray([h[n:]], dtype=str))[0]
                 if k >= 0:
                     out[len(other.head) + k] = j
         return out

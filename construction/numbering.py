@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from construction.bases import Prefixed, Space, block
+from construction.bases import Prefixed, Space, block, search_sorted, sorted_strings
 from construction.experts import column_map, template_nodes
 from construction.residual import residual_space, symbols
 from tasks.model import TaskSet
@@ -77,11 +77,9 @@ def _by_name(old, new, memo: dict | None = None) -> np.ndarray:
         return np.zeros(0, np.int64)
     if old is new or (len(old) == len(new) and tuple(old) == tuple(new)):
         return np.arange(len(old), dtype=np.int64)
-    if all(isinstance(x, str) for x in (old[0], new[0] if len(new) else "")):
-        a, b = np.asarray(list(old), dtype=str), np.asarray(list(new), dtype=str)
-        if b.size and (a[1:] >= a[:-1]).all() and (b[1:] > b[:-1]).all():
-            pos = np.minimum(np.searchsorted(b, a), b.size - 1)
-            return np.where(b[pos] == a, pos, -1).astype(np.int64)
+    a, b = sorted_strings(old, strict=False), sorted_strings(new)
+    if a is not None and b is not None:
+        return search_sorted(b, a)
     index = {name: i for i, name in enumerate(new)}
     return np.fromiter((index.get(name, -1) for name in old), np.int64, len(old))
 
