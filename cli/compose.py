@@ -106,18 +106,50 @@ def build_for(taskset: TaskSet, deployment: Deployment, epsilon: float | None = 
 
 
 def _cert_summary(report: Report) -> dict:
+    """The report as the certificate records it: plain JSON values, as they read back (a copy,
+    so that what is added to the report later is not in it)."""
+    import json
+
     from verifier.report import report_json
-    return report_json(report)
+    return json.loads(json.dumps(report_json(report), default=float))
 
 
 def check_and_save(taskset: TaskSet, model: SymbolicModel, directory: str, *, isolation: bool = True, jobs: int = 1,
                    progress: Callable[[int, int], None] | None = None, source: str = "weights",
-                   tasks_path: str | None = None, cell_queries: int | None = None) -> Report:
-    """``check --certificate DIR``: the full check, with its query classes saved for later edits
-    (cells of about ``cell_queries`` queries, default ``verifier.classes.CELL_QUERIES``)."""
+                   tasks_path: str | None = None, cell_queries: int | None = None, read_as=None) -> Report:
+    """``check --certificate DIR``: :func:`check_and_record`, the certificate saved to DIR
+    (see :func:`save_if_unchanged` for ``read_as``)."""
+    report, cert = check_and_record(taskset, model, isolation=isolation, jobs=jobs, progress=progress, source=source,
+                                    tasks_path=tasks_path, cell_queries=cell_queries)
+    save_if_unchanged(cert, directory, tasks_path, read_as)
+    report.notes.append(f"certificate saved to {directory}")
+    return report
+
+
+def save_if_unchanged(cert, directory: str, tasks_path: str | None, read_as=None) -> None:
+    """Save ``cert`` to ``directory``, unless an input file of ``tasks_path`` was written since
+    its status was ``read_as`` (:func:`tasks.io.input_signature`, taken before the inputs were
+    read): the certificate pairs each facts file's hash with the facts read from it, and a
+    file written during the read may have been hashed and parsed in two versions."""
+    from tasks.errors import TaskError
+    from tasks.io import input_signature
+    from verifier.certificate import save_certificate
+
+    if read_as is not None and tasks_path is not None and input_signature(tasks_path) != read_as:
+        raise TaskError("an input file was written while it was being checked; nothing was saved", file=tasks_path,
+                        fix="run the check again once the files are saved")
+    save_certificate(cert, directory)
+
+
+def check_and_record(taskset: TaskSet, model: SymbolicModel, *, isolation: bool = True, jobs: int = 1,
+                     progress: Callable[[int, int], None] | None = None, source: str = "weights",
+                     tasks_path: str | None = None, cell_queries: int | None = None):
+    """The full check, with the certificate that records its query classes for later edits
+    (cells of about ``cell_queries`` queries, default ``verifier.classes.CELL_QUERIES``):
+    (report, certificate), nothing saved."""
     from tasks.compiled import facts_file_hashes
     from tasks.structure import StructureTrie
-    from verifier.certificate import Certificate, save_certificate, task_hash
+    from verifier.certificate import Certificate, task_hash
     from verifier.classes import CellPlan, ClassRecorder
     from verifier.locality import watched_neurons
 
@@ -131,9 +163,7 @@ def check_and_save(taskset: TaskSet, model: SymbolicModel, directory: str, *, is
     cert = Certificate(model.epsilon, report.verdict, taskset, weights, recorder.table(), plan, watched,
                        _cert_summary(report), {t.name: task_hash(t) for t in taskset.tasks},
                        facts_file_hashes(tasks_path) if tasks_path is not None else {})
-    save_certificate(cert, directory)
-    report.notes.append(f"certificate saved to {directory}")
-    return report
+    return report, cert
 
 
 def pinned_parameters(old, taskset: TaskSet) -> tuple[float, float]:
@@ -178,23 +208,47 @@ def changed_entries(d, names, per_array: int = 6) -> dict[str, list[str]]:
 def load_since(tasks_path: str, directory: str):
     """(the certificate in ``directory``, the tasks file read against it): facts files whose
     bytes are unchanged are taken from the certificate (tasks.compiled)."""
-    from tasks.compiled import FactsCache
-    from tasks.io import load_tasks
     from verifier.certificate import load_certificate
 
     old = load_certificate(directory)
+    return (old, *read_since(tasks_path, old))
+
+
+def read_since(tasks_path: str, old):
+    """(the tasks file read against the certificate ``old``, the facts cache used)."""
+    from tasks.compiled import FactsCache
+    from tasks.io import input_files, load_tasks
+
     cache = FactsCache(old.taskset, old.file_hashes)
-    return old, load_tasks(tasks_path, cache=cache), cache
+    cache.warm(input_files(tasks_path)[1:])
+    return load_tasks(tasks_path, cache=cache), cache
 
 
 def check_since(taskset: TaskSet, directory: str | None = None, out: str | None = None, *, old=None, cache=None,
                 isolation: bool = True, jobs: int = 1, progress: Callable[[int, int], None] | None = None,
-                source: str = "weights", tasks_path: str | None = None):
-    """``check --since DIR``: re-certify an edited task set from a saved certificate, running
-    again only the queries the edit can reach (verifier.incremental); the model keeps the
-    certificate's β and γ and is built from the certificate's weights where the edit allows
-    (construction.patch). Saves the updated certificate to ``out`` (default: DIR). Returns
-    (report, edited task names)."""
+                source: str = "weights", tasks_path: str | None = None, read_as=None):
+    """``check --since DIR``: :func:`recertify_since`, then the updated certificate saved to
+    ``out`` (default: DIR; see :func:`save_if_unchanged` for ``read_as``). Returns (report,
+    edited task names)."""
+    report, edited, cert = recertify_since(taskset, directory, old=old, cache=cache, isolation=isolation, jobs=jobs,
+                                           progress=progress, source=source, tasks_path=tasks_path)
+    t0 = time.perf_counter()
+    save_if_unchanged(cert, out or directory, tasks_path, read_as)
+    report.incremental["phases"]["save certificate"] = round(time.perf_counter() - t0, 3)
+    report.seconds += report.incremental["phases"]["save certificate"]
+    report.incremental["seconds"] = round(report.seconds, 3)
+    return report, edited
+
+
+def recertify_since(taskset: TaskSet, directory: str | None = None, *, old=None, cache=None, isolation: bool = True,
+                    jobs: int = 1, progress: Callable[[int, int], None] | None = None, source: str = "weights",
+                    tasks_path: str | None = None):
+    """Re-certify an edited task set from a saved certificate (``old``, else the one in
+    ``directory``), running again only the queries the edit can reach (verifier.incremental);
+    the model keeps the certificate's β and γ and is built from the certificate's weights
+    where the edit allows (construction.patch). Returns (report, edited task names, the
+    updated certificate), nothing saved: ``check --since`` saves it, ``watch`` also keeps it
+    in memory as the next edit's ``old``."""
     from fractions import Fraction
 
     from construction import bound
@@ -205,7 +259,7 @@ def check_since(taskset: TaskSet, directory: str | None = None, out: str | None 
     from construction.residual import residual_space
     from tasks.compiled import facts_file_hashes
     from tasks.structure import StructureTrie
-    from verifier.certificate import Certificate, load_certificate, save_certificate, task_hash
+    from verifier.certificate import Certificate, load_certificate, task_hash
     from verifier.classes import CellPlan, ClassRecorder
     from verifier.incremental import recertify
     from verifier.locality import Correspondence, watched_neurons
@@ -262,6 +316,7 @@ def check_since(taskset: TaskSet, directory: str | None = None, out: str | None 
     # the construction's evidence: the closed form at the new vocabulary; isolation carried over
     # for the tasks the edit left alone (their experts are unchanged, the diff shows it), checked
     # again for the edited ones
+    t0 = time.perf_counter()
     old_iso = {t["name"]: t.get("isolated") for t in old.summary.get("tasks", [])}
     isolated = []
     for k, task in enumerate(taskset.tasks):
@@ -279,7 +334,8 @@ def check_since(taskset: TaskSet, directory: str | None = None, out: str | None 
     report.incremental = info.as_dict()
     if info.diff is not None:
         report.incremental["changed_rows"] = changed_entries(info.diff, new_names)
-    report.incremental["phases"] = {"model": round(t_model, 3), "correspondence": round(t_cor, 3), **info.phases}
+    report.incremental["phases"] = {"model": round(t_model, 3), "correspondence": round(t_cor, 3), **info.phases,
+                                    "isolation": round(time.perf_counter() - t0, 3)}
     report.incremental["edited_tasks"] = sorted(edited)
     report.incremental["model"] = "patched from the certificate's weights" if patched is not None else "built in full"
     if cache is not None:
@@ -289,11 +345,8 @@ def check_since(taskset: TaskSet, directory: str | None = None, out: str | None 
     else:
         file_hashes = {}
     report.incremental["recertify_seconds"] = round(time.perf_counter() - start, 3)
-    t0 = time.perf_counter()
-    cert = Certificate(epsilon, report.verdict, taskset, weights, table, plan, watched, _cert_summary(report),
-                       hashes, file_hashes)
-    save_certificate(cert, out or directory)
-    report.incremental["phases"]["save certificate"] = round(time.perf_counter() - t0, 3)
     report.seconds = time.perf_counter() - start
     report.incremental["seconds"] = round(report.seconds, 3)
-    return report, sorted(edited)
+    cert = Certificate(epsilon, report.verdict, taskset, weights, table, plan, watched, _cert_summary(report),
+                       hashes, file_hashes)
+    return report, sorted(edited), cert

@@ -61,12 +61,30 @@ class FactsCache:
         self.reused: set[str] = set()
         #: per task looked up: the hashes of the facts files read this time (for the next certificate)
         self.seen: dict[str, list[str]] = {}
+        self._keys: dict[str, str] = {}        # facts_file_key of files hashed ahead (warm)
+
+    def warm(self, paths: Sequence[str], threads: int = 2) -> None:
+        """Hash these files ahead, on ``threads`` threads (hashlib releases the GIL), for the
+        lookups that follow; each hash is used by one lookup, and a file that cannot be read
+        is left to it."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        def key(path: str) -> tuple[str, str | None]:
+            try:
+                return path, facts_file_key(path)
+            except OSError:
+                return path, None
+
+        with ThreadPoolExecutor(max(1, threads)) as pool:
+            for path, k in pool.map(key, sorted({os.path.abspath(p) for p in paths})):
+                if k is not None:
+                    self._keys[path] = k
 
     def lookup(self, name: str, files: Sequence[str]) -> Facts | None:
         """The cached facts of task ``name`` if it read exactly these files' bytes before, in
         the same order and parse modes."""
         try:
-            got = [facts_file_key(f) for f in files]
+            got = [self._keys.pop(os.path.abspath(f), None) or facts_file_key(f) for f in files]
         except OSError:
             return None
         self.seen[name] = got

@@ -88,7 +88,7 @@ dump leaves the previous files untouched and no partial file behind.
 
 from __future__ import annotations
 
-from tasks.reading import PARAMETER_NAMES, input_files, load_tasks, loads_tasks
+from tasks.reading import PARAMETER_NAMES, input_files, input_signature, load_tasks, loads_tasks
 from tasks.writing import dump_tasks, dumps_tasks
 
-__all__ = ["load_tasks", "loads_tasks", "dump_tasks", "dumps_tasks", "input_files", "PARAMETER_NAMES"]
+__all__ = ["load_tasks", "loads_tasks", "dump_tasks", "dumps_tasks", "input_files", "input_signature", "PARAMETER_NAMES"]

@@ -526,6 +526,28 @@ def input_files(path: str | os.PathLike) -> list[str]:
     for task in (doc or {}).get("tasks") or [] if isinstance(doc, dict) else []:
         refs = task.get("facts_file") if isinstance(task, dict) else None
         for ref in ([refs] if isinstance(refs, str) else refs if isinstance(refs, list) else []):
-            if isinstance(ref, str):
+            if isinstance(ref, str) and ref.strip():
+                ref = ref.strip()            # as the loader reads the path
                 out.append(os.path.abspath(ref if os.path.isabs(ref) else os.path.join(base, ref)))
     return out
+
+
+#: What :func:`input_signature` records per file: (size, inode, modification time, change
+#: time), the times in ns; None when the file cannot be stat'ed.
+Signature = tuple[tuple[str, "tuple[int, int, int, int] | None"], ...]
+
+
+def input_signature(path: str | os.PathLike) -> Signature:
+    """The status of every file of :func:`input_files`: equal before and after a read only if
+    no input was written in between. The kernel sets the change time on every write and
+    rename and no call sets it to a chosen value, so a write changes it, unless it falls in
+    the same clock tick as the previous write (then the size or modification time usually
+    differ; the facts cache's hashes are the exact test of content)."""
+    out = []
+    for p in input_files(path):
+        try:
+            st = os.stat(p)
+            out.append((p, (st.st_size, st.st_ino, st.st_mtime_ns, st.st_ctime_ns)))
+        except OSError:
+            out.append((p, None))
+    return tuple(out)
