@@ -110,6 +110,24 @@ def parser() -> argparse.ArgumentParser:
     add_json(ed, "what changed")
     add_quiet(ed)
 
+    w = sub.add_parser("watch", help="keep the certificate in memory and re-certify each edit as it is saved",
+                       description="Hold the certificate in DIR in memory (or make it with a full check when DIR "
+                                   "holds none) and watch the tasks file and its facts files: after each change, "
+                                   "re-certify as 'check --since DIR' does, print one line with the verdict, and "
+                                   "save the new certificate to DIR. A watcher pays start-up and reading the "
+                                   "certificate once (README 'Editing knowledge'). Stop it with Ctrl-C; the exit "
+                                   "status is the last check's (0 certified, 1 not certified, 2 bad input).")
+    w.add_argument("tasks", help="the tasks.yaml file")
+    w.add_argument("--certificate", metavar="DIR", required=True, help="the certificate directory to start from and to keep up to date")
+    add_json(w, "each check's report (to a file: the latest, replaced atomically; '-': one JSON object per line)")
+    add_quiet(w)
+    w.add_argument("--no-isolation", action="store_true", help="skip the rebuild-without-each-task check of edited tasks")
+    w.add_argument("--jobs", type=int, default=1, metavar="N", help="worker processes (0: one per CPU); the result does not depend on it")
+    w.add_argument("--interval", type=_positive, default=0.1, metavar="SECONDS",
+                   help="how often the files are looked at (default 0.1)")
+    w.add_argument("--max-checks", type=int, default=None, metavar="N",
+                   help="stop after N checks, the first included (default: until Ctrl-C)")
+
     e = sub.add_parser("explain", help="trace one prefix through the model", description="Show one query's attention, gate, neurons and next tokens.")
     common(e)
     e.add_argument("prefix", help="the prefix, e.g. \"the capital of France is\" (split into tokens; see --sep)")
@@ -148,6 +166,12 @@ def _write_text(path: str, text: str, inputs: Sequence[str]) -> None:
     if path == "-":
         sys.stdout.write(text + "\n")
         return
+    write_text_atomic(_output_path(path, inputs), text + "\n")
+
+
+def _output_path(path: str, inputs: Sequence[str]) -> str:
+    """The absolute path of an output file, refused (TaskError) if it is an input, a directory,
+    or in a directory that does not exist."""
     target = os.path.abspath(path)
     for src in inputs:
         if src and os.path.exists(src) and os.path.abspath(src) == target:
@@ -157,7 +181,7 @@ def _write_text(path: str, text: str, inputs: Sequence[str]) -> None:
     directory = os.path.dirname(target)
     if not os.path.isdir(directory):
         raise TaskError("the output directory does not exist", file=path, fix="create it first")
-    write_text_atomic(target, text + "\n")
+    return target
 
 
 def _load(args, routable: bool = True):
@@ -268,6 +292,7 @@ def cmd_check(args) -> int:
 def _check_certificate(args, deployment, progress) -> int:
     """check --certificate / --since: a full check that saves its certificate, or a re-certification from one."""
     from cli.compose import check_and_save, check_since, load_since
+    from tasks.io import input_signature
     from verifier.report import dumps, summary
 
     for flag, bad in (("--weights", args.weights), ("--precision", deployment is not None),
@@ -288,22 +313,63 @@ def _check_certificate(args, deployment, progress) -> int:
                 raise TaskError(f"the certificate directory {d} is an input file", fix="give another directory")
         import time
         start = time.perf_counter()
+        read_as = input_signature(args.tasks)
         old, taskset, cache = load_since(args.tasks, args.since)
         read = time.perf_counter() - start
         report, _ = check_since(taskset, args.since, args.certificate, old=old, cache=cache,
                                 isolation=not args.no_isolation, jobs=args.jobs, progress=progress,
-                                source=args.tasks, tasks_path=args.tasks)
+                                source=args.tasks, tasks_path=args.tasks, read_as=read_as)
         report.incremental["phases"] = {"read certificate and tasks": round(read, 3), **report.incremental["phases"]}
     else:
+        read_as = input_signature(args.tasks)
         taskset = _load(args)
         model = _build(args, taskset)
         report = check_and_save(taskset, model, args.certificate, isolation=not args.no_isolation, jobs=args.jobs,
-                                progress=progress, source=args.tasks, tasks_path=args.tasks)
+                                progress=progress, source=args.tasks, tasks_path=args.tasks, read_as=read_as)
     if args.json:
         _write_text(args.json, dumps(report), _inputs(args))
     if args.json != "-":
         print(summary(report))
     return EXIT_OK if report.certified else EXIT_NOT_CERTIFIED
+
+
+def cmd_watch(args) -> int:
+    from cli.watch import Watcher, verdict_line, watch
+    from verifier.report import dumps
+
+    if args.max_checks is not None and args.max_checks < 1:
+        raise TaskError("--max-checks must be at least 1", fix="give a positive number, or leave it out")
+    directory = args.certificate
+    if os.path.exists(directory) and not os.path.isdir(directory):
+        raise TaskError("exists and is not a directory", file=directory, fix="give a directory for the certificate")
+    if os.path.abspath(directory) in {os.path.abspath(p) for p in _inputs(args)}:
+        raise TaskError(f"the certificate directory {directory} is an input file", fix="give another directory")
+    if args.json not in (None, "-"):
+        _output_path(args.json, _inputs(args))          # refused before the first check, not after it
+    watcher = Watcher(args.tasks, directory, jobs=args.jobs, isolation=not args.no_isolation)
+    if not args.quiet and args.json != "-":
+        print(f"watching {args.tasks} and its facts files; certificate in {directory} (Ctrl-C stops)", flush=True)
+
+    def emit(outcome) -> None:
+        if args.json and outcome.report is not None:
+            text = dumps(outcome.report)
+            if args.json == "-":
+                print(json.dumps(json.loads(text), ensure_ascii=False), flush=True)
+            else:
+                _write_text(args.json, text, _inputs(args))
+        elif args.json == "-":
+            print(json.dumps({"error": outcome.error}, ensure_ascii=False), flush=True)
+        if args.json != "-":
+            print(verdict_line(outcome, directory), flush=True)
+
+    last = None
+    try:
+        last = watch(watcher, emit, interval=args.interval, max_checks=args.max_checks)
+    except KeyboardInterrupt:
+        last = watcher.last
+    if last is None or last.report is None:
+        return EXIT_BAD_INPUT
+    return EXIT_OK if last.report.certified else EXIT_NOT_CERTIFIED
 
 
 def cmd_edit(args) -> int:
@@ -556,7 +622,7 @@ def _plot_blocks(args, model, out: str, name: str) -> list[str]:
 
 
 COMMANDS = {"check": cmd_check, "inspect": cmd_inspect, "build": cmd_build, "export": cmd_export, "explain": cmd_explain,
-            "plot": cmd_plot, "edit": cmd_edit}
+            "plot": cmd_plot, "edit": cmd_edit, "watch": cmd_watch}
 
 
 def _refusal_hint(args, exc: TaskError) -> str:

@@ -1,0 +1,166 @@
+"""``watch``: keep a certificate in memory and re-certify each time the tasks file changes.
+
+A fresh ``check --since DIR`` spends most of its seconds on what does not depend on the
+edit: starting Python and its libraries, reading and hash-checking the saved certificate
+(132 MB at a million facts), writing it back. A watcher pays the first two once. It reads
+the certificate in DIR (or, when DIR holds none, runs the full check that writes one),
+then polls the tasks file and its facts files; when one changes it runs what
+``check --since DIR`` runs, from the certificate it holds, prints the verdict, saves the
+new certificate to DIR and holds that one.
+
+**Why a watcher's verdict is a ``check --since`` verdict.** After every check the
+certificate it holds is the object it has just saved to DIR (the report's summary is
+copied as plain JSON first, as it reads back), so the next check starts from what
+``load_certificate(DIR)`` would return; a test runs the same edits through a watcher
+and through ``check --since`` and compares the saved files. If DIR changes under it (a
+``check --certificate DIR`` run elsewhere), the watcher reads DIR again before its next
+check. The poll only decides *when* to look: each check reads the files afresh and the
+facts cache hashes them. A check during which an input file changed (its size, inode,
+or modification or change time differ before and after the read) is not reported: it
+may have read some files before a change and some after, so it runs again.
+
+**Bad input** (a tasks file saved half-written, a fact with two objects) is reported in
+one line, and the watcher waits for the next change: the certificate it holds is the
+last one certified or refuted, untouched.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from tasks.errors import TaskError
+from tasks.io import input_signature
+from tasks.reading import Signature
+from verifier.certificate import save_certificate
+
+
+@dataclass
+class Outcome:
+    """One check: its report (None for bad input) or the error line, the seconds to the
+    verdict, the edited tasks, the seconds spent saving the certificate after it."""
+
+    report: object | None
+    error: str | None
+    seconds: float
+    edited: list[str] = field(default_factory=list)
+    saved_seconds: float = 0.0
+
+
+class Watcher:
+    """A certificate held in memory for one tasks file and one certificate directory."""
+
+    def __init__(self, tasks_path: str, directory: str, *, jobs: int = 1, isolation: bool = True) -> None:
+        self.tasks_path, self.directory = tasks_path, directory
+        self.jobs, self.isolation = jobs, isolation
+        self.cert = None                     # the certificate last saved to ``directory``
+        self.saved: Signature = ()           # certificate.json's status after that save
+        self.inputs: Signature | None = None  # the inputs' status when the last check read them
+        self.last: Outcome | None = None      # the last check's outcome
+
+    def _manifest(self) -> Signature:
+        path = os.path.join(self.directory, "certificate.json")
+        try:
+            st = os.stat(path)
+            return ((path, (st.st_size, st.st_ino, st.st_mtime_ns, st.st_ctime_ns)),)
+        except OSError:
+            return ((path, None),)
+
+    def _held(self):
+        """The certificate to start from: the one held, unless DIR was written by someone else."""
+        if self.cert is None or self._manifest() != self.saved:
+            from verifier.certificate import load_certificate
+
+            self.cert = None
+            self.cert = load_certificate(self.directory)
+            self.saved = self._manifest()
+        return self.cert
+
+    def changed(self) -> bool:
+        """Whether an input differs from what the last check read."""
+        return self.inputs is None or input_signature(self.tasks_path) != self.inputs
+
+    def check(self) -> Outcome:
+        """Read the inputs and certify them: from the certificate held (what ``check --since``
+        does), or in full when DIR holds no certificate yet (``check --certificate``); save
+        the certificate and hold it. A check during which an input changed is run again,
+        unsaved and unreported."""
+        while True:
+            before = input_signature(self.tasks_path)
+            start = time.perf_counter()
+            try:
+                outcome, cert = self._certify()
+                if input_signature(self.tasks_path) != before:
+                    continue
+                t0 = time.perf_counter()
+                save_certificate(cert, self.directory)
+                self.cert, self.saved = cert, self._manifest()
+                outcome.saved_seconds = time.perf_counter() - t0
+            except (TaskError, OSError) as exc:
+                if input_signature(self.tasks_path) != before:
+                    continue
+                problem = str(exc) if isinstance(exc, TaskError) else \
+                    f"{exc.filename or ''}: {exc.strerror or exc}".replace("\n", " ")
+                outcome = Outcome(None, problem, time.perf_counter() - start)
+            self.inputs, self.last = before, outcome
+            return outcome
+
+    def _certify(self):
+        from cli.compose import check_and_record, read_since, recertify_since
+        from construction.model import build
+        from tasks.io import load_tasks
+
+        start = time.perf_counter()
+        if self.cert is None and not os.path.exists(os.path.join(self.directory, "certificate.json")):
+            taskset = load_tasks(self.tasks_path)
+            report, cert = check_and_record(taskset, build(taskset), isolation=self.isolation, jobs=self.jobs,
+                                            source=self.tasks_path, tasks_path=self.tasks_path)
+            return Outcome(report, None, time.perf_counter() - start, list(taskset.names)), cert
+        old = self._held()
+        taskset, cache = read_since(self.tasks_path, old)
+        read = time.perf_counter() - start
+        report, edited, cert = recertify_since(taskset, old=old, cache=cache, isolation=self.isolation,
+                                               jobs=self.jobs, source=self.tasks_path, tasks_path=self.tasks_path)
+        report.incremental["phases"] = {"read tasks": round(read, 3), **report.incremental["phases"]}
+        return Outcome(report, None, time.perf_counter() - start, edited), cert
+
+
+def verdict_line(outcome: Outcome, directory: str) -> str:
+    """One line per check: the time of day, what was checked, the verdict, the seconds."""
+    stamp = time.strftime("%H:%M:%S")
+    if outcome.report is None:
+        return f"{stamp} error: {outcome.error}"
+    r = outcome.report
+    inc = r.incremental or {}
+    verdict = f"{r.verdict.upper()} at epsilon = {r.epsilon}"
+    failed = [t.name for t in r.tasks if not t.certified]
+    if failed:
+        verdict += f" (failing tasks: {', '.join(failed[:5])}{' ...' if len(failed) > 5 else ''})"
+    if not inc:
+        what = f"full check of {len(r.tasks)} tasks"
+    elif inc.get("mode") == "full":
+        what = f"full check ({inc.get('reason')})"
+    else:
+        edited = (", ".join(outcome.edited[:5]) + (" ..." if len(outcome.edited) > 5 else "")) or "no task"
+        what = (f"edited {edited}: {inc['queries_rerun']:,} queries run again, "
+                f"{len(inc['tasks_reused'])} of {len(r.tasks)} tasks reused")
+    return (f"{stamp} {what}; {verdict} in {outcome.seconds:.2f} s "
+            f"(certificate saved to {directory} in {outcome.saved_seconds:.2f} s)")
+
+
+def watch(watcher: Watcher, emit: Callable[[Outcome], None], *, interval: float = 0.1,
+          max_checks: int | None = None, sleep: Callable[[float], None] = time.sleep) -> Outcome | None:
+    """Check once, then again after each change of an input (looked for every ``interval``
+    seconds), until ``max_checks`` checks have been made (or forever); ``emit`` receives
+    each outcome. Returns the last."""
+    last, done = None, 0
+    while max_checks is None or done < max_checks:
+        if done and not watcher.changed():
+            sleep(interval)
+            continue
+        last = watcher.check()
+        done += 1
+        emit(last)
+    return last
