@@ -334,7 +334,7 @@ def _check_certificate(args, deployment, progress) -> int:
 
 
 def cmd_watch(args) -> int:
-    from cli.watch import Watcher, verdict_line, watch
+    from cli.watch import Watcher, saved_line, verdict_line, watch
     from verifier.report import dumps
 
     if args.max_checks is not None and args.max_checks < 1:
@@ -342,6 +342,8 @@ def cmd_watch(args) -> int:
     directory = args.certificate
     if os.path.exists(directory) and not os.path.isdir(directory):
         raise TaskError("exists and is not a directory", file=directory, fix="give a directory for the certificate")
+    if not os.path.isdir(os.path.dirname(os.path.abspath(directory))):
+        raise TaskError("the certificate's parent directory does not exist", file=directory, fix="create it first")
     if os.path.abspath(directory) in {os.path.abspath(p) for p in _inputs(args)}:
         raise TaskError(f"the certificate directory {directory} is an input file", fix="give another directory")
     if args.json not in (None, "-"):
@@ -362,12 +364,19 @@ def cmd_watch(args) -> int:
         if args.json != "-":
             print(verdict_line(outcome, directory), flush=True)
 
+    def saved(outcome) -> None:
+        if outcome.save_error is not None:
+            print(json.dumps({"error": saved_line(outcome, directory)}, ensure_ascii=False) if args.json == "-"
+                  else saved_line(outcome, directory), flush=True)
+        elif not args.quiet and args.json != "-":
+            print(saved_line(outcome, directory), flush=True)
+
     last = None
     try:
-        last = watch(watcher, emit, interval=args.interval, max_checks=args.max_checks)
+        last = watch(watcher, emit, saved=saved, interval=args.interval, max_checks=args.max_checks)
     except KeyboardInterrupt:
         last = watcher.last
-    if last is None or last.report is None:
+    if last is None or last.report is None or last.save_error is not None:
         return EXIT_BAD_INPUT
     return EXIT_OK if last.report.certified else EXIT_NOT_CERTIFIED
 

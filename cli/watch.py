@@ -5,8 +5,9 @@ edit: starting Python and its libraries, reading and hash-checking the saved cer
 (132 MB at a million facts), writing it back. A watcher pays the first two once. It reads
 the certificate in DIR (or, when DIR holds none, runs the full check that writes one),
 then polls the tasks file and its facts files; when one changes it runs what
-``check --since DIR`` runs, from the certificate it holds, prints the verdict, saves the
-new certificate to DIR and holds that one.
+``check --since DIR`` runs, from the certificate it holds, prints the verdict (which does
+not wait for the write), saves the new certificate to DIR and holds that one. If the
+save fails, that is an error line, and the certificate held stays the one last saved.
 
 **Why a watcher's verdict is a ``check --since`` verdict.** After every check the
 certificate it holds is the object it has just saved to DIR (the report's summary is
@@ -47,6 +48,13 @@ class Outcome:
     seconds: float
     edited: list[str] = field(default_factory=list)
     saved_seconds: float = 0.0
+    save_error: str | None = None
+
+
+def _one_line(exc: Exception) -> str:
+    if isinstance(exc, TaskError):
+        return str(exc)
+    return f"{getattr(exc, 'filename', None) or ''}: {getattr(exc, 'strerror', None) or exc}".replace("\n", " ")
 
 
 class Watcher:
@@ -82,29 +90,33 @@ class Watcher:
         """Whether an input differs from what the last check read."""
         return self.inputs is None or input_signature(self.tasks_path) != self.inputs
 
-    def check(self) -> Outcome:
+    def check(self, verdict: Callable[[Outcome], None] | None = None) -> Outcome:
         """Read the inputs and certify them: from the certificate held (what ``check --since``
-        does), or in full when DIR holds no certificate yet (``check --certificate``); save
-        the certificate and hold it. A check during which an input changed is run again,
-        unsaved and unreported."""
+        does), or in full when DIR holds no certificate yet (``check --certificate``); then
+        save the certificate and hold it. ``verdict`` receives the outcome as soon as it is
+        known, before the save (the verdict does not wait for the write); the outcome
+        returned also has ``saved_seconds``, or ``save_error``. A check during which an
+        input changed is run again, unsaved and unreported."""
         while True:
             before = input_signature(self.tasks_path)
             start = time.perf_counter()
             try:
                 outcome, cert = self._certify()
-                if input_signature(self.tasks_path) != before:
-                    continue
-                t0 = time.perf_counter()
-                save_certificate(cert, self.directory)
-                self.cert, self.saved = cert, self._manifest()
-                outcome.saved_seconds = time.perf_counter() - t0
             except (TaskError, OSError) as exc:
-                if input_signature(self.tasks_path) != before:
-                    continue
-                problem = str(exc) if isinstance(exc, TaskError) else \
-                    f"{exc.filename or ''}: {exc.strerror or exc}".replace("\n", " ")
-                outcome = Outcome(None, problem, time.perf_counter() - start)
+                outcome, cert = Outcome(None, _one_line(exc), time.perf_counter() - start), None
+            if input_signature(self.tasks_path) != before:
+                continue
             self.inputs, self.last = before, outcome
+            if verdict is not None:
+                verdict(outcome)
+            if cert is not None:
+                t0 = time.perf_counter()
+                try:
+                    save_certificate(cert, self.directory)
+                    self.cert, self.saved = cert, self._manifest()
+                except (TaskError, OSError) as exc:      # the held certificate stays the last one saved
+                    outcome.save_error = _one_line(exc)
+                outcome.saved_seconds = time.perf_counter() - t0
             return outcome
 
     def _certify(self):
@@ -128,7 +140,7 @@ class Watcher:
 
 
 def verdict_line(outcome: Outcome, directory: str) -> str:
-    """One line per check: the time of day, what was checked, the verdict, the seconds."""
+    """One line per check: the time of day, what was checked, the verdict, the seconds to it."""
     stamp = time.strftime("%H:%M:%S")
     if outcome.report is None:
         return f"{stamp} error: {outcome.error}"
@@ -146,21 +158,30 @@ def verdict_line(outcome: Outcome, directory: str) -> str:
         edited = (", ".join(outcome.edited[:5]) + (" ..." if len(outcome.edited) > 5 else "")) or "no task"
         what = (f"edited {edited}: {inc['queries_rerun']:,} queries run again, "
                 f"{len(inc['tasks_reused'])} of {len(r.tasks)} tasks reused")
-    return (f"{stamp} {what}; {verdict} in {outcome.seconds:.2f} s "
-            f"(certificate saved to {directory} in {outcome.saved_seconds:.2f} s)")
+    return f"{stamp} {what}; {verdict} in {outcome.seconds:.2f} s"
 
 
-def watch(watcher: Watcher, emit: Callable[[Outcome], None], *, interval: float = 0.1,
-          max_checks: int | None = None, sleep: Callable[[float], None] = time.sleep) -> Outcome | None:
+def saved_line(outcome: Outcome, directory: str) -> str:
+    """The line after the verdict's: where the certificate went (or why it did not)."""
+    if outcome.save_error is not None:
+        return f"error: the certificate was not saved: {outcome.save_error}"
+    return f"  certificate saved to {directory} in {outcome.saved_seconds:.2f} s"
+
+
+def watch(watcher: Watcher, emit: Callable[[Outcome], None], *, saved: Callable[[Outcome], None] | None = None,
+          interval: float = 0.1, max_checks: int | None = None,
+          sleep: Callable[[float], None] = time.sleep) -> Outcome | None:
     """Check once, then again after each change of an input (looked for every ``interval``
-    seconds), until ``max_checks`` checks have been made (or forever); ``emit`` receives
-    each outcome. Returns the last."""
+    seconds), until ``max_checks`` checks have been made (or forever). ``emit`` receives
+    each outcome as soon as its verdict is known, ``saved`` after the certificate was
+    saved. Returns the last outcome."""
     last, done = None, 0
     while max_checks is None or done < max_checks:
         if done and not watcher.changed():
             sleep(interval)
             continue
-        last = watcher.check()
+        last = watcher.check(emit)
         done += 1
-        emit(last)
+        if saved is not None and last.report is not None:
+            saved(last)
     return last

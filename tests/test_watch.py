@@ -241,6 +241,7 @@ def test_the_command_line(tmp_path, capsys):
     assert main(["watch", str(path), "--certificate", str(cert), "--max-checks", "1"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("watching ") and "full check of 3 tasks; CERTIFIED" in out[1]
+    assert out[2].startswith(f"  certificate saved to {cert} in ")
     report = tmp_path / "report.json"
     assert main(["watch", str(path), "--certificate", str(cert), "--max-checks", "1", "--json", str(report),
                  "--quiet"]) == 0
@@ -252,6 +253,7 @@ def test_the_command_line(tmp_path, capsys):
     (tmp_path / "file").write_text("x")
     assert main(["watch", str(path), "--certificate", str(tmp_path / "file"), "--max-checks", "1"]) == 2
     assert main(["watch", str(path), "--certificate", str(path), "--max-checks", "1"]) == 2
+    assert main(["watch", str(path), "--certificate", str(tmp_path / "no" / "cert"), "--max-checks", "1"]) == 2
     errors = capsys.readouterr().err.strip().splitlines()
     assert all(e.startswith("error: ") for e in errors) and len(errors) >= 4
     assert os.path.isfile(path)
@@ -263,3 +265,29 @@ class _no_raise:
 
     def __exit__(self, *exc):
         return False
+
+
+def test_the_verdict_comes_before_the_save_and_a_failed_save_is_an_error(tmp_path, monkeypatch, capsys):
+    import cli.watch as watch_module
+    from tasks.errors import TaskError
+
+    path = _files(tmp_path)
+    watcher = Watcher(str(path), str(tmp_path / "cert"), isolation=False)
+    watcher.check()
+    held, order = watcher.cert, []
+    real = watch_module.save_certificate
+
+    def failing(cert, directory):
+        order.append("save")
+        raise TaskError("cannot write the certificate beside 'cert': No space left on device", fix="free space")
+
+    monkeypatch.setattr(watch_module, "save_certificate", failing)
+    _edit(path, EDITS[0])
+    outcome = watcher.check(lambda o: order.append(("verdict", o.report.verdict)))
+    assert order == [("verdict", "certified"), "save"]
+    assert outcome.save_error.startswith("cannot write the certificate") and watcher.cert is held
+    assert main(["watch", str(path), "--certificate", str(tmp_path / "cert"), "--max-checks", "1"]) == 2
+    out = capsys.readouterr().out.splitlines()
+    assert "CERTIFIED" in out[1] and out[2].startswith("error: the certificate was not saved: cannot write")
+    monkeypatch.setattr(watch_module, "save_certificate", real)
+    assert main(["watch", str(path), "--certificate", str(tmp_path / "cert"), "--max-checks", "1", "--quiet"]) == 0
