@@ -115,8 +115,9 @@ def parser() -> argparse.ArgumentParser:
                                    "holds none) and watch the tasks file and its facts files: after each change, "
                                    "re-certify as 'check --since DIR' does, print one line with the verdict, and "
                                    "save the new certificate to DIR. A watcher pays start-up and reading the "
-                                   "certificate once (README 'Editing knowledge'). Stop it with Ctrl-C; the exit "
-                                   "status is the last check's (0 certified, 1 not certified, 2 bad input).")
+                                   "certificate once (README 'Editing knowledge'). Stop it with Ctrl-C (exit status "
+                                   "130); with --max-checks the exit status is the last check's (0 certified, 1 not "
+                                   "certified, 2 bad input or a certificate not saved).")
     w.add_argument("tasks", help="the tasks.yaml file")
     w.add_argument("--certificate", metavar="DIR", required=True, help="the certificate directory to start from and to keep up to date")
     add_json(w, "each check's report (to a file: the latest, replaced atomically; '-': one JSON object per line)")
@@ -289,6 +290,17 @@ def cmd_check(args) -> int:
     return code
 
 
+def _refuse_inputs_in(directory: str, inputs: Sequence[str]) -> None:
+    """A certificate directory is replaced as a whole when it is saved: refused (TaskError)
+    if it is an input file or holds one."""
+    target = os.path.abspath(directory)
+    for p in inputs:
+        p = os.path.abspath(p)
+        if p == target or os.path.commonpath([p, target]) == target:
+            raise TaskError(f"the certificate directory {directory} is or holds an input file ({p}); saving "
+                            f"replaces the whole directory", fix="give a directory of its own")
+
+
 def _check_certificate(args, deployment, progress) -> int:
     """check --certificate / --since: a full check that saves its certificate, or a re-certification from one."""
     from cli.compose import check_and_save, check_since, load_since
@@ -300,6 +312,9 @@ def _check_certificate(args, deployment, progress) -> int:
         if bad:
             raise TaskError(f"--certificate and --since work on models this tool builds, for the exact pass on local "
                             f"processes; {flag} does not combine with them", fix=f"drop {flag}")
+    for d in (args.since, args.certificate):
+        if d:
+            _refuse_inputs_in(d, _inputs(args))
     if args.since:
         for name, given in (("beta", args.beta), ("gamma", args.gamma)):
             if given is not None:
@@ -308,9 +323,6 @@ def _check_certificate(args, deployment, progress) -> int:
         if args.epsilon is not None:
             raise TaskError("--since takes epsilon from the tasks file (else the certificate); --epsilon does not combine with it",
                             fix="drop --epsilon, or run a full check with --certificate")
-        for d in (args.since, args.certificate):
-            if d and os.path.abspath(d) in {os.path.abspath(p) for p in _inputs(args)}:
-                raise TaskError(f"the certificate directory {d} is an input file", fix="give another directory")
         import time
         start = time.perf_counter()
         read_as = input_signature(args.tasks)
@@ -344,8 +356,7 @@ def cmd_watch(args) -> int:
         raise TaskError("exists and is not a directory", file=directory, fix="give a directory for the certificate")
     if not os.path.isdir(os.path.dirname(os.path.abspath(directory))):
         raise TaskError("the certificate's parent directory does not exist", file=directory, fix="create it first")
-    if os.path.abspath(directory) in {os.path.abspath(p) for p in _inputs(args)}:
-        raise TaskError(f"the certificate directory {directory} is an input file", fix="give another directory")
+    _refuse_inputs_in(directory, _inputs(args))
     if args.json not in (None, "-"):
         _output_path(args.json, _inputs(args))          # refused before the first check, not after it
     watcher = Watcher(args.tasks, directory, jobs=args.jobs, isolation=not args.no_isolation)
@@ -371,11 +382,7 @@ def cmd_watch(args) -> int:
         elif not args.quiet and args.json != "-":
             print(saved_line(outcome, directory), flush=True)
 
-    last = None
-    try:
-        last = watch(watcher, emit, saved=saved, interval=args.interval, max_checks=args.max_checks)
-    except KeyboardInterrupt:
-        last = watcher.last
+    last = watch(watcher, emit, saved=saved, interval=args.interval, max_checks=args.max_checks)   # Ctrl-C: 130
     if last is None or last.report is None or last.save_error is not None:
         return EXIT_BAD_INPUT
     return EXIT_OK if last.report.certified else EXIT_NOT_CERTIFIED

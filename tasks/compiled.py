@@ -36,7 +36,16 @@ def file_hash(path: str) -> str:
 def facts_file_key(path: str) -> str:
     """What a facts file's facts depend on: how it is parsed (its name's extension) and the
     SHA-256 of its bytes, as ``"tsv:<hex>"`` or ``"csv:<hex>"`` (the same bytes renamed from
-    .tsv to .csv are other facts)."""
+    .tsv to .csv are other facts). OSError for what is not a regular file (a FIFO or a
+    device would block or never end; the loader reports it)."""
+    import stat
+
+    try:
+        mode = os.stat(path).st_mode
+    except ValueError as e:              # a NUL in the path
+        raise OSError(str(e)) from None
+    if not stat.S_ISREG(mode):
+        raise OSError(f"not a regular file: {path}")
     return f"{parse_mode(path)}:{file_hash(path)}"
 
 

@@ -19,7 +19,7 @@ from tasks.facts_files import iter_facts_file, read_plain
 from tasks.messages import one_line, quoted, show_name, suggest_key, where_line
 from tasks.model import Facts, Sources, Task, TaskSet, Template, check_name, plain_names
 from tasks.structure import check_routable
-from tasks.yaml_nodes import FLOAT, IMPLICIT, INT, MAP, MERGE, NULL, SEQ, STR, LineMap, compose, decode, describe, line_of, read_bytes
+from tasks.yaml_nodes import FLOAT, IMPLICIT, INT, MAP, MAX_DEPTH, MERGE, NULL, SEQ, STR, LineMap, compose, decode, describe, line_of, read_bytes
 
 TOP_KEYS = ("epsilon", "parameters", "tasks")
 TASK_KEYS = ("name", "templates", "facts", "facts_file")
@@ -308,6 +308,9 @@ class _Builder:
             path = self.string(n, f"the facts_file of {label}").strip()
             if not path:
                 raise self.error(f"the facts_file of {label} is empty", n, fix="give the path of a TSV or CSV file")
+            if "\0" in path:
+                raise self.error(f"the facts_file of {label} contains a NUL character", n,
+                                 fix="give the path of a TSV or CSV file")
             out.append((path, self.line(n)))
         return out
 
@@ -512,24 +515,73 @@ def load_tasks(path: str | os.PathLike, routable: bool = True, cache=None) -> Ta
 def input_files(path: str | os.PathLike) -> list[str]:
     """The files a (valid) tasks file reads: itself and its facts files, as absolute paths.
 
-    For the command line's "never overwrite an input" rule. Call it after
-    :func:`load_tasks` succeeded; it reads the YAML again, without aliases.
+    For the command line's "never overwrite an input" rule and for noticing edits (it is
+    called on every poll of ``watch``). It reads the YAML's event stream (libyaml where
+    installed), tracking the nesting itself without recursion, so that no input (nested
+    100,000 deep, a date that does not exist, ...) makes it fail: what does not parse
+    yields the tasks file alone, and the loader reports the problem.
     """
     file = os.path.abspath(os.fspath(path))
     out = [file]
     try:
-        with open(file, encoding="utf-8-sig") as f:
-            doc = yaml.load(f, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))   # libyaml where installed
-    except (OSError, yaml.YAMLError, UnicodeDecodeError):
+        with open(file, "rb") as f:
+            data = f.read()
+        refs = _facts_file_refs(data)
+    except Exception:                 # any problem is the loader's to report, with its line
         return out
     base = os.path.dirname(file)
-    for task in (doc or {}).get("tasks") or [] if isinstance(doc, dict) else []:
-        refs = task.get("facts_file") if isinstance(task, dict) else None
-        for ref in ([refs] if isinstance(refs, str) else refs if isinstance(refs, list) else []):
-            if isinstance(ref, str) and ref.strip():
-                ref = ref.strip()            # as the loader reads the path
-                out.append(os.path.abspath(ref if os.path.isabs(ref) else os.path.join(base, ref)))
+    for ref in refs:
+        ref = ref.strip()                # as the loader reads the path
+        if ref:
+            out.append(os.path.abspath(ref if os.path.isabs(ref) else os.path.join(base, ref)))
     return out
+
+
+def _facts_file_refs(data: bytes) -> list[str]:
+    """The scalars at tasks[*].facts_file and tasks[*].facts_file[*] of a YAML document, from
+    its events. Each open mapping or sequence is a frame on a list (not the call stack):
+    its kind, its path from the root (None below depth 4, or inside a key: no wanted path
+    is there), for a mapping the key whose value comes next, and whether the frame is
+    itself a mapping's key. Memory and time are linear in the document at any depth."""
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    frames: list[list] = []              # [kind, path, key, is_key]
+    refs: list[str] = []
+    wanted = {("tasks", "*", "facts_file"), ("tasks", "*", "facts_file", "*")}
+    no_key = object()                    # the key of a mapping that awaits its next key
+
+    for event in yaml.parse(data, Loader=loader):
+        top = frames[-1] if frames else None
+        at_key = top is not None and top[0] == "map" and top[2] is no_key
+        if top is None:
+            path = ()
+        elif top[1] is None:
+            path = None                  # deeper than any wanted path: not tracked (no copies)
+        elif top[0] == "seq":
+            path = top[1] + ("*",)
+        else:
+            path = top[1] + (top[2] if isinstance(top[2], str) else None,)
+        if path is not None and len(path) > 4:
+            path = None
+        if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+            kind = "map" if isinstance(event, yaml.MappingStartEvent) else "seq"
+            if at_key:
+                top[2] = None            # a key that is a collection: its value is not looked at
+            frames.append([kind, None if at_key else path, no_key, at_key])
+            if len(frames) > MAX_DEPTH:
+                raise ValueError("nested too deeply")     # the loader refuses it, with its line
+        elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+            done = frames.pop()
+            if frames and frames[-1][0] == "map" and not done[3]:
+                frames[-1][2] = no_key   # the value is complete: the next key comes
+        elif isinstance(event, (yaml.ScalarEvent, yaml.AliasEvent)):
+            if at_key:
+                top[2] = event.value if isinstance(event, yaml.ScalarEvent) else None
+                continue
+            if isinstance(event, yaml.ScalarEvent) and path in wanted:
+                refs.append(event.value)
+            if top is not None and top[0] == "map":
+                top[2] = no_key
+    return refs
 
 
 #: What :func:`input_signature` records per file: (size, inode, modification time, change
@@ -548,6 +600,6 @@ def input_signature(path: str | os.PathLike) -> Signature:
         try:
             st = os.stat(p)
             out.append((p, (st.st_size, st.st_ino, st.st_mtime_ns, st.st_ctime_ns)))
-        except OSError:
+        except (OSError, ValueError):          # ValueError: a NUL in the path
             out.append((p, None))
     return tuple(out)

@@ -291,3 +291,42 @@ def test_the_verdict_comes_before_the_save_and_a_failed_save_is_an_error(tmp_pat
     assert "CERTIFIED" in out[1] and out[2].startswith("error: the certificate was not saved: cannot write")
     monkeypatch.setattr(watch_module, "save_certificate", real)
     assert main(["watch", str(path), "--certificate", str(tmp_path / "cert"), "--max-checks", "1", "--quiet"]) == 0
+
+
+def test_a_certificate_directory_that_holds_an_input_is_refused(tmp_path, capsys):
+    """Saving replaces the whole directory: one that holds the tasks file or a facts file
+    would delete it."""
+    path = _files(tmp_path)
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    for command in (["watch", str(path), "--certificate", str(tmp_path), "--max-checks", "1"],
+                    ["check", str(path), "--certificate", str(tmp_path)],
+                    ["check", str(path), "--since", str(tmp_path)]):
+        assert main(command) == 2
+        assert "holds an input file" in capsys.readouterr().err
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+
+
+@pytest.mark.parametrize("text, problem", [
+    ("tasks:\n  - name: a\n    templates: ['*1 is *2']\n    facts: " + "[" * 100_000 + "]" * 100_000 + "\n",
+     "nested too deeply"),
+    ("tasks:\n  - name: a\n    templates: ['*1 is *2']\n    facts: {Rome: 2024-02-30}\n", "2024-02-30"),
+    ("tasks:\n  - name: a\n    templates: ['*1 is *2']\n    facts_file: \"cap\\0ital.tsv\"\n", "contains a NUL character"),
+])
+def test_input_that_breaks_yaml_readers_is_one_line_while_watching(tmp_path, capsys, text, problem):
+    """A document nested 100,000 deep, a date that does not exist, a NUL in a path: the
+    list of input files and their status never fail (the loader reports the problem), so
+    a watcher prints one line and waits; check --certificate is exit 2 with one line."""
+    from tasks.io import input_files, input_signature
+
+    path = _files(tmp_path)
+    watcher = Watcher(str(path), str(tmp_path / "cert"), isolation=False)
+    assert watcher.check().report.certified
+    path.write_text(text, encoding="utf-8")
+    assert input_files(path)[0] == str(path) and input_signature(path)
+    bad = watcher.check()
+    assert bad.report is None and "\n" not in bad.error and problem in bad.error, bad.error
+    capsys.readouterr()
+    assert main(["check", str(path), "--certificate", str(tmp_path / "cert2")]) == 2
+    assert capsys.readouterr().err.count("\n") == 1
+    path.write_text(TASKS, encoding="utf-8")
+    assert watcher.check().report.certified
