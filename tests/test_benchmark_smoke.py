@@ -61,3 +61,11 @@ def test_shard_memory_benchmark_small(tmp_path):
     assert run.returncode == 0, run.stderr
     text = out.read_text()
     assert "| whole model |" in text and "| shard 1 (" in text and "Compact shards: largest" in text
+
+
+def test_watch_benchmark_smallest_size():
+    """The watch benchmark at its smallest size, without the reference checks (no timing asserted)."""
+    run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "watch.py"), "--facts", "2000", "--batch", "10",
+                          "--no-reference", "--no-write"], capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.count("| incremental |") == 9 and "One-fact edits: median" in run.stdout
