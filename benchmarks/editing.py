@@ -27,7 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.results import machine, write_block  # noqa: E402
+from benchmarks.results import machine, phase_lines, publish  # noqa: E402
 
 
 def run(args: list[str], cwd: str) -> tuple[float, int, str]:
@@ -111,12 +111,8 @@ def main(argv=None) -> int:
         lines.append(f"| {label} | {n:,} | {mode} | {rerun:,} | {reused:,} | {since_s:.2f} | {rec_s:.2f} | {ref_s:.1f} "
                      f"| {v_i} | {v_f} | {'yes' if same else 'NO'} |")
     lines += ["", "Where the time of `check --since` goes (seconds, per phase, first and last edit):", ""]
-    for r in (rows[0], rows[-1]):
-        lines.append(f"* {r[0]}: " + ", ".join(f"{k} {v:.2f}" for k, v in r[7].items()))
-    text = "\n".join(lines)
-    print(text)
-    if not args.no_write:
-        write_block("editing", text)
+    lines += phase_lines([(r[0], r[7]) for r in (rows[0], rows[-1])])
+    publish("editing", lines, write=not args.no_write)
     return 0 if all(r[-1] for r in rows) else 1
 
 

@@ -44,3 +44,16 @@ def write_block(name: str, text: str, path: Path = RESULTS) -> None:
     else:
         new = old.rstrip() + "\n\n" + block
     write_text_atomic(path, new)
+
+
+def phase_lines(rows: list[tuple[str, dict[str, float]]]) -> list[str]:
+    """Markdown bullets "label: phase seconds, ..." for (label, phases) pairs."""
+    return [f"* {label}: " + ", ".join(f"{k} {v:.2f}" for k, v in phases.items()) for label, phases in rows]
+
+
+def publish(name: str, lines: list[str], write: bool = True) -> None:
+    """Print a benchmark's block and (``write``) put it into the results file."""
+    text = "\n".join(lines)
+    print(text)
+    if write:
+        write_block(name, text)

@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.editing import counts, run  # noqa: E402
-from benchmarks.results import machine, write_block  # noqa: E402
+from benchmarks.results import machine, phase_lines, publish  # noqa: E402
 
 
 def edits_for(ts, batch: int, rng: random.Random) -> list[tuple[str, str, list[str], int]]:
@@ -158,12 +158,8 @@ def main(argv=None) -> int:
                  f"({len(one)} edits). Where the seconds go (per phase, first and last edit; the rest of *edit to "
                  f"verdict* is the poll, the status of the input files taken before and after the read, and the "
                  f"`edit` process, which exits on the same two cores after its rename):", ""]
-    for r in (rows[0], rows[-1]):
-        lines_md.append(f"* {r[0]}: " + ", ".join(f"{k} {v:.2f}" for k, v in r[8].items()))
-    text = "\n".join(lines_md)
-    print(text)
-    if not args.no_write:
-        write_block("watch", text)
+    lines_md += phase_lines([(r[0], r[8]) for r in (rows[0], rows[-1])])
+    publish("watch", lines_md, write=not args.no_write)
     return 0 if all(r[7] is not False for r in rows) else 1
 
 
