@@ -67,6 +67,7 @@ class Watcher:
         self.saved: Signature = ()           # certificate.json's status after that save
         self.inputs: Signature | None = None  # the inputs' status when the last check read them
         self.last: Outcome | None = None      # the last check's outcome
+        self.composed: dict = {}              # the tasks file's YAML nodes, for the same text
 
     def _manifest(self) -> Signature:
         path = os.path.join(self.directory, "certificate.json")
@@ -131,7 +132,7 @@ class Watcher:
                                             source=self.tasks_path, tasks_path=self.tasks_path)
             return Outcome(report, None, time.perf_counter() - start, list(taskset.names)), cert
         old = self._held()
-        taskset, cache = read_since(self.tasks_path, old)
+        taskset, cache = read_since(self.tasks_path, old, self.composed)
         read = time.perf_counter() - start
         report, edited, cert = recertify_since(taskset, old=old, cache=cache, isolation=self.isolation,
                                                jobs=self.jobs, source=self.tasks_path, tasks_path=self.tasks_path)

@@ -65,8 +65,11 @@ def _names(names) -> np.ndarray:
 class FactsCache:
     """Facts of an earlier read of a tasks file (``taskset``), with its facts files' hashes."""
 
-    def __init__(self, taskset: TaskSet, hashes: dict[str, list[str]]) -> None:
+    def __init__(self, taskset: TaskSet, hashes: dict[str, list[str]], composed: dict | None = None) -> None:
         self.taskset, self.hashes = taskset, hashes
+        #: (file, text) -> YAML node graph, shared by successive reads (a watcher's): a tasks
+        #: file whose text is unchanged is not composed again (the loader only reads nodes)
+        self.composed = composed if composed is not None else {}
         self.reused: set[str] = set()
         #: per task looked up: the hashes of the facts files read this time (for the next certificate)
         self.seen: dict[str, list[str]] = {}
@@ -88,6 +91,18 @@ class FactsCache:
             for path, k in pool.map(key, sorted({os.path.abspath(p) for p in paths})):
                 if k is not None:
                     self._keys[path] = k
+
+    def compose(self, text: str, file: str, lines):
+        """The YAML node graph of ``text`` (``tasks.yaml_nodes.compose``), kept for the next
+        read of the same file and text; the one kept before is dropped."""
+        from tasks.yaml_nodes import compose
+
+        key = (file, text)
+        if key not in self.composed:
+            root = compose(text, file, lines)
+            self.composed.clear()
+            self.composed[key] = root
+        return self.composed[key]
 
     def lookup(self, name: str, files: Sequence[str]) -> Facts | None:
         """The cached facts of task ``name`` if it read exactly these files' bytes before, in

@@ -487,7 +487,7 @@ def loads_tasks(text: str | bytes, file: str = "<string>", base_dir: str | None 
             raise TaskError("the text contains a NUL character: it looks like binary data, not YAML",
                             file=file, line=line_of(text, nul), fix="give the tasks YAML text")
         lines = LineMap(text)
-        root = compose(text, file, lines)
+        root = cache.compose(text, file, lines) if cache is not None else compose(text, file, lines)
         return _Builder(file, "" if base_dir is None else os.fspath(base_dir), lines, routable, cache).build(root)
     except TaskError as e:
         raise one_line(e) from None

@@ -72,10 +72,18 @@ class CellPlan:
         b = self.boundaries.get(key, ())
         if not b:
             return np.zeros(0, np.int64)
-        entities = _entity_array(taskset)
-        # the names keep their own width: cast to the entities' width, a boundary longer than
-        # every entity would be cut short and move (``'S0255x'`` read as ``'S0255'``)
-        return taskset.vocabulary.n_words + np.searchsorted(entities, np.asarray(b, dtype=str), side="left")
+        # a function of the names and the (immutable) task set alone: kept on the task set, so
+        # that a re-certification finds the certificate's, computed when it was the new one
+        memo = taskset.__dict__.setdefault("_cell_thresholds", {})
+        got = memo.get(b)
+        if got is None:
+            entities = _entity_array(taskset)
+            # the names keep their own width: cast to the entities' width, a boundary longer than
+            # every entity would be cut short and move (``'S0255x'`` read as ``'S0255'``)
+            got = taskset.vocabulary.n_words + np.searchsorted(entities, np.asarray(b, dtype=str), side="left")
+            got.setflags(write=False)
+            memo[b] = got
+        return got
 
     def ranges(self, key: str, taskset: TaskSet) -> list[tuple[int, int]]:
         """The cells of a node as subject-id ranges [lo, hi) in ``taskset``'s numbering."""

@@ -139,6 +139,17 @@ def _grown(e_lo, e_hi, r_lo, r_hi, d: int):
     return np.clip(lo, 0.0, 1.0), np.clip(hi, 0.0, 1.0), np.maximum(rho_lo, 0.0), np.minimum(rho_hi, 1.0)
 
 
+def vocab_array(weights: Weights) -> np.ndarray:
+    """``weights.vocab`` as a numpy string array, kept on the (immutable) weights: a watcher's
+    next re-certification finds it on the certificate's weights."""
+    got = weights.__dict__.get("_vocab_array")
+    if got is None:
+        got = np.asarray(weights.vocab, dtype=str) if weights.vocab else np.zeros(0, "U1")
+        got.setflags(write=False)
+        weights.__dict__["_vocab_array"] = got
+    return got
+
+
 def naming_problem(old: Certificate, weights: Weights, cor: Correspondence) -> str:
     """Why the correspondence does not pair rows of the same meaning ("" if it does).
 
@@ -147,7 +158,7 @@ def naming_problem(old: Certificate, weights: Weights, cor: Correspondence) -> s
     names). So every pair must carry one name: two names swapped in ``vocab`` with no array
     changed is another model (each token now reads the other's row), which a diff of the
     arrays alone would call unchanged."""
-    ov, nv = np.asarray(old.weights.vocab, dtype=str), np.asarray(weights.vocab, dtype=str)
+    ov, nv = vocab_array(old.weights), vocab_array(weights)
     named = cor.tokens[:ov.size]                       # then BOS's row, which has no name in vocab
     m = np.flatnonzero(named >= 0)
     if cor.tokens.size != ov.size + 1 or cor.tokens[-1] != nv.size or \
