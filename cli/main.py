@@ -347,7 +347,7 @@ def _check_certificate(args, deployment, progress) -> int:
 
 def cmd_watch(args) -> int:
     from cli.watch import Watcher, saved_line, verdict_line, watch
-    from verifier.report import dumps
+    from verifier.report import dumps, report_json
 
     if args.max_checks is not None and args.max_checks < 1:
         raise TaskError("--max-checks must be at least 1", fix="give a positive number, or leave it out")
@@ -365,11 +365,10 @@ def cmd_watch(args) -> int:
 
     def emit(outcome) -> None:
         if args.json and outcome.report is not None:
-            text = dumps(outcome.report)
             if args.json == "-":
-                print(json.dumps(json.loads(text), ensure_ascii=False), flush=True)
+                print(json.dumps(report_json(outcome.report), ensure_ascii=False), flush=True)
             else:
-                _write_text(args.json, text, _inputs(args))
+                _write_text(args.json, dumps(outcome.report), _inputs(args))
         elif args.json == "-":
             print(json.dumps({"error": outcome.error}, ensure_ascii=False), flush=True)
         if args.json != "-":

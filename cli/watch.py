@@ -34,7 +34,7 @@ from typing import Callable
 
 from tasks.errors import TaskError
 from tasks.io import input_signature
-from tasks.reading import Signature
+from tasks.reading import Signature, file_signature
 from verifier.certificate import save_certificate
 
 
@@ -70,12 +70,7 @@ class Watcher:
         self.composed: dict = {}              # the tasks file's YAML nodes, for the same text
 
     def _manifest(self) -> Signature:
-        path = os.path.join(self.directory, "certificate.json")
-        try:
-            st = os.stat(path)
-            return ((path, (st.st_size, st.st_ino, st.st_mtime_ns, st.st_ctime_ns)),)
-        except OSError:
-            return ((path, None),)
+        return file_signature([os.path.join(self.directory, "certificate.json")])
 
     def _held(self):
         """The certificate to start from: the one held, unless DIR was written by someone else."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Iterator, Sequence
 
 import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
@@ -595,8 +595,13 @@ def input_signature(path: str | os.PathLike) -> Signature:
     rename and no call sets it to a chosen value, so a write changes it, unless it falls in
     the same clock tick as the previous write (then the size or modification time usually
     differ; the facts cache's hashes are the exact test of content)."""
+    return file_signature(input_files(path))
+
+
+def file_signature(paths: Sequence[str]) -> Signature:
+    """Per file, its status as :data:`Signature` records it."""
     out = []
-    for p in input_files(path):
+    for p in paths:
         try:
             st = os.stat(p)
             out.append((p, (st.st_size, st.st_ino, st.st_mtime_ns, st.st_ctime_ns)))

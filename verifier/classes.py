@@ -77,7 +77,7 @@ class CellPlan:
         memo = taskset.__dict__.setdefault("_cell_thresholds", {})
         got = memo.get(b)
         if got is None:
-            entities = _entity_array(taskset)
+            entities = taskset.vocabulary.entity_array
             # the names keep their own width: cast to the entities' width, a boundary longer than
             # every entity would be cut short and move (``'S0255x'`` read as ``'S0255'``)
             got = taskset.vocabulary.n_words + np.searchsorted(entities, np.asarray(b, dtype=str), side="left")
@@ -91,14 +91,6 @@ class CellPlan:
         W, V = taskset.vocabulary.n_words, taskset.vocabulary.size
         edges = np.concatenate([[W], t, [V]]).astype(np.int64)
         return [(int(a), int(b)) for a, b in zip(edges[:-1], edges[1:])]
-
-
-def _entity_array(taskset: TaskSet) -> np.ndarray:
-    cache = taskset.__dict__.get("_entity_array")
-    if cache is None:
-        cache = np.asarray(taskset.vocabulary.entities, dtype=str) if taskset.vocabulary.entities else np.zeros(0, "U1")
-        taskset.__dict__["_entity_array"] = cache
-    return cache
 
 
 @dataclass
