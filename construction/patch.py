@@ -15,6 +15,13 @@ construction's model:
 * every other expert is the previous one with its residual coordinates renumbered (the
   expert of task j depends on task j alone: the isolation check of construction.evidence).
 
+When the edit leaves the vocabulary as it was (objects changed to entities in use, and no
+entity left unused), the residual is the same space, so ``E``, ``P``, the heads and ``U``
+(functions of the vocabulary, the templates, β and γ) are the previous model's arrays
+themselves; when, besides, every task keeps its subjects, so is the gate (its rows read
+the templates and the subjects only). Nothing is renumbered then, and the diff of the two
+models finds those arrays equal at once (the same objects).
+
 The result equals ``build(new task set, β, γ).instantiate()`` array for array (tested); it
 only costs time in proportion to the vocabulary, the facts' arrays and the edited tasks.
 """
@@ -52,6 +59,22 @@ def _renumber(m: sp.spmatrix, rows: np.ndarray | None, cols: np.ndarray | None, 
     return m
 
 
+def _same_vocabulary(a: TaskSet, b: TaskSet) -> bool:
+    va, vb = a.vocabulary, b.vocabulary
+    return va.words == vb.words and np.array_equal(va.entity_array, vb.entity_array)
+
+
+def _gate(ts: TaskSet, residual) -> tuple:
+    """The closed-form gate (construction.gate): structure features, λ on the subjects, η."""
+    trie = StructureTrie(ts)
+    K = len(ts.tasks)
+    index, _ = features(ts, trie)
+    F_k = task_features(ts, trie, index)
+    q = max(1, int(np.ceil(np.log2(max(K, 2)))))
+    eta = (K - 1 - np.arange(K)) * 2.0 ** -(q + 2)
+    return _assemble(ts, residual, index, F_k, eta, np.full(K, float(LAMBDA)))
+
+
 def patched_weights(old: Weights, old_ts: TaskSet, new_ts: TaskSet, edited: set[str], beta: Fraction,
                     gamma: Fraction, epsilon: float, memo: dict | None = None) -> tuple[Weights, dict[str, SymExpert]] | None:
     """The new model's weights (module docstring) and the edited tasks' symbolic experts, or
@@ -68,13 +91,8 @@ def patched_weights(old: Weights, old_ts: TaskSet, new_ts: TaskSet, edited: set[
     from construction.numbering import space_map
     cmap = space_map(old_residual, residual, memo)
     d = residual.dim
-    trie = StructureTrie(new_ts)
     K = len(new_ts.tasks)
-    index, _ = features(new_ts, trie)
-    F_k = task_features(new_ts, trie, index)
-    q = max(1, int(np.ceil(np.log2(max(K, 2)))))
-    eta = (K - 1 - np.arange(K)) * 2.0 ** -(q + 2)
-    W_G, b_G = _assemble(new_ts, residual, index, F_k, eta, np.full(K, float(LAMBDA)))
+    same_space = old.d == d and np.array_equal(cmap, np.arange(d))     # every coordinate where it was
     experts, symbolic = [], {}
     for k, task in enumerate(new_ts.tasks):
         if task.name in edited:
@@ -83,22 +101,34 @@ def patched_weights(old: Weights, old_ts: TaskSet, new_ts: TaskSet, edited: set[
             experts.append(Expert(num(e.W_1), np.asarray(num(e.b_1).toarray()).reshape(-1), num(e.W_2)))
         else:
             o = old.experts[k]
+            if same_space:
+                experts.append(o)
+                continue
             if (cmap[o.W_1.indices] < 0).any() or (cmap[o.W_2.indices] < 0).any():
                 return None                    # an unedited expert reads a coordinate that is gone: not a facts edit
             experts.append(Expert(_renumber(o.W_1, None, cmap, (o.W_1.shape[0], d)), o.b_1,
                                   _renumber(o.W_2, cmap, None, (d, o.W_2.shape[1]))))
-    hs = make_heads(new_ts, residual)
+    W_G_num = b_G_num = None
+    same_values = same_space and old.parameters.get("beta") == str(beta) \
+        and old.parameters.get("gamma") == str(gamma) and _same_vocabulary(old_ts, new_ts)
+    if same_values:
+        E, P, heads, U = old.E, old.P, old.heads, old.U
+        if all(np.array_equal(a[0], b[0]) for a, b in zip(old_ts.fact_ids, new_ts.fact_ids)):
+            W_G_num, b_G_num = old.W_G, old.b_G
+    else:
+        E, P, U = num(embedding(new_ts, residual)), num(positions(new_ts, residual)), num(unembedding(new_ts, residual))
+        heads = tuple(Head(num(h.W_Q), num(h.W_K), num(h.W_V), num(h.W_O)) for h in make_heads(new_ts, residual))
+    if W_G_num is None:
+        W_G, b_G = _gate(new_ts, residual)
+        W_G_num, b_G_num = num(W_G), np.asarray(num(b_G).toarray()).reshape(-1)
     widths = [e.width for e in experts]
     neuron_labels = None
     if sum(widths) <= 200_000:
         from construction.numbering import neuron_space
         neuron_labels = tuple(tuple(neuron_space(new_ts, k).blocks[0].labels) for k in range(K))
     w = Weights(
-        vocab=new_ts.vocabulary.tokens,
-        E=num(embedding(new_ts, residual)), P=num(positions(new_ts, residual)),
-        heads=tuple(Head(num(h.W_Q), num(h.W_K), num(h.W_V), num(h.W_O)) for h in hs),
-        W_G=num(W_G), b_G=np.asarray(num(b_G).toarray()).reshape(-1),
-        experts=tuple(experts), U=num(unembedding(new_ts, residual)),
+        vocab=new_ts.vocabulary.tokens, E=E, P=P, heads=heads, W_G=W_G_num, b_G=b_G_num,
+        experts=tuple(experts), U=U,
         expert_tasks=new_ts.names, gate_mode="top1",
         residual_labels=tuple(residual.labels()) if residual.dim <= 200_000 else None,
         neuron_labels=neuron_labels,

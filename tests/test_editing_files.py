@@ -199,3 +199,41 @@ def test_patched_weights_equal_a_full_build(ts, data):
         else:
             assert np.array_equal(np.asarray(a), np.asarray(b)), n1
     assert got[0].parameters == want.parameters and got[0].neuron_labels == want.neuron_labels
+
+
+def _arrays_equal(got, want) -> None:
+    for (n1, a), (n2, b) in zip(got.arrays(), want.arrays()):
+        assert n1 == n2
+        if hasattr(a, "indptr"):
+            assert a.format == b.format and a.shape == b.shape, n1
+            assert np.array_equal(a.indptr, b.indptr) and np.array_equal(a.indices, b.indices), n1
+            assert np.array_equal(a.data, b.data), n1
+        else:
+            assert np.array_equal(np.asarray(a), np.asarray(b)), n1
+
+
+@pytest.mark.parametrize("change", ["object", "subject", "new entity"])
+def test_patched_weights_reuse_what_the_vocabulary_fixes(change):
+    """An object changed to an entity in use keeps the vocabulary: E, P, the heads, U, the
+    gate and the other experts are the previous model's own arrays, and still equal to a full
+    build's. A subject changed to another entity in use keeps the vocabulary but not the
+    gate (built again); a new entity changes the residual (nothing reused)."""
+    from tasks.model import Task, TaskSet, Template
+
+    def task_set(capitals):
+        return TaskSet((Task("capital", (Template.parse("the capital of *1 is *2"),), capitals),
+                        Task("continent", (Template.parse("the continent of *1 is *2"),),
+                             {"France": "Europe", "Japan": "Asia", "Paris": "Europe"})))
+
+    ts = task_set({"France": "Paris", "Japan": "Tokyo", "Europe": "Asia"})
+    new = task_set({"France": "Tokyo", "Japan": "Paris", "Europe": "Asia"} if change == "object" else
+                   {"France": "Paris", "Japan": "Tokyo", "Asia": "Europe"} if change == "subject" else
+                   {"France": "Paris", "Japan": "Kyoto", "Europe": "Asia"})
+    model = build(ts)
+    old = model.instantiate()
+    got, _ = patched_weights(old, ts, new, {"capital"}, model.beta, model.gamma, model.epsilon)
+    _arrays_equal(got, build(new, beta=float(model.beta), gamma=float(model.gamma)).instantiate())
+    kept = [a is b for a, b in ((got.E, old.E), (got.U, old.U), (got.heads, old.heads), (got.experts[1], old.experts[1]))]
+    assert kept == [change != "new entity"] * 4
+    assert (got.W_G is old.W_G) == (change == "object")
+    assert got.experts[0] is not old.experts[0]

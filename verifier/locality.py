@@ -169,12 +169,25 @@ def _increasing(m: np.ndarray, memo: dict | None = None) -> bool:
     return out
 
 
+def _identity(m: np.ndarray, n: int, memo: dict | None = None) -> bool:
+    """Whether the map sends each of 0..n-1 to itself (``memo`` as in :func:`_increasing`)."""
+    key = ("identity", id(m), n)
+    if memo is not None and key in memo:
+        return memo[key][1]
+    out = m.shape == (n,) and bool(np.array_equal(m, np.arange(n)))
+    if memo is not None:
+        memo[key] = (m, out)
+    return out
+
+
 def _same(old: sp.spmatrix, new: sp.spmatrix, rmap: np.ndarray, cmap: np.ndarray, memo: dict | None = None) -> bool:
     """True when ``new`` is exactly ``old`` renumbered (a check in one pass, no sorting): both in
     the same compressed format, the maps increasing, every old entry kept, and the renumbered
     pointer, index and value arrays equal. False means only: not shown equal this way."""
     if old.format != new.format or old.format not in ("csr", "csc"):
         return False
+    if old is new and _identity(rmap, old.shape[0], memo) and _identity(cmap, old.shape[1], memo):
+        return True                      # one matrix, every index mapped to itself
     major, minor = (rmap, cmap) if old.format == "csr" else (cmap, rmap)
     if not (_increasing(major, memo) and _increasing(minor, memo)):
         return False
