@@ -255,10 +255,10 @@ def recertify_since(taskset: TaskSet, directory: str | None = None, *, old=None,
     from construction import bound
     from construction.experts import build_expert, same_expert
     from construction.model import build
-    from construction.numbering import correspondence, numbering
+    from construction.numbering import correspondence, numbering, seed_maps
     from construction.patch import patched_weights
     from construction.residual import residual_space
-    from tasks.compiled import facts_file_hashes
+    from tasks.compiled import facts_file_hashes, token_map_from
     from tasks.structure import StructureTrie
     from verifier.certificate import Certificate, load_certificate, task_hash
     from verifier.classes import CellPlan, ClassRecorder
@@ -277,6 +277,10 @@ def recertify_since(taskset: TaskSet, directory: str | None = None, *, old=None,
     # different ε is a full check (verifier.incremental.full_reason)
     epsilon = taskset.epsilon if taskset.epsilon is not None else old.epsilon
     names: dict = {}                 # name maps between the two task sets' blocks, computed once
+    token_map = token_map_from(taskset, old.taskset.vocabulary)
+    old_names, new_names = numbering(old.taskset), numbering(taskset)
+    if token_map is not None:        # the reader's map of old token ids to new ones (no name searched)
+        seed_maps(names, old.taskset, taskset, token_map, [(old_names, new_names)])
     patched = None
     if (beta, gamma) == pinned:
         patched = patched_weights(old.weights, old.taskset, taskset, edited, Fraction(beta), Fraction(gamma), epsilon,
@@ -300,8 +304,7 @@ def recertify_since(taskset: TaskSet, directory: str | None = None, *, old=None,
         closed_form, bound_value, gate = str(model.error_bound()), model.bound_value(), model.gate.method
     t_model = time.perf_counter() - t0
     t0 = time.perf_counter()
-    new_names = numbering(taskset)
-    cor = Correspondence(**correspondence(numbering(old.taskset), new_names, set(taskset.names) - edited, memo=names))
+    cor = Correspondence(**correspondence(old_names, new_names, set(taskset.names) - edited, memo=names))
     t_cor = time.perf_counter() - t0
     report, table, watched, info = recertify(old, taskset, weights, cor, epsilon, jobs=jobs, source=source,
                                              progress=progress, edited=edited)

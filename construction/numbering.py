@@ -96,6 +96,23 @@ def space_map(old: Space, new: Space, memo: dict | None = None) -> np.ndarray:
     return out
 
 
+def seed_maps(memo: dict, old: TaskSet, new: TaskSet, token_map: np.ndarray, numberings=()) -> None:
+    """Put into ``memo`` (as :func:`_by_name` keeps it) the maps between the two task sets'
+    name sequences that ``token_map`` gives: for each token id of ``old``'s vocabulary, the
+    id of the same token in ``new``'s (-1: gone), as the reader that assembled ``new`` from
+    ``old`` computed it (tasks.compiled.token_map_from). The vocabularies' entity and token
+    sequences, and each pair of numberings' tokens (then BOS), are then not searched again
+    name by name: at a million entities that search is a large part of a small edit."""
+    va, vb = old.vocabulary, new.vocabulary
+    token_map = np.asarray(token_map, np.int64)
+    ent = token_map[va.n_words:] - vb.n_words
+    ent = np.where(ent >= 0, ent, -1)
+    pairs = [(va.entities, vb.entities, ent), (va.tokens, vb.tokens, token_map)]
+    pairs += [(a.tokens, b.tokens, np.concatenate([token_map, [len(b.tokens) - 1]])) for a, b in numberings]
+    for x, y, m in pairs:
+        memo[(id(x), id(y))] = (x, y, m)
+
+
 def correspondence(old: Numbering, new: Numbering, same_experts: set[str] | None = None,
                    memo: dict | None = None) -> dict[str, object]:
     """For each index of the old model, the index of the same name in the new one (-1: none).

@@ -120,9 +120,16 @@ class FactsCache:
 
     def assemble(self, tasks: list[Task], epsilon, parameters, sources) -> TaskSet:
         """The task set of ``tasks`` (cached facts among them), its vocabulary and fact ids
-        computed from the cache's arrays; the whole-set rules checked (module docstring)."""
+        computed from the cache's arrays; the whole-set rules checked (module docstring).
+
+        The old vocabulary's entities that some task still uses keep their order; the edited
+        tasks' names not among them are inserted where they sort. So an old entity's new id
+        is its rank among those kept plus the number of names inserted before it (integers,
+        no string compared), and the task set records that map (:func:`token_map_from`)."""
         old = self.taskset
-        old_tokens = np.asarray(old.vocabulary.tokens, dtype=str) if old.vocabulary.size else np.zeros(0, "U1")
+        old_vocab = old.vocabulary
+        W_old = old_vocab.n_words
+        old_entities = old_vocab.entity_array
         words = sorted({w for t in tasks for tpl in t.templates for w in tpl.words})
         ids, names = [], []
         local: dict[str, tuple[np.ndarray, np.ndarray]] = {}   # edited task -> (its names, sorted; each fact name's rank)
@@ -134,35 +141,44 @@ class FactsCache:
                 uniq, rank = np.unique(both, return_inverse=True)
                 local[t.name] = (uniq, rank.reshape(-1))
                 names.append(uniq)
-        used = np.zeros(old_tokens.size, bool)          # the old ids in use: integers first, cheap
+        used = np.zeros(old_entities.size, bool)        # the old entities in use: integers first, cheap
         for a in ids:
-            used[a] = True
-        kept = old_tokens[used] if ids else np.zeros(0, "U1")
+            used[a - W_old] = True                      # fact ids are entity ids (>= the words)
+        kept = old_entities[used]
         entities = kept                  # sorted and distinct: old entities are, and ids are unique
+        inserted = np.zeros(0, np.int64)  # positions in ``kept`` before which names are inserted
         if names:                        # the edited tasks' names merged in (the sort of only those)
             extra = np.unique(np.concatenate(names))
             kept = kept.astype(np.result_type(kept.dtype, extra.dtype))   # wide enough for every name
             at = np.searchsorted(kept, extra)
             hit = at < kept.size
             hit[hit] = kept[at[hit]] == extra[hit]
-            entities = np.insert(kept, at[~hit], extra[~hit])
+            inserted = at[~hit]
+            entities = np.insert(kept, inserted, extra[~hit])
         entity_names = tuple(entities.tolist())
-        clash = set(words) & set(entity_names)
-        if clash:
-            name = sorted(clash)[0]
-            raise TaskError(f"token '{name}' is a template word and also an entity of a fact",
-                            fix="a token is either a template word or an entity; rename one of them")
-        vocab = Vocabulary(tuple(words), entity_names)
-        vocab.__dict__["entity_array"] = entities        # the cached property, already computed here
+        if words and entities.size:
+            w = np.asarray(words, dtype=str)
+            at = np.minimum(np.searchsorted(entities, w), entities.size - 1)
+            clash = w[entities[at] == w]                 # sorted, as the words are
+            if clash.size:
+                raise TaskError(f"token '{clash[0]}' is a template word and also an entity of a fact",
+                                fix="a token is either a template word or an entity; rename one of them")
         W = len(words)
-        # an old token id -> the new one (the same name): both vocabularies are sorted
-        to_new = np.full(old_tokens.size, -1, np.int64)
-        is_entity = np.arange(old_tokens.size) >= old.vocabulary.n_words
-        pos = np.searchsorted(entities, old_tokens[is_entity])
-        pos = np.minimum(pos, max(entities.size - 1, 0))
-        ok = entities.size > 0
-        hit = (entities[pos] == old_tokens[is_entity]) if ok else np.zeros(int(is_entity.sum()), bool)
-        to_new[np.flatnonzero(is_entity)[hit]] = W + pos[hit]
+        # an old token id -> the new one (the same name): words by name, entities by rank
+        to_new = np.full(old_vocab.size, -1, np.int64)
+        word_at = {w: i for i, w in enumerate(words)}
+        for i, w in enumerate(old_vocab.words):
+            to_new[i] = word_at.get(w, -1)
+        rank = np.flatnonzero(used)                     # kept entity r is old entity rank[r]
+        r = np.arange(rank.size)
+        to_new[W_old + rank] = W + r + np.searchsorted(inserted, r, side="right")
+        if inserted.size and old_entities.size:         # inserted names may be old entities no reused task uses
+            new_at = inserted + np.arange(inserted.size)    # where np.insert put them (``inserted`` is sorted)
+            names_in = entities[new_at]
+            j = np.minimum(np.searchsorted(old_entities, names_in), old_entities.size - 1)
+            was = old_entities[j] == names_in
+            to_new[W_old + j[was]] = W + new_at[was]
+        tokens = tuple(words) + entity_names
         out_tasks, ids = [], []
         for t in tasks:
             if t.name in self.reused:
@@ -170,22 +186,33 @@ class FactsCache:
                 s, o = to_new[s], to_new[o]          # both vocabularies sorted: the order is kept
                 s.setflags(write=False)
                 o.setflags(write=False)
-                t = Task(t.name, t.templates, Facts.lazy(vocab.tokens, s, o))
+                t = Task(t.name, t.templates, Facts.lazy(tokens, s, o))
             else:
                 # a name's id: its rank among the task's names, placed in the merged entities
-                uniq, rank = local[t.name]
+                uniq, rank_of = local[t.name]
                 at = np.searchsorted(entities, uniq).astype(np.int64) + W
-                both, n = at[rank], len(t.facts)
+                both, n = at[rank_of], len(t.facts)
                 order = np.argsort(both[:n], kind="stable")
                 s, o = both[:n][order], both[n:][order]
                 s.setflags(write=False)
                 o.setflags(write=False)
             out_tasks.append(t)
             ids.append((s, o))
-        ts = TaskSet.trusted(tuple(out_tasks), vocab.words, vocab.entities, tuple(ids), epsilon, parameters)
+        ts = TaskSet.trusted(tuple(out_tasks), tuple(words), entity_names, tuple(ids), epsilon, parameters)
+        ts.vocabulary.__dict__["entity_array"] = entities        # the cached properties, already computed here
+        ts.vocabulary.__dict__["tokens"] = tokens
+        ts.__dict__["_token_map_from"] = (old_vocab, to_new)
         object.__setattr__(ts, "sources", sources)
         return ts
 
     def changed(self, taskset: TaskSet) -> list[int]:
         """Indices of the tasks not taken from the cache."""
         return [k for k, t in enumerate(taskset.tasks) if t.name not in self.reused]
+
+
+def token_map_from(taskset: TaskSet, old: Vocabulary) -> np.ndarray | None:
+    """For each token id of the vocabulary ``old``, the id of the same token in ``taskset``'s
+    (-1: gone), if ``taskset`` was assembled from a cache of a task set with that very
+    vocabulary object (:meth:`FactsCache.assemble`); else None."""
+    got = taskset.__dict__.get("_token_map_from")
+    return got[1] if got is not None and got[0] is old else None
