@@ -253,9 +253,9 @@ def recertify_since(taskset: TaskSet, directory: str | None = None, *, old=None,
     from fractions import Fraction
 
     from construction import bound
-    from construction.experts import build_expert, same_expert
+    from construction.experts import alone_column_map, build_expert, same_expert
     from construction.model import build
-    from construction.numbering import correspondence, numbering, seed_maps
+    from construction.numbering import correspondence, numbering, same_subjects, seed_maps
     from construction.patch import patched_weights
     from construction.residual import residual_space
     from tasks.compiled import facts_file_hashes, token_map_from
@@ -304,7 +304,10 @@ def recertify_since(taskset: TaskSet, directory: str | None = None, *, old=None,
         closed_form, bound_value, gate = str(model.error_bound()), model.bound_value(), model.gate.method
     t_model = time.perf_counter() - t0
     t0 = time.perf_counter()
-    cor = Correspondence(**correspondence(old_names, new_names, set(taskset.names) - edited, memo=names))
+    same_neurons = set(taskset.names) - edited
+    if token_map is not None:
+        same_neurons |= same_subjects(old.taskset, taskset, token_map)
+    cor = Correspondence(**correspondence(old_names, new_names, same_neurons, memo=names))
     t_cor = time.perf_counter() - t0
     report, table, watched, info = recertify(old, taskset, weights, cor, epsilon, jobs=jobs, source=source,
                                              progress=progress, edited=edited)
@@ -329,7 +332,9 @@ def recertify_since(taskset: TaskSet, directory: str | None = None, *, old=None,
         elif isolation:
             alone = taskset.alone(k)
             mine = experts.get(task.name) or build_expert(taskset, k, residual_space(taskset))
-            isolated.append(same_expert(build_expert(alone, 0, residual_space(alone)), mine))
+            by_itself = build_expert(alone, 0, residual_space(alone))
+            isolated.append(same_expert(by_itself, mine, alone_column_map(taskset, k, alone, by_itself.W_1.cols,
+                                                                          mine.W_1.cols)))
         else:
             isolated.append(None)
     report.attach(closed_form, bound_value, gate, None if any(x is None for x in isolated) else isolated,

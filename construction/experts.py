@@ -183,6 +183,33 @@ def column_map(src: Space, dst: Space) -> np.ndarray:
     return out
 
 
+def alone_column_map(taskset: TaskSet, k: int, alone: TaskSet, src: Space, dst: Space) -> np.ndarray:
+    """:func:`column_map` from ``src`` (the residual of ``alone = taskset.alone(k)``) to ``dst``
+    (the residual of ``taskset``), without searching names: a block labelled by the alone
+    set's entities (or tokens) maps each to its id in ``taskset``, known as an integer (the
+    alone set's entities are task k's, in the same sorted order: entity i is the i-th of
+    task k's distinct entity ids). Other blocks (a few words, positions, symbols) are
+    mapped by :meth:`Block.positions`, as in :func:`column_map`."""
+    W = taskset.vocabulary.n_words
+    ids = np.unique(np.concatenate(taskset.fact_ids[k])) - W          # task k's entities, as taskset's rows
+    words = alone.vocabulary.words
+    out = np.full(src.dim, -1, np.int64)
+    for blk, off in zip(src.blocks, src.offsets):
+        if not dst.has_block(blk.name):
+            continue
+        other = dst.block(blk.name)
+        if blk.labels is alone.vocabulary.entities and other.labels is taskset.vocabulary.entities:
+            pos = ids
+        elif blk.labels is alone.vocabulary.tokens and other.labels is taskset.vocabulary.tokens:
+            found = [taskset.vocabulary.find(w) for w in words]           # words come first among tokens
+            word_pos = np.array([-1 if i is None or i >= W else i for i in found], np.int64)
+            pos = np.concatenate([word_pos, W + ids])
+        else:
+            pos = other.positions(blk.labels)
+        out[off: off + len(blk)] = np.where(pos >= 0, pos + dst.offset(blk.name), -1)
+    return out
+
+
 def _canonical(m, rows: np.ndarray | None, cols: np.ndarray | None):
     coo = m.tocoo()
     r = coo.row.astype(np.int64) if rows is None else rows[coo.row]

@@ -113,13 +113,31 @@ def seed_maps(memo: dict, old: TaskSet, new: TaskSet, token_map: np.ndarray, num
         memo[(id(x), id(y))] = (x, y, m)
 
 
+def same_subjects(old: TaskSet, new: TaskSet, token_map: np.ndarray) -> set[str]:
+    """The tasks of both task sets (templates equal) whose subjects are the same names in the
+    same order: the old subject ids sent by ``token_map`` (as in :func:`seed_maps`) are the
+    new ones. Such a task's expert has the same neurons (a template's, then a fact's per
+    subject, in subject order), whatever its objects."""
+    out = set()
+    for k, task in enumerate(new.tasks):
+        if task.name not in old.names:
+            continue
+        j = old.index(task.name)
+        if old.tasks[j].templates != task.templates:
+            continue
+        s_old, s_new = old.fact_ids[j][0], new.fact_ids[k][0]
+        if s_old.size == s_new.size and np.array_equal(token_map[s_old], s_new):
+            out.add(task.name)
+    return out
+
+
 def correspondence(old: Numbering, new: Numbering, same_experts: set[str] | None = None,
                    memo: dict | None = None) -> dict[str, object]:
     """For each index of the old model, the index of the same name in the new one (-1: none).
     Keys: ``tokens``, ``coords``, ``qk``, ``values`` (per head), ``experts``, ``neurons`` (per
     old expert). Heads correspond one to one only if both models have as many. The experts of
-    ``same_experts`` (tasks whose templates and facts are unchanged) have the same neurons in
-    the same order, so their map is the identity (not recomputed label by label). ``memo``
+    ``same_experts`` (tasks whose templates and subjects are unchanged: :func:`same_subjects`)
+    have the same neurons in the same order, so their map is the identity (not recomputed label by label). ``memo``
     as in :func:`_by_name` (shared with other comparisons of the same two task sets)."""
     memo = {} if memo is None else memo
     experts = _by_name(old.experts, new.experts)

@@ -148,13 +148,18 @@ class FactsCache:
         entities = kept                  # sorted and distinct: old entities are, and ids are unique
         inserted = np.zeros(0, np.int64)  # positions in ``kept`` before which names are inserted
         if names:                        # the edited tasks' names merged in (the sort of only those)
-            extra = np.unique(np.concatenate(names))
+            extra = names[0] if len(names) == 1 else np.unique(np.concatenate(names))
             kept = kept.astype(np.result_type(kept.dtype, extra.dtype))   # wide enough for every name
             at = np.searchsorted(kept, extra)
             hit = at < kept.size
             hit[hit] = kept[at[hit]] == extra[hit]
             inserted = at[~hit]
             entities = np.insert(kept, inserted, extra[~hit])
+            # where each of ``extra`` is now: a kept name moved by the names inserted up to it,
+            # an inserted one where np.insert put it (integers; ``at`` and ``inserted`` are sorted)
+            extra_at = np.empty(extra.size, np.int64)
+            extra_at[hit] = at[hit] + np.searchsorted(inserted, at[hit], side="right")
+            extra_at[~hit] = inserted + np.arange(inserted.size)
         entity_names = tuple(entities.tolist())
         if words and entities.size:
             w = np.asarray(words, dtype=str)
@@ -190,7 +195,7 @@ class FactsCache:
             else:
                 # a name's id: its rank among the task's names, placed in the merged entities
                 uniq, rank_of = local[t.name]
-                at = np.searchsorted(entities, uniq).astype(np.int64) + W
+                at = (extra_at if len(names) == 1 else np.searchsorted(entities, uniq).astype(np.int64)) + W
                 both, n = at[rank_of], len(t.facts)
                 order = np.argsort(both[:n], kind="stable")
                 s, o = both[:n][order], both[n:][order]

@@ -61,12 +61,13 @@ def test_read_against_a_certificate_is_the_plain_read(ts, data):
         assert cached.vocabulary.entity_array.tolist() == list(plain.vocabulary.entities)
         assert cached.vocabulary.tokens == plain.vocabulary.tokens
         if got is not None:          # the maps seeded from it are the ones found name by name
-            from construction.numbering import correspondence, numbering, seed_maps
+            from construction.numbering import correspondence, numbering, same_subjects, seed_maps
 
             a, b = numbering(old.taskset), numbering(cached)
             memo: dict = {}
             seed_maps(memo, old.taskset, cached, got, [(a, b)])
-            seeded, plain_maps = correspondence(a, b, memo=memo), correspondence(a, b)
+            same = same_subjects(old.taskset, cached, got)      # their neurons' maps: the identity, unsearched
+            seeded, plain_maps = correspondence(a, b, same, memo=memo), correspondence(a, b)
             for key in ("tokens", "coords", "experts"):
                 assert seeded[key].tolist() == plain_maps[key].tolist(), key
             for key in ("qk", "values", "neurons"):
