@@ -158,3 +158,28 @@ def test_changed_subjects_by_ids_are_the_subjects_whose_fact_differs_by_name(ts,
         fa, fb = dict(a.facts.items()), dict(b.facts.items())
         assert ch == {s for s in fa.keys() | fb.keys() if fa.get(s) != fb.get(s)}
         assert changed_set == (fa.keys() != fb.keys())
+
+
+@settings(max_examples=20, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
+@given(shared_template_task_sets(max_sharing=3, max_facts=4), st.data())
+def test_records_pick_each_tasks_worst_class_as_argmax_does(ts, data):
+    """A task's worst query is that of its first class (in table order) at the largest upper
+    error, a NaN counting as the largest: ties, NaNs and infinities among the errors."""
+    from cli.compose import check_and_record
+    from verifier.classes import FLOATS, query_text, records
+
+    _, cert = check_and_record(ts, build(ts), isolation=False)
+    t = cert.table
+    F = t.floats.copy()
+    F[:, FLOATS.index("err_hi")] = data.draw(st.lists(st.sampled_from([0.0, 0.5, 1.0, np.nan, np.inf, -np.inf]),
+                                                      min_size=len(t), max_size=len(t)))
+    t.floats = F
+    got = records(t, ts, len(cert.weights.experts))
+    owner = np.repeat(np.arange(len(t)), np.diff(t.allowed_ptr))
+    hi = t.column("err_hi")
+    for k in range(len(ts.tasks)):
+        mine = owner[t.allowed == k]
+        if mine.size:
+            j = int(mine[np.argmax(hi[mine])])
+            assert got.worst_query[k] == query_text(t.nodes[int(t.node[j])], *t.worst[j])
+            assert got.worst[k] == hi[j] or np.isnan(got.worst[k]) and np.isnan(hi[j])

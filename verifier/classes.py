@@ -370,11 +370,19 @@ def records(table: ClassTable, taskset: TaskSet, n_experts: int) -> Totals:
     t.foreign = int(cnt["foreign"].sum())
     t.total_queries = int(cnt["queries"].sum())
     err_hi, err_lo = table.column("err_hi"), table.column("err_lo")
-    for k in range(K):
-        mine = owner[table.allowed == k]
-        if mine.size == 0:
-            continue
-        j = int(mine[np.argmax(err_hi[mine])])
+    # per task, the first of its classes (in table order, which is entry order) with the
+    # largest err_hi, as argmax picks it: its first NaN if it has one, else its first entry
+    # at its maximum (np.unique's first index of each task among the candidate entries)
+    hi = err_hi[owner]
+    nan = np.isnan(hi)
+    top = np.full(K, -np.inf)
+    np.maximum.at(top, table.allowed[~nan], hi[~nan])
+    has_nan = np.zeros(K, bool)
+    has_nan[table.allowed[nan]] = True
+    cand = np.flatnonzero(np.where(has_nan[table.allowed], nan, hi == top[table.allowed]))
+    _, at = np.unique(table.allowed[cand], return_index=True)
+    for e in cand[at].tolist():
+        k, j = int(table.allowed[e]), int(owner[e])
         t.worst[k], t.worst_lower[k] = err_hi[j], err_lo[j]
         t.worst_query[k] = query_text(table.nodes[int(table.node[j])], *table.worst[j])
     return t

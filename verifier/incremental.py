@@ -875,11 +875,16 @@ def _map_active(t: ClassTable, cor: Correspondence) -> ClassTable:
     inv_exp[cor.experts[ok]] = np.flatnonzero(ok)
     counts = np.diff(t.active_ptr)
     owner = np.repeat(np.arange(len(t)), counts)
-    mapped = np.full(t.active.size, -1, np.int64)
-    for e_new in np.unique(t.expert[owner]) if owner.size else []:
-        sel = t.expert[owner] == e_new
-        nm = cor.neurons[int(inv_exp[e_new])]
-        mapped[sel] = nm[t.active[sel]]
+    # every old expert's neuron map laid end to end: an active neuron n of old expert k is
+    # entry start[k] + n
+    start = np.concatenate([[0], np.cumsum([m.size for m in cor.neurons])]).astype(np.int64)
+    flat = np.concatenate([np.asarray(m, np.int64) for m in cor.neurons] + [np.zeros(0, np.int64)])
+    k_old = inv_exp[t.expert[owner]] if owner.size else np.zeros(0, np.int64)
+    width = np.diff(start)
+    if owner.size and ((k_old < 0) | (t.active < 0) | (t.active >= width[np.maximum(k_old, 0)])).any():
+        raise TaskError("the certificate's active neuron lists name neurons its experts do not have",
+                        fix="write the certificate again with 'check --certificate DIR'")
+    mapped = flat[start[k_old] + t.active] if owner.size else np.zeros(0, np.int64)
     keep = mapped >= 0
     new_counts = np.bincount(owner[keep], minlength=len(t)) if owner.size else np.zeros(len(t), np.int64)
     ptr = np.zeros(len(t) + 1, np.int64)
