@@ -15,7 +15,11 @@ from construction.model import SymbolicModel
 from layout import Weights
 from tasks.model import TaskSet
 from verifier.floating import Deployment
-from verifier.parallel import Executor, LocalPool
+from verifier.parallel import Executor, LocalPool, in_background
+
+#: edited tasks with at least this many facts in all are checked for isolation in a forked
+#: child while the pass runs (below it, the fork costs more than it saves)
+BACKGROUND_FACTS = 20_000
 from verifier.verify import Report, verify
 
 
@@ -309,8 +313,24 @@ def recertify_since(taskset: TaskSet, directory: str | None = None, *, old=None,
         same_neurons |= same_subjects(old.taskset, taskset, token_map)
     cor = Correspondence(**correspondence(old_names, new_names, same_neurons, memo=names))
     t_cor = time.perf_counter() - t0
-    report, table, watched, info = recertify(old, taskset, weights, cor, epsilon, jobs=jobs, source=source,
-                                             progress=progress, edited=edited)
+    # the edited tasks' isolation (below) does not depend on the pass: a large one is checked
+    # on the other core meanwhile (verifier.parallel.in_background; the same answer)
+    def isolated_alone(k: int) -> bool:
+        alone, task = taskset.alone(k), taskset.tasks[k]
+        mine = experts.get(task.name) or build_expert(taskset, k, residual_space(taskset))
+        by_itself = build_expert(alone, 0, residual_space(alone))
+        return same_expert(by_itself, mine, alone_column_map(taskset, k, alone, by_itself.W_1.cols, mine.W_1.cols))
+
+    ahead = [k for k, t in enumerate(taskset.tasks) if t.name in edited] if isolation else []
+    big = jobs > 1 and sum(taskset.tasks[k].n_facts for k in ahead) >= BACKGROUND_FACTS
+    isolated_ahead = in_background(lambda: {k: isolated_alone(k) for k in ahead}, fork=big)
+    try:
+        report, table, watched, info = recertify(old, taskset, weights, cor, epsilon, jobs=jobs, source=source,
+                                                 progress=progress, edited=edited)
+    except BaseException:
+        if big:
+            isolated_ahead()                 # the child reaped (its answer unused)
+        raise
     if report is None:
         trie = StructureTrie(taskset)
         plan = CellPlan.of(taskset, trie)
@@ -325,16 +345,13 @@ def recertify_since(taskset: TaskSet, directory: str | None = None, *, old=None,
     # again for the edited ones
     t0 = time.perf_counter()
     old_iso = {t["name"]: t.get("isolated") for t in old.summary.get("tasks", [])}
+    done = isolated_ahead()
     isolated = []
     for k, task in enumerate(taskset.tasks):
         if info.mode == "incremental" and task.name not in edited and old_iso.get(task.name):
             isolated.append(True)
         elif isolation:
-            alone = taskset.alone(k)
-            mine = experts.get(task.name) or build_expert(taskset, k, residual_space(taskset))
-            by_itself = build_expert(alone, 0, residual_space(alone))
-            isolated.append(same_expert(by_itself, mine, alone_column_map(taskset, k, alone, by_itself.W_1.cols,
-                                                                          mine.W_1.cols)))
+            isolated.append(done[k] if k in done else isolated_alone(k))
         else:
             isolated.append(None)
     report.attach(closed_form, bound_value, gate, None if any(x is None for x in isolated) else isolated,

@@ -237,3 +237,31 @@ def test_patched_weights_reuse_what_the_vocabulary_fixes(change):
     assert kept == [change != "new entity"] * 4
     assert (got.W_G is old.W_G) == (change == "object")
     assert got.experts[0] is not old.experts[0]
+
+
+@pytest.mark.parametrize("isolated", [True, False])
+def test_isolation_checked_on_the_other_core_decides_as_inline(tmp_path, capsys, monkeypatch, isolated):
+    """check --since --jobs 2 checks a large edited task's isolation in a forked child while
+    the pass runs (the threshold set to 0 here): its answer reaches the report, a failed
+    isolation included (same_expert made to say no: the task is not certified, exit 1)."""
+    import cli.compose
+    import construction.experts
+
+    path = _set_up(tmp_path, "tsv")
+    cert = tmp_path / "cert"
+    assert main(["check", str(path), "--certificate", str(cert), "--quiet"]) == 0
+    assert main(["edit", str(path), "capital", "--set", "Japan=Kyoto", "--quiet"]) == 0
+    monkeypatch.setattr(cli.compose, "BACKGROUND_FACTS", 0)
+    if not isolated:
+        monkeypatch.setattr(construction.experts, "same_expert", lambda *a, **k: False)
+    import os
+
+    forks, fork = [], os.fork
+    monkeypatch.setattr(os, "fork", lambda: forks.append(1) or fork())
+    capsys.readouterr()
+    code = main(["check", str(path), "--since", str(cert), "--jobs", "2", "--json", "-"])
+    assert forks                                     # the child was started
+    data = json.loads(capsys.readouterr().out)
+    assert code == (0 if isolated else 1)
+    rec = {t["name"]: t for t in data["tasks"]}
+    assert rec["capital"]["isolated"] is isolated and rec["continent"]["isolated"] is True

@@ -27,6 +27,7 @@ from __future__ import annotations
 import gc
 import multiprocessing
 import os
+import pickle
 from collections import deque
 from dataclasses import dataclass
 from functools import partial
@@ -92,3 +93,41 @@ def ordered_map(fn: Callable[[T], R], items: Iterable[T], jobs: int = 1) -> Iter
     finally:
         _FN = None
         gc.unfreeze()
+
+
+def in_background(fn: Callable[[], R], fork: bool = True) -> Callable[[], R]:
+    """Start ``fn()`` in a forked child (it sees this process's memory as it is now, and
+    sends back only its pickled result) and return a function that waits for the result.
+    The caller goes on meanwhile, on the other core. Without fork, or with ``fork=False``,
+    that function is ``fn`` itself (it runs when waited for). If the child fails in any way
+    (an exception, a result that does not pickle, the child killed), the waiting function
+    runs ``fn()`` itself: the answer is ``fn``'s either way, and so is any exception. Wait
+    for every child started (the waiting reaps it)."""
+    if not fork or "fork" not in multiprocessing.get_all_start_methods():
+        return fn
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:                                   # the child: compute, send, and leave at once
+        try:
+            os.close(read)
+            try:
+                data = pickle.dumps((True, fn()))
+            except BaseException:
+                data = pickle.dumps((False, None))
+            with os.fdopen(write, "wb") as out:
+                out.write(data)
+        finally:
+            os._exit(0)
+    os.close(write)
+
+    def join() -> R:
+        with os.fdopen(read, "rb") as got:
+            data = got.read()
+        os.waitpid(pid, 0)
+        try:
+            ok, value = pickle.loads(data)
+        except Exception:
+            ok, value = False, None
+        return value if ok else fn()
+
+    return join
