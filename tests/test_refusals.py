@@ -147,3 +147,15 @@ def test_inspect_explains_an_ill_posed_set_and_check_points_to_it(tmp_path, caps
     assert main(["check", path]) == 2
     err = capsys.readouterr().err
     assert "no model can route this task set" in err and f"'python -m verifier inspect {path}'" in err
+
+
+@pytest.mark.parametrize("bad", [b"Paris", 7, None])
+def test_weights_whose_vocabulary_is_not_strings_are_refused(capitals_set, bad):
+    """validate checks every token's type (per type, in bulk): one token that is not a str
+    is refused; a str subclass is a str."""
+    from tasks.errors import TaskError
+
+    w = build(capitals_set).instantiate()
+    w.replace(vocab=tuple(type("Name", (str,), {})(t) for t in w.vocab)).validate()
+    with pytest.raises(TaskError, match="vocab must be a tuple of strings"):
+        w.replace(vocab=w.vocab[:-1] + (bad,)).validate()
