@@ -10,6 +10,7 @@ property (verdicts, counts, margins equal a full check's) is ``tests/test_editin
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -183,3 +184,30 @@ def test_records_pick_each_tasks_worst_class_as_argmax_does(ts, data):
             j = int(mine[np.argmax(hi[mine])])
             assert got.worst_query[k] == query_text(t.nodes[int(t.node[j])], *t.worst[j])
             assert got.worst[k] == hi[j] or np.isnan(got.worst[k]) and np.isnan(hi[j])
+
+
+@pytest.mark.parametrize("unsorted", [False, True])
+def test_merged_classes_unite_their_active_neurons_sorted(capitals_set, unsorted):
+    """merge_classes gives each class the sorted union of its members' active neurons, whether
+    or not the lists of the classes it leaves alone were sorted (then every list is sorted
+    again, as before the shortcut)."""
+    from cli.compose import check_and_record
+    from verifier.classes import ClassTable
+
+    _, cert = check_and_record(capitals_set, build(capitals_set), isolation=False)
+    t = cert.table.take(np.arange(len(cert.table)))
+    t.active = t.active.copy()
+    if unsorted:                                   # a class left alone (not a multiple of 3) listing 1, 0
+        lists = [t.active_of(i).tolist() for i in range(len(t))]
+        lists[1] = [1, 0]
+        t.active_ptr = np.concatenate([[0], np.cumsum([len(x) for x in lists])]).astype(np.int64)
+        t.active = np.array([n for x in lists for n in x], np.int64)
+    extra = t.take(np.arange(0, len(t), 3))
+    extra.active = (extra.active + 1) % (int(t.active.max(initial=0)) + 1)   # other neurons, to unite
+    merged = ClassTable.concat([t, extra])
+    pair = merged.node.astype(np.int64) * (int(merged.cell.max(initial=0)) + 1) + merged.cell
+    out = merge_classes(merged, np.flatnonzero(np.isin(pair, pair[len(t):])))
+    assert len(out) == len(t)
+    for i in range(len(out)):
+        want = set(t.active_of(i).tolist()) | (set(extra.active_of(i // 3).tolist()) if i % 3 == 0 else set())
+        assert out.active_of(i).tolist() == sorted(want)

@@ -135,8 +135,8 @@ class ClassTable:
         ap, av = take_csr(self.allowed_ptr, self.allowed, idx)
         cp, cv = take_csr(self.active_ptr, self.active, idx)
         return ClassTable(self.nodes, self.node[idx], self.cell[idx], self.expert[idx], ap, av, self.counts[idx],
-                          self.floats[idx], [self.worst[i] for i in idx.tolist()], cp, cv, self.overflow[idx],
-                          [self.least[i] for i in idx.tolist()])
+                          self.floats[idx], pick(self.worst, idx), cp, cv, self.overflow[idx],
+                          pick(self.least, idx))
 
     @staticmethod
     def concat(parts: list["ClassTable"]) -> "ClassTable":
@@ -393,6 +393,16 @@ def query_text(key: str, subject: str, obj: str) -> str:
     return " ".join(subject if w == "⋆1" else obj if w == "⋆2" else w for w in key.split("\t"))
 
 
+def pick(items: list, idx: np.ndarray) -> list:
+    """``[items[i] for i in idx]``, in one C loop (operator.itemgetter)."""
+    from operator import itemgetter
+
+    idx = np.asarray(idx).tolist()
+    if len(idx) == len(items) and idx == list(range(len(items))):
+        return list(items)
+    return list(itemgetter(*idx)(items)) if len(idx) > 1 else [items[i] for i in idx]
+
+
 def set_codes(ptr: np.ndarray, values: np.ndarray) -> np.ndarray:
     """Per row of a CSR (ptr, values) of small non-negative integers, a 64-bit code of its
     values in order: equal rows get equal codes. Unequal rows may collide, so a code only
@@ -476,14 +486,26 @@ def merge_classes(t: ClassTable, rows: np.ndarray) -> ClassTable:
     position[kept] = np.arange(kept.size)
     owner = position[target[np.repeat(np.arange(len(t)), np.diff(t.active_ptr))]]
     width = int(t.active.max(initial=0)) + 1
-    pairs = np.unique(owner * width + t.active)           # (class, neuron) pairs, sorted, each once
+    pairs = owner * width + t.active                      # (class, neuron) pairs, wanted sorted, each once
+    # a class that absorbed none keeps its list; when every such list increases already, only
+    # the merged classes' pairs need sorting (the result is np.unique's of all pairs either way)
+    merged = np.zeros(kept.size, bool)
+    merged[position[first]] = True
+    inside = merged[owner]
+    up = pairs[1:] > pairs[:-1]
+    same_owner = owner[1:] == owner[:-1]
+    if bool(np.all(up | ~same_owner | inside[1:])):
+        done = pairs[~inside]
+        fresh = np.unique(pairs[inside])
+        pairs = np.insert(done, np.searchsorted(done, fresh), fresh)
+    else:
+        pairs = np.unique(pairs)
     ptr = np.zeros(kept.size + 1, np.int64)
     np.cumsum(np.bincount(pairs // width, minlength=kept.size), out=ptr[1:])
     from verifier.batches import take_csr
     ap, av = take_csr(t.allowed_ptr, t.allowed, kept)
     return ClassTable(t.nodes, t.node[kept], t.cell[kept], t.expert[kept], ap, av, C[kept], F[kept],
-                      [worst[i] for i in kept.tolist()], ptr, (pairs % width).astype(np.int64), overflow[kept],
-                      [least[i] for i in kept.tolist()])
+                      pick(worst, kept), ptr, (pairs % width).astype(np.int64), overflow[kept], pick(least, kept))
 
 
 def _take_allowed(t: ClassTable, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
