@@ -190,18 +190,12 @@ def test_patched_weights_equal_a_full_build(ts, data):
         assert model.gate.method != "closed form"
         return
     want = build(new, beta=float(model.beta), gamma=float(model.gamma)).instantiate()
-    for (n1, a), (n2, b) in zip(got[0].arrays(), want.arrays()):
-        assert n1 == n2
-        if hasattr(a, "indptr"):
-            assert a.format == b.format and a.shape == b.shape, n1
-            assert np.array_equal(a.indptr, b.indptr) and np.array_equal(a.indices, b.indices), n1
-            assert np.array_equal(a.data, b.data), n1
-        else:
-            assert np.array_equal(np.asarray(a), np.asarray(b)), n1
+    _arrays_equal(got[0], want)
     assert got[0].parameters == want.parameters and got[0].neuron_labels == want.neuron_labels
 
 
 def _arrays_equal(got, want) -> None:
+    """Every array of the two weights equal, sparse ones in the same storage."""
     for (n1, a), (n2, b) in zip(got.arrays(), want.arrays()):
         assert n1 == n2
         if hasattr(a, "indptr"):

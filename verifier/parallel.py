@@ -20,6 +20,10 @@ every container object it inherited (the task set's millions of tuples and strin
 containers), copying each page that holds one, so that each worker ends up with a
 private copy of the parent's Python objects. At most ``2 × jobs`` batches are in flight, so memory stays bounded whatever the
 number of queries. With ``jobs <= 1`` (or where fork is unavailable) it runs inline.
+
+:func:`in_background` runs one function in a forked child while the caller goes on (a
+re-certification checks a large edited expert's isolation so, during its pass); the
+answer is the function's whatever happens to the child.
 """
 
 from __future__ import annotations
