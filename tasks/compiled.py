@@ -142,6 +142,9 @@ class FactsCache:
                 local[t.name] = (uniq, rank.reshape(-1))
                 names.append(uniq)
         used = np.zeros(old_entities.size, bool)        # the old entities in use: integers first, cheap
+        if any(a.size and (int(a.min()) < W_old or int(a.max()) >= old_vocab.size) for a in ids):
+            raise TaskError("the certificate's task set has fact ids that are not its entities' ids",
+                            fix="write the certificate again with 'check --certificate DIR'")
         for a in ids:
             used[a - W_old] = True                      # fact ids are entity ids (>= the words)
         kept = old_entities[used]

@@ -195,7 +195,7 @@ def test_generated_sets_build_within_bounds_and_predict(ts):
     reference_check(ts, model, model.epsilon)
 
 
-@settings(max_examples=40, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=20, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
 @given(task_sets(max_tasks=4, max_templates=2, max_facts=5, max_template_length=5))
 def test_alone_column_map_is_the_column_map(ts):
     """The residual map of a task alone into the whole set's, from integer ids, is the one

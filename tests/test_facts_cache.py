@@ -72,3 +72,26 @@ def test_read_against_a_certificate_is_the_plain_read(ts, data):
                 assert seeded[key].tolist() == plain_maps[key].tolist(), key
             for key in ("qk", "values", "neurons"):
                 assert [m.tolist() for m in seeded[key]] == [m.tolist() for m in plain_maps[key]], key
+
+
+def test_fact_ids_that_are_not_entities_are_refused(capitals_set):
+    """A cached task set whose fact ids point below its entities (at a word) is refused, not
+    read with the index wrapped round to another entity."""
+    import numpy as np
+    import pytest
+
+    from tasks.compiled import FactsCache
+    from tasks.errors import TaskError
+    from tasks.model import TaskSet
+
+    ts = capitals_set
+    v = ts.vocabulary
+    s, o = ts.fact_ids[0]
+    bad = TaskSet.trusted(ts.tasks, v.words, v.entities, ((np.r_[0, s[1:]], o),) + ts.fact_ids[1:])
+    cache = FactsCache(bad, {})
+    cache.reused = set(bad.names)
+    with pytest.raises(TaskError, match="fact ids that are not"):
+        cache.assemble(list(bad.tasks), None, {}, None)
+    cache = FactsCache(ts, {})
+    cache.reused = set(ts.names)
+    assert cache.assemble(list(ts.tasks), None, {}, None).vocabulary == v
