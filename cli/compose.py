@@ -16,11 +16,11 @@ from layout import Weights
 from tasks.model import TaskSet
 from verifier.floating import Deployment
 from verifier.parallel import Executor, LocalPool, in_background
+from verifier.verify import Report, verify
 
 #: edited tasks with at least this many facts in all are checked for isolation in a forked
 #: child while the pass runs (below it, the fork costs more than it saves)
 BACKGROUND_FACTS = 20_000
-from verifier.verify import Report, verify
 
 
 def check_built(taskset: TaskSet, model: SymbolicModel, *, weights: Weights | None = None, isolation: bool = True,

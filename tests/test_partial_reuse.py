@@ -211,3 +211,26 @@ def test_merged_classes_unite_their_active_neurons_sorted(capitals_set, unsorted
     for i in range(len(out)):
         want = set(t.active_of(i).tolist()) | (set(extra.active_of(i // 3).tolist()) if i % 3 == 0 else set())
         assert out.active_of(i).tolist() == sorted(want)
+
+
+def test_reused_active_lists_naming_absent_neurons_are_refused(capitals_set):
+    """A certificate whose class lists a neuron its expert does not have is refused (one
+    line, exit 2), not mapped through another expert's neurons."""
+    from cli.compose import check_and_record
+    from construction.numbering import correspondence, numbering
+    from tasks.errors import TaskError
+    from verifier.incremental import _map_active
+    from verifier.locality import Correspondence
+
+    _, cert = check_and_record(capitals_set, build(capitals_set), isolation=False)
+    names = numbering(capitals_set)
+    cor = Correspondence(**correspondence(names, names, set(capitals_set.names)))
+    ok = _map_active(cert.table.take(np.arange(len(cert.table))), cor)
+    assert ok.active.tolist() == cert.table.active.tolist()           # the identity keeps every list
+    i = int(np.flatnonzero(np.diff(cert.table.active_ptr) > 0)[0])
+    for wrong in (cert.weights.experts[int(cert.table.expert[i])].width, -1):
+        t = cert.table.take(np.arange(len(cert.table)))
+        t.active = t.active.copy()
+        t.active[t.active_ptr[i]] = wrong
+        with pytest.raises(TaskError, match="neurons its experts do not have"):
+            _map_active(t, cor)
