@@ -117,7 +117,7 @@ def parser() -> argparse.ArgumentParser:
                                    "save the new certificate to DIR. A watcher pays start-up and reading the "
                                    "certificate once (README 'Editing knowledge'). Stop it with Ctrl-C (exit status "
                                    "130); with --max-checks the exit status is the last check's (0 certified, 1 not "
-                                   "certified, 2 bad input or a certificate not saved).")
+                                   "certified, 2 bad input, or a certificate or --json report not saved).")
     w.add_argument("tasks", help="the tasks.yaml file")
     w.add_argument("--certificate", metavar="DIR", required=True, help="the certificate directory to start from and to keep up to date")
     add_json(w, "each check's report (to a file: the latest, replaced atomically; '-': one JSON object per line)")
@@ -346,7 +346,7 @@ def _check_certificate(args, deployment, progress) -> int:
 
 
 def cmd_watch(args) -> int:
-    from cli.watch import Watcher, saved_line, verdict_line, watch
+    from cli.watch import Watcher, one_line, saved_line, verdict_line, watch
     from verifier.report import dumps, report_json
 
     if args.max_checks is not None and args.max_checks < 1:
@@ -368,11 +368,16 @@ def cmd_watch(args) -> int:
             if args.json == "-":
                 print(json.dumps(report_json(outcome.report), ensure_ascii=False), flush=True)
             else:
-                _write_text(args.json, dumps(outcome.report), _inputs(args))
+                try:       # a report that cannot be written is an error line; the certificate is still saved
+                    _write_text(args.json, dumps(outcome.report), _inputs(args))
+                except (TaskError, OSError) as exc:
+                    outcome.report_error = one_line(exc)
         elif args.json == "-":
             print(json.dumps({"error": outcome.error}, ensure_ascii=False), flush=True)
         if args.json != "-":
             print(verdict_line(outcome, directory), flush=True)
+        if outcome.report_error is not None:
+            print(f"error: the JSON report was not written: {outcome.report_error}", flush=True)
 
     def saved(outcome) -> None:
         if outcome.save_error is not None:
@@ -382,7 +387,7 @@ def cmd_watch(args) -> int:
             print(saved_line(outcome, directory), flush=True)
 
     last = watch(watcher, emit, saved=saved, interval=args.interval, max_checks=args.max_checks)   # Ctrl-C: 130
-    if last is None or last.report is None or last.save_error is not None:
+    if last is None or last.report is None or last.save_error is not None or last.report_error is not None:
         return EXIT_BAD_INPUT
     return EXIT_OK if last.report.certified else EXIT_NOT_CERTIFIED
 

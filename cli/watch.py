@@ -48,7 +48,8 @@ from verifier.certificate import save_certificate
 @dataclass
 class Outcome:
     """One check: its report (None for bad input) or the error line, the seconds to the
-    verdict, the edited tasks, the seconds spent saving the certificate after it."""
+    verdict, the edited tasks, the seconds spent saving the certificate after it (or why
+    it was not saved), and why the JSON report was not written, if it was not."""
 
     report: object | None
     error: str | None
@@ -56,9 +57,11 @@ class Outcome:
     edited: list[str] = field(default_factory=list)
     saved_seconds: float = 0.0
     save_error: str | None = None
+    report_error: str | None = None
 
 
-def _one_line(exc: Exception) -> str:
+def one_line(exc: Exception) -> str:
+    """Bad input or a failed read or write, as the one line the watcher prints for it."""
     if isinstance(exc, TaskError):
         return str(exc)
     return f"{getattr(exc, 'filename', None) or ''}: {getattr(exc, 'strerror', None) or exc}".replace("\n", " ")
@@ -114,7 +117,7 @@ class Watcher:
             try:
                 outcome, cert = self._certify()
             except (TaskError, OSError) as exc:
-                outcome, cert = Outcome(None, _one_line(exc), time.perf_counter() - start), None
+                outcome, cert = Outcome(None, one_line(exc), time.perf_counter() - start), None
             if input_signature(self.tasks_path) != before:
                 continue
             self.inputs, self.last = before, outcome
@@ -126,7 +129,7 @@ class Watcher:
                     save_certificate(cert, self.directory)
                     self.cert, self.saved = cert, self._manifest()
                 except (TaskError, OSError) as exc:      # the held certificate stays the last one saved
-                    outcome.save_error = _one_line(exc)
+                    outcome.save_error = one_line(exc)
                 outcome.saved_seconds = time.perf_counter() - t0
             _settle_memory()
             return outcome

@@ -330,3 +330,29 @@ def test_input_that_breaks_yaml_readers_is_one_line_while_watching(tmp_path, cap
     assert capsys.readouterr().err.count("\n") == 1
     path.write_text(TASKS, encoding="utf-8")
     assert watcher.check().report.certified
+
+
+def test_a_report_that_cannot_be_written_is_an_error_line_and_the_certificate_is_saved(tmp_path, monkeypatch, capsys):
+    """``--json FILE`` failing mid-watch (a full disk) is one line after the verdict; the
+    watcher saves the certificate all the same, and the exit status is 2."""
+    import cli.main as main_module
+
+    path = _files(tmp_path)
+    cert, report = tmp_path / "cert", tmp_path / "report.json"
+    assert main(["watch", str(path), "--certificate", str(cert), "--max-checks", "1", "--quiet"]) == 0
+    capsys.readouterr()
+    before = (cert / "certificate.json").read_bytes()
+
+    def full(path, text):
+        raise OSError(28, "No space left on device", path)
+
+    monkeypatch.setattr(main_module, "write_text_atomic", full)
+    _edit(path, EDITS[0])
+    assert main(["watch", str(path), "--certificate", str(cert), "--max-checks", "1", "--json", str(report),
+                 "--quiet"]) == 2
+    out = capsys.readouterr().out.splitlines()
+    assert "edited capital" in out[0] and "CERTIFIED" in out[0]
+    assert out[1].startswith("error: the JSON report was not written: ") and "No space left on device" in out[1]
+    assert not report.exists() and (cert / "certificate.json").read_bytes() != before
+    assert main(["check", str(path), "--since", str(cert), "--json", "-"]) == 0  # the saved one is the edit's:
+    assert json.loads(capsys.readouterr().out)["incremental"]["queries_rerun"] == 0   # nothing left to run
