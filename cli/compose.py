@@ -124,7 +124,7 @@ def check_and_save(taskset: TaskSet, model: SymbolicModel, directory: str, *, is
     """``check --certificate DIR``: :func:`check_and_record`, the certificate saved to DIR
     (see :func:`save_if_unchanged` for ``read_as``)."""
     report, cert = check_and_record(taskset, model, isolation=isolation, jobs=jobs, progress=progress, source=source,
-                                    tasks_path=tasks_path, cell_queries=cell_queries)
+                                    cell_queries=cell_queries)
     save_if_unchanged(cert, directory, tasks_path, read_as)
     report.notes.append(f"certificate saved to {directory}")
     return report
@@ -133,8 +133,10 @@ def check_and_save(taskset: TaskSet, model: SymbolicModel, directory: str, *, is
 def save_if_unchanged(cert, directory: str, tasks_path: str | None, read_as=None) -> None:
     """Save ``cert`` to ``directory``, unless an input file of ``tasks_path`` was written since
     its status was ``read_as`` (:func:`tasks.io.input_signature`, taken before the inputs were
-    read): the certificate pairs each facts file's hash with the facts read from it, and a
-    file written during the read may have been hashed and parsed in two versions."""
+    read): the tasks file and its facts files may then have been read in versions that never
+    existed together. (The certificate's pairing of each facts file's hash with its facts
+    does not rest on this check, which sees only sizes and timestamps: the loader hashes
+    the bytes it parses, ``Sources.facts_keys``.)"""
     from tasks.errors import TaskError
     from tasks.io import input_signature
     from verifier.certificate import save_certificate
@@ -147,11 +149,10 @@ def save_if_unchanged(cert, directory: str, tasks_path: str | None, read_as=None
 
 def check_and_record(taskset: TaskSet, model: SymbolicModel, *, isolation: bool = True, jobs: int = 1,
                      progress: Callable[[int, int], None] | None = None, source: str = "weights",
-                     tasks_path: str | None = None, cell_queries: int | None = None):
+                     cell_queries: int | None = None):
     """The full check, with the certificate that records its query classes for later edits
     (cells of about ``cell_queries`` queries, default ``verifier.classes.CELL_QUERIES``):
     (report, certificate), nothing saved."""
-    from tasks.compiled import facts_file_hashes
     from tasks.structure import StructureTrie
     from verifier.certificate import Certificate, task_hash
     from verifier.classes import CellPlan, ClassRecorder
@@ -165,9 +166,21 @@ def check_and_record(taskset: TaskSet, model: SymbolicModel, *, isolation: bool 
     report = check_built(taskset, model, weights=weights, isolation=isolation, jobs=jobs, progress=progress,
                          source=source, classes=recorder)
     cert = Certificate(model.epsilon, report.verdict, taskset, weights, recorder.table(), plan, watched,
-                       _cert_summary(report), {t.name: task_hash(t) for t in taskset.tasks},
-                       facts_file_hashes(tasks_path) if tasks_path is not None else {})
+                       _cert_summary(report), {t.name: task_hash(t) for t in taskset.tasks}, read_keys(taskset))
     return report, cert
+
+
+def read_keys(taskset: TaskSet) -> dict[str, list[str]]:
+    """What a certificate records of the facts files: per task, the keys of the bytes its
+    facts were read from, as the loader recorded them (``Sources.facts_keys``). Never a
+    second read of the files: a file written after the load would pair its hash with the
+    facts of the bytes before, and a later ``check --since`` would reuse facts the file no
+    longer holds. A task set not loaded from a file records none (its facts files, if any,
+    are read again by the next ``check --since``)."""
+    keys = taskset.sources.facts_keys if taskset.sources is not None else None
+    if not keys:
+        return {}
+    return {t.name: list(keys[t.name]) for t in taskset.tasks if t.name in keys}
 
 
 def pinned_parameters(old, taskset: TaskSet) -> tuple[float, float]:
@@ -236,7 +249,7 @@ def check_since(taskset: TaskSet, directory: str | None = None, out: str | None 
     ``out`` (default: DIR; see :func:`save_if_unchanged` for ``read_as``). Returns (report,
     edited task names)."""
     report, edited, cert = recertify_since(taskset, directory, old=old, cache=cache, isolation=isolation, jobs=jobs,
-                                           progress=progress, source=source, tasks_path=tasks_path)
+                                           progress=progress, source=source)
     t0 = time.perf_counter()
     save_if_unchanged(cert, out or directory, tasks_path, read_as)
     report.incremental["phases"]["save certificate"] = round(time.perf_counter() - t0, 3)
@@ -246,8 +259,7 @@ def check_since(taskset: TaskSet, directory: str | None = None, out: str | None 
 
 
 def recertify_since(taskset: TaskSet, directory: str | None = None, *, old=None, cache=None, isolation: bool = True,
-                    jobs: int = 1, progress: Callable[[int, int], None] | None = None, source: str = "weights",
-                    tasks_path: str | None = None):
+                    jobs: int = 1, progress: Callable[[int, int], None] | None = None, source: str = "weights"):
     """Re-certify an edited task set from a saved certificate (``old``, else the one in
     ``directory``), running again only the queries the edit can reach (verifier.incremental);
     the model keeps the certificate's β and γ and is built from the certificate's weights
@@ -262,7 +274,7 @@ def recertify_since(taskset: TaskSet, directory: str | None = None, *, old=None,
     from construction.numbering import correspondence, numbering, same_subjects, seed_maps
     from construction.patch import patched_weights
     from construction.residual import residual_space
-    from tasks.compiled import facts_file_hashes, token_map_from
+    from tasks.compiled import token_map_from
     from tasks.structure import StructureTrie
     from verifier.certificate import Certificate, load_certificate, task_hash
     from verifier.classes import CellPlan, ClassRecorder
@@ -364,12 +376,7 @@ def recertify_since(taskset: TaskSet, directory: str | None = None, *, old=None,
                                     "isolation": round(time.perf_counter() - t0, 3)}
     report.incremental["edited_tasks"] = sorted(edited)
     report.incremental["model"] = "patched from the certificate's weights" if patched is not None else "built in full"
-    if cache is not None:
-        file_hashes = {t.name: cache.seen.get(t.name, []) for t in taskset.tasks}
-    elif tasks_path is not None:
-        file_hashes = facts_file_hashes(tasks_path)
-    else:
-        file_hashes = {}
+    file_hashes = read_keys(taskset)
     report.incremental["recertify_seconds"] = round(time.perf_counter() - start, 3)
     report.seconds = time.perf_counter() - start
     report.incremental["seconds"] = round(report.seconds, 3)

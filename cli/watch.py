@@ -16,9 +16,11 @@ copied as plain JSON first, as it reads back), so the next check starts from wha
 and through ``check --since`` and compares the saved files. If DIR changes under it (a
 ``check --certificate DIR`` run elsewhere), the watcher reads DIR again before its next
 check. The poll only decides *when* to look: each check reads the files afresh and the
-facts cache hashes them. A check during which an input file changed (its size, inode,
-or modification or change time differ before and after the read) is not reported: it
-may have read some files before a change and some after, so it runs again.
+facts cache hashes them (the hash recorded for a facts file is of the bytes its facts
+were parsed from, whatever the timestamps say). A check during which an input file
+changed (its size, inode, or modification or change time differ before and after the
+read) is not reported: it may have read some files before a change and some after, so
+it runs again.
 
 **Garbage collection.** The held certificate is millions of Python objects; a full
 collection during a check would walk them all, for nothing (they stay alive until the
@@ -143,13 +145,13 @@ class Watcher:
         if self.cert is None and not os.path.exists(os.path.join(self.directory, "certificate.json")):
             taskset = load_tasks(self.tasks_path)
             report, cert = check_and_record(taskset, build(taskset), isolation=self.isolation, jobs=self.jobs,
-                                            source=self.tasks_path, tasks_path=self.tasks_path)
+                                            source=self.tasks_path)
             return Outcome(report, None, time.perf_counter() - start, list(taskset.names)), cert
         old = self._held()
         taskset, cache = read_since(self.tasks_path, old, self.composed)
         read = time.perf_counter() - start
         report, edited, cert = recertify_since(taskset, old=old, cache=cache, isolation=self.isolation,
-                                               jobs=self.jobs, source=self.tasks_path, tasks_path=self.tasks_path)
+                                               jobs=self.jobs, source=self.tasks_path)
         report.incremental["phases"] = {"read tasks": round(read, 3), **report.incremental["phases"]}
         return Outcome(report, None, time.perf_counter() - start, edited), cert
 

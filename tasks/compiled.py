@@ -25,7 +25,7 @@ from tasks.model import Facts, Task, TaskSet, Vocabulary
 
 
 def file_hash(path: str) -> str:
-    """SHA-256 of a file's bytes."""
+    """SHA-256 of a file's bytes, read in blocks (for a lookup: the bytes hashed are not kept)."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 22), b""):
@@ -49,15 +49,6 @@ def facts_file_key(path: str) -> str:
     return f"{parse_mode(path)}:{file_hash(path)}"
 
 
-def facts_file_hashes(path: str | os.PathLike) -> dict[str, list[str]]:
-    """Per task of a tasks file, :func:`facts_file_key` of each of its facts files (empty:
-    inline facts only)."""
-    from tasks.reading import task_sources
-
-    _, sources = task_sources(path)
-    return {s.name: [facts_file_key(f) for f in s.files] for s in sources}
-
-
 def _names(names) -> np.ndarray:
     return np.asarray(names, dtype=str) if len(names) else np.zeros(0, "U1")
 
@@ -71,7 +62,9 @@ class FactsCache:
         #: file whose text is unchanged is not composed again (the loader only reads nodes)
         self.composed = composed if composed is not None else {}
         self.reused: set[str] = set()
-        #: per task looked up: the hashes of the facts files read this time (for the next certificate)
+        #: per task looked up: the keys of its facts files this time (the loader records them
+        #: for the next certificate when the cached facts are given back; for facts it parses
+        #: it records the keys of the bytes it parsed, see ``Sources.facts_keys``)
         self.seen: dict[str, list[str]] = {}
         self._keys: dict[str, str] = {}        # facts_file_key of files hashed ahead (warm)
 

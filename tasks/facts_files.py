@@ -10,6 +10,7 @@ a first line ``subject<sep>object`` is a header. Every problem names the file an
 from __future__ import annotations
 
 import csv
+import io
 import operator
 import os
 import stat
@@ -23,15 +24,23 @@ from tasks.yaml_nodes import UTF8_BOM, UTF16_BOMS
 MAX_LINE_BYTES = 1 << 20
 
 
-
-
 def parse_mode(path: str) -> str:
     """How a facts file is read: "csv" (a name ending in .csv, any case) or "tsv"."""
     return "csv" if path.lower().endswith(".csv") else "tsv"
 
 
-def iter_facts_file(path: str, task: str, yaml_file: str, yaml_line: int) -> Iterator[tuple[str, str, str, int]]:
-    """(subject, object, path, line) for every fact of a facts file (see the module doc)."""
+def facts_key(path: str, data: bytes) -> str:
+    """What the facts read from ``data`` (the bytes of the facts file ``path``) depend on: how
+    they are parsed (the name's extension) and the bytes' SHA-256, ``"tsv:<hex>"`` or
+    ``"csv:<hex>"`` (the same bytes renamed from .tsv to .csv are other facts)."""
+    import hashlib
+
+    return f"{parse_mode(path)}:{hashlib.sha256(data).hexdigest()}"
+
+
+def _regular_file(path: str, task: str, yaml_file: str, yaml_line: int) -> None:
+    """Refuse (TaskError, at the ``facts_file`` line) a path that is missing, unreadable, a
+    directory, or not a regular file (a FIFO or a device would block or never end)."""
     try:
         info = os.stat(path)
     except FileNotFoundError:
@@ -44,9 +53,35 @@ def iter_facts_file(path: str, task: str, yaml_file: str, yaml_line: int) -> Ite
         kind = "a directory" if stat.S_ISDIR(info.st_mode) else "not a regular file"
         raise TaskError(f"facts file '{path}' of task {show_name(task)} is {kind}", file=yaml_file, line=yaml_line,
                         fix="give the path of a TSV or CSV file")
+
+
+def facts_file_bytes(path: str, task: str, yaml_file: str, yaml_line: int) -> bytes:
+    """The bytes of a facts file, read once: what :func:`read_plain` and :func:`iter_facts_file`
+    parse when given them, and what :func:`facts_key` hashes, so that the key recorded for
+    a task's facts is the key of the very bytes they were parsed from (a file rewritten
+    between two reads cannot pair one file's hash with another's facts). Refused as
+    :func:`iter_facts_file` refuses a path."""
+    _regular_file(path, task, yaml_file, yaml_line)
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except PermissionError:
+        raise TaskError(f"facts file '{path}' cannot be read: permission denied", file=yaml_file, line=yaml_line,
+                        fix="check its permissions") from None
+    except OSError as e:
+        raise TaskError(f"facts file '{path}' cannot be read: {e.strerror or e}", file=yaml_file, line=yaml_line,
+                        fix="check the path") from None
+
+
+def iter_facts_file(path: str, task: str, yaml_file: str, yaml_line: int,
+                    data: bytes | None = None) -> Iterator[tuple[str, str, str, int]]:
+    """(subject, object, path, line) for every fact of a facts file (see the module doc):
+    read from the file, or from ``data``, its bytes read before (:func:`facts_file_bytes`)."""
+    if data is None:
+        _regular_file(path, task, yaml_file, yaml_line)
     is_csv = parse_mode(path) == "csv"
     header_done = False
-    for line, text in _file_lines(path, yaml_file, yaml_line):
+    for line, text in _file_lines(path, yaml_file, yaml_line, data):
         stripped = text.strip()
         if not stripped or stripped.startswith("#"):
             continue
@@ -60,7 +95,7 @@ def iter_facts_file(path: str, task: str, yaml_file: str, yaml_line: int) -> Ite
         yield fields[0], fields[1], path, line
 
 
-def read_plain(path: str) -> tuple[list[str], list[str]] | None:
+def read_plain(path: str, data: bytes | None = None) -> tuple[list[str], list[str]] | None:
     """The raw (subject, object) fields of every fact line of a facts file, in order, read in
     bulk, or None when the file needs :func:`iter_facts_file` (any problem to report, or a CSV
     line with quotes). Whenever it returns fields they are, once stripped, the fields
@@ -73,14 +108,17 @@ def read_plain(path: str) -> tuple[list[str], list[str]] | None:
     every line decodes, and splitting the text at "\\n" gives the same lines. Everything the
     line reader refuses (a UTF-16 mark, a NUL byte, a line longer than the limit, bytes that
     are not UTF-8, a line without exactly 2 fields) makes this return None instead.
+
+    ``data``: the file's bytes, read before (:func:`facts_file_bytes`); else the file is read.
     """
-    try:
-        if not stat.S_ISREG(os.stat(path).st_mode):     # a FIFO would block the read below
+    if data is None:
+        try:
+            if not stat.S_ISREG(os.stat(path).st_mode):     # a FIFO would block the read below
+                return None
+            with open(path, "rb") as f:
+                data = f.read()
+        except OSError:
             return None
-        with open(path, "rb") as f:
-            data = f.read()
-    except OSError:
-        return None
     if data.startswith(UTF16_BOMS) or b"\x00" in data:
         return None
     if len(data) > MAX_LINE_BYTES:
@@ -131,10 +169,12 @@ def read_plain(path: str) -> tuple[list[str], list[str]] | None:
     return subjects, objects
 
 
-def _file_lines(path: str, yaml_file: str, yaml_line: int) -> Iterator[tuple[int, str]]:
-    """Decoded lines (1-based number, text without the line end) of a UTF-8 file."""
+def _file_lines(path: str, yaml_file: str, yaml_line: int, data: bytes | None = None) -> Iterator[tuple[int, str]]:
+    """Decoded lines (1-based number, text without the line end) of a UTF-8 file, or of its
+    bytes ``data`` read before (the same lines: a file and a buffer of its bytes read
+    alike, line by line)."""
     try:
-        f = open(path, "rb")
+        f = open(path, "rb") if data is None else io.BytesIO(data)
     except PermissionError:
         raise TaskError(f"facts file '{path}' cannot be read: permission denied", file=yaml_file, line=yaml_line,
                         fix="check its permissions") from None

@@ -403,12 +403,16 @@ class Vocabulary:
 
 @dataclass(frozen=True)
 class Sources:
-    """Where a loaded task set's parts were written: for messages about them (file:line)."""
+    """Where a loaded task set's parts were written: for messages about them (file:line), and
+    per task the key (``tasks.facts_files.facts_key``) of each facts file its facts were
+    read from: the hash of the very bytes they were parsed from (or, for facts a
+    certificate's cache gave back, the key they were recorded with)."""
 
     file: str
     templates: Mapping[tuple[int, int], int] = field(default_factory=dict)   # (task, template) -> line
     parameters: Mapping[str, int] = field(default_factory=dict)              # beta / gamma -> line
     epsilon: int | None = None
+    facts_keys: Mapping[str, tuple[str, ...]] | None = None                 # task -> its facts files' keys
 
 
 def sorted_fact_ids(vocab: "Vocabulary", facts: "Facts") -> tuple[np.ndarray, np.ndarray]:

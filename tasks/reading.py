@@ -15,7 +15,7 @@ import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from tasks.errors import TaskError
-from tasks.facts_files import iter_facts_file, read_plain
+from tasks.facts_files import facts_file_bytes, facts_key, iter_facts_file, read_plain
 from tasks.messages import one_line, quoted, show_name, suggest_key, where_line
 from tasks.model import Facts, Sources, Task, TaskSet, Template, check_name, plain_names
 from tasks.structure import check_routable
@@ -48,6 +48,9 @@ class _Builder:
         self.base_dir = base_dir
         self.routable = routable
         self.cache = cache          # tasks.compiled.FactsCache: facts files read before
+        #: per task: the key of each facts file, of the bytes its facts were parsed from
+        self.facts_keys: dict[str, tuple[str, ...]] = {}
+        self._data: dict[str, bytes] = {}   # the facts files of the task being read, each read once
         self._lines = lines
         self._constructor = yaml.constructor.SafeConstructor()
 
@@ -166,7 +169,8 @@ class _Builder:
             except TaskError as e:
                 raise e.located(self.file, head.line) from None
         sources = Sources(self.file, {(k, t): line for k, head in enumerate(heads) for t, line in enumerate(head.template_lines)},
-                          parameter_lines, self.line(items["epsilon"][1]) if "epsilon" in items else None)
+                          parameter_lines, self.line(items["epsilon"][1]) if "epsilon" in items else None,
+                          self.facts_keys)
         try:
             if self.cache is not None and self.cache.reused:
                 taskset = self.cache.assemble(tasks, epsilon, parameters, sources)
@@ -314,14 +318,39 @@ class _Builder:
             out.append((path, self.line(n)))
         return out
 
+    def full_path(self, path: str) -> str:
+        """A ``facts_file`` path resolved against the tasks file's directory."""
+        return path if os.path.isabs(path) else os.path.normpath(os.path.join(self.base_dir, path))
+
+    def file_data(self, head: _TaskHead, path: str, yaml_line: int) -> bytes:
+        """The bytes of one of the task's facts files, read once for the whole task."""
+        full = self.full_path(path)
+        if full not in self._data:
+            self._data[full] = facts_file_bytes(full, head.name, self.file, yaml_line)
+        return self._data[full]
+
     def facts(self, head: _TaskHead, words: dict[str, tuple[str, str, int]]) -> Facts:
         """The task's dictionary, each fact checked where it was written (or, with a cache, the
-        facts read before from facts files of the same bytes)."""
+        facts read before from facts files of the same bytes).
+
+        Each facts file is read once, into memory, and parsed from those bytes; the task's
+        ``facts_keys`` are the keys of those bytes (or the keys the cache matched), never of
+        a second read that a write in between could have changed."""
         if self.cache is not None and head.files:
-            paths = [p if os.path.isabs(p) else os.path.normpath(os.path.join(self.base_dir, p)) for p, _ in head.files]
-            cached = self.cache.lookup(head.name, paths)
+            cached = self.cache.lookup(head.name, [self.full_path(p) for p, _ in head.files])
             if cached is not None:
+                self.facts_keys[head.name] = tuple(self.cache.seen[head.name])
                 return cached
+        try:
+            facts = self.parsed_facts(head, words)
+            self.facts_keys[head.name] = tuple(facts_key(self.full_path(p), self.file_data(head, p, line))
+                                               for p, line in head.files)
+            return facts
+        finally:
+            self._data.clear()
+
+    def parsed_facts(self, head: _TaskHead, words: dict[str, tuple[str, str, int]]) -> Facts:
+        """The task's dictionary, parsed (:meth:`facts`)."""
         plain = self.plain_facts(head, words)
         if plain is not None:
             return plain
@@ -361,8 +390,8 @@ class _Builder:
             return None
         raw_s: list[str] = []
         raw_o: list[str] = []
-        for path, _ in head.files:
-            got = read_plain(path if os.path.isabs(path) else os.path.normpath(os.path.join(self.base_dir, path)))
+        for path, yaml_line in head.files:
+            got = read_plain(self.full_path(path), self.file_data(head, path, yaml_line))
             if got is None:
                 return None
             raw_s += got[0]
@@ -386,8 +415,8 @@ class _Builder:
         if head.facts_node is not None:
             yield from self.iter_inline(head)
         for path, yaml_line in head.files:
-            full = path if os.path.isabs(path) else os.path.normpath(os.path.join(self.base_dir, path))
-            yield from iter_facts_file(full, head.name, self.file, yaml_line)
+            yield from iter_facts_file(self.full_path(path), head.name, self.file, yaml_line,
+                                       self.file_data(head, path, yaml_line))
 
     def iter_inline(self, head: _TaskHead) -> Iterator[tuple[str, str, str, int]]:
         label = f"task {show_name(head.name)}"

@@ -95,3 +95,67 @@ def test_fact_ids_that_are_not_entities_are_refused(capitals_set):
     cache = FactsCache(ts, {})
     cache.reused = set(ts.names)
     assert cache.assemble(list(ts.tasks), None, {}, None).vocabulary == v
+
+
+def _rewrite_keeping_the_times(path: str, text: str) -> None:
+    """Write ``text`` (of the file's length) over ``path`` and put its access and modification
+    times back: what a file system with coarse timestamps shows of a quick rewrite."""
+    st_ = os.stat(path)
+    with open(path, "r+", encoding="utf-8") as f:
+        f.write(text)
+    os.utime(path, ns=(st_.st_atime_ns, st_.st_mtime_ns))
+
+
+PARIS, LYONS = "France\tParis\nJapan\tTokyo\n", "France\tLyons\nJapan\tTokyo\n"     # the same length
+
+
+def _capitals(d: str) -> str:
+    path = os.path.join(d, "tasks.yaml")
+    with open(path, "w", encoding="utf-8") as f:
+        f.write("tasks:\n  - name: capital\n    templates: [the capital of *1 is *2]\n    facts_file: c.tsv\n"
+                "  - name: continent\n    templates: [the continent of *1 is *2]\n    facts: {France: Europe}\n")
+    with open(os.path.join(d, "c.tsv"), "w", encoding="utf-8") as f:
+        f.write(PARIS)
+    return path
+
+
+def _capital_of_france(path: str, cert: str) -> str:
+    _, taskset, _ = load_since(path, cert)
+    return taskset.tasks[taskset.index("capital")].facts["France"]
+
+
+def test_a_full_check_records_the_key_of_the_bytes_it_parsed(tmp_path):
+    """The facts file rewritten after the load and before the certificate is made (unseen by
+    timestamps): the certificate pairs its facts with the hash of the bytes they came from,
+    so the next read parses the file again instead of taking the old facts for the new bytes."""
+    path, cert = _capitals(str(tmp_path)), str(tmp_path / "cert")
+    ts = load_tasks(path)
+    assert ts.sources.facts_keys["capital"] and ts.sources.facts_keys["continent"] == ()
+    _rewrite_keeping_the_times(os.path.join(tmp_path, "c.tsv"), LYONS)
+    check_and_save(ts, build(ts), cert, isolation=False, tasks_path=path)
+    assert _capital_of_france(path, cert) == "Lyons"
+
+
+def test_a_re_read_records_the_key_of_the_bytes_it_parsed(tmp_path, monkeypatch):
+    """The facts file changed between the cache's hash (a miss) and the parse: the recorded
+    key is the parsed bytes', so changing the file back to the hashed bytes is seen as an edit."""
+    import tasks.reading as reading
+    from cli.compose import check_since
+
+    path, cert = _capitals(str(tmp_path)), str(tmp_path / "cert")
+    facts = os.path.join(tmp_path, "c.tsv")
+    check_and_save(load_tasks(path), build(load_tasks(path)), cert, isolation=False, tasks_path=path)
+    _rewrite_keeping_the_times(facts, LYONS)
+    real = reading.facts_file_bytes
+
+    def reverted_before_the_parse(*args):
+        _rewrite_keeping_the_times(facts, PARIS)      # hashed as LYONS, parsed as PARIS
+        return real(*args)
+
+    monkeypatch.setattr(reading, "facts_file_bytes", reverted_before_the_parse)
+    old, taskset, cache = load_since(path, cert)
+    monkeypatch.setattr(reading, "facts_file_bytes", real)
+    assert taskset.tasks[taskset.index("capital")].facts["France"] == "Paris"
+    check_since(taskset, cert, old=old, cache=cache, isolation=False, tasks_path=path)
+    _rewrite_keeping_the_times(facts, LYONS)
+    assert _capital_of_france(path, cert) == "Lyons"
