@@ -94,7 +94,7 @@ def template_nodes(task: Task) -> list[tuple[tuple[str, ...], list[str], bool]]:
     return [(sigma, words, subj[0]) for sigma, (words, subj) in follow.items() if words or subj[0]]
 
 
-class _Entities(Sequence):
+class EntityNames(Sequence):
     """``entities[i]`` for i in ``ids``: names read through the vocabulary, not copied."""
 
     def __init__(self, entities: Sequence[str], ids: np.ndarray) -> None:
@@ -117,11 +117,12 @@ def build_expert(taskset: TaskSet, k: int, residual: Space) -> SymExpert:
     subj_ids, obj_ids = taskset.fact_ids[k]
     n_t, n_d = len(nodes), int(subj_ids.size)
     W = vocab.n_words
-    subjects = _Entities(vocab.entities, subj_ids - W)
+    subjects = EntityNames(vocab.entities, subj_ids - W)
     labels = Prefixed(tuple(f"template:{' '.join(sigma)}" for sigma, _, _ in nodes), "fact:", subjects)
     neurons = Space.of(block("neuron", labels))
 
-    r1, c1, v1, b, r2, c2, v2 = [], [], [], [], [], [], []
+    r1, c1, v1, b = [], [], [], []
+    r2, c2, v2 = [], [], []             # per template node: numpy pieces (a node may cover every subject)
     next_off = residual.offset("next")
     for n, (sigma, words, subj_follows) in enumerate(nodes):
         p = len(sigma)
@@ -129,10 +130,11 @@ def build_expert(taskset: TaskSet, k: int, residual: Space) -> SymExpert:
             r1.append(n); c1.append(residual.index(f"slot{m}", sym)); v1.append(2.0)
         r1.append(n); c1.append(residual.index("pos", p)); v1.append(2.0)
         b.append(-(2.0 * p + 1.0))
-        for w in words:
-            r2.append(residual.index("next", w)); c2.append(n); v2.append(2.0)
+        # "next" is labelled by the vocabulary's tokens in id order
+        nxt = np.asarray([next_off + vocab.id(w) for w in words], np.int64)
         if subj_follows:
-            r2.extend((next_off + subj_ids).tolist()); c2.extend([n] * n_d); v2.extend([2.0] * n_d)
+            nxt = np.concatenate([nxt, next_off + np.asarray(subj_ids, np.int64)])
+        r2.append(nxt); c2.append(np.full(nxt.size, n, np.int64)); v2.append(np.full(nxt.size, 2.0))
 
     rows = np.arange(n_t, n_t + n_d)
     W_1 = SymMatrix.build(neurons, residual, (
@@ -143,9 +145,9 @@ def build_expert(taskset: TaskSet, k: int, residual: Space) -> SymExpert:
     bias = np.concatenate([np.asarray(b), np.full(n_d, -1.0)])
     b_1 = SymMatrix.build(neurons, Space.of(block("bias")), (np.arange(n_t + n_d), np.zeros(n_t + n_d, np.int64), bias))
     W_2 = SymMatrix.build(residual, neurons, (
-        np.concatenate([np.asarray(r2, np.int64), next_off + obj_ids]),
-        np.concatenate([np.asarray(c2, np.int64), rows]),
-        np.concatenate([np.asarray(v2), np.ones(n_d)]),
+        np.concatenate([*r2, next_off + obj_ids]),
+        np.concatenate([*c2, rows]),
+        np.concatenate([*v2, np.ones(n_d)]),
     ))
     return SymExpert(task.name, neurons, W_1, b_1, W_2)
 

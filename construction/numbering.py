@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from construction.bases import Prefixed, Space, block, search_sorted, sorted_strings
-from construction.experts import column_map, template_nodes
+from construction.experts import EntityNames, column_map, template_nodes
 from construction.residual import residual_space, symbols
 from tasks.model import TaskSet
 
@@ -46,7 +46,7 @@ def neuron_space(taskset: TaskSet, k: int) -> Space:
     task = taskset.tasks[k]
     vocab = taskset.vocabulary
     W = vocab.n_words
-    subjects = [vocab.entities[int(i) - W] for i in taskset.fact_ids[k][0]]
+    subjects = EntityNames(vocab.entities, taskset.fact_ids[k][0] - W)     # read through, not copied
     labels = Prefixed(tuple(f"template:{' '.join(sigma)}" for sigma, _, _ in template_nodes(task)), "fact:", subjects)
     return Space.of(block("neuron", labels))
 

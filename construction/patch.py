@@ -126,12 +126,16 @@ def patched_weights(old: Weights, old_ts: TaskSet, new_ts: TaskSet, edited: set[
     if sum(widths) <= 200_000:
         from construction.numbering import neuron_space
         neuron_labels = tuple(tuple(neuron_space(new_ts, k).blocks[0].labels) for k in range(K))
-    w = Weights(
-        vocab=new_ts.vocabulary.tokens, E=E, P=P, heads=heads, W_G=W_G_num, b_G=b_G_num,
+    vocab = new_ts.vocabulary.tokens
+    if same_values and old.vocab == vocab:
+        vocab = old.vocab                     # the same tuple: what was checked of it stays known
+    fields = dict(
+        vocab=vocab, E=E, P=P, heads=heads, W_G=W_G_num, b_G=b_G_num,
         experts=tuple(experts), U=U,
         expert_tasks=new_ts.names, gate_mode="top1",
         residual_labels=tuple(residual.labels()) if residual.dim <= 200_000 else None,
         neuron_labels=neuron_labels,
         parameters={"beta": str(beta), "gamma": str(gamma), "epsilon": epsilon, "gate": "closed form"},
     )
+    w = old.replace(**fields) if vocab is old.vocab else Weights(**fields)
     return w, symbolic

@@ -76,6 +76,33 @@ class Expert:
         return self.W_1.shape[0]
 
 
+#: The attribute in which a matrix found canonical keeps what was checked (see :func:`sparse_problem`).
+_CHECKED = "_moe_checked_canonical"
+
+
+def _checked_before(m: Any) -> bool:
+    """Whether ``m`` was found canonical before and cannot have changed since: the same index
+    and value arrays (the very objects checked, not equal copies), all read-only since the
+    check (``sparse_problem`` made them so: a write into them raises), the same shape."""
+    seen = getattr(m, _CHECKED, None)
+    if seen is None:
+        return False
+    arrays = (m.indptr, m.indices, m.data)
+    return (all(a is b for a, b in zip(arrays, seen[:3])) and seen[3] == (m.format, m.shape)
+            and all(map(_frozen, arrays)))
+
+
+def _frozen(a: Any) -> bool:
+    """Whether nothing can write into the memory of the numpy array ``a``: it and every array
+    it is a view of are read-only, down to memory an array owns or an immutable ``bytes``
+    (a view of a writeable array changes when that array is written)."""
+    while isinstance(a, np.ndarray):
+        if a.flags.writeable:
+            return False
+        a = a.base
+    return a is None or isinstance(a, bytes)
+
+
 def sparse_problem(m: Any) -> str | None:
     """Why ``m`` is not a canonical float64 CSR or CSC matrix with finite values, or None.
 
@@ -83,11 +110,31 @@ def sparse_problem(m: Any) -> str | None:
     rows); canonical means the listed indices strictly increase within each row (CSR)
     or column (CSC): sorted, no duplicate entry. It is computed from the index arrays,
     never read from scipy's cached flags (which a caller can set to anything).
+
+    **Checked once.** A matrix found canonical has its three arrays made read-only and
+    remembers them; asked again, with the same array objects still read-only, the answer
+    is the same without the scan (nothing can have written into them: numpy refuses a
+    write into a read-only array, and an array put in the place of one of them is a
+    different object). A watcher's successive models share most of their matrices.
     """
     if not (sp.issparse(m) and m.format in ("csr", "csc")):
         return f"is a {type(m).__name__}, not a scipy CSR or CSC matrix"
     if m.dtype != np.float64:
         return f"has dtype {m.dtype}, not float64"
+    if _checked_before(m):
+        return None
+    problem = _scan(m)
+    arrays = (m.indptr, m.indices, m.data)
+    if problem is None and all(isinstance(a, np.ndarray) for a in arrays):
+        for a in arrays:
+            a.setflags(write=False)
+        if all(map(_frozen, arrays)):            # else (a view of writeable memory) checked every time
+            setattr(m, _CHECKED, (*arrays, (m.format, m.shape)))
+    return problem
+
+
+def _scan(m: Any) -> str | None:
+    """:func:`sparse_problem` computed from the arrays."""
     csr = m.format == "csr"
     n_major, n_minor = m.shape if csr else m.shape[::-1]
     major, minor = ("row", "column") if csr else ("column", "row")
@@ -172,7 +219,23 @@ class Weights:
         return len(self.vocab)
 
     def replace(self, **changes) -> "Weights":
-        return replace(self, **changes)
+        """A copy with ``changes``; what was checked of the vocabulary stays known when the
+        copy has the same vocabulary tuple (:meth:`_vocab_checked`)."""
+        out = replace(self, **changes)
+        if out.vocab is self.vocab and "_vocab_memo" in self.__dict__:
+            object.__setattr__(out, "_vocab_memo", self.__dict__["_vocab_memo"])
+        return out
+
+    def _vocab_checked(self) -> tuple[bool, bool]:
+        """(every token a str, no token twice), computed once per vocabulary tuple: a tuple
+        cannot change, nor can the strings in it, so the answer for the same object holds."""
+        memo = self.__dict__.get("_vocab_memo")
+        if memo is None or memo[0] is not self.vocab:
+            vocab = self.vocab
+            strings = isinstance(vocab, tuple) and all(issubclass(t, str) for t in set(map(type, vocab)))
+            memo = (vocab, strings, strings and len(set(vocab)) == len(vocab))
+            object.__setattr__(self, "_vocab_memo", memo)
+        return memo[1], memo[2]
 
     def parameter_counts(self) -> dict[str, Any]:
         """Parameters, counted as stored entries (the sparse weights' non-zeros; biases
@@ -201,7 +264,7 @@ class Weights:
         Raises :class:`TaskError` naming a missing token (weights built for another set).
         """
         tokens = list(tokens)
-        if tuple(tokens) == self.vocab[:len(tokens)] and len(set(self.vocab)) == len(self.vocab):
+        if tuple(tokens) == self.vocab[:len(tokens)] and self._vocab_checked()[1]:
             return np.arange(len(tokens), dtype=np.int64)       # the usual case: the vocabulary in order
         index = {t: i for i, t in enumerate(self.vocab)}
         missing = [t for t in tokens if t not in index]
@@ -220,12 +283,12 @@ class Weights:
                 raise TaskError(what, file=source, fix=_LAYOUT_FIX)
 
         # every token's type a str type (isinstance, per type rather than per token: a million tokens)
-        need(isinstance(self.vocab, tuple) and all(issubclass(t, str) for t in set(map(type, self.vocab))),
-             "vocab must be a tuple of strings")
+        strings, distinct = self._vocab_checked()
+        need(strings, "vocab must be a tuple of strings")
         need(sp.issparse(self.E) and len(self.E.shape) == 2, "E is not a sparse matrix")
         V, d = len(self.vocab), self.d
         K = len(self.experts)
-        need(len(set(self.vocab)) == V, "vocab has repeated tokens")
+        need(distinct, "vocab has repeated tokens")
         for name, m in self.arrays():
             problem = sparse_problem(m) if name not in ("b_G",) and not name.endswith(".b_1") else None
             if problem:

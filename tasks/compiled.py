@@ -53,6 +53,60 @@ def _names(names) -> np.ndarray:
     return np.asarray(names, dtype=str) if len(names) else np.zeros(0, "U1")
 
 
+def _multipliers(width: int) -> np.ndarray:
+    """Fixed pseudo-random odd 64-bit multipliers, one per position (splitmix64 of 1, 2, ...):
+    without the linear pattern that makes swapped characters cancel."""
+    z = np.arange(1, width + 1, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return (z ^ (z >> np.uint64(31))) | np.uint64(1)
+
+
+def _string_hash(a: np.ndarray) -> np.ndarray:
+    """A 64-bit hash of each string of the str array ``a``: the sum, wrapping mod 2^64, of its
+    code points times fixed multipliers, one per position. Equal strings hash equal whatever
+    the arrays' widths (numpy pads a shorter string with zero code points, which add
+    nothing). Used only to propose matches, each then compared exactly."""
+    n, width = a.size, a.dtype.itemsize // 4
+    codes = a.view(np.uint32).reshape(n, width) if n and width else np.zeros((n, 0), np.uint32)
+    mult = _multipliers(width)
+    out = np.zeros(n, np.uint64)
+    for j in range(width):
+        out += codes[:, j].astype(np.uint64) * mult[j]
+    return out
+
+
+def _positions_in(names: np.ndarray, among: np.ndarray) -> np.ndarray:
+    """For each of ``names``, its position in the sorted str array ``among`` of distinct
+    strings, or -1.
+
+    Why exact: a name gets position j only if ``among[j] == name`` was compared true; a name
+    whose hash no string of ``among`` has is not among them (equal strings hash equal); the
+    names left, whose hash some string has but not the one compared (a collision, or a run
+    of equal hashes), are looked up by binary search. Integers are sorted, not strings: for
+    a hundred thousand names several times faster than sorting them."""
+    out = np.full(names.size, -1, np.int64)
+    if not names.size or not among.size:
+        return out
+    h_among = _string_hash(among)
+    order = np.argsort(h_among)
+    sorted_h = h_among[order]
+    h = _string_hash(names)
+    by_h = np.argsort(h)                         # sorted needles: a cache-friendly search
+    at = np.empty(names.size, np.int64)
+    at[by_h] = np.searchsorted(sorted_h, h[by_h])
+    at = np.minimum(at, among.size - 1)
+    same_h = sorted_h[at] == h
+    cand = order[at]
+    ok = same_h & (among[cand] == names)
+    out[ok] = cand[ok]
+    doubt = np.flatnonzero(same_h & ~ok)
+    if doubt.size:
+        j = np.minimum(np.searchsorted(among, names[doubt]), among.size - 1)
+        out[doubt] = np.where(among[j] == names[doubt], j, -1)
+    return out
+
+
 class FactsCache:
     """Facts of an earlier read of a tasks file (``taskset``), with its facts files' hashes."""
 
@@ -115,47 +169,70 @@ class FactsCache:
         """The task set of ``tasks`` (cached facts among them), its vocabulary and fact ids
         computed from the cache's arrays; the whole-set rules checked (module docstring).
 
-        The old vocabulary's entities that some task still uses keep their order; the edited
-        tasks' names not among them are inserted where they sort. So an old entity's new id
-        is its rank among those kept plus the number of names inserted before it (integers,
-        no string compared), and the task set records that map (:func:`token_map_from`)."""
+        **Ids without sorting names.** Every name of an edited task is first given its id in
+        the old vocabulary, if it has one: among the names the task had before (an edit keeps
+        most of them; matched by hash, each match compared exactly, :func:`_positions_in`),
+        else by binary search among the old entities. The names with no old id (``extra``, sorted; a few, for an
+        edit) are not old entities, so inserting them where they sort among the old entities
+        still in use (which keep their order) gives the sorted, distinct entities of the new
+        set. An old entity's new id is then its rank among those kept plus the number of
+        names inserted before it, and an extra name's is where it was inserted: integers, no
+        name compared beyond the lookups. The task set records the old-to-new map
+        (:func:`token_map_from`)."""
         old = self.taskset
         old_vocab = old.vocabulary
         W_old = old_vocab.n_words
         old_entities = old_vocab.entity_array
         words = sorted({w for t in tasks for tpl in t.templates for w in tpl.words})
-        ids, names = [], []
-        local: dict[str, tuple[np.ndarray, np.ndarray]] = {}   # edited task -> (its names, sorted; each fact name's rank)
-        for t in tasks:
-            if t.name in self.reused:
-                ids.extend(old.fact_ids[old.index(t.name)])
-            else:
-                both = np.concatenate([_names(t.facts.subjects), _names(t.facts.objects)])
-                uniq, rank = np.unique(both, return_inverse=True)
-                local[t.name] = (uniq, rank.reshape(-1))
-                names.append(uniq)
-        used = np.zeros(old_entities.size, bool)        # the old entities in use: integers first, cheap
-        if any(a.size and (int(a.min()) < W_old or int(a.max()) >= old_vocab.size) for a in ids):
+        ids = [old.fact_ids[old.index(t.name)] for t in tasks if t.name in self.reused]   # reused tasks' old ids
+        coded: dict[str, np.ndarray] = {}   # edited task -> each fact name's old id, or -1 (none)
+        fresh: dict[str, tuple] = {}        # edited task -> (its names with no old id, sorted; positions; which)
+        old_names = set(old.names)
+        if any(a.size and (int(a.min()) < W_old or int(a.max()) >= old_vocab.size)
+               for t in tasks if t.name in old_names for a in old.fact_ids[old.index(t.name)]):
             raise TaskError("the certificate's task set has fact ids that are not its entities' ids",
                             fix="write the certificate again with 'check --certificate DIR'")
-        for a in ids:
-            used[a - W_old] = True                      # fact ids are entity ids (>= the words)
-        kept = old_entities[used]
-        entities = kept                  # sorted and distinct: old entities are, and ids are unique
+        for t in tasks:
+            if t.name in self.reused:
+                continue
+            names = _names(t.facts.subjects + t.facts.objects)
+            code = np.full(names.size, -1, np.int64)
+            if t.name in old_names:      # among the names this task had before (an edit keeps most)
+                s_old, o_old = old.fact_ids[old.index(t.name)]
+                had = np.zeros(old_vocab.size, bool)
+                had[s_old] = had[o_old] = True
+                before = np.flatnonzero(had)     # its old ids, sorted: so are their names
+                at = _positions_in(names, old_entities[before - W_old])
+                code[at >= 0] = before[at[at >= 0]]
+            missing = np.flatnonzero(code < 0)
+            if missing.size:             # the rest: by binary search among all old entities
+                rest, where = np.unique(names[missing], return_inverse=True)
+                where = where.reshape(-1)
+                if old_entities.size:
+                    rest = rest.astype(np.result_type(rest.dtype, old_entities.dtype))
+                    at = np.minimum(np.searchsorted(old_entities, rest), old_entities.size - 1)
+                    found = np.where(old_entities[at] == rest, at + W_old, -1)
+                    code[missing] = found[where]
+                    still = np.flatnonzero(code[missing] < 0)
+                    missing, where = missing[still], where[still]
+                fresh[t.name] = (rest, missing, where)
+            coded[t.name] = code
+        used = np.zeros(old_entities.size, bool)        # the old entities in use: integers first, cheap
+        for pair in ids:
+            for a in pair:
+                used[a - W_old] = True                  # fact ids are entity ids (>= the words)
+        for code in coded.values():
+            used[code[code >= 0] - W_old] = True
+        kept = old_entities[used]        # sorted and distinct: old entities are, and ids are unique
+        entities = kept
         inserted = np.zeros(0, np.int64)  # positions in ``kept`` before which names are inserted
-        if names:                        # the edited tasks' names merged in (the sort of only those)
-            extra = names[0] if len(names) == 1 else np.unique(np.concatenate(names))
+        news = [rest[np.unique(where)] for rest, _, where in fresh.values() if where.size]
+        if news:                         # names with no old id: none is an old entity
+            extra = news[0] if len(news) == 1 else np.unique(np.concatenate(news))
             kept = kept.astype(np.result_type(kept.dtype, extra.dtype))   # wide enough for every name
-            at = np.searchsorted(kept, extra)
-            hit = at < kept.size
-            hit[hit] = kept[at[hit]] == extra[hit]
-            inserted = at[~hit]
-            entities = np.insert(kept, inserted, extra[~hit])
-            # where each of ``extra`` is now: a kept name moved by the names inserted up to it,
-            # an inserted one where np.insert put it (integers; ``at`` and ``inserted`` are sorted)
-            extra_at = np.empty(extra.size, np.int64)
-            extra_at[hit] = at[hit] + np.searchsorted(inserted, at[hit], side="right")
-            extra_at[~hit] = inserted + np.arange(inserted.size)
+            inserted = np.searchsorted(kept, extra)
+            entities = np.insert(kept, inserted, extra)
+            extra_at = inserted + np.arange(inserted.size)       # where np.insert put them (``inserted`` sorts)
         entity_names = tuple(entities.tolist())
         if words and entities.size:
             w = np.asarray(words, dtype=str)
@@ -173,12 +250,6 @@ class FactsCache:
         rank = np.flatnonzero(used)                     # kept entity r is old entity rank[r]
         r = np.arange(rank.size)
         to_new[W_old + rank] = W + r + np.searchsorted(inserted, r, side="right")
-        if inserted.size and old_entities.size:         # inserted names may be old entities no reused task uses
-            new_at = inserted + np.arange(inserted.size)    # where np.insert put them (``inserted`` is sorted)
-            names_in = entities[new_at]
-            j = np.minimum(np.searchsorted(old_entities, names_in), old_entities.size - 1)
-            was = old_entities[j] == names_in
-            to_new[W_old + j[was]] = W + new_at[was]
         tokens = tuple(words) + entity_names
         out_tasks, ids = [], []
         for t in tasks:
@@ -189,10 +260,13 @@ class FactsCache:
                 o.setflags(write=False)
                 t = Task(t.name, t.templates, Facts.lazy(tokens, s, o))
             else:
-                # a name's id: its rank among the task's names, placed in the merged entities
-                uniq, rank_of = local[t.name]
-                at = (extra_at if len(names) == 1 else np.searchsorted(entities, uniq).astype(np.int64)) + W
-                both, n = at[rank_of], len(t.facts)
+                code = coded[t.name]
+                both = np.where(code >= 0, to_new[np.maximum(code, 0)], -1)
+                if t.name in fresh:
+                    rest, missing, where = fresh[t.name]
+                    if missing.size:
+                        both[missing] = W + extra_at[np.searchsorted(extra, rest[where])]
+                n = len(t.facts)
                 order = np.argsort(both[:n], kind="stable")
                 s, o = both[:n][order], both[n:][order]
                 s.setflags(write=False)

@@ -159,3 +159,21 @@ def test_weights_whose_vocabulary_is_not_strings_are_refused(capitals_set, bad):
     w.replace(vocab=tuple(type("Name", (str,), {})(t) for t in w.vocab)).validate()
     with pytest.raises(TaskError, match="vocab must be a tuple of strings"):
         w.replace(vocab=w.vocab[:-1] + (bad,)).validate()
+
+
+def test_what_was_checked_of_a_vocabulary_is_not_carried_to_another(capitals_set):
+    """validate remembers its vocabulary verdict per tuple object (layout.weights): a copy with
+    the same tuple keeps it, a copy with another tuple (a token repeated) is checked anew,
+    as is the repeated token in token_ids' fast path."""
+    from tasks.errors import TaskError
+
+    w = build(capitals_set).instantiate()
+    w.validate()
+    assert w.replace(E=w.E).__dict__["_vocab_memo"][0] is w.vocab          # carried: the same tuple
+    repeated = w.vocab[:-1] + (w.vocab[0],)
+    twice = w.replace(vocab=repeated)
+    assert "_vocab_memo" not in twice.__dict__
+    with pytest.raises(TaskError, match="vocab has repeated tokens"):
+        twice.validate()
+    ids = twice.token_ids(repeated[:3])        # not the in-order shortcut: the repeat's last place
+    assert ids[0] == len(repeated) - 1 and ids[1:].tolist() == [1, 2]

@@ -124,6 +124,36 @@ def test_canonical_form_is_computed_not_read_from_scipy_flags(capitals_set, buil
         verify(capitals_set, built.replace(U=unsorted), 0.01)
 
 
+def test_a_matrix_checked_once_is_checked_again_after_any_change(capitals_set, built):
+    """The canonical-form check remembers a matrix it passed (layout.weights.sparse_problem):
+    its arrays are made read-only, so a write into them is refused, and an array put in
+    their place, or a view of memory still writeable, is scanned again."""
+    from layout.weights import sparse_problem
+
+    U = built.U.copy()
+    assert sparse_problem(U) is None and not U.data.flags.writeable
+    with pytest.raises(ValueError):
+        U.data[0] = np.nan                        # refused: the array checked is read-only
+    U.data = U.data.copy()                        # another array in its place, writeable
+    U.data[0] = np.nan
+    with pytest.raises(TaskError, match="not a finite number"):
+        verify(capitals_set, built.replace(U=U), 0.01)
+    U = built.U.copy()
+    assert sparse_problem(U) is None
+    U.indices = U.indices.copy()
+    a, b = U.indptr[0], U.indptr[1]
+    U.indices[a:b] = U.indices[a:b][::-1].copy()  # rows unsorted, data left as it was
+    if b - a >= 2:
+        with pytest.raises(TaskError, match="not sorted"):
+            verify(capitals_set, built.replace(U=U), 0.01)
+    memory = built.U.data.copy()                  # U's values as a view of writeable memory
+    U = sp.csr_matrix((memory[:], built.U.indices.copy(), built.U.indptr.copy()), shape=built.U.shape)
+    assert U.data.base is memory or U.data is memory
+    assert sparse_problem(U) is None
+    memory[0] = np.inf                            # written through the memory, not through U.data
+    assert sparse_problem(U) is not None and "not a finite number" in sparse_problem(U)
+
+
 def test_explicit_zeros_are_the_value_zero(capitals_set, built):
     U = built.U.copy()
     U.data[:3] = 0.0  # stored, canonical, exactly 0
