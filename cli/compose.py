@@ -231,13 +231,13 @@ def load_since(tasks_path: str, directory: str):
     return (old, *read_since(tasks_path, old))
 
 
-def read_since(tasks_path: str, old, composed: dict | None = None):
+def read_since(tasks_path: str, old, composed: dict | None = None, previous: dict | None = None):
     """(the tasks file read against the certificate ``old``, the facts cache used);
-    ``composed`` as in :class:`tasks.compiled.FactsCache`."""
+    ``composed`` and ``previous`` as in :class:`tasks.compiled.FactsCache`."""
     from tasks.compiled import FactsCache
     from tasks.io import input_files, load_tasks
 
-    cache = FactsCache(old.taskset, old.file_hashes, composed)
+    cache = FactsCache(old.taskset, old.file_hashes, composed, previous)
     cache.warm(input_files(tasks_path)[1:])
     return load_tasks(tasks_path, cache=cache), cache
 

@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import hashlib
 import os
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 
 from tasks.errors import TaskError
-from tasks.facts_files import parse_mode
+from tasks.facts_files import facts_key, parse_mode
 from tasks.model import Facts, Task, TaskSet, Vocabulary
 
 
@@ -31,6 +31,20 @@ def file_hash(path: str) -> str:
         for block in iter(lambda: f.read(1 << 22), b""):
             h.update(block)
     return h.hexdigest()
+
+
+def _regular_file_bytes(path: str) -> bytes:
+    """A regular file's bytes (OSError for anything else: a FIFO would block)."""
+    import stat
+
+    try:
+        mode = os.stat(path).st_mode
+    except ValueError as e:              # a NUL in the path
+        raise OSError(str(e)) from None
+    if not stat.S_ISREG(mode):
+        raise OSError(f"not a regular file: {path}")
+    with open(path, "rb") as f:
+        return f.read()
 
 
 def facts_file_key(path: str) -> str:
@@ -110,11 +124,21 @@ def _positions_in(names: np.ndarray, among: np.ndarray) -> np.ndarray:
 class FactsCache:
     """Facts of an earlier read of a tasks file (``taskset``), with its facts files' hashes."""
 
-    def __init__(self, taskset: TaskSet, hashes: dict[str, list[str]], composed: dict | None = None) -> None:
+    def __init__(self, taskset: TaskSet, hashes: dict[str, list[str]], composed: dict | None = None,
+                 previous: dict[str, tuple[str, bytes]] | None = None) -> None:
         self.taskset, self.hashes = taskset, hashes
         #: (file, text) -> YAML node graph, shared by successive reads (a watcher's): a tasks
         #: file whose text is unchanged is not composed again (the loader only reads nodes)
         self.composed = composed if composed is not None else {}
+        #: path -> (key, bytes) of facts files as an earlier read found them (a watcher's last
+        #: read), or None: then files are hashed without keeping their bytes. An edited file
+        #: whose earlier bytes have the key its task's facts were recorded with is read
+        #: against them (tasks.splice); ``read_now`` is the same for this read, for the next.
+        self.previous = previous
+        self.read_now: dict[str, tuple[str, bytes]] = {}
+        #: edited task -> (its old subject ids kept, their object ids, the new lines' subjects,
+        #: their objects): facts read against their earlier bytes, for :meth:`assemble`
+        self.spliced: dict[str, tuple[np.ndarray, np.ndarray, list[str], list[str]]] = {}
         self.reused: set[str] = set()
         #: per task looked up: the keys of its facts files this time (the loader records them
         #: for the next certificate when the cached facts are given back; for facts it parses
@@ -128,16 +152,24 @@ class FactsCache:
         is left to it."""
         from concurrent.futures import ThreadPoolExecutor
 
-        def key(path: str) -> tuple[str, str | None]:
+        keep = self.previous is not None
+
+        def key(path: str) -> tuple[str, str | None, bytes | None]:
             try:
-                return path, facts_file_key(path)
+                if not keep:
+                    return path, facts_file_key(path), None
+                data = _regular_file_bytes(path)
+                return path, facts_key(path, data), data
             except OSError:
-                return path, None
+                return path, None, None
 
         with ThreadPoolExecutor(max(1, threads)) as pool:
-            for path, k in pool.map(key, sorted({os.path.abspath(p) for p in paths})):
+            for path, k, data in pool.map(key, sorted({os.path.abspath(p) for p in paths})):
                 if k is not None:
                     self._keys[path] = k
+                    if keep:
+                        before = self.previous.get(path)
+                        self.read_now[path] = before if before is not None and before[0] == k else (k, data)
 
     def compose(self, text: str, file: str, lines):
         """The YAML node graph of ``text`` (``tasks.yaml_nodes.compose``), kept for the next
@@ -151,19 +183,73 @@ class FactsCache:
             self.composed[key] = root
         return self.composed[key]
 
-    def lookup(self, name: str, files: Sequence[str]) -> Facts | None:
+    def lookup(self, name: str, files: Sequence[str], words: Mapping[str, object] | None = None) -> Facts | None:
         """The cached facts of task ``name`` if it read exactly these files' bytes before, in
-        the same order and parse modes."""
+        the same order and parse modes; or, for a task of one facts file whose bytes before
+        are known (``previous``), its facts read against them (:meth:`_spliced`; ``words``:
+        the template words, which no name may be)."""
         try:
             got = [self._keys.pop(os.path.abspath(f), None) or facts_file_key(f) for f in files]
         except OSError:
             return None
         self.seen[name] = got
         want = self.hashes.get(name)
-        if not files or want is None or got != want or name not in self.taskset.names:
+        if not files or want is None or name not in self.taskset.names:
+            return None
+        if got != want:
+            if len(files) == 1 and self.previous is not None and words is not None:
+                return self._spliced(name, os.path.abspath(files[0]), want[0], got[0], words)
             return None
         self.reused.add(name)
         return self.taskset.tasks[self.taskset.index(name)].facts
+
+    def _spliced(self, name: str, path: str, want: str, got: str, words: Mapping[str, object]) -> Facts | None:
+        """Task ``name``'s facts from its one facts file ``path``, read against the bytes its
+        facts were read from before, or None (then the file is read in full).
+
+        ``previous[path]`` has the key ``want`` the certificate recorded for the task, so the
+        task's old facts are exactly what those bytes hold (a certificate records the key of
+        the bytes its facts were parsed from); ``read_now[path]``, of key ``got``, is what the
+        file holds now, and the facts returned are what a full read of those bytes gives
+        (tasks.splice): the old facts less the old middle lines' subjects, plus the new
+        middle lines' facts, with the new lines' names checked as the full read checks them,
+        and no subject twice (checked on ids). The key recorded for the task is ``got``."""
+        from tasks.model import plain_names
+        from tasks.splice import splice
+
+        before, now = self.previous.get(path), self.read_now.get(path)
+        if before is None or now is None or before[0] != want or now[0] != got:
+            return None
+        old = self.taskset
+        k = old.index(name)
+        s_old, o_old = old.fact_ids[k]
+        cut = splice(before[1], now[1], path, int(s_old.size))
+        if cut is None:
+            return None
+        added_s, added_o = cut.added_subjects, cut.added_objects
+        if (added_s and not (plain_names(added_s) and plain_names(added_o))) or len(set(added_s)) != len(added_s) \
+                or not words.keys().isdisjoint(added_s) or not words.keys().isdisjoint(added_o):
+            return None                  # a line to report, or a subject twice: the full read says which
+        vocab = old.vocabulary
+        removed = np.asarray([-1 if i is None else i for i in map(vocab.find, cut.removed_subjects)], np.int64)
+        at = np.minimum(np.searchsorted(s_old, removed), max(s_old.size - 1, 0))
+        if removed.size and not (s_old.size and (s_old[at] == removed).all() and np.unique(at).size == at.size):
+            return None                  # not distinct old subjects: the bytes were not these facts'
+        keep = np.ones(s_old.size, bool)
+        keep[at] = False
+        if s_old.size - removed.size + len(added_s) < 1:
+            return None                  # an empty dictionary: the full read reports it
+        again = np.asarray([i for i in map(vocab.find, added_s) if i is not None], np.int64)
+        if again.size:                   # a new line's subject on a line kept: a subject twice
+            j = np.minimum(np.searchsorted(s_old, again), s_old.size - 1)
+            if (keep[j] & (s_old[j] == again)).any():
+                return None
+        kept_s, kept_o = s_old[keep], o_old[keep]
+        self.spliced[name] = (kept_s, kept_o, list(added_s), list(added_o))
+        names = vocab.tokens + tuple(added_s) + tuple(added_o)
+        n_old, n_add = vocab.size, len(added_s)
+        return Facts.lazy(names, np.concatenate([kept_s, np.arange(n_old, n_old + n_add)]),
+                          np.concatenate([kept_o, np.arange(n_old + n_add, n_old + 2 * n_add)]))
 
     def assemble(self, tasks: list[Task], epsilon, parameters, sources) -> TaskSet:
         """The task set of ``tasks`` (cached facts among them), its vocabulary and fact ids
@@ -172,7 +258,9 @@ class FactsCache:
         **Ids without sorting names.** Every name of an edited task is first given its id in
         the old vocabulary, if it has one: among the names the task had before (an edit keeps
         most of them; matched by hash, each match compared exactly, :func:`_positions_in`),
-        else by binary search among the old entities. The names with no old id (``extra``, sorted; a few, for an
+        else by binary search among the old entities (a task read against its file's earlier
+        bytes, :meth:`_spliced`, has the old ids of the lines kept, and only its new lines'
+        names are looked up). The names with no old id (``extra``, sorted; a few, for an
         edit) are not old entities, so inserting them where they sort among the old entities
         still in use (which keep their order) gives the sorted, distinct entities of the new
         set. An old entity's new id is then its rank among those kept plus the number of
@@ -195,18 +283,26 @@ class FactsCache:
         for t in tasks:
             if t.name in self.reused:
                 continue
-            names = _names(t.facts.subjects + t.facts.objects)
-            code = np.full(names.size, -1, np.int64)
-            if t.name in old_names:      # among the names this task had before (an edit keeps most)
-                s_old, o_old = old.fact_ids[old.index(t.name)]
-                had = np.zeros(old_vocab.size, bool)
-                had[s_old] = had[o_old] = True
-                before = np.flatnonzero(had)     # its old ids, sorted: so are their names
-                at = _positions_in(names, old_entities[before - W_old])
-                code[at >= 0] = before[at[at >= 0]]
-            missing = np.flatnonzero(code < 0)
+            if t.name in self.spliced:   # the lines kept have their old ids; the new lines' names are looked up
+                kept_s, kept_o, add_s, add_o = self.spliced[t.name]
+                blank = np.full(len(add_s), -1, np.int64)
+                code = np.concatenate([kept_s, blank, kept_o, blank])
+                missing = np.flatnonzero(code < 0)
+                missing_names = _names(add_s + add_o)              # in the order of ``missing``
+            else:
+                names = _names(t.facts.subjects + t.facts.objects)
+                code = np.full(names.size, -1, np.int64)
+                if t.name in old_names:  # among the names this task had before (an edit keeps most)
+                    s_old, o_old = old.fact_ids[old.index(t.name)]
+                    had = np.zeros(old_vocab.size, bool)
+                    had[s_old] = had[o_old] = True
+                    before = np.flatnonzero(had)     # its old ids, sorted: so are their names
+                    at = _positions_in(names, old_entities[before - W_old])
+                    code[at >= 0] = before[at[at >= 0]]
+                missing = np.flatnonzero(code < 0)
+                missing_names = names[missing]
             if missing.size:             # the rest: by binary search among all old entities
-                rest, where = np.unique(names[missing], return_inverse=True)
+                rest, where = np.unique(missing_names, return_inverse=True)
                 where = where.reshape(-1)
                 if old_entities.size:
                     rest = rest.astype(np.result_type(rest.dtype, old_entities.dtype))
@@ -271,6 +367,8 @@ class FactsCache:
                 s, o = both[:n][order], both[n:][order]
                 s.setflags(write=False)
                 o.setflags(write=False)
+                if t.name in self.spliced:   # its names read through the new vocabulary
+                    t = Task(t.name, t.templates, Facts.lazy(tokens, s, o))
             out_tasks.append(t)
             ids.append((s, o))
         ts = TaskSet.trusted(tuple(out_tasks), tuple(words), entity_names, tuple(ids), epsilon, parameters)

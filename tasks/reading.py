@@ -172,14 +172,14 @@ class _Builder:
                           parameter_lines, self.line(items["epsilon"][1]) if "epsilon" in items else None,
                           self.facts_keys)
         try:
-            if self.cache is not None and self.cache.reused:
+            if self.cache is not None and (self.cache.reused or self.cache.spliced):
                 taskset = self.cache.assemble(tasks, epsilon, parameters, sources)
             else:
                 taskset = TaskSet(tuple(tasks), epsilon, parameters, sources)
         except TaskError as e:
             raise e.located(self.file) from None
         if self.routable:
-            only = self.cache.changed(taskset) if self.cache is not None and self.cache.reused else None
+            only = self.cache.changed(taskset) if self.cache is not None and (self.cache.reused or self.cache.spliced) else None
             self.check_routable(taskset, heads, only)
         return taskset
 
@@ -337,7 +337,7 @@ class _Builder:
         ``facts_keys`` are the keys of those bytes (or the keys the cache matched), never of
         a second read that a write in between could have changed."""
         if self.cache is not None and head.files:
-            cached = self.cache.lookup(head.name, [self.full_path(p) for p, _ in head.files])
+            cached = self.cache.lookup(head.name, [self.full_path(p) for p, _ in head.files], words)
             if cached is not None:
                 self.facts_keys[head.name] = tuple(self.cache.seen[head.name])
                 return cached
