@@ -121,6 +121,25 @@ def _positions_in(names: np.ndarray, among: np.ndarray) -> np.ndarray:
     return out
 
 
+#: An edited file whose changed lines (before and now) number more than this, and more
+#: than a quarter of its facts, is read in full: the spliced read would cost as much.
+SPLICED_LINES = 10_000
+
+
+def _entity_ids_or_none(vocab: Vocabulary, names: Sequence[str]) -> np.ndarray:
+    """The token id of each name among ``vocab``'s entities, -1 for a name that is not one
+    (binary search in the sorted entities, each hit compared exactly)."""
+    out = np.full(len(names), -1, np.int64)
+    entities = vocab.entity_array
+    if not len(names) or not entities.size:
+        return out
+    want = _names(names)
+    at = np.minimum(np.searchsorted(entities, want), entities.size - 1)
+    hit = entities[at] == want
+    out[hit] = at[hit] + vocab.n_words
+    return out
+
+
 class FactsCache:
     """Facts of an earlier read of a tasks file (``taskset``), with its facts files' hashes."""
 
@@ -224,14 +243,14 @@ class FactsCache:
         k = old.index(name)
         s_old, o_old = old.fact_ids[k]
         cut = splice(before[1], now[1], path, int(s_old.size))
-        if cut is None:
-            return None
+        if cut is None or len(cut.removed_subjects) + len(cut.added_subjects) > max(SPLICED_LINES, s_old.size // 4):
+            return None                  # (an edit of most lines: the full read costs no more)
         added_s, added_o = cut.added_subjects, cut.added_objects
         if (added_s and not (plain_names(added_s) and plain_names(added_o))) or len(set(added_s)) != len(added_s) \
                 or not words.keys().isdisjoint(added_s) or not words.keys().isdisjoint(added_o):
             return None                  # a line to report, or a subject twice: the full read says which
         vocab = old.vocabulary
-        removed = np.asarray([-1 if i is None else i for i in map(vocab.find, cut.removed_subjects)], np.int64)
+        removed = _entity_ids_or_none(vocab, cut.removed_subjects)
         at = np.minimum(np.searchsorted(s_old, removed), max(s_old.size - 1, 0))
         if removed.size and not (s_old.size and (s_old[at] == removed).all() and np.unique(at).size == at.size):
             return None                  # not distinct old subjects: the bytes were not these facts'
@@ -239,7 +258,8 @@ class FactsCache:
         keep[at] = False
         if s_old.size - removed.size + len(added_s) < 1:
             return None                  # an empty dictionary: the full read reports it
-        again = np.asarray([i for i in map(vocab.find, added_s) if i is not None], np.int64)
+        again = _entity_ids_or_none(vocab, added_s)
+        again = again[again >= 0]
         if again.size:                   # a new line's subject on a line kept: a subject twice
             j = np.minimum(np.searchsorted(s_old, again), s_old.size - 1)
             if (keep[j] & (s_old[j] == again)).any():
