@@ -170,6 +170,44 @@ def check_and_record(taskset: TaskSet, model: SymbolicModel, *, isolation: bool 
     return report, cert
 
 
+def task_hashes_since(old, taskset: TaskSet, reused: set[str], token_map) -> tuple[dict[str, str | None], set[str]]:
+    """(each task's content hash for the new certificate, the tasks edited since ``old``).
+
+    A task taken from the certificate keeps its hash. A task read again is unedited when it
+    has the same templates and, through ``token_map`` (old token id -> new id, by name:
+    ``tasks.compiled.token_map_from``), the very fact ids it had: same name, templates and
+    facts, so the same hash. Else it is edited, and its hash is left to be computed when
+    the certificate is saved (None: ``Certificate.resolved_hashes``), after the verdict.
+    Without a token map every task read again is hashed and compared, as before."""
+    import numpy as np
+
+    from verifier.certificate import task_hash
+
+    hashes: dict[str, str | None] = {}
+    edited: set[str] = set()
+    old_ts = old.taskset
+    old_names = set(old_ts.names)
+    for k, t in enumerate(taskset.tasks):
+        before = old.task_hashes.get(t.name)
+        if t.name in reused:
+            hashes[t.name] = before
+            continue
+        if token_map is not None and before is not None and t.name in old_names:
+            o = old_ts.index(t.name)
+            (s0, o0), (s1, o1) = old_ts.fact_ids[o], taskset.fact_ids[k]
+            if old_ts.tasks[o].templates == t.templates and s0.size == s1.size \
+                    and np.array_equal(token_map[s0], s1) and np.array_equal(token_map[o0], o1):
+                hashes[t.name] = before
+            else:
+                hashes[t.name] = None
+                edited.add(t.name)
+            continue
+        hashes[t.name] = task_hash(t, taskset)
+        if before != hashes[t.name]:
+            edited.add(t.name)
+    return hashes, edited
+
+
 def read_keys(taskset: TaskSet) -> dict[str, list[str]]:
     """What a certificate records of the facts files: per task, the keys of the bytes its
     facts were read from, as the loader recorded them (``Sources.facts_keys``). Never a
@@ -276,7 +314,7 @@ def recertify_since(taskset: TaskSet, directory: str | None = None, *, old=None,
     from construction.residual import residual_space
     from tasks.compiled import token_map_from
     from tasks.structure import StructureTrie
-    from verifier.certificate import Certificate, load_certificate, task_hash
+    from verifier.certificate import Certificate, load_certificate
     from verifier.classes import CellPlan, ClassRecorder
     from verifier.incremental import recertify
     from verifier.locality import Correspondence, watched_neurons
@@ -287,13 +325,12 @@ def recertify_since(taskset: TaskSet, directory: str | None = None, *, old=None,
     pinned = pinned_parameters(old, taskset)
     # parameters written in the tasks file win (if they differ, every weight changes: a full check)
     beta, gamma = taskset.parameters.get("beta", pinned[0]), taskset.parameters.get("gamma", pinned[1])
-    hashes = {t.name: (old.task_hashes.get(t.name) if t.name in reused else task_hash(t, taskset)) for t in taskset.tasks}
-    edited = {name for name, h in hashes.items() if old.task_hashes.get(name) != h}
+    token_map = token_map_from(taskset, old.taskset.vocabulary)
+    hashes, edited = task_hashes_since(old, taskset, reused, token_map)
     # the certificate's ε, unless the tasks file states one (as a full check would take it); a
     # different ε is a full check (verifier.incremental.full_reason)
     epsilon = taskset.epsilon if taskset.epsilon is not None else old.epsilon
     names: dict = {}                 # name maps between the two task sets' blocks, computed once
-    token_map = token_map_from(taskset, old.taskset.vocabulary)
     old_names, new_names = numbering(old.taskset), numbering(taskset)
     if token_map is not None:        # the reader's map of old token ids to new ones (no name searched)
         seed_maps(names, old.taskset, taskset, token_map, [(old_names, new_names)])

@@ -219,11 +219,13 @@ class Weights:
         return len(self.vocab)
 
     def replace(self, **changes) -> "Weights":
-        """A copy with ``changes``; what was checked of the vocabulary stays known when the
-        copy has the same vocabulary tuple (:meth:`_vocab_checked`)."""
+        """A copy with ``changes``; what was checked or derived of the vocabulary stays known
+        when the copy has the same vocabulary tuple (:meth:`_vocab_checked`)."""
         out = replace(self, **changes)
-        if out.vocab is self.vocab and "_vocab_memo" in self.__dict__:
-            object.__setattr__(out, "_vocab_memo", self.__dict__["_vocab_memo"])
+        if out.vocab is self.vocab:
+            for kept in ("_vocab_memo", "_vocab_array"):     # (the array: verifier.incremental.vocab_array)
+                if kept in self.__dict__:
+                    object.__setattr__(out, kept, self.__dict__[kept])
         return out
 
     def _vocab_checked(self) -> tuple[bool, bool]:

@@ -356,3 +356,26 @@ def test_a_report_that_cannot_be_written_is_an_error_line_and_the_certificate_is
     assert not report.exists() and (cert / "certificate.json").read_bytes() != before
     assert main(["check", str(path), "--since", str(cert), "--json", "-"]) == 0  # the saved one is the edit's:
     assert json.loads(capsys.readouterr().out)["incremental"]["queries_rerun"] == 0   # nothing left to run
+
+
+def test_edited_tasks_are_hashed_at_the_save_and_a_reordered_file_is_no_edit(tmp_path):
+    """An edited task's content hash is computed when the certificate is saved (after the
+    verdict) and is the hash of a fresh read; a facts file rewritten with the same facts in
+    another order is read again but found unedited (the same fact ids through the token map)."""
+    from verifier.certificate import load_certificate, task_hash
+
+    path = _files(tmp_path)
+    cert = tmp_path / "cert"
+    watcher = Watcher(str(path), str(cert), isolation=False)
+    watcher.check()
+    _edit(path, EDITS[0])
+    outcome = watcher.check()
+    assert outcome.edited == ["capital"] and outcome.save_error is None
+    fresh = load_tasks(path)
+    assert load_certificate(cert).task_hashes == {t.name: task_hash(t) for t in fresh.tasks}
+    assert watcher.cert.task_hashes == load_certificate(cert).task_hashes       # resolved in memory too
+    lines = (tmp_path / "capital.tsv").read_text(encoding="utf-8").splitlines()
+    (tmp_path / "capital.tsv").write_text("\n".join([lines[0]] + lines[1:][::-1]) + "\n", encoding="utf-8")
+    outcome = watcher.check()
+    assert outcome.report.certified and outcome.edited == []
+    assert outcome.report.incremental["queries_rerun"] == 0

@@ -60,8 +60,18 @@ class Certificate:
     plan: CellPlan
     watched: list[np.ndarray]                  # per expert: neurons whose activity the classes record
     summary: dict[str, Any] = field(default_factory=dict)   # per-task records, counts, evidence (JSON)
-    task_hashes: dict[str, str] = field(default_factory=dict)
+    #: per task: :func:`task_hash` (None: not computed yet, :meth:`resolved_hashes` computes it)
+    task_hashes: dict[str, str | None] = field(default_factory=dict)
     file_hashes: dict[str, list[str]] = field(default_factory=dict)   # per task: SHA-256 of each facts file
+
+    def resolved_hashes(self) -> dict[str, str]:
+        """``task_hashes`` with every one not yet computed computed from the task set (and kept:
+        a re-certification defers its edited tasks' hashes until the certificate is saved,
+        after the verdict)."""
+        for name, h in self.task_hashes.items():
+            if h is None:
+                self.task_hashes[name] = task_hash(self.taskset.tasks[self.taskset.index(name)], self.taskset)
+        return self.task_hashes
 
     @property
     def certified(self) -> bool:
@@ -205,7 +215,7 @@ def save_certificate(cert: Certificate, directory: str | os.PathLike) -> None:
         manifest = {
             "format": FORMAT, "epsilon": cert.epsilon, "verdict": cert.verdict,
             "parameters": cert.taskset.parameters, "task_set_epsilon": cert.taskset.epsilon,
-            "task_hashes": cert.task_hashes, "file_hashes": cert.file_hashes, "summary": cert.summary,
+            "task_hashes": cert.resolved_hashes(), "file_hashes": cert.file_hashes, "summary": cert.summary,
             "files": {name: file_hash(os.path.join(tmp, name)) for name in FILES},
         }
         manifest = json.loads(json.dumps(manifest, default=float))     # plain JSON types, as it reads back

@@ -161,8 +161,9 @@ def naming_problem(old: Certificate, weights: Weights, cor: Correspondence) -> s
     ov, nv = vocab_array(old.weights), vocab_array(weights)
     named = cor.tokens[:ov.size]                       # then BOS's row, which has no name in vocab
     m = np.flatnonzero(named >= 0)
+    same = nv is ov and m.size == ov.size and np.array_equal(named, np.arange(ov.size))   # each row its own name
     if cor.tokens.size != ov.size + 1 or cor.tokens[-1] != nv.size or \
-            (m.size and (named[m].max() >= nv.size or (ov[m] != nv[named[m]]).any())):
+            (m.size and not same and (named[m].max() >= nv.size or (ov[m] != nv[named[m]]).any())):
         return "the weights' vocabulary does not name its rows as the task set numbers them"
     ot, nt = list(old.weights.expert_tasks), list(weights.expert_tasks)
     if cor.experts.size != len(ot) or any(j >= len(nt) or (j >= 0 and nt[j] != ot[i]) for i, j in enumerate(cor.experts.tolist())):
