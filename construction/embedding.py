@@ -60,5 +60,6 @@ def positions(taskset: TaskSet, residual: Space) -> SymMatrix:
 
 def unembedding(taskset: TaskSet, residual: Space) -> SymMatrix:
     V = taskset.vocabulary.size
-    cols = list(residual.span("next"))
-    return SymMatrix.build(vocabulary_space(taskset), residual, (list(range(V)), cols, [1.0] * V), GAMMA)
+    cols = residual.offset("next") + np.arange(V)          # the block "next", in token order
+    assert len(residual.span("next")) == V
+    return SymMatrix.build(vocabulary_space(taskset), residual, (np.arange(V), cols, np.ones(V)), GAMMA)

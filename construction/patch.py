@@ -45,18 +45,18 @@ from tasks.structure import StructureTrie
 
 
 def _renumber(m: sp.spmatrix, rows: np.ndarray | None, cols: np.ndarray | None, shape: tuple[int, int]) -> sp.spmatrix:
-    """``m`` with its row and column indices mapped (increasing maps keep canonical order)."""
-    m = m.copy()
+    """``m`` with its row and column indices mapped (increasing maps keep canonical order);
+    its values and pointers are shared, not copied (nothing writes into a model's arrays:
+    the checked ones are read-only, ``layout.weights.sparse_problem``)."""
     if m.format == "csr":
-        if cols is not None:
-            m.indices = cols[m.indices]
         assert rows is None
+        indices, cls, n_minor = (cols[m.indices] if cols is not None else m.indices), sp.csr_matrix, shape[1]
     else:
-        if rows is not None:
-            m.indices = rows[m.indices]
         assert cols is None
-    m._shape = shape
-    return m
+        indices, cls, n_minor = (rows[m.indices] if rows is not None else m.indices), sp.csc_matrix, shape[0]
+    if n_minor <= np.iinfo(m.indices.dtype).max:      # the old index type: scipy then keeps the pointers given
+        indices = indices.astype(m.indices.dtype, copy=False)
+    return cls((m.data, indices, m.indptr), shape=shape)
 
 
 def _same_vocabulary(a: TaskSet, b: TaskSet) -> bool:

@@ -242,9 +242,10 @@ class FactsCache:
         old = self.taskset
         k = old.index(name)
         s_old, o_old = old.fact_ids[k]
-        cut = splice(before[1], now[1], path, int(s_old.size))
-        if cut is None or len(cut.removed_subjects) + len(cut.added_subjects) > max(SPLICED_LINES, s_old.size // 4):
-            return None                  # (an edit of most lines: the full read costs no more)
+        limit = max(SPLICED_LINES, s_old.size // 4)       # (an edit of most lines: the full read costs no more)
+        cut = splice(before[1], now[1], path, int(s_old.size), limit)
+        if cut is None or len(cut.removed_subjects) + len(cut.added_subjects) > limit:
+            return None
         added_s, added_o = cut.added_subjects, cut.added_objects
         if (added_s and not (plain_names(added_s) and plain_names(added_o))) or len(set(added_s)) != len(added_s) \
                 or not words.keys().isdisjoint(added_s) or not words.keys().isdisjoint(added_o):

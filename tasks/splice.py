@@ -95,11 +95,12 @@ def _fields(middle: bytes, sep: str) -> tuple[list[str], list[str]]:
     return [x.strip() for x in fields[0::2]], [x.strip() for x in fields[1::2]]
 
 
-def splice(old: bytes, new: bytes, path: str, old_facts: int) -> Splice | None:
+def splice(old: bytes, new: bytes, path: str, old_facts: int, max_lines: int | None = None) -> Splice | None:
     """The middle lines of ``new`` against ``old`` (module docstring), or None when the file
     must be read in full: ``old`` not in plain form or with a subject twice (more fact lines
-    than ``old_facts``), an edit that reaches the first line, or a new middle line not in
-    plain form (a comment, a blank line, a quote in a ``.csv``, ...)."""
+    than ``old_facts``), an edit that reaches the first line, a new middle line not in
+    plain form (a comment, a blank line, a quote in a ``.csv``, ...), or middles of more
+    than ``max_lines`` lines together (the caller's choice: reading the file costs no more)."""
     if not plain_form(old, path) or fact_lines(old, path) != old_facts:
         return None
     n = min(len(old), len(new))
@@ -121,6 +122,8 @@ def splice(old: bytes, new: bytes, path: str, old_facts: int) -> Splice | None:
         step = (brk + 1 if brk >= 0 else len(old)) - stop_old
         stop_old, stop_new = stop_old + step, stop_new + step
     middle_old, middle_new = old[start:stop_old], new[start:stop_new]
+    if max_lines is not None and middle_old.count(b"\n") + middle_new.count(b"\n") > max_lines + 2:
+        return None
     if b"\x00" in middle_new or b"#" in middle_new or (parse_mode(path) == "csv" and b'"' in middle_new):
         return None
     try:

@@ -193,16 +193,19 @@ def _same(old: sp.spmatrix, new: sp.spmatrix, rmap: np.ndarray, cmap: np.ndarray
         return False
     if (minor[old.indices] < 0).any() if old.indices.size else False:
         return False
-    counts = np.diff(old.indptr)
-    if (major[counts > 0] < 0).any():
-        return False
-    n_major = new.indptr.size - 1
-    new_counts = np.zeros(n_major, np.int64)
-    kept = major >= 0
-    new_counts[major[kept]] = counts[kept]
-    if not np.array_equal(new_counts, np.diff(new.indptr)):
-        return False
-    return bool(np.array_equal(minor[old.indices], new.indices) and np.array_equal(old.data, new.data))
+    if not (old.indptr is new.indptr and _identity(major, old.indptr.size - 1, memo)):
+        counts = np.diff(old.indptr)
+        if (major[counts > 0] < 0).any():
+            return False
+        n_major = new.indptr.size - 1
+        new_counts = np.zeros(n_major, np.int64)
+        kept = major >= 0
+        new_counts[major[kept]] = counts[kept]
+        if not np.array_equal(new_counts, np.diff(new.indptr)):
+            return False
+    # (one array object is equal to itself: a renumbered matrix shares its values)
+    return bool(np.array_equal(minor[old.indices], new.indices) and (old.data is new.data
+                                                                     or np.array_equal(old.data, new.data)))
 
 
 def _keep_majors(m: sp.spmatrix, keep: np.ndarray) -> sp.spmatrix:
