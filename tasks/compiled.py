@@ -33,8 +33,9 @@ def file_hash(path: str) -> str:
     return h.hexdigest()
 
 
-def _regular_file_bytes(path: str) -> bytes:
-    """A regular file's bytes (OSError for anything else: a FIFO would block)."""
+def _require_regular(path: str) -> None:
+    """OSError for what is not a regular file (a FIFO or a device would block or never end;
+    the loader reports it)."""
     import stat
 
     try:
@@ -43,6 +44,11 @@ def _regular_file_bytes(path: str) -> bytes:
         raise OSError(str(e)) from None
     if not stat.S_ISREG(mode):
         raise OSError(f"not a regular file: {path}")
+
+
+def _regular_file_bytes(path: str) -> bytes:
+    """A regular file's bytes (OSError for anything else, :func:`_require_regular`)."""
+    _require_regular(path)
     with open(path, "rb") as f:
         return f.read()
 
@@ -50,16 +56,8 @@ def _regular_file_bytes(path: str) -> bytes:
 def facts_file_key(path: str) -> str:
     """What a facts file's facts depend on: how it is parsed (its name's extension) and the
     SHA-256 of its bytes, as ``"tsv:<hex>"`` or ``"csv:<hex>"`` (the same bytes renamed from
-    .tsv to .csv are other facts). OSError for what is not a regular file (a FIFO or a
-    device would block or never end; the loader reports it)."""
-    import stat
-
-    try:
-        mode = os.stat(path).st_mode
-    except ValueError as e:              # a NUL in the path
-        raise OSError(str(e)) from None
-    if not stat.S_ISREG(mode):
-        raise OSError(f"not a regular file: {path}")
+    .tsv to .csv are other facts). OSError for what is not a regular file."""
+    _require_regular(path)
     return f"{parse_mode(path)}:{file_hash(path)}"
 
 

@@ -43,12 +43,8 @@ def _regular_file(path: str, task: str, yaml_file: str, yaml_line: int) -> None:
     directory, or not a regular file (a FIFO or a device would block or never end)."""
     try:
         info = os.stat(path)
-    except FileNotFoundError:
-        raise TaskError(f"facts file '{path}' of task {show_name(task)} not found", file=yaml_file, line=yaml_line,
-                        fix="check the path; it is relative to the YAML file's directory") from None
     except OSError as e:
-        raise TaskError(f"facts file '{path}' cannot be read: {e.strerror or e}", file=yaml_file, line=yaml_line,
-                        fix="check the path") from None
+        raise _unreadable(path, task, e, yaml_file, yaml_line) from None
     if stat.S_ISDIR(info.st_mode) or not stat.S_ISREG(info.st_mode):
         kind = "a directory" if stat.S_ISDIR(info.st_mode) else "not a regular file"
         raise TaskError(f"facts file '{path}' of task {show_name(task)} is {kind}", file=yaml_file, line=yaml_line,
@@ -65,12 +61,20 @@ def facts_file_bytes(path: str, task: str, yaml_file: str, yaml_line: int) -> by
     try:
         with open(path, "rb") as f:
             return f.read()
-    except PermissionError:
-        raise TaskError(f"facts file '{path}' cannot be read: permission denied", file=yaml_file, line=yaml_line,
-                        fix="check its permissions") from None
     except OSError as e:
-        raise TaskError(f"facts file '{path}' cannot be read: {e.strerror or e}", file=yaml_file, line=yaml_line,
-                        fix="check the path") from None
+        raise _unreadable(path, task, e, yaml_file, yaml_line) from None
+
+
+def _unreadable(path: str, task: str, e: OSError, yaml_file: str, yaml_line: int) -> TaskError:
+    """The one line for a facts file that cannot be opened or read (at its ``facts_file`` line)."""
+    if isinstance(e, FileNotFoundError):
+        return TaskError(f"facts file '{path}' of task {show_name(task)} not found", file=yaml_file, line=yaml_line,
+                         fix="check the path; it is relative to the YAML file's directory")
+    if isinstance(e, PermissionError):
+        return TaskError(f"facts file '{path}' cannot be read: permission denied", file=yaml_file, line=yaml_line,
+                         fix="check its permissions")
+    return TaskError(f"facts file '{path}' cannot be read: {e.strerror or e}", file=yaml_file, line=yaml_line,
+                     fix="check the path")
 
 
 def iter_facts_file(path: str, task: str, yaml_file: str, yaml_line: int,
@@ -81,7 +85,7 @@ def iter_facts_file(path: str, task: str, yaml_file: str, yaml_line: int,
         _regular_file(path, task, yaml_file, yaml_line)
     is_csv = parse_mode(path) == "csv"
     header_done = False
-    for line, text in _file_lines(path, yaml_file, yaml_line, data):
+    for line, text in _file_lines(path, task, yaml_file, yaml_line, data):
         stripped = text.strip()
         if not stripped or stripped.startswith("#"):
             continue
@@ -169,18 +173,15 @@ def read_plain(path: str, data: bytes | None = None) -> tuple[list[str], list[st
     return subjects, objects
 
 
-def _file_lines(path: str, yaml_file: str, yaml_line: int, data: bytes | None = None) -> Iterator[tuple[int, str]]:
+def _file_lines(path: str, task: str, yaml_file: str, yaml_line: int,
+                data: bytes | None = None) -> Iterator[tuple[int, str]]:
     """Decoded lines (1-based number, text without the line end) of a UTF-8 file, or of its
     bytes ``data`` read before (the same lines: a file and a buffer of its bytes read
     alike, line by line)."""
     try:
         f = open(path, "rb") if data is None else io.BytesIO(data)
-    except PermissionError:
-        raise TaskError(f"facts file '{path}' cannot be read: permission denied", file=yaml_file, line=yaml_line,
-                        fix="check its permissions") from None
     except OSError as e:
-        raise TaskError(f"facts file '{path}' cannot be read: {e.strerror or e}", file=yaml_file, line=yaml_line,
-                        fix="check the path") from None
+        raise _unreadable(path, task, e, yaml_file, yaml_line) from None
     offset = 0
     with f:
         number = 0
