@@ -11,7 +11,7 @@ import tempfile
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cli.compose import check_and_save, load_since
+from cli.compose import check_and_save, load_since, read_since
 from construction.model import build
 from tasks.compiled import token_map_from
 from tasks.io import dump_tasks, load_tasks
@@ -28,6 +28,7 @@ def test_read_against_a_certificate_is_the_plain_read(ts, data):
         check_and_save(load_tasks(path), build(load_tasks(path)), os.path.join(d, "cert"), isolation=False,
                        tasks_path=path)
         files = {source.name: source.files for source in task_sources(path)[1]}
+        before = {f: open(f, "rb").read() for fs in files.values() for f in fs}     # a watcher's bytes before
         entities = sorted(ts.vocabulary.entities) + ["Zz_new", "aa_new", "Ωnew"]
         for k, task in enumerate(ts.tasks):               # rewrite some facts files: change, add, drop facts
             if not files[task.name] or not data.draw(st.booleans()):       # (inline facts: not rewritten here)
@@ -38,8 +39,8 @@ def test_read_against_a_certificate_is_the_plain_read(ts, data):
             for s in data.draw(st.lists(st.sampled_from(sorted(facts)), max_size=2)):
                 if len(facts) > 1:
                     facts.pop(s, None)
-            with open(files[task.name][0], "w", encoding="utf-8") as f:
-                f.write("".join(f"{s}\t{o}\n" for s, o in facts.items()))
+            with open(files[task.name][0], "w", encoding="utf-8") as f:     # (the header kept: spliced reads)
+                f.write("subject\tobject\n" * data.draw(st.booleans()) + "".join(f"{s}\t{o}\n" for s, o in facts.items()))
         try:
             plain = load_tasks(path)
         except Exception:                                 # an edit the task set refuses: nothing to compare
@@ -58,6 +59,16 @@ def test_read_against_a_certificate_is_the_plain_read(ts, data):
         assert (got is None) == (not cache.reused)          # nothing reused: a plain read, no map
         assert got is None or got.tolist() == want
         assert token_map_from(cached, plain.vocabulary) is None
+        # read as a watcher reads it, against the facts files' bytes before (tasks.splice)
+        from tasks.facts_files import facts_key
+        previous = {os.path.abspath(f): (facts_key(f, b), b) for f, b in before.items()}
+        spliced, cache = read_since(path, old, None, previous)
+        assert spliced.vocabulary == plain.vocabulary
+        for a, b in zip(spliced.tasks, plain.tasks):
+            assert dict(a.facts.items()) == dict(b.facts.items())
+        for (s1, o1), (s2, o2) in zip(spliced.fact_ids, plain.fact_ids):
+            assert s1.tolist() == s2.tolist() and o1.tolist() == o2.tolist()
+        assert spliced.sources.facts_keys == plain.sources.facts_keys
         assert cached.vocabulary.entity_array.tolist() == list(plain.vocabulary.entities)
         assert cached.vocabulary.tokens == plain.vocabulary.tokens
         if got is not None:          # the maps seeded from it are the ones found name by name
