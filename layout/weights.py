@@ -80,16 +80,24 @@ class Expert:
 _CHECKED = "_moe_checked_canonical"
 
 
+def _layout(a: np.ndarray) -> tuple:
+    """Where and how an array's elements lie: its data pointer, strides, type and shape (an
+    array object whose ``strides`` or ``dtype`` is set anew shows other elements)."""
+    face = a.__array_interface__
+    return face["data"], face["strides"], face["typestr"], face["shape"]
+
+
 def _checked_before(m: Any) -> bool:
     """Whether ``m`` was found canonical before and cannot have changed since: the same index
-    and value arrays (the very objects checked, not equal copies), all read-only since the
-    check (``sparse_problem`` made them so: a write into them raises), the same shape."""
+    and value arrays (the very objects checked, private copies no other array views),
+    laid out as they were, all read-only since the check (a write into them raises), the
+    same shape."""
     seen = getattr(m, _CHECKED, None)
     if seen is None:
         return False
     arrays = (m.indptr, m.indices, m.data)
     return (all(a is b for a, b in zip(arrays, seen[:3])) and seen[3] == (m.format, m.shape)
-            and all(map(_frozen, arrays)))
+            and all(map(_frozen, arrays)) and tuple(map(_layout, arrays)) == seen[4])
 
 
 def _frozen(a: Any) -> bool:
@@ -111,11 +119,14 @@ def sparse_problem(m: Any) -> str | None:
     or column (CSC): sorted, no duplicate entry. It is computed from the index arrays,
     never read from scipy's cached flags (which a caller can set to anything).
 
-    **Checked once.** A matrix found canonical has its three arrays made read-only and
-    remembers them; asked again, with the same array objects still read-only, the answer
-    is the same without the scan (nothing can have written into them: numpy refuses a
-    write into a read-only array, and an array put in the place of one of them is a
-    different object). A watcher's successive models share most of their matrices.
+    **Checked once.** The matrix's three arrays are first replaced by private copies (no
+    other array views them); a matrix found canonical has those made read-only and
+    remembers them and their layout (data pointer, strides, type, shape); asked again,
+    with the same array objects, laid out alike and still read-only, the answer is the
+    same without the scan (nothing can have written into them: numpy refuses a write into
+    a read-only array, no view of them existed when they were made read-only, and an array
+    put in the place of one of them is a different object). A watcher's successive models
+    share most of their matrices.
     """
     if not (sp.issparse(m) and m.format in ("csr", "csc")):
         return f"is a {type(m).__name__}, not a scipy CSR or CSC matrix"
@@ -123,13 +134,18 @@ def sparse_problem(m: Any) -> str | None:
         return f"has dtype {m.dtype}, not float64"
     if _checked_before(m):
         return None
-    problem = _scan(m)
     arrays = (m.indptr, m.indices, m.data)
-    if problem is None and all(isinstance(a, np.ndarray) for a in arrays):
+    if not all(isinstance(a, np.ndarray) for a in arrays):
+        return _scan(m)
+    # private copies, scanned and then made read-only: a view of the arrays taken before
+    # (writeable, outside any record) would otherwise change what was scanned
+    m.indptr, m.indices, m.data = (a.copy() for a in arrays)
+    problem = _scan(m)
+    if problem is None:
+        arrays = (m.indptr, m.indices, m.data)
         for a in arrays:
             a.setflags(write=False)
-        if all(map(_frozen, arrays)):            # else (a view of writeable memory) checked every time
-            setattr(m, _CHECKED, (*arrays, (m.format, m.shape)))
+        setattr(m, _CHECKED, (*arrays, (m.format, m.shape), tuple(map(_layout, arrays))))
     return problem
 
 

@@ -213,8 +213,8 @@ class FactsCache:
         want = self.hashes.get(name)
         if not files or want is None or name not in self.taskset.names:
             return None
-        if got != want:
-            if len(files) == 1 and self.previous is not None and words is not None:
+        if got != want:                  # one file then and now (a task of two files, or inline, is read in full)
+            if len(files) == len(want) == len(got) == 1 and self.previous is not None and words is not None:
                 return self._spliced(name, os.path.abspath(files[0]), want[0], got[0], words)
             return None
         self.reused.add(name)

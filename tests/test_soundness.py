@@ -126,8 +126,9 @@ def test_canonical_form_is_computed_not_read_from_scipy_flags(capitals_set, buil
 
 def test_a_matrix_checked_once_is_checked_again_after_any_change(capitals_set, built):
     """The canonical-form check remembers a matrix it passed (layout.weights.sparse_problem):
-    its arrays are made read-only, so a write into them is refused, and an array put in
-    their place, or a view of memory still writeable, is scanned again."""
+    its arrays are private copies made read-only, so a write into them is refused, a view
+    taken before the check no longer reaches them, and an array put in their place or laid
+    out anew (strides, type) is scanned again."""
     from layout.weights import sparse_problem
 
     U = built.U.copy()
@@ -146,12 +147,23 @@ def test_a_matrix_checked_once_is_checked_again_after_any_change(capitals_set, b
     if b - a >= 2:
         with pytest.raises(TaskError, match="not sorted"):
             verify(capitals_set, built.replace(U=U), 0.01)
-    memory = built.U.data.copy()                  # U's values as a view of writeable memory
-    U = sp.csr_matrix((memory[:], built.U.indices.copy(), built.U.indptr.copy()), shape=built.U.shape)
-    assert U.data.base is memory or U.data is memory
+    U = built.U.copy()
+    view = U.data.view()                          # a writeable view of U's values, taken before the check
     assert sparse_problem(U) is None
-    memory[0] = np.inf                            # written through the memory, not through U.data
-    assert sparse_problem(U) is not None and "not a finite number" in sparse_problem(U)
+    view[0] = np.inf                              # U checked its own copy: the view no longer reaches it
+    assert np.isfinite(U.data[0]) and sparse_problem(U) is None
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")           # (setting strides is deprecated, not refused)
+        U = _set(built.U, {(0, 0): 1.0, (0, 5): 2.0})
+        assert sparse_problem(U) is None
+        U.indices.strides = (0,)                  # the same read-only object, every index now the first
+    assert "stored twice" in sparse_problem(U)
+    U = _set(built.U, {(0, 0): 1.0, (0, 5): 2.0})
+    assert sparse_problem(U) is None
+    U.indptr.dtype = np.int16 if U.indptr.dtype == np.int32 else np.int32   # the same object read as another type
+    assert sparse_problem(U) is not None
 
 
 def test_explicit_zeros_are_the_value_zero(capitals_set, built):

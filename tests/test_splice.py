@@ -157,3 +157,30 @@ def test_the_watcher_reads_an_edited_file_against_its_bytes_before(watched, monk
         assert s1.tolist() == s2.tolist() and o1.tolist() == o2.tolist()
     simple = edit[1].count("\n") >= 1 and "#" not in edit[1] and "C6" not in edit[1] and "continent" not in edit[1]
     assert (calls and calls[-1] is not None) == (simple or edit[1] == "")
+
+
+@pytest.mark.parametrize("before", ["    facts_file: [a.tsv, b.tsv]\n", "    facts: {a: b, c: d}\n"])
+def test_a_task_that_had_other_sources_is_read_in_full(tmp_path, before):
+    """A task of two facts files, or of inline facts, that now has one facts file is read in
+    full: its old facts are not one file's (a review found the first file's bytes taken for
+    both files' facts, and an inline task's empty key list crashing the watcher)."""
+    from cli.compose import check_and_save, read_since
+    from construction.model import build
+    from tasks.facts_files import facts_key
+    from tasks.io import load_tasks
+    from verifier.certificate import load_certificate
+
+    (tmp_path / "a.tsv").write_text("a\tb\na\tb\n", encoding="utf-8")      # the same fact twice: one fact
+    (tmp_path / "b.tsv").write_text("c\td\n", encoding="utf-8")
+    head = "tasks:\n  - name: t\n    templates: [the t of *1 is *2]\n"
+    path = tmp_path / "tasks.yaml"
+    path.write_text(head + before, encoding="utf-8")
+    ts = load_tasks(path)
+    check_and_save(ts, build(ts), str(tmp_path / "cert"), isolation=False, tasks_path=str(path))
+    path.write_text(head + "    facts_file: a.tsv\n", encoding="utf-8")
+    old = load_certificate(tmp_path / "cert")
+    a = str(tmp_path / "a.tsv")
+    data = (tmp_path / "a.tsv").read_bytes()
+    previous = {a: (facts_key(a, data), data), str(tmp_path / "b.tsv"): (facts_key(a, b"c\td\n"), b"c\td\n")}
+    got, _ = read_since(str(path), old, None, previous)
+    assert dict(got.tasks[0].facts.items()) == {"a": "b"} == dict(load_tasks(path).tasks[0].facts.items())

@@ -142,11 +142,12 @@ def _grown(e_lo, e_hi, r_lo, r_hi, d: int):
 def vocab_array(weights: Weights) -> np.ndarray:
     """``weights.vocab`` as a numpy string array, kept on the (immutable) weights: a watcher's
     next re-certification finds it on the certificate's weights."""
-    got = weights.__dict__.get("_vocab_array")
-    if got is None:
-        got = np.asarray(weights.vocab, dtype=str) if weights.vocab else np.zeros(0, "U1")
-        got.setflags(write=False)
-        weights.__dict__["_vocab_array"] = got
+    kept = weights.__dict__.get("_vocab_array")
+    if kept is not None and kept[0] is weights.vocab:
+        return kept[1]
+    got = np.asarray(weights.vocab, dtype=str) if weights.vocab else np.zeros(0, "U1")
+    got.setflags(write=False)
+    weights.__dict__["_vocab_array"] = (weights.vocab, got)     # for this very tuple only
     return got
 
 
