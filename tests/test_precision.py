@@ -310,3 +310,123 @@ def test_denormals_are_zero_executions_are_covered(capitals):
             p, e = run.run(list(tokens[i]))
             err = 1.0 - math.fsum(p[valid[vptr[i]:vptr[i + 1]]])
             assert r.err_lo[i] <= err <= r.err_hi[i] or e != r.expert[i]
+
+
+# --- the execution model's stored intermediates (issue: mixed precision forgot them) -----------
+
+
+def _C(a):
+    m = sp.csr_matrix(np.asarray(a, np.float64))
+    m.sort_indices()
+    return m
+
+
+def _equal_logits_model(n_valid: int = 259, n_other: int = 5):
+    """No heads, one expert doing nothing; U gives n_valid tokens logit 0 and the others −30."""
+    from layout import Weights
+
+    V, d = n_valid + n_other, 2
+    E = np.zeros((V + 1, d))
+    E[:, 0] = 1.0
+    U = np.zeros((V, d))
+    U[n_valid:, 0] = -30.0
+    return Weights(tuple(f"t{i}" for i in range(V)), _C(E), _C(np.zeros((2, d))), (), _C([[0, 0]]), np.zeros(1),
+                   (Expert(_C([[0, 0]]), np.zeros(1), _C(np.zeros((d, 1)))),), _C(U), ("",))
+
+
+def test_stored_softmax_intermediates_are_counted_under_accumulate():
+    """Class 1 of an outside review: ``e = exp(x − max); e / e.sum()`` in bfloat16 tensors stores the
+    exps and their sum in bfloat16. 259 valid tokens share logit 0: the float32 sum 259 is stored as
+    260, each output is bf16(1/260), and the deployed error is 67/16384 ≈ 4.09e-3. The enclosure
+    counted one rounding per output only (upper end 3.92e-3); it must contain the execution."""
+    torch = pytest.importorskip("torch")
+    w = _equal_logits_model()
+    res = FloatPass(w, Deployment.named("bfloat16", accumulate="float32")).run_batch(
+        np.array([[0]]), np.array([0, 259]), np.arange(259))
+    x = torch.tensor(w.U.toarray()[:, 0], dtype=torch.float32).to(torch.bfloat16)
+    e = torch.exp(x - x.max())
+    p = e / e.sum()
+    assert e.sum().item() == 260.0
+    err = 1.0 - math.fsum(p.double().numpy()[:259])
+    assert err == 67 / 16384
+    assert res.err_lo[0] <= err <= res.err_hi[0]
+
+
+def _half_ulp_heads(p: int, heads: int = 16):
+    """Every head adds 2^-p to residual coordinate 0, which holds 1 (uniform attention over two
+    positions whose values are 1, W_O = 2^-p); expert 0's gate score reads coordinate 0, expert
+    1's reads coordinate 2, holding 1 + 2^(1−p). Exactly, expert 0 wins by about heads·2^-p; in a
+    format of p significand bits each head-by-head addition 1 + 2^-p is a tie to even, the
+    coordinate stays 1, and expert 1 wins."""
+    from layout import Weights
+
+    d = 3
+    E = np.zeros((3, d))
+    E[:, 0], E[:, 1], E[:, 2] = 1.0, 1.0, 1.0 + 2.0 ** (1 - p)
+    hs = tuple(Head(_C(np.zeros((1, d))), _C(np.zeros((1, d))), _C([[0, 1, 0]]), _C([[2.0 ** -p], [0], [0]]))
+               for _ in range(heads))
+    ex = Expert(_C([[0, 0, 0]]), np.zeros(1), _C(np.zeros((d, 1))))
+    U = np.zeros((2, d))
+    U[1, 0] = 10.0
+    return Weights(("t0", "t1"), _C(E), _C(np.zeros((2, d))), hs, _C([[1, 0, 0], [0, 0, 1]]), np.zeros(2), (ex, ex),
+                   _C(U), ("", ""))
+
+
+@pytest.mark.parametrize("fmt,acc,p", [("bfloat16", "float32", 8), ("float32", "float64", 24)])
+def test_a_residual_summed_head_by_head_is_counted_under_accumulate(fmt, acc, p):
+    """Class 2 of an outside review: the residual bound counted one rounding to the storage format
+    for the whole sum, but a runtime adding the heads one by one (``r = r + o_m``) stores every
+    partial sum. Here that execution routes to expert 1 while the exact pass routes to expert 0 by
+    a margin the old bound certified (0.0296 in bfloat16); the routing must not be certified."""
+    w = _half_ulp_heads(p)
+    res = FloatPass(w, Deployment.named(fmt, accumulate=acc)).run_batch(np.array([[0]]), np.array([0, 1]),
+                                                                        np.array([1]))
+    assert res.expert[0] == 0
+    # the execution: head by head, each sum stored in the format (numpy's float32 addition of two
+    # float32 values is the float64 sum rounded once; bfloat16 through torch)
+    if fmt == "float32":
+        r = np.float32(1.0)
+        for _ in w.heads:
+            r = np.float32(r + np.float32(2.0 ** -p))
+        g = np.array([r, np.float32(1.0 + 2.0 ** (1 - p))])
+    else:
+        torch = pytest.importorskip("torch")
+        r = torch.tensor(1.0, dtype=torch.bfloat16)
+        for _ in w.heads:
+            r = r + torch.tensor(2.0 ** -p, dtype=torch.bfloat16)
+        g = np.array([r.item(), torch.tensor(1.0 + 2.0 ** (1 - p), dtype=torch.bfloat16).item()])
+    assert int(np.argmax(g)) == 1                                  # the deployed model routes elsewhere
+    assert not res.margin[0] > 0                                   # so routing is not certified
+
+
+def test_every_step_of_the_execution_model_is_counted(monkeypatch):
+    """Each rounding bound of the float pass is derived from the execution model's table through
+    Deployment.stored: running the pass over a model that has heads, a scaled gate and an
+    ablated query asks for every step that rounds, so none of the table's stored results is
+    left out of the bound."""
+    from verifier import execution
+
+    asked: set[str] = set()
+    original = Deployment.stored
+
+    def recording(self, steps, heads=0):
+        asked.update(steps)
+        return original(self, steps, heads)
+
+    monkeypatch.setattr(Deployment, "stored", recording)
+    ts = load_tasks("examples/capitals.yaml")
+    w = build(ts).instantiate().replace(gate_mode="top1-scaled")
+    fp = FloatPass(w, Deployment.named("bfloat16", accumulate="float32"))
+    tokens, vptr, valid = next(_queries(ts, w))
+    fp.run_batch(tokens, vptr, valid, ablate=np.ones(tokens.shape[0], bool))
+    rounding = {s.name for s in execution.STEPS if not s.exact}
+    assert rounding <= asked, rounding - asked
+    assert asked <= {s.name for s in execution.STEPS}
+
+
+def test_the_readme_shows_the_execution_model_table():
+    from pathlib import Path
+
+    from verifier import execution
+
+    assert execution.markdown() in Path("README.md").read_text(encoding="utf-8")

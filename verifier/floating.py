@@ -87,6 +87,7 @@ import scipy.sparse as sp
 
 from layout import Weights
 from layout.formats import FORMATS, Format, round_weights
+from verifier import execution
 from verifier import interval as I
 from verifier.forward import BatchResult, ratio_bounds
 from verifier.interval import SparseInterval
@@ -101,11 +102,15 @@ class Deployment:
     accuracy assumed of exp and division.
 
     ``acc`` (default: ``fmt`` itself) models the common mixed-precision deployment of
-    bfloat16: weights and every stored activation in ``fmt``, but each product's sum,
-    each softmax's exp, sum and division computed in ``acc`` (float32) and the result
-    rounded once to ``fmt``. Every bound of the module then uses acc's unit roundoff for
-    the computation and adds one rounding to ``fmt`` per stored result:
-    γ_n = γ^acc_n + u·(1 + γ^acc_n) for a stored sum, a factor 1 ± u on a stored softmax.
+    bfloat16: weights and every stored activation in ``fmt``, but each operation (a
+    product's sum, an addition, exp, a softmax's sum and division) computed in ``acc``
+    (float32) and its result rounded to ``fmt``, including intermediates a runtime keeps
+    (the shifted scores, the exps and their sum of a softmax written as separate tensor
+    operations; each partial residual when the heads are added one by one; a product
+    before its bias is added). Which results may be stored is the execution model's table
+    (:mod:`verifier.execution`); every bound of the module uses acc's unit roundoff for
+    the arithmetic and one factor 1 ± u_fmt per stored result on a term's path
+    (:meth:`stored`, :meth:`rel`).
     """
 
     fmt: Format
@@ -126,11 +131,6 @@ class Deployment:
         return self.acc if self.acc is not None else self.fmt
 
     @property
-    def store_u(self) -> float:
-        """Relative error of storing a computed result in ``fmt`` (0 when it is computed there)."""
-        return self.fmt.u if self.acc is not None else 0.0
-
-    @property
     def kappa(self) -> float:
         """Relative error bound of exp and the division: ulps·ulp(x) <= 2·ulps·u·|x|."""
         return float(I.up(2.0 * self.ulps * self.work.u))
@@ -140,10 +140,34 @@ class Deployment:
         """Absolute underflow error of one operation, as carried through later additions (F1)."""
         return 2.0 * 2.0 ** max(self.fmt.emin, self.work.emin)
 
-    @property
-    def zeta(self) -> float:
-        """Absolute error of exp and of the division below the normal range (F3)."""
-        return float(I.up(max(self.ulps, 1.0) * 2.0 ** max(self.fmt.emin, self.work.emin)))
+    def stored(self, steps: tuple[str, ...], heads: int = 0) -> int:
+        """The results rounded to the storage format on a term's path through ``steps`` of the
+        execution model (:mod:`verifier.execution`) beyond the arithmetic's own roundings:
+        their count there under ``--accumulate``, 0 otherwise (a result computed in the
+        storage format is stored by the rounding that produced it). Every rounding bound of
+        this module is derived through here, so a stored intermediate the table lists is
+        counted; a test records the steps asked for."""
+        count = execution.stores(steps, heads)
+        return count if self.acc is not None else 0
+
+    def rel(self, ops: int, steps: tuple[str, ...], heads: int = 0) -> float:
+        """ρ with |fl(Σ t) − Σ t| <= ρ·Σ|t| (plus underflow, :meth:`floor`) for a computation
+        whose terms each pass through at most ``ops`` roundings in the working format and the
+        stored results of ``steps``: (1 + u_A)^ops·(1 + u_F)^s − 1 <= (1 + γ^A_ops)(1 + u_F)^s − 1
+        (the module docstring of :mod:`verifier.execution`); ∞ when γ^A_ops is."""
+        return _grow(self.gamma_work(ops), self.fmt.u, self.stored(steps, heads))
+
+    def floor(self, ops: int, steps: tuple[str, ...], heads: int = 0) -> float:
+        """The absolute underflow allowance of such a computation of ``ops`` products and
+        additions (and a bias): at most 2·ops + 2 operations and s stores, each losing less
+        than 2^emin, carried through later roundings by at most a factor 2."""
+        carry = max(2.0, float(I.up(1.0 + self.rel(ops, steps, heads))))     # 1 + ρ, at least 2
+        return float(I.up(I.up((2.0 * (ops + 1) + self.stored(steps, heads)) * 2.0 ** max(self.fmt.emin, self.work.emin))
+                          * carry))
+
+    def zeta(self, steps: tuple[str, ...]) -> float:
+        """Absolute error of exp or of the division below the normal range (F3), with its stores."""
+        return float(I.up((max(self.ulps, 1.0) + self.stored(steps)) * 2.0 ** max(self.fmt.emin, self.work.emin)))
 
     def gamma_work(self, n: int) -> float:
         """An upper bound of γ_n = n·u/(1 − n·u) in the working format; ∞ when n·u >= 1/2."""
@@ -152,16 +176,10 @@ class Deployment:
             return float("inf")
         return float(I.up(nu / float(I.down(1.0 - nu))))
 
-    def gamma(self, n: int) -> float:
-        """The relative error bound of a sum of n terms whose result is stored in ``fmt``."""
-        g = self.gamma_work(n)
-        if self.acc is None:
-            return g
-        return float(I.up(g + I.up(self.fmt.u * I.up(1.0 + g))))
-
     def describe(self) -> str:
-        acc = (f"; sums, exp and division in {self.acc.name}, each result rounded to {self.fmt.name}"
-               if self.acc is not None else "")
+        acc = (f"; every operation in {self.acc.name}, its result and any stored intermediate (shifted scores, exps "
+               f"and sums of a softmax, partial residuals head by head, a product before its bias) rounded to "
+               f"{self.fmt.name}" if self.acc is not None else "")
         return (f"{self.fmt.name} (u = 2^-{self.fmt.p}; any summation order, with or without FMA, flushing subnormals or not{acc}; "
                 f"exp and division within {self.ulps:g} ulps)")
 
@@ -172,6 +190,13 @@ def error_floor(V: int, dep: Deployment) -> float:
     1 − Σ_valid p̂ <= ε unprovable for ε below 1 − that factor (Lemma F2)."""
     f_lo, _, _ = _factors(V, dep, mass=True)
     return float(I.up(1.0 - f_lo))
+
+
+def _grow(rel: float, u: float, s: int) -> float:
+    """An upper bound of (1 + rel)(1 + u)^s − 1: s more roundings of relative error at most u."""
+    for _ in range(s):
+        rel = float(I.up(rel + I.up(u * I.up(1.0 + rel))))
+    return rel
 
 
 # --- rounding of one operation -----------------------------------------------------------------
@@ -187,12 +212,6 @@ def _unbounded_dense(m: np.ndarray, r: np.ndarray) -> np.ndarray:
     with np.errstate(invalid="ignore"):
         ok = np.isfinite(m) & np.isfinite(r)
     return ~ok.reshape(ok.shape[0], -1).all(axis=1)
-
-
-def _floor(n_terms: int, dep: "Deployment") -> float:
-    """The absolute underflow allowance of a sum of n_terms products (and a bias):
-    at most 2n + 2 operations, each losing less than 2^emin, carried through by at most 1 + γ <= 2."""
-    return 2.0 * (n_terms + 1) * dep.eta_op
 
 
 def _columns_terms(B: sp.csr_matrix) -> int:
@@ -239,22 +258,25 @@ def _daz(n_terms: int, x_max, w_max, dep: Deployment):
         return I.up(I.up(2.0 * n_terms * 2.0 ** dep.fmt.emin) * I.up(x_max + w_max))
 
 
-def product(X: SparseInterval, B: sp.csr_matrix, absB: sp.csr_matrix, n_terms: int, dep: Deployment) -> SparseInterval:
-    """Enclosure of fl_F(x̂·B) for every x̂ ∈ X and every execution (Lemma F1)."""
+def product(X: SparseInterval, B: sp.csr_matrix, absB: sp.csr_matrix, n_terms: int, dep: Deployment,
+            steps: tuple[str, ...]) -> SparseInterval:
+    """Enclosure of fl_F(x̂·B) for every x̂ ∈ X and every execution (Lemma F1); ``steps``: the
+    execution model's steps the product is (their stored results counted)."""
     exact = I.matmul(X, B, absB)
     if exact.nnz == 0:
         return exact
     mag = I.matmul(_point(X), absB, absB)
-    g = dep.gamma(n_terms)
+    g = dep.rel(n_terms, steps)
     daz = _daz(n_terms, _row_max(X)[exact.row_ids()], _col_max(absB)[exact.indices], dep)
     rad = _widen(exact.mid, exact.rad, I.upper(mag.mid, mag.rad), g, 0.0, dep.fmt.largest)
-    rad = I.add_rad(rad, daz, _floor(n_terms, dep))
+    rad = I.add_rad(rad, daz, dep.floor(n_terms, steps))
     return SparseInterval(exact.shape, exact.indptr, exact.indices, exact.mid, rad)
 
 
 def affine(X: SparseInterval, B: sp.csr_matrix, absB: sp.csr_matrix, n_terms: int, bias: np.ndarray,
-           dep: Deployment) -> tuple[np.ndarray, np.ndarray]:
-    """Dense enclosure (mid, rad) of fl_F(x̂·B + b) (the bias is one more term of each sum)."""
+           dep: Deployment, steps: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """Dense enclosure (mid, rad) of fl_F(x̂·B + b) (the bias is one more term of each sum;
+    ``steps``: the product's and the bias's, whose results may both be stored)."""
     exact = I.matmul(X, B, absB)
     mag = I.matmul(_point(X), absB, absB)
     m, r = exact.dense()
@@ -263,18 +285,20 @@ def affine(X: SparseInterval, B: sp.csr_matrix, absB: sp.csr_matrix, n_terms: in
         mid = m + bias[None, :]
         r = I.add_rad(r, I.up(I.U * np.abs(mid)))                      # the float64 addition of the bias
         upper_mag = I.add_rad(I.upper(mm, mr), np.abs(bias)[None, :])
-    g = dep.gamma(n_terms + 1)
+    g = dep.rel(n_terms + 1, steps)
     daz = _daz(n_terms + 1, _row_max(X)[:, None], np.maximum(_col_max(absB), np.abs(bias))[None, :], dep)
     rad = _widen(mid, r, upper_mag, g, 0.0, dep.fmt.largest)
-    return mid, I.add_rad(rad, daz, _floor(n_terms + 1, dep))
+    return mid, I.add_rad(rad, daz, dep.floor(n_terms + 1, steps))
 
 
-def rounded_sum(S: SparseInterval, mag: np.ndarray, n_terms: int, dep: Deployment) -> SparseInterval:
+def rounded_sum(S: SparseInterval, mag: np.ndarray, n_terms: int, dep: Deployment,
+                steps: tuple[str, ...]) -> SparseInterval:
     """S (the exact sum of n_terms terms per entry, enclosed) widened to cover fl_F of
-    that sum in any order: γ^F_{n−1}·Σ|terms|, plus η_op per addition (an addition is
-    exact below the normal range unless results are flushed to zero)."""
-    g = dep.gamma(max(n_terms - 1, 1))
-    rad = _widen(S.mid, S.rad, mag, g, _floor(n_terms, dep), dep.fmt.largest)
+    that sum in any order: γ^F_{n−1}·Σ|terms| (with the stores of ``steps``), plus η_op
+    per addition (an addition is exact below the normal range unless results are flushed
+    to zero)."""
+    g = dep.rel(max(n_terms - 1, 1), steps)
+    rad = _widen(S.mid, S.rad, mag, g, dep.floor(n_terms, steps), dep.fmt.largest)
     return SparseInterval(S.shape, S.indptr, S.indices, S.mid, rad)
 
 
@@ -294,7 +318,7 @@ def dense_interval(mid: np.ndarray, rad: np.ndarray) -> SparseInterval:
                           rad.reshape(-1).copy())
 
 
-def dot_last(am, ar, bm, br, dep: Deployment):
+def dot_last(am, ar, bm, br, dep: Deployment, steps: tuple[str, ...] = ("score",)):
     """Enclosure of fl_F(Σ_t â_t b̂_t) over the last axis (Lemma F1, both factors intervals)."""
     t = max(am.shape[-1], bm.shape[-1])
     m, r = I.dot_rows(am, ar, bm, br)
@@ -303,8 +327,8 @@ def dot_last(am, ar, bm, br, dep: Deployment):
         mb = I.up(np.abs(bm) + br)
         pm, pr = I.dot_rows(ma, np.zeros_like(ma), mb, np.zeros_like(mb))
         daz = _daz(t, np.max(ma, axis=-1, initial=0.0), np.max(mb, axis=-1, initial=0.0), dep)
-    rad = _widen(m, r, I.upper(pm, pr), dep.gamma(t), 0.0, dep.fmt.largest)
-    return m, I.add_rad(rad, daz, _floor(t, dep))
+    rad = _widen(m, r, I.upper(pm, pr), dep.rel(t, steps), 0.0, dep.fmt.largest)
+    return m, I.add_rad(rad, daz, dep.floor(t, steps))
 
 
 def weighted_rows(Vv: SparseInterval, am: np.ndarray, ar: np.ndarray, group: int, dep: Deployment) -> SparseInterval:
@@ -326,20 +350,34 @@ def weighted_rows(Vv: SparseInterval, am: np.ndarray, ar: np.ndarray, group: int
     if Vv.nnz:
         np.maximum.at(v_max, rows, _point(Vv).mid)
     daz = _daz(group, a_max, v_max, dep)[S.row_ids()]
-    rad = _widen(S.mid, S.rad, mag, dep.gamma(group), 0.0, dep.fmt.largest)
-    return SparseInterval(S.shape, S.indptr, S.indices, S.mid, I.add_rad(rad, daz, _floor(group, dep)))
+    rad = _widen(S.mid, S.rad, mag, dep.rel(group, ("mix",)), 0.0, dep.fmt.largest)
+    return SparseInterval(S.shape, S.indptr, S.indices, S.mid, I.add_rad(rad, daz, dep.floor(group, ("mix",))))
 
 
 # --- softmax ----------------------------------------------------------------------------------
 
 
+def _shrink(f: float, u: float, s: int) -> float:
+    """A lower bound of f·(1 − u)^s (f >= 0): s more roundings, each of relative error at most u."""
+    for _ in range(s):
+        f = float(I.down(f * I.down(1.0 - u)))
+    return f
+
+
 def _exp_terms(lo, hi, Mhi, c, dep: Deployment):
-    """Lower and upper bounds of e^{t}(1 + δ) relative to the common shift c (Lemma F2)."""
-    u, kappa = dep.work.u, dep.kappa
+    """Lower and upper bounds of ê = e^{t̂}(1 + δ)(1 + σ)^s relative to the common shift c
+    (Lemma F2): t̂ is the shifted score as computed and stored, δ exp's error, σ the
+    stores of the exp's result."""
+    kappa, u_F = dep.kappa, dep.fmt.u
+    s_shift, s_exp = dep.stored(("softmax shift",)), dep.stored(("softmax exp",))
+    rel = _grow(dep.work.u, u_F, s_shift)                 # t̂ = fl_F(fl_A(ŝ − M)): relative to |ŝ − M|
+    tiny = 2.0 ** dep.work.emin if not s_shift else 2.0 * (1 + s_shift) * 2.0 ** max(dep.fmt.emin, dep.work.emin)
+    lo_factor = _shrink(float(I.down(1.0 - kappa)), u_F, s_exp)
+    hi_factor = float(I.up(1.0 + _grow(kappa, u_F, s_exp)))
     with np.errstate(invalid="ignore", over="ignore"):
-        theta = I.up(I.up(u * I.up(Mhi - lo)) + 2.0 ** dep.work.emin)   # + a flushed difference
-        e_lo = I.down(I.exp_lo_unique(I.down(I.down(lo - theta) - c)) * I.down(1.0 - kappa))
-        e_hi = I.up(I.exp_hi_unique(I.up(I.up(hi + theta) - c)) * I.up(1.0 + kappa))
+        theta = I.up(I.up(rel * I.up(Mhi - lo)) + tiny)   # + a flushed difference
+        e_lo = I.down(I.exp_lo_unique(I.down(I.down(lo - theta) - c)) * lo_factor)
+        e_hi = I.up(I.exp_hi_unique(I.up(I.up(hi + theta) - c)) * hi_factor)
     e_lo = np.where(np.isnan(e_lo), 0.0, np.maximum(e_lo, 0.0))
     e_hi = np.where(np.isnan(e_hi), np.inf, e_hi)
     return e_lo, e_hi
@@ -348,15 +386,17 @@ def _exp_terms(lo, hi, Mhi, c, dep: Deployment):
 def _factors(n: int, dep: Deployment, mass: bool = False) -> tuple[float, float, float]:
     """(lower factor, upper factor, τ) of Lemma F2 for n terms; ``mass``: τ for a sum of
     outputs ((17n + 9)·ζ: the ζ's move the set's share by 8n·ζ, doubled by the
-    upper factor, plus one ζ' per output)."""
-    g = dep.gamma_work(max(n - 1, 1))
-    kappa = dep.kappa
-    if not (kappa <= 0.5 and g <= 0.25):
+    upper factor, plus one ζ' per output). The factors are those of the sum Ŝ and the
+    normalisation, with their stored results (:mod:`verifier.execution`)."""
+    g = dep.rel(max(n - 1, 1), ("softmax sum",))
+    kappa, u_F = dep.kappa, dep.fmt.u
+    s_norm = dep.stored(("softmax normalise",))
+    exp_lo = _shrink(float(I.down(1.0 - kappa)), u_F, dep.stored(("softmax exp",)))
+    if not (kappa <= 0.5 and g <= 0.25 and exp_lo >= 0.5):
         return 0.0, float("inf"), 0.0
-    store = dep.store_u                       # the outputs rounded to the storage format
-    f_lo = float(I.down(I.down(I.down(1.0 - kappa) / I.up(1.0 + g)) * I.down(1.0 - store)))
-    f_hi = float(I.up(I.up(I.up(1.0 + kappa) / I.down(1.0 - g)) * I.up(1.0 + store)))
-    tau = float(I.up(((17.0 if mass else 8.0) * n + 9.0) * dep.zeta))
+    f_lo = float(I.down(_shrink(float(I.down(1.0 - kappa)), u_F, s_norm) / I.up(1.0 + g)))
+    f_hi = float(I.up(I.up(1.0 + _grow(kappa, u_F, s_norm)) / I.down(1.0 - g)))
+    tau = float(I.up(((17.0 if mass else 8.0) * n + 9.0) * dep.zeta(("softmax exp", "softmax normalise"))))
     return f_lo, f_hi, tau
 
 
@@ -475,7 +515,7 @@ class FloatPass:
         Pr = P[pos].tocoo()
         S = I.sum_terms((flat.size, E.shape[1]), np.concatenate([Er.row, Pr.row]), np.concatenate([Er.col, Pr.col]),
                         np.concatenate([Er.data, Pr.data]), np.zeros(Er.nnz + Pr.nnz))
-        return rounded_sum(S, I.upper(np.abs(S.mid), S.rad), 2, self.dep)
+        return rounded_sum(S, I.upper(np.abs(S.mid), S.rad), 2, self.dep, ("embedding",))
 
     def residual(self, ids: np.ndarray) -> tuple[SparseInterval, np.ndarray]:
         """Enclosure of the deployed r at the last position of each row of ids (BOS first),
@@ -489,9 +529,9 @@ class FloatPass:
         mags = [_point(last)]
         o_max = np.zeros(n)                     # per row: the largest |c| or |W_O| of a product term
         for (WQ, WK, WV, WO) in self.heads:
-            Q = product(last, *WQ, dep)
-            K = product(Hall, *WK, dep)
-            Vv = product(Hall, *WV, dep)
+            Q = product(last, *WQ, dep, ("query",))
+            K = product(Hall, *WK, dep, ("key",))
+            Vv = product(Hall, *WV, dep, ("value",))
             bad |= _unbounded(Q) | _unbounded(K).reshape(n, p1).any(axis=1) | _unbounded(Vv).reshape(n, p1).any(axis=1)
             qm, qr = Q.dense()
             km, kr = K.dense()
@@ -511,15 +551,18 @@ class FloatPass:
         M = I.sum_terms(S.shape, np.concatenate([t.row_ids() for t in mags]), np.concatenate([t.indices for t in mags]),
                         np.concatenate([I.upper(t.mid, t.rad) for t in mags]), np.zeros(sum(t.nnz for t in mags)))
         mag = _aligned(S, SparseInterval(M.shape, M.indptr, M.indices, M.mid, M.rad))
-        g = dep.gamma(self.n_residual)
-        rad = _widen(S.mid, S.rad, mag, g, 0.0, dep.fmt.largest)
+        # every term passes through at most n_residual roundings in the working format and,
+        # mixed, the head output's store and one per partial sum of the heads (head by head)
+        steps, H = ("head output", "residual"), len(self.heads)
+        rad = _widen(S.mid, S.rad, mag, dep.rel(self.n_residual, steps, H), 0.0, dep.fmt.largest)
         daz = _daz(self.n_residual, o_max, 0.0, dep)[S.row_ids()]
-        R = SparseInterval(S.shape, S.indptr, S.indices, S.mid, I.add_rad(rad, daz, _floor(self.n_residual, dep)))
+        R = SparseInterval(S.shape, S.indptr, S.indices, S.mid,
+                           I.add_rad(rad, daz, dep.floor(self.n_residual, steps, H)))
         return R, bad | _unbounded(R)
 
     def _logits_error(self, Y: SparseInterval, valid_ptr, valid):
         """The error enclosure of each row, and whether its logits may be non-finite."""
-        L = product(Y, *self.UT, self.dep)
+        L = product(Y, *self.UT, self.dep, ("logits",))
         return valid_mass_error(L, len(self.weights.vocab), valid_ptr, valid, self.dep), _unbounded(L)
 
     def run_batch(self, tokens: np.ndarray, valid_ptr: np.ndarray, valid: np.ndarray,
@@ -553,7 +596,7 @@ class FloatPass:
         K = len(w.experts)
         ids = np.concatenate([np.full((n, 1), w.bos, np.int64), tokens], axis=1)
         R, bad = self.residual(ids)
-        gm, gr = affine(R, *self.WG, self.b_G, dep)                                   # (n, K)
+        gm, gr = affine(R, *self.WG, self.b_G, dep, ("gate product", "gate bias"))   # (n, K)
         bad |= _unbounded_dense(gm, gr)
         g_lo, g_hi = I.lower(gm, gr), I.upper(gm, gr)
         e = np.argmax(np.where(np.isfinite(gm), gm, -np.inf), axis=1)
@@ -578,22 +621,23 @@ class FloatPass:
             sel = np.flatnonzero(cand == k)
             rows = cand_rows[sel]
             Rk = R.rows(rows)
-            zm, zr = affine(Rk, *self.W1[k], self.b1[k], dep)
+            zm, zr = affine(Rk, *self.W1[k], self.b1[k], dep, ("expert product", "expert bias"))
             bad_k = _unbounded_dense(zm, zr)
             z_lo, z_hi = np.maximum(I.lower(zm, zr), 0.0), np.maximum(I.upper(zm, zr), 0.0)   # ReLU is exact
             Z = dense_interval(*I.from_bounds(z_lo, z_hi)).prune()   # ReLU(x) = 0 exactly where x <= 0
-            Wz = product(Z, *self.W2[k], dep)
+            Wz = product(Z, *self.W2[k], dep, ("expert output",))
             if w.gate_mode == "top1-scaled":
                 cm, cr = I.from_bounds(scale[0][sel], scale[1][sel])
                 Wz = I.scale_rows(Wz, cm, cr)
                 with np.errstate(invalid="ignore", over="ignore"):
                     Wz = SparseInterval(Wz.shape, Wz.indptr, Wz.indices, Wz.mid,
                                         I.add_rad(_widen(Wz.mid, Wz.rad, I.upper(np.abs(Wz.mid), Wz.rad),
-                                                         dep.gamma(1), 2.0 * dep.eta_op, dep.fmt.largest),
+                                                         dep.rel(1, ("gate scale",)), dep.floor(0, ("gate scale",)),
+                                                         dep.fmt.largest),
                                                   _daz(1, I.up(np.abs(cm) + cr)[Wz.row_ids()],
                                                        I.upper(np.abs(Wz.mid), Wz.rad), dep)))
             S = I.add(Rk, Wz)
-            Y = rounded_sum(S, I.upper(np.abs(S.mid), S.rad), 2, dep)
+            Y = rounded_sum(S, I.upper(np.abs(S.mid), S.rad), 2, dep, ("output sum",))
             vp, vv = _take(vptr, vals, rows)
             (lo, hi, pred), bad_L = self._logits_error(Y, vp, vv)
             np.logical_or.at(bad, rows, bad_k | _unbounded(Wz) | _unbounded(Y) | bad_L)
