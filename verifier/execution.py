@@ -24,7 +24,9 @@ has |δ| ≤ u_F. With at most n roundings in A and s in F on any path,
 When A = F (no ``--accumulate``) storing a result is the rounding of the operation that
 produced it, already among the n, so stores add nothing.
 
-``stores`` of a step is ``fixed + per_head·H`` (H heads): only the residual depends on H.
+``stores`` of a step is ``fixed + per_head·H``: only the residual depends on H, the number
+of heads whose W_O writes the coordinate (o_m is exactly 0 elsewhere, and adding an exact
+zero is exact, so only those heads' additions round).
 """
 
 from __future__ import annotations
@@ -68,7 +70,8 @@ STEPS: tuple[Step, ...] = (
     Step("head output", "o_m = W_O^m c_m", 1, ANY_ORDER),
     Step("residual", "r = h_n + Σ_m o_m", 0,
          "any order and grouping, each partial sum stored or not: head by head (r ← r + o_m), "
-         "or one product over the concatenated heads", per_head=1),
+         "or one product over the concatenated heads; a coordinate no row of W_O^m writes gets an "
+         "exact 0 from head m, whose addition is exact", per_head=1),
     Step("gate product", "W_G r", 1, ANY_ORDER),
     Step("gate bias", "g = W_G r + b_G", 1, "added after the product (MatMul, Add) or inside its sum"),
     Step("gate argmax", "e = argmax_k g_k", 0, "exact; a certified winner is strict", exact=True),
@@ -100,7 +103,8 @@ def markdown() -> str:
     rows = ["| step | computes | results stored in the format on a term's path (mixed precision) | allowed |",
             "|---|---|---|---|"]
     for s in STEPS:
-        count = "exact" if s.exact else (f"{s.stores} per head" if s.stores == 0 and s.per_head
-                                         else str(s.stores) + (f" + {s.per_head} per head" if s.per_head else ""))
+        per = "per head writing the coordinate"
+        count = "exact" if s.exact else (f"{s.per_head} {per}" if s.stores == 0 and s.per_head
+                                         else str(s.stores) + (f" + {s.per_head} {per}" if s.per_head else ""))
         rows.append(f"| {s.name} | `{s.computes}` | {count} | {s.allowed} |")
     return "\n".join(rows)

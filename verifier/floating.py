@@ -498,6 +498,11 @@ class FloatPass:
         self.P = I.as_csr(sp.csr_matrix(w.P))
         self.heads = [tuple(_t(M) for M in (h.W_Q, h.W_K, h.W_V, h.W_O)) for h in w.heads]
         self.n_residual = 1 + sum(h[3][2] for h in self.heads)     # terms of r = h + Σ_m W_O^m c_m
+        # per residual coordinate, the heads whose W_O writes it: only their additions round
+        # (o_m is exactly 0 there for the others, and adding an exact 0 is exact)
+        self.writers = np.zeros(self.E.shape[1], np.int64)
+        for h in self.heads:
+            self.writers += np.bincount(h[3][0].indices, minlength=self.E.shape[1]) > 0
         self.WG = _t(w.W_G)
         self.b_G = np.asarray(w.b_G, np.float64)
         self.W1 = [_t(e.W_1) for e in w.experts]
@@ -552,12 +557,21 @@ class FloatPass:
                         np.concatenate([I.upper(t.mid, t.rad) for t in mags]), np.zeros(sum(t.nnz for t in mags)))
         mag = _aligned(S, SparseInterval(M.shape, M.indptr, M.indices, M.mid, M.rad))
         # every term passes through at most n_residual roundings in the working format and,
-        # mixed, the head output's store and one per partial sum of the heads (head by head)
-        steps, H = ("head output", "residual"), len(self.heads)
-        rad = _widen(S.mid, S.rad, mag, dep.rel(self.n_residual, steps, H), 0.0, dep.fmt.largest)
+        # mixed, the head output's store and one per partial sum with a head writing its
+        # coordinate (head by head; the execution model's "residual" step)
+        steps = ("head output", "residual")
+        writers = self.writers[S.indices]
+        kinds = np.unique(writers)
+        rel = np.zeros(writers.size)
+        floor = np.zeros(writers.size)
+        for w in kinds:
+            at = writers == w
+            rel[at], floor[at] = dep.rel(self.n_residual, steps, int(w)), dep.floor(self.n_residual, steps, int(w))
+        if not kinds.size:
+            dep.stored(steps)                       # (no entry: nothing rounds; the step is still consulted)
+        rad = _widen(S.mid, S.rad, mag, rel, 0.0, dep.fmt.largest)
         daz = _daz(self.n_residual, o_max, 0.0, dep)[S.row_ids()]
-        R = SparseInterval(S.shape, S.indptr, S.indices, S.mid,
-                           I.add_rad(rad, daz, dep.floor(self.n_residual, steps, H)))
+        R = SparseInterval(S.shape, S.indptr, S.indices, S.mid, I.add_rad(rad, daz, floor))
         return R, bad | _unbounded(R)
 
     def _logits_error(self, Y: SparseInterval, valid_ptr, valid):
