@@ -85,11 +85,23 @@ def parser() -> argparse.ArgumentParser:
     add_json(b, "a summary (experts, widths, parameters)")
     add_quiet(b)
 
-    x = sub.add_parser("export", help="write the model as an ONNX graph (float32)",
-                       description="Build the model (or load --weights) and write its forward pass as an ONNX graph "
-                                   "in float32 (needs the onnx extra). Inputs and outputs: README 'ONNX export'.")
+    x = sub.add_parser("export", help="write the certified model as an ONNX graph (float32)",
+                       description="Write the forward pass as an ONNX graph in float32 (needs the onnx extra): the "
+                                   "model 'check --precision float32' builds and certifies (the same rebuild rule), "
+                                   "or with --precision exact the one plain 'check' certifies, or the weights of a "
+                                   "saved --certificate, or --weights. The graph's metadata names the weights "
+                                   "(weights_sha256, as check's report gives it) and the precision they were "
+                                   "certified for. Inputs and outputs: README 'ONNX export'.")
     common(x)
-    x.add_argument("--weights", help="export these weights (an .npz in the documented layout) instead of building")
+    x.add_argument("--weights", help="export these weights (an .npz in the documented layout) instead of building; "
+                                     "they must fit the task set, as check requires")
+    x.add_argument("--certificate", metavar="DIR", help="export the weights of the certificate in DIR (it must be a "
+                                                        "certified one of this task set)")
+    x.add_argument("--precision", choices=("float32", "exact"), default=None,
+                   help="when building: the precision the model is built and certified for (default float32, "
+                        "the graph's; exact: the model plain 'check' certifies)")
+    x.add_argument("--ulps", type=_positive, default=None, metavar="K",
+                   help="with --precision float32: assume exp and division accurate to K ulps (default 4), as check")
     x.add_argument("--onnx", required=True, metavar="FILE", help="output .onnx file")
     add_json(x, "a summary (inputs, outputs, size)")
     add_quiet(x)
@@ -554,27 +566,94 @@ def _margins(taskset, model, deployment) -> list[dict]:
 
 
 def cmd_export(args) -> int:
-    import layout
     from layout.onnx_graph import save_onnx
 
     taskset = _load(args)
-    weights = layout.load(args.weights) if args.weights else _build(args, taskset).instantiate()
     out = os.path.abspath(args.onnx)
     if out in {os.path.abspath(p) for p in _inputs(args)}:
         raise TaskError("refusing to overwrite an input file", file=args.onnx, fix="choose another output path")
     if not os.path.isdir(os.path.dirname(out)):
         raise TaskError("the output directory does not exist", file=args.onnx, fix="create it first")
-    save_onnx(weights, out, source=args.weights or "weights")
+    weights, meta, notes = _exported(args, taskset)
+    save_onnx(weights, out, source=args.weights or args.certificate or "weights", metadata=meta)
     size = os.path.getsize(out)
     if args.json:
         data = {"output": args.onnx, "bytes": size, "inputs": {"tokens": ["N", "T", "int64"]},
                 "outputs": {"probs": ["N", len(weights.vocab), "float32"], "expert": ["N", "int64"],
-                            "gate": ["N", len(weights.experts), "float32"]}}
+                            "gate": ["N", len(weights.experts), "float32"]}, "metadata": meta, "notes": notes}
         _write_text(args.json, json.dumps(data, indent=2, ensure_ascii=False), _inputs(args) + [args.onnx])
     if not args.quiet and args.json != "-":
         print(f"wrote {args.onnx}: {size / 1e6:.1f} MB, float32; input tokens (N, T) int64 without BOS; "
               f"outputs probs (N, {len(weights.vocab)}), expert (N,), gate (N, {len(weights.experts)})")
+        print(f"weights: sha256 {meta['weights_sha256']}; {meta['certified']}")
+        for note in notes:
+            print(f"note: {note}")
     return EXIT_OK
+
+
+def _exported(args, taskset):
+    """(the weights export writes, the graph's metadata, notes): built by the rule of ``check
+    --precision`` (float32 by default: build_for; exact: the plain build), or taken from
+    ``--certificate`` or ``--weights``, which must fit the task set as ``check`` requires."""
+    import layout
+    from layout.digest import weights_digest
+    from verifier.verify import fitting
+
+    given = [flag for flag, v in (("--weights", args.weights), ("--certificate", args.certificate)) if v]
+    if len(given) > 1:
+        raise TaskError("--weights and --certificate exclude each other", fix="export one of them")
+    if given and (args.precision is not None or args.ulps is not None or args.beta or args.gamma):
+        flag = next(f for f, v in (("--precision", args.precision), ("--ulps", args.ulps), ("--beta", args.beta),
+                                   ("--gamma", args.gamma)) if v is not None)
+        raise TaskError(f"{flag} chooses how the model is built; {given[0]} exports given weights",
+                        fix=f"drop {flag}, or drop {given[0]} to build")
+    notes: list[str] = []
+    if args.certificate:
+        weights, epsilon, certified = _certified_weights(args.certificate, taskset)
+    elif args.weights:
+        weights = layout.load(args.weights)
+        epsilon, certified = None, ("not checked here: run check --weights on the same file for its certificate "
+                                    "(the same sha256)")
+    else:
+        precision = args.precision or "float32"
+        if precision == "exact":
+            if args.ulps is not None:
+                raise TaskError("--ulps needs --precision float32", fix="drop --ulps")
+            model = _build(args, taskset)
+            certified = "built as 'check' builds: plain check certifies the exact forward pass of these weights"
+        else:
+            from verifier.floating import DEFAULT_ULPS, Deployment
+
+            dep = Deployment.named("float32", args.ulps if args.ulps is not None else DEFAULT_ULPS)
+            model, notes = _build_for(args, taskset, dep)
+            certified = (f"built as 'check --precision float32' builds: the float32 certified pass (error, "
+                         f"routing, size, entanglement) held at epsilon = {model.epsilon:g} for these weights; "
+                         f"check --precision float32 certifies the same sha256")
+        weights, epsilon = model.instantiate(), model.epsilon
+    fitting(taskset, weights, args.weights or args.certificate or "weights")
+    meta = {"weights_sha256": weights_digest(weights), "certified": certified,
+            "precision": args.precision or ("float32" if not given else ("exact" if args.certificate else "")),
+            "epsilon": "" if epsilon is None else repr(float(epsilon)),
+            "parameters": json.dumps({k: str(v) for k, v in (weights.parameters or {}).items()
+                                      if k in ("beta", "gamma")}, ensure_ascii=False)}
+    return weights, meta, notes
+
+
+def _certified_weights(directory: str, taskset):
+    """(weights, ε, the claim) of the certificate in ``directory``, which must be certified and
+    be of ``taskset`` as it is now (every task's content hash the certificate's)."""
+    from verifier.certificate import load_certificate, task_hash
+
+    cert = load_certificate(directory)
+    if not cert.certified:
+        raise TaskError(f"the certificate in {directory} is NOT CERTIFIED; there is no certified model to export",
+                        fix="fix what check reports, then check --certificate again")
+    now = {t.name: task_hash(t, taskset) for t in taskset.tasks}
+    if now != cert.resolved_hashes():
+        raise TaskError(f"the certificate in {directory} is of another version of this task set",
+                        file=directory, fix="re-certify the edit first (check --since DIR), then export")
+    return cert.weights, cert.epsilon, (f"the weights of the certificate in {directory}: plain check certified their "
+                                        f"exact forward pass at epsilon = {cert.epsilon:g}")
 
 
 def cmd_explain(args) -> int:

@@ -58,8 +58,10 @@ def _dense_bytes(w: Weights) -> int:
     return 4 * ((V + 1) * d + w.P.shape[0] * d + heads + K * d + 2 * width * d + V * d)
 
 
-def to_onnx(weights: Weights, source: str = "weights"):
-    """The ONNX model (an ``onnx.ModelProto``) of ``weights``' forward pass in float32."""
+def to_onnx(weights: Weights, source: str = "weights", metadata: dict[str, str] | None = None):
+    """The ONNX model (an ``onnx.ModelProto``) of ``weights``' forward pass in float32;
+    ``metadata`` is added to the model's properties (``export`` names the certified weights
+    there: their digest and the precision they were certified for)."""
     onnx, helper, numpy_helper = _require_onnx()
     weights.validate(source)
     size = _dense_bytes(weights)
@@ -140,16 +142,16 @@ def to_onnx(weights: Weights, source: str = "weights"):
 
     helper.set_model_props(model, {"vocab": json.dumps(list(w.vocab), ensure_ascii=False),
                                    "expert_tasks": json.dumps(list(w.expert_tasks), ensure_ascii=False),
-                                   "gate_mode": w.gate_mode})
+                                   "gate_mode": w.gate_mode, **(metadata or {})})
     onnx.checker.check_model(model)
     return model
 
 
-def save_onnx(weights: Weights, path: str, source: str = "weights") -> None:
+def save_onnx(weights: Weights, path: str, source: str = "weights", metadata: dict[str, str] | None = None) -> None:
     """Write the ONNX model atomically."""
     from tasks.files import atomic_file
 
-    model = to_onnx(weights, source)
+    model = to_onnx(weights, source, metadata)
     data = model.SerializeToString()
     with atomic_file(path) as f:
         f.write(data)

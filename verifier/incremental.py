@@ -68,6 +68,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from layout import Weights
+from layout.digest import weights_digest
 from tasks.errors import TaskError
 from tasks.model import TaskSet
 from tasks.queries import build_group
@@ -911,6 +912,7 @@ def _report(taskset: TaskSet, weights: Weights, epsilon: float, table: ClassTabl
             r.worst_error, r.worst_error_lower, r.worst_query = float(tot.worst[k]), float(tot.worst_lower[k]), tot.worst_query[k]
         recs.append(r)
     report = Report(epsilon, dict(weights.parameters), recs, tot.total_queries)
+    report.weights_sha256 = weights_digest(weights)
     report.routing_matrix = tot.routing
     report.foreign = tot.foreign
     report.counterexamples = list(state.report.counterexamples)

@@ -68,6 +68,7 @@ def report_json(report: Report) -> dict[str, Any]:
             "bound_over_measured": _num(ratio),
         },
         "parameter_counts": report.parameter_counts,
+        "weights_sha256": report.weights_sha256,
         "foreign_queries": report.foreign,
         "tasks": [task_json(r) for r in report.tasks],
         "counterexamples": report.counterexamples,
@@ -179,6 +180,9 @@ def summary(report: Report) -> str:
     failed = [r.name for r in report.tasks if not r.certified]
     if report.precision_model:
         lines.append(f"precision: every execution in {report.precision_model}")
+        if report.weights_sha256:
+            lines.append(f"weights: sha256 {report.weights_sha256} (export --onnx writes the digest of what it "
+                         f"exports into the graph's metadata)")
     at = "" if report.precision == "exact" else f" in {report.precision}"
     verdict = f"verdict: {report.verdict.upper()} at epsilon = {report.epsilon}{at}"
     if failed:

@@ -39,6 +39,7 @@ from verifier.floating import Deployment, FloatPass
 from verifier.forward import Prepared, run_batch
 from verifier.parallel import Executor, LocalPool
 from layout import Weights
+from layout.digest import weights_digest
 
 CHUNK = 20_000
 MAX_COUNTEREXAMPLES = 20
@@ -108,6 +109,7 @@ class Report:
     precision_model: str | None = None         # the executions a floating-point certificate covers
     parameter_counts: dict[str, Any] | None = None   # Weights.parameter_counts() and facts per parameter
     incremental: dict[str, Any] | None = None  # check --since: what was reused and what ran again
+    weights_sha256: str | None = None          # layout.digest of the weights certified (export writes it too)
 
     @property
     def complete(self) -> bool:
@@ -138,6 +140,18 @@ class Report:
 def token_map(taskset: TaskSet, weights: Weights, source: str = "weights") -> np.ndarray:
     """Task-set token id -> weights token id (by exact string)."""
     return weights.token_ids(taskset.vocabulary.tokens, source)
+
+
+def fitting(taskset: TaskSet, weights: Weights, source: str = "weights") -> np.ndarray:
+    """The task-set -> weights token map, once the weights are known to fit the task set: in
+    the layout (validated), holding every token of the task set, with positions for its
+    longest prefix. Raises :class:`TaskError` (weights built for another task set) otherwise."""
+    weights.validate(source)
+    tmap = token_map(taskset, weights, source)
+    if weights.n_positions < taskset.L:
+        raise TaskError(f"the weights have {weights.n_positions} positions; prefixes up to length {taskset.L - 1} need {taskset.L}",
+                        file=source, fix="verify weights built for this task set")
+    return tmap
 
 
 class Shard:
@@ -345,11 +359,7 @@ def verify(
     recorder's ``watch`` mask says which neurons' possible activity to record.
     """
     start = time.perf_counter()
-    weights.validate(source)
-    tmap = token_map(taskset, weights, source)
-    if weights.n_positions < taskset.L:
-        raise TaskError(f"the weights have {weights.n_positions} positions; prefixes up to length {taskset.L - 1} need {taskset.L}",
-                        file=source, fix="verify weights built for this task set")
+    tmap = fitting(taskset, weights, source)
     names = taskset.names
     expert_of_task = {name: k for k, name in enumerate(weights.expert_tasks) if name}
     K_tasks, K_exp = len(names), len(weights.experts)
@@ -366,6 +376,7 @@ def verify(
     sizes = [t.n_facts for t in taskset.tasks]
     total = sum(1 if not n.has_subject else sum(sizes[k] for k in n.tasks) for n in trie)
     report = Report(epsilon, dict(weights.parameters), records, 0)
+    report.weights_sha256 = weights_digest(weights)
     if deployment is not None:
         report.precision, report.precision_model = deployment.fmt.name, deployment.describe()
     counts = weights.parameter_counts()
