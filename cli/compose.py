@@ -118,13 +118,38 @@ def _cert_summary(report: Report) -> dict:
     return json.loads(json.dumps(report_json(report), default=float))
 
 
+#: A saved certificate's computed γ serves a vocabulary this many times the task set's, so that
+#: edits adding entities keep its parameters and stay incremental (README 'Editing knowledge').
+VOCABULARY_HEADROOM = 4
+
+
+def build_for_certificate(taskset: TaskSet, epsilon: float | None = None, beta: float | None = None,
+                          gamma: float | None = None) -> tuple[SymbolicModel, dict]:
+    """The model a saved certificate is made of, and how its parameters were set: β and γ
+    given (``beta``, ``gamma``) or written in the tasks file are kept ("pinned"); else the
+    construction chooses them ("chosen"), γ for a vocabulary of :data:`VOCABULARY_HEADROOM`
+    times the task set's, so that the certificate's parameters still serve an edit that adds
+    entities up to that size (the proven bound grows with |V|, so a γ for more tokens also
+    holds for fewer)."""
+    from construction.model import build
+
+    file = taskset.parameters
+    reach = VOCABULARY_HEADROOM * taskset.vocabulary.size
+    model = build(taskset, epsilon=epsilon, beta=beta, gamma=gamma, vocabulary_reach=reach)
+    choice = {name: "pinned" if given is not None or name in file else "chosen"
+              for name, given in (("beta", beta), ("gamma", gamma))}
+    choice.update(vocabulary=reach if choice["gamma"] == "chosen" else taskset.vocabulary.size, L=taskset.L)
+    return model, choice
+
+
 def check_and_save(taskset: TaskSet, model: SymbolicModel, directory: str, *, isolation: bool = True, jobs: int = 1,
                    progress: Callable[[int, int], None] | None = None, source: str = "weights",
-                   tasks_path: str | None = None, cell_queries: int | None = None, read_as=None) -> Report:
+                   tasks_path: str | None = None, cell_queries: int | None = None, read_as=None,
+                   choice: dict | None = None) -> Report:
     """``check --certificate DIR``: :func:`check_and_record`, the certificate saved to DIR
-    (see :func:`save_if_unchanged` for ``read_as``)."""
+    (see :func:`save_if_unchanged` for ``read_as``; ``choice`` as :func:`build_for_certificate` returns it)."""
     report, cert = check_and_record(taskset, model, isolation=isolation, jobs=jobs, progress=progress, source=source,
-                                    cell_queries=cell_queries)
+                                    cell_queries=cell_queries, choice=choice)
     save_if_unchanged(cert, directory, tasks_path, read_as)
     report.notes.append(f"certificate saved to {directory}")
     return report
@@ -149,10 +174,11 @@ def save_if_unchanged(cert, directory: str, tasks_path: str | None, read_as=None
 
 def check_and_record(taskset: TaskSet, model: SymbolicModel, *, isolation: bool = True, jobs: int = 1,
                      progress: Callable[[int, int], None] | None = None, source: str = "weights",
-                     cell_queries: int | None = None):
+                     cell_queries: int | None = None, choice: dict | None = None):
     """The full check, with the certificate that records its query classes for later edits
     (cells of about ``cell_queries`` queries, default ``verifier.classes.CELL_QUERIES``):
-    (report, certificate), nothing saved."""
+    (report, certificate), nothing saved. ``choice``: how the model's parameters were set
+    (:func:`build_for_certificate`), recorded in the certificate."""
     from tasks.structure import StructureTrie
     from verifier.certificate import Certificate, task_hash
     from verifier.classes import CellPlan, ClassRecorder
@@ -166,7 +192,8 @@ def check_and_record(taskset: TaskSet, model: SymbolicModel, *, isolation: bool 
     report = check_built(taskset, model, weights=weights, isolation=isolation, jobs=jobs, progress=progress,
                          source=source, classes=recorder)
     cert = Certificate(model.epsilon, report.verdict, taskset, weights, recorder.table(), plan, watched,
-                       _cert_summary(report), {t.name: task_hash(t) for t in taskset.tasks}, read_keys(taskset))
+                       _cert_summary(report), {t.name: task_hash(t) for t in taskset.tasks}, read_keys(taskset),
+                       dict(choice or {}))
     return report, cert
 
 
@@ -299,11 +326,142 @@ def check_since(taskset: TaskSet, directory: str | None = None, out: str | None 
 def recertify_since(taskset: TaskSet, directory: str | None = None, *, old=None, cache=None, isolation: bool = True,
                     jobs: int = 1, progress: Callable[[int, int], None] | None = None, source: str = "weights"):
     """Re-certify an edited task set from a saved certificate (``old``, else the one in
-    ``directory``), running again only the queries the edit can reach (verifier.incremental);
-    the model keeps the certificate's β and γ and is built from the certificate's weights
-    where the edit allows (construction.patch). Returns (report, edited task names, the
-    updated certificate), nothing saved: ``check --since`` saves it, ``watch`` also keeps it
-    in memory as the next edit's ``old``."""
+    ``directory``). Returns (report, edited task names, the updated certificate), nothing
+    saved: ``check --since`` saves it, ``watch`` also keeps it in memory as the next edit's
+    ``old``.
+
+    The certificate's β and γ are kept where it can serve the edit (:func:`_recertify_kept`:
+    only the queries the edit can reach run again). Parameters the construction chose (not
+    pinned by the user or the tasks file) are chosen anew, with a full check and a new
+    certificate, when the edit goes beyond what they were chosen for (more tokens than the
+    certificate's vocabulary reach, a longer template), or when the kept ones no longer
+    certify the edited set and the construction would choose others: what a full check of the
+    edited files gives. Pinned parameters are kept; if they no longer certify, the report
+    names the parameter and the value the construction would choose. A certificate of
+    another task set (no task in common) is refused."""
+    from verifier.certificate import load_certificate
+
+    old = old if old is not None else load_certificate(directory)
+    _same_task_set(old, taskset, directory)
+    epsilon = taskset.epsilon if taskset.epsilon is not None else old.epsilon
+    # a certificate that does not record how its parameters were set (a library caller's model,
+    # or an older version's certificate) keeps them, as before
+    choice = old.choice or {"beta": "pinned", "gamma": "pinned"}
+    free = [p for p in ("beta", "gamma") if choice.get(p) == "chosen" and p not in taskset.parameters]
+    beyond = ""
+    V, L = taskset.vocabulary.size, taskset.L
+    if free and epsilon != old.epsilon:
+        beyond = f"epsilon changed ({old.epsilon:g} -> {epsilon:g})"
+    elif "gamma" in free and V > int(choice.get("vocabulary", 0)):
+        beyond = (f"the edited set has {V} tokens, more than the {choice.get('vocabulary')} the certificate's "
+                  f"gamma was chosen for")
+    elif free and L != choice.get("L"):
+        beyond = f"the longest template now has {L} tokens (the certificate's parameters were chosen for {choice.get('L')})"
+    kept = dict(zip(("beta", "gamma"), pinned_parameters(old, taskset)))
+    # parameters the certificate was made with by the user's choice stay (the tasks file's are read by build)
+    held = {p: kept[p] for p in ("beta", "gamma") if choice.get(p) != "chosen" and p not in taskset.parameters}
+    if beyond:
+        anew = " and ".join(p for p in ("beta", "gamma") if p in free)
+        model, new_choice = build_for_certificate(taskset, epsilon=epsilon, **held)
+        return _recertify_anew(taskset, old, f"{beyond}: {anew} chosen anew", epsilon=epsilon, model=model,
+                               choice=new_choice, isolation=isolation, jobs=jobs, progress=progress, source=source,
+                               cache=cache)
+    report, edited, cert = _recertify_kept(taskset, old=old, cache=cache, isolation=isolation, jobs=jobs,
+                                           progress=progress, source=source)
+    cert.choice = dict(choice)
+    if report.certified:
+        return report, edited, cert
+    if free:
+        model, new_choice = build_for_certificate(taskset, epsilon=epsilon, **held)
+        if (model.beta, model.gamma) != tuple(taskset.parameters.get(p, kept[p]) for p in ("beta", "gamma")):
+            reason = (f"the certificate's parameters (beta = {_exact(kept['beta'])}, gamma = {_exact(kept['gamma'])}) "
+                      f"do not certify the edited set; the construction chooses "
+                      + ", ".join(f"{p} = {getattr(model, p)}" for p in free) + " for it")
+            return _recertify_anew(taskset, old, reason, epsilon=epsilon, model=model, choice=new_choice,
+                                   isolation=isolation, jobs=jobs, progress=progress, source=source, cache=cache)
+    pinned = [p for p in ("beta", "gamma") if p not in free]
+    if pinned:
+        report.notes.append(_pinned_hint(taskset, old, pinned, epsilon))
+    return report, edited, cert
+
+
+def _exact(x: float) -> str:
+    """A binary fraction as the construction writes it (31/4, 8)."""
+    from fractions import Fraction
+
+    return str(Fraction(x))
+
+
+def _same_task_set(old, taskset: TaskSet, directory: str | None) -> None:
+    """Refuse (TaskError) a certificate that shares no task with ``taskset``: it is of another
+    task set, and re-certifying from it would replace it with a certificate of this one."""
+    from tasks.errors import TaskError
+
+    if not set(old.taskset.names) & set(taskset.names):
+        theirs, ours = ", ".join(old.taskset.names[:4]), ", ".join(taskset.names[:4])
+        raise TaskError(f"the certificate{' in ' + directory if directory else ''} is of another task set (its "
+                        f"tasks: {theirs}; this file's: {ours}); nothing was changed",
+                        fix="give the certificate made from this tasks file, or make one with check --certificate NEWDIR")
+
+
+def _pinned_hint(taskset: TaskSet, old, pinned: list[str], epsilon: float) -> str:
+    """Which pinned parameter keeps the edited set from certifying, and the value the
+    construction would choose for it (the smallest whose proven bound reaches ε, with the
+    other parameter as it is)."""
+    from fractions import Fraction
+
+    from construction import bound
+    from construction.model import route
+
+    kept = dict(zip(("beta", "gamma"), pinned_parameters(old, taskset)))
+    value = {p: taskset.parameters.get(p, kept[p]) for p in ("beta", "gamma")}
+    where = []
+    for p in pinned:
+        file, line = taskset.parameter_source(p) if p in taskset.parameters else (None, None)
+        place = f"pinned in {file}, line {line}" if file and line else "pinned when the certificate was made"
+        where.append(f"{p} = {_exact(value[p])} ({place})")
+    try:
+        L = taskset.L
+        beta = bound.smallest_beta(L, route(taskset)[1].beta_condition()) if "beta" in pinned else Fraction(value["beta"])
+        gamma = bound.smallest_gamma(L, VOCABULARY_HEADROOM * taskset.vocabulary.size,
+                                     Fraction(value["beta"]) if "beta" not in pinned else beta, epsilon)
+        choice = {"beta": beta, "gamma": gamma}
+        would = "the construction would choose " + ", ".join(f"{p} = {choice[p]}" for p in pinned) + " for the edited set"
+    except Exception as exc:          # the edited set may not be constructible at all (reported elsewhere)
+        would = f"the construction chooses no parameters for the edited set ({exc})"
+    return f"{'; '.join(where)}: not changed by --since; {would} (remove the pin, or check --certificate anew)"
+
+
+def _recertify_anew(taskset: TaskSet, old, reason: str, *, epsilon: float, model=None, choice=None,
+                    isolation: bool = True, jobs: int = 1, progress=None, source: str = "weights", cache=None):
+    """A full check of the edited set with parameters chosen for it (the certificate's could
+    not serve the edit: ``reason``), and its new certificate; the report says why."""
+    from verifier.incremental import Incremental
+
+    start = time.perf_counter()
+    if model is None:
+        model, choice = build_for_certificate(taskset, epsilon=epsilon)
+    t_model = time.perf_counter() - start
+    reused = cache.reused if cache is not None else set()
+    _, edited = task_hashes_since(old, taskset, reused, None)
+    report, cert = check_and_record(taskset, model, isolation=isolation, jobs=jobs, progress=progress, source=source,
+                                    choice=choice)
+    info = Incremental("full", reason)
+    info.vocabulary_delta = taskset.vocabulary.size - old.taskset.vocabulary.size
+    report.incremental = info.as_dict()
+    report.incremental.update(phases={"model": round(t_model, 3), "full check": round(time.perf_counter() - start - t_model, 3)},
+                              edited_tasks=sorted(edited), model="built in full, parameters chosen anew",
+                              recertify_seconds=round(time.perf_counter() - start, 3))
+    report.seconds = time.perf_counter() - start
+    report.incremental["seconds"] = round(report.seconds, 3)
+    return report, sorted(edited), cert
+
+
+def _recertify_kept(taskset: TaskSet, *, old, cache=None, isolation: bool = True, jobs: int = 1,
+                    progress: Callable[[int, int], None] | None = None, source: str = "weights"):
+    """Re-certify with the certificate's β and γ (or the tasks file's), running again only the
+    queries the edit can reach (verifier.incremental); the model is built from the
+    certificate's weights where the edit allows (construction.patch)."""
     from fractions import Fraction
 
     from construction import bound
@@ -314,13 +472,12 @@ def recertify_since(taskset: TaskSet, directory: str | None = None, *, old=None,
     from construction.residual import residual_space
     from tasks.compiled import token_map_from
     from tasks.structure import StructureTrie
-    from verifier.certificate import Certificate, load_certificate
+    from verifier.certificate import Certificate
     from verifier.classes import CellPlan, ClassRecorder
     from verifier.incremental import recertify
     from verifier.locality import Correspondence, watched_neurons
 
     start = t0 = time.perf_counter()
-    old = old if old is not None else load_certificate(directory)
     reused = cache.reused if cache is not None else set()
     pinned = pinned_parameters(old, taskset)
     # parameters written in the tasks file win (if they differ, every weight changes: a full check)

@@ -56,8 +56,9 @@ def parser() -> argparse.ArgumentParser:
                         "can be re-certified with --since DIR (README 'Editing knowledge')")
     c.add_argument("--since", metavar="DIR",
                    help="re-certify from the certificate in DIR: rebuild with its beta and gamma, run again only "
-                        "the queries the edit can reach, reuse the rest; writes the updated certificate back to "
-                        "DIR (or to --certificate)")
+                        "the queries the edit can reach, reuse the rest (parameters the construction chose are "
+                        "chosen anew, with a full check, when the edit goes beyond them); writes the updated "
+                        "certificate back to DIR (or to --certificate)")
 
     i = sub.add_parser("inspect", help="expert sizes against the bound, parameters, closed-form bound; --block: the symbolic weights",
                        description="Show the construction without verifying it. With --block, list a block's symbolic "
@@ -345,11 +346,14 @@ def _check_certificate(args, deployment, progress) -> int:
                                 source=args.tasks, tasks_path=args.tasks, read_as=read_as)
         report.incremental["phases"] = {"read certificate and tasks": round(read, 3), **report.incremental["phases"]}
     else:
+        from cli.compose import build_for_certificate
+
         read_as = input_signature(args.tasks)
         taskset = _load(args)
-        model = _build(args, taskset)
+        model, choice = build_for_certificate(taskset, epsilon=args.epsilon, beta=args.beta, gamma=args.gamma)
         report = check_and_save(taskset, model, args.certificate, isolation=not args.no_isolation, jobs=args.jobs,
-                                progress=progress, source=args.tasks, tasks_path=args.tasks, read_as=read_as)
+                                progress=progress, source=args.tasks, tasks_path=args.tasks, read_as=read_as,
+                                choice=choice)
     if args.json:
         _write_text(args.json, dumps(report), _inputs(args))
     if args.json != "-":

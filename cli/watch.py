@@ -146,15 +146,15 @@ class Watcher:
             return outcome
 
     def _certify(self):
-        from cli.compose import check_and_record, read_since, recertify_since
-        from construction.model import build
+        from cli.compose import build_for_certificate, check_and_record, read_since, recertify_since
         from tasks.io import load_tasks
 
         start = time.perf_counter()
         if self.cert is None and not os.path.exists(os.path.join(self.directory, "certificate.json")):
             taskset = load_tasks(self.tasks_path)
-            report, cert = check_and_record(taskset, build(taskset), isolation=self.isolation, jobs=self.jobs,
-                                            source=self.tasks_path)
+            model, choice = build_for_certificate(taskset)
+            report, cert = check_and_record(taskset, model, isolation=self.isolation, jobs=self.jobs,
+                                            source=self.tasks_path, choice=choice)
             return Outcome(report, None, time.perf_counter() - start, list(taskset.names)), cert
         old = self._held()
         taskset, cache = read_since(self.tasks_path, old, self.composed, self.previous)

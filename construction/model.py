@@ -162,8 +162,14 @@ def route(taskset: TaskSet, trie: StructureTrie | None = None) -> tuple[Space, G
     return residual, gate
 
 
-def build(taskset: TaskSet, epsilon: float | None = None, beta: float | None = None, gamma: float | None = None) -> SymbolicModel:
+def build(taskset: TaskSet, epsilon: float | None = None, beta: float | None = None, gamma: float | None = None,
+          vocabulary_reach: int | None = None) -> SymbolicModel:
     """Construct the model; ε, β, γ default to the task set's, then to computed values.
+
+    ``vocabulary_reach``: a computed γ is the smallest whose proven bound reaches ε for a
+    vocabulary of this many tokens rather than the task set's own |V| (the bound grows with
+    |V|, so the model then also serves edits that add entities up to that size: a saved
+    certificate's headroom).
 
     Raises :class:`tasks.errors.TaskError` (a RoutingError) if the set cannot be routed, and
     a TaskError naming the parameter (and its file and line) if no parameters reach ε.
@@ -180,7 +186,7 @@ def build(taskset: TaskSet, epsilon: float | None = None, beta: float | None = N
         chosen_gamma = _parameter("gamma", gamma, gamma_flag, taskset)
     else:
         try:
-            chosen_gamma = bound.smallest_gamma(L, V, chosen_beta, epsilon)
+            chosen_gamma = bound.smallest_gamma(L, max(V, vocabulary_reach or 0), chosen_beta, epsilon)
         except ValueError:
             where = {} if beta_flag else dict(zip(("file", "line"), taskset.parameter_source("beta")))
             raise TaskError(f"no gamma makes the proven error bound reach epsilon = {epsilon:g} at beta = {chosen_beta} "

@@ -126,10 +126,20 @@ def test_epsilon_changed_in_the_tasks_file_is_honoured(tmp_path, capsys):
     assert main(["check", str(path), "--certificate", str(cert), "--quiet", "--no-isolation"]) == 0
     path.write_text(text.replace("epsilon: 0.01", "epsilon: 0.0000001"), encoding="utf-8")
     capsys.readouterr()
+    # the certificate's parameters were chosen by the construction, so they are chosen anew for the
+    # new epsilon: a full check, as a full check of the edited file gives (README 'Editing knowledge')
+    assert main(["check", str(path), "--since", str(cert), "--no-isolation", "--json", "-"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["epsilon"] == 1e-7 and data["verdict"] == "certified"
+    assert data["incremental"]["mode"] == "full" and "epsilon changed" in data["incremental"]["reason"]
+    assert "chosen anew" in data["incremental"]["reason"]
+    # with gamma pinned in the file it stays, the check fails, and the report names the pin
+    path.write_text(text.replace("epsilon: 0.01", "epsilon: 0.0000001").replace("tasks:", "parameters:\n  gamma: 8\ntasks:", 1),
+                    encoding="utf-8")
     assert main(["check", str(path), "--since", str(cert), "--no-isolation", "--json", "-"]) == 1
     data = json.loads(capsys.readouterr().out)
-    assert data["epsilon"] == 1e-7 and data["verdict"] == "not certified"
-    assert data["incremental"]["mode"] == "full" and "epsilon changed" in data["incremental"]["reason"]
+    assert data["verdict"] == "not certified"
+    assert any("gamma = 8 (pinned in" in n and "would choose" in n for n in data["notes"]), data["notes"]
 
 
 TWO_TASKS = ("epsilon: 0.01\ntasks:\n  - name: capital\n    templates:\n      - the capital of *1 is *2\n"

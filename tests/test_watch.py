@@ -218,17 +218,20 @@ def test_the_loop_checks_after_each_change_only(tmp_path):
     last = watch(watcher, seen.append, interval=0.25, max_checks=3, sleep=sleep)
     assert [o.edited for o in seen] == [["capital", "continent", "currency"], ["capital"], ["currency"]]
     assert len(naps) == 6 and set(naps) == {0.25} and last is seen[-1]
-    # two new tokens at the certificate's γ: the bound no longer holds (as a full check at that γ finds)
-    assert seen[1].report.certified and last.report.verdict == "not certified"
+    # two new tokens: the certificate's γ was chosen for four times the vocabulary, so it still
+    # serves them, and the edit stays incremental (before, the minimal γ refuted it)
+    assert seen[1].report.certified and last.report.certified
+    assert last.report.incremental["mode"] == "incremental"
 
 
 def test_a_refuted_edit_is_reported_not_certified(tmp_path, capsys):
-    """ε made smaller than the model's error in the tasks file: a full check (ε changed)
-    that does not certify, and the exit status says so."""
+    """ε made smaller than the model's error in the tasks file, with γ pinned there: a full check
+    (ε changed) that does not certify, and the exit status says so. (With γ left to the
+    construction it is chosen anew for the new ε, and certifies.)"""
     path = _files(tmp_path)
     cert = tmp_path / "cert"
     assert main(["watch", str(path), "--certificate", str(cert), "--max-checks", "1", "--quiet"]) == 0
-    path.write_text("epsilon: 1.0e-12\n" + TASKS, encoding="utf-8")
+    path.write_text("epsilon: 1.0e-12\nparameters: {gamma: 8}\n" + TASKS, encoding="utf-8")
     assert main(["watch", str(path), "--certificate", str(cert), "--max-checks", "1", "--json", "-"]) == 1
     line = capsys.readouterr().out.strip().splitlines()[-1]
     data = json.loads(line)

@@ -5,8 +5,9 @@
 ==================  ==================================================================
 file                holds
 ==================  ==================================================================
-certificate.json    format, ε, verdict, parameters, per-task records and content hashes,
-                    the construction's evidence, and the SHA-256 of every other file
+certificate.json    format, ε, verdict, parameters (and whether each was chosen or pinned,
+                    with the vocabulary a chosen γ serves), per-task records and content
+                    hashes, the construction's evidence, and the SHA-256 of every other file
 weights.npz         the certified weights (the layout of ``layout.npz``)
 tasks.npz           the certified task set, compiled: vocabulary, per task its name,
                     templates and facts as token ids (``tasks.compiled``)
@@ -63,6 +64,10 @@ class Certificate:
     #: per task: :func:`task_hash` (None: not computed yet, :meth:`resolved_hashes` computes it)
     task_hashes: dict[str, str | None] = field(default_factory=dict)
     file_hashes: dict[str, list[str]] = field(default_factory=dict)   # per task: SHA-256 of each facts file
+    #: how β and γ were set ("chosen" by the construction or "pinned" by the user) and how far the
+    #: chosen ones reach (``vocabulary``: the most tokens γ was chosen for; ``L``); empty: unknown,
+    #: and then kept by an edit as pinned ones are (cli.compose.recertify_since)
+    choice: dict[str, Any] = field(default_factory=dict)
 
     def resolved_hashes(self) -> dict[str, str]:
         """``task_hashes`` with every one not yet computed computed from the task set (and kept:
@@ -216,6 +221,7 @@ def save_certificate(cert: Certificate, directory: str | os.PathLike) -> None:
             "format": FORMAT, "epsilon": cert.epsilon, "verdict": cert.verdict,
             "parameters": cert.taskset.parameters, "task_set_epsilon": cert.taskset.epsilon,
             "task_hashes": cert.resolved_hashes(), "file_hashes": cert.file_hashes, "summary": cert.summary,
+            "parameter_choice": cert.choice,
             "files": {name: file_hash(os.path.join(tmp, name)) for name in FILES},
         }
         manifest = json.loads(json.dumps(manifest, default=float))     # plain JSON types, as it reads back
@@ -281,4 +287,4 @@ def load_certificate(directory: str | os.PathLike) -> Certificate:
     epsilon = float(manifest["epsilon"])
     return Certificate(epsilon, manifest["verdict"], taskset, weights, table, plan, watched,
                        manifest.get("summary") or {}, manifest.get("task_hashes") or {},
-                       manifest.get("file_hashes") or {})
+                       manifest.get("file_hashes") or {}, manifest.get("parameter_choice") or {})
