@@ -95,15 +95,31 @@ def build_for(taskset: TaskSet, deployment: Deployment, epsilon: float | None = 
 
         report = verify(taskset, model.instantiate(), epsilon, executor=executor, deployment=deployment)
         attempts.append({"target": target, "beta": str(model.beta), "gamma": str(model.gamma),
-                         "worst_error": report.measured_worst, "certified": report.certified})
+                         "worst_error": report.measured_worst, "certified": report.certified,
+                         "failing": _failing_checks(report)})
         if report.certified:
             return model, attempts
         if gamma is not None:
             break
         target /= 2.0
-    tried = ", ".join(f"{a['target']:.3g} (worst {a['worst_error']:.3g})" for a in attempts)
+    shown = attempts if len(attempts) <= 2 else [attempts[0], attempts[-1]]
+    tried = (f"{len(attempts)} targets from {attempts[0]['target']:.3g} to {attempts[-1]['target']:.3g}: "
+             if len(attempts) > 2 else "") + ", ".join(
+        f"{a['target']:.3g} (worst error {a['worst_error']:.3g}; failing: {a['failing']})" for a in shown)
     raise TaskError(f"no construction target made the {name} certificate hold at epsilon = {epsilon:g}; "
                     f"tried {tried}", fix=f"raise epsilon, or deploy in a wider format")
+
+
+def _failing_checks(report: Report) -> str:
+    """Which checks failed and on how many queries (for build_for's refusal): a worst error
+    below epsilon with routing failing says that routing, not the error, is out of reach."""
+    tasks = report.tasks
+    parts = [f"{what} on {n:,} queries" for what, n in (("error", sum(t.over_epsilon for t in tasks)),
+                                                         ("routing", sum(t.misrouted for t in tasks))) if n]
+    parts += [f"{what} of {n} tasks" for what, n in
+              (("size", sum(not t.size_ok for t in tasks)), ("entanglement", sum(not t.entanglement_ok for t in tasks)))
+              if n]
+    return ", ".join(parts) or "none"
 
 
 # --- saved certificates and re-certification after an edit -------------------------------------

@@ -430,3 +430,13 @@ def test_the_readme_shows_the_execution_model_table():
     from verifier import execution
 
     assert execution.markdown() in Path("README.md").read_text(encoding="utf-8")
+
+
+def test_the_bfloat16_refusal_says_which_checks_fail(capsys):
+    """An outside review: the bfloat16 --accumulate float32 refusal listed worst errors below ε
+    without saying that routing is what fails; it names the failing checks now."""
+    from cli.main import main
+
+    assert main(["check", "examples/capitals.yaml", "--precision", "bfloat16", "--accumulate", "float32"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "failing: " in err and "routing on 8 queries" in err

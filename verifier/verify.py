@@ -386,11 +386,11 @@ def verify(
     executor = executor if executor is not None else LocalPool(jobs)
     if deployment is not None and not executor.shares_memory:
         raise TaskError(f"--precision {deployment.fmt.name} runs on local processes only (the sharded cluster path "
-                        "certifies the exact pass)", file=source, fix="drop --scheduler, or use --precision exact")
+                        "certifies the exact pass)", fix="drop --scheduler, or use --precision exact")
     shard = Shard(weights, tmap, deployment=deployment)
     if classes is not None and (deployment is not None or not executor.shares_memory):
         raise TaskError("a certificate for later edits is saved for the exact pass on local processes only",
-                        file=source, fix="drop --precision / --scheduler, or drop --certificate")
+                        fix="drop --precision / --scheduler, or drop --certificate")
     if executor.shares_memory:
         prepared = shard.prepared()          # built once, before any worker starts
         if classes is not None:
