@@ -41,10 +41,14 @@ import numpy as np
 from layout import Weights, load, save
 from tasks.compiled import file_hash
 from tasks.errors import TaskError
-from tasks.model import Facts, Task, TaskSet
+from tasks.model import OBJECT, SUBJECT, Facts, Task, TaskSet
 from verifier.classes import COUNTS, FLOATS, CellPlan, ClassTable
 
-FORMAT = "moe-knowledge-certificate/2"
+#: Version 3: task hashes of an injective encoding (:func:`task_hash`); a version 2
+#: certificate's hashes joined names with separator characters a name could hold.
+FORMAT = "moe-knowledge-certificate/3"
+#: What every version of this tool's certificates writes before its number.
+FORMAT_FAMILY = "moe-knowledge-certificate/"
 FILES = ("weights.npz", "tasks.npz", "classes.npz")
 
 
@@ -78,14 +82,39 @@ class Certificate:
         return self.verdict == "certified"
 
 
+def _field(data: bytes) -> bytes:
+    """``data`` prefixed with its length (8 bytes, little-endian): a self-delimiting field."""
+    return len(data).to_bytes(8, "little") + data
+
+
+def _utf8(text: str) -> bytes:
+    """UTF-8 of any Python string (a lone surrogate too: the readers refuse one, a task built
+    in Python may hold one); one-to-one on strings."""
+    return text.encode("utf-8", "surrogatepass")
+
+
 def task_hash(task: Task, taskset: TaskSet | None = None) -> str:
-    """SHA-256 of a task's content: name, templates, and facts in subject order. With the
-    task set holding it, the order is read from its fact ids rather than sorted: they are
-    sorted by subject id, and ids follow the names' order (the vocabulary is sorted)."""
+    """SHA-256 of an encoding of a task's content: name, templates, and facts in subject
+    order. With the task set holding it, the order is read from its fact ids rather than
+    sorted: they are sorted by subject id, and ids follow the names' order (the vocabulary
+    is sorted).
+
+    **Why equal hashes mean equal tasks** (up to a SHA-256 collision): the bytes hashed are
+    a sequence of items each either of fixed width or prefixed by its length, so they parse
+    back in one way only: the name; the number of templates and, per template, its parts
+    (a tag byte for ⋆1, ⋆2 or a word, then the word); the number of facts n; the n subject
+    lengths and the n object lengths (in characters, 8 bytes each); the subjects' text and
+    the objects' text, each one field, which the lengths cut back into the names. So two
+    tasks that hash alike have the same name, templates and facts, whatever characters
+    their names hold (no separator character is assumed absent from them: a name may hold
+    any character a Python string can, and the readers' rules are not needed here)."""
     h = hashlib.sha256()
-    h.update(task.name.encode("utf-8") + b"\x00")
+    h.update(_field(_utf8(task.name)))
+    h.update(len(task.templates).to_bytes(8, "little"))
     for t in task.templates:
-        h.update(t.text().encode("utf-8") + b"\x01")
+        h.update(len(t.parts).to_bytes(8, "little"))
+        for p in t.parts:
+            h.update(b"\x01" if p is SUBJECT else b"\x02" if p is OBJECT else b"\x00" + _field(_utf8(p)))
     if taskset is not None:
         tokens = taskset.vocabulary.tokens
         s, o = taskset.fact_ids[taskset.index(task.name)]
@@ -93,11 +122,12 @@ def task_hash(task: Task, taskset: TaskSet | None = None) -> str:
     else:
         pairs = sorted(task.facts.items())
         subjects, objects = [a for a, _ in pairs], [b for _, b in pairs]
-    # the bytes of every fact, "subject \x02 object \x03", in one piece (one update per fact
-    # costs more than the hashing), interleaved by slices rather than formatted fact by fact
-    parts: list[str] = ["", "\x02", "", "\x03"] * len(subjects)
-    parts[0::4], parts[2::4] = subjects, objects
-    h.update("".join(parts).encode("utf-8"))
+    n = len(subjects)
+    h.update(n.to_bytes(8, "little"))
+    for names in (subjects, objects):
+        h.update(np.fromiter(map(len, names), np.int64, count=n).astype("<i8").tobytes())
+    for names in (subjects, objects):
+        h.update(_field(_utf8("".join(names))))       # one piece: an update per name costs more than the hashing
     return h.hexdigest()
 
 
@@ -235,6 +265,18 @@ def save_certificate(cert: Certificate, directory: str | os.PathLike) -> None:
         raise
 
 
+def stored_format(directory: str | os.PathLike) -> str | None:
+    """The ``format`` field of the certificate.json in ``directory``, or None when there is no
+    such field (no file, not a JSON object, no string there)."""
+    try:
+        with open(os.path.join(os.fspath(directory), "certificate.json"), encoding="utf-8") as f:
+            manifest = json.load(f)
+    except (OSError, ValueError):
+        return None
+    found = manifest.get("format") if isinstance(manifest, dict) else None
+    return found if isinstance(found, str) else None
+
+
 def load_certificate(directory: str | os.PathLike) -> Certificate:
     """Read a certificate written by :func:`save_certificate`, every file's hash checked."""
     d = os.fspath(directory)
@@ -247,7 +289,12 @@ def load_certificate(directory: str | os.PathLike) -> Certificate:
                         fix="give the directory written by 'check --certificate DIR'") from None
     except (OSError, ValueError) as e:
         raise TaskError(f"certificate.json cannot be read: {e}", file=path, fix="write the certificate again") from None
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+    found = manifest.get("format") if isinstance(manifest, dict) else None
+    if isinstance(found, str) and found.startswith(FORMAT_FAMILY) and found != FORMAT:
+        raise TaskError(f"the certificate is of format {found}, written by another version of this tool (this one "
+                        f"reads {FORMAT})", file=path,
+                        fix="write a new one with a full check, 'check TASKS --certificate DIR' (it replaces this one)")
+    if found != FORMAT:
         raise TaskError(f"certificate.json is not a certificate of format {FORMAT}", file=path,
                         fix="write the certificate again with this version ('check --certificate DIR')")
     if manifest.get("manifest_sha256") != _manifest_hash(manifest):
