@@ -53,7 +53,8 @@ def parser() -> argparse.ArgumentParser:
                         "rounded to the precision (mixed-precision bfloat16)")
     c.add_argument("--certificate", metavar="DIR",
                    help="also save the certificate (weights, task set, query classes) to DIR, so that an edit "
-                        "can be re-certified with --since DIR (README 'Editing knowledge')")
+                        "can be re-certified with --since DIR (README 'Editing knowledge'); DIR is replaced, so it "
+                        "must be new, empty, or an earlier certificate")
     c.add_argument("--since", metavar="DIR",
                    help="re-certify from the certificate in DIR: rebuild with its beta and gamma, run again only "
                         "the queries the edit can reach, reuse the rest; writes the updated certificate back to "
@@ -305,6 +306,7 @@ def _check_certificate(args, deployment, progress) -> int:
     """check --certificate / --since: a full check that saves its certificate, or a re-certification from one."""
     from cli.compose import check_and_save, check_since, load_since
     from tasks.io import input_signature
+    from verifier.certificate import require_replaceable
     from verifier.report import dumps, summary
 
     for flag, bad in (("--weights", args.weights), ("--precision", deployment is not None),
@@ -315,6 +317,7 @@ def _check_certificate(args, deployment, progress) -> int:
     for d in (args.since, args.certificate):
         if d:
             _refuse_inputs_in(d, _inputs(args))
+    require_replaceable(args.certificate or args.since)      # before the check, and again at the save
     if args.since:
         for name, given in (("beta", args.beta), ("gamma", args.gamma)):
             if given is not None:
@@ -347,6 +350,7 @@ def _check_certificate(args, deployment, progress) -> int:
 
 def cmd_watch(args) -> int:
     from cli.watch import Watcher, one_line, saved_line, verdict_line, watch
+    from verifier.certificate import require_replaceable
     from verifier.report import dumps, report_json
 
     if args.max_checks is not None and args.max_checks < 1:
@@ -357,6 +361,7 @@ def cmd_watch(args) -> int:
     if not os.path.isdir(os.path.dirname(os.path.abspath(directory))):
         raise TaskError("the certificate's parent directory does not exist", file=directory, fix="create it first")
     _refuse_inputs_in(directory, _inputs(args))
+    require_replaceable(directory)                      # before the first check, and again at each save
     if args.json not in (None, "-"):
         _output_path(args.json, _inputs(args))          # refused before the first check, not after it
     watcher = Watcher(args.tasks, directory, jobs=args.jobs, isolation=not args.no_isolation)

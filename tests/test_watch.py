@@ -393,3 +393,18 @@ def test_a_certificate_of_an_older_format_is_replaced_by_a_full_check(tmp_path):
     assert outcome.report.certified and not outcome.report.incremental
     assert "full check of 3 tasks" in verdict_line(outcome, str(cert))
     assert json.loads((cert / "certificate.json").read_text(encoding="utf-8"))["format"] == FORMAT
+
+
+def test_watch_refuses_a_directory_of_the_users_files_before_the_first_check(tmp_path, capsys, monkeypatch):
+    path = _files(tmp_path)
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "notes.txt").write_text("notes", encoding="utf-8")
+    monkeypatch.setattr(Watcher, "check", lambda self, verdict=None: pytest.fail("a check ran"))
+    assert main(["watch", str(path), "--certificate", str(work), "--max-checks", "1", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "not a certificate this tool wrote" in err and "'notes.txt'" in err
+    assert sorted(p.name for p in work.iterdir()) == ["notes.txt"]
+    monkeypatch.chdir(work)
+    assert main(["watch", str(path), "--certificate", ".", "--max-checks", "1", "--quiet"]) == 2
+    assert "current directory" in capsys.readouterr().err

@@ -23,10 +23,21 @@ with certificates you made; for weights or certificates from elsewhere, run a fu
 
 The directory is written in full beside the target and then moved into place: an
 interrupted write leaves the previous certificate (or none), never a mixture.
+
+**Only a certificate is replaced.** Saving replaces the target directory as a whole, so
+it is written only where that loses nothing (:func:`require_replaceable`, called before a
+check starts and again by :func:`save_certificate`): a directory that does not exist, an
+empty one, or one that holds exactly a certificate's four files (regular files, its
+certificate.json of this tool's format, of any version), and never the current directory
+or one holding it (the process, and the shell it was started from, would be left in a
+deleted directory). After the old directory is moved aside, its entries are looked at
+once more: anything else in it (a file written in between) moves it back, and the save
+is refused. Only the certificate's files are deleted from it, then the empty directory.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -50,6 +61,8 @@ FORMAT = "moe-knowledge-certificate/3"
 #: What every version of this tool's certificates writes before its number.
 FORMAT_FAMILY = "moe-knowledge-certificate/"
 FILES = ("weights.npz", "tasks.npz", "classes.npz")
+#: Every entry of a certificate directory, and nothing else.
+ENTRIES = frozenset(FILES + ("certificate.json",))
 
 
 @dataclass
@@ -222,14 +235,63 @@ def _manifest_hash(manifest: dict) -> str:
     return hashlib.sha256(json.dumps(body, sort_keys=True, ensure_ascii=False).encode("utf-8")).hexdigest()
 
 
+def _only_certificate_entries(directory: str) -> tuple[bool, list[str]]:
+    """(whether ``directory`` is empty or holds exactly a certificate's entries, each a regular
+    file, its certificate.json of this tool's format; its entries, sorted)."""
+    import stat
+
+    entries = sorted(os.listdir(directory))
+    if not entries:
+        return True, entries
+    if set(entries) != ENTRIES:
+        return False, entries
+    for name in entries:
+        if not stat.S_ISREG(os.lstat(os.path.join(directory, name)).st_mode):
+            return False, entries
+    found = stored_format(directory)
+    return found is not None and found.startswith(FORMAT_FAMILY), entries
+
+
+def require_replaceable(directory: str | os.PathLike) -> None:
+    """Refuse (TaskError) to save a certificate to ``directory`` unless replacing it loses
+    nothing of the user's (module docstring): it does not exist (its parent does), is empty,
+    or is a certificate of this tool; and it is not the current directory or one holding it."""
+    shown = os.fspath(directory)
+    target = os.path.abspath(shown)
+    give = "give a new or empty directory, or one written by 'check --certificate'"
+    if not os.path.exists(target):
+        if not os.path.isdir(os.path.dirname(target)):
+            raise TaskError("the certificate's parent directory does not exist", file=shown, fix="create it first")
+        return
+    if not os.path.isdir(target):
+        raise TaskError("exists and is not a directory", file=shown, fix="give a directory for the certificate")
+    try:
+        here = os.getcwd()
+    except OSError:
+        here = None
+    if here is not None and os.path.commonpath([here, target]) == target:
+        raise TaskError("the certificate directory is the current directory or holds it, and saving replaces the "
+                        "directory as a whole", file=shown, fix="give a directory of its own, e.g. cert")
+    try:
+        ok, entries = _only_certificate_entries(target)
+    except OSError as e:
+        raise TaskError(f"the directory cannot be read: {e.strerror or e}", file=shown, fix="check its permissions") from None
+    if not ok:
+        from tasks.messages import show_name
+
+        held = ", ".join(show_name(e) for e in entries[:3]) + (f" and {len(entries) - 3} more" if len(entries) > 3 else "")
+        raise TaskError(f"is not empty and not a certificate this tool wrote (it holds {held}); saving replaces the "
+                        f"whole directory", file=shown, fix=give)
+
+
 def save_certificate(cert: Certificate, directory: str | os.PathLike) -> None:
-    """Write ``cert`` to ``directory`` (created or replaced as a whole; see the module docstring).
-    ``cert.weights`` are the weights its verification validated (verify and recertify
-    validate what they certify), so they are not validated again here."""
+    """Write ``cert`` to ``directory`` (created, or replaced as a whole if it is empty or a
+    certificate: :func:`require_replaceable`; see the module docstring). ``cert.weights``
+    are the weights its verification validated (verify and recertify validate what they
+    certify), so they are not validated again here."""
     target = os.path.abspath(os.fspath(directory))
     parent = os.path.dirname(target) or "."
-    if os.path.exists(target) and not os.path.isdir(target):
-        raise TaskError(f"'{directory}' exists and is not a directory", fix="give a directory for the certificate")
+    require_replaceable(directory)
     try:
         tmp = tempfile.mkdtemp(prefix=".certificate-", dir=parent)
     except OSError as e:
@@ -257,12 +319,31 @@ def save_certificate(cert: Certificate, directory: str | os.PathLike) -> None:
             old = tempfile.mkdtemp(prefix=".certificate-old-", dir=parent)
             os.rmdir(old)
             os.replace(target, old)
+            try:
+                still = _only_certificate_entries(old)[0]
+            except OSError:
+                still = False
+            if not still:                                 # written to in between: put it back
+                os.replace(old, target)
+                raise TaskError("the directory changed while the certificate was saved (it holds files a certificate "
+                                "does not); nothing was written", file=os.fspath(directory),
+                                fix="give a new or empty directory, or one written by 'check --certificate'")
         os.replace(tmp, target)
         if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+            _remove_certificate(old)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def _remove_certificate(directory: str) -> None:
+    """Delete a certificate's files from ``directory``, then the directory if it is empty;
+    nothing else is deleted (a failure leaves what remains)."""
+    for name in ENTRIES:
+        with contextlib.suppress(OSError):
+            os.unlink(os.path.join(directory, name))
+    with contextlib.suppress(OSError):
+        os.rmdir(directory)
 
 
 def stored_format(directory: str | os.PathLike) -> str | None:
