@@ -430,6 +430,8 @@ def inspect_data(model) -> dict:
         "gate_ideal_margin": float(model.gate.ideal_margin),
         "closed_form": str(model.error_bound()),
         "bound": model.bound_value(),
+        "bound_proven": not model.unproven_conditions(),
+        "unproven_conditions": model.unproven_conditions(),
         "conditions": model.conditions(),
         "L": ts.L,
         "vocabulary": ts.vocabulary.size,
@@ -503,7 +505,9 @@ def cmd_inspect(args) -> int:
     print(f"L = {data['L']}, |V| = {data['vocabulary']}, residual width d = {data['residual_width']}, gate: {data['gate']}")
     print(f"parameters: beta = {data['parameters']['beta']}, gamma = {data['parameters']['gamma']}, epsilon = {data['epsilon']}")
     print(f"closed-form bound: eps(beta, gamma) = {data['closed_form']}")
-    print(f"  at these parameters: {data['bound']:.6g} (proven upper bound); leak delta = {data['conditions']['delta']:.3g} "
+    proven = ("proven upper bound" if data["bound_proven"] else
+              f"NOT a proven bound: {'; '.join(data['unproven_conditions'])}")
+    print(f"  at these parameters: {data['bound']:.6g} ({proven}); leak delta = {data['conditions']['delta']:.3g} "
           f"(gate needs < {data['conditions']['delta_max_gate']:.3g}); subject-head leak e^-beta = "
           f"{data['conditions']['delta_subject']:.3g} (needs < 1/2)")
     name_w = max(4, *(len(e["task"]) for e in data["experts"]))

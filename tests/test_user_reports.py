@@ -230,3 +230,53 @@ def test_build_refusals_are_task_errors():
     ts = loads_tasks("parameters: {beta: 3}\n" + CAPITAL, file="t.yaml")
     with pytest.raises(TaskError, match="t.yaml:1"):
         build(ts)
+
+
+# --- the closed-form bound is called proven only where its side conditions hold ------------------
+
+
+def test_inspect_calls_the_bound_proven_only_where_its_conditions_hold(capsys):
+    assert main(["inspect", str(EXAMPLE), "--beta", "5"]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if "at these parameters" in x)
+    assert "proven upper bound" not in line
+    assert "NOT a proven bound: the gate needs leak delta < 0.00298, and delta is up to 0.0326" in line
+    assert main(["inspect", str(EXAMPLE), "--beta", "5", "--json", "-"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["bound_proven"] is False and len(data["unproven_conditions"]) == 1
+    assert main(["inspect", str(EXAMPLE), "--json", "-"]) == 0        # the construction's β: proven
+    data = json.loads(capsys.readouterr().out)
+    assert data["bound_proven"] is True and data["unproven_conditions"] == []
+
+
+def test_check_says_when_the_bound_is_not_proven(capsys):
+    assert main(["check", str(EXAMPLE), "--beta", "5", "--no-isolation", "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "(not proven: its side conditions fail, see the note)" in out and "(proven upper bound)" not in out
+    assert "note: the closed-form bound is not proven at beta = 5: the gate needs leak delta < 0.00298" in out
+    assert main(["check", str(EXAMPLE), "--beta", "5", "--no-isolation", "--json", "-"]) == 0
+    assert json.loads(capsys.readouterr().out)["closed_form"]["bound_proven"] is False
+    assert main(["check", str(EXAMPLE), "--no-isolation", "--json", "-"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["closed_form"]["bound_proven"] is True and not any("not proven" in n for n in data["notes"])
+
+
+def test_a_side_condition_is_proven_only_strictly():
+    from fractions import Fraction
+
+    from construction import bound
+
+    d = Fraction(bound.leak_upper(6, Fraction(9)))
+    assert bound.unproven_conditions(6, Fraction(9), d + Fraction(1, 10 ** 30)) == []
+    assert len(bound.unproven_conditions(6, Fraction(9), d)) == 1         # the leak's upper bound is not below it
+    assert bound.unproven_conditions(6, Fraction(9), None) == []
+    assert len(bound.unproven_conditions(40, Fraction(1, 2), None)) == 2  # the neurons' and the subject head's
+
+
+def test_check_since_from_the_certificates_weights_does_not_claim_the_gate_condition(tmp_path, capsys):
+    cert = tmp_path / "cert"
+    assert main(["check", str(EXAMPLE), "--certificate", str(cert), "--no-isolation", "--quiet"]) == 0
+    capsys.readouterr()
+    assert main(["check", str(EXAMPLE), "--since", str(cert), "--no-isolation", "--json", "-"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["incremental"]["model"] == "patched from the certificate's weights"
+    assert data["closed_form"]["bound_proven"] is None          # the gate's condition was not computed again
