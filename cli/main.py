@@ -172,18 +172,15 @@ def _write_text(path: str, text: str, inputs: Sequence[str]) -> None:
 
 
 def _output_path(path: str, inputs: Sequence[str]) -> str:
-    """The absolute path of an output file, refused (TaskError) if it is an input, a directory,
-    or in a directory that does not exist."""
-    target = os.path.abspath(path)
+    """The absolute path of an output file, refused (TaskError) if it is an input, or where no
+    file can be written (empty, a directory, no such directory: tasks.files.check_target)."""
+    from tasks.files import check_target
+
+    target = os.path.abspath(path) if path else ""
     for src in inputs:
-        if src and os.path.exists(src) and os.path.abspath(src) == target:
+        if target and src and os.path.exists(src) and os.path.abspath(src) == target:
             raise TaskError("refusing to overwrite an input file", file=path, fix="choose another output path")
-    if os.path.isdir(target):
-        raise TaskError("is a directory", file=path, fix="give a file path")
-    directory = os.path.dirname(target)
-    if not os.path.isdir(directory):
-        raise TaskError("the output directory does not exist", file=path, fix="create it first")
-    return target
+    return check_target(path)
 
 
 def _load(args, routable: bool = True):
@@ -525,14 +522,10 @@ def cmd_build(args) -> int:
     import layout
 
     taskset = _load(args)
+    out = _output_path(args.output, _inputs(args))            # refused before the build (and again at the write)
     deployment = _deployment(args)
     model, notes = _build_for(args, taskset, deployment)
     margins = _margins(taskset, model, deployment) if deployment is not None else None
-    out = os.path.abspath(args.output)
-    if out in {os.path.abspath(p) for p in _inputs(args)}:
-        raise TaskError("refusing to overwrite an input file", file=args.output, fix="choose another output path")
-    if not os.path.isdir(os.path.dirname(out)):
-        raise TaskError("the output directory does not exist", file=args.output, fix="create it first")
     layout.save(model.instantiate(), out)
     if args.json:
         data = {"output": args.output, "experts": len(model.experts), "widths": list(model.widths),
@@ -567,12 +560,8 @@ def cmd_export(args) -> int:
     from layout.onnx_graph import save_onnx
 
     taskset = _load(args)
+    out = _output_path(args.onnx, _inputs(args))              # refused before the build (and again at the write)
     weights = layout.load(args.weights) if args.weights else _build(args, taskset).instantiate()
-    out = os.path.abspath(args.onnx)
-    if out in {os.path.abspath(p) for p in _inputs(args)}:
-        raise TaskError("refusing to overwrite an input file", file=args.onnx, fix="choose another output path")
-    if not os.path.isdir(os.path.dirname(out)):
-        raise TaskError("the output directory does not exist", file=args.onnx, fix="create it first")
     save_onnx(weights, out, source=args.weights or "weights")
     size = os.path.getsize(out)
     if args.json:

@@ -280,3 +280,46 @@ def test_check_since_from_the_certificates_weights_does_not_claim_the_gate_condi
     data = json.loads(capsys.readouterr().out)
     assert data["incremental"]["model"] == "patched from the certificate's weights"
     assert data["closed_form"]["bound_proven"] is None          # the gate's condition was not computed again
+
+
+# --- messages that name the user's path and the real problem ------------------------------------
+
+
+@pytest.mark.parametrize("command", ["build", "export"])
+def test_output_paths_are_refused_by_the_users_path(tmp_path, capsys, monkeypatch, command):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "out").mkdir()
+    (tmp_path / "notes.txt").write_text("notes", encoding="utf-8")
+    flag = "-o" if command == "build" else "--onnx"
+    cases = {"out": "error: out: is a directory; give a file path",
+             "": "error: the output path is empty; give a file path",
+             "notes.txt/m.bin": "error: notes.txt/m.bin: 'notes.txt' is a file, not a directory",
+             "notes.txt/x/m.bin": "error: notes.txt/x/m.bin: 'notes.txt' is a file, not a directory",
+             "no/m.bin": "error: no/m.bin: the output directory does not exist; create it first"}
+    for path, expected in cases.items():
+        line = one_line_exit_2(capsys, [command, EXAMPLE, flag, path])
+        assert line.startswith(expected) and ".tmp" not in line, line
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["notes.txt", "out"]
+
+
+def test_atomic_writes_name_the_target_not_a_temporary_file(tmp_path):
+    from tasks.files import atomic_file, atomic_files
+
+    (tmp_path / "d").mkdir()
+    with pytest.raises(TaskError, match=r"d: is a directory"):
+        with atomic_file(tmp_path / "d") as f:
+            f.write(b"x")
+    with pytest.raises(TaskError, match=r"d: is a directory"):
+        atomic_files([(str(tmp_path / "a.txt"), b"a"), (str(tmp_path / "d"), b"d")])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d"]
+
+
+def test_explain_says_the_weights_lack_a_token_of_the_task_set(tmp_path, capsys):
+    weights = tmp_path / "m.npz"
+    assert main(["build", str(EXAMPLE), "-o", str(weights), "--quiet"]) == 0
+    edited = write(tmp_path, EXAMPLE.read_text(encoding="utf-8").replace("Berlin", "Bank"))
+    for argv in (["Bank is a city in"], ["Bank|is|a", "--sep", "|"]):
+        line = one_line_exit_2(capsys, ["explain", edited, *argv, "--weights", weights])
+        assert "the weights' vocabulary lacks 'Bank', a token of the task set" in line
+    line = one_line_exit_2(capsys, ["explain", edited, "Bonn is a city in", "--weights", weights])
+    assert "the prefix has an unknown token 'Bonn'" in line
