@@ -15,6 +15,7 @@ from typing import Sequence
 
 from tasks.console import EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_NOT_CERTIFIED, EXIT_OK, Parser, add_json, add_quiet, counter
 from tasks.console import epsilon as _epsilon
+from tasks.console import jobs as _jobs
 from tasks.console import positive as _positive
 from tasks.errors import TaskError
 from tasks.files import write_text_atomic
@@ -39,7 +40,7 @@ def parser() -> argparse.ArgumentParser:
     add_json(c, "the JSON report")
     add_quiet(c)
     c.add_argument("--no-isolation", action="store_true", help="skip the rebuild-without-each-task modularity check")
-    c.add_argument("--jobs", type=int, default=1, metavar="N", help="worker processes (0: one per CPU); the result does not depend on it")
+    c.add_argument("--jobs", type=_jobs, default=1, metavar="N", help="worker processes (0: one per CPU); the result does not depend on it")
     c.add_argument("--scheduler", metavar="ADDRESS", help="run the work on a Dask cluster instead: a scheduler address "
                    "(tcp://HOST:8786) or local:N for N local workers (needs the dask extra); the report is the same")
     c.add_argument("--precision", choices=PRECISIONS, default="exact",
@@ -124,7 +125,7 @@ def parser() -> argparse.ArgumentParser:
     add_json(w, "each check's report (to a file: the latest, replaced atomically; '-': one JSON object per line)")
     add_quiet(w)
     w.add_argument("--no-isolation", action="store_true", help="skip the rebuild-without-each-task check of edited tasks")
-    w.add_argument("--jobs", type=int, default=1, metavar="N", help="worker processes (0: one per CPU); the result does not depend on it")
+    w.add_argument("--jobs", type=_jobs, default=1, metavar="N", help="worker processes (0: one per CPU); the result does not depend on it")
     w.add_argument("--interval", type=_positive, default=0.1, metavar="SECONDS",
                    help="how often the files are looked at (default 0.1)")
     w.add_argument("--max-checks", type=int, default=None, metavar="N",
@@ -411,7 +412,7 @@ def cmd_edit(args) -> int:
     if args.json != "-" and not args.quiet:
         for change in result.changes:
             print(f"{args.task}: {change}")
-        print(f"wrote {', '.join(result.written)}")
+        print(f"wrote {', '.join(result.written)}" if result.written else "nothing changed; no file written")
     return EXIT_OK
 
 

@@ -323,3 +323,46 @@ def test_explain_says_the_weights_lack_a_token_of_the_task_set(tmp_path, capsys)
         assert "the weights' vocabulary lacks 'Bank', a token of the task set" in line
     line = one_line_exit_2(capsys, ["explain", edited, "Bonn is a city in", "--weights", weights])
     assert "the prefix has an unknown token 'Bonn'" in line
+
+
+# --- accepted silently no more -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value, problem", [("-3", "expected 0 (one per CPU) or more processes, got -3"),
+                                            ("1.5", "expected a whole number of processes, got '1.5'")])
+def test_jobs_must_be_a_whole_number_not_below_zero(tmp_path, capsys, value, problem):
+    for argv in (["check", EXAMPLE], ["watch", EXAMPLE, "--certificate", tmp_path / "cert", "--max-checks", "1"]):
+        with pytest.raises(SystemExit) as stop:          # argparse's bad usage: exit 2, one line
+            main([str(a) for a in [*argv, "--jobs", value]])
+        err = capsys.readouterr().err
+        assert stop.value.code == 2 and err.count("\n") == 1 and f"argument --jobs: {problem}" in err
+    assert not (tmp_path / "cert").exists()
+
+
+@pytest.mark.parametrize("command", ["inspect", "plot"])
+def test_at_takes_positive_finite_parameters_only(tmp_path, capsys, command):
+    extra = ["--out", tmp_path] if command == "plot" else []
+    for value, problem in (("-1", "is not positive"), ("0", "is not positive"), ("nan", "is not a (finite) number"),
+                           ("inf", "is not a (finite) number")):
+        line = one_line_exit_2(capsys, [command, EXAMPLE, *extra, "--block", "gate", "--at", f"beta={value}"])
+        assert f"--at beta={value} {problem}" in line
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("where", ["inline", "facts file"])
+def test_an_edit_that_changes_nothing_writes_nothing(tmp_path, capsys, where):
+    # inline facts with a comment (a rewrite would drop it), or a facts file
+    facts = "    facts:\n      France: Paris\n      Japan: Tokyo   # a comment\n"
+    if where == "facts file":
+        (tmp_path / "capital.tsv").write_text("France\tParis\nJapan\tTokyo\n", encoding="utf-8")
+        facts = "    facts_file: capital.tsv\n"
+    path = write(tmp_path, "tasks:\n  - name: capital\n    templates: [the capital of *1 is *2]\n" + facts)
+    before = {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in tmp_path.iterdir()}
+    assert main(["edit", str(path), "capital", "--set", "Japan=Tokyo"]) == 0
+    out = capsys.readouterr().out
+    assert "kept 'Japan' -> 'Tokyo' (unchanged)" in out and "nothing changed; no file written" in out
+    assert "wrote" not in out
+    assert {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in tmp_path.iterdir()} == before
+    assert main(["edit", str(path), "capital", "--set", "Japan=Kyoto", "--json", "-"]) == 0
+    assert json.loads(capsys.readouterr().out)["written"] == [str(tmp_path / ("tasks.yaml" if where == "inline"
+                                                                              else "capital.tsv"))]
