@@ -366,3 +366,21 @@ def test_an_edit_that_changes_nothing_writes_nothing(tmp_path, capsys, where):
     assert main(["edit", str(path), "capital", "--set", "Japan=Kyoto", "--json", "-"]) == 0
     assert json.loads(capsys.readouterr().out)["written"] == [str(tmp_path / ("tasks.yaml" if where == "inline"
                                                                               else "capital.tsv"))]
+
+
+def test_the_readme_gate_example_is_what_the_tool_prints(capsys):
+    """The README's listings are the tool's output, and the templates its gate paragraph
+    names are the capital task's, up to ⋆2 (the symbols the gate reads)."""
+    import re
+
+    from tasks.io import load_tasks
+
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    for argv in (["--block", "structure2"], ["--block", "gate", "--task", "capital"]):
+        assert main(["inspect", str(EXAMPLE), *argv]) == 0
+        assert capsys.readouterr().out.rstrip("\n") in readme, argv
+    paragraph = readme[readme.index("These are the three terms of g_k"):].split("\n\n")[0]
+    named = re.findall(r"`([^`]*⋆1[^`]*)`", paragraph)
+    ts = load_tasks(EXAMPLE)
+    capital = ts.tasks[ts.index("capital")]
+    assert sorted(named) == sorted(" ".join(map(str, t.parts[:t.object_index])) for t in capital.templates)
