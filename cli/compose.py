@@ -47,7 +47,7 @@ def check_built(taskset: TaskSet, model: SymbolicModel, *, weights: Weights | No
     if deployment is not None:
         notes.append(f"the closed-form bound is the exact model's; the measured errors are of every execution in "
                      f"{deployment.fmt.name}")
-    report.attach(ev.closed_form, ev.bound, ev.gate, ev.isolated, notes)
+    report.attach(ev.closed_form, ev.bound, ev.gate, ev.isolated, notes, ev.bound_proven)
     report.seconds = time.perf_counter() - start
     return report
 
@@ -481,6 +481,7 @@ def _recertify_kept(taskset: TaskSet, *, old, cache=None, isolation: bool = True
     from fractions import Fraction
 
     from construction import bound
+    from construction.evidence import unproven_note
     from construction.experts import alone_column_map, build_expert, same_expert
     from construction.model import build
     from construction.numbering import correspondence, numbering, same_subjects, seed_maps
@@ -524,10 +525,16 @@ def _recertify_kept(taskset: TaskSet, *, old, cache=None, isolation: bool = True
         else:
             closed_form, bound_value = str(bound.error_bound(L, V)), bound.bound_upper(L, V, Fraction(beta), Fraction(gamma))
         gate = "closed form"
+        # the gate's condition needs the routing cells, which the patched model does not build:
+        # the leak conditions alone can only show the bound unproven (None: not known)
+        note_beta, unproven = Fraction(beta), bound.unproven_conditions(L, Fraction(beta), None)
+        bound_proven = False if unproven else None
     else:
         model = build(taskset, epsilon=epsilon, beta=beta, gamma=gamma)
         weights, experts = model.instantiate(), {t.name: model.experts[k] for k, t in enumerate(taskset.tasks)}
         closed_form, bound_value, gate = str(model.error_bound()), model.bound_value(), model.gate.method
+        note_beta, unproven = model.beta, model.unproven_conditions()
+        bound_proven = not unproven
     t_model = time.perf_counter() - t0
     t0 = time.perf_counter()
     same_neurons = set(taskset.names) - edited
@@ -577,8 +584,8 @@ def _recertify_kept(taskset: TaskSet, *, old, cache=None, isolation: bool = True
         else:
             isolated.append(None)
     report.attach(closed_form, bound_value, gate, None if any(x is None for x in isolated) else isolated,
-                  ["isolation: carried over from the certificate for unedited tasks, built alone for edited ones"]
-                  if info.mode == "incremental" else [])
+                  (["isolation: carried over from the certificate for unedited tasks, built alone for edited ones"]
+                   if info.mode == "incremental" else []) + unproven_note(note_beta, unproven), bound_proven)
     report.incremental = info.as_dict()
     if info.diff is not None:
         report.incremental["changed_rows"] = changed_entries(info.diff, new_names)

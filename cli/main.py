@@ -15,6 +15,7 @@ from typing import Sequence
 
 from tasks.console import EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_NOT_CERTIFIED, EXIT_OK, Parser, add_json, add_quiet, counter
 from tasks.console import epsilon as _epsilon
+from tasks.console import jobs as _jobs
 from tasks.console import positive as _positive
 from tasks.errors import TaskError
 from tasks.files import write_text_atomic
@@ -39,7 +40,7 @@ def parser() -> argparse.ArgumentParser:
     add_json(c, "the JSON report")
     add_quiet(c)
     c.add_argument("--no-isolation", action="store_true", help="skip the rebuild-without-each-task modularity check")
-    c.add_argument("--jobs", type=int, default=1, metavar="N", help="worker processes (0: one per CPU); the result does not depend on it")
+    c.add_argument("--jobs", type=_jobs, default=1, metavar="N", help="worker processes (0: one per CPU); the result does not depend on it")
     c.add_argument("--scheduler", metavar="ADDRESS", help="run the work on a Dask cluster instead: a scheduler address "
                    "(tcp://HOST:8786) or local:N for N local workers (needs the dask extra); the report is the same")
     c.add_argument("--precision", choices=PRECISIONS, default="exact",
@@ -53,7 +54,8 @@ def parser() -> argparse.ArgumentParser:
                         "rounded to the precision (mixed-precision bfloat16)")
     c.add_argument("--certificate", metavar="DIR",
                    help="also save the certificate (weights, task set, query classes) to DIR, so that an edit "
-                        "can be re-certified with --since DIR (README 'Editing knowledge')")
+                        "can be re-certified with --since DIR (README 'Editing knowledge'); DIR is replaced, so it "
+                        "must be new, empty, or an earlier certificate")
     c.add_argument("--since", metavar="DIR",
                    help="re-certify from the certificate in DIR: rebuild with its beta and gamma, run again only "
                         "the queries the edit can reach, reuse the rest (parameters the construction chose are "
@@ -136,7 +138,7 @@ def parser() -> argparse.ArgumentParser:
     add_json(w, "each check's report (to a file: the latest, replaced atomically; '-': one JSON object per line)")
     add_quiet(w)
     w.add_argument("--no-isolation", action="store_true", help="skip the rebuild-without-each-task check of edited tasks")
-    w.add_argument("--jobs", type=int, default=1, metavar="N", help="worker processes (0: one per CPU); the result does not depend on it")
+    w.add_argument("--jobs", type=_jobs, default=1, metavar="N", help="worker processes (0: one per CPU); the result does not depend on it")
     w.add_argument("--interval", type=_positive, default=0.1, metavar="SECONDS",
                    help="how often the files are looked at (default 0.1)")
     w.add_argument("--max-checks", type=int, default=None, metavar="N",
@@ -184,18 +186,15 @@ def _write_text(path: str, text: str, inputs: Sequence[str]) -> None:
 
 
 def _output_path(path: str, inputs: Sequence[str]) -> str:
-    """The absolute path of an output file, refused (TaskError) if it is an input, a directory,
-    or in a directory that does not exist."""
-    target = os.path.abspath(path)
+    """The absolute path of an output file, refused (TaskError) if it is an input, or where no
+    file can be written (empty, a directory, no such directory: tasks.files.check_target)."""
+    from tasks.files import check_target
+
+    target = os.path.abspath(path) if path else ""
     for src in inputs:
-        if src and os.path.exists(src) and os.path.abspath(src) == target:
+        if target and src and os.path.exists(src) and os.path.abspath(src) == target:
             raise TaskError("refusing to overwrite an input file", file=path, fix="choose another output path")
-    if os.path.isdir(target):
-        raise TaskError("is a directory", file=path, fix="give a file path")
-    directory = os.path.dirname(target)
-    if not os.path.isdir(directory):
-        raise TaskError("the output directory does not exist", file=path, fix="create it first")
-    return target
+    return check_target(path)
 
 
 def _load(args, routable: bool = True):
@@ -318,6 +317,7 @@ def _check_certificate(args, deployment, progress) -> int:
     """check --certificate / --since: a full check that saves its certificate, or a re-certification from one."""
     from cli.compose import check_and_save, check_since, load_since
     from tasks.io import input_signature
+    from verifier.certificate import require_replaceable
     from verifier.report import dumps, summary
 
     for flag, bad in (("--weights", args.weights), ("--precision", deployment is not None),
@@ -328,6 +328,7 @@ def _check_certificate(args, deployment, progress) -> int:
     for d in (args.since, args.certificate):
         if d:
             _refuse_inputs_in(d, _inputs(args))
+    require_replaceable(args.certificate or args.since)      # before the check, and again at the save
     if args.since:
         for name, given in (("beta", args.beta), ("gamma", args.gamma)):
             if given is not None:
@@ -363,6 +364,7 @@ def _check_certificate(args, deployment, progress) -> int:
 
 def cmd_watch(args) -> int:
     from cli.watch import Watcher, one_line, saved_line, verdict_line, watch
+    from verifier.certificate import require_replaceable
     from verifier.report import dumps, report_json
 
     if args.max_checks is not None and args.max_checks < 1:
@@ -373,6 +375,7 @@ def cmd_watch(args) -> int:
     if not os.path.isdir(os.path.dirname(os.path.abspath(directory))):
         raise TaskError("the certificate's parent directory does not exist", file=directory, fix="create it first")
     _refuse_inputs_in(directory, _inputs(args))
+    require_replaceable(directory)                      # before the first check, and again at each save
     if args.json not in (None, "-"):
         _output_path(args.json, _inputs(args))          # refused before the first check, not after it
     watcher = Watcher(args.tasks, directory, jobs=args.jobs, isolation=not args.no_isolation)
@@ -425,7 +428,7 @@ def cmd_edit(args) -> int:
     if args.json != "-" and not args.quiet:
         for change in result.changes:
             print(f"{args.task}: {change}")
-        print(f"wrote {', '.join(result.written)}")
+        print(f"wrote {', '.join(result.written)}" if result.written else "nothing changed; no file written")
     return EXIT_OK
 
 
@@ -441,6 +444,8 @@ def inspect_data(model) -> dict:
         "gate_ideal_margin": float(model.gate.ideal_margin),
         "closed_form": str(model.error_bound()),
         "bound": model.bound_value(),
+        "bound_proven": not model.unproven_conditions(),
+        "unproven_conditions": model.unproven_conditions(),
         "conditions": model.conditions(),
         "L": ts.L,
         "vocabulary": ts.vocabulary.size,
@@ -514,7 +519,9 @@ def cmd_inspect(args) -> int:
     print(f"L = {data['L']}, |V| = {data['vocabulary']}, residual width d = {data['residual_width']}, gate: {data['gate']}")
     print(f"parameters: beta = {data['parameters']['beta']}, gamma = {data['parameters']['gamma']}, epsilon = {data['epsilon']}")
     print(f"closed-form bound: eps(beta, gamma) = {data['closed_form']}")
-    print(f"  at these parameters: {data['bound']:.6g} (proven upper bound); leak delta = {data['conditions']['delta']:.3g} "
+    proven = ("proven upper bound" if data["bound_proven"] else
+              f"NOT a proven bound: {'; '.join(data['unproven_conditions'])}")
+    print(f"  at these parameters: {data['bound']:.6g} ({proven}); leak delta = {data['conditions']['delta']:.3g} "
           f"(gate needs < {data['conditions']['delta_max_gate']:.3g}); subject-head leak e^-beta = "
           f"{data['conditions']['delta_subject']:.3g} (needs < 1/2)")
     name_w = max(4, *(len(e["task"]) for e in data["experts"]))
@@ -532,14 +539,10 @@ def cmd_build(args) -> int:
     import layout
 
     taskset = _load(args)
+    out = _output_path(args.output, _inputs(args))            # refused before the build (and again at the write)
     deployment = _deployment(args)
     model, notes = _build_for(args, taskset, deployment)
     margins = _margins(taskset, model, deployment) if deployment is not None else None
-    out = os.path.abspath(args.output)
-    if out in {os.path.abspath(p) for p in _inputs(args)}:
-        raise TaskError("refusing to overwrite an input file", file=args.output, fix="choose another output path")
-    if not os.path.isdir(os.path.dirname(out)):
-        raise TaskError("the output directory does not exist", file=args.output, fix="create it first")
     layout.save(model.instantiate(), out)
     if args.json:
         data = {"output": args.output, "experts": len(model.experts), "widths": list(model.widths),
@@ -573,11 +576,7 @@ def cmd_export(args) -> int:
     from layout.onnx_graph import save_onnx
 
     taskset = _load(args)
-    out = os.path.abspath(args.onnx)
-    if out in {os.path.abspath(p) for p in _inputs(args)}:
-        raise TaskError("refusing to overwrite an input file", file=args.onnx, fix="choose another output path")
-    if not os.path.isdir(os.path.dirname(out)):
-        raise TaskError("the output directory does not exist", file=args.onnx, fix="create it first")
+    out = _output_path(args.onnx, _inputs(args))              # refused before the build (and again at the write)
     weights, meta, notes = _exported(args, taskset)
     save_onnx(weights, out, source=args.weights or args.certificate or "weights", metadata=meta)
     size = os.path.getsize(out)

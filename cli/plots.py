@@ -25,7 +25,7 @@ def beta_sweep(taskset: TaskSet, model: SymbolicModel, betas: Sequence[float], q
                reports: dict | None = None) -> list[BetaPoint]:
     """Verify the model at each β (γ fixed at the model's) and evaluate the closed form."""
     L, V, gamma = taskset.L, taskset.vocabulary.size, model.gamma
-    gate_max = float(model.gate.beta_condition())
+    gate_max = model.gate.beta_condition()
     points = []
     todo = sorted({dyadic(b) for b in betas})
     bar = progress_bar(quiet, "beta sweep", "beta", total=len(todo))
@@ -34,9 +34,8 @@ def beta_sweep(taskset: TaskSet, model: SymbolicModel, betas: Sequence[float], q
             rep = reports[b]
         else:
             rep = verify(taskset, model.instantiate(beta=b), model.epsilon)
-        delta = bound.leak_upper(L, b)
         points.append(BetaPoint(b, bound.bound_upper(L, V, b, gamma), rep.measured_worst, rep.certified,
-                                delta < gate_max and delta < 0.5))
+                                not bound.unproven_conditions(L, b, gate_max)))
         if bar is not None:
             bar.update(1)
     if bar is not None:

@@ -3,11 +3,12 @@
 A fresh ``check --since DIR`` spends most of its seconds on what does not depend on the
 edit: starting Python and its libraries, reading and hash-checking the saved certificate
 (132 MB at a million facts), writing it back. A watcher pays the first two once. It reads
-the certificate in DIR (or, when DIR holds none, runs the full check that writes one),
-then polls the tasks file and its facts files; when one changes it runs what
-``check --since DIR`` runs, from the certificate it holds, prints the verdict (which does
-not wait for the write), saves the new certificate to DIR and holds that one. If the
-save fails, that is an error line, and the certificate held stays the one last saved.
+the certificate in DIR (or, when DIR holds none, or one written by another version of
+this tool, runs the full check that writes one), then polls the tasks file and its facts
+files; when one changes it runs what ``check --since DIR`` runs, from the certificate it
+holds, prints the verdict (which does not wait for the write), saves the new certificate
+to DIR and holds that one. If the save fails, that is an error line, and the certificate
+held stays the one last saved.
 
 **Why a watcher's verdict is a ``check --since`` verdict.** After every check the
 certificate it holds is the object it has just saved to DIR (the report's summary is
@@ -52,7 +53,7 @@ from typing import Callable
 from tasks.errors import TaskError
 from tasks.io import input_signature
 from tasks.reading import Signature, file_signature
-from verifier.certificate import save_certificate
+from verifier.certificate import FORMAT, FORMAT_FAMILY, save_certificate, stored_format
 
 
 @dataclass
@@ -111,6 +112,15 @@ class Watcher:
             self.saved = self._manifest()
         return self.cert
 
+    def _none_to_start_from(self) -> bool:
+        """Whether DIR holds no certificate to start from: none at all, or one this tool's
+        other versions wrote (its hashes may mean something else; it is replaced by the full
+        check's, as ``check --certificate DIR`` replaces it)."""
+        if not os.path.exists(os.path.join(self.directory, "certificate.json")):
+            return True
+        found = stored_format(self.directory)
+        return found is not None and found.startswith(FORMAT_FAMILY) and found != FORMAT
+
     def changed(self) -> bool:
         """Whether an input differs from what the last check read."""
         return self.inputs is None or input_signature(self.tasks_path) != self.inputs
@@ -150,7 +160,7 @@ class Watcher:
         from tasks.io import load_tasks
 
         start = time.perf_counter()
-        if self.cert is None and not os.path.exists(os.path.join(self.directory, "certificate.json")):
+        if self.cert is None and self._none_to_start_from():
             taskset = load_tasks(self.tasks_path)
             model, choice = build_for_certificate(taskset)
             report, cert = check_and_record(taskset, model, isolation=self.isolation, jobs=self.jobs,

@@ -111,6 +111,24 @@ def subject_leak_upper(beta: Fraction) -> float:
     return float((1 / iv.exp(b)).b) * (1 + 2 ** -50)
 
 
+def unproven_conditions(L: int, beta: Fraction, delta_max_gate: Fraction | None) -> list[str]:
+    """The theorem's side conditions (module docstring) not proven at β, each as a phrase;
+    none: they hold, and ε(β, γ) is a proven upper bound on every query's error. Each leak's
+    proven upper bound (a float, compared as the exact fraction it is) is compared with the
+    exact limit, so a condition not listed is proven; one listed may still hold by a hair,
+    but nothing here proves it. ``delta_max_gate`` None: the gate's condition is not
+    looked at (only the others are)."""
+    d, d_s = leak_upper(L, Fraction(beta)), subject_leak_upper(Fraction(beta))
+    out = []
+    if delta_max_gate is not None and not Fraction(d) < Fraction(delta_max_gate):
+        out.append(f"the gate needs leak delta < {float(delta_max_gate):.3g}, and delta is up to {d:.3g}")
+    if not Fraction(d) < Fraction(1, 2):
+        out.append(f"the neurons need leak delta < 1/2, and delta is up to {d:.3g}")
+    if not Fraction(d_s) < Fraction(1, 2):
+        out.append(f"the subject head needs e^-beta < 1/2, and it is up to {d_s:.3g}")
+    return out
+
+
 @dataclass(frozen=True)
 class Choice:
     beta: Fraction

@@ -5,8 +5,9 @@ the construction adds evidence of its own, attached to the verifier's report by 
 command line (the composition root):
 
 * **closed form**: the worst-case error ε(β, γ) as a sympy expression, a proven upper
-  bound on its value at the chosen parameters (:mod:`construction.bound`), and how the
-  gate was found (closed form or linear programme);
+  bound on its value at the chosen parameters (:mod:`construction.bound`), whether the
+  theorem's side conditions hold there (only then does ε(β, γ) bound every query's error;
+  a note says which fail), and how the gate was found (closed form or linear programme);
 * **isolation** (modularity): expert k built from task k alone has exactly the labelled
   weights of expert k in the full model, and building the model without another task j
   leaves every other expert's labelled weights identical. All tasks are removed in turn
@@ -43,10 +44,11 @@ def serial_map(fn: Callable[[S, T], R], shared: S, items: Iterable[T]) -> Iterat
 @dataclass(frozen=True)
 class Evidence:
     closed_form: str                    # ε(β, γ) as a sympy expression
-    bound: float                        # a proven upper bound of ε at the model's (β, γ)
+    bound: float                        # a proven upper bound of the closed form ε at the model's (β, γ)
     gate: str                           # "closed form" or "linear programme"
     isolated: tuple[bool, ...] | None   # per task; None when not checked
     notes: tuple[str, ...] = ()
+    bound_proven: bool = True           # the side conditions hold: the closed form bounds every query's error
 
 
 def leave_one_out_tasks(K: int, n_facts: int) -> list[int]:
@@ -90,4 +92,14 @@ def isolation(taskset: TaskSet, model, map_fn: MapFn = serial_map) -> tuple[tupl
 def evidence(taskset: TaskSet, model, *, check_isolation: bool = True, map_fn: MapFn = serial_map) -> Evidence:
     """The construction's evidence for ``model`` (a :class:`construction.model.SymbolicModel`)."""
     isolated, notes = isolation(taskset, model, map_fn) if check_isolation else (None, ())
-    return Evidence(str(model.error_bound()), model.bound_value(), model.gate.method, isolated, notes)
+    unproven = model.unproven_conditions()
+    return Evidence(str(model.error_bound()), model.bound_value(), model.gate.method, isolated,
+                    notes + tuple(unproven_note(model.beta, unproven)), not unproven)
+
+
+def unproven_note(beta, unproven: list[str]) -> list[str]:
+    """The report's note when the closed form is not a proven bound (none when it is)."""
+    if not unproven:
+        return []
+    return [f"the closed-form bound is not proven at beta = {beta}: {'; '.join(unproven)} (it is the expression's "
+            f"value, not a bound; the verdict does not rest on it)"]

@@ -107,10 +107,14 @@ def parse_values(text: str | None, default: Mapping[sympy.Symbol, sympy.Rational
             raise TaskError(f"--at '{item.strip()}' is not NAME=VALUE for a parameter",
                             fix=f"write e.g. --at beta=4,gamma=2 (parameters: {', '.join(BY_NAME)})")
         try:
-            out[BY_NAME[key]] = sympy.Rational(Fraction(value.strip()))
+            number = Fraction(value.strip())       # NaN and infinities are no fraction: refused here
         except (ValueError, ZeroDivisionError):
-            raise TaskError(f"--at {key}={value.strip()} is not a number",
+            raise TaskError(f"--at {key}={value.strip()} is not a (finite) number",
                             fix="write a decimal or a fraction, e.g. 4, 2.5 or 9/2") from None
+        if number <= 0:
+            raise TaskError(f"--at {key}={value.strip()} is not positive",
+                            fix=f"{key} is a positive number, e.g. --at {key}=4")
+        out[BY_NAME[key]] = sympy.Rational(number)
     return out
 
 

@@ -65,7 +65,8 @@ class SymbolicModel:
         return bound.error_bound(self.taskset.L, self.taskset.vocabulary.size)
 
     def bound_value(self) -> float:
-        """A proven upper bound on ε(β, γ) at the chosen parameters."""
+        """A proven upper bound on the closed form ε(β, γ) at the chosen parameters (which
+        bounds every query's error when :meth:`unproven_conditions` is empty)."""
         return bound.bound_upper(self.taskset.L, self.taskset.vocabulary.size, self.beta, self.gamma)
 
     def conditions(self) -> dict[str, float]:
@@ -73,6 +74,11 @@ class SymbolicModel:
         d = bound.leak_upper(self.taskset.L, self.beta)
         return {"delta": d, "delta_max_gate": float(self.gate.beta_condition()), "delta_max_neurons": 0.5,
                 "delta_subject": bound.subject_leak_upper(self.beta), "delta_subject_max": 0.5}
+
+    def unproven_conditions(self) -> list[str]:
+        """The theorem's side conditions not proven at the chosen β (construction.bound); none:
+        the closed form is a proven bound on every query's error."""
+        return bound.unproven_conditions(self.taskset.L, self.beta, self.gate.beta_condition())
 
     def instantiate(self, beta: Fraction | None = None, gamma: Fraction | None = None) -> Weights:
         """Numeric weights in the verifier's layout (exact for dyadic β and γ)."""

@@ -53,6 +53,17 @@ def positive(text: str) -> float:
     return value
 
 
+def jobs(text: str) -> int:
+    """A number of worker processes: a whole number, 0 (one per CPU) or more."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number of processes, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected 0 (one per CPU) or more processes, got {value}")
+    return value
+
+
 def add_quiet(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
 

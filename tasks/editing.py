@@ -12,6 +12,8 @@ of each at once) changes the file where the task's facts are written and nothing
   of the YAML file stays byte for byte, but comments between the facts are not kept;
 * ``--delete-task`` removes the task's item from the ``tasks`` list.
 
+An edit that changes nothing (every ``--set`` fact already there) writes no file.
+
 Before anything is written, the edited task set is built and checked like a loaded one
 (names, one object per subject, tokens either words or entities, no object query shared
 by two tasks), and each new file's text is read back and must give exactly the intended
@@ -236,6 +238,8 @@ def edit_tasks_file(path: str | os.PathLike, taskset: TaskSet, edit: Edit) -> Ed
     else:
         wanted = dict(new.tasks[new.index(edit.task)].facts.items())
         old = dict(taskset.tasks[taskset.index(edit.task)].facts.items())
+        if wanted == old:                 # every --set already holds: no file is rewritten (nor restyled)
+            return EditResult(new, [], changes)
         removed = set(old) - set(wanted)
         if src.facts_node is not None:
             outputs.append((path, _replace_inline(text, src.facts_node, wanted).encode("utf-8")))

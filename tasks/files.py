@@ -10,7 +10,9 @@ is untouched. An existing target keeps its permission bits; a new file gets 0644
   is moved into place, in the order given);
 * :func:`atomic_file` is the same for one file, as a context manager that yields the
   open temporary file (for writers that want a file object: numpy, matplotlib);
-* :func:`write_text_atomic` writes one UTF-8 text.
+* :func:`write_text_atomic` writes one UTF-8 text;
+* :func:`check_target` refuses, naming the path as given, a target where no file can be
+  written (empty, a directory, no such directory), before any temporary file exists.
 """
 
 from __future__ import annotations
@@ -22,6 +24,27 @@ import stat
 from typing import IO, Iterator
 
 from tasks.errors import TaskError
+
+
+def check_target(path: str | os.PathLike) -> str:
+    """The absolute path of an output file, or a :class:`TaskError` naming ``path`` as given
+    when no file can be written there: the path is empty, is a directory, or its directory
+    does not exist (or is a file). Checked before anything is written, so that the message
+    names the user's path, not a temporary file beside it."""
+    shown = os.fspath(path)
+    if not shown:
+        raise TaskError("the output path is empty", fix="give a file path")
+    target = os.path.abspath(shown)
+    if os.path.isdir(target):
+        raise TaskError("is a directory", file=shown, fix="give a file path")
+    if not os.path.isdir(os.path.dirname(target)):
+        up = os.path.dirname(shown)                    # the nearest part of the path that exists
+        while up and not os.path.lexists(up) and os.path.dirname(up) != up:
+            up = os.path.dirname(up)
+        if up and os.path.lexists(up) and not os.path.isdir(up):
+            raise TaskError(f"'{up}' is a file, not a directory", file=shown, fix="give a path in a directory")
+        raise TaskError("the output directory does not exist", file=shown, fix="create it first")
+    return target
 
 
 def _temporary(target: str) -> tuple[int, str]:
@@ -51,9 +74,14 @@ def _remove(path: str) -> None:
 @contextlib.contextmanager
 def atomic_file(path: str | os.PathLike, mode: str = "wb", encoding: str | None = None,
                 newline: str | None = None) -> Iterator[IO]:
-    """Open a temporary file next to ``path``; when the block ends without error it becomes ``path``."""
-    target = os.path.abspath(os.fspath(path))
-    fd, tmp = _temporary(target)
+    """Open a temporary file next to ``path``; when the block ends without error it becomes
+    ``path``. A path where no file can be written is refused first (:func:`check_target`)."""
+    target = check_target(path)
+    try:
+        fd, tmp = _temporary(target)
+    except OSError as e:
+        raise TaskError(f"cannot write the file: {e.strerror or e}", file=os.fspath(path),
+                        fix="check the directory and its permissions") from None
     try:
         with os.fdopen(fd, mode, encoding=encoding, newline=newline) as f:
             yield f
@@ -82,7 +110,7 @@ def atomic_files(outputs: list[tuple[str, bytes]]) -> None:
     target = ""
     try:
         for target, data in outputs:
-            target = os.path.abspath(target)
+            target = check_target(target)
             fd, tmp = _temporary(target)
             staged.append((tmp, target))
             with os.fdopen(fd, "wb") as f:

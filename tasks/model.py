@@ -9,7 +9,9 @@ sorted, so token ids do not depend on the order in which tasks or facts were giv
 Rules checked here (each raises :class:`~tasks.errors.TaskError`):
 
 * a template has exactly one ⋆1 and one ⋆2, ⋆1 before ⋆2, and non-empty words
-  without whitespace;
+  without whitespace or control characters;
+* a name (task, subject, object) is stripped, non-empty, and holds no tab, line break,
+  control character (Unicode category Cc), NUL or lone surrogate;
 * a task has a name, at least one template, no template twice, at least one fact;
 * a subject has one object (a second, different object is an error; the same fact
   twice is harmless and kept once);
@@ -57,10 +59,24 @@ SLOT_SPELLINGS: dict[str, Slot] = {"⋆1": SUBJECT, "⋆2": OBJECT, "*1": SUBJEC
 _TAB_OR_LINE_BREAK = re.compile("[\t\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029]")
 #: NUL or a lone surrogate: not storable in a weights file's string arrays.
 _UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+#: A control character (Unicode category Cc: the C0 controls, DEL and the C1 controls). A
+#: name that holds one prints as something else (or as nothing), and nothing a task means
+#: needs one.
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
+#: Every character :func:`check_name` refuses inside a stripped name, in one class (the
+#: union of the three above: the tab and the line breaks below U+0080 and U+0085 are
+#: control characters), for the bulk check :func:`plain_names`.
+_REFUSED = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff]")
+
+
+def control_character(text: str) -> str | None:
+    """The first control character of ``text`` as ``U+XXXX`` (for a message), or None."""
+    m = _CONTROL.search(text)
+    return None if m is None else f"U+{ord(m.group()):04X}"
 
 
 def check_name(text: object, what: str) -> str:
-    """A token (word or entity) name: a string, stripped, non-empty, one line."""
+    """A token (word or entity) name: a string, stripped, non-empty, one line, no control character."""
     if not isinstance(text, str):
         raise TaskError(
             f"{what} {text!r} is a {type(text).__name__}, not a string",
@@ -74,6 +90,10 @@ def check_name(text: object, what: str) -> str:
     if _UNSTORABLE.search(name):
         raise TaskError(f"{what} {name!r} contains a NUL character or a lone surrogate",
                         fix="remove it (a weights file could not store the name)")
+    control = control_character(name)
+    if control is not None:
+        raise TaskError(f"{what} {name!r} contains the control character {control}",
+                        fix="remove it (names may not hold control characters)")
     if name in SLOT_SPELLINGS:
         raise TaskError(f"{what} {name!r} is spelled like a slot marker", fix="rename it")
     return name
@@ -85,8 +105,7 @@ def plain_names(names: Sequence[str]) -> bool:
     joins them: it is none of the refused characters.)"""
     if not all(names) or not SLOT_SPELLINGS.keys().isdisjoint(names):
         return False
-    joined = " ".join(names)
-    return _TAB_OR_LINE_BREAK.search(joined) is None and _UNSTORABLE.search(joined) is None
+    return _REFUSED.search(" ".join(names)) is None
 
 
 @dataclass(frozen=True)
@@ -126,6 +145,10 @@ class Template:
                     raise TaskError(f"template '{text}' has a bad word {p!r}", fix="words are non-empty and contain no spaces")
                 if p in SLOT_SPELLINGS:
                     raise TaskError(f"template '{text}' has a word {p!r} spelled like a slot marker", fix="use Slot.SUBJECT / Slot.OBJECT for slots")
+                control = control_character(p)
+                if control is not None:
+                    raise TaskError(f"template word {p!r} contains the control character {control}",
+                                    fix="remove it (template words may not hold control characters)")
 
     @classmethod
     def parse(cls, text: object) -> "Template":

@@ -175,7 +175,7 @@ def test_patterns_partition_the_entries_of_any_task_set(ts):
     (["--block", "W_X"], "no block called 'W_X'"),
     (["--block", "gate", "--task", "nope"], "--task 'nope'"),
     (["--block", "U", "--at", "delta=3"], "--at 'delta=3'"),
-    (["--block", "U", "--at", "gamma=abc"], "not a number"),
+    (["--block", "U", "--at", "gamma=abc"], "not a (finite) number"),
     (["--task", "capital"], "apply to --block"),
 ])
 def test_bad_block_arguments_are_one_line(capsys, argv, words):

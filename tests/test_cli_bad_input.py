@@ -399,3 +399,89 @@ def test_a_csc_matrix_with_a_duplicate_is_refused(good_npz, tmp_path, capsys):
     line = one_line_exit_2(capsys, ["check", EXAMPLE, "--weights", write(tmp_path / "w.npz", _set(a, f"{name}.indices", idx)),
                                     "--quiet"])
     assert "stored twice" in line and f"column {col}" in line, line
+
+
+# --- a certificate directory: only a certificate (or nothing) is replaced ----------------------
+
+
+def _tree(d: Path) -> dict:
+    return {str(p.relative_to(d)): p.read_bytes() if p.is_file() else None for p in sorted(d.rglob("*"))}
+
+
+@pytest.fixture
+def no_check(monkeypatch):
+    """A refusal comes before the check: running one fails the test."""
+    import cli.compose
+
+    def fail(*args, **kwargs):
+        raise AssertionError("the check ran before the certificate directory was refused")
+    monkeypatch.setattr(cli.compose, "check_and_record", fail)
+    monkeypatch.setattr(cli.compose, "load_since", fail)
+
+
+def test_a_directory_of_the_users_files_is_refused_before_the_check(tmp_path, capsys, monkeypatch, no_check):
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "notes.txt").write_text("notes", encoding="utf-8")
+    (work / "sub").mkdir()
+    before = _tree(tmp_path)
+    line = one_line_exit_2(capsys, ["check", EXAMPLE, "--certificate", work, "--quiet"])
+    assert f"{work}: is not empty and not a certificate" in line and "'notes.txt'" in line
+    monkeypatch.chdir(work)
+    line = one_line_exit_2(capsys, ["check", EXAMPLE, "--certificate", ".", "--quiet"])
+    assert "current directory" in line
+    assert _tree(tmp_path) == before
+
+
+def test_files_named_like_a_certificate_but_not_ones_are_refused(tmp_path, capsys, no_check):
+    d = tmp_path / "d"
+    d.mkdir()
+    for name in ("certificate.json", "weights.npz", "tasks.npz", "classes.npz"):
+        (d / name).write_text('{"format": "my-own-format/1"}', encoding="utf-8")
+    before = _tree(tmp_path)
+    assert "not a certificate" in one_line_exit_2(capsys, ["check", EXAMPLE, "--certificate", d, "--quiet"])
+    (d / "certificate.json").unlink()                 # three of the four: not one either
+    assert "not a certificate" in one_line_exit_2(capsys, ["check", EXAMPLE, "--certificate", d, "--quiet"])
+    assert "parent directory does not exist" in one_line_exit_2(
+        capsys, ["check", EXAMPLE, "--certificate", tmp_path / "no" / "cert", "--quiet"])
+    assert _tree(tmp_path).keys() == before.keys() - {"d/certificate.json"}
+
+
+def test_a_missing_an_empty_and_a_certificate_directory_are_written(tmp_path, capsys, monkeypatch):
+    cert, empty = tmp_path / "cert", tmp_path / "empty"
+    empty.mkdir()
+    for d in (cert, empty, cert):                 # the third run replaces a certificate
+        assert main(["check", str(EXAMPLE), "--certificate", str(d), "--quiet", "--no-isolation"]) == 0
+        assert sorted(p.name for p in d.iterdir()) == ["certificate.json", "classes.npz", "tasks.npz", "weights.npz"]
+    (cert / "notes.txt").write_text("notes", encoding="utf-8")
+    capsys.readouterr()
+    # --since from a certificate writes to --certificate OUT, refused as any other directory
+    line = one_line_exit_2(capsys, ["check", EXAMPLE, "--since", empty, "--certificate", cert, "--quiet"])
+    assert "not a certificate" in line and (cert / "notes.txt").read_text(encoding="utf-8") == "notes"
+    # the current directory is refused even when it is a certificate: replacing it would
+    # leave the process (and the shell it was started from) in a deleted directory
+    monkeypatch.chdir(empty)
+    assert "current directory" in one_line_exit_2(capsys, ["check", EXAMPLE, "--since", ".", "--quiet"])
+    assert (empty / "certificate.json").is_file()
+
+
+def test_the_save_looks_again_and_puts_back_a_directory_written_in_between(tmp_path, monkeypatch):
+    """The directory is checked before the check and again at the save; one that changed after
+    that second look (between the look and the move) is moved back untouched."""
+    import verifier.certificate as vc
+    from cli.compose import check_and_record
+    from construction.model import build
+    from tasks.errors import TaskError
+    from tasks.io import load_tasks
+
+    ts = load_tasks(EXAMPLE)
+    _, cert = check_and_record(ts, build(ts), isolation=False)
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "notes.txt").write_text("notes", encoding="utf-8")
+    with pytest.raises(TaskError, match="not a certificate"):
+        vc.save_certificate(cert, work)
+    monkeypatch.setattr(vc, "require_replaceable", lambda directory: None)    # the file came after the look
+    with pytest.raises(TaskError, match="changed while the certificate was saved"):
+        vc.save_certificate(cert, work)
+    assert _tree(tmp_path) == {"work": None, "work/notes.txt": b"notes"}

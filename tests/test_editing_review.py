@@ -212,3 +212,100 @@ def test_a_new_name_longer_than_every_old_token(tmp_path, capsys):
     assert [(t["name"], t["queries"], t["facts"]) for t in since["tasks"]] == \
         [(t["name"], t["queries"], t["facts"]) for t in full["tasks"]]
     assert since["verdict"] == full["verdict"]
+
+
+# --- "unchanged" rests on an injective encoding (issue 32) -------------------------------------
+
+#: Facts of task 't' before and after an edit whose fact bytes, joined as "subject \x02 object
+#: \x03" (the hash of certificate format 2), are the same; the other facts keep every name of
+#: both versions in the vocabulary, so that the vocabulary is unchanged too and an unedited
+#: task's expert would be kept as it was.
+STALE_OLD = {"a": "x\x03c\x02y", "c": "z"}
+STALE_NEW = {"a": "x", "c": "y\x03c\x02z"}
+STALE_OTHERS = {"p1": "x", "p2": "z", "p3": "x\x03c\x02y", "p4": "y\x03c\x02z"}
+
+
+def _stale_set(facts: dict) -> TaskSet:
+    """The task set with 't' holding ``facts``, built in Python past the readers (which refuse
+    names with control characters): what the task hash must tell apart by itself."""
+    from tasks.model import Template
+
+    f = {**facts, **STALE_OTHERS}
+    t = Task("t", (Template.parse("the value of *1 is *2"),), Facts.trusted(tuple(f), tuple(f.values())))
+    u = Task("u", (Template.parse("u of *1 gives *2"),), Facts({"m": "n", "o": "p"}))
+    return TaskSet((t, u), 0.01, {})
+
+
+def test_task_hash_tells_apart_facts_whose_joined_bytes_agree():
+    from verifier.certificate import task_hash
+
+    old, new = _stale_set(STALE_OLD), _stale_set(STALE_NEW)
+    assert old.tasks[0].facts != new.tasks[0].facts
+    assert task_hash(old.tasks[0]) != task_hash(new.tasks[0])
+    assert task_hash(old.tasks[0], old) != task_hash(new.tasks[0], new)
+    assert task_hash(old.tasks[1], old) == task_hash(new.tasks[1], new) == task_hash(new.tasks[1])
+
+
+def test_a_re_certification_never_keeps_the_expert_of_facts_that_changed():
+    from cli.compose import check_and_record, recertify_since
+
+    old, new = _stale_set(STALE_OLD), _stale_set(STALE_NEW)
+    model = build(old)
+    _, cert = check_and_record(old, model, isolation=False)
+    assert cert.certified
+    stale = verify(new, cert.weights, model.epsilon)
+    assert not stale.certified                     # the old weights answer 'a' with the old object
+    report, edited, after = recertify_since(new, old=cert, isolation=False)
+    assert edited == ["t"]
+    assert report.verdict == verify(new, after.weights, model.epsilon).verdict == "certified"
+
+
+def test_names_with_control_characters_are_refused_before_and_after_an_edit(tmp_path, capsys):
+    from cli.compose import check_and_record
+    from verifier.certificate import save_certificate
+
+    facts = tmp_path / "t.tsv"
+    path = tmp_path / "tasks.yaml"
+    path.write_text("epsilon: 0.01\ntasks:\n  - name: t\n    templates: ['the value of *1 is *2']\n"
+                    "    facts_file: t.tsv\n  - name: u\n    templates: ['u of *1 gives *2']\n"
+                    "    facts: {m: n, o: p}\n", encoding="utf-8")
+
+    def write(version: dict) -> None:
+        facts.write_text("".join(f"{s}\t{o}\n" for s, o in {**version, **STALE_OTHERS}.items()), encoding="utf-8")
+
+    write(STALE_OLD)
+    cert = tmp_path / "cert"
+    capsys.readouterr()
+    assert main(["check", str(path), "--certificate", str(cert), "--quiet", "--no-isolation"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{facts}:1:" in err and "U+0003" in err and "remove it" in err
+    assert not cert.exists()
+    # a certificate of the old facts made past the reader; the edit is refused as the full read is
+    old = _stale_set(STALE_OLD)
+    save_certificate(check_and_record(old, build(old), isolation=False)[1], cert)
+    before = {p.name: p.read_bytes() for p in cert.iterdir()}
+    write(STALE_NEW)
+    assert main(["check", str(path), "--since", str(cert), "--quiet", "--no-isolation"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{facts}:2:" in err and "U+0003" in err
+    assert {p.name: p.read_bytes() for p in cert.iterdir()} == before
+
+
+def _older_format(cert: Path) -> None:
+    """Make the certificate in ``cert`` one of format 2 (its hashes another encoding's)."""
+    manifest = json.loads((cert / "certificate.json").read_text(encoding="utf-8"))
+    manifest["format"] = "moe-knowledge-certificate/2"
+    (cert / "certificate.json").write_text(json.dumps(manifest), encoding="utf-8")
+
+
+def test_a_certificate_of_an_older_format_is_refused_in_one_line(tmp_path, capsys):
+    path = tmp_path / "tasks.yaml"
+    path.write_text((EXAMPLES / "capitals.yaml").read_text(encoding="utf-8"), encoding="utf-8")
+    cert = tmp_path / "cert"
+    assert main(["check", str(path), "--certificate", str(cert), "--quiet", "--no-isolation"]) == 0
+    _older_format(cert)
+    capsys.readouterr()
+    assert main(["check", str(path), "--since", str(cert), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "moe-knowledge-certificate/2, written by another version" in err
+    assert "--certificate DIR" in err

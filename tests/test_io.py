@@ -7,6 +7,7 @@ import re
 import stat
 import tempfile
 import textwrap
+import unicodedata
 from pathlib import Path
 
 import pytest
@@ -530,7 +531,7 @@ def test_dump_refuses_output_that_is_a_facts_file(tmp_path):
 
 
 def test_dump_to_missing_directory_is_a_task_error(tmp_path):
-    with pytest.raises(TaskError, match="cannot write"):
+    with pytest.raises(TaskError, match="missing/tasks.yaml: the output directory does not exist"):
         dump_tasks(_small(), tmp_path / "missing" / "tasks.yaml")
 
 
@@ -575,3 +576,49 @@ def test_permission_denied_simulated(tmp_path, monkeypatch):
     guarded = "f.tsv"
     with pytest.raises(TaskError, match=r"t\.yaml:4: facts file .*f\.tsv' cannot be read: permission denied"):
         load_tasks(path)
+
+
+# --------------------------------------------------------------------------- control characters
+
+#: Every control character (Unicode category Cc) but NUL, tabs and line breaks, which have
+#: their own messages.
+CONTROLS = [c for c in map(chr, range(0xA0))
+            if unicodedata.category(c) == "Cc" and c not in "\x00\t\n\r\v\f\x1c\x1d\x1e\x85"]
+
+
+def test_the_control_characters_are_exactly_the_category_cc():
+    from tasks.model import _CONTROL, _REFUSED, control_character
+
+    every = [chr(c) for c in range(0x110000) if not 0xD800 <= c < 0xE000]
+    assert [c for c in every if _CONTROL.search(c)] == [c for c in every if unicodedata.category(c) == "Cc"]
+    assert control_character("a\x03b\x7f") == "U+0003" and control_character("né") is None
+    for c in map(chr, range(0x3000)):            # the bulk check refuses exactly what check_name refuses
+        try:
+            accepted = check_name(f"a{c}b", "name") == f"a{c}b"
+        except TaskError:
+            accepted = False
+        assert tasks.model.plain_names([f"a{c}b"]) == accepted == (_REFUSED.search(c) is None), repr(c)
+
+
+@pytest.mark.parametrize("c", CONTROLS[::7] + ["\x7f", "\x9f"])
+def test_names_with_a_control_character_are_refused_with_file_line_and_code(tmp_path, c):
+    code = f"U+{ord(c):04X}"
+    escaped = '"\\x%02x"' % ord(c)       # a YAML double-quoted escape: the YAML reader refuses the raw byte
+    cases = [
+        ("tasks:\n  - name: " + escaped[:-1] + 't"\n    templates: [a *1 b *2]\n    facts: {x: y}\n', 2, "task name"),
+        ("tasks:\n  - name: t\n    templates: [" + escaped[:-1] + ' *1 b *2"]\n    facts: {x: y}\n', 3, "template word"),
+        ("tasks:\n  - name: t\n    templates: [a *1 b *2]\n    facts:\n      x: y\n      " + escaped + ": y\n", 6, "subject"),
+    ]
+    for text, line, what in cases:
+        with pytest.raises(TaskError) as e:
+            loads_tasks(text, file="t.yaml")
+        assert str(e.value).startswith(f"t.yaml:{line}: {what} ") and code in str(e.value), (what, str(e.value))
+        assert "\n" not in str(e.value) and c not in str(e.value)
+    for name, body in (("f.tsv", f"x\ty\nz\tw{c}v\n"), ("f.csv", f'x,y\nz,"w{c}v"\n'), ("g.csv", f"x,y\nz{c},w\n")):
+        (tmp_path / name).write_text(body, encoding="utf-8")
+        path = tmp_path / "tasks.yaml"
+        path.write_text(f"tasks:\n  - name: t\n    templates: [a *1 b *2]\n    facts_file: {name}\n", encoding="utf-8")
+        with pytest.raises(TaskError) as e:
+            load_tasks(path)
+        assert str(e.value).startswith(f"{tmp_path / name}:2: ") and code in str(e.value), str(e.value)
+        assert "remove it" in str(e.value) and c not in str(e.value)

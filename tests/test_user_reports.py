@@ -230,3 +230,157 @@ def test_build_refusals_are_task_errors():
     ts = loads_tasks("parameters: {beta: 3}\n" + CAPITAL, file="t.yaml")
     with pytest.raises(TaskError, match="t.yaml:1"):
         build(ts)
+
+
+# --- the closed-form bound is called proven only where its side conditions hold ------------------
+
+
+def test_inspect_calls_the_bound_proven_only_where_its_conditions_hold(capsys):
+    assert main(["inspect", str(EXAMPLE), "--beta", "5"]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if "at these parameters" in x)
+    assert "proven upper bound" not in line
+    assert "NOT a proven bound: the gate needs leak delta < 0.00298, and delta is up to 0.0326" in line
+    assert main(["inspect", str(EXAMPLE), "--beta", "5", "--json", "-"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["bound_proven"] is False and len(data["unproven_conditions"]) == 1
+    assert main(["inspect", str(EXAMPLE), "--json", "-"]) == 0        # the construction's β: proven
+    data = json.loads(capsys.readouterr().out)
+    assert data["bound_proven"] is True and data["unproven_conditions"] == []
+
+
+def test_check_says_when_the_bound_is_not_proven(capsys):
+    assert main(["check", str(EXAMPLE), "--beta", "5", "--no-isolation", "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "(not proven: its side conditions fail, see the note)" in out and "(proven upper bound)" not in out
+    assert "note: the closed-form bound is not proven at beta = 5: the gate needs leak delta < 0.00298" in out
+    assert main(["check", str(EXAMPLE), "--beta", "5", "--no-isolation", "--json", "-"]) == 0
+    assert json.loads(capsys.readouterr().out)["closed_form"]["bound_proven"] is False
+    assert main(["check", str(EXAMPLE), "--no-isolation", "--json", "-"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["closed_form"]["bound_proven"] is True and not any("not proven" in n for n in data["notes"])
+
+
+def test_a_side_condition_is_proven_only_strictly():
+    from fractions import Fraction
+
+    from construction import bound
+
+    d = Fraction(bound.leak_upper(6, Fraction(9)))
+    assert bound.unproven_conditions(6, Fraction(9), d + Fraction(1, 10 ** 30)) == []
+    assert len(bound.unproven_conditions(6, Fraction(9), d)) == 1         # the leak's upper bound is not below it
+    assert bound.unproven_conditions(6, Fraction(9), None) == []
+    assert len(bound.unproven_conditions(40, Fraction(1, 2), None)) == 2  # the neurons' and the subject head's
+
+
+def test_check_since_from_the_certificates_weights_does_not_claim_the_gate_condition(tmp_path, capsys):
+    cert = tmp_path / "cert"
+    assert main(["check", str(EXAMPLE), "--certificate", str(cert), "--no-isolation", "--quiet"]) == 0
+    capsys.readouterr()
+    assert main(["check", str(EXAMPLE), "--since", str(cert), "--no-isolation", "--json", "-"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["incremental"]["model"] == "patched from the certificate's weights"
+    assert data["closed_form"]["bound_proven"] is None          # the gate's condition was not computed again
+
+
+# --- messages that name the user's path and the real problem ------------------------------------
+
+
+@pytest.mark.parametrize("command", ["build", "export"])
+def test_output_paths_are_refused_by_the_users_path(tmp_path, capsys, monkeypatch, command):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "out").mkdir()
+    (tmp_path / "notes.txt").write_text("notes", encoding="utf-8")
+    flag = "-o" if command == "build" else "--onnx"
+    cases = {"out": "error: out: is a directory; give a file path",
+             "": "error: the output path is empty; give a file path",
+             "notes.txt/m.bin": "error: notes.txt/m.bin: 'notes.txt' is a file, not a directory",
+             "notes.txt/x/m.bin": "error: notes.txt/x/m.bin: 'notes.txt' is a file, not a directory",
+             "no/m.bin": "error: no/m.bin: the output directory does not exist; create it first"}
+    for path, expected in cases.items():
+        line = one_line_exit_2(capsys, [command, EXAMPLE, flag, path])
+        assert line.startswith(expected) and ".tmp" not in line, line
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["notes.txt", "out"]
+
+
+def test_atomic_writes_name_the_target_not_a_temporary_file(tmp_path):
+    from tasks.files import atomic_file, atomic_files
+
+    (tmp_path / "d").mkdir()
+    with pytest.raises(TaskError, match=r"d: is a directory"):
+        with atomic_file(tmp_path / "d") as f:
+            f.write(b"x")
+    with pytest.raises(TaskError, match=r"d: is a directory"):
+        atomic_files([(str(tmp_path / "a.txt"), b"a"), (str(tmp_path / "d"), b"d")])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d"]
+
+
+def test_explain_says_the_weights_lack_a_token_of_the_task_set(tmp_path, capsys):
+    weights = tmp_path / "m.npz"
+    assert main(["build", str(EXAMPLE), "-o", str(weights), "--quiet"]) == 0
+    edited = write(tmp_path, EXAMPLE.read_text(encoding="utf-8").replace("Berlin", "Bank"))
+    for argv in (["Bank is a city in"], ["Bank|is|a", "--sep", "|"]):
+        line = one_line_exit_2(capsys, ["explain", edited, *argv, "--weights", weights])
+        assert "the weights' vocabulary lacks 'Bank', a token of the task set" in line
+    line = one_line_exit_2(capsys, ["explain", edited, "Bonn is a city in", "--weights", weights])
+    assert "the prefix has an unknown token 'Bonn'" in line
+
+
+# --- accepted silently no more -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value, problem", [("-3", "expected 0 (one per CPU) or more processes, got -3"),
+                                            ("1.5", "expected a whole number of processes, got '1.5'")])
+def test_jobs_must_be_a_whole_number_not_below_zero(tmp_path, capsys, value, problem):
+    for argv in (["check", EXAMPLE], ["watch", EXAMPLE, "--certificate", tmp_path / "cert", "--max-checks", "1"]):
+        with pytest.raises(SystemExit) as stop:          # argparse's bad usage: exit 2, one line
+            main([str(a) for a in [*argv, "--jobs", value]])
+        err = capsys.readouterr().err
+        assert stop.value.code == 2 and err.count("\n") == 1 and f"argument --jobs: {problem}" in err
+    assert not (tmp_path / "cert").exists()
+
+
+@pytest.mark.parametrize("command", ["inspect", "plot"])
+def test_at_takes_positive_finite_parameters_only(tmp_path, capsys, command):
+    extra = ["--out", tmp_path] if command == "plot" else []
+    for value, problem in (("-1", "is not positive"), ("0", "is not positive"), ("nan", "is not a (finite) number"),
+                           ("inf", "is not a (finite) number")):
+        line = one_line_exit_2(capsys, [command, EXAMPLE, *extra, "--block", "gate", "--at", f"beta={value}"])
+        assert f"--at beta={value} {problem}" in line
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("where", ["inline", "facts file"])
+def test_an_edit_that_changes_nothing_writes_nothing(tmp_path, capsys, where):
+    # inline facts with a comment (a rewrite would drop it), or a facts file
+    facts = "    facts:\n      France: Paris\n      Japan: Tokyo   # a comment\n"
+    if where == "facts file":
+        (tmp_path / "capital.tsv").write_text("France\tParis\nJapan\tTokyo\n", encoding="utf-8")
+        facts = "    facts_file: capital.tsv\n"
+    path = write(tmp_path, "tasks:\n  - name: capital\n    templates: [the capital of *1 is *2]\n" + facts)
+    before = {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in tmp_path.iterdir()}
+    assert main(["edit", str(path), "capital", "--set", "Japan=Tokyo"]) == 0
+    out = capsys.readouterr().out
+    assert "kept 'Japan' -> 'Tokyo' (unchanged)" in out and "nothing changed; no file written" in out
+    assert "wrote" not in out
+    assert {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in tmp_path.iterdir()} == before
+    assert main(["edit", str(path), "capital", "--set", "Japan=Kyoto", "--json", "-"]) == 0
+    assert json.loads(capsys.readouterr().out)["written"] == [str(tmp_path / ("tasks.yaml" if where == "inline"
+                                                                              else "capital.tsv"))]
+
+
+def test_the_readme_gate_example_is_what_the_tool_prints(capsys):
+    """The README's listings are the tool's output, and the templates its gate paragraph
+    names are the capital task's, up to ⋆2 (the symbols the gate reads)."""
+    import re
+
+    from tasks.io import load_tasks
+
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    for argv in (["--block", "structure2"], ["--block", "gate", "--task", "capital"]):
+        assert main(["inspect", str(EXAMPLE), *argv]) == 0
+        assert capsys.readouterr().out.rstrip("\n") in readme, argv
+    paragraph = readme[readme.index("These are the three terms of g_k"):].split("\n\n")[0]
+    named = re.findall(r"`([^`]*⋆1[^`]*)`", paragraph)
+    ts = load_tasks(EXAMPLE)
+    capital = ts.tasks[ts.index("capital")]
+    assert sorted(named) == sorted(" ".join(map(str, t.parts[:t.object_index])) for t in capital.templates)

@@ -16,6 +16,7 @@ import pytest
 from cli.compose import check_and_save, check_since
 from cli.main import main
 from cli.watch import Watcher, verdict_line, watch
+from verifier.certificate import FORMAT
 from construction.model import build
 from tasks.editing import Edit, edit_tasks_file
 from tasks.io import load_tasks
@@ -382,3 +383,31 @@ def test_edited_tasks_are_hashed_at_the_save_and_a_reordered_file_is_no_edit(tmp
     outcome = watcher.check()
     assert outcome.report.certified and outcome.edited == []
     assert outcome.report.incremental["queries_rerun"] == 0
+
+
+def test_a_certificate_of_an_older_format_is_replaced_by_a_full_check(tmp_path):
+    path = _files(tmp_path)
+    cert = tmp_path / "cert"
+    assert Watcher(str(path), str(cert), isolation=False).check().report.certified
+    manifest = json.loads((cert / "certificate.json").read_text(encoding="utf-8"))
+    manifest["format"] = "moe-knowledge-certificate/2"
+    (cert / "certificate.json").write_text(json.dumps(manifest), encoding="utf-8")
+    outcome = Watcher(str(path), str(cert), isolation=False).check()
+    assert outcome.report.certified and not outcome.report.incremental
+    assert "full check of 3 tasks" in verdict_line(outcome, str(cert))
+    assert json.loads((cert / "certificate.json").read_text(encoding="utf-8"))["format"] == FORMAT
+
+
+def test_watch_refuses_a_directory_of_the_users_files_before_the_first_check(tmp_path, capsys, monkeypatch):
+    path = _files(tmp_path)
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "notes.txt").write_text("notes", encoding="utf-8")
+    monkeypatch.setattr(Watcher, "check", lambda self, verdict=None: pytest.fail("a check ran"))
+    assert main(["watch", str(path), "--certificate", str(work), "--max-checks", "1", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "not a certificate this tool wrote" in err and "'notes.txt'" in err
+    assert sorted(p.name for p in work.iterdir()) == ["notes.txt"]
+    monkeypatch.chdir(work)
+    assert main(["watch", str(path), "--certificate", ".", "--max-checks", "1", "--quiet"]) == 2
+    assert "current directory" in capsys.readouterr().err

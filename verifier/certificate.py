@@ -24,10 +24,21 @@ with certificates you made; for weights or certificates from elsewhere, run a fu
 
 The directory is written in full beside the target and then moved into place: an
 interrupted write leaves the previous certificate (or none), never a mixture.
+
+**Only a certificate is replaced.** Saving replaces the target directory as a whole, so
+it is written only where that loses nothing (:func:`require_replaceable`, called before a
+check starts and again by :func:`save_certificate`): a directory that does not exist, an
+empty one, or one that holds exactly a certificate's four files (regular files, its
+certificate.json of this tool's format, of any version), and never the current directory
+or one holding it (the process, and the shell it was started from, would be left in a
+deleted directory). After the old directory is moved aside, its entries are looked at
+once more: anything else in it (a file written in between) moves it back, and the save
+is refused. Only the certificate's files are deleted from it, then the empty directory.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -42,11 +53,17 @@ import numpy as np
 from layout import Weights, load, save
 from tasks.compiled import file_hash
 from tasks.errors import TaskError
-from tasks.model import Facts, Task, TaskSet
+from tasks.model import OBJECT, SUBJECT, Facts, Task, TaskSet
 from verifier.classes import COUNTS, FLOATS, CellPlan, ClassTable
 
-FORMAT = "moe-knowledge-certificate/2"
+#: Version 3: task hashes of an injective encoding (:func:`task_hash`); a version 2
+#: certificate's hashes joined names with separator characters a name could hold.
+FORMAT = "moe-knowledge-certificate/3"
+#: What every version of this tool's certificates writes before its number.
+FORMAT_FAMILY = "moe-knowledge-certificate/"
 FILES = ("weights.npz", "tasks.npz", "classes.npz")
+#: Every entry of a certificate directory, and nothing else.
+ENTRIES = frozenset(FILES + ("certificate.json",))
 
 
 @dataclass
@@ -83,14 +100,39 @@ class Certificate:
         return self.verdict == "certified"
 
 
+def _field(data: bytes) -> bytes:
+    """``data`` prefixed with its length (8 bytes, little-endian): a self-delimiting field."""
+    return len(data).to_bytes(8, "little") + data
+
+
+def _utf8(text: str) -> bytes:
+    """UTF-8 of any Python string (a lone surrogate too: the readers refuse one, a task built
+    in Python may hold one); one-to-one on strings."""
+    return text.encode("utf-8", "surrogatepass")
+
+
 def task_hash(task: Task, taskset: TaskSet | None = None) -> str:
-    """SHA-256 of a task's content: name, templates, and facts in subject order. With the
-    task set holding it, the order is read from its fact ids rather than sorted: they are
-    sorted by subject id, and ids follow the names' order (the vocabulary is sorted)."""
+    """SHA-256 of an encoding of a task's content: name, templates, and facts in subject
+    order. With the task set holding it, the order is read from its fact ids rather than
+    sorted: they are sorted by subject id, and ids follow the names' order (the vocabulary
+    is sorted).
+
+    **Why equal hashes mean equal tasks** (up to a SHA-256 collision): the bytes hashed are
+    a sequence of items each either of fixed width or prefixed by its length, so they parse
+    back in one way only: the name; the number of templates and, per template, its parts
+    (a tag byte for ⋆1, ⋆2 or a word, then the word); the number of facts n; the n subject
+    lengths and the n object lengths (in characters, 8 bytes each); the subjects' text and
+    the objects' text, each one field, which the lengths cut back into the names. So two
+    tasks that hash alike have the same name, templates and facts, whatever characters
+    their names hold (no separator character is assumed absent from them: a name may hold
+    any character a Python string can, and the readers' rules are not needed here)."""
     h = hashlib.sha256()
-    h.update(task.name.encode("utf-8") + b"\x00")
+    h.update(_field(_utf8(task.name)))
+    h.update(len(task.templates).to_bytes(8, "little"))
     for t in task.templates:
-        h.update(t.text().encode("utf-8") + b"\x01")
+        h.update(len(t.parts).to_bytes(8, "little"))
+        for p in t.parts:
+            h.update(b"\x01" if p is SUBJECT else b"\x02" if p is OBJECT else b"\x00" + _field(_utf8(p)))
     if taskset is not None:
         tokens = taskset.vocabulary.tokens
         s, o = taskset.fact_ids[taskset.index(task.name)]
@@ -98,11 +140,12 @@ def task_hash(task: Task, taskset: TaskSet | None = None) -> str:
     else:
         pairs = sorted(task.facts.items())
         subjects, objects = [a for a, _ in pairs], [b for _, b in pairs]
-    # the bytes of every fact, "subject \x02 object \x03", in one piece (one update per fact
-    # costs more than the hashing), interleaved by slices rather than formatted fact by fact
-    parts: list[str] = ["", "\x02", "", "\x03"] * len(subjects)
-    parts[0::4], parts[2::4] = subjects, objects
-    h.update("".join(parts).encode("utf-8"))
+    n = len(subjects)
+    h.update(n.to_bytes(8, "little"))
+    for names in (subjects, objects):
+        h.update(np.fromiter(map(len, names), np.int64, count=n).astype("<i8").tobytes())
+    for names in (subjects, objects):
+        h.update(_field(_utf8("".join(names))))       # one piece: an update per name costs more than the hashing
     return h.hexdigest()
 
 
@@ -197,14 +240,63 @@ def _manifest_hash(manifest: dict) -> str:
     return hashlib.sha256(json.dumps(body, sort_keys=True, ensure_ascii=False).encode("utf-8")).hexdigest()
 
 
+def _only_certificate_entries(directory: str) -> tuple[bool, list[str]]:
+    """(whether ``directory`` is empty or holds exactly a certificate's entries, each a regular
+    file, its certificate.json of this tool's format; its entries, sorted)."""
+    import stat
+
+    entries = sorted(os.listdir(directory))
+    if not entries:
+        return True, entries
+    if set(entries) != ENTRIES:
+        return False, entries
+    for name in entries:
+        if not stat.S_ISREG(os.lstat(os.path.join(directory, name)).st_mode):
+            return False, entries
+    found = stored_format(directory)
+    return found is not None and found.startswith(FORMAT_FAMILY), entries
+
+
+def require_replaceable(directory: str | os.PathLike) -> None:
+    """Refuse (TaskError) to save a certificate to ``directory`` unless replacing it loses
+    nothing of the user's (module docstring): it does not exist (its parent does), is empty,
+    or is a certificate of this tool; and it is not the current directory or one holding it."""
+    shown = os.fspath(directory)
+    target = os.path.abspath(shown)
+    give = "give a new or empty directory, or one written by 'check --certificate'"
+    if not os.path.exists(target):
+        if not os.path.isdir(os.path.dirname(target)):
+            raise TaskError("the certificate's parent directory does not exist", file=shown, fix="create it first")
+        return
+    if not os.path.isdir(target):
+        raise TaskError("exists and is not a directory", file=shown, fix="give a directory for the certificate")
+    try:
+        here = os.getcwd()
+    except OSError:
+        here = None
+    if here is not None and os.path.commonpath([here, target]) == target:
+        raise TaskError("the certificate directory is the current directory or holds it, and saving replaces the "
+                        "directory as a whole", file=shown, fix="give a directory of its own, e.g. cert")
+    try:
+        ok, entries = _only_certificate_entries(target)
+    except OSError as e:
+        raise TaskError(f"the directory cannot be read: {e.strerror or e}", file=shown, fix="check its permissions") from None
+    if not ok:
+        from tasks.messages import show_name
+
+        held = ", ".join(show_name(e) for e in entries[:3]) + (f" and {len(entries) - 3} more" if len(entries) > 3 else "")
+        raise TaskError(f"is not empty and not a certificate this tool wrote (it holds {held}); saving replaces the "
+                        f"whole directory", file=shown, fix=give)
+
+
 def save_certificate(cert: Certificate, directory: str | os.PathLike) -> None:
-    """Write ``cert`` to ``directory`` (created or replaced as a whole; see the module docstring).
-    ``cert.weights`` are the weights its verification validated (verify and recertify
-    validate what they certify), so they are not validated again here."""
+    """Write ``cert`` to ``directory`` (created, or replaced as a whole if it is empty or a
+    certificate: :func:`require_replaceable`; see the module docstring). ``cert.weights``
+    are the weights its verification validated (verify and recertify validate what they
+    certify), so they are not validated again here."""
     target = os.path.abspath(os.fspath(directory))
     parent = os.path.dirname(target) or "."
-    if os.path.exists(target) and not os.path.isdir(target):
-        raise TaskError(f"'{directory}' exists and is not a directory", fix="give a directory for the certificate")
+    require_replaceable(directory)
     try:
         tmp = tempfile.mkdtemp(prefix=".certificate-", dir=parent)
     except OSError as e:
@@ -233,12 +325,43 @@ def save_certificate(cert: Certificate, directory: str | os.PathLike) -> None:
             old = tempfile.mkdtemp(prefix=".certificate-old-", dir=parent)
             os.rmdir(old)
             os.replace(target, old)
+            try:
+                still = _only_certificate_entries(old)[0]
+            except OSError:
+                still = False
+            if not still:                                 # written to in between: put it back
+                os.replace(old, target)
+                raise TaskError("the directory changed while the certificate was saved (it holds files a certificate "
+                                "does not); nothing was written", file=os.fspath(directory),
+                                fix="give a new or empty directory, or one written by 'check --certificate'")
         os.replace(tmp, target)
         if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+            _remove_certificate(old)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def _remove_certificate(directory: str) -> None:
+    """Delete a certificate's files from ``directory``, then the directory if it is empty;
+    nothing else is deleted (a failure leaves what remains)."""
+    for name in ENTRIES:
+        with contextlib.suppress(OSError):
+            os.unlink(os.path.join(directory, name))
+    with contextlib.suppress(OSError):
+        os.rmdir(directory)
+
+
+def stored_format(directory: str | os.PathLike) -> str | None:
+    """The ``format`` field of the certificate.json in ``directory``, or None when there is no
+    such field (no file, not a JSON object, no string there)."""
+    try:
+        with open(os.path.join(os.fspath(directory), "certificate.json"), encoding="utf-8") as f:
+            manifest = json.load(f)
+    except (OSError, ValueError):
+        return None
+    found = manifest.get("format") if isinstance(manifest, dict) else None
+    return found if isinstance(found, str) else None
 
 
 def load_certificate(directory: str | os.PathLike) -> Certificate:
@@ -253,7 +376,12 @@ def load_certificate(directory: str | os.PathLike) -> Certificate:
                         fix="give the directory written by 'check --certificate DIR'") from None
     except (OSError, ValueError) as e:
         raise TaskError(f"certificate.json cannot be read: {e}", file=path, fix="write the certificate again") from None
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+    found = manifest.get("format") if isinstance(manifest, dict) else None
+    if isinstance(found, str) and found.startswith(FORMAT_FAMILY) and found != FORMAT:
+        raise TaskError(f"the certificate is of format {found}, written by another version of this tool (this one "
+                        f"reads {FORMAT})", file=path,
+                        fix="write a new one with a full check, 'check TASKS --certificate DIR' (it replaces this one)")
+    if found != FORMAT:
         raise TaskError(f"certificate.json is not a certificate of format {FORMAT}", file=path,
                         fix="write the certificate again with this version ('check --certificate DIR')")
     if manifest.get("manifest_sha256") != _manifest_hash(manifest):

@@ -66,14 +66,32 @@ def tokenize(text: str, vocab: tuple[str, ...], is_query=None) -> tuple[list[str
                     fix="give the tokens explicitly, e.g. --sep '|' \"" + " | ".join(options[0]) + "\"")
 
 
+def _lacking(token: str) -> TaskError:
+    """The error for a token of the task set that the weights' vocabulary does not have."""
+    return TaskError(f"the weights' vocabulary lacks {token!r}, a token of the task set (the weights were made for "
+                     f"another task set)", fix="give weights built for this task set ('build' writes them)")
+
+
 def explain(taskset: TaskSet, weights: Weights, prefix: str | list[str], top: int = 5) -> dict:
     """Trace one prefix: text (split into tokens, see :func:`tokenize`) or a list of tokens."""
     note = None
     if isinstance(prefix, str):
-        tokens, note = tokenize(prefix, weights.vocab, lambda r: bool(_valid_next(taskset, r)))
+        try:
+            tokens, note = tokenize(prefix, weights.vocab, lambda r: bool(_valid_next(taskset, r)))
+        except TaskError as e:
+            if not e.problem.startswith("the prefix has an unknown token"):
+                raise
+            try:                      # a token of the task set that the weights lack, or unknown to both?
+                by_task_set = readings(prefix, taskset.vocabulary.tokens)
+            except TaskError:
+                raise e from None
+            known = set(weights.vocab)
+            raise _lacking(next(t for t in by_task_set[0] if t not in known)) from None
     else:
         tokens = [t.strip() for t in prefix]
         unknown = [t for t in tokens if t not in set(weights.vocab)]
+        if unknown and unknown[0] in taskset.vocabulary.tokens:
+            raise _lacking(unknown[0])
         if unknown or not tokens:
             raise TaskError(f"the prefix has an unknown token {unknown[0]!r}" if unknown else "the prefix is empty",
                             fix="use template words and entities of the task set")

@@ -64,6 +64,7 @@ def report_json(report: Report) -> dict[str, Any]:
         "closed_form": {
             "expression": report.closed_form,
             "bound": _num(report.closed_form_value),
+            "bound_proven": report.closed_form_proven,
             "measured_worst": _num(report.measured_worst),
             "bound_over_measured": _num(ratio),
         },
@@ -147,7 +148,9 @@ def summary(report: Report) -> str:
     lines = [table(report), ""]
     if report.closed_form:
         lines.append(f"closed-form bound: eps(beta, gamma) = {report.closed_form}")
-        lines.append(f"  at the parameters: {_fmt(report.closed_form_value, 4)}; measured worst error: {_fmt(report.measured_worst, 4)}")
+        proven = {True: " (proven upper bound)", False: " (not proven: its side conditions fail, see the note)"}
+        lines.append(f"  at the parameters: {_fmt(report.closed_form_value, 4)}"
+                     f"{proven.get(report.closed_form_proven, '')}; measured worst error: {_fmt(report.measured_worst, 4)}")
     params = ", ".join(f"{_printable(k)}={_printable(v)}" for k, v in report.parameters.items())
     gate = "" if "gate" in report.parameters else f"; gate: {report.gate or 'given weights'}"
     lines.append(f"parameters: {params or 'none stored'}{gate}; queries: {report.queries} (non-empty proper prefixes); time: {report.seconds:.2f}s")

@@ -96,6 +96,7 @@ class Report:
     counterexamples: list[dict[str, Any]] = field(default_factory=list)
     closed_form: str | None = None
     closed_form_value: float | None = None
+    closed_form_proven: bool | None = None     # the side conditions hold (None: not checked)
     measured_worst: float = 0.0
     gate: str | None = None
     routing_matrix: np.ndarray | None = None   # tasks x experts, determined queries
@@ -121,11 +122,13 @@ class Report:
         return all(t.certified for t in self.tasks) and self.foreign == 0 and self.complete
 
     def attach(self, closed_form: str, bound: float, gate: str, isolated: Sequence[bool] | None,
-               notes: Sequence[str] = ()) -> None:
+               notes: Sequence[str] = (), bound_proven: bool | None = None) -> None:
         """Add evidence from whoever built the weights: a closed-form error bound (shown beside
-        the measured worst error) and, per task, whether its expert is isolated (a
-        ``False`` fails that task's entanglement check)."""
+        the measured worst error; ``bound_proven``: whether its side conditions hold, so
+        that it bounds every query's error, None if not checked) and, per task, whether its
+        expert is isolated (a ``False`` fails that task's entanglement check)."""
         self.closed_form, self.closed_form_value, self.gate = closed_form, bound, gate
+        self.closed_form_proven = bound_proven
         for i, r in enumerate(self.tasks):
             r.closed_form_bound = bound
             if isolated is not None:
