@@ -24,6 +24,7 @@ import numpy as np
 import scipy.sparse as sp
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
+from budget import examples
 
 from tasks.errors import TaskError
 from audit import mutants as M
@@ -93,7 +94,7 @@ def _inside(lo, value, hi) -> bool:
     return mpmath.mpf(lo) <= value <= mpmath.mpf(hi)
 
 
-PROFILE = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+PROFILE = settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 
 @PROFILE

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from budget import examples
 
 from construction.bases import Block, Prefixed
 
@@ -29,7 +30,7 @@ def _labels(draw, kind: str, pool: list[str]):
     return Prefixed(head, prefix, items)
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(st.data())
 def test_positions_equal_a_dict_lookup(data):
     pool = sorted(set(data.draw(st.lists(NAMES, min_size=100, max_size=300))))
@@ -50,7 +51,7 @@ def test_sorted_names_never_match_other_types():
     assert Block("pos", tuple(range(100))).positions([str(i) for i in range(70)]).tolist() == [-1] * 70
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(st.data())
 def test_prefixed_blocks_map_like_a_dict(data):
     """Two neuron blocks with one prefix, where head labels of each side spell prefixed items

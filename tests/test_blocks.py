@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import sympy
 from hypothesis import HealthCheck, given, settings
+from budget import examples
 
 from cli.main import main
 from construction.listing import LIST_UP_TO, named_blocks, patterns, select
@@ -158,7 +159,7 @@ def test_patterns_partition_the_entries(capitals_model):
     _check_partition(build(wikidata_like(400, n_tasks=4, seed=3)))
 
 
-@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(15), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(task_sets(max_tasks=3, max_facts=4, max_template_length=5))
 def test_patterns_partition_the_entries_of_any_task_set(ts):
     from construction.gate import RoutingError

@@ -12,6 +12,7 @@ import scipy.sparse as sp
 import pytest
 import sympy
 from hypothesis import HealthCheck, given, settings
+from budget import examples
 
 from construction import bound
 from construction.experts import build_expert, labelled_entries, same_expert
@@ -183,7 +184,7 @@ def test_xor_prefixes_are_proven_unroutable():
     assert "no gate linear in it routes them at any beta" in str(info.value)
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(25), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(task_sets(max_tasks=3, max_facts=4, max_template_length=5))
 def test_generated_sets_build_within_bounds_and_predict(ts):
     try:
@@ -195,7 +196,7 @@ def test_generated_sets_build_within_bounds_and_predict(ts):
     reference_check(ts, model, model.epsilon)
 
 
-@settings(max_examples=20, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=examples(20), deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
 @given(task_sets(max_tasks=4, max_templates=2, max_facts=5, max_template_length=5))
 def test_alone_column_map_is_the_column_map(ts):
     """The residual map of a task alone into the whole set's, from integer ids, is the one

@@ -12,11 +12,13 @@ the exact value). 200 sequences run in CI.
 from __future__ import annotations
 
 import math
+from collections import Counter
 
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from budget import examples
 
 from cli.compose import check_and_save, check_since
 from construction.model import build
@@ -99,51 +101,53 @@ def _compare(inc, full) -> None:
                 (math.isinf(a.min_margin) and math.isinf(b.min_margin))
 
 
-def run_sequence(ts: TaskSet, steps: list, tmp_path, cell_queries: int | None = None) -> list[str]:
+def run_sequence(ts: TaskSet, steps: list, tmp_path, cell_queries: int | None = None,
+                 modes: Counter | None = None) -> None:
+    """Certify ``ts``, then each edit with --since, each against a full verification of the same
+    model; ``modes`` counts the re-certifications' modes (and those that reused classes in part)."""
     d = str(tmp_path / "cert")
     model = build(ts)
     check_and_save(ts, model, d, isolation=False, cell_queries=cell_queries)
-    modes = []
+    modes = Counter() if modes is None else modes
     for new in steps:
         inc, _ = check_since(new, d, isolation=False)
         full = verify(new, build(new, beta=float(model.beta), gamma=float(model.gamma)).instantiate(), model.epsilon)
         _compare(inc, full)
-        modes.append(inc.incremental["mode"])
+        modes[inc.incremental["mode"]] += 1
         if inc.incremental.get("classes_partly_reused"):
-            MODES["partly reused"] = MODES.get("partly reused", 0) + 1
-    return modes
+            modes["partly reused"] += 1
 
 
 SMALL = dict(max_tasks=3, max_templates=2, max_facts=4, max_template_length=5)
-MODES: dict[str, int] = {}
 
 
-@settings(max_examples=200, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
-@given(st.one_of(task_sets(**SMALL), shared_template_task_sets(max_sharing=3, max_groups=1, max_other_tasks=1,
-                                                                max_templates=2, max_facts=3, max_template_length=5)),
-       st.data())
-def test_incremental_verdicts_equal_full_ones(tmp_path_factory, ts, data):
-    fresh = [0]
-    steps, current = [], ts
-    for _ in range(data.draw(st.integers(1, 3))):
-        new = data.draw(edit(current, fresh))
-        if new is not None:
-            steps.append(new)
-            current = new
-    # cells of one, two or three subjects put cell boundaries among the few facts drawn here
-    # (at the default size every small set is one cell)
-    cell = data.draw(st.sampled_from([1, 2, 3, None]))
-    for mode in run_sequence(ts, steps, tmp_path_factory.mktemp("seq"), cell):
-        MODES[mode] = MODES.get(mode, 0) + 1
+def test_incremental_verdicts_equal_full_ones(tmp_path_factory):
+    """Random edit sequences: every re-certification equals a full verification; the sequences
+    exercise the incremental path (most of the time, often with classes that lost the queries
+    of subjects run again) and the fallback to a full check."""
+    modes: Counter = Counter()
 
+    @settings(max_examples=examples(200), deadline=None, derandomize=True, database=None,
+              suppress_health_check=list(HealthCheck))
+    @given(st.one_of(task_sets(**SMALL), shared_template_task_sets(max_sharing=3, max_groups=1, max_other_tasks=1,
+                                                                    max_templates=2, max_facts=3, max_template_length=5)),
+           st.data())
+    def sequences(ts, data):
+        fresh = [0]
+        steps, current = [], ts
+        for _ in range(data.draw(st.integers(1, 3))):
+            new = data.draw(edit(current, fresh))
+            if new is not None:
+                steps.append(new)
+                current = new
+        # cells of one, two or three subjects put cell boundaries among the few facts drawn here
+        # (at the default size every small set is one cell)
+        cell = data.draw(st.sampled_from([1, 2, 3, None]))
+        run_sequence(ts, steps, tmp_path_factory.mktemp("seq"), cell, modes)
 
-def test_zz_both_modes_ran():
-    """The sequences above exercised the incremental path (often with classes that lost the
-    queries of subjects run again), and the fallback to a full check."""
-    if MODES:
-        assert MODES.get("incremental", 0) > 100 and MODES.get("full", 0) > 0, MODES
-        # how many depends on the examples drawn (15 to 34 seen, with the tests run before these)
-        assert MODES.get("partly reused", 0) >= 5, MODES
+    sequences()
+    assert modes["incremental"] > examples(200) // 2 and modes["full"] > 0, modes
+    assert modes["partly reused"] >= examples(4, floor=1), modes
 
 
 # --- edits at cell boundaries ---------------------------------------------------------------------
@@ -153,7 +157,7 @@ BOUNDARY_KINDS = ("remove the boundary's subject", "remove the subject before a 
                   "change an object to a new name", "change an object to an existing entity")
 
 
-@settings(max_examples=60, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=examples(60), deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
 @given(st.integers(6, 14), st.integers(2, 4), st.data())
 def test_edits_at_cell_boundaries(tmp_path_factory, n_subjects, cell, data):
     """Two tasks over one pool of names, cells of ``cell`` subjects, so that removed and added
@@ -198,8 +202,7 @@ def test_edits_at_cell_boundaries(tmp_path_factory, n_subjects, cell, data):
             continue
         steps.append(new)
         current = new
-    for mode in run_sequence(ts, steps, tmp_path_factory.mktemp("cells"), cell):
-        MODES[mode] = MODES.get(mode, 0) + 1
+    run_sequence(ts, steps, tmp_path_factory.mktemp("cells"), cell)
 
 
 # --- the locality analysis against weights the construction did not make ------------------------
@@ -217,46 +220,44 @@ def _outcome(fn):
         return _BadInput(exc)
 
 
-@settings(max_examples=80, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
-@given(task_sets(**SMALL), st.sampled_from(sorted(__import__("audit.operators", fromlist=["x"]).OPERATORS)),
-       st.integers(0, 2 ** 32 - 1), st.data())
-def test_reuse_is_sound_for_mutated_weights(tmp_path_factory, ts, op_name, seed, data):
+def test_reuse_is_sound_for_mutated_weights(tmp_path_factory):
     """Re-certify weights that are the construction's after an edit *and then mutated*
     (any operator of audit.mutants, anywhere): the verdict and counts equal a full
     verification of those mutated weights. The reuse rests on the diff of the two files,
-    not on how the new one was made."""
+    not on how the new one was made; the mutants exercise the incremental path."""
     from audit import mutants as M
     from construction.numbering import correspondence, numbering
     from verifier.certificate import load_certificate
     from verifier.incremental import recertify
     from verifier.locality import Correspondence
 
-    d = str(tmp_path_factory.mktemp("cert") / "c")
-    model = build(ts)
-    check_and_save(ts, model, d, isolation=False)
-    old = load_certificate(d)
-    new = data.draw(edit(ts, [0])) if data.draw(st.booleans()) else ts
-    new = new if new is not None else ts
-    w = build(new, beta=float(model.beta), gamma=float(model.gamma)).instantiate()
-    made = M.mutate(M.OPERATORS[op_name], w, np.random.default_rng(seed))
-    if made is None:
-        return
-    mutant = made[0]
-    cor = Correspondence(**correspondence(numbering(old.taskset), numbering(new)))
-    full = _outcome(lambda: verify(new, mutant, model.epsilon))
-    inc = _outcome(lambda: recertify(old, new, mutant, cor, model.epsilon))
-    if isinstance(full, _BadInput) or isinstance(inc, _BadInput):
-        assert isinstance(full, _BadInput) and isinstance(inc, _BadInput), (op_name, made[1], full, inc)
-        return
-    report, _, _, info = inc
-    MUTANT_MODES[info.mode] = MUTANT_MODES.get(info.mode, 0) + 1
-    if report is not None:
-        _compare(report, full)
+    modes: Counter = Counter()
 
+    @settings(max_examples=examples(80), deadline=None, derandomize=True, database=None,
+              suppress_health_check=list(HealthCheck))
+    @given(task_sets(**SMALL), st.sampled_from(sorted(M.OPERATORS)), st.integers(0, 2 ** 32 - 1), st.data())
+    def mutated(ts, op_name, seed, data):
+        d = str(tmp_path_factory.mktemp("cert") / "c")
+        model = build(ts)
+        check_and_save(ts, model, d, isolation=False)
+        old = load_certificate(d)
+        new = data.draw(edit(ts, [0])) if data.draw(st.booleans()) else ts
+        new = new if new is not None else ts
+        w = build(new, beta=float(model.beta), gamma=float(model.gamma)).instantiate()
+        made = M.mutate(M.OPERATORS[op_name], w, np.random.default_rng(seed))
+        if made is None:
+            return
+        mutant = made[0]
+        cor = Correspondence(**correspondence(numbering(old.taskset), numbering(new)))
+        full = _outcome(lambda: verify(new, mutant, model.epsilon))
+        inc = _outcome(lambda: recertify(old, new, mutant, cor, model.epsilon))
+        if isinstance(full, _BadInput) or isinstance(inc, _BadInput):
+            assert isinstance(full, _BadInput) and isinstance(inc, _BadInput), (op_name, made[1], full, inc)
+            return
+        report, _, _, info = inc
+        modes[info.mode] += 1
+        if report is not None:
+            _compare(report, full)
 
-MUTANT_MODES: dict[str, int] = {}
-
-
-def test_zz_mutants_exercised_reuse():
-    if MUTANT_MODES:
-        assert MUTANT_MODES.get("incremental", 0) >= 20, MUTANT_MODES
+    mutated()
+    assert modes["incremental"] >= examples(20, floor=3), modes

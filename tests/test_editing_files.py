@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from budget import examples
 
 from cli.main import main
 from construction.model import build
@@ -175,7 +176,7 @@ def test_removing_a_task_falls_back_to_a_full_check(tmp_path, capsys):
     assert inc["mode"] == "full" and "tasks were added, removed or reordered" in inc["reason"]
 
 
-@settings(max_examples=30, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=examples(30), deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
 @given(task_sets(max_tasks=3, max_templates=2, max_facts=4, max_template_length=5), st.data())
 def test_patched_weights_equal_a_full_build(ts, data):
     from tests.test_editing import edit

@@ -10,6 +10,7 @@ import tempfile
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from budget import examples
 
 from tasks.errors import TaskError
 from tasks.io import loads_tasks
@@ -58,7 +59,7 @@ def _read(directory: str, name: str, bulk: bool):
         _Builder.plain_facts = original
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(400), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(files())
 def test_bulk_reader_agrees_with_the_line_reader(case):
     data, name = case
@@ -99,7 +100,7 @@ def test_bulk_reader_declines_what_must_be_reported(tmp_path):
     assert read_plain(str(tmp_path / "p.tsv")) is None          # refused, not read (it would block)
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+@settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow,
                                                                    HealthCheck.function_scoped_fixture])
 @given(files())
 def test_bulk_reader_agrees_on_the_line_length_limit(monkeypatch, case):

@@ -10,6 +10,7 @@ import tempfile
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from budget import examples
 
 from cli.compose import check_and_save, load_since, read_since
 from construction.model import build
@@ -19,7 +20,7 @@ from tasks.reading import task_sources
 from tasks.strategies import task_sets
 
 
-@settings(max_examples=25, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=examples(25), deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
 @given(task_sets(max_tasks=3, max_templates=2, max_facts=6), st.data())
 def test_read_against_a_certificate_is_the_plain_read(ts, data):
     with tempfile.TemporaryDirectory() as d:

@@ -17,11 +17,12 @@ import pytest
 import scipy.sparse as sp
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from budget import examples
 
 from verifier import interval as I
 from verifier.forward import softmax_bounds
 
-SETTINGS = settings(max_examples=150, deadline=None)
+SETTINGS = settings(max_examples=examples(150), deadline=None)
 
 
 def floats(lo: int = -1074, hi: int = 1000):

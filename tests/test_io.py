@@ -14,6 +14,7 @@ import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from budget import examples
 
 import tasks.facts_files
 import tasks.files
@@ -438,7 +439,7 @@ def tasksets(draw) -> TaskSet:
     return TaskSet(tuple(tasks), epsilon, parameters)
 
 
-_SETTINGS = settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+_SETTINGS = settings(max_examples=examples(50), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 @_SETTINGS

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from budget import examples
 
 from tasks import (
     OBJECT,
@@ -34,7 +35,7 @@ from tasks import (
 from tasks.strategies import ill_posed_task_sets, task_sets
 from tasks.synthetic import default_n_tasks, wikidata_like, zipf_sizes
 
-PROPERTY = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+PROPERTY = settings(max_examples=examples(100), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 def task(name: str, templates: list[str], facts: dict[str, str]) -> Task:
@@ -457,7 +458,7 @@ def test_synthetic_100k_facts() -> None:
     check_routable(taskset)
 
 
-@settings(max_examples=80, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=examples(80), deadline=None, suppress_health_check=list(HealthCheck))
 @given(st.data())
 def test_a_task_alone_is_the_task_set_of_it_alone(data):
     """TaskSet.alone(k), computed from the set's arrays, is TaskSet((task,)): vocabulary, fact ids, L."""
@@ -472,7 +473,7 @@ def test_a_task_alone_is_the_task_set_of_it_alone(data):
         assert got.vocabulary.entity_array.tolist() == list(want.vocabulary.entities)
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=examples(60), deadline=None, suppress_health_check=list(HealthCheck))
 @given(st.data())
 def test_a_task_hash_from_the_fact_ids_is_the_hash_of_its_sorted_facts(data):
     from tasks.strategies import task_sets

@@ -17,6 +17,7 @@ from fractions import Fraction
 
 import pytest
 from hypothesis import HealthCheck, given, settings
+from budget import examples
 
 from cli.main import main
 from construction.gate import RoutingError
@@ -101,7 +102,7 @@ def test_suggested_changes_make_the_set_constructible(ts):
     assert len(summarize(changes)) <= 6
 
 
-@settings(max_examples=40, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=examples(40), deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
 @given(ill_posed_task_sets(max_tasks=3, max_templates=2, max_facts=4, max_template_length=5))
 def test_ill_posed_sets_get_checked_changes(tasks):
     ts = TaskSet(tasks)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from budget import examples
 
 from tasks.facts_files import read_plain
 from tasks.splice import fact_lines, plain_form, splice
@@ -65,7 +66,7 @@ def _full(data: bytes, path: str) -> dict[str, str] | None:
     return pairs if len(pairs) == len(subjects) and all(subjects) and all(objects) else None
 
 
-@settings(max_examples=600, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=examples(600), deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
 @given(files())
 def test_a_splice_gives_what_the_full_read_gives(case):
     old, new, path = case

@@ -7,13 +7,14 @@ from typing import Callable
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
+from budget import examples
 
 from tasks import SUBJECT, StructureTrie, TaskSet, Template, object_query_collisions
 from tasks.model import SLOT_SPELLINGS, check_name
 from tasks.strategies import entity_names, ill_posed_task_sets, shared_template_task_sets, task_sets, templates, words
 from tasks.structure import check_routable
 
-FAST = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FAST = settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 def sample(strategy: st.SearchStrategy, n: int = 200) -> list:
     """``n`` examples, reproducibly (derandomized), without shrinking."""
     out: list = []
