@@ -20,8 +20,9 @@ checks each claim:
   - PyTorch written op by op (each operation one tensor op, its result stored in the
     tensor dtype): float32; bfloat16 tensors (PyTorch computes each op in float32 and
     rounds its result to bfloat16); float32 tensors with every op computed in float64
-    (operands cast up, result rounded back); variants: residual head by head or one
-    product over the concatenated heads, ``torch.softmax`` or ``exp(x − max) / sum``,
+    (operands cast up, result rounded back); variants: residual head by head, one
+    product over the concatenated heads then added, or one ``addmm`` of both;
+    ``torch.softmax`` or ``exp(x − max) / sum``,
     matmul then bias or ``addmm``, ``torch.set_flush_denormal`` on or off (the previous
     setting restored afterwards);
   - ONNX Runtime (CPU) on :func:`layout.onnx_graph.to_onnx`, with default graph
@@ -41,10 +42,17 @@ checks each claim:
     every candidate; :mod:`tests.test_precision` excuses any expert other than
     ``expert``, which this check does not need to).
 
+**Causes** (:func:`causes`): a violation by an op-by-op PyTorch variant (or the emulator
+storing its intermediates) is put down to each of its choices whose fused form alone (
+``torch.softmax``, one ``addmm`` for the residual or for a bias; intermediates not
+stored) removes it.
+
 The command line (``python -m audit.differential --examples N --seed S``) surveys N
-examples and prints a table per runner and deployment; ``--shrink`` then searches again
-for each kind of violation found and prints the counterexample hypothesis shrinks it to,
-with the runners that violate on it (contrasting variants name the cause).
+examples and prints a table per runner and deployment, and the first violation per
+runner, deployment and kind; ``--shrink`` then searches again (same seed) for each
+(deployment, kind, cause) found, with the first runner that showed it, and prints the
+counterexample hypothesis shrinks it to and every runner violating on it. Exit status 1
+when a violation was found, 2 for bad arguments.
 """
 
 from __future__ import annotations
@@ -54,7 +62,7 @@ import math
 import sys
 import warnings
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable
 
 import numpy as np
@@ -300,24 +308,26 @@ def _reading_0(V: int, d: int, out: int) -> np.ndarray:
 def residual_heads_model(p: int, heads: int, base: float, half_ulps: int, gate_scale: float,
                          competitor_half_ulps: int, target: int, L: float, V: int = 2, n_pos: int = 2,
                          gate_mode: str = "top1") -> Weights:
-    """``heads`` heads each add δ = half_ulps·base·2^-p (half_ulps halves of base's ulp in
-    a format of p significand bits: 8 for bfloat16, 24 for float32) to the residual
-    coordinate 1, which holds ``base`` (coordinate 0 holds 1 and is each head's value;
-    queries and keys are 0). Added head by head with each result stored, each addition of
-    one half-ulp is a tie and the coordinate stays ``base`` (ties to even; class 2); the
-    exact value is base + heads·δ. The gate's expert ``target`` reads coordinate 1 with
-    ``gate_scale`` s, against the other expert's bias s·base·(1 ± competitor_half_ulps·2^-p)
-    (the sign of half_ulps): a competitor between the stored and the exact value (or equal
-    to the stored one, argmax taking the first) is routed to, while the exact pass
-    routes to ``target``. The experts write ±L into coordinate 2, which token 0 reads."""
+    """``heads`` heads each add δ = half_ulps·η to the residual coordinate 1, which holds
+    ``base``; η = 2^(e − p) is half the ulp of base in a format of p significand bits (8 for
+    bfloat16, 24 for float32; 2^e <= base < 2^(e+1)). Coordinate 0 holds 1 and is each
+    head's value; queries and keys are 0. Added head by head with each result stored, each
+    addition of one half-ulp is a tie and the coordinate stays ``base`` (ties to even,
+    for a base whose last significand bit is 0; class 2); the exact value is base + heads·δ.
+    The gate's expert ``target`` reads coordinate 1 with ``gate_scale`` s, against the
+    other expert's bias s·(base ± competitor_half_ulps·η) (the sign of half_ulps): a
+    competitor between the stored and the exact value (or equal to the stored one, argmax
+    taking the first) is routed to, while the exact pass routes to ``target``. The
+    experts write ±L into coordinate 2, which token 0 reads."""
     E = np.zeros((V + 1, 3))
     E[:, 0], E[:, 1] = 1.0, base
-    delta = half_ulps * base * 2.0 ** -p
-    head = (np.zeros((1, 3)), np.zeros((1, 3)), np.array([[1.0, 0.0, 0.0]]), np.array([[0.0], [delta], [0.0]]))
+    eta = 2.0 ** (math.floor(math.log2(base)) - p)
+    head = (np.zeros((1, 3)), np.zeros((1, 3)), np.array([[1.0, 0.0, 0.0]]),
+            np.array([[0.0], [half_ulps * eta], [0.0]]))
     W_G = np.zeros((2, 3))
     W_G[target, 1] = gate_scale
     b_G = np.zeros(2)
-    b_G[1 - target] = gate_scale * base * (1 + np.sign(half_ulps) * competitor_half_ulps * 2.0 ** -p)
+    b_G[1 - target] = gate_scale * (base + np.sign(half_ulps) * competitor_half_ulps * eta)
     return dense_model(E, np.zeros((n_pos, 3)), [head] * heads, W_G, b_G, _routing_experts(target, L, 2, 3),
                        _reading_0(V, 3, 2), gate_mode)
 
@@ -497,6 +507,7 @@ class Runner:
     family: str
     computes: str
     run: Callable[[Case], tuple[np.ndarray, np.ndarray]]
+    config: Any = None
 
     @property
     def deployments(self) -> tuple[str, ...]:
@@ -514,11 +525,12 @@ def _ids(case: Case) -> np.ndarray:
 class TorchConfig:
     """``dtype``: "float32", "bfloat16" (each op in float32, result rounded to bfloat16)
     or "float32+float64" (float32 tensors, each op computed in float64 and rounded back);
-    ``residual``: "per-head" (r = r + W_O^m c_m per head) or "concat" (h + one product over
-    the concatenated heads, or one addmm with ``bias`` "addmm"); ``softmax``: "torch"
-    (torch.softmax) or "explicit" (exp(x − max) / sum, each op stored); ``bias``: "add"
+    ``residual``: "per-head" (r = r + W_O^m c_m per head, each stored), "concat" (one
+    product over the concatenated heads, stored, then h added) or "fused" (one addmm of h
+    and that product); ``softmax``: "torch" (torch.softmax) or "explicit" (exp(x − max) /
+    sum, each op stored); ``bias`` (the gate's and the experts' first layers): "add"
     (matmul, then the bias added) or "addmm"; ``flush``: torch.set_flush_denormal(True);
-    ``onednn``: products through oneDNN (PyTorch's default on this CPU) or through
+    ``onednn``: products through oneDNN (PyTorch's default where it applies) or through
     PyTorch's own kernels (oneDNN off: ``torch.backends.mkldnn.flags(enabled=False)``;
     oneDNN builds a kernel per new shape, about 10 ms, so most variants run without it)."""
 
@@ -668,7 +680,7 @@ def _torch_forward(torch, o: _Ops, cfg: TorchConfig, W: dict, ids, gate_mode: st
     if cs:
         C = torch.cat([c for c, _ in cs], dim=1)
         WOc = torch.cat([w for _, w in cs], dim=1)
-        r = o(torch.addmm, last, C, WOc.T) if cfg.bias == "addmm" else o(torch.add, last, o(torch.matmul, C, WOc.T))
+        r = o(torch.addmm, last, C, WOc.T) if cfg.residual == "fused" else o(torch.add, last, o(torch.matmul, C, WOc.T))
     g = _affine(torch, o, cfg, r, W["W_G"], W["b_G"])                              # (n, K)
     e = torch.argmax(g, dim=1)
     out = torch.zeros_like(r)
@@ -688,14 +700,14 @@ def _torch_forward(torch, o: _Ops, cfg: TorchConfig, W: dict, ids, gate_mode: st
 
 def torch_configs() -> list[TorchConfig]:
     """Per dtype: every combination of residual, softmax and bias without oneDNN; two of
-    them (the plainest and the most fused) also with flushing and with oneDNN."""
+    them (the most op-by-op and the most fused) also with flushing and with oneDNN."""
     out = []
     for dt in ("float32", "bfloat16", "float32+float64"):
-        out += [TorchConfig(dt, res, sm, b) for res in ("per-head", "concat") for sm in ("torch", "explicit")
+        out += [TorchConfig(dt, res, sm, b) for res in ("per-head", "concat", "fused") for sm in ("torch", "explicit")
                 for b in ("add", "addmm")]
         for extra in ({"flush": True}, {"onednn": True}):
             out += [TorchConfig(dt, "per-head", "explicit", "add", **extra),
-                    TorchConfig(dt, "concat", "torch", "addmm", **extra)]
+                    TorchConfig(dt, "fused", "torch", "addmm", **extra)]
     return out
 
 
@@ -751,6 +763,14 @@ def run_emulator(cfg: EmulatorConfig, case: Case) -> tuple[np.ndarray, np.ndarra
     return np.array([p for p, _ in outs]), np.array([e for _, e in outs], np.int64)
 
 
+def torch_runner(cfg: TorchConfig) -> Runner:
+    return Runner(cfg.name, "torch", cfg.computes, lambda case: run_torch(cfg, case), cfg)
+
+
+def emulator_runner(cfg: EmulatorConfig) -> Runner:
+    return Runner(cfg.name, "numpy", cfg.computes, lambda case: run_emulator(cfg, case), cfg)
+
+
 EMULATORS = (EmulatorConfig("float32"), EmulatorConfig("float32", daz=True), EmulatorConfig("bfloat16"),
              EmulatorConfig("bfloat16", "float32"), EmulatorConfig("bfloat16", "float32", stored=True),
              EmulatorConfig("bfloat16", "float32", stored=True, daz=True), EmulatorConfig("float32", "float64"),
@@ -764,11 +784,11 @@ def runners(select: Iterable[str] | None = None) -> list[Runner]:
     out: list[Runner] = []
     have = available()
     if "torch" in have:
-        out += [Runner(c.name, "torch", c.computes, lambda case, c=c: run_torch(c, case)) for c in torch_configs()]
+        out += [torch_runner(c) for c in torch_configs()]
     if "onnxruntime" in have:
         out += [Runner(f"onnxruntime:float32:{'opt' if opt else 'noopt'}", "onnxruntime", "float32",
-                       lambda case, opt=opt: run_onnxruntime(opt, case)) for opt in (True, False)]
-    out += [Runner(c.name, "numpy", c.computes, lambda case, c=c: run_emulator(c, case)) for c in EMULATORS]
+                       lambda case, opt=opt: run_onnxruntime(opt, case), opt) for opt in (True, False)]
+    out += [emulator_runner(c) for c in EMULATORS]
     if select is not None:
         select = list(select)
         out = [r for r in out if any(s in r.name for s in select)]
@@ -846,7 +866,7 @@ def compare(case: Case, runner: str, dep: str, res: BatchResult, probs: np.ndarr
 @dataclass
 class Tally:
     """Per (runner, deployment): examples and queries compared, claims refused (the
-    deployment's weights overflow) and violations."""
+    deployment's weights overflow) and violations; ``found``: (case, violation) pairs."""
 
     examples: dict = field(default_factory=dict)
     queries: dict = field(default_factory=dict)
@@ -854,11 +874,11 @@ class Tally:
     skipped: dict = field(default_factory=dict)
     found: list = field(default_factory=list)
 
-    def add(self, key, n_queries: int, violations: list[Violation]) -> None:
+    def add(self, key, case: Case, violations: list[Violation]) -> None:
         self.examples[key] = self.examples.get(key, 0) + 1
-        self.queries[key] = self.queries.get(key, 0) + n_queries
+        self.queries[key] = self.queries.get(key, 0) + case.tokens.shape[0]
         self.violations[key] = self.violations.get(key, 0) + len(violations)
-        self.found += violations
+        self.found += [(case, v) for v in violations]
 
 
 def certificate(case: Case, dep: str) -> BatchResult | None:
@@ -896,9 +916,38 @@ def check(case: Case, runs: list[Runner], tally: Tally | None = None,
                 continue
             found = compare(case, runner.name, dep, res, probs, experts)
             if tally is not None:
-                tally.add(key, case.tokens.shape[0], found)
+                tally.add(key, case, found)
             out += found
     return out
+
+
+def alternatives(runner: Runner) -> list[tuple[str, Runner]]:
+    """For each op-by-op choice of ``runner`` that rounds more often than its fused form, that
+    choice's label and the runner with it alone replaced by the fused form."""
+    cfg, out = runner.config, []
+    if isinstance(cfg, TorchConfig):
+        if cfg.softmax == "explicit":
+            out.append(("softmax stored op by op", replace(cfg, softmax="torch")))
+        if cfg.residual != "fused":
+            out.append((f"residual {'head by head' if cfg.residual == 'per-head' else 'product, then h'}",
+                        replace(cfg, residual="fused")))
+        if cfg.bias == "add":
+            out.append(("bias added after the product", replace(cfg, bias="addmm")))
+        return [(label, torch_runner(c)) for label, c in out]
+    if isinstance(cfg, EmulatorConfig) and cfg.stored:
+        return [("every intermediate stored", emulator_runner(replace(cfg, stored=False)))]
+    return []
+
+
+def causes(case: Case, v: Violation, runner: Runner) -> tuple[str, ...]:
+    """The choices of :func:`alternatives` whose fused form alone removes the violation (no
+    violation of its kind, deployment and query): the cause, by contrast of variants."""
+    out = []
+    for label, alt in alternatives(runner):
+        again = check(case, [alt], deployments=[v.deployment])
+        if not any(x.kind == v.kind and x.query == v.query for x in again):
+            out.append(label)
+    return tuple(out)
 
 
 def table(tally: Tally) -> str:
@@ -956,7 +1005,7 @@ class Finding:
     violating_runners: list[str]
 
 
-def search(examples: int, seed: int, runs: list[Runner], wanted: Callable[[Violation], bool],
+def search(examples: int, seed: int, runs: list[Runner], wanted: Callable[[Case, Violation], bool],
            motifs=None, contrast: list[Runner] | None = None) -> Finding | None:
     """Hypothesis search (seeded) for a case with a violation ``wanted`` accepts, shrunk;
     None if none in ``examples`` examples. ``contrast``: runners checked on the shrunk case."""
@@ -970,7 +1019,7 @@ def search(examples: int, seed: int, runs: list[Runner], wanted: Callable[[Viola
     @given(cases(motifs))
     def probe(case: Case) -> None:
         state["n"] += 1
-        hits = [v for v in check(case, runs) if wanted(v)]
+        hits = [v for v in check(case, runs) if wanted(case, v)]
         if hits:
             if state["first"] is None:
                 state["first"] = state["n"]
@@ -1015,28 +1064,32 @@ def main(argv: list[str] | None = None) -> int:
     tally = survey(args.examples, args.seed, runs, args.motif)
     print(table(tally))
     print(f"\n{len(tally.found)} violations in {args.examples} examples")
-    firsts: dict[tuple, Violation] = {}
-    for v in tally.found:
-        firsts.setdefault((v.deployment, v.kind, v.runner), v)
-    for v in list(firsts.values())[:20]:
+    by_name = {r.name: r for r in runs}
+    firsts: dict[tuple, tuple[Case, Violation]] = {}
+    for case, v in tally.found:
+        firsts.setdefault((v.deployment, v.kind, v.runner), (case, v))
+    groups: dict[tuple, Violation] = {}
+    for case, v in firsts.values():
         print("  " + v.line())
-    if args.shrink:
-        groups: dict[tuple, Violation] = {}
-        for v in tally.found:
-            groups.setdefault((v.deployment, v.kind), v)
-        for (dep, kind), v in groups.items():
-            target = [r for r in runs if r.name == v.runner]
-            found = search(args.examples, args.seed, target,
-                           lambda x, dep=dep, kind=kind: x.deployment == dep and x.kind == kind,
-                           args.motif, contrast=runs)
-            print(f"\n== {kind} violations of {dep} by {v.runner}")
-            if found is None:
-                print("   not found again in the search")
-                continue
-            print(f"   first found at example {found.first_at}; shrunk:")
-            for x in found.violations:
-                print("   " + x.line())
-            print("   runners violating on the shrunk case: " + "; ".join(found.violating_runners))
+        if args.shrink:
+            groups.setdefault((v.deployment, v.kind, causes(case, v, by_name[v.runner])), v)
+    for (dep, kind, cause), v in groups.items():
+        runner = by_name[v.runner]
+
+        def wanted(case: Case, x: Violation, dep=dep, kind=kind, cause=cause, runner=runner) -> bool:
+            return (x.deployment == dep and x.kind == kind and x.runner == runner.name
+                    and causes(case, x, runner) == cause)
+
+        found = search(args.examples, args.seed, [runner], wanted, args.motif, contrast=runs)
+        print(f"\n== {kind} violations of {dep} by {runner.name}; removed by fusing alone: "
+              f"{', '.join(cause) if cause else 'no single choice'}")
+        if found is None:
+            print("   not found again in the search")
+            continue
+        print(f"   first found at example {found.first_at}; shrunk:")
+        for x in found.violations:
+            print("   " + x.line())
+        print("   runners violating on the shrunk case: " + "; ".join(found.violating_runners))
     return 1 if tally.found else 0
 
 

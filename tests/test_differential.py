@@ -17,9 +17,9 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 
 from audit.deployed import Deployed, round_in
-from audit.differential import (COVERS, MOTIFS, Runner, TorchConfig, cases, certificate, check, compare, flushing,
-                                main, make_case, residual_heads_model, run_torch, runners, softmax_equal_model,
-                                subnormal_model)
+from audit.differential import (COVERS, MOTIFS, Runner, TorchConfig, alternatives, cases, causes, certificate, check,
+                                compare, flushing, main, make_case, search, residual_heads_model, run_torch, runners,
+                                softmax_equal_model, subnormal_model, torch_runner)
 from layout.formats import FORMATS
 
 CLASSES = "classes 1 and 2: fixed by the execution-model change"
@@ -142,6 +142,31 @@ def test_a_runtime_outside_its_claimed_deployment_is_caught(runtimes):
 
     probe()
     assert found and all(v.deployment == "float32" for v in found)
+
+
+def test_causes_are_found_by_contrast_of_variants(runtimes):
+    """A violation that only the op-by-op softmax shows is put down to it: against an
+    enclosure [−2^-10, 2^-10] (set in the case's memo, as if certified), the stored softmax's
+    error 67/16384 falls outside and torch.softmax's (1.4e-4) inside."""
+    case = make_case(softmax_equal_model(300, 259, 0.0, 200.0), [[0]], [list(range(259))])
+    res = certificate(case, "bfloat16+float32")
+    case.memo[("certificate", "bfloat16+float32")] = replace(res, err_lo=np.array([-2.0 ** -10]),
+                                                             err_hi=np.array([2.0 ** -10]))
+    runner = torch_runner(TorchConfig("bfloat16", "per-head", "explicit", "add"))
+    assert [label for label, _ in alternatives(runner)] == ["softmax stored op by op", "residual head by head",
+                                                           "bias added after the product"]
+    (v,) = check(case, [runner], deployments=["bfloat16+float32"])
+    assert v.kind == "error" and v.error == 67 / 16384
+    assert causes(case, v, runner) == ("softmax stored op by op",)
+    assert alternatives(torch_runner(TorchConfig("float32", "fused", "torch", "addmm"))) == []
+
+
+def test_search_finds_and_shrinks_a_counterexample(runtimes):
+    liar = Runner("bfloat16-as-float32", "torch", "float32", lambda c: run_torch(TorchConfig("bfloat16"), c))
+    found = search(10, 0, [liar], lambda case, v: v.kind == "error", ["bias-tie"])
+    assert found is not None and found.first_at >= 1
+    assert found.violations and {v.runner for v in found.violations} == {"bfloat16-as-float32"}
+    assert found.violating_runners == ["bfloat16-as-float32 vs float32"]
 
 
 # --- the property ------------------------------------------------------------------------------
