@@ -108,7 +108,8 @@ COVERS = {
 class Case:
     """A model, its queries (one length: token ids without BOS, as ``run_batch`` takes
     them) with their valid sets (CSR), the motif that made it and the motif's parameters,
-    and a seed for the emulator's summation orders."""
+    and a seed for the emulator's summation orders. ``memo`` caches what is derived from
+    the case once (deployed tensors, the ONNX model, each deployment's certificate)."""
 
     motif: str
     params: tuple[tuple[str, Any], ...]
