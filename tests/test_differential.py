@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 
 from audit.deployed import Deployed, round_in
 from audit.differential import (COVERS, MOTIFS, Runner, TorchConfig, alternatives, cases, causes, certificate, check,
-                                compare, flushing, main, make_case, search, residual_heads_model, run_torch, runners,
+                                compare, flushing, main, make_case, residual_heads_model, run_torch, runners, search,
                                 softmax_equal_model, subnormal_model, torch_runner)
 from layout.formats import FORMATS
 
