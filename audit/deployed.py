@@ -17,6 +17,17 @@ mixed precision):
 Softmax subtracts the row maximum, and exp and the division are evaluated in float64
 and rounded once (within 1 ulp: inside the verifier's default assumption of 4).
 Small dense models only (a query at a time).
+
+Every rounding is to nearest even with gradual underflow (a result below the normal
+range keeps the format's absolute quantum η) and overflows to ±inf past the largest
+finite value (:func:`round_in`).
+
+``stored=True`` is a tensor library's mixed precision taken op by op (PyTorch's bfloat16
+tensors: each operation computed in float32, its result rounded to bfloat16 and stored):
+besides every product and the softmax outputs, the softmax's shifted scores, its exps
+and its sum are each stored in the format; the residual is added head by head
+(r = r + W_O^m c_m, each head's product stored, each addition's result stored); and a
+product's bias is added after the product is stored (MatMul, then Add).
 """
 
 from __future__ import annotations
@@ -39,18 +50,39 @@ def round_to(x, p: int):
     return np.ldexp(np.rint(np.ldexp(m, p)), e - p)
 
 
+def round_in(x, fmt: Format):
+    """x (float64) rounded to nearest even in ``fmt``, with gradual underflow and overflow.
+
+    x = m·2^e with 0.5 <= |m| < 1 has the quantum 2^(e − p) in a normal binade (e − 1 >= emin);
+    below the normal range the quantum stays 2^(emin + 1 − p) = η, so e is raised to emin + 1
+    there. x·2^(p − e) is then exact in float64 (a power-of-two scaling, its result at least
+    2^(emin_64) for every x this module meets), ``rint`` rounds it to nearest even, and the
+    scaling back is exact. A result beyond the largest finite value is ±inf (a value that
+    rounds to 2^(emax + 1) overflows)."""
+    x = np.asarray(x, np.float64)
+    if fmt.p >= 53:
+        return x.copy()
+    _, e = np.frexp(x)
+    e = np.maximum(e, fmt.emin + 1)
+    out = np.ldexp(np.rint(np.ldexp(x, fmt.p - e)), e - fmt.p)
+    with np.errstate(invalid="ignore"):
+        return np.where(np.abs(out) > fmt.largest, np.copysign(np.inf, x), out)
+
+
 class Deployed:
     """The layout's forward pass in ``fmt``, one rounding per operation."""
 
     def __init__(self, weights: Weights, fmt: Format, order: str, seed: int = 0, acc: Format | None = None,
-                 daz: bool = False) -> None:
+                 daz: bool = False, stored: bool = False) -> None:
         """``acc``: sums, exp and divisions in this wider format, each result rounded to ``fmt``.
         ``daz``: flush-to-zero and denormals-are-zero: every operand and result below the
-        normal range is 0."""
+        normal range is 0. ``stored``: every intermediate result stored in ``fmt`` (see
+        the module docstring)."""
         assert order in ORDERS
-        self.fmt, self.order = fmt, order
+        self.fmt, self.order, self.stored = fmt, order, stored
         self.tiny = 2.0 ** fmt.emin if daz else 0.0
-        self.acc_p = acc.p if acc is not None else fmt.p
+        self.work = acc if acc is not None else fmt
+        self.acc_p = self.work.p
         self.rng = np.random.default_rng(seed)
         d = lambda M: fmt.round(M.toarray())           # noqa: E731  (weights as deployed: F1)
         self.w = weights
@@ -66,11 +98,11 @@ class Deployed:
 
     def r(self, x):
         """One operation inside a sum, exp or division (the working precision)."""
-        return self.flush(round_to(x, self.acc_p))
+        return self.flush(round_in(x, self.work))
 
     def store(self, x):
         """A computed result stored in the format."""
-        return self.flush(round_to(x, self.fmt.p))
+        return self.flush(round_in(x, self.fmt))
 
     def _sum(self, terms: list[float]) -> float:
         terms = [terms[i] for i in self.rng.permutation(len(terms))]
@@ -103,27 +135,38 @@ class Deployed:
         return self._sum(terms)
 
     def matvec(self, W: np.ndarray, x: np.ndarray, b: np.ndarray | None = None) -> np.ndarray:
+        if self.stored and b is not None:           # the product stored, then the bias added and stored
+            return self.store(self.r(self.matvec(W, x) + self.flush(b)))
         return self.store(np.array([self.dot(x, W[i], None if b is None else float(b[i])) for i in range(W.shape[0])]))
 
     def softmax(self, s: np.ndarray) -> np.ndarray:
-        t = self.r(s - s.max())
-        e = self.r(np.exp(t))
-        S = self._sum(list(e))
-        return self.store(self.r(e / S))
+        keep = self.store if self.stored else (lambda v: v)
+        with np.errstate(over="ignore", invalid="ignore"):
+            t = keep(self.r(s - s.max()))
+            e = keep(self.r(np.exp(t)))
+            S = keep(self._sum(list(e)))
+            return self.store(self.r(e / S))
 
-    def run(self, prefix: list[int]) -> tuple[np.ndarray, int]:
-        """(the output distribution p̂ at the last position, the routed expert) for a
-        prefix of token ids (BOS is prepended)."""
-        ids = [self.w.bos] + list(prefix)
-        h = [self.store(self.E[t] + self.P[i]) for i, t in enumerate(ids)]
+    def _heads(self, h: list[np.ndarray]):
+        """Per head, (W_O, c) at the last position."""
         last = h[-1]
-        resid_terms = [[float(v)] for v in last]
         for WQ, WK, WV, WO in self.heads:
             q = self.matvec(WQ, last)
             s = self.store(np.array([self.dot(q, self.matvec(WK, hj)) for hj in h]))
             a = self.softmax(s)
             vs = [self.matvec(WV, hj) for hj in h]
-            c = self.store(np.array([self.dot(a, np.array([v[l] for v in vs])) for l in range(WV.shape[0])]))
+            yield WO, self.store(np.array([self.dot(a, np.array([v[l] for v in vs])) for l in range(WV.shape[0])]))
+
+    def _residual(self, h: list[np.ndarray]) -> np.ndarray:
+        """r = h + Σ_m W_O^m c_m at the last position: one sum per entry over h and every
+        head's products (or, ``stored``, head by head, each product and addition stored)."""
+        if self.stored:
+            r = h[-1]
+            for WO, c in self._heads(h):
+                r = self.store(self.r(r + self.matvec(WO, c)))
+            return r
+        resid_terms = [[float(v)] for v in h[-1]]
+        for WO, c in self._heads(h):
             for k in range(WO.shape[0]):
                 resid_terms[k].extend(float(self.r(WO[k, l] * c[l])) if self.order != "float64-accumulate"
                                       else float(WO[k, l] * c[l]) for l in np.flatnonzero((WO[k] != 0) & (c != 0)))
@@ -131,7 +174,14 @@ class Deployed:
             r = np.array([float(self.r(math.fsum(t))) for t in resid_terms])
         else:
             r = np.array([self._sum(t) for t in resid_terms])
-        r = self.store(r)
+        return self.store(r)
+
+    def run(self, prefix: list[int]) -> tuple[np.ndarray, int]:
+        """(the output distribution p̂ at the last position, the routed expert) for a
+        prefix of token ids (BOS is prepended)."""
+        ids = [self.w.bos] + list(prefix)
+        h = [self.store(self.E[t] + self.P[i]) for i, t in enumerate(ids)]
+        r = self._residual(h)
         g = self.matvec(self.WG, r, self.bG)
         e = int(np.argmax(g))
         W1, b1, W2 = self.experts[e]
