@@ -72,10 +72,10 @@ def test_horner_error_constant_covers_the_proof():
     e035 = math.exp(0.35)
     remainder = 0.35 ** 15 / math.factorial(15) * e035
     coefficients = 15 * u * e035        # each 1/k! rounded: at most u relative
-    assert (g28 + u) * e035 + remainder + coefficients < I._HORNER_ERR
+    assert (g28 + u) * e035 + remainder + coefficients < I.HORNER_ERR
     with mpmath.workdps(40):
         for r in np.linspace(-0.35, 0.35, 2001):
-            assert abs(mpmath.mpf(float(I._horner(np.array([r]))[0])) - mpmath.exp(mpmath.mpf(r))) < I._HORNER_ERR
+            assert abs(mpmath.mpf(float(I._horner(np.array([r]))[0])) - mpmath.exp(mpmath.mpf(r))) < I.HORNER_ERR
 
 
 @SETTINGS
@@ -325,3 +325,25 @@ def test_matmul_rows_do_not_depend_on_the_other_rows():
     ref = full.rows(rows)
     assert np.array_equal(part.indptr, ref.indptr) and np.array_equal(part.indices, ref.indices)
     assert np.array_equal(part.mid, ref.mid) and np.array_equal(part.rad, ref.rad)
+
+
+def test_the_numpy_and_compiled_arithmetic_enclose_alike():
+    """verifier.interval (numpy) and verifier.kernels (numba) read their constants from one
+    module (verifier.constants); on the same inputs their exp enclosures, rounding factors
+    and upward steps agree bit for bit (so a bound proven for one is the other's)."""
+    from verifier import constants as C
+    from verifier import kernels as K
+
+    rng = np.random.default_rng(3)
+    xs = np.concatenate([rng.uniform(-800, 800, 4000), rng.uniform(-1, 1, 2000) * 2.0 ** -55,
+                         [0.0, -0.0, C.EXP_MIN, C.EXP_MAX, C.EXP_MIN - 1, C.EXP_MAX + 1, 2.0 ** -60, -2.0 ** -60,
+                          np.inf, -np.inf, np.nan]])
+    lo, hi = I.exp_enclosure(xs, xs)
+    k_lo = np.array([K.exp_lower(x) for x in xs])
+    k_hi = np.array([K.exp_upper(x) for x in xs])
+    assert np.array_equal(lo, k_lo) and np.array_equal(hi, k_hi)
+    for n in (1, 2, 17, 4095, 4096, 10 ** 6):
+        assert I.gamma(n) == K.gamma(n) and I.sum_factor(n) == K.sum_factor(n)
+    r = np.abs(rng.normal(size=1000)) * 10.0 ** rng.integers(-300, 300, 1000)
+    assert np.all(np.array([K.upp(x) for x in r]) >= I.up(r))
+    assert (K.U, K.FLOOR, K.LN2_LO, K.LN2_HI, K.HORNER_ERR) == (I.U, I.FLOOR, I.LN2_LO, I.LN2_HI, I.HORNER_ERR)

@@ -420,9 +420,9 @@ def residual(prep: Prepared, tokens: np.ndarray) -> SparseInterval:
     yacc, ytouched = prep.scratch()["y"]
     stamp0 = prep.stamps(n)
     with np.errstate(invalid="ignore", over="ignore"):
-        ptr, idx, mid, rad = K_.residual(ids, att, am, ar, Ep, Ei, Ev, Pp, Pi, Pv,
-                                        OE.indptr, OE.indices, OE.mid, OE.rad, OP.indptr, OP.indices, OP.mid, OP.rad,
-                                        H, prep.v_row, npos, yacc, ytouched, stamp0, max(cap, 1))
+        ptr, idx, mid, rad = K_.residual(ids, (att, am, ar), (Ep, Ei, Ev), (Pp, Pi, Pv),
+                                        (OE.indptr, OE.indices, OE.mid, OE.rad), (OP.indptr, OP.indices, OP.mid, OP.rad),
+                                        (H, prep.v_row, npos), (yacc, ytouched), stamp0, max(cap, 1))
     return SparseInterval((n, w.d), ptr, idx, mid, rad)
 
 
@@ -515,12 +515,12 @@ def run_batch(prep: Prepared | Weights, tokens: np.ndarray, valid_ptr: np.ndarra
             n_sel = int(sel.sum())
             act = np.full((n_sel, R_ACT + 1), -1, np.int64)
             act[:, R_ACT] = 0
-            lo, hi, pred, r_lo, r_hi = K_.experts((pair_rows[sel] - a).astype(np.int64), pair_experts[sel].astype(np.int64),
-                                      np.ascontiguousarray(cm[sel]), np.ascontiguousarray(cr[sel]),
-                                      Rc.indptr, Rc.indices, Rc.mid, Rc.rad, *L,
-                                      *prep.W1T, prep.off, prep.b1, prep.pos_ptr, prep.pos_idx, *prep.W2T,
-                                      UT_ptr, UT_idx, UT_val, V, vp, vv, *sc["z"], *sc["y"], *sc["L"], sc["v"],
-                                      prep.stamps(n_sel), prep.watch, act)
+            lo, hi, pred, r_lo, r_hi = K_.experts(
+                ((pair_rows[sel] - a).astype(np.int64), pair_experts[sel].astype(np.int64)),
+                (np.ascontiguousarray(cm[sel]), np.ascontiguousarray(cr[sel])),
+                (Rc.indptr, Rc.indices, Rc.mid, Rc.rad), L, prep.W1T, (prep.off, prep.b1, prep.pos_ptr, prep.pos_idx),
+                prep.W2T, prep.UT_arrays, V, (vp, vv), (*sc["z"], *sc["y"], *sc["L"], sc["v"]),
+                prep.stamps(n_sel), prep.watch, act)
             rows_sel = pair_rows[sel]
             np.minimum.at(err_lo, rows_sel, lo)
             np.maximum.at(err_hi, rows_sel, hi)

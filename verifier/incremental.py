@@ -73,11 +73,12 @@ from tasks.errors import TaskError
 from tasks.model import TaskSet
 from tasks.queries import build_group
 from tasks.structure import StructureTrie, check_routable
+from verifier import interval as I
 from verifier.batches import batches_of, batches_of_subjects
 from verifier.certificate import Certificate
 from verifier.classes import FLOATS, ClassRecorder, ClassTable, merge_classes, records, set_codes
 from verifier.locality import Correspondence, Diff, diff, reaching
-from verifier.parallel import Executor, LocalPool
+from verifier.parallel import Executor
 from verifier.verify import Report, Shard, TaskRecord, _State, token_map, verify_batch
 
 #: Updated bounds closer than this to ε (when the vocabulary size changed) are run again.
@@ -113,14 +114,6 @@ class Incremental:
         return {k: getattr(self, k) for k in self.__dataclass_fields__ if k != "diff"}
 
 
-def _up(x):
-    return np.nextafter(x, np.inf)
-
-
-def _down(x):
-    return np.nextafter(x, -np.inf)
-
-
 def _grown(e_lo, e_hi, r_lo, r_hi, d: int):
     """Enclosures of e' = 1 − (1 − e)/(1 + dρ) and ρ' = ρ/(1 + dρ) for e ∈ [e_lo, e_hi],
     ρ ∈ [r_lo, r_hi] and d more tokens of logit 0 (d < 0: fewer). e' increases in e, and
@@ -128,13 +121,13 @@ def _grown(e_lo, e_hi, r_lo, r_hi, d: int):
     e_lo, e_hi, r_lo, r_hi = (np.asarray(a, float) for a in (e_lo, e_hi, r_lo, r_hi))
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
         r_for_hi, r_for_lo = (r_hi, r_lo) if d > 0 else (r_lo, r_hi)
-        den_hi = _up(1.0 + _up(d * r_for_hi))          # largest 1 + dρ for the upper end of e'
-        den_lo = _down(1.0 + _down(d * r_for_lo))      # smallest, for the lower end
-        hi = _up(1.0 - _down(_down(1.0 - e_hi) / den_hi))
-        lo = _down(1.0 - _up(_up(1.0 - e_lo) / den_lo))
-        rho_hi = _up(r_hi / _down(1.0 + _down(d * r_hi)))
-        rho_lo = _down(r_lo / _up(1.0 + _up(d * r_lo)))
-        bad = ~((den_lo > 0) & (_down(1.0 + _down(d * r_hi)) > 0)) | ~np.isfinite(r_lo) | ~np.isfinite(r_hi)
+        den_hi = I.up(1.0 + I.up(d * r_for_hi))          # largest 1 + dρ for the upper end of e'
+        den_lo = I.down(1.0 + I.down(d * r_for_lo))      # smallest, for the lower end
+        hi = I.up(1.0 - I.down(I.down(1.0 - e_hi) / den_hi))
+        lo = I.down(1.0 - I.up(I.up(1.0 - e_lo) / den_lo))
+        rho_hi = I.up(r_hi / I.down(1.0 + I.down(d * r_hi)))
+        rho_lo = I.down(r_lo / I.up(1.0 + I.up(d * r_lo)))
+        bad = ~((den_lo > 0) & (I.down(1.0 + I.down(d * r_hi)) > 0)) | ~np.isfinite(r_lo) | ~np.isfinite(r_hi)
     for a in (hi, lo, rho_hi, rho_lo):
         a[bad] = np.nan
     return np.clip(lo, 0.0, 1.0), np.clip(hi, 0.0, 1.0), np.maximum(rho_lo, 0.0), np.minimum(rho_hi, 1.0)

@@ -64,7 +64,7 @@ Exponential
 :func:`exp_enclosure` does not trust the platform's ``exp``: it reduces
 x = k·ln2 + r with |r| <= 0.35 (ln2 enclosed by two floats), evaluates the degree-14
 Taylor polynomial of e^r by Horner (error <= (γ_28 + u)·e^|r| plus the remainder
-|r|^15/15!·e^0.35 < 2^-62, together below ``_HORNER_ERR``), and scales by 2^k with
+|r|^15/15!·e^0.35 < 2^-62, together below ``HORNER_ERR``), and scales by 2^k with
 ``ldexp`` (exact unless the result is subnormal; one outward step covers that). e^x is
 increasing, so [e^lo, e^hi] encloses e^[lo, hi]. ``tests/test_interval.py`` checks
 the constants and the enclosure against mpmath.
@@ -72,22 +72,12 @@ the constants and the enclosure against mpmath.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
 import scipy.sparse as sp
 
-U = 2.0 ** -53
-ETA = 2.0 ** -1074
-#: The underflow allowance per product in radii. Lemma 2 needs at least η/2 per product;
-#: any larger bound is as sound, and the smallest normal number keeps radii out of the
-#: subnormal range, where x86 arithmetic takes a microcode path many times slower.
-FLOOR = 2.0 ** -1022
-LN2_LO = 0.6931471805599452862  # the float just below ln 2 (checked in tests)
-LN2_HI = 0.6931471805599453972  # the float just above ln 2
-_TAYLOR = [1.0 / math.factorial(i) for i in range(15)]
-_HORNER_ERR = 1e-14  # >= (γ_28 + u)·e^0.35 + 0.35^15/15!·e^0.35 + coefficient rounding (≈ 4.6e-15)
+from verifier.constants import ETA, EXP_MAX, EXP_MIN, FLOOR, HORNER_ERR, INV_LN2, LN2_HI, LN2_LO, TAYLOR, TINY, U  # noqa: F401
 
 
 # --- rounding steps -------------------------------------------------------------------------------
@@ -153,14 +143,14 @@ def check_platform() -> None:
 
 
 def _horner(r: np.ndarray) -> np.ndarray:
-    acc = np.full_like(r, _TAYLOR[-1])
-    for c in reversed(_TAYLOR[:-1]):
+    acc = np.full_like(r, TAYLOR[-1])
+    for c in reversed(TAYLOR[:-1]):
         acc = acc * r + c
     return acc
 
 
 def _reduce(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    k = np.rint(x * (1.0 / 0.6931471805599453))
+    k = np.rint(x * INV_LN2)
     # r = x − k·ln2 with ln2 ∈ [LN2_LO, LN2_HI]; both products and the subtraction widened.
     kl = np.where(k >= 0, k * LN2_LO, k * LN2_HI)  # smallest k·ln2 candidate
     kh = np.where(k >= 0, k * LN2_HI, k * LN2_LO)
@@ -169,20 +159,17 @@ def _reduce(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return k, r_lo, r_hi
 
 
-TINY = 2.0 ** -60
-
-
 def _exp_lower(x: np.ndarray) -> np.ndarray:
     """A lower bound of e^x: e^x >= e^min(x, 709); 0 below −740 and for NaN; down(1) for
     |x| <= 2^-60 (e^x >= 1 − 2^-60 there; and no subnormal arithmetic in the polynomial)."""
     xn = np.nan_to_num(x, nan=-np.inf)
     tiny = np.abs(xn) <= TINY
-    xs = np.where(tiny, 0.0, np.clip(xn, -740.0, 709.0))
+    xs = np.where(tiny, 0.0, np.clip(xn, EXP_MIN, EXP_MAX))
     k, r_lo, _ = _reduce(xs)
-    t = down(_horner(r_lo) - _HORNER_ERR)
+    t = down(_horner(r_lo) - HORNER_ERR)
     with np.errstate(under="ignore"):
         v = down(np.ldexp(t, k.astype(np.int64)))
-    return np.where(xn < -740.0, 0.0, np.where(tiny, down(1.0), np.maximum(v, 0.0)))
+    return np.where(xn < EXP_MIN, 0.0, np.where(tiny, down(1.0), np.maximum(v, 0.0)))
 
 
 def _exp_upper(x: np.ndarray) -> np.ndarray:
@@ -190,12 +177,12 @@ def _exp_upper(x: np.ndarray) -> np.ndarray:
     |x| <= 2^-60 (e^x < 1 + 2^-59 there)."""
     xn = np.nan_to_num(x, nan=np.inf)
     tiny = np.abs(xn) <= TINY
-    xs = np.where(tiny, 0.0, np.clip(xn, -740.0, 709.0))
+    xs = np.where(tiny, 0.0, np.clip(xn, EXP_MIN, EXP_MAX))
     k, _, r_hi = _reduce(xs)
-    t = up(_horner(r_hi) + _HORNER_ERR)
+    t = up(_horner(r_hi) + HORNER_ERR)
     with np.errstate(under="ignore"):
         v = up(np.ldexp(t, k.astype(np.int64)))
-    return np.where(xn > 709.0, np.inf, np.where(tiny, up(1.0), v))
+    return np.where(xn > EXP_MAX, np.inf, np.where(tiny, up(1.0), v))
 
 
 def exp_enclosure(lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -45,14 +45,10 @@ import math
 import numpy as np
 from numba import njit
 
-U = 2.0 ** -53
-ETA = 5e-324
-FLOOR = 2.0 ** -1022   # the underflow allowance per product (>= η/2; see verifier.interval.FLOOR)
-LN2_LO = 0.6931471805599452862
-LN2_HI = 0.6931471805599453972
-INV_LN2 = 1.0 / 0.6931471805599453
-HORNER_ERR = 1e-14
-TAYLOR = np.array([1.0 / math.factorial(i) for i in range(15)])
+from verifier.constants import ETA, EXP_MAX, EXP_MIN, FLOOR, HORNER_ERR, INV_LN2, LN2_HI, LN2_LO, STEP, TINY, U
+from verifier.constants import TAYLOR as _TAYLOR
+
+TAYLOR = np.array(_TAYLOR)
 
 
 @njit(cache=True)
@@ -63,9 +59,6 @@ def up(x):
 @njit(cache=True)
 def down(x):
     return np.nextafter(x, -np.inf)
-
-
-STEP = 1.0 + 2.0 ** -52
 
 
 @njit(cache=True)
@@ -146,9 +139,6 @@ def _horner(r):
     return acc
 
 
-TINY = 2.0 ** -60
-
-
 @njit(cache=True)
 def exp_lower(x):
     """A lower bound of e^x (0 below −740 and for NaN).
@@ -156,11 +146,11 @@ def exp_lower(x):
     For |x| <= 2^-60: e^x >= 1 + x >= 1 − 2^-60 > 1 − 2^-53 = down(1) (and no subnormal
     arithmetic in the polynomial).
     """
-    if not (x >= -740.0):
+    if not (x >= EXP_MIN):
         return 0.0
     if abs(x) <= TINY:
         return down(1.0)
-    xs = min(x, 709.0)
+    xs = min(x, EXP_MAX)
     k = np.rint(xs * INV_LN2)
     kh = k * LN2_HI if k >= 0 else k * LN2_LO          # the largest candidate of k·ln2
     r_lo = down(down(xs - up(kh)))
@@ -175,11 +165,11 @@ def exp_upper(x):
 
     For |x| <= 2^-60: e^x <= 1 + x + x² < 1 + 2^-59 < 1 + 2^-52 = up(1).
     """
-    if not (x <= 709.0):
+    if not (x <= EXP_MAX):
         return np.inf
     if abs(x) <= TINY:
         return up(1.0)
-    xs = max(x, -740.0)
+    xs = max(x, EXP_MIN)
     k = np.rint(xs * INV_LN2)
     kl = k * LN2_LO if k >= 0 else k * LN2_HI          # the smallest candidate of k·ln2
     r_hi = up(up(xs - down(kl)))
@@ -238,17 +228,25 @@ def residual_bound(ids, E_ptr, P_ptr, OE_ptr, OP_ptr, H, v_row, npos):
 
 
 @njit(cache=True)
-def residual(ids, att, am, ar, E_ptr, E_idx, E_val, P_ptr, P_idx, P_val,
-             OE_ptr, OE_idx, OE_mid, OE_rad, OP_ptr, OP_idx, OP_mid, OP_rad, H, v_row, npos,
-             acc, touched, stamp0, capacity):
+def residual(ids, attention, E, P, OE, OP, heads, scratch, stamp0, capacity):
     """r = E[x_p] + P[p] + Σ_m Σ_j a_mj (W_O W_V h_j) for every row, as CSR (ptr, idx, mid, rad).
 
-    ``att[i]`` selects row i's attention intervals ``am/ar[att[i], m, j]``. Terms: the E
-    and P rows (exact), and each head's value rows scaled by the attention interval
-    (the product's radius from :func:`mul_interval`). Head m's value row of token x is
-    row ``v_row[m, x]`` of OE (tokens with equal rows share one). An attention weight
-    that is exactly 0 contributes exactly 0 and is skipped.
+    ``attention`` = (att, am, ar): ``att[i]`` selects row i's attention intervals
+    ``am/ar[att[i], m, j]``. Terms: the E and P rows (exact; ``E``, ``P`` as CSR (ptr, idx,
+    val)), and each head's value rows scaled by the attention interval (the product's
+    radius from :func:`mul_interval`). ``heads`` = (H, v_row, npos): head m's value row of
+    token x is row ``v_row[m, x]`` of ``OE`` (tokens with equal rows share one), its row for
+    position j is row m·npos + j of ``OP`` (both (ptr, idx, mid, rad)). An attention weight
+    that is exactly 0 contributes exactly 0 and is skipped. ``scratch`` = (accumulator,
+    touched list).
     """
+    att, am, ar = attention
+    E_ptr, E_idx, E_val = E
+    P_ptr, P_idx, P_val = P
+    OE_ptr, OE_idx, OE_mid, OE_rad = OE
+    OP_ptr, OP_idx, OP_mid, OP_rad = OP
+    H, v_row, npos = heads
+    acc, touched = scratch
     n, p1 = ids.shape
     p = p1 - 1
     out_ptr = np.zeros(n + 1, np.int64)
@@ -702,13 +700,18 @@ def _error(nt, Ltouched, Lacc, V, vptr_lo, vptr_hi, valid, vstamp, s):
 
 
 @njit(cache=True)
-def experts(rows, experts_of, cm, cr, R_ptr, R_idx, R_mid, R_rad, L_ptr, L_idx, L_mid, L_rad,
-            W1T_ptr, W1T_idx, W1T_val, off, b1, pos_ptr, pos_idx, W2T_ptr, W2T_idx, W2T_val,
-            UT_ptr, UT_idx, UT_val, V, valid_ptr, valid,
-            zacc, ztouched, yacc, ytouched, Lacc, Ltouched, vstamp, stamp0, watch, active):
-    """For each pair (row ``rows[q]``, expert ``experts_of[q]``), with the expert's output
-    scaled by [cm ± cr] (1 ± 0 in gate mode "top1"): error enclosure, argmax token and the
-    zero-logit probability ρ (:func:`_error`).
+def experts(pairs, scale, R, L, W1T, first, W2T, UT, V, valid, scratch, stamp0, watch, active):
+    """For each pair (row ``rows[q]``, expert ``experts_of[q]``) of ``pairs``, with the
+    expert's output scaled by [cm ± cr] (``scale``; 1 ± 0 in gate mode "top1"): error
+    enclosure, argmax token and the zero-logit probability ρ (:func:`_error`).
+
+    Arguments by group: ``R`` the residual rows (ptr, idx, mid, rad), ``L`` their logits U·r
+    (:func:`logits`, the same form), ``W1T``, ``W2T``, ``UT`` the first layers of all experts,
+    the second layers and the unembedding as transposed CSR (ptr, idx, val), ``first`` where
+    each expert's neurons start (``off``), their biases ``b1`` and the positive-bias neurons
+    of each expert (``pos_ptr``, ``pos_idx``), ``V`` the vocabulary size, ``valid`` each row's
+    valid next tokens (ptr, tokens), ``scratch`` the sparse accumulators (z, y and logits
+    with their touched lists, and the valid-token stamps).
 
     ``watch`` (bool per neuron, over all experts; empty: none) selects neurons whose
     possible activity is recorded: ``active[q, :R]`` receives up to R = active.shape[1] − 1
@@ -719,6 +722,16 @@ def experts(rows, experts_of, cm, cr, R_ptr, R_idx, R_mid, R_rad, L_ptr, L_idx, 
     pre-activation exactly b_1 and contributes max(b_1, 0)); a = ReLU(z);
     o = c·W_2·a; the logits are U·r (``L``, :func:`logits`) plus U·o, summed per token.
     """
+    rows, experts_of = pairs
+    cm, cr = scale
+    R_ptr, R_idx, R_mid, R_rad = R
+    L_ptr, L_idx, L_mid, L_rad = L
+    W1T_ptr, W1T_idx, W1T_val = W1T
+    off, b1, pos_ptr, pos_idx = first
+    W2T_ptr, W2T_idx, W2T_val = W2T
+    UT_ptr, UT_idx, UT_val = UT
+    valid_ptr, valid = valid
+    zacc, ztouched, yacc, ytouched, Lacc, Ltouched, vstamp = scratch
     P = rows.size
     err_lo = np.empty(P)
     err_hi = np.empty(P)
