@@ -319,12 +319,15 @@ def _check_certificate(args, deployment, progress) -> int:
     from tasks.io import input_signature
     from verifier.certificate import require_replaceable
     from verifier.report import dumps, summary
+    from verifier.runner import COMBINATIONS
 
-    for flag, bad in (("--weights", args.weights), ("--precision", deployment is not None),
-                      ("--scheduler", getattr(args, "scheduler", None))):
-        if bad:
-            raise TaskError(f"--certificate and --since work on models this tool builds, for the exact pass on local "
-                            f"processes; {flag} does not combine with them", fix=f"drop {flag}")
+    if args.weights:
+        raise TaskError("--certificate and --since work on models this tool builds; --weights does not combine "
+                        "with them", fix="drop --weights")
+    refusal = COMBINATIONS[("exact" if deployment is None else "float",
+                            "cluster" if getattr(args, "scheduler", None) else "local", True)]
+    if refusal is not None:
+        raise TaskError(refusal.why, fix=refusal.fix)
     for d in (args.since, args.certificate):
         if d:
             _refuse_inputs_in(d, _inputs(args))

@@ -154,12 +154,12 @@ def test_shard_pickles_without_its_tables(capitals_model):
     """The work unit's shared state travels as weights + token map; tables are rebuilt."""
     import pickle
 
-    from verifier.verify import Shard
+    from verifier.runner import Shard
 
     shard = Shard(capitals_model.instantiate(), np.arange(10))
     shard.prepared()
     copy = pickle.loads(pickle.dumps(shard))
-    assert copy._prepared is None and np.array_equal(copy.tmap, shard.tmap)
+    assert copy._pass is None and np.array_equal(copy.tmap, shard.tmap)
 
 
 class _SerialShards:

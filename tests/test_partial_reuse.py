@@ -24,7 +24,8 @@ from tasks.structure import StructureTrie
 from verifier.batches import batches, batches_of_subjects
 from verifier.classes import CellPlan, ClassRecorder, merge_classes
 from verifier.locality import watched_neurons
-from verifier.verify import Shard, token_map, verify, verify_batch
+from verifier.runner import Shard, verify_batch
+from verifier.verify import token_map, verify
 
 SETS = st.one_of(task_sets(max_tasks=3, max_templates=2, max_facts=6),
                  shared_template_task_sets(max_sharing=3, max_groups=1, max_other_tasks=1, max_facts=4))

@@ -11,8 +11,9 @@ from tasks.io import load_tasks
 from tasks.synthetic import wikidata_like
 from verifier.batches import batches
 from verifier.forward import Prepared, run_batch
-from verifier.shards import Plan, compact, restrict
-from verifier.verify import ShardPart, token_map, verify_shard_batch
+from verifier.shards import Plan
+from verifier.runner import PassSpec, ShardPart, verify_shard_batch
+from verifier.verify import token_map
 
 SETS = {
     "capitals": lambda: load_tasks("examples/capitals.yaml"),
@@ -42,9 +43,8 @@ def test_compact_shards_are_bitwise_the_full_pass(name):
                         ablate=b.object_query & (b.determined >= 0), scores=False).compact()
         for s, rows in plan.split(b):
             if s not in parts:
-                comp = compact(restrict(weights, plan.tokens[s], plan.experts[s]), plan.tokens[s])
-                assert comp.weights.d < weights.d or plan.n == 1
-                parts[s] = ShardPart(comp, plan.experts[s], gate_terms, plan.tokens[s])
+                parts[s] = ShardPart(weights, plan.experts[s], plan.tokens[s], PassSpec(gate_terms=gate_terms))
+                assert parts[s].weights.d < weights.d or plan.n == 1
             got, outside = verify_shard_batch(parts[s], parts[s].localize(b.take(rows), tmap))
             keep = ~outside
             for field in ("expert", "margin", "err_lo", "err_hi", "ablated_lo", "ablated_hi", "predicted"):
@@ -74,9 +74,8 @@ def test_a_token_with_only_a_row_of_u_is_not_held():
     U.sort_indices()
     weights = weights.replace(U=U)
     gate_terms = int(np.diff(weights.W_G.tocsr().indptr).max(initial=1))
-    comp = compact(restrict(weights, plan.tokens[s], plan.experts[s]), plan.tokens[s])
-    part = ShardPart(comp, plan.experts[s], gate_terms, plan.tokens[s])
-    extra = np.setdiff1d(comp.tokens, plan.tokens[s])
+    part = ShardPart(weights, plan.experts[s], plan.tokens[s], PassSpec(gate_terms=gate_terms))
+    extra = np.setdiff1d(part.tokens, plan.tokens[s])
     b = next(iter(batches(ts, chunk=3000)))
     tokens = b.tokens.copy()
     inv = np.full(len(weights.vocab) + 1, -1)

@@ -258,6 +258,12 @@ class Prepared:
         self._scratch = None
         self._stamp = 0
 
+    def run_batch(self, tokens: np.ndarray, valid_ptr: np.ndarray, valid: np.ndarray,
+                  ablate: np.ndarray | None = None, scores: bool = True) -> "BatchResult":
+        """The certified pass over a batch (:func:`run_batch`): the pass protocol of
+        :class:`verifier.runner.Pass`, which the deployed pass of a format shares."""
+        return run_batch(self, tokens, valid_ptr, valid, ablate=ablate, scores=scores)
+
     def scratch(self):
         """Sparse-accumulator work arrays (allocated once per process, on first use)."""
         if self._scratch is None:

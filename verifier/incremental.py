@@ -79,7 +79,8 @@ from verifier.certificate import Certificate
 from verifier.classes import FLOATS, ClassRecorder, ClassTable, merge_classes, records, set_codes
 from verifier.locality import Correspondence, Diff, diff, reaching
 from verifier.parallel import Executor
-from verifier.verify import Report, Shard, TaskRecord, _State, token_map, verify_batch
+from verifier.runner import Runner
+from verifier.verify import Report, Tally, TaskRecord, token_map
 
 #: Updated bounds closer than this to ε (when the vocabulary size changed) are run again.
 BAND = 1e-9
@@ -508,7 +509,7 @@ def recertify(old: Certificate, taskset: TaskSet, weights: Weights, cor: Corresp
             for k, t in enumerate(taskset.tasks)]
     scratch = Report(epsilon, dict(weights.parameters), recs, 0)
     scratch.routing_matrix = np.zeros((len(names), len(weights.experts)), np.int64)
-    state = _State(taskset, trie, scratch, served, epsilon)
+    state = Tally(taskset, trie, scratch, served, epsilon)
     cell_parts = [(nid, ranges[nid][c]) for nid, c in cells]
     rerun_count = 0
     # the experts a rerun query may need: those its class was routed to before, and the
@@ -794,13 +795,10 @@ class _Selection:
 def _run(taskset: TaskSet, trie, weights: Weights, tmap: np.ndarray, todo: list, watched: list[np.ndarray],
          served: np.ndarray, experts: list[int] | None = None):
     """(batch, result) for the batches ``todo``, run on the weights cut to their cone
-    (verifier.shards: ``restrict``, then ``compact``; bitwise the full pass's results), rows
-    reaching beyond it (a candidate expert outside) run again on the full weights."""
-    from verifier.shards import compact, restrict
-    from verifier.verify import ShardPart, _merge, verify_shard_batch
-
+    (:meth:`verifier.runner.Runner.run_cut`: bitwise the full pass's results), rows reaching
+    beyond it (a candidate expert outside) run again on the full weights."""
     if not todo:
-        return
+        return iter(())
     # E keeps the rows of the query tokens only; a valid next token needs just its U row and
     # a compact id (verifier.shards: the claim is about the tokens the queries contain)
     inputs = np.unique(np.concatenate([tmap[b.tokens].reshape(-1) for b in todo]))
@@ -808,32 +806,8 @@ def _run(taskset: TaskSet, trie, weights: Weights, tmap: np.ndarray, todo: list,
     if experts is None:
         tasks = np.unique(np.concatenate([b.allowed for b in todo]))
         experts = np.flatnonzero(np.isin(served, tasks))
-    experts = np.asarray(experts, np.int64)
-    gate_terms = int(np.diff(sp.csr_matrix(weights.W_G).indptr).max(initial=1))
-    comp = compact(restrict(weights, inputs, experts), tokens)
-    part = ShardPart(comp, experts, gate_terms, inputs)
-    prep = part.shard.prepared()
-    prep.watch = np.concatenate([watched[k] if part.has_expert[k] else np.zeros(0, bool)
-                                 for k in range(len(weights.experts))] + [np.zeros(0, bool)])
-    full_off = np.concatenate([[0], np.cumsum([e.width for e in weights.experts])]).astype(np.int64)
-    full: list = []
-    for b in todo:
-        res, outside = verify_shard_batch(part, part.localize(b, tmap))
-        if res.active is not None:           # the shard's neuron numbering -> the full weights'
-            act = res.active.copy()
-            shift = (full_off - prep.off)[res.expert]
-            R = act.shape[1] - 1
-            act[:, :R] = np.where(act[:, :R] >= 0, act[:, :R] + shift[:, None], -1)
-            res.active = act
-        rows = np.arange(len(b))
-        pieces = [(rows[~outside], res.take(rows[~outside]) if outside.any() else res)]
-        if outside.any():
-            if not full:
-                full.append(Shard(weights, tmap))
-                full[0].prepared().watch = np.concatenate(watched) if watched else np.zeros(0, bool)
-            pieces.append((rows[outside], verify_batch(full[0], b.take(rows[outside]))))
-            res = _merge(len(b), pieces)
-        yield b, res
+    runner = Runner(weights, tmap, watched=watched)
+    return runner.run_cut(todo, runner.part(np.asarray(experts, np.int64), inputs, tokens))
 
 
 def _member(x: np.ndarray, sorted_values: np.ndarray) -> np.ndarray:
@@ -889,7 +863,7 @@ def _map_active(t: ClassTable, cor: Correspondence) -> ClassTable:
     return t
 
 
-def _report(taskset: TaskSet, weights: Weights, epsilon: float, table: ClassTable, state: _State, trie) -> Report:
+def _report(taskset: TaskSet, weights: Weights, epsilon: float, table: ClassTable, state: Tally, trie) -> Report:
     """The report from the merged classes; counterexamples from the queries run again."""
     tot = records(table, taskset, len(weights.experts))
     expert_of_task = {name: k for k, name in enumerate(weights.expert_tasks) if name}

@@ -35,9 +35,9 @@ from tasks.queries import QueryGroup, build_group
 from tasks.structure import StructureTrie, check_routable
 from verifier.batches import batches
 from verifier.classes import ClassRecorder
-from verifier.floating import Deployment, FloatPass
-from verifier.forward import Prepared, run_batch
+from verifier.floating import Deployment
 from verifier.parallel import Executor, LocalPool
+from verifier.runner import PassSpec, Runner, require_allowed
 from layout import Weights
 from layout.digest import weights_digest
 
@@ -157,183 +157,6 @@ def fitting(taskset: TaskSet, weights: Weights, source: str = "weights") -> np.n
     return tmap
 
 
-class Shard:
-    """What a worker needs to run any batch: the weights and the task-set → weights token
-    map. The interval tables (:class:`Prepared`) are built on first use in the process
-    that uses them and are never pickled: a cluster worker receives the weights once and
-    builds its own tables; a forked worker inherits the parent's."""
-
-    def __init__(self, weights: Weights, tmap: np.ndarray, gate_terms: int = 0,
-                 deployment: Deployment | None = None, vocab_size: int | None = None) -> None:
-        self.weights, self.tmap, self.gate_terms, self.deployment = weights, tmap, gate_terms, deployment
-        self.vocab_size = vocab_size
-        self._prepared: Prepared | FloatPass | None = None
-
-    def prepared(self) -> Prepared | FloatPass:
-        """The exact pass's tables, or the deployed pass of a floating-point format."""
-        if self._prepared is None:
-            if self.deployment is None:
-                self._prepared = Prepared(self.weights, gate_terms=self.gate_terms, vocab_size=self.vocab_size)
-            else:
-                self._prepared = FloatPass(self.weights, self.deployment)
-        return self._prepared
-
-    def run(self, tokens: np.ndarray, valid_ptr: np.ndarray, valid: np.ndarray, ablate: np.ndarray,
-            scores: bool) -> Any:
-        prep = self.prepared()
-        if isinstance(prep, FloatPass):
-            return prep.run_batch(tokens, valid_ptr, valid, ablate=ablate, scores=scores)
-        return run_batch(prep, tokens, valid_ptr, valid, ablate=ablate, scores=scores)
-
-    def __getstate__(self) -> dict:
-        return {"weights": self.weights, "tmap": self.tmap, "gate_terms": self.gate_terms,
-                "deployment": self.deployment, "vocab_size": self.vocab_size, "_prepared": None}
-
-
-def verify_batch(shard: Shard, batch) -> Any:
-    """The certified pass over one batch, reduced to what the checks read (a work unit)."""
-    tmap = shard.tmap
-    res = shard.run(tmap[batch.tokens], batch.valid_ptr, tmap[batch.valid],
-                    ablate=batch.object_query & (batch.determined >= 0), scores=False).compact()
-    if res.expert.shape[0] != len(batch):
-        raise RuntimeError(f"a work unit returned {res.expert.shape[0]} rows for a batch of {len(batch)}")
-    return res
-
-
-class ShardPart:
-    """A worker's share of a sharded run: the weights cut to one shard and renumbered to
-    what it holds (:func:`verifier.shards.restrict`, :func:`verifier.shards.compact`),
-    its tokens (compact id -> full id) and experts. Work units arrive with their tokens
-    already in compact ids (:meth:`localize`, on the client), so a worker holds nothing
-    of the size of the whole vocabulary. Like :class:`Shard`, its tables are built where
-    it is used."""
-
-    def __init__(self, comp, experts: np.ndarray, gate_terms: int, tokens: np.ndarray) -> None:
-        """``tokens``: the shard's own tokens (full ids), the only ones its E rows embed."""
-        self.shard = Shard(comp.weights, np.zeros(0, np.int64), gate_terms, vocab_size=comp.vocab_size)
-        self.tokens = comp.tokens                      # compact token id -> full id (sorted)
-        self.embedded = np.unique(np.asarray(tokens, np.int64))   # query tokens the shard can hold
-        self.vocab_size = comp.vocab_size
-        self.has_expert = np.zeros(len(comp.weights.experts), bool)
-        self.has_expert[experts] = True
-
-    def _compact_ids(self, full_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(compact ids, held?) of full weights' token ids; a token not held maps to BOS."""
-        full_ids = np.asarray(full_ids, np.int64)
-        pos = np.minimum(np.searchsorted(self.tokens, full_ids), max(self.tokens.size - 1, 0))
-        held = (self.tokens.size > 0) & (self.tokens[pos] == full_ids) if self.tokens.size else np.zeros(full_ids.shape, bool)
-        bos = full_ids == self.vocab_size
-        return np.where(held, pos, self.tokens.size), held | bos
-
-    def localize(self, batch, tmap: np.ndarray):
-        """(the batch with compact token ids, rows holding a token outside the shard)."""
-        from dataclasses import replace
-
-        full = tmap[batch.tokens]
-        tokens, _ = self._compact_ids(full)
-        # a query token must be one the shard embeds (compact also keeps tokens that only
-        # have a row of U: their E rows are gone)
-        pos = np.minimum(np.searchsorted(self.embedded, full), max(self.embedded.size - 1, 0))
-        held = (self.embedded[pos] == full) if self.embedded.size else np.zeros(full.shape, bool)
-        held |= full == self.vocab_size
-        valid, vheld = self._compact_ids(tmap[batch.valid])
-        vheld &= tmap[batch.valid] != self.vocab_size     # BOS is never a next token
-        outside = ~held.all(axis=1)
-        bad_valid = np.repeat(np.arange(len(batch)), np.diff(batch.valid_ptr))[~vheld]
-        outside[bad_valid] = True
-        return replace(batch, tokens=tokens, valid=valid), outside
-
-
-def verify_shard_batch(part: ShardPart, payload) -> tuple[Any, np.ndarray]:
-    """The certified pass over one batch on a shard (tokens in the shard's compact ids),
-    and which rows must be run again over the full weights (a token or a candidate expert
-    outside the shard): a work unit."""
-    batch, outside = payload
-    shard = part.shard
-    res = run_batch(shard.prepared(), batch.tokens, batch.valid_ptr, batch.valid,
-                    ablate=batch.object_query & (batch.determined >= 0), scores=False)
-    cand_ptr, cand = res.candidates
-    rows = np.repeat(np.arange(len(batch)), np.diff(cand_ptr))
-    outside = outside.copy()
-    outside[rows[~part.has_expert[cand]]] = True
-    outside |= ~part.has_expert[res.expert]
-    res.predicted = np.where(res.predicted >= 0, part.tokens[np.maximum(res.predicted, 0)], -1)
-    return res.compact(), outside
-
-
-def _merge(n: int, pieces: list[tuple[np.ndarray, Any]]) -> Any:
-    """One compact result of n rows from results of row subsets ``(rows, result)``."""
-    from verifier.forward import BatchResult
-
-    first = pieces[0][1]
-
-    def field(get):
-        out = np.empty((n,) + get(first).shape[1:], get(first).dtype)
-        for rows, res in pieces:
-            out[rows] = get(res)
-        return out
-
-    top = tuple(field(lambda r, i=i: r.top_gate[i]) for i in range(3)) if first.top_gate is not None else None
-    extra = {}
-    if all(res.rho_lo is not None for _, res in pieces):
-        for name in ("rho_lo", "rho_hi", "ablated_rho_lo", "ablated_rho_hi", "active"):
-            extra[name] = field(lambda r, name=name: getattr(r, name))
-    return BatchResult(field(lambda r: r.expert), field(lambda r: r.margin), field(lambda r: r.ambiguous), None, None,
-                       field(lambda r: r.err_lo), field(lambda r: r.err_hi), field(lambda r: r.ablated_lo),
-                       field(lambda r: r.ablated_hi), field(lambda r: r.predicted), top, **extra)
-
-
-def _sharded(executor, taskset: TaskSet, weights: Weights, tmap: np.ndarray, stream, shards: int, deferred: list):
-    """``(batch, result)`` in order, the batches' rows run on the shards of their tasks and
-    the deferred rows again over the full weights (here); ``deferred[0]`` counts them."""
-    from collections import deque
-
-    from verifier.shards import Plan, compact, restrict
-
-    plan = Plan.make(taskset, weights, tmap, shards)
-    full: list[Shard] = []
-    queue: deque = deque()
-
-    gate_terms = int(np.diff(weights.W_G.tocsr().indptr).max(initial=1))   # as the full weights' tables
-
-    parts: dict[int, ShardPart] = {}
-
-    def part(s: int) -> ShardPart:
-        if s not in parts:
-            comp = compact(restrict(weights, plan.tokens[s], plan.experts[s]), plan.tokens[s])
-            parts[s] = ShardPart(comp, plan.experts[s], gate_terms, plan.tokens[s])
-        return parts[s]
-
-    def items():
-        for batch in stream:
-            split = plan.split(batch)
-            queue.append((batch, split))
-            for s, rows in split:
-                yield s, part(s).localize(batch.take(rows), tmap)
-
-    results = executor.map_keyed(verify_shard_batch, part, items())
-    while True:
-        try:
-            item, got = next(results)
-        except StopIteration:
-            return
-        batch, split = queue.popleft()
-        pieces, redo = [], []
-        for k, (s, rows) in enumerate(split):
-            if k:
-                item, got = next(results)
-            res, outside = got
-            pieces.append((rows, res))
-            redo.append(rows[outside])
-        redo_rows = np.concatenate(redo)
-        if redo_rows.size:
-            if not full:
-                full.append(Shard(weights, tmap))
-            deferred[0] += int(redo_rows.size)
-            pieces.append((redo_rows, verify_batch(full[0], batch.take(redo_rows))))
-        yield batch, _merge(len(batch), pieces)
-
-
 def verify(
     taskset: TaskSet,
     weights: Weights,
@@ -387,18 +210,14 @@ def verify(
     report.parameter_counts = counts
     report.routing_matrix = np.zeros((K_tasks, K_exp), np.int64)
     executor = executor if executor is not None else LocalPool(jobs)
-    if deployment is not None and not executor.shares_memory:
-        raise TaskError(f"--precision {deployment.fmt.name} runs on local processes only (the sharded cluster path "
-                        "certifies the exact pass)", fix="drop --scheduler, or use --precision exact")
-    shard = Shard(weights, tmap, deployment=deployment)
-    if classes is not None and (deployment is not None or not executor.shares_memory):
-        raise TaskError("a certificate for later edits is saved for the exact pass on local processes only",
-                        fix="drop --precision / --scheduler, or drop --certificate")
+    spec = PassSpec(deployment)
+    require_allowed(spec, executor, classes is not None)
+    runner = Runner(weights, tmap, spec, executor, taskset=taskset,
+                    watched=None if classes is None else [classes.watch[a:b] for a, b in
+                                                          zip(classes.off[:-1], classes.off[1:])])
     if executor.shares_memory:
-        prepared = shard.prepared()          # built once, before any worker starts
-        if classes is not None:
-            prepared.watch = classes.watch
-    state = _State(taskset, trie, report, expert_task_index, epsilon)
+        runner.prepare()                     # built once, before any worker starts
+    state = Tally(taskset, trie, report, expert_task_index, epsilon)
     chunk = max(1_000, min(CHUNK, 20_000_000 // max(K_exp, 1)))
     done = 0
 
@@ -407,17 +226,11 @@ def verify(
             report.enumerated += len(batch)
             yield batch
 
-    stream = sent(batches(taskset, trie, chunk))
-    deferred = [0]
-    if executor.shares_memory:
-        results = executor.map(verify_batch, shard, stream)
-    else:   # each worker holds the weights of its shard of tasks only
-        results = _sharded(executor, taskset, weights, tmap, stream, executor.shards, deferred)
-    for batch, res in results:
+    for batch, res in runner.run(sent(batches(taskset, trie, chunk))):
         state.record(batch, res, weights)
         if classes is not None:
             classes.record(batch, res)
-        report.deferred = deferred[0]
+        report.deferred = runner.deferred
         done += len(batch)
         report.queries = done
         if progress:
@@ -435,7 +248,7 @@ def verify(
     return report
 
 
-class _State:
+class Tally:
     """Accumulates per-task results over batches, vectorised; describes failures at the end."""
 
     def __init__(self, taskset, trie, report: Report, expert_task_index: np.ndarray, epsilon: float) -> None:

@@ -1,0 +1,366 @@
+"""Where the certified pass runs: the pass protocol, the weights cut to shards, one runner.
+
+A verification sends batches of queries (:mod:`verifier.batches`) through a certified
+forward pass and reads back, per query, the enclosures the checks decide on. This module
+owns everything between the two:
+
+* **the pass** (:class:`PassSpec`): the exact pass of :mod:`verifier.forward` or the
+  deployed pass of a floating-point format (:mod:`verifier.floating`), both with
+  ``run_batch(tokens, valid_ptr, valid, ablate, scores) -> BatchResult``; a spec is small
+  and picklable, and the pass's tables are built where they are used;
+* **a shard** (:class:`Shard`): weights, the task-set -> weights token map and a spec;
+  :class:`ShardPart`: the weights *cut* to a cone of influence (some tasks' experts, some
+  tokens: :mod:`verifier.shards`) and renumbered, whose results are the full pass's bit
+  for bit for every row that stays inside it;
+* **the runner** (:class:`Runner`): one implementation of *cut, run, defer, merge* for
+  every way of running: on local processes over the full weights (the executor's ``map``),
+  on a cluster over shards of tasks (``map_keyed``, one part per shard), and in
+  re-certification over one cut, the cone of an edit (:meth:`Runner.run_cut`). A row that
+  reaches outside its part (a token it does not hold, an expert that may win elsewhere) is
+  *deferred*: run again over the full weights here, and its result merged in its place;
+* **the allowed combinations** of pass, where it runs and whether query classes are
+  recorded for a certificate (:data:`COMBINATIONS`), which also gives the refusals.
+
+Results come back in the order the batches were sent, so a report never depends on where
+they ran.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, replace
+from typing import Any, Iterable, Iterator, Protocol
+
+import numpy as np
+import scipy.sparse as sp
+
+from layout import Weights
+from tasks.errors import TaskError
+from verifier.floating import Deployment, FloatPass
+from verifier.forward import BatchResult, Prepared
+
+
+class Pass(Protocol):
+    """A certified forward pass of fixed weights (:mod:`verifier.forward`: the exact pass;
+    :mod:`verifier.floating`: every execution in a floating-point format)."""
+
+    def run_batch(self, tokens: np.ndarray, valid_ptr: np.ndarray, valid: np.ndarray,
+                  ablate: np.ndarray | None = None, scores: bool = True) -> BatchResult: ...
+
+
+@dataclass(frozen=True)
+class PassSpec:
+    """Which pass to build for some weights: the exact one (``deployment`` None) or the
+    deployed one of a floating-point format. ``gate_terms`` and ``vocab_size``: as
+    :class:`verifier.forward.Prepared` takes them (a cut of larger weights passes theirs, so
+    that its enclosures are theirs bit for bit)."""
+
+    deployment: Deployment | None = None
+    gate_terms: int = 0
+    vocab_size: int | None = None
+
+    @property
+    def kind(self) -> str:
+        return "exact" if self.deployment is None else "float"
+
+    def build(self, weights: Weights, watch: np.ndarray | None = None) -> Pass:
+        """The pass's tables for ``weights``; ``watch`` (exact pass): the global neurons whose
+        possible activity each row records (:class:`verifier.classes.ClassRecorder`)."""
+        if self.deployment is not None:
+            return FloatPass(weights, self.deployment)
+        prep = Prepared(weights, gate_terms=self.gate_terms, vocab_size=self.vocab_size)
+        if watch is not None:
+            prep.watch = watch
+        return prep
+
+
+# --- what may run where ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Refusal:
+    why: str
+    fix: str
+
+
+#: (pass kind, where it runs, whether query classes are recorded) -> None (allowed) or why not.
+#: Query classes (a certificate for later edits) are recorded by the exact pass on local
+#: processes; the deployed pass of a format runs on local processes.
+COMBINATIONS: dict[tuple[str, str, bool], Refusal | None] = {
+    ("exact", "local", False): None,
+    ("exact", "local", True): None,
+    ("exact", "cluster", False): None,
+    ("exact", "cluster", True): Refusal("a certificate for later edits is recorded on local processes only",
+                                        "drop --scheduler, or drop --certificate / --since"),
+    ("float", "local", False): None,
+    ("float", "local", True): Refusal("a certificate for later edits is saved for the exact pass only",
+                                      "drop --precision, or drop --certificate / --since"),
+    ("float", "cluster", False): Refusal("--precision runs on local processes only (the sharded cluster path "
+                                         "certifies the exact pass)", "drop --scheduler, or use --precision exact"),
+    ("float", "cluster", True): Refusal("a certificate for later edits is saved for the exact pass on local "
+                                        "processes only", "drop --precision and --scheduler, or drop --certificate"),
+}
+
+
+def require_allowed(spec: PassSpec, executor, classes: bool) -> None:
+    """Raise the table's refusal (TaskError) for this pass, executor and class recording."""
+    where = "local" if executor is None or executor.shares_memory else "cluster"
+    refusal = COMBINATIONS[(spec.kind, where, bool(classes))]
+    if refusal is not None:
+        raise TaskError(refusal.why, fix=refusal.fix)
+
+
+# --- shards ------------------------------------------------------------------------------------------
+
+
+class Shard:
+    """What a worker needs to run any batch over the full weights: the weights, the task-set
+    → weights token map and the pass to build. The pass's tables are built on first use in
+    the process that uses them and are never pickled: a cluster worker receives the
+    weights once and builds its own; a forked worker inherits the parent's."""
+
+    def __init__(self, weights: Weights, tmap: np.ndarray, spec: PassSpec = PassSpec(),
+                 watch: np.ndarray | None = None) -> None:
+        self.weights, self.tmap, self.spec, self.watch = weights, tmap, spec, watch
+        self._pass: Pass | None = None
+
+    def prepared(self) -> Pass:
+        if self._pass is None:
+            self._pass = self.spec.build(self.weights, self.watch)
+        return self._pass
+
+    def __getstate__(self) -> dict:
+        return {"weights": self.weights, "tmap": self.tmap, "spec": self.spec, "watch": self.watch, "_pass": None}
+
+
+def verify_batch(shard: Shard, batch) -> BatchResult:
+    """The certified pass over one batch of the task set's queries, reduced to what the
+    checks read (a work unit)."""
+    tmap = shard.tmap
+    res = shard.prepared().run_batch(tmap[batch.tokens], batch.valid_ptr, tmap[batch.valid],
+                                     ablate=batch.object_query & (batch.determined >= 0), scores=False).compact()
+    if res.expert.shape[0] != len(batch):
+        raise RuntimeError(f"a work unit returned {res.expert.shape[0]} rows for a batch of {len(batch)}")
+    return res
+
+
+class ShardPart:
+    """The weights cut to a cone of influence and renumbered to what it holds
+    (:func:`verifier.shards.restrict`, :func:`verifier.shards.compact`): some experts (the
+    full weights' ``experts``) and the rows of E of the query tokens ``tokens`` (full ids).
+    Work units arrive with their tokens already in the part's compact ids
+    (:meth:`localize`, where the batches are made), so a worker holds nothing of the size
+    of the whole vocabulary. Like :class:`Shard`, its pass is built where it is used."""
+
+    def __init__(self, weights: Weights, experts: np.ndarray, inputs: np.ndarray, spec: PassSpec,
+                 watched: list[np.ndarray] | None = None, tokens: np.ndarray | None = None) -> None:
+        """``inputs``: the query tokens whose rows of E the part keeps; ``tokens`` (default:
+        ``inputs``): every token the part numbers, valid next tokens included (only their
+        rows of U are needed); ``watched``: per expert of the full weights, the neurons
+        whose activity is recorded."""
+        from verifier.shards import compact, restrict
+
+        experts = np.asarray(experts, np.int64)
+        inputs = np.asarray(inputs, np.int64)
+        comp = compact(restrict(weights, inputs, experts), inputs if tokens is None else np.asarray(tokens, np.int64))
+        self.spec = replace(spec, vocab_size=comp.vocab_size)
+        self.weights = comp.weights
+        self.tokens = comp.tokens                      # compact token id -> full id (sorted)
+        self.embedded = np.unique(inputs)              # query tokens the part can hold
+        self.vocab_size = comp.vocab_size
+        self.has_expert = np.zeros(len(comp.weights.experts), bool)
+        self.has_expert[experts] = True
+        widths = np.array([e.width for e in weights.experts], np.int64)
+        #: per expert of the cut weights, where its neurons start in the full weights' numbering
+        self.full_off = np.concatenate([[0], np.cumsum(widths)]).astype(np.int64)
+        self.watch = None
+        if watched is not None:
+            self.watch = np.concatenate([watched[k] if self.has_expert[k] else np.zeros(0, bool)
+                                         for k in range(len(weights.experts))] + [np.zeros(0, bool)])
+        self._pass: Pass | None = None
+
+    def prepared(self) -> Pass:
+        if self._pass is None:
+            self._pass = self.spec.build(self.weights, self.watch)
+        return self._pass
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state["_pass"] = None
+        return state
+
+    def _compact_ids(self, full_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(compact ids, held?) of full weights' token ids; a token not held maps to BOS."""
+        full_ids = np.asarray(full_ids, np.int64)
+        pos = np.minimum(np.searchsorted(self.tokens, full_ids), max(self.tokens.size - 1, 0))
+        held = (self.tokens.size > 0) & (self.tokens[pos] == full_ids) if self.tokens.size else np.zeros(full_ids.shape, bool)
+        bos = full_ids == self.vocab_size
+        return np.where(held, pos, self.tokens.size), held | bos
+
+    def localize(self, batch, tmap: np.ndarray):
+        """(the batch with compact token ids, rows holding a token outside the part)."""
+        full = tmap[batch.tokens]
+        tokens, _ = self._compact_ids(full)
+        # a query token must be one the part embeds (compact also keeps tokens that only
+        # have a row of U: their E rows are gone)
+        pos = np.minimum(np.searchsorted(self.embedded, full), max(self.embedded.size - 1, 0))
+        held = (self.embedded[pos] == full) if self.embedded.size else np.zeros(full.shape, bool)
+        held |= full == self.vocab_size
+        valid, vheld = self._compact_ids(tmap[batch.valid])
+        vheld &= tmap[batch.valid] != self.vocab_size     # BOS is never a next token
+        outside = ~held.all(axis=1)
+        bad_valid = np.repeat(np.arange(len(batch)), np.diff(batch.valid_ptr))[~vheld]
+        outside[bad_valid] = True
+        return replace(batch, tokens=tokens, valid=valid), outside
+
+
+def verify_shard_batch(part: ShardPart, payload) -> tuple[BatchResult, np.ndarray]:
+    """The certified pass over one batch on a part (tokens in the part's compact ids), in
+    the full weights' numbering (predicted tokens, recorded neurons), and which rows must
+    run again over the full weights (a token or a candidate expert outside the part): a
+    work unit."""
+    batch, outside = payload
+    res = part.prepared().run_batch(batch.tokens, batch.valid_ptr, batch.valid,
+                                    ablate=batch.object_query & (batch.determined >= 0), scores=False)
+    cand_ptr, cand = res.candidates
+    rows = np.repeat(np.arange(len(batch)), np.diff(cand_ptr))
+    outside = outside.copy()
+    outside[rows[~part.has_expert[cand]]] = True
+    outside |= ~part.has_expert[res.expert]
+    res.predicted = np.where(res.predicted >= 0, part.tokens[np.maximum(res.predicted, 0)], -1)
+    if res.active is not None and part.watch is not None and res.active.size:
+        act = res.active.copy()              # the part's neuron numbering -> the full weights'
+        shift = (part.full_off[:-1] - part.prepared().off[:-1])[res.expert]
+        R = act.shape[1] - 1
+        act[:, :R] = np.where(act[:, :R] >= 0, act[:, :R] + shift[:, None], -1)
+        res.active = act
+    return res.compact(), outside
+
+
+def merge(n: int, pieces: list[tuple[np.ndarray, BatchResult]]) -> BatchResult:
+    """One compact result of n rows from results of row subsets ``(rows, result)``."""
+    first = pieces[0][1]
+
+    def field(get):
+        out = np.empty((n,) + get(first).shape[1:], get(first).dtype)
+        for rows, res in pieces:
+            out[rows] = get(res)
+        return out
+
+    top = tuple(field(lambda r, i=i: r.top_gate[i]) for i in range(3)) if first.top_gate is not None else None
+    extra = {}
+    if all(res.rho_lo is not None for _, res in pieces):
+        for name in ("rho_lo", "rho_hi", "ablated_rho_lo", "ablated_rho_hi", "active"):
+            extra[name] = field(lambda r, name=name: getattr(r, name))
+    return BatchResult(field(lambda r: r.expert), field(lambda r: r.margin), field(lambda r: r.ambiguous), None, None,
+                       field(lambda r: r.err_lo), field(lambda r: r.err_hi), field(lambda r: r.ablated_lo),
+                       field(lambda r: r.ablated_hi), field(lambda r: r.predicted), top, **extra)
+
+
+class Inline:
+    """A keyed executor that runs every unit here, in order (a re-certification's one cut)."""
+
+    shares_memory = True
+
+    def map_keyed(self, fn, part, items):
+        for key, payload in items:
+            yield (key, payload), fn(part(key), payload)
+
+
+# --- the runner --------------------------------------------------------------------------------------
+
+
+class Runner:
+    """Runs batches of a task set's queries on ``executor`` and yields ``(batch, result)`` in
+    order (see the module docstring). ``deferred`` counts the rows run again over the full
+    weights."""
+
+    def __init__(self, weights: Weights, tmap: np.ndarray, spec: PassSpec = PassSpec(), executor=None,
+                 watched: list[np.ndarray] | None = None, taskset=None) -> None:
+        """``taskset``: the task set the batches come from (needed to cut shards of its tasks
+        on a cluster); ``watched``: per expert, the neurons whose possible activity each row
+        records (query classes for a certificate)."""
+        from verifier.parallel import LocalPool
+
+        self.weights, self.tmap, self.spec, self.taskset = weights, tmap, spec, taskset
+        self.executor = executor if executor is not None else LocalPool(1)
+        self.watched = watched
+        self.deferred = 0
+        self._full: Shard | None = None
+        # the full weights' longest gate row: a part's rounding bound uses it, so that its
+        # enclosures are the full pass's bit for bit
+        self.gate_terms = int(np.diff(sp.csr_matrix(weights.W_G).indptr).max(initial=1))
+
+    def full(self) -> Shard:
+        """The full weights' shard (its pass built on first use)."""
+        if self._full is None:
+            watch = np.concatenate(self.watched) if self.watched else None
+            self._full = Shard(self.weights, self.tmap, self.spec, watch)
+        return self._full
+
+    def prepare(self) -> Pass:
+        """Build the full weights' pass now (before local workers fork, so they share it)."""
+        return self.full().prepared()
+
+    def part(self, experts: np.ndarray, inputs: np.ndarray, tokens: np.ndarray | None = None) -> ShardPart:
+        """The weights cut to ``experts`` and the query tokens ``inputs`` (full ids; ``tokens``:
+        as :class:`ShardPart` takes them)."""
+        return ShardPart(self.weights, experts, inputs, replace(self.spec, gate_terms=self.gate_terms), self.watched,
+                         tokens)
+
+    def run(self, stream: Iterable) -> Iterator[tuple[Any, BatchResult]]:
+        """Every batch over the full weights on local processes, or over shards of tasks on
+        a cluster (an executor that does not share memory: ``map_keyed``)."""
+        if self.executor.shares_memory:
+            return self.executor.map(verify_batch, self.full(), stream)
+        return self._on_shards(stream)
+
+    def run_cut(self, batches: list, part: ShardPart) -> Iterator[tuple[Any, BatchResult]]:
+        """Every batch on one cut of the weights, here (a re-certification's cone)."""
+        return self._cut_run(((b, [(0, np.arange(len(b)))]) for b in batches), lambda key: part, Inline())
+
+    def _on_shards(self, stream: Iterable) -> Iterator[tuple[Any, BatchResult]]:
+        from verifier.shards import Plan
+
+        plan = Plan.make(self.taskset, self.weights, self.tmap, self.executor.shards)
+        parts: dict[int, ShardPart] = {}
+
+        def part(s: int) -> ShardPart:
+            if s not in parts:
+                parts[s] = self.part(plan.experts[s], plan.tokens[s])
+            return parts[s]
+
+        return self._cut_run(((b, plan.split(b)) for b in stream), part, self.executor)
+
+    def _cut_run(self, split_stream, part, executor) -> Iterator[tuple[Any, BatchResult]]:
+        """Cut, run, defer, merge: each batch's rows go to their parts (``split_stream`` yields
+        (batch, [(key, rows)])); rows reaching outside a part run again over the full weights."""
+        queue: deque = deque()
+        tmap = self.tmap
+
+        def items():
+            for batch, split in split_stream:
+                queue.append((batch, split))
+                for key, rows in split:
+                    yield key, part(key).localize(batch.take(rows) if rows.size != len(batch) else batch, tmap)
+
+        results = executor.map_keyed(verify_shard_batch, part, items())
+        while True:
+            try:
+                _, got = next(results)
+            except StopIteration:
+                return
+            batch, split = queue.popleft()
+            pieces, redo = [], []
+            for k, (key, rows) in enumerate(split):
+                if k:
+                    _, got = next(results)
+                res, outside = got
+                pieces.append((rows, res))
+                redo.append(rows[outside])
+            redo_rows = np.concatenate(redo)
+            if redo_rows.size:
+                self.deferred += int(redo_rows.size)
+                pieces.append((redo_rows, verify_batch(self.full(), batch.take(redo_rows))))
+            whole = len(pieces) == 1 and np.array_equal(pieces[0][0], np.arange(len(batch)))
+            yield batch, (pieces[0][1] if whole else merge(len(batch), pieces))
