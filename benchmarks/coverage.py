@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from hypothesis import HealthCheck, Phase, given, settings  # noqa: E402
 
 from benchmarks.results import machine, write_block  # noqa: E402
-from cli.compose import check_built  # noqa: E402
+from workflow.check import check_built# noqa: E402
 from construction.gate import RoutingError  # noqa: E402
 from construction.model import build  # noqa: E402
 from tasks.strategies import shared_template_task_sets, task_sets  # noqa: E402

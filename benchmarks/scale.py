@@ -7,7 +7,7 @@
 Each size runs in its own process, with the seeded generator
 ``tasks.synthetic.wikidata_like`` (20M facts: 822 relations, like WikiData5M). What is
 measured is what ``python -m verifier check`` runs: construction and instantiation,
-then :func:`cli.compose.check_built` with ``--jobs`` worker processes (the closed form
+then :func:`workflow.check.check_built` with ``--jobs`` worker processes (the closed form
 and the modularity rebuilds, the symbolic model released, then the certified pass over
 every query with every check). Columns:
 
@@ -47,7 +47,7 @@ from benchmarks.results import machine, write_block  # noqa: E402
 def one(n_facts: int, seed: int, jobs: int, peer_queries: int) -> dict:
     from benchmarks.memory import PeakSampler
     from benchmarks.peer import measure, verifier_batches
-    from cli.compose import check_built
+    from workflow.check import check_built
     from construction.model import build
     from tasks.synthetic import wikidata_like
 

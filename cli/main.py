@@ -217,11 +217,11 @@ def _build(args, taskset):
 
 
 def _build_for(args, taskset, deployment, executor=None):
-    """The construction, aimed at ``deployment`` when one is given (cli.compose.build_for):
+    """The construction, aimed at ``deployment`` when one is given (workflow.check.build_for):
     (model, notes on the targets tried)."""
     if deployment is None:
         return _build(args, taskset), []
-    from cli.compose import build_for
+    from workflow.check import build_for
 
     model, attempts = build_for(taskset, deployment, epsilon=args.epsilon, beta=args.beta, gamma=args.gamma,
                                 executor=executor)
@@ -270,7 +270,7 @@ def _deployment(args):
 
 def cmd_check(args) -> int:
     import layout
-    from cli.compose import check_built
+    from workflow.check import check_built
     from verifier.report import dumps, summary
     from verifier.verify import verify
 
@@ -315,7 +315,8 @@ def _refuse_inputs_in(directory: str, inputs: Sequence[str]) -> None:
 
 def _check_certificate(args, deployment, progress) -> int:
     """check --certificate / --since: a full check that saves its certificate, or a re-certification from one."""
-    from cli.compose import check_and_save, check_since, load_since
+    from workflow.certificates import check_and_save
+    from workflow.since import check_since, load_since
     from tasks.io import input_signature
     from verifier.certificate import require_replaceable
     from verifier.report import dumps, summary
@@ -350,7 +351,7 @@ def _check_certificate(args, deployment, progress) -> int:
                                 source=args.tasks, tasks_path=args.tasks, read_as=read_as)
         report.incremental["phases"] = {"read certificate and tasks": round(read, 3), **report.incremental["phases"]}
     else:
-        from cli.compose import build_for_certificate
+        from workflow.certificates import build_for_certificate
 
         read_as = input_signature(args.tasks)
         taskset = _load(args)
@@ -366,7 +367,8 @@ def _check_certificate(args, deployment, progress) -> int:
 
 
 def cmd_watch(args) -> int:
-    from cli.watch import Watcher, one_line, saved_line, verdict_line, watch
+    from cli.watch import saved_line, verdict_line
+    from workflow.watching import Watcher, one_line, watch
     from verifier.certificate import require_replaceable
     from verifier.report import dumps, report_json
 
@@ -679,7 +681,7 @@ def cmd_explain(args) -> int:
 
 
 def cmd_plot(args) -> int:
-    from cli.plots import plot_all
+    from workflow.plots import plot_all
     from verifier.plots import require_matplotlib
 
     require_matplotlib()

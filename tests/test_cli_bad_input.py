@@ -411,12 +411,13 @@ def _tree(d: Path) -> dict:
 @pytest.fixture
 def no_check(monkeypatch):
     """A refusal comes before the check: running one fails the test."""
-    import cli.compose
+    import workflow.certificates
+    import workflow.since
 
     def fail(*args, **kwargs):
         raise AssertionError("the check ran before the certificate directory was refused")
-    monkeypatch.setattr(cli.compose, "check_and_record", fail)
-    monkeypatch.setattr(cli.compose, "load_since", fail)
+    monkeypatch.setattr(workflow.certificates, "check_and_record", fail)
+    monkeypatch.setattr(workflow.since, "load_since", fail)
 
 
 def test_a_directory_of_the_users_files_is_refused_before_the_check(tmp_path, capsys, monkeypatch, no_check):
@@ -469,7 +470,7 @@ def test_the_save_looks_again_and_puts_back_a_directory_written_in_between(tmp_p
     """The directory is checked before the check and again at the save; one that changed after
     that second look (between the look and the move) is moved back untouched."""
     import verifier.certificate as vc
-    from cli.compose import check_and_record
+    from workflow.certificates import check_and_record
     from construction.model import build
     from tasks.errors import TaskError
     from tasks.io import load_tasks

@@ -20,7 +20,7 @@ from budget import FULL, part
 
 distributed = pytest.importorskip("distributed")
 
-from cli.compose import check_built  # noqa: E402
+from workflow.check import check_built# noqa: E402
 from cli.main import main  # noqa: E402
 from construction.model import build  # noqa: E402
 from tasks.synthetic import wikidata_like  # noqa: E402

@@ -2,7 +2,7 @@
 
 The property (hypothesis, derandomized): for random task sets and random sequences of
 edits (add a fact with new or existing tokens, change an object, remove a fact, remove a
-whole task), the certificate re-certified after each edit (``cli.compose.check_since``)
+whole task), the certificate re-certified after each edit (``workflow.since.check_since``)
 has the verdict of a full verification of the same model (the same β and γ), the same
 per-task counts (queries, object queries, each check's failures), the same routing
 matrix, and enclosures of the worst errors that overlap the full check's (both contain
@@ -20,7 +20,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from budget import examples
 
-from cli.compose import check_and_save, check_since
+from workflow.certificates import check_and_save
+
+from workflow.since import check_since
 from construction.model import build
 from tasks.errors import TaskError
 from tasks.model import Facts, Task, TaskSet, Template

@@ -239,14 +239,14 @@ def test_isolation_checked_on_the_other_core_decides_as_inline(tmp_path, capsys,
     """check --since --jobs 2 checks a large edited task's isolation in a forked child while
     the pass runs (the threshold set to 0 here): its answer reaches the report, a failed
     isolation included (same_expert made to say no: the task is not certified, exit 1)."""
-    import cli.compose
+    import workflow.since
     import construction.experts
 
     path = _set_up(tmp_path, "tsv")
     cert = tmp_path / "cert"
     assert main(["check", str(path), "--certificate", str(cert), "--quiet"]) == 0
     assert main(["edit", str(path), "capital", "--set", "Japan=Kyoto", "--quiet"]) == 0
-    monkeypatch.setattr(cli.compose, "BACKGROUND_FACTS", 0)
+    monkeypatch.setattr(workflow.since, "BACKGROUND_FACTS", 0)
     if not isolated:
         monkeypatch.setattr(construction.experts, "same_expert", lambda *a, **k: False)
     import os

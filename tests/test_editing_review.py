@@ -17,7 +17,9 @@ from pathlib import Path
 
 import numpy as np
 
-from cli.compose import check_and_save, check_since
+from workflow.certificates import check_and_save
+
+from workflow.since import check_since
 from cli.main import main
 from construction.model import build
 from construction.numbering import correspondence, numbering
@@ -247,7 +249,8 @@ def test_task_hash_tells_apart_facts_whose_joined_bytes_agree():
 
 
 def test_a_re_certification_never_keeps_the_expert_of_facts_that_changed():
-    from cli.compose import check_and_record, recertify_since
+    from workflow.certificates import check_and_record
+    from workflow.since import recertify_since
 
     old, new = _stale_set(STALE_OLD), _stale_set(STALE_NEW)
     model = build(old)
@@ -261,7 +264,7 @@ def test_a_re_certification_never_keeps_the_expert_of_facts_that_changed():
 
 
 def test_names_with_control_characters_are_refused_before_and_after_an_edit(tmp_path, capsys):
-    from cli.compose import check_and_record
+    from workflow.certificates import check_and_record
     from verifier.certificate import save_certificate
 
     facts = tmp_path / "t.tsv"

@@ -1,4 +1,4 @@
-"""The tasks file read against a certificate (cli.compose.load_since: facts files of the
+"""The tasks file read against a certificate (workflow.since.load_since: facts files of the
 same bytes taken from the certificate, edited ones read again and merged in by
 tasks.compiled.FactsCache.assemble) is the task set a plain read gives: the same tasks,
 facts, vocabulary and fact ids, after random edits of random task sets' facts files."""
@@ -12,7 +12,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from budget import examples
 
-from cli.compose import check_and_save, load_since, read_since
+from workflow.certificates import check_and_save
+
+from workflow.since import load_since, read_since
 from construction.model import build
 from tasks.compiled import token_map_from
 from tasks.io import dump_tasks, load_tasks
@@ -152,7 +154,7 @@ def test_a_re_read_records_the_key_of_the_bytes_it_parsed(tmp_path, monkeypatch)
     """The facts file changed between the cache's hash (a miss) and the parse: the recorded
     key is the parsed bytes', so changing the file back to the hashed bytes is seen as an edit."""
     import tasks.reading as reading
-    from cli.compose import check_since
+    from workflow.since import check_since
 
     path, cert = _capitals(str(tmp_path)), str(tmp_path / "cert")
     facts = os.path.join(tmp_path, "c.tsv")

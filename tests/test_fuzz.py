@@ -42,7 +42,7 @@ from tasks.strategies import ill_posed_task_sets, shared_template_task_sets, tas
 from tasks.structure import check_routable
 from audit import mutants as M
 from audit.oracle import Oracle
-from cli.compose import check_built
+from workflow.check import check_built
 from verifier.verify import verify
 
 STATS: Counter = Counter()

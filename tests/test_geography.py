@@ -17,7 +17,7 @@ from construction.model import build
 from tasks.io import load_tasks
 from tasks.model import Task, TaskSet
 from tasks.structure import StructureTrie, object_query_collisions
-from cli.compose import check_built
+from workflow.check import check_built
 
 ROOT = Path(__file__).resolve().parent.parent
 GEO = ROOT / "examples" / "geography"

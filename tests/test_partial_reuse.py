@@ -15,7 +15,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from budget import examples
 
-from cli.compose import check_and_save, check_since
+from workflow.certificates import check_and_save
+
+from workflow.since import check_since
 from construction.model import build
 from tasks.model import Facts, Task, TaskSet, Template
 from tasks.queries import build_group
@@ -168,7 +170,7 @@ def test_changed_subjects_by_ids_are_the_subjects_whose_fact_differs_by_name(ts,
 def test_records_pick_each_tasks_worst_class_as_argmax_does(ts, data):
     """A task's worst query is that of its first class (in table order) at the largest upper
     error, a NaN counting as the largest: ties, NaNs and infinities among the errors."""
-    from cli.compose import check_and_record
+    from workflow.certificates import check_and_record
     from verifier.classes import FLOATS, query_text, records
 
     _, cert = check_and_record(ts, build(ts), isolation=False)
@@ -193,7 +195,7 @@ def test_merged_classes_unite_their_active_neurons_sorted(capitals_set, unsorted
     """merge_classes gives each class the sorted union of its members' active neurons, whether
     or not the lists of the classes it leaves alone were sorted (then every list is sorted
     again, as before the shortcut)."""
-    from cli.compose import check_and_record
+    from workflow.certificates import check_and_record
     from verifier.classes import ClassTable
 
     _, cert = check_and_record(capitals_set, build(capitals_set), isolation=False)
@@ -218,7 +220,7 @@ def test_merged_classes_unite_their_active_neurons_sorted(capitals_set, unsorted
 def test_reused_active_lists_naming_absent_neurons_are_refused(capitals_set):
     """A certificate whose class lists a neuron its expert does not have is refused (one
     line, exit 2), not mapped through another expert's neurons."""
-    from cli.compose import check_and_record
+    from workflow.certificates import check_and_record
     from construction.numbering import correspondence, numbering
     from tasks.errors import TaskError
     from verifier.incremental import _map_active

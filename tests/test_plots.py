@@ -40,7 +40,7 @@ def test_plot_name_option(tmp_path, capsys):
 
 def test_beta_sweep_numbers(capitals_set, capitals_model):
     pytest.importorskip("matplotlib")
-    from cli.plots import beta_sweep
+    from workflow.plots import beta_sweep
 
     points = beta_sweep(capitals_set, capitals_model, [4, 8, 12])
     by_beta = {int(p.beta): p for p in points}

@@ -190,7 +190,7 @@ def test_check_precision_cli(tmp_path, capsys):
 
 
 def test_build_for_tightens_the_target_until_the_float_certificate_holds(capitals):
-    from cli.compose import build_for
+    from workflow.check import build_for
 
     from construction.model import build
 
@@ -231,7 +231,7 @@ def test_mixed_precision_enclosures_contain_executions(capitals):
 def test_mixed_precision_reaches_the_error_but_not_the_routing_of_capitals():
     """The documented bfloat16 result: with float32 sums the error bound gets below 0.01 for
     a tighter construction target, but the gate's margins stay below its rounding bound."""
-    from cli.compose import build_for
+    from workflow.check import build_for
     from tasks.errors import TaskError
 
     ts = load_tasks("examples/capitals.yaml")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 from audit.oracle import Oracle
-from cli.compose import check_built
+from workflow.check import check_built
 from construction.model import build
 from layout import Head, Weights
 from tasks.model import Task, TaskSet

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from cli.compose import VOCABULARY_HEADROOM
+from workflow.certificates import VOCABULARY_HEADROOM
 from cli.main import main
-from cli.watch import Watcher
+from workflow.watching import Watcher
 from tasks.io import load_tasks
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"

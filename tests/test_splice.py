@@ -108,7 +108,7 @@ def test_an_edit_of_one_line_is_spliced_and_the_first_line_is_not():
 
 @pytest.fixture
 def watched(tmp_path):
-    from cli.compose import check_and_save
+    from workflow.certificates import check_and_save
     from construction.model import build
     from tasks.io import load_tasks
 
@@ -131,7 +131,7 @@ def test_the_watcher_reads_an_edited_file_against_its_bytes_before(watched, monk
     the verdict and saved certificate) is what a fresh read gives, a subject twice and a
     word as an entity (refused) included."""
     import tasks.compiled as compiled
-    from cli.watch import Watcher
+    from workflow.watching import Watcher
     from tasks.errors import TaskError
     from tasks.io import load_tasks
 
@@ -165,7 +165,8 @@ def test_a_task_that_had_other_sources_is_read_in_full(tmp_path, before):
     """A task of two facts files, or of inline facts, that now has one facts file is read in
     full: its old facts are not one file's (a review found the first file's bytes taken for
     both files' facts, and an inline task's empty key list crashing the watcher)."""
-    from cli.compose import check_and_save, read_since
+    from workflow.certificates import check_and_save
+    from workflow.since import read_since
     from construction.model import build
     from tasks.facts_files import facts_key
     from tasks.io import load_tasks

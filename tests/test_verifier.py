@@ -18,7 +18,7 @@ from audit.exact import exact_forward
 from verifier.batches import group_tokens
 from verifier.forward import run_batch
 from layout import Expert
-from cli.compose import check_built
+from workflow.check import check_built
 from verifier.verify import verify
 
 ROOT = Path(__file__).resolve().parent.parent

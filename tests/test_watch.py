@@ -13,9 +13,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cli.compose import check_and_save, check_since
+from workflow.certificates import check_and_save
+
+from workflow.since import check_since
 from cli.main import main
-from cli.watch import Watcher, verdict_line, watch
+from cli.watch import verdict_line
+from workflow.watching import Watcher, watch
 from verifier.certificate import FORMAT
 from construction.model import build
 from tasks.editing import Edit, edit_tasks_file
@@ -93,7 +96,7 @@ def test_the_held_certificate_gives_what_check_since_gives(tmp_path):
         assert not watcher.changed()
         assert watcher.cert is not held_before          # the new certificate is held, not read back
         held_before = watcher.cert
-        from cli.compose import load_since
+        from workflow.since import load_since
         old, taskset, cache = load_since(str(path), str(tmp_path / "disk"))
         report, edited = check_since(taskset, str(tmp_path / "disk"), old=old, cache=cache, isolation=False,
                                      tasks_path=str(path))
@@ -182,7 +185,7 @@ def test_a_check_whose_inputs_change_while_it_reads_runs_again(tmp_path, monkeyp
 
 
 def test_check_since_refuses_to_save_over_inputs_written_during_the_read(tmp_path, monkeypatch, capsys):
-    import cli.compose as compose
+    import workflow.since as compose
 
     path = _files(tmp_path)
     cert = tmp_path / "cert"
@@ -272,7 +275,7 @@ class _no_raise:
 
 
 def test_the_verdict_comes_before_the_save_and_a_failed_save_is_an_error(tmp_path, monkeypatch, capsys):
-    import cli.watch as watch_module
+    import workflow.watching as watch_module
     from tasks.errors import TaskError
 
     path = _files(tmp_path)

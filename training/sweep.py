@@ -134,7 +134,7 @@ def hand_built(n_tasks: int, facts_per_task: int, data_seed: int) -> dict[str, A
     from construction.model import build
     from training.compare import certified_pass
     from training.data import query_data
-    from cli.compose import check_built
+    from workflow.check import check_built
     from training.metrics import distinct_experts, entropy, parameter_counts, purity
 
     ts = task_set(n_tasks, facts_per_task, data_seed)

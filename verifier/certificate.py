@@ -83,7 +83,7 @@ class Certificate:
     file_hashes: dict[str, list[str]] = field(default_factory=dict)   # per task: SHA-256 of each facts file
     #: how β and γ were set ("chosen" by the construction or "pinned" by the user) and how far the
     #: chosen ones reach (``vocabulary``: the most tokens γ was chosen for; ``L``); empty: unknown,
-    #: and then kept by an edit as pinned ones are (cli.compose.recertify_since)
+    #: and then kept by an edit as pinned ones are (workflow.since.recertify_since)
     choice: dict[str, Any] = field(default_factory=dict)
 
     def resolved_hashes(self) -> dict[str, str]:

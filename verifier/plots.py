@@ -1,7 +1,7 @@
 """Pictures of a verified model (``python -m verifier plot``), as PNG files.
 
 Three figures, drawn from numbers given to them (this module computes nothing; the
-command line, :mod:`cli.plots`, gathers the numbers):
+library layer, :mod:`workflow.plots`, gathers the numbers):
 
 * :func:`plot_routing`: the task x expert routing matrix (``Report.routing_matrix``),
   each row normalised: the share of a task's task-determined queries that each expert

@@ -18,7 +18,7 @@ query, grouped by template structure and chunked, and decides:
 The verifier reads only a :class:`layout.Weights` and the task set; it knows nothing of
 how the weights were made. Evidence that only the construction can give (the closed
 form, the rebuild-without-each-task isolation check) is attached to the :class:`Report`
-by the command line (:mod:`cli.compose`).
+by the library layer above it (:mod:`workflow.check`).
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ import os
 from fractions import Fraction
 from typing import Sequence
 
-from cli.compose import check_built
+from workflow.check import check_built
 from construction import bound
 from construction.model import SymbolicModel, dyadic
 from tasks.console import progress_bar

@@ -1,8 +1,10 @@
-"""Build and verify: the verifier's report with the construction's evidence attached.
+"""Re-certification after an edit: ``check --since DIR`` and each check of a watcher.
 
-The verifier (:mod:`verifier`) certifies weights without knowing how they were made;
-the construction (:mod:`construction`) knows its closed-form bound and can rebuild each
-expert to check isolation. This module is the one place where both meet.
+The task set is read against the certificate (facts files whose bytes are unchanged are
+taken from it, :mod:`tasks.compiled`), the model is patched or built with the
+certificate's parameters where they serve the edit, and only the queries the edit can
+reach run again (:mod:`verifier.incremental`); the parameters the construction chose are
+chosen anew, with a full check, when they do not (:func:`recertify_since`).
 """
 
 from __future__ import annotations
@@ -10,207 +12,15 @@ from __future__ import annotations
 import time
 from typing import Callable
 
-from construction.evidence import evidence
-from construction.model import SymbolicModel
-from layout import Weights
 from tasks.model import TaskSet
-from verifier.floating import Deployment
-from verifier.parallel import Executor, LocalPool, in_background
-from verifier.verify import Report, verify
+from verifier.parallel import in_background
+from verifier.verify import verify
+from workflow.certificates import (VOCABULARY_HEADROOM, summary_json, build_for_certificate, check_and_record,
+                                   read_keys, save_if_unchanged)
 
 #: edited tasks with at least this many facts in all are checked for isolation in a forked
 #: child while the pass runs (below it, the fork costs more than it saves)
 BACKGROUND_FACTS = 20_000
-
-
-def check_built(taskset: TaskSet, model: SymbolicModel, *, weights: Weights | None = None, isolation: bool = True,
-                jobs: int = 1, progress: Callable[[int, int], None] | None = None, source: str = "weights",
-                executor: Executor | None = None, deployment: Deployment | None = None,
-                classes=None) -> Report:
-    """Verify the model's weights and attach the closed form and (``isolation``) the
-    rebuild-without-each-task check; ``report.seconds`` covers both. Both run their work
-    units on ``executor`` (default: ``jobs`` local processes).
-
-    The construction's evidence is gathered first, so that the symbolic model can be
-    released before the verification (at scale it is the larger part of memory; the
-    numeric weights share its coefficient-1 matrices).
-    """
-    start = time.perf_counter()
-    weights = weights if weights is not None else model.instantiate()
-    epsilon = model.epsilon
-    executor = executor if executor is not None else LocalPool(jobs)
-    ev = evidence(taskset, model, check_isolation=isolation, map_fn=executor.map)
-    del model
-    report = verify(taskset, weights, epsilon, source=source, progress=progress, executor=executor,
-                    deployment=deployment, classes=classes)
-    notes = list(ev.notes)
-    if deployment is not None:
-        notes.append(f"the closed-form bound is the exact model's; the measured errors are of every execution in "
-                     f"{deployment.fmt.name}")
-    report.attach(ev.closed_form, ev.bound, ev.gate, ev.isolated, notes, ev.bound_proven)
-    report.seconds = time.perf_counter() - start
-    return report
-
-
-#: Construction targets tried by :func:`build_for` (each half the previous).
-ATTEMPTS = 12
-
-
-def build_for(taskset: TaskSet, deployment: Deployment, epsilon: float | None = None, beta: float | None = None,
-              gamma: float | None = None, *, executor: Executor | None = None) -> tuple[SymbolicModel, list[dict]]:
-    """A model whose certificate holds at ε for every execution in ``deployment``.
-
-    The construction's parameters come from a target error: for the exact model that
-    target is ε itself. Rounding adds error, so when the deployed certificate fails the
-    construction is asked for a smaller target ε' = ε/2, ε/4, ... (a larger logit scale γ,
-    and with it a larger β where the gate needs one), at most :data:`ATTEMPTS` times, until
-    the certificate at ε holds in the format. Returns the model (its ``epsilon`` is ε) and
-    one record per attempt (target, β, γ, worst error, certified). Raises TaskError when
-    no parameters can work: the certificate's own floor for |V| tokens
-    (:func:`verifier.floating.error_floor`) is at least ε, or every target failed.
-    """
-    from dataclasses import replace
-
-    from construction.model import build
-    from tasks.errors import TaskError
-    from verifier.floating import error_floor
-
-    epsilon = epsilon if epsilon is not None else (taskset.epsilon if taskset.epsilon is not None else 0.01)
-    floor = error_floor(taskset.vocabulary.size, deployment)
-    name = deployment.fmt.name
-    if floor >= epsilon:
-        raise TaskError(f"no parameters can certify epsilon = {epsilon:g} in {name}: with {taskset.vocabulary.size} "
-                        f"tokens summed in {name} in any order, the output softmax alone leaves an error bound of "
-                        f"at least {floor:.3g} (1 - (1 - kappa)/(1 + gamma_(V-1)), kappa = {deployment.kappa:.3g})",
-                        fix=f"raise epsilon above {floor:.3g}, or deploy in a wider format")
-    attempts: list[dict] = []
-    target = epsilon
-    for _ in range(ATTEMPTS):
-        try:
-            model = replace(build(taskset, epsilon=target, beta=beta, gamma=gamma), epsilon=epsilon)
-        except TaskError:
-            if not attempts:
-                raise
-            break                     # no parameters reach this target: the previous ones were the last
-
-        report = verify(taskset, model.instantiate(), epsilon, executor=executor, deployment=deployment)
-        attempts.append({"target": target, "beta": str(model.beta), "gamma": str(model.gamma),
-                         "worst_error": report.measured_worst, "certified": report.certified,
-                         "failing": _failing_checks(report)})
-        if report.certified:
-            return model, attempts
-        if gamma is not None:
-            break
-        target /= 2.0
-    shown = attempts if len(attempts) <= 2 else [attempts[0], attempts[-1]]
-    tried = (f"{len(attempts)} targets from {attempts[0]['target']:.3g} to {attempts[-1]['target']:.3g}: "
-             if len(attempts) > 2 else "") + ", ".join(
-        f"{a['target']:.3g} (worst error {a['worst_error']:.3g}; failing: {a['failing']})" for a in shown)
-    raise TaskError(f"no construction target made the {name} certificate hold at epsilon = {epsilon:g}; "
-                    f"tried {tried}", fix=f"raise epsilon, or deploy in a wider format")
-
-
-def _failing_checks(report: Report) -> str:
-    """Which checks failed and on how many queries (for build_for's refusal): a worst error
-    below epsilon with routing failing says that routing, not the error, is out of reach."""
-    tasks = report.tasks
-    parts = [f"{what} on {n:,} queries" for what, n in (("error", sum(t.over_epsilon for t in tasks)),
-                                                         ("routing", sum(t.misrouted for t in tasks))) if n]
-    parts += [f"{what} of {n} tasks" for what, n in
-              (("size", sum(not t.size_ok for t in tasks)), ("entanglement", sum(not t.entanglement_ok for t in tasks)))
-              if n]
-    return ", ".join(parts) or "none"
-
-
-# --- saved certificates and re-certification after an edit -------------------------------------
-
-
-def _cert_summary(report: Report) -> dict:
-    """The report as the certificate records it: plain JSON values, as they read back (a copy,
-    so that what is added to the report later is not in it)."""
-    import json
-
-    from verifier.report import report_json
-    return json.loads(json.dumps(report_json(report), default=float))
-
-
-#: A saved certificate's computed γ serves a vocabulary this many times the task set's, so that
-#: edits adding entities keep its parameters and stay incremental (README 'Editing knowledge').
-VOCABULARY_HEADROOM = 4
-
-
-def build_for_certificate(taskset: TaskSet, epsilon: float | None = None, beta: float | None = None,
-                          gamma: float | None = None) -> tuple[SymbolicModel, dict]:
-    """The model a saved certificate is made of, and how its parameters were set: β and γ
-    given (``beta``, ``gamma``) or written in the tasks file are kept ("pinned"); else the
-    construction chooses them ("chosen"), γ for a vocabulary of :data:`VOCABULARY_HEADROOM`
-    times the task set's, so that the certificate's parameters still serve an edit that adds
-    entities up to that size (the proven bound grows with |V|, so a γ for more tokens also
-    holds for fewer)."""
-    from construction.model import build
-
-    file = taskset.parameters
-    reach = VOCABULARY_HEADROOM * taskset.vocabulary.size
-    model = build(taskset, epsilon=epsilon, beta=beta, gamma=gamma, vocabulary_reach=reach)
-    choice = {name: "pinned" if given is not None or name in file else "chosen"
-              for name, given in (("beta", beta), ("gamma", gamma))}
-    choice.update(vocabulary=reach if choice["gamma"] == "chosen" else taskset.vocabulary.size, L=taskset.L)
-    return model, choice
-
-
-def check_and_save(taskset: TaskSet, model: SymbolicModel, directory: str, *, isolation: bool = True, jobs: int = 1,
-                   progress: Callable[[int, int], None] | None = None, source: str = "weights",
-                   tasks_path: str | None = None, cell_queries: int | None = None, read_as=None,
-                   choice: dict | None = None) -> Report:
-    """``check --certificate DIR``: :func:`check_and_record`, the certificate saved to DIR
-    (see :func:`save_if_unchanged` for ``read_as``; ``choice`` as :func:`build_for_certificate` returns it)."""
-    report, cert = check_and_record(taskset, model, isolation=isolation, jobs=jobs, progress=progress, source=source,
-                                    cell_queries=cell_queries, choice=choice)
-    save_if_unchanged(cert, directory, tasks_path, read_as)
-    report.notes.append(f"certificate saved to {directory}")
-    return report
-
-
-def save_if_unchanged(cert, directory: str, tasks_path: str | None, read_as=None) -> None:
-    """Save ``cert`` to ``directory``, unless an input file of ``tasks_path`` was written since
-    its status was ``read_as`` (:func:`tasks.io.input_signature`, taken before the inputs were
-    read): the tasks file and its facts files may then have been read in versions that never
-    existed together. (The certificate's pairing of each facts file's hash with its facts
-    does not rest on this check, which sees only sizes and timestamps: the loader hashes
-    the bytes it parses, ``Sources.facts_keys``.)"""
-    from tasks.errors import TaskError
-    from tasks.io import input_signature
-    from verifier.certificate import save_certificate
-
-    if read_as is not None and tasks_path is not None and input_signature(tasks_path) != read_as:
-        raise TaskError("an input file was written while it was being checked; nothing was saved", file=tasks_path,
-                        fix="run the check again once the files are saved")
-    save_certificate(cert, directory)
-
-
-def check_and_record(taskset: TaskSet, model: SymbolicModel, *, isolation: bool = True, jobs: int = 1,
-                     progress: Callable[[int, int], None] | None = None, source: str = "weights",
-                     cell_queries: int | None = None, choice: dict | None = None):
-    """The full check, with the certificate that records its query classes for later edits
-    (cells of about ``cell_queries`` queries, default ``verifier.classes.CELL_QUERIES``):
-    (report, certificate), nothing saved. ``choice``: how the model's parameters were set
-    (:func:`build_for_certificate`), recorded in the certificate."""
-    from tasks.structure import StructureTrie
-    from verifier.certificate import Certificate, task_hash
-    from verifier.classes import CellPlan, ClassRecorder
-    from verifier.locality import watched_neurons
-
-    weights = model.instantiate()
-    trie = StructureTrie(taskset)
-    plan = CellPlan.of(taskset, trie) if cell_queries is None else CellPlan.of(taskset, trie, cell_queries)
-    watched = watched_neurons(weights)
-    recorder = ClassRecorder.for_weights(taskset, trie, plan, weights, model.epsilon, watched)
-    report = check_built(taskset, model, weights=weights, isolation=isolation, jobs=jobs, progress=progress,
-                         source=source, classes=recorder)
-    cert = Certificate(model.epsilon, report.verdict, taskset, weights, recorder.table(), plan, watched,
-                       _cert_summary(report), {t.name: task_hash(t) for t in taskset.tasks}, read_keys(taskset),
-                       dict(choice or {}))
-    return report, cert
 
 
 def task_hashes_since(old, taskset: TaskSet, reused: set[str], token_map) -> tuple[dict[str, str | None], set[str]]:
@@ -249,19 +59,6 @@ def task_hashes_since(old, taskset: TaskSet, reused: set[str], token_map) -> tup
         if before != hashes[t.name]:
             edited.add(t.name)
     return hashes, edited
-
-
-def read_keys(taskset: TaskSet) -> dict[str, list[str]]:
-    """What a certificate records of the facts files: per task, the keys of the bytes its
-    facts were read from, as the loader recorded them (``Sources.facts_keys``). Never a
-    second read of the files: a file written after the load would pair its hash with the
-    facts of the bytes before, and a later ``check --since`` would reuse facts the file no
-    longer holds. A task set not loaded from a file records none (its facts files, if any,
-    are read again by the next ``check --since``)."""
-    keys = taskset.sources.facts_keys if taskset.sources is not None else None
-    if not keys:
-        return {}
-    return {t.name: list(keys[t.name]) for t in taskset.tasks if t.name in keys}
 
 
 def pinned_parameters(old, taskset: TaskSet) -> tuple[float, float]:
@@ -597,6 +394,6 @@ def _recertify_kept(taskset: TaskSet, *, old, cache=None, isolation: bool = True
     report.incremental["recertify_seconds"] = round(time.perf_counter() - start, 3)
     report.seconds = time.perf_counter() - start
     report.incremental["seconds"] = round(report.seconds, 3)
-    cert = Certificate(epsilon, report.verdict, taskset, weights, table, plan, watched, _cert_summary(report),
+    cert = Certificate(epsilon, report.verdict, taskset, weights, table, plan, watched, summary_json(report),
                        hashes, file_hashes)
     return report, sorted(edited), cert

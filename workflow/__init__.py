@@ -1,0 +1,14 @@
+"""The library layer: what each command does, without the command line.
+
+The verifier certifies weights without knowing how they were made; the construction builds
+them and knows its own evidence. These modules compose the two for a task set, and are
+what :mod:`cli` parses arguments for and prints; a library user calls them directly:
+
+* :mod:`workflow.check`: build (for a floating-point deployment, if asked) and verify,
+  with the construction's evidence attached (``check``, ``build --precision``);
+* :mod:`workflow.certificates`: the full check that saves a certificate, and the
+  parameters it leaves room with (``check --certificate``);
+* :mod:`workflow.since`: re-certification of an edit from a certificate (``check --since``);
+* :mod:`workflow.watching`: a certificate held in memory, re-certified at each edit (``watch``);
+* :mod:`workflow.plots`: the pictures that need both sides (``plot``).
+"""

@@ -1,0 +1,119 @@
+"""Check a task set: build the model (for a precision, if asked), verify it, attach the construction's evidence.
+
+The verifier (:mod:`verifier`) certifies weights without knowing how they were made;
+the construction (:mod:`construction`) knows its closed-form bound and can rebuild each
+expert to check isolation. :func:`check_built` is where both meet; :func:`build_for`
+aims the construction at a floating-point deployment.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+from construction.evidence import evidence
+from construction.model import SymbolicModel
+from layout import Weights
+from tasks.model import TaskSet
+from verifier.floating import Deployment
+from verifier.parallel import Executor, LocalPool
+from verifier.verify import Report, verify
+
+
+def check_built(taskset: TaskSet, model: SymbolicModel, *, weights: Weights | None = None, isolation: bool = True,
+                jobs: int = 1, progress: Callable[[int, int], None] | None = None, source: str = "weights",
+                executor: Executor | None = None, deployment: Deployment | None = None,
+                classes=None) -> Report:
+    """Verify the model's weights and attach the closed form and (``isolation``) the
+    rebuild-without-each-task check; ``report.seconds`` covers both. Both run their work
+    units on ``executor`` (default: ``jobs`` local processes).
+
+    The construction's evidence is gathered first, so that the symbolic model can be
+    released before the verification (at scale it is the larger part of memory; the
+    numeric weights share its coefficient-1 matrices).
+    """
+    start = time.perf_counter()
+    weights = weights if weights is not None else model.instantiate()
+    epsilon = model.epsilon
+    executor = executor if executor is not None else LocalPool(jobs)
+    ev = evidence(taskset, model, check_isolation=isolation, map_fn=executor.map)
+    del model
+    report = verify(taskset, weights, epsilon, source=source, progress=progress, executor=executor,
+                    deployment=deployment, classes=classes)
+    notes = list(ev.notes)
+    if deployment is not None:
+        notes.append(f"the closed-form bound is the exact model's; the measured errors are of every execution in "
+                     f"{deployment.fmt.name}")
+    report.attach(ev.closed_form, ev.bound, ev.gate, ev.isolated, notes, ev.bound_proven)
+    report.seconds = time.perf_counter() - start
+    return report
+
+
+#: Construction targets tried by :func:`build_for` (each half the previous).
+ATTEMPTS = 12
+
+
+def build_for(taskset: TaskSet, deployment: Deployment, epsilon: float | None = None, beta: float | None = None,
+              gamma: float | None = None, *, executor: Executor | None = None) -> tuple[SymbolicModel, list[dict]]:
+    """A model whose certificate holds at ε for every execution in ``deployment``.
+
+    The construction's parameters come from a target error: for the exact model that
+    target is ε itself. Rounding adds error, so when the deployed certificate fails the
+    construction is asked for a smaller target ε' = ε/2, ε/4, ... (a larger logit scale γ,
+    and with it a larger β where the gate needs one), at most :data:`ATTEMPTS` times, until
+    the certificate at ε holds in the format. Returns the model (its ``epsilon`` is ε) and
+    one record per attempt (target, β, γ, worst error, certified). Raises TaskError when
+    no parameters can work: the certificate's own floor for |V| tokens
+    (:func:`verifier.floating.error_floor`) is at least ε, or every target failed.
+    """
+    from dataclasses import replace
+
+    from construction.model import build
+    from tasks.errors import TaskError
+    from verifier.floating import error_floor
+
+    epsilon = epsilon if epsilon is not None else (taskset.epsilon if taskset.epsilon is not None else 0.01)
+    floor = error_floor(taskset.vocabulary.size, deployment)
+    name = deployment.fmt.name
+    if floor >= epsilon:
+        raise TaskError(f"no parameters can certify epsilon = {epsilon:g} in {name}: with {taskset.vocabulary.size} "
+                        f"tokens summed in {name} in any order, the output softmax alone leaves an error bound of "
+                        f"at least {floor:.3g} (1 - (1 - kappa)/(1 + gamma_(V-1)), kappa = {deployment.kappa:.3g})",
+                        fix=f"raise epsilon above {floor:.3g}, or deploy in a wider format")
+    attempts: list[dict] = []
+    target = epsilon
+    for _ in range(ATTEMPTS):
+        try:
+            model = replace(build(taskset, epsilon=target, beta=beta, gamma=gamma), epsilon=epsilon)
+        except TaskError:
+            if not attempts:
+                raise
+            break                     # no parameters reach this target: the previous ones were the last
+
+        report = verify(taskset, model.instantiate(), epsilon, executor=executor, deployment=deployment)
+        attempts.append({"target": target, "beta": str(model.beta), "gamma": str(model.gamma),
+                         "worst_error": report.measured_worst, "certified": report.certified,
+                         "failing": _failing_checks(report)})
+        if report.certified:
+            return model, attempts
+        if gamma is not None:
+            break
+        target /= 2.0
+    shown = attempts if len(attempts) <= 2 else [attempts[0], attempts[-1]]
+    tried = (f"{len(attempts)} targets from {attempts[0]['target']:.3g} to {attempts[-1]['target']:.3g}: "
+             if len(attempts) > 2 else "") + ", ".join(
+        f"{a['target']:.3g} (worst error {a['worst_error']:.3g}; failing: {a['failing']})" for a in shown)
+    raise TaskError(f"no construction target made the {name} certificate hold at epsilon = {epsilon:g}; "
+                    f"tried {tried}", fix="raise epsilon, or deploy in a wider format")
+
+
+def _failing_checks(report: Report) -> str:
+    """Which checks failed and on how many queries (for build_for's refusal): a worst error
+    below epsilon with routing failing says that routing, not the error, is out of reach."""
+    tasks = report.tasks
+    parts = [f"{what} on {n:,} queries" for what, n in (("error", sum(t.over_epsilon for t in tasks)),
+                                                         ("routing", sum(t.misrouted for t in tasks))) if n]
+    parts += [f"{what} of {n} tasks" for what, n in
+              (("size", sum(not t.size_ok for t in tasks)), ("entanglement", sum(not t.entanglement_ok for t in tasks)))
+              if n]
+    return ", ".join(parts) or "none"
