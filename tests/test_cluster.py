@@ -105,6 +105,16 @@ def test_a_unit_that_always_kills_its_worker_fails_with_one_line(client):
     assert "\n" not in str(info.value)
 
 
+def test_no_worker_ends_the_run_with_one_line():
+    """A cluster without a running worker: the run stops after its timeout (scattering its
+    shared state finds no worker), rather than waiting for ever."""
+    with distributed.LocalCluster(n_workers=0, processes=True, dashboard_address=":0") as cl:
+        with distributed.Client(cl) as c:
+            with pytest.raises(ClusterError, match="no Dask worker has been running for 1 s") as info:
+                list(DaskExecutor(c, timeout=1).map(lambda shared, item: item, None, [1, 2]))
+    assert "\n" not in str(info.value)
+
+
 class _Lossy:
     """An executor that loses the result of one work unit (as a faulty engine might)."""
 
@@ -141,6 +151,8 @@ def test_cli_scheduler_local(capsys, tmp_path):
     (["--scheduler", "local:0"], "positive integer"),
     (["--scheduler", "local:2", "--jobs", "2"], "exclude each other"),
     (["--scheduler", "tcp://127.0.0.1:9"], "cannot reach a Dask scheduler"),
+    (["--cluster-timeout", "5"], "needs --scheduler"),
+    (["--cluster-timeout", "5", "--certificate", "cert"], "--cluster-timeout does not combine"),
 ])
 def test_scheduler_errors_are_one_line(capsys, monkeypatch, argv, words):
     monkeypatch.setattr("verifier.cluster.CONNECT_TIMEOUT", "2s")
