@@ -3,8 +3,9 @@
 A two-worker ``LocalCluster`` (separate processes) runs the work units of a generated set
 of about 100k facts; its JSON report must equal the local run's, timings aside, for a
 model that certifies and for one that does not (same counterexamples). A worker killed
-mid-run must leave either the same report (the scheduler reruns its units) or one clear
-error line, never a certificate.
+mid-run must leave the same report (its units rerun, its shards scattered again); a
+unit that kills every worker, or a cluster without workers, one clear error line, never
+a certificate. (tests/test_cluster_faults.py kills workers of a real deployment.)
 """
 
 from __future__ import annotations
@@ -74,7 +75,7 @@ def test_dask_report_equals_local_when_not_certified(client, big):
     assert _comparable(remote) == _comparable(local)
 
 
-def test_a_worker_killed_mid_run_changes_nothing_or_fails_cleanly(client, big):
+def test_a_worker_killed_mid_run_changes_nothing(client, big):
     ts, model, weights = big
     local = verify(ts, weights, model.epsilon, executor=LocalPool(1))
     pids = client.run(os.getpid)
@@ -86,11 +87,7 @@ def test_a_worker_killed_mid_run_changes_nothing_or_fails_cleanly(client, big):
             os.kill(victim, signal.SIGKILL)
             killed.append(done)
 
-    try:
-        remote = verify(ts, weights, model.epsilon, executor=DaskExecutor(client), progress=progress)
-    except ClusterError as exc:   # the scheduler gave up on a unit: one line, no report
-        assert "no report was produced" in str(exc) and "\n" not in str(exc)
-        return
+    remote = verify(ts, weights, model.epsilon, executor=DaskExecutor(client), progress=progress)
     assert killed and killed[0] < remote.queries
     assert _comparable(remote) == _comparable(local)
     client.wait_for_workers(2, timeout=60)
