@@ -43,6 +43,9 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--jobs", type=_jobs, default=1, metavar="N", help="worker processes (0: one per CPU); the result does not depend on it")
     c.add_argument("--scheduler", metavar="ADDRESS", help="run the work on a Dask cluster instead: a scheduler address "
                    "(tcp://HOST:8786) or local:N for N local workers (needs the dask extra); the report is the same")
+    c.add_argument("--cluster-timeout", type=_positive, default=None, metavar="SECONDS",
+                   help="with --scheduler: stop (exit status 2, no report) after this long with no work unit "
+                        "completed while the scheduler has no running worker or does not answer (default 60)")
     c.add_argument("--precision", choices=PRECISIONS, default="exact",
                    help="what is certified: the exact forward pass (default), or every execution of the model "
                         "deployed in this floating-point format (weights rounded to it, any summation order, "
@@ -239,13 +242,16 @@ def _executor(args):
     from verifier.parallel import LocalPool
 
     if args.scheduler is None:
+        if args.cluster_timeout is not None:
+            raise TaskError("--cluster-timeout needs --scheduler", fix="drop it, or run on a cluster with --scheduler")
         yield LocalPool(args.jobs)
         return
     if args.jobs != 1:
         raise TaskError("--jobs and --scheduler exclude each other", fix="size the cluster instead (local:N, or its workers)")
-    from verifier.cluster import connect
+    from verifier.cluster import NO_WORKER_TIMEOUT, connect
 
-    with connect(args.scheduler) as executor:
+    timeout = args.cluster_timeout if args.cluster_timeout is not None else NO_WORKER_TIMEOUT
+    with connect(args.scheduler, timeout) as executor:
         yield executor
 
 
@@ -322,9 +328,10 @@ def _check_certificate(args, deployment, progress) -> int:
     from verifier.report import dumps, summary
     from verifier.runner import COMBINATIONS
 
-    if args.weights:
-        raise TaskError("--certificate and --since work on models this tool builds; --weights does not combine "
-                        "with them", fix="drop --weights")
+    for flag, bad in (("--weights", args.weights), ("--cluster-timeout", getattr(args, "cluster_timeout", None))):
+        if bad:
+            raise TaskError(f"--certificate and --since work on models this tool builds, on local processes; {flag} "
+                            f"does not combine with them", fix=f"drop {flag}")
     refusal = COMBINATIONS[("exact" if deployment is None else "float",
                             "cluster" if getattr(args, "scheduler", None) else "local", True)]
     if refusal is not None:

@@ -8,21 +8,54 @@
   when first needed and scattered to *one* worker, and each work unit (a batch's rows of
   that shard) refers to its shard by future, so a worker holds only the shards it serves
   and a unit ships only its rows;
-* :meth:`DaskExecutor.map` (the leave-one-out rebuilds): one shared state (task set and
-  experts) scattered to every worker once (``broadcast=True``).
+* :meth:`DaskExecutor.map` (the evidence phase's leave-one-out rebuilds): the same with a
+  single part, the shared state (task set and experts), scattered to one worker; a
+  worker that runs a unit fetches it from a holder.
 
 At most ``window`` units per worker thread are in flight and results are taken in the
 order they were submitted, so the client holds a bounded number of compact results and
-the report is the one a local run gives.
+the report is the one a local run gives (a unit is a pure function of its part and
+payload, so running it again gives the same result).
 
-**Faults.** A worker that dies mid-run takes its units with it; the scheduler runs them
-again on another worker (up to ``distributed.scheduler.allowed-failures`` times per
-unit). A shard lost with its worker is built and scattered again and its units are
-resubmitted (up to ``retries`` times per unit); a broadcast state survives while one
-worker holding it does. If a unit still cannot be completed, or the scheduler goes
-away, :meth:`map` and :meth:`map_keyed` raise a
-:class:`ClusterError` (one line, exit status 2): there is no report, and in particular
-no certificate. The report itself also counts the queries sent and the queries whose
+**Faults.** What a run survives, with the report a local run gives (tested on a real
+deployment, ``dask scheduler`` and two ``dask worker`` processes with nannies, by SIGKILL
+of a worker and its nanny in the evidence phase and in the certified pass):
+
+* a worker lost while it runs units: the scheduler runs them again on another worker
+  (a unit that was running on ``distributed.scheduler.allowed-failures`` + 1 workers
+  that died, 4 by default, is taken for the cause, ``KilledWorker``, and ends the run);
+* a worker lost with the only copy of a part (a shard, or the shared state): the
+  scheduler drops the units that need it (they come back cancelled); each is submitted
+  again, the part built and scattered again first (once per loss, however many units it
+  dropped), up to ``retries`` times per unit;
+* no running worker for less than ``timeout`` seconds (all lost, none started yet, or
+  all paused): the run waits for one.
+
+Nothing relies on copies that Dask may drop or never make. There is no ``broadcast``:
+the scheduler's replication loop retried a dead worker forever (the run hung, the
+surviving worker logging "Could not find data"), and Dask's active memory manager drops
+the replicas of data no waiting task needs anyway (then the run stopped on a unit
+"cancelled" for lost data).
+
+What ends the run, with a :class:`ClusterError` (one line, exit status 2; no report, and
+in particular no certificate):
+
+* ``timeout`` seconds (``--cluster-timeout``, default 60) in which no unit completed and
+  the scheduler never said it had a running worker (no answer counts as none);
+* the connection to the scheduler lost (the client then drops every future): at once,
+  or, when a scatter was under way, once the client gives up reconnecting
+  (``min(CONNECT_TIMEOUT, timeout)``);
+* a unit dropped more than ``retries`` times, or taken for the cause of its workers'
+  deaths; a scatter that failed more than ``retries`` times while workers were running.
+
+Every wait is bounded: a unit's completion is awaited ``poll`` seconds (at most 1) at a
+time and, between two, the scheduler is asked how many workers it has running (within
+``timeout``); a result is fetched within ``timeout``, a failed fetch tried again; a
+scatter waits ``poll`` seconds for a worker, and its transfer is bounded by Dask's
+connection timeouts (``distributed.comm.timeouts``). A unit that runs on a live worker
+is waited for however long it takes (a worker that stops answering is removed by the
+scheduler after ``distributed.scheduler.worker-ttl``, 5 minutes by default, and its
+units run again). The report also counts the queries sent and the queries whose
 results were recorded, and certifies only when they agree.
 
 :func:`connect` opens a client from the command line's ``--scheduler`` value:
@@ -33,8 +66,11 @@ machine; anything else is a scheduler address such as ``tcp://10.0.0.5:8786``.
 from __future__ import annotations
 
 import contextlib
+import logging
+import time
 from collections import deque
 from concurrent.futures import CancelledError
+from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator, TypeVar
 
 from tasks.errors import TaskError
@@ -45,6 +81,9 @@ R = TypeVar("R")
 
 INSTALL_HINT = "install the dask extra: pip install -e .[dask]"
 CONNECT_TIMEOUT = "20s"
+#: seconds without a completed unit and without a running worker before a run stops
+NO_WORKER_TIMEOUT = 60.0
+NO_REPORT = "no report was produced"
 
 
 class ClusterError(TaskError):
@@ -59,54 +98,51 @@ def require_distributed():
     return distributed
 
 
+def _failed(exc: BaseException) -> ClusterError:
+    return ClusterError(f"the Dask cluster could not complete the run ({type(exc).__name__}: {exc}); {NO_REPORT}",
+                        fix="check the workers (memory, logs) and run again")
+
+
+def _scheduler_lost() -> ClusterError:
+    return ClusterError(f"the connection to the Dask scheduler was lost; {NO_REPORT}",
+                        fix="check the scheduler (its log, the network) and run again")
+
+
 class DaskExecutor:
     """Work units on a Dask cluster through ``client``; see the module docstring.
 
     ``shards``: how many shards of tasks the certified pass cuts the weights into
-    (default: two per worker thread), each scattered to one worker."""
+    (default: two per worker thread), each scattered to one worker. ``timeout``: seconds
+    a run may go without a completed unit while no worker is running before it stops."""
 
     shares_memory = False
 
-    def __init__(self, client, window: int = 2, shards: int | None = None, retries: int = 3) -> None:
-        self.client, self.window, self.retries = client, window, retries
+    def __init__(self, client, window: int = 2, shards: int | None = None, retries: int = 3,
+                 timeout: float = NO_WORKER_TIMEOUT) -> None:
+        self.client, self.window, self.retries, self.timeout = client, window, retries, timeout
         self._shards = shards
 
     @property
     def shards(self) -> int:
-        return self._shards if self._shards is not None else 2 * (sum(self.client.nthreads().values()) or 1)
+        return self._shards if self._shards is not None else 2 * self._threads()
 
     def _slots(self) -> int:
-        threads = sum(self.client.nthreads().values()) or 1
-        return max(2, self.window * threads)
+        return max(2, self.window * self._threads())
+
+    def _threads(self) -> int:
+        """The cluster's worker threads (at least 1), as the scheduler says within ``timeout`` s."""
+        if self.client.status != "running":
+            raise _scheduler_lost()
+        try:
+            return sum(self.client.nthreads(callback_timeout=self.timeout).values()) or 1
+        except (OSError, TimeoutError):
+            raise _scheduler_lost() from None
 
     def map(self, fn: Callable[[S, T], R], shared: S, items: Iterable[T]) -> Iterator[tuple[T, R]]:
-        distributed = require_distributed()
-        client = self.client
-        pending: deque = deque()
-        shared_future = None
-        try:
-            shared_future = client.scatter(shared, broadcast=True, hash=False)
-            slots = self._slots()
-            for item in items:
-                pending.append((item, client.submit(fn, shared_future, item, pure=False)))
-                if len(pending) >= slots:
-                    done, future = pending.popleft()
-                    yield done, future.result()
-            while pending:
-                done, future = pending.popleft()
-                yield done, future.result()
-        except (distributed.KilledWorker, distributed.comm.CommClosedError, CancelledError, OSError, TimeoutError) as exc:
-            # CancelledError: the scheduler dropped a unit, e.g. after losing every copy of
-            # the scattered weights with the workers that held them
-            raise ClusterError(f"the Dask cluster could not complete the run ({type(exc).__name__}: {exc}); "
-                               f"no report was produced",
-                               fix="check the workers (memory, logs) and run again") from None
-        finally:
-            for _, future in pending:
-                future.cancel()
-            if shared_future is not None:
-                client.cancel([shared_future])
-
+        """``fn(shared, item)`` for each item, in order: :meth:`map_keyed` with one part,
+        ``shared``, so that it is scattered to one worker and scattered again if lost."""
+        for (_, item), result in self.map_keyed(fn, lambda _key: shared, ((None, item) for item in items)):
+            yield item, result
 
     def map_keyed(self, fn: Callable[[S, T], R], part: Callable[[object], S],
                   items: Iterable[tuple[object, T]]) -> Iterator[tuple[tuple[object, T], R]]:
@@ -115,45 +151,164 @@ class DaskExecutor:
         when a worker dies with it, it is built and scattered again and the units that
         needed it are resubmitted (up to ``retries`` times per unit)."""
         distributed = require_distributed()
-        client = self.client
-        parts: dict = {}
-        pending: deque = deque()
-
-        def submit(key, payload):
-            if key not in parts:
-                parts[key] = client.scatter(part(key), hash=False)
-            return client.submit(fn, parts[key], payload, pure=False)
-
-        def result(key, payload, future):
-            for attempt in range(self.retries + 1):
-                try:
-                    return future.result()
-                except CancelledError:      # the worker holding the part died with it
-                    if attempt == self.retries:
-                        raise
-                    if key in parts and parts[key].status != "finished":
-                        del parts[key]              # lost: build and scatter it again
-                    future = submit(key, payload)
-            raise AssertionError("unreachable")
-
+        run = _Run(self.client, fn, part, self.retries, _Liveness(self.client, self.timeout))
         try:
             slots = self._slots()
             for key, payload in items:
-                pending.append(((key, payload), submit(key, payload)))
-                if len(pending) >= slots:
-                    (k, p), future = pending.popleft()
-                    yield (k, p), result(k, p, future)
-            while pending:
-                (k, p), future = pending.popleft()
-                yield (k, p), result(k, p, future)
-        except (distributed.KilledWorker, distributed.comm.CommClosedError, CancelledError, OSError, TimeoutError) as exc:
-            raise ClusterError(f"the Dask cluster could not complete the run ({type(exc).__name__}: {exc}); "
-                               f"no report was produced",
-                               fix="check the workers (memory, logs) and run again") from None
+                run.pending.append(run.submit(key, payload))
+                if len(run.pending) >= slots:
+                    yield run.take()
+            while run.pending:
+                yield run.take()
+        except (distributed.KilledWorker, CancelledError, OSError, TimeoutError) as exc:
+            # KilledWorker: the scheduler took a unit for the cause of its workers' deaths;
+            # OSError (CommClosedError among them), TimeoutError: a transfer failed for good
+            raise _failed(exc) from None
         finally:
-            for _, future in pending:
-                future.cancel()
-            client.cancel(list(parts.values()))
+            run.release()
+
+
+@dataclass(frozen=True)
+class _Unit:
+    """A work unit in flight: its future, and the scattered copy of its part it was submitted against."""
+
+    key: object
+    payload: object
+    future: object
+    generation: int           # of the part's scattered copy (0: the first; +1 each time it is scattered again)
+    resubmitted: int = 0      # times the unit was dropped and submitted again
+
+
+class _Liveness:
+    """The bound on every wait of one run: :meth:`check` raises a :class:`ClusterError` once
+    ``timeout`` seconds have passed with no unit completed (:meth:`progressed`) and no
+    running worker seen. The scheduler is given ``timeout`` seconds to answer (a busy
+    scheduler on a loaded machine may take seconds); no answer counts as no worker, so a
+    scheduler that stops answering also ends the run."""
+
+    def __init__(self, client, timeout: float) -> None:
+        self.client, self.timeout = client, timeout
+        self.poll = max(0.05, min(1.0, timeout / 4))
+        self.since = time.monotonic()
+
+    def progressed(self) -> None:
+        self.since = time.monotonic()
+
+    def running_workers(self) -> int:
+        """As the scheduler says within ``timeout`` s (no answer: 0). A client that lost its
+        connection to the scheduler (and with it every future of the run) ends the run."""
+        if self.client.status != "running":
+            raise _scheduler_lost()
+        try:
+            return len(self.client.sync(self.client.scheduler.ncores_running, callback_timeout=self.timeout))
+        except (OSError, TimeoutError):
+            return 0
+
+    def check(self) -> int:
+        """The number of running workers; raises when there have been none for ``timeout`` s."""
+        workers = self.running_workers()
+        if workers:
+            self.since = time.monotonic()
+        elif time.monotonic() - self.since > self.timeout:
+            raise ClusterError(f"no Dask worker has been running for {self.timeout:g} s and no work unit completed; "
+                               f"{NO_REPORT}", fix="start workers (dask worker SCHEDULER-ADDRESS) and run again, "
+                                                  "or give them longer with --cluster-timeout SECONDS")
+        return workers
+
+
+class _Run:
+    """One :meth:`DaskExecutor.map_keyed` call: the scattered parts and the units in flight.
+
+    ``parts[key]`` is ``(future, generation)``. When the scheduler loses every copy of a
+    part (its holder died), it drops the units that need it (they are cancelled, as is any
+    unit submitted against it later). A dropped unit is submitted again; its part is
+    scattered again first if the unit was submitted against the copy now current, or if
+    the client knows that copy lost too (a unit submitted against an older copy otherwise
+    finds the new one already there), so one loss costs one scatter however many units
+    it dropped."""
+
+    def __init__(self, client, fn: Callable, part: Callable, retries: int, liveness: _Liveness) -> None:
+        self.client, self.fn, self.part, self.retries, self.liveness = client, fn, part, retries, liveness
+        self.wait = require_distributed().wait
+        self.parts: dict = {}
+        self.pending: deque[_Unit] = deque()
+
+    def submit(self, key, payload, resubmitted: int = 0) -> _Unit:
+        if key not in self.parts:
+            self.parts[key] = (self._scatter(self.part(key)), 0)
+        future, generation = self.parts[key]
+        return _Unit(key, payload, self.client.submit(self.fn, future, payload, pure=False), generation, resubmitted)
+
+    def _scatter(self, value):
+        """``value`` on one worker, as a future. The scheduler waits ``poll`` seconds for a
+        worker; a failed transfer (its target died) is tried again, up to ``retries`` times
+        while the scheduler has running workers; with none, the liveness bound decides."""
+        failures = 0
+        while True:
+            try:
+                # a one-element list: one key for the whole value, even a tuple
+                return self.client.scatter([value], hash=False, timeout=self.liveness.poll)[0]
+            except (OSError, TimeoutError):
+                if self.liveness.check():
+                    failures += 1
+                    if failures > self.retries:
+                        raise
+
+    def take(self) -> tuple[tuple[object, object], object]:
+        """The oldest unit's ``((key, payload), result)``, once it has one. Its completion is
+        awaited ``poll`` seconds at a time; then its result is fetched within ``timeout``
+        seconds (a fetch that fails or is cut short is tried again after the liveness check:
+        the scheduler computes a result lost with its holder again)."""
+        while True:
+            unit = self.pending[0]
+            try:
+                self.wait([unit.future], timeout=self.liveness.poll)
+            except TimeoutError:
+                self.liveness.check()
+                continue
+            except CancelledError:
+                pass
+            try:
+                result = unit.future.result(timeout=self.liveness.timeout)
+            except CancelledError:
+                self._resubmit_dropped()
+                continue
+            except (OSError, TimeoutError):
+                if unit.future.status == "error":      # the unit itself raised it
+                    raise
+                self.liveness.check()                  # the fetch failed: its holder lost, or the scheduler
+                continue
+            self.liveness.progressed()
+            self.pending.popleft()
+            return (unit.key, unit.payload), result
+
+    def _resubmit_dropped(self) -> None:
+        """Submit again every unit in flight that the scheduler dropped (the client drops
+        them all when it loses the scheduler: then the run ends)."""
+        if self.client.status != "running":
+            raise _scheduler_lost()
+        for n, unit in enumerate(self.pending):
+            if not unit.future.cancelled():
+                continue
+            if unit.resubmitted >= self.retries:
+                raise ClusterError(f"a work unit was dropped {unit.resubmitted + 1} times, its data lost each time "
+                                   f"with the worker that held it (a unit that kills its worker does this); "
+                                   f"{NO_REPORT}",
+                                   fix="check the workers (memory, logs) and run again")
+            future, generation = self.parts[unit.key]
+            if generation == unit.generation or future.status != "finished":   # the current copy is lost
+                self.parts[unit.key] = (self._scatter(self.part(unit.key)), generation + 1)
+                future.release()
+            self.pending[n] = self.submit(unit.key, unit.payload, unit.resubmitted + 1)
+
+    def release(self) -> None:
+        """Let the cluster forget this run's units and parts (non-blocking, even with the scheduler gone)."""
+        for unit in self.pending:
+            unit.future.release()
+        for future, _ in self.parts.values():
+            future.release()
+        self.pending.clear()
+        self.parts.clear()
 
 
 def local_cluster(n: int):
@@ -172,11 +327,29 @@ def local_cluster(n: int):
 
 
 @contextlib.contextmanager
-def connect(spec: str) -> Iterator[DaskExecutor]:
-    """An executor on the cluster named by ``spec`` (``local:N`` or a scheduler address)."""
-    distributed = require_distributed()
-    cluster = None
+def _quiet_logs() -> Iterator[None]:
+    """No log record below CRITICAL in this process while inside: the client's own log
+    lines (e.g. tracebacks as it gives up reconnecting to a lost scheduler, or the
+    messages of a ``LocalCluster``'s scheduler and nannies, which live here) would break
+    the command's one-line error. The faults they tell of are handled, or end the run
+    with that line; the workers' and a remote scheduler's logs keep them."""
+    previous = logging.root.manager.disable
+    logging.disable(logging.ERROR)
     try:
+        yield
+    finally:
+        logging.disable(previous)
+
+
+@contextlib.contextmanager
+def connect(spec: str, timeout: float = NO_WORKER_TIMEOUT) -> Iterator[DaskExecutor]:
+    """An executor on the cluster named by ``spec`` (``local:N`` or a scheduler address);
+    ``timeout``: see :class:`DaskExecutor`. A remote scheduler is given
+    ``min(CONNECT_TIMEOUT, timeout)`` to answer, first and after a lost connection."""
+    import dask.utils
+
+    distributed = require_distributed()
+    with _quiet_logs():
         if spec.startswith("local:"):
             try:
                 n = int(spec.split(":", 1)[1])
@@ -185,17 +358,14 @@ def connect(spec: str) -> Iterator[DaskExecutor]:
             if n < 1:
                 raise TaskError(f"--scheduler {spec}: the number of local workers must be a positive integer",
                                 fix="write e.g. --scheduler local:2")
-            cluster = local_cluster(n)
-            client = distributed.Client(cluster)
-        else:
-            try:
-                client = distributed.Client(spec, timeout=CONNECT_TIMEOUT)
-            except (OSError, TimeoutError, ValueError) as exc:
-                raise TaskError(f"--scheduler {spec}: cannot reach a Dask scheduler ({exc})",
-                                fix="start one with `dask scheduler` and give its address, e.g. tcp://HOST:8786, "
-                                    "or use --scheduler local:N") from None
+            with local_cluster(n) as cluster, distributed.Client(cluster) as client:
+                yield DaskExecutor(client, timeout=timeout)
+            return
+        try:
+            client = distributed.Client(spec, timeout=min(dask.utils.parse_timedelta(CONNECT_TIMEOUT), timeout))
+        except (OSError, TimeoutError, ValueError) as exc:
+            raise TaskError(f"--scheduler {spec}: cannot reach a Dask scheduler ({exc})",
+                            fix="start one with `dask scheduler` and give its address, e.g. tcp://HOST:8786, "
+                                "or use --scheduler local:N") from None
         with client:
-            yield DaskExecutor(client)
-    finally:
-        if cluster is not None:
-            cluster.close()
+            yield DaskExecutor(client, timeout=timeout)

@@ -2,7 +2,8 @@
 
 The verifier hands its work units to an :class:`Executor`: ``map(fn, shared, items)``
 yields ``(item, fn(shared, item))`` in the order of ``items``, where ``shared`` is the
-large read-only state every unit needs (the weights), sent to each worker at most once.
+large read-only state every unit needs (the weights), sent to each worker once (again
+only after a worker died with it: ``verifier.cluster``).
 :class:`LocalPool` is the fork-based pool below: its workers share the caller's memory
 (``shares_memory``). An executor whose workers do not (``verifier.cluster.DaskExecutor``)
 also offers ``map_keyed(fn, part, items)`` over ``(key, payload)`` items, each unit
