@@ -221,19 +221,20 @@ def _build(args, taskset):
 
 def _build_for(args, taskset, deployment, executor=None):
     """The construction, aimed at ``deployment`` when one is given (workflow.check.build_for):
-    (model, notes on the targets tried)."""
+    (model, notes on the targets tried, the deployed pass's report of the model if it ran)."""
     if deployment is None:
-        return _build(args, taskset), []
+        return _build(args, taskset), [], None
     from workflow.check import build_for
 
     model, attempts = build_for(taskset, deployment, epsilon=args.epsilon, beta=args.beta, gamma=args.gamma,
                                 executor=executor)
+    verified = attempts[-1].get("report")
     if len(attempts) == 1:
-        return model, []
+        return model, [], verified
     tried = "; ".join(f"target {a['target']:.3g}: beta={a['beta']}, gamma={a['gamma']}, worst {a['worst_error']:.3g}"
                       for a in attempts)
     return model, [f"built for {deployment.fmt.name}: the construction's target error was tightened until the "
-                   f"{deployment.fmt.name} certificate held ({tried})"]
+                   f"{deployment.fmt.name} certificate held ({tried})"], verified
 
 
 @contextlib.contextmanager
@@ -292,9 +293,9 @@ def cmd_check(args) -> int:
             report = verify(taskset, weights, epsilon, source=args.weights, progress=progress, executor=executor,
                             deployment=deployment)
         else:
-            model, notes = _build_for(args, taskset, deployment, executor)
+            model, notes, verified = _build_for(args, taskset, deployment, executor)
             report = check_built(taskset, model, isolation=not args.no_isolation, progress=progress,
-                                 executor=executor, deployment=deployment)
+                                 executor=executor, deployment=deployment, verified=verified)
             report.notes.extend(notes)
     if args.json:
         _write_text(args.json, dumps(report), _inputs(args))
@@ -553,8 +554,8 @@ def cmd_build(args) -> int:
     taskset = _load(args)
     out = _output_path(args.output, _inputs(args))            # refused before the build (and again at the write)
     deployment = _deployment(args)
-    model, notes = _build_for(args, taskset, deployment)
-    margins = _margins(taskset, model, deployment) if deployment is not None else None
+    model, notes, verified = _build_for(args, taskset, deployment)
+    margins = _margins(taskset, model, deployment, verified) if deployment is not None else None
     layout.save(model.instantiate(), out)
     if args.json:
         data = {"output": args.output, "experts": len(model.experts), "widths": list(model.widths),
@@ -571,14 +572,16 @@ def cmd_build(args) -> int:
     return EXIT_OK
 
 
-def _margins(taskset, model, deployment) -> list[dict]:
-    """Worst error and margin ε − worst of the built weights, exact and in ``deployment``."""
+def _margins(taskset, model, deployment, verified=None) -> list[dict]:
+    """Worst error and margin ε − worst of the built weights, exact and in ``deployment``
+    (``verified``: the deployed report build_for already has)."""
     from verifier.verify import verify
 
     weights = model.instantiate()
     out = []
     for dep in (None, deployment):
-        rep = verify(taskset, weights, model.epsilon, deployment=dep)
+        rep = verified if dep is not None and verified is not None else verify(taskset, weights, model.epsilon,
+                                                                                deployment=dep)
         out.append({"precision": "exact" if dep is None else dep.fmt.name, "worst_error": rep.measured_worst,
                     "margin": model.epsilon - rep.measured_worst, "certified": rep.certified})
     return out
@@ -640,7 +643,7 @@ def _exported(args, taskset):
             from verifier.floating import DEFAULT_ULPS, Deployment
 
             dep = Deployment.named("float32", args.ulps if args.ulps is not None else DEFAULT_ULPS)
-            model, notes = _build_for(args, taskset, dep)
+            model, notes, _ = _build_for(args, taskset, dep)
             certified = (f"built as 'check --precision float32' builds: the float32 certified pass (error, "
                          f"routing, size, entanglement) held at epsilon = {model.epsilon:g} for these weights; "
                          f"check --precision float32 certifies the same sha256")

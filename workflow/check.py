@@ -23,10 +23,12 @@ from verifier.verify import Report, verify
 def check_built(taskset: TaskSet, model: SymbolicModel, *, weights: Weights | None = None, isolation: bool = True,
                 jobs: int = 1, progress: Callable[[int, int], None] | None = None, source: str = "weights",
                 executor: Executor | None = None, deployment: Deployment | None = None,
-                classes=None) -> Report:
+                classes=None, verified: Report | None = None) -> Report:
     """Verify the model's weights and attach the closed form and (``isolation``) the
     rebuild-without-each-task check; ``report.seconds`` covers both. Both run their work
-    units on ``executor`` (default: ``jobs`` local processes).
+    units on ``executor`` (default: ``jobs`` local processes). ``verified``: the verifier's
+    report of these very weights in ``deployment``, already computed (:func:`build_for`
+    verifies the model it returns), which is then not computed again.
 
     The construction's evidence is gathered first, so that the symbolic model can be
     released before the verification (at scale it is the larger part of memory; the
@@ -38,8 +40,11 @@ def check_built(taskset: TaskSet, model: SymbolicModel, *, weights: Weights | No
     executor = executor if executor is not None else LocalPool(jobs)
     ev = evidence(taskset, model, check_isolation=isolation, map_fn=executor.map)
     del model
-    report = verify(taskset, weights, epsilon, source=source, progress=progress, executor=executor,
-                    deployment=deployment, classes=classes)
+    if verified is not None and classes is None:
+        report = verified
+    else:
+        report = verify(taskset, weights, epsilon, source=source, progress=progress, executor=executor,
+                        deployment=deployment, classes=classes)
     notes = list(ev.notes)
     if deployment is not None:
         notes.append(f"the closed-form bound is the exact model's; the measured errors are of every execution in "
@@ -95,6 +100,7 @@ def build_for(taskset: TaskSet, deployment: Deployment, epsilon: float | None = 
                          "worst_error": report.measured_worst, "certified": report.certified,
                          "failing": _failing_checks(report)})
         if report.certified:
+            attempts[-1]["report"] = report       # the verifier's report of the model returned
             return model, attempts
         if gamma is not None:
             break
