@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from budget import examples
 
 from verifier import interval as I
-from verifier.forward import softmax_bounds
+from verifier.interval import softmax_bounds
 
 SETTINGS = settings(max_examples=examples(150), deadline=None)
 

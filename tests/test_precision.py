@@ -167,8 +167,8 @@ def test_pass_uses_weights_rounded_to_the_format(capitals):
     w = weights.replace(b_G=weights.b_G + 1.0 / 3.0)
     for name in ("float32", "bfloat16"):
         fp = FloatPass(w, Deployment.named(name))
-        assert np.array_equal(fp.b_G, FORMATS[name].round(w.b_G)) and not np.array_equal(fp.b_G, w.b_G)
-        assert np.array_equal(fp.UT[0].T.toarray(), FORMATS[name].round(w.U.toarray()))
+        assert np.array_equal(fp.weights.b_G, FORMATS[name].round(w.b_G)) and not np.array_equal(fp.weights.b_G, w.b_G)
+        assert np.array_equal(fp.weights.U.toarray(), FORMATS[name].round(w.U.toarray()))
 
 
 def test_check_precision_cli(tmp_path, capsys):

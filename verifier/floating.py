@@ -89,7 +89,8 @@ from layout import Weights
 from layout.formats import FORMATS, Format, round_weights
 from verifier import execution
 from verifier import interval as I
-from verifier.forward import BatchResult, ratio_bounds
+from verifier.forward import BatchResult
+from verifier.interval import ratio_bounds
 from verifier.interval import SparseInterval
 
 #: Default accuracy of exp and of the division in the deployed softmax, in ulps (F3).
@@ -190,6 +191,159 @@ def error_floor(V: int, dep: Deployment) -> float:
     1 − Σ_valid p̂ <= ε unprovable for ε below 1 − that factor (Lemma F2)."""
     f_lo, _, _ = _factors(V, dep, mass=True)
     return float(I.up(1.0 - f_lo))
+
+
+# --- the execution model as the numbers the compiled pass adds ------------------------------------
+
+
+def _row_counts(M) -> np.ndarray:
+    """Stored entries per row of a sparse matrix (the terms of an entry of M·x)."""
+    M = sp.csr_matrix(M)
+    return np.diff(M.indptr).astype(np.int64)
+
+
+def row_sums(M) -> np.ndarray:
+    """Upper bounds of Σ_j |M_ij| per row (rounded up)."""
+    M = sp.csr_matrix(M)
+    out = np.zeros(M.shape[0])
+    if M.nnz:
+        np.add.at(out, np.repeat(np.arange(M.shape[0]), np.diff(M.indptr)), np.abs(M.data))
+    return I.up(I.up(out) * I.sum_factor(max(int(np.diff(M.indptr).max(initial=1)), 1)))
+
+
+@dataclass(frozen=True)
+class Stages:
+    """Every stage's rounding, for weights as deployed (already rounded to the format): the
+    execution model of :mod:`verifier.execution` read through :meth:`Deployment.rel` and
+    :meth:`Deployment.floor`, for the numbers of terms these weights have. The compiled pass
+    (:mod:`verifier.forward`, :mod:`verifier.kernels`) adds, at each stage, ``rho`` times the
+    stage's sum of |terms| (which it already accumulates for its own float64 rounding) and
+    the stage's absolute ``floor`` (underflow) and ``daz`` allowance (inputs read as zero:
+    each product x·w loses less than e_min·(|x| + |w|), so a sum loses less than
+    e_min·(Σ|x| + Σ|w|), carried through later roundings by at most a factor 2).
+
+    Names: ``h`` the embedding sum, ``q``/``k``/``v`` the head projections, ``s`` the scores,
+    ``mix`` the attention-weighted values, ``or`` the head outputs with the residual sum
+    (one sum of ``n_residual`` terms, per residual coordinate with the stores of the heads
+    writing it), ``g`` the gate with its bias, ``z`` an expert's first layer with its bias,
+    ``o`` its second layer, ``sc`` the gate scale (top1-scaled), ``y`` the output sum,
+    ``l`` the logits. Row sums ``rs_*`` (upper bounds of Σ|w| per output entry) carry an
+    earlier stage's absolute error through a later product.
+    """
+
+    e_min: float
+    largest: float
+    rho_h: float
+    f_h: float
+    rho_q: float
+    f_q: float
+    rho_k: float
+    f_k: float
+    rho_v: float
+    f_v: float
+    rho_s: float
+    f_s: float
+    rho_mix: float
+    f_mix: float
+    rho_or: np.ndarray          # (d,) per residual coordinate
+    f_or: np.ndarray            # (d,)
+    rho_g: float
+    f_g: float
+    rho_z: float
+    f_z: float
+    rho_o: float
+    f_o: float
+    rho_sc: float
+    f_sc: float
+    rho_y: float
+    f_y: float
+    rho_l: float
+    f_l: float
+    rs_q: np.ndarray            # (Σ d_h,) the heads' query rows side by side
+    rs_k: np.ndarray
+    rs_v: float                 # the largest row sum of any W_V
+    rs_o: np.ndarray            # (d,) Σ over heads of the row sums of W_O
+    rs_z: np.ndarray            # (total neurons,) per first-layer row, all experts side by side
+    rs_2: np.ndarray            # (d,) the largest row sum of any expert's W_2 at each coordinate
+    rs_l: np.ndarray            # (V,) per token's row of U
+
+    @property
+    def k_value(self) -> float:
+        """The relative error of an attention-weighted value Σ_j â_j·(W_V ĥ_j) against
+        Σ_j â_j·(W_V h_j) (the enclosed weights â, the exact h): (1 + ρ_h)(1 + ρ_v)(1 + ρ_mix) − 1."""
+        return float(I.up(I.up(I.up(I.up(1.0 + self.rho_h) * I.up(1.0 + self.rho_v)) * I.up(1.0 + self.rho_mix)) - 1.0))
+
+    def kernel_constants(self) -> np.ndarray:
+        """The scalars the kernels read, in the order :data:`KERNEL_CONSTANTS` names them."""
+        values = {name: getattr(self, name) for name in KERNEL_CONSTANTS if name != "k_value"}
+        values["k_value"] = self.k_value
+        return np.array([float(values[n]) for n in KERNEL_CONSTANTS])
+
+
+#: The scalar constants the kernels receive (an array, in this order); verifier.kernels reads
+#: them by these positions (KC_* there).
+KERNEL_CONSTANTS = ("e_min", "largest", "rho_h", "f_h", "k_value", "rho_g", "f_g", "rho_z", "f_z", "rho_o", "f_o",
+                    "rho_sc", "f_sc", "rho_y", "f_y", "rho_l", "f_l")
+
+
+def stages(weights: Weights, dep: Deployment) -> Stages:
+    """The :class:`Stages` of ``weights`` (as deployed: rounded to ``dep.fmt``) in ``dep``."""
+    heads = weights.heads
+    d = weights.d
+    H = len(heads)
+
+    def most(counts) -> int:
+        return int(max((int(c.max(initial=0)) for c in counts), default=0))
+
+    n_q = most(_row_counts(h.W_Q) for h in heads)
+    n_k = most(_row_counts(h.W_K) for h in heads)
+    n_v = most(_row_counts(h.W_V) for h in heads)
+    d_h = max((h.W_Q.shape[0] for h in heads), default=0)
+    n_pos = weights.P.shape[0]
+    n_o = [_row_counts(h.W_O) for h in heads]                   # per head, per residual coordinate
+    n_residual = 1 + sum(int(c.max(initial=0)) for c in n_o)
+    writers = np.zeros(d, np.int64)
+    for c in n_o:
+        writers += c > 0
+    rho_or, f_or = np.zeros(d), np.zeros(d)
+    steps_or = ("head output", "residual")
+    for w in np.unique(writers):
+        at = writers == w
+        rho_or[at], f_or[at] = dep.rel(n_residual, steps_or, int(w)), dep.floor(n_residual, steps_or, int(w))
+    if not d:
+        dep.stored(steps_or)
+    n_g = int(_row_counts(weights.W_G).max(initial=0))
+    n_z = most(_row_counts(e.W_1) for e in weights.experts)
+    n_o2 = most(_row_counts(e.W_2) for e in weights.experts)
+    n_l = int(_row_counts(weights.U).max(initial=0))
+    scaled = weights.gate_mode == "top1-scaled"
+    rs_o = np.zeros(d)
+    for h in heads:
+        rs_o = I.up(rs_o + row_sums(h.W_O))
+    rs_2 = np.zeros(d)
+    for e in weights.experts:
+        rs_2 = np.maximum(rs_2, row_sums(e.W_2))
+    cat = (lambda parts: np.concatenate(parts) if parts else np.zeros(0))   # noqa: E731
+    return Stages(
+        e_min=2.0 ** max(dep.fmt.emin, dep.work.emin), largest=dep.fmt.largest,
+        rho_h=dep.rel(1, ("embedding",)), f_h=dep.floor(2, ("embedding",)),
+        rho_q=dep.rel(n_q, ("query",)), f_q=dep.floor(n_q, ("query",)),
+        rho_k=dep.rel(n_k, ("key",)), f_k=dep.floor(n_k, ("key",)),
+        rho_v=dep.rel(n_v, ("value",)), f_v=dep.floor(n_v, ("value",)),
+        rho_s=dep.rel(d_h, ("score",)), f_s=dep.floor(d_h, ("score",)),
+        rho_mix=dep.rel(n_pos, ("mix",)), f_mix=dep.floor(n_pos, ("mix",)),
+        rho_or=rho_or, f_or=f_or,
+        rho_g=dep.rel(n_g + 1, ("gate product", "gate bias")), f_g=dep.floor(n_g + 1, ("gate product", "gate bias")),
+        rho_z=dep.rel(n_z + 1, ("expert product", "expert bias")),
+        f_z=dep.floor(n_z + 1, ("expert product", "expert bias")),
+        rho_o=dep.rel(n_o2, ("expert output",)), f_o=dep.floor(n_o2, ("expert output",)),
+        rho_sc=dep.rel(1, ("gate scale",)) if scaled else 0.0, f_sc=dep.floor(0, ("gate scale",)) if scaled else 0.0,
+        rho_y=dep.rel(1, ("output sum",)), f_y=dep.floor(2, ("output sum",)),
+        rho_l=dep.rel(n_l, ("logits",)), f_l=dep.floor(n_l, ("logits",)),
+        rs_q=cat([row_sums(h.W_Q) for h in heads]), rs_k=cat([row_sums(h.W_K) for h in heads]),
+        rs_v=float(max((float(row_sums(h.W_V).max(initial=0.0)) for h in heads), default=0.0)),
+        rs_o=rs_o, rs_z=cat([row_sums(e.W_1) for e in weights.experts]), rs_2=rs_2,
+        rs_l=row_sums(weights.U))
 
 
 def _grow(rel: float, u: float, s: int) -> float:
@@ -364,16 +518,29 @@ def _shrink(f: float, u: float, s: int) -> float:
     return f
 
 
-def _exp_terms(lo, hi, Mhi, c, dep: Deployment):
-    """Lower and upper bounds of ê = e^{t̂}(1 + δ)(1 + σ)^s relative to the common shift c
-    (Lemma F2): t̂ is the shifted score as computed and stored, δ exp's error, σ the
-    stores of the exp's result."""
+def _exp_constants(dep: Deployment) -> tuple[float, float, float, float]:
+    """(rel, tiny, lower factor, upper factor) of Lemma F2's exps: the shifted score t̂ =
+    fl_F(fl_A(ŝ − M)) is within rel·|ŝ − M| + tiny of ŝ − M, and ê = e^{t̂}(1 + δ)(1 + σ)^s
+    (δ exp's error, σ the stores of its result) lies between the two factors times e^{t̂}."""
     kappa, u_F = dep.kappa, dep.fmt.u
     s_shift, s_exp = dep.stored(("softmax shift",)), dep.stored(("softmax exp",))
-    rel = _grow(dep.work.u, u_F, s_shift)                 # t̂ = fl_F(fl_A(ŝ − M)): relative to |ŝ − M|
+    rel = _grow(dep.work.u, u_F, s_shift)
     tiny = 2.0 ** dep.work.emin if not s_shift else 2.0 * (1 + s_shift) * 2.0 ** max(dep.fmt.emin, dep.work.emin)
     lo_factor = _shrink(float(I.down(1.0 - kappa)), u_F, s_exp)
     hi_factor = float(I.up(1.0 + _grow(kappa, u_F, s_exp)))
+    return rel, tiny, lo_factor, hi_factor
+
+
+def softmax_constants(V: int, dep: Deployment) -> np.ndarray:
+    """The output softmax's constants for the compiled pass (verifier.kernels: SM_*): the
+    exps' (:func:`_exp_constants`) and the valid mass's factors and τ (:func:`_factors`)."""
+    return np.array([*_exp_constants(dep), *_factors(V, dep, mass=True)])
+
+
+def _exp_terms(lo, hi, Mhi, c, dep: Deployment):
+    """Lower and upper bounds of ê = e^{t̂}(1 + δ)(1 + σ)^s relative to the common shift c
+    (Lemma F2; :func:`_exp_constants`)."""
+    rel, tiny, lo_factor, hi_factor = _exp_constants(dep)
     with np.errstate(invalid="ignore", over="ignore"):
         theta = I.up(I.up(rel * I.up(Mhi - lo)) + tiny)   # + a flushed difference
         e_lo = I.down(I.exp_lo_unique(I.down(I.down(lo - theta) - c)) * lo_factor)
@@ -483,7 +650,17 @@ def _t(M: sp.spmatrix) -> tuple[sp.csr_matrix, sp.csr_matrix, int]:
     return T, abs(T), _columns_terms(T)
 
 
-class FloatPass:
+def FloatPass(weights: Weights, dep: Deployment, source: str = "weights"):
+    """The deployed forward pass of ``weights`` in ``dep.fmt``, enclosed for every execution:
+    the compiled pass of :mod:`verifier.forward` with the deployment's stages added
+    (:class:`verifier.forward.Prepared` with ``deployment``)."""
+    from verifier.forward import Prepared
+
+    weights.validate(source)
+    return Prepared(weights, deployment=dep)
+
+
+class NumpyFloatPass:
     """The deployed forward pass of ``weights`` in ``dep.fmt``, enclosed (see the module
     docstring); weights are rounded to the format once, here."""
 

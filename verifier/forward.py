@@ -39,7 +39,7 @@ import scipy.sparse as sp
 from verifier import interval as I
 from verifier import kernels as K_
 from verifier.batches import take_csr
-from verifier.interval import SparseInterval
+from verifier.interval import SparseInterval, softmax_bounds
 from layout import Weights
 
 
@@ -140,14 +140,24 @@ class Prepared:
     rows changes no value, so every enclosure is the one computed for each token.
     """
 
-    def __init__(self, weights: Weights, gate_terms: int = 0, vocab_size: int | None = None) -> None:
+    def __init__(self, weights: Weights, gate_terms: int = 0, vocab_size: int | None = None,
+                 deployment=None) -> None:
         """``gate_terms``: a lower limit for the longest gate row used in the rounding bound
         (a shard of larger weights passes theirs, so that its enclosures are theirs bit for
         bit; a larger count only widens the bound). ``vocab_size``: the number of tokens the
         output softmax runs over, if more than the weights' rows (a compact shard,
-        :class:`verifier.shards.Compact`: the missing tokens have logit exactly 0)."""
+        :class:`verifier.shards.Compact`: the missing tokens have logit exactly 0).
+        ``deployment`` (:class:`verifier.floating.Deployment`): enclose every execution in
+        that floating-point format instead of the exact pass (the weights as deployed,
+        rounded to the format; each stage's rounding added to its enclosure:
+        :class:`Deployed`)."""
         I.check_platform()
         weights.validate()
+        self.dep = deployment
+        if deployment is not None:
+            from layout.formats import round_weights
+
+            weights = round_weights(weights, deployment.fmt)
         self.weights = weights
         self.vocab_size = max(len(weights.vocab), vocab_size or 0)
         d, V1, H = weights.d, weights.E.shape[0], len(weights.heads)
@@ -257,6 +267,7 @@ class Prepared:
         self.watch = np.zeros(0, bool)
         self._scratch = None
         self._stamp = 0
+        self.deployed = Deployed(self, weights, deployment, WQ, WK, WV, WO) if deployment is not None else None
 
     def run_batch(self, tokens: np.ndarray, valid_ptr: np.ndarray, valid: np.ndarray,
                   ablate: np.ndarray | None = None, scores: bool = True) -> "BatchResult":
@@ -278,6 +289,7 @@ class Prepared:
 
             K = len(self.weights.experts)
             self._scratch = {"z": spa(w), "y": spa(max(d, 1)), "L": spa(max(V, 1)),
+                             "m": np.zeros((max(d, 1), 2)), "lm": np.zeros(max(self.vocab_size, V, 1)),
                              "g": (np.zeros(K), np.full(K, -1.0), np.zeros(K, np.int64)),
                              "v": np.full(max(V, 1), -1.0),
                              "buf": (np.zeros(max(d, 1), np.int64), np.zeros(max(d, 1)), np.zeros(max(d, 1)))}
@@ -288,6 +300,98 @@ class Prepared:
         first = self._stamp
         self._stamp += count
         return first
+
+
+class Deployed:
+    """What the deployed pass of a floating-point format adds to the exact pass's tables.
+
+    The exact pass encloses E[x] + P[j] and its projections per token class and per
+    position (reassociated where exact arithmetic allows: W_O W_V h_j as one row). The
+    deployed computation rounds every stage (verifier.floating, Stages): its value differs
+    from the exact one by at most ρ times the stage's sum of |terms| plus absolute floors.
+    These tables bound those sums: per query/key class and position the magnitudes
+    |W_Q||E[x]|, |W_Q||P[j]| (and W_K's), per value row the magnitudes |W_O||W_V||E[x]| and
+    |W_O||W_V||P[j]| on the value rows' own patterns (the largest over the tokens sharing a
+    class or a row, an upper bound for each of them), and per head and token the largest
+    entry and the sum of |W_V||E[x]| (and per position of |W_V||P[j]|) for the values'
+    overflow and the inputs-read-as-zero allowances.
+    """
+
+    def __init__(self, prep: "Prepared", weights: Weights, deployment, WQ, WK, WV, WO) -> None:
+        from verifier.floating import KERNEL_CONSTANTS, row_sums, softmax_constants, stages
+
+        self.dep = deployment
+        self.stages = st = stages(weights, deployment)
+        self.fp = st.kernel_constants()
+        assert len(self.fp) == len(KERNEL_CONSTANTS)
+        self.sm = softmax_constants(prep.vocab_size, deployment)
+        H, d = prep.n_heads, weights.d
+        absE = abs(I.as_csr(weights.E))
+        absP = abs(I.as_csr(weights.P))
+        absWQ, absWK = [abs(W) for W in WQ], [abs(W) for W in WK]
+        absWV, absWO = [abs(W) for W in WV], [abs(W) for W in WO]
+
+        def mags(X: sp.csr_matrix, Ws) -> np.ndarray:
+            """Upper bounds of |X|·|W| per row, the heads side by side (dense)."""
+            if not Ws:
+                return np.zeros((X.shape[0], 0))
+            return np.concatenate([I.upper(*I.matmul(I.exact(X), W).dense()) for W in Ws], axis=1)
+
+        self.QPm, self.KPm = mags(absP, absWQ), mags(absP, absWK)
+        n_cls = prep.QE[0].shape[0]
+        self.QEm, self.KEm = np.zeros((n_cls, prep.QE[0].shape[1])), np.zeros((n_cls, prep.KE[0].shape[1]))
+        V1 = absE.shape[0]
+        for a in range(0, V1 if H else 0, TOKEN_CHUNK):
+            rows = np.arange(a, min(a + TOKEN_CHUNK, V1))
+            cls = np.asarray(prep.qk_class[rows], np.int64)
+            X = absE[rows]
+            np.maximum.at(self.QEm, cls, mags(X, absWQ))
+            np.maximum.at(self.KEm, cls, mags(X, absWK))
+        # value rows: magnitudes on the rows' own patterns, the largest over the tokens sharing one
+        self.OEm = np.zeros(prep.OE.nnz)
+        self.VEmax, self.VEl1 = np.zeros((H, V1)), np.zeros((H, V1))
+        self.VPmax, self.VPl1 = np.zeros((H, absP.shape[0])), np.zeros((H, absP.shape[0]))
+        OPm = []
+        for m in range(H):
+            V_E = I.matmul(I.exact(absE), absWV[m])
+            M = I.matmul(V_E, absWO[m])
+            vals = I.upper(M.mid, M.rad)
+            rows_of = np.asarray(prep.v_row[m], np.int64)
+            start = prep.OE.indptr[rows_of]
+            counts = np.diff(M.indptr)
+            if not np.array_equal(counts, np.diff(prep.OE.indptr)[rows_of]):
+                raise AssertionError("a value row's magnitudes do not share its pattern")
+            pos = np.repeat(start, counts) + (np.arange(M.nnz) - np.repeat(M.indptr[:-1], counts))
+            if not np.array_equal(prep.OE.indices[pos], M.indices):
+                raise AssertionError("a value row's magnitudes do not share its pattern")
+            np.maximum.at(self.OEm, pos, vals)
+            ve = I.upper(V_E.mid, V_E.rad)
+            rid = V_E.row_ids()
+            np.maximum.at(self.VEmax[m], rid, ve)
+            np.add.at(self.VEl1[m], rid, ve)
+            V_P = I.matmul(I.exact(absP), absWV[m])
+            vp = I.upper(V_P.mid, V_P.rad)
+            np.maximum.at(self.VPmax[m], V_P.row_ids(), vp)
+            np.add.at(self.VPl1[m], V_P.row_ids(), vp)
+            MP = I.matmul(V_P, absWO[m])
+            OPm.append(I.upper(MP.mid, MP.rad))
+        self.VEl1 = I.up(self.VEl1 * I.sum_factor(max(d, 1)))
+        self.VPl1 = I.up(self.VPl1 * I.sum_factor(max(d, 1)))
+        self.OPm = np.concatenate(OPm) if OPm else np.zeros(0)
+        if self.OPm.size != prep.OP.nnz:
+            raise AssertionError("the position value rows' magnitudes do not share their pattern")
+        # ||E[x]||_1 and ||P[j]||_1 (with their entry counts) for the embedding sums' allowances
+        self.El1 = I.up(np.asarray(absE.sum(axis=1)).ravel() * I.sum_factor(max(d, 1)))
+        self.Pl1 = I.up(np.asarray(absP.sum(axis=1)).ravel() * I.sum_factor(max(d, 1)))
+        self.Enz = np.diff(I.as_csr(weights.E).indptr).astype(np.float64)
+        self.Pnz = np.diff(I.as_csr(weights.P).indptr).astype(np.float64)
+        self.El1_cls, self.Enz_cls = np.zeros(max(n_cls, 1)), np.zeros(max(n_cls, 1))
+        if H:                           # (no head: no query/key class is read)
+            cls = np.asarray(prep.qk_class, np.int64)
+            np.maximum.at(self.El1_cls, cls, self.El1)
+            np.maximum.at(self.Enz_cls, cls, self.Enz)
+        self.dv = max((W.shape[1] for W in WV), default=0)
+        self.rs_g = float(row_sums(weights.W_G).max(initial=0.0))      # the largest Σ_j |W_G[k, j]|
 
 
 def _empty(d: int) -> SparseInterval:
@@ -337,41 +441,6 @@ def _sparse_row_classes(M: SparseInterval, max_nnz: int = 8) -> np.ndarray:
     return _dense_row_classes(table)
 
 
-def softmax_bounds(s_lo: np.ndarray, s_hi: np.ndarray, s_mid: np.ndarray):
-    """Enclosure (lo, hi) of softmax over the last axis from score bounds.
-
-    a_j = e_j / (e_j + Σ_{l≠j} e_l) increases in e_j and decreases in the others, so
-    lo uses e_j's lower and the others' upper bounds, and hi the reverse. Any shift M
-    leaves the ratios unchanged; sums of the non-negative e's are bounded by Lemma 1 of
-    :mod:`verifier.interval`, every other step is one operation rounded outward.
-    """
-    M = s_mid.max(axis=-1, keepdims=True)
-    with np.errstate(invalid="ignore", over="ignore"):
-        e_lo = I.exp_lo_unique(I.down(s_lo - M))
-        e_hi = I.exp_hi_unique(I.up(s_hi - M))
-    return ratio_bounds(e_lo, e_hi)
-
-
-def ratio_bounds(e_lo: np.ndarray, e_hi: np.ndarray):
-    """Enclosure (lo, hi) of e_j / Σ_l e_l over the last axis, for e_l ∈ [e_lo_l, e_hi_l], e_lo >= 0.
-
-    The ratio increases in e_j and decreases in the others: lo takes e_j's lower and the
-    others' upper bounds, hi the reverse. Sums of the non-negative bounds are enclosed by
-    Lemma 1 of :mod:`verifier.interval`, every other step is one operation rounded outward.
-    """
-    J = e_lo.shape[-1]
-    tot_hi = I.up(I.sum_factor(J) * e_hi.sum(axis=-1, keepdims=True))
-    tot_lo = I.down(I.down(1.0 - I.gamma(J)) * e_lo.sum(axis=-1, keepdims=True))
-    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
-        others_hi = I.up(tot_hi - e_hi)
-        others_lo = np.maximum(I.down(tot_lo - e_lo), 0.0)
-        lo = I.down(e_lo / I.up(e_lo + others_hi))
-        hi = I.up(e_hi / I.down(e_hi + others_lo))
-    lo = np.nan_to_num(lo, nan=0.0)
-    hi = np.minimum(np.nan_to_num(hi, nan=1.0), 1.0)
-    return np.maximum(lo, 0.0), hi
-
-
 def _unique_rows(*arrays: np.ndarray):
     """Distinct rows of the column-stacked arrays: (first index of each, inverse)."""
     stacked = np.ascontiguousarray(np.concatenate(arrays, axis=1))
@@ -398,14 +467,65 @@ def attention(prep: Prepared, ids: np.ndarray):
     if H == 0:
         return inv, np.zeros((first.size, 0, p1)), np.zeros((first.size, 0, p1))
     rep = cls[first]                                                        # (n', p+1) classes
+    D = prep.deployed
     with np.errstate(invalid="ignore", over="ignore"):
         q_m, q_r = I.gather_add(prep.QE, prep.QP, rep[:, p], p)           # (n', Σd_h)
         k_m, k_r = I.gather_add(prep.KE, prep.KP, rep, np.arange(p1)[None, :])  # (n', p+1, Σd_h)
+        if D is not None:
+            q_r = _deployed_projection(D, q_r, D.QEm[rep[:, p]], D.QPm[p], rep[:, p], p, D.stages.rho_q,
+                                       D.stages.f_q, D.stages.rs_q)
+            k_r = _deployed_projection(D, k_r, D.KEm[rep], D.KPm[:p1][None, :, :], rep, np.arange(p1)[None, :],
+                                       D.stages.rho_k, D.stages.f_k, D.stages.rs_k)
         s_mid, s_rad = I.dot_segments(q_m[:, None, :], q_r[:, None, :], k_m, k_r, prep.starts, prep.widths)
+        if D is not None:
+            s_rad = _deployed_scores(D, prep, q_m, q_r, k_m, k_r, s_rad)
         s_mid, s_rad = s_mid.transpose(0, 2, 1), s_rad.transpose(0, 2, 1)  # (n', H, p+1)
-        a_lo, a_hi = softmax_bounds(I.lower(s_mid, s_rad), I.upper(s_mid, s_rad), s_mid)
+        if D is None:
+            a_lo, a_hi = softmax_bounds(I.lower(s_mid, s_rad), I.upper(s_mid, s_rad), s_mid)
+        else:
+            from verifier.floating import softmax
+
+            a_lo, a_hi = softmax(I.lower(s_mid, s_rad), I.upper(s_mid, s_rad), s_mid, D.dep)
+            a_lo = np.where(np.isfinite(s_rad), a_lo, 0.0)
+            a_hi = np.where(np.isfinite(s_rad), a_hi, np.inf)
     am, ar = I.from_bounds(a_lo, a_hi)
     return inv.astype(np.int64), np.ascontiguousarray(am), np.ascontiguousarray(ar)
+
+
+def _deployed_projection(D: Deployed, rad, mag_e, mag_p, cls, pos, rho, floor, rs):
+    """A query or key as deployed: W·ĥ with ĥ = fl(E[x] + P[j]), widened from the exact
+    W·(E[x] + P[j]) by (ρ_h + ρ(1 + ρ_h))·(|W||E[x]| + |W||P[j]|) (ĥ's rounding carried
+    through W, and the product's own), ĥ's floor through W ((1 + ρ)·f_h·Σ|W|), the product's
+    floor and its inputs-read-as-zero allowance 2·e_min·(||ĥ||_1 + Σ|W|)."""
+    st = D.stages
+    rh, fh = st.rho_h, st.f_h
+    k = float(I.up(rh + I.up(rho * I.up(1.0 + rh))))
+    l1h = I.up(I.up(I.up(1.0 + rh) * I.up(D.El1_cls[cls] + D.Pl1[pos])) + I.up(I.up(D.Enz_cls[cls] + D.Pnz[pos]) * fh))
+    const = I.up(I.up(I.up(1.0 + rho) * fh) * rs) + floor
+    daz = I.up(I.up(2.0 * st.e_min) * I.up(l1h[..., None] + rs))
+    mag = I.up(mag_e + mag_p)
+    out = I.add_rad(rad, I.up(k * mag), const, daz)
+    over = ~(I.up(I.up(np.abs(mag) * I.up(1.0 + k)) + out) < st.largest)
+    return np.where(over, np.inf, out)
+
+
+def _deployed_scores(D: Deployed, prep, q_m, q_r, k_m, k_r, s_rad):
+    """The scores as deployed: the interval dot product of the deployed query and keys,
+    widened by the dot product's rounding ρ_s·Σ|q̂||k̂|, its floor and its allowance
+    2·e_min·(||q̂||_1 + ||k̂||_1) per head; ∞ where a score may overflow."""
+    st = D.stages
+    qa = I.up(np.abs(q_m) + q_r)
+    ka = I.up(np.abs(k_m) + k_r)
+    mag_m, mag_r = I.dot_segments(qa[:, None, :], np.zeros_like(qa)[:, None, :], ka, np.zeros_like(ka),
+                                  prep.starts, prep.widths)
+    mag = I.upper(mag_m, mag_r)
+    safe = np.minimum(prep.starts, max(qa.shape[-1] - 1, 0))
+    l1q = np.add.reduceat(qa, safe, axis=-1) if qa.shape[-1] else np.zeros(qa.shape[:-1] + (prep.starts.size,))
+    l1k = np.add.reduceat(ka, safe, axis=-1) if ka.shape[-1] else np.zeros(ka.shape[:-1] + (prep.starts.size,))
+    l1 = I.up(I.up(l1q[:, None, :] * I.sum_factor(max(qa.shape[-1], 1))) + I.up(l1k * I.sum_factor(max(ka.shape[-1], 1))))
+    out = I.add_rad(s_rad, I.up(st.rho_s * mag), st.f_s, I.up(I.up(2.0 * st.e_min) * l1))
+    over = ~(I.up(I.up(mag * I.up(1.0 + st.rho_s)) + out) < st.largest)
+    return np.where(over, np.inf, out)
 
 
 def residual(prep: Prepared, tokens: np.ndarray) -> SparseInterval:
@@ -428,8 +548,52 @@ def residual(prep: Prepared, tokens: np.ndarray) -> SparseInterval:
     with np.errstate(invalid="ignore", over="ignore"):
         ptr, idx, mid, rad = K_.residual(ids, (att, am, ar), (Ep, Ei, Ev), (Pp, Pi, Pv),
                                         (OE.indptr, OE.indices, OE.mid, OE.rad), (OP.indptr, OP.indices, OP.mid, OP.rad),
-                                        (H, prep.v_row, npos), (yacc, ytouched), stamp0, max(cap, 1))
+                                        (H, prep.v_row, npos), (yacc, ytouched), stamp0, max(cap, 1),
+                                        _residual_deployed(prep, ids, att, am, ar))
     return SparseInterval((n, w.d), ptr, idx, mid, rad)
+
+
+def _residual_deployed(prep: Prepared, ids: np.ndarray, att, am, ar) -> tuple:
+    """The residual kernel's ``deployed`` argument: off for the exact pass; for the deployed
+    one its tables and, per row, the value path's absolute allowances. Per row, head m and
+    position j, with â_hi the attention's upper end and ĥ_j's ||·||_1 bounded from the
+    tables: the values' floor and allowance through the attention-weighted sum,
+    ζ = Σ_m [(1 + ρ_mix)·Σ_j â_hi·((1 + ρ_v)·Σ|W_V|·f_h + f_v + 2·e_min·(||ĥ_j||_1 + Σ|W_V|))
+    + f_mix + 2·e_min·(Σ_j â_hi + Σ_j max|v̂_j|)] (carried through W_O by its row sums in the
+    kernel), and the W_O products' inputs-read-as-zero share 2·e_min·Σ_m ||ĉ_m||_1; a row
+    whose values may overflow (a dense runtime computes every position's) is undecided."""
+    D = prep.deployed
+    if D is None:
+        z = np.zeros(1)
+        return (False, z, np.zeros((1, 2)), z, z, z, z, z, z, z)
+    st = D.stages
+    n, p1 = ids.shape
+    H = prep.n_heads
+    pos = np.arange(p1)
+    a_hi = I.upper(am, ar)[att] if H else np.zeros((n, 0, p1))                    # (n, H, p+1)
+    with np.errstate(invalid="ignore", over="ignore"):
+        rh, rv, rmix = st.rho_h, st.rho_v, st.rho_mix
+        l1h = I.up(I.up(I.up(1.0 + rh) * I.up(D.El1[ids] + D.Pl1[pos])) + I.up(I.up(D.Enz[ids] + D.Pnz[pos]) * st.f_h))
+        daz_v = I.up(I.up(2.0 * st.e_min) * I.up(l1h + st.rs_v))                       # (n, p+1)
+        per_v = I.up(I.up(I.up(I.up(1.0 + rv) * I.up(st.rs_v * st.f_h)) + st.f_v) + daz_v)
+        zeta = np.zeros(n)
+        l1c = np.zeros(n)
+        bad = np.zeros(n, bool)
+        for m in range(H):
+            vmax = I.up(I.up(I.up(1.0 + rv) * I.up(I.up(1.0 + rh) * I.up(D.VEmax[m][ids] + D.VPmax[m][pos]))) + per_v)
+            l1v = I.up(I.up(I.up(1.0 + rv) * I.up(I.up(1.0 + rh) * I.up(D.VEl1[m][ids] + D.VPl1[m][pos])))
+                       + I.up(D.dv * per_v))
+            a = a_hi[:, m, :]
+            a_sum = I.up(a.sum(axis=1) * I.sum_factor(p1))
+            zeta = I.up(zeta + I.up(I.up(I.up(1.0 + rmix) * I.up(I.up(a * per_v).sum(axis=1) * I.sum_factor(p1)))
+                                    + I.up(st.f_mix + I.up(I.up(2.0 * st.e_min)
+                                                           * I.up(a_sum + I.up(vmax.sum(axis=1) * I.sum_factor(p1)))))))
+            c_l1 = I.up(I.up(I.up(1.0 + rmix) * I.up(I.up(a * l1v).sum(axis=1) * I.sum_factor(p1))) + I.up(D.dv * st.f_mix))
+            l1c = I.up(l1c + c_l1)
+            bad |= ~(I.up(vmax * I.up(1.0 + rmix)).max(axis=1, initial=0.0) < st.largest)
+            bad |= ~(c_l1 < st.largest)
+        extra = np.where(bad | ~np.isfinite(zeta) | ~np.isfinite(l1c), np.inf, I.up(I.up(2.0 * st.e_min) * l1c))
+    return (True, D.fp, prep.scratch()["m"], D.OEm, D.OPm, st.rho_or, st.f_or, zeta, st.rs_o, extra)
 
 
 LOGITS_PER_RUN = 4_000_000
@@ -458,10 +622,30 @@ def gate_decisions(prep: Prepared, R: SparseInterval, scores: bool):
     G = np.empty((n, K)) if scores else np.empty((1, 1))
     gmid, gstamp, gtouched = prep.scratch()["g"]
     with np.errstate(invalid="ignore", over="ignore"):
+        D = prep.deployed
+        deployed = (True, D.fp, D.rs_g) if D is not None else (False, np.zeros(1), 0.0)
         out = K_.gate(R.indptr, R.indices, R.mid, R.rad, *prep.WGT_arrays, prep.wg_colmax, prep.wg_hot,
                       np.asarray(prep.weights.b_G, np.float64), prep.wg_max_terms,
-                      gmid, gstamp, gtouched, prep.stamps(n), G, scores)
+                      gmid, gstamp, gtouched, prep.stamps(n), G, scores, deployed)
     return (*out, G if scores else None)
+
+
+def _experts_deployed(prep: Prepared, R: SparseInterval, sc: dict) -> tuple:
+    """The experts and ablation kernels' ``deployed`` argument (off for the exact pass):
+    constants, the output softmax's, the row sums of W_1, W_2 and U, each row's ||r̂||_1 and
+    a per-token scratch array."""
+    D = prep.deployed
+    if D is None:
+        z = np.zeros(1)
+        return (False, z, z, z, z, z, z, z)
+    st = D.stages
+    n = R.shape[0]
+    l1r = np.zeros(n)
+    if R.nnz:                      # Σ_j (|mid_j| + rad_j) per row, its float sum bounded by Lemma 1
+        with np.errstate(invalid="ignore", over="ignore"):
+            np.add.at(l1r, R.row_ids(), I.up(np.abs(R.mid) + R.rad))
+            l1r = I.up(l1r * I.sum_factor(max(int(np.diff(R.indptr).max(initial=1)), 1)))
+    return (True, D.fp, D.sm, st.rs_z, st.rs_2, st.rs_l, l1r, sc["lm"])
 
 
 def run_batch(prep: Prepared | Weights, tokens: np.ndarray, valid_ptr: np.ndarray, valid: np.ndarray,
@@ -490,7 +674,12 @@ def run_batch(prep: Prepared | Weights, tokens: np.ndarray, valid_ptr: np.ndarra
         first, inv = _unique_rows(Gm, Grad[:, None])
         Gf, Rf = Gm[first], Grad[first][:, None]
         with np.errstate(invalid="ignore", over="ignore"):
-            p_lo, p_hi = softmax_bounds(I.lower(Gf, Rf), I.upper(Gf, Rf), Gf)
+            if prep.deployed is None:
+                p_lo, p_hi = softmax_bounds(I.lower(Gf, Rf), I.upper(Gf, Rf), Gf)
+            else:                          # the gate scale's softmax as deployed (Lemma F2)
+                from verifier.floating import softmax
+
+                p_lo, p_hi = softmax(I.lower(Gf, Rf), I.upper(Gf, Rf), Gf, prep.deployed.dep)
         cm, cr = I.from_bounds(p_lo[inv][pair_rows, pair_experts], p_hi[inv][pair_rows, pair_experts])
     else:
         cm, cr = np.ones(pair_rows.size), np.zeros(pair_rows.size)
@@ -508,6 +697,7 @@ def run_batch(prep: Prepared | Weights, tokens: np.ndarray, valid_ptr: np.ndarra
     active = np.full((n, R_ACT + 1), -1, np.int64)
     active[:, R_ACT] = 0
     ablate = np.ones(n, bool) if ablate is None else np.asarray(ablate, bool)
+    undecided_rows = np.zeros(n, bool)
     UT_ptr, UT_idx, UT_val = prep.UT_arrays
     # U·r for a run of rows at a time, so that memory stays bounded for any unembedding
     bound = K_.logits_bound(R.indptr, R.indices, UT_ptr)
@@ -517,17 +707,22 @@ def run_batch(prep: Prepared | Weights, tokens: np.ndarray, valid_ptr: np.ndarra
         with np.errstate(invalid="ignore", over="ignore"):
             L = K_.logits(Rc.indptr, Rc.indices, Rc.mid, Rc.rad, UT_ptr, UT_idx, UT_val, *sc["L"],
                           prep.stamps(b - a), max(int(bound[a:b].sum()), 1))
+            deployed = _experts_deployed(prep, Rc, sc)
             sel = (pair_rows >= a) & (pair_rows < b)
             n_sel = int(sel.sum())
             act = np.full((n_sel, R_ACT + 1), -1, np.int64)
             act[:, R_ACT] = 0
-            lo, hi, pred, r_lo, r_hi = K_.experts(
+            lo, hi, pred, r_lo, r_hi, pair_bad = K_.experts(
                 ((pair_rows[sel] - a).astype(np.int64), pair_experts[sel].astype(np.int64)),
                 (np.ascontiguousarray(cm[sel]), np.ascontiguousarray(cr[sel])),
                 (Rc.indptr, Rc.indices, Rc.mid, Rc.rad), L, prep.W1T, (prep.off, prep.b1, prep.pos_ptr, prep.pos_idx),
                 prep.W2T, prep.UT_arrays, V, (vp, vv), (*sc["z"], *sc["y"], *sc["L"], sc["v"]),
-                prep.stamps(n_sel), prep.watch, act)
+                prep.stamps(n_sel), prep.watch, act, deployed)
             rows_sel = pair_rows[sel]
+            if prep.deployed is not None:
+                # a dense runtime multiplies every value, also by zero weights: a value of a
+                # candidate expert that may be non-finite can spread (0·∞), so its row decides nothing
+                undecided_rows[rows_sel[pair_bad]] = True
             np.minimum.at(err_lo, rows_sel, lo)
             np.maximum.at(err_hi, rows_sel, hi)
             np.fmin.at(rho_lo, rows_sel, r_lo)
@@ -540,9 +735,13 @@ def run_batch(prep: Prepared | Weights, tokens: np.ndarray, valid_ptr: np.ndarra
             ab = np.flatnonzero(ablate[a:b])
             if ab.size:
                 ab_lo[a + ab], ab_hi[a + ab], ab_rho_lo[a + ab], ab_rho_hi[a + ab] = K_.ablated(
-                    ab.astype(np.int64), *L, V, vp, vv, *sc["L"], sc["v"], prep.stamps(ab.size))
-    undecided = ~np.isfinite(Grad)                     # the gate cannot say which expert wins
+                    ab.astype(np.int64), L, V, vp, vv, *sc["L"], sc["v"], prep.stamps(ab.size), deployed)
+    undecided = ~np.isfinite(Grad) | undecided_rows     # the gate cannot say which expert wins
     err_lo[undecided], err_hi[undecided] = 0.0, 1.0
+    if prep.deployed is not None and undecided_rows.any():     # (reported as a row the gate cannot decide)
+        margin = np.where(undecided_rows, -np.inf, margin)
+        sel = undecided_rows & ablate
+        ab_lo[sel], ab_hi[sel] = 0.0, 1.0
     rho_lo[undecided | ~np.isfinite(rho_lo)] = np.nan
     rho_hi[np.isnan(rho_lo)] = np.nan
     top_gate = (top, top_lo, top_hi)

@@ -201,6 +201,44 @@ def exp_hi_unique(x: np.ndarray) -> np.ndarray:
     return _exp_upper(u)[inv.reshape(-1)].reshape(x.shape)
 
 
+# --- softmax ------------------------------------------------------------------------------------
+
+
+def softmax_bounds(s_lo: np.ndarray, s_hi: np.ndarray, s_mid: np.ndarray):
+    """Enclosure (lo, hi) of softmax over the last axis from score bounds.
+
+    a_j = e_j / (e_j + Σ_{l≠j} e_l) increases in e_j and decreases in the others, so
+    lo uses e_j's lower and the others' upper bounds, and hi the reverse. Any shift M
+    leaves the ratios unchanged; sums of the non-negative e's are bounded by Lemma 1 of
+    :mod:`verifier.interval`, every other step is one operation rounded outward.
+    """
+    M = s_mid.max(axis=-1, keepdims=True)
+    with np.errstate(invalid="ignore", over="ignore"):
+        e_lo = exp_lo_unique(down(s_lo - M))
+        e_hi = exp_hi_unique(up(s_hi - M))
+    return ratio_bounds(e_lo, e_hi)
+
+
+def ratio_bounds(e_lo: np.ndarray, e_hi: np.ndarray):
+    """Enclosure (lo, hi) of e_j / Σ_l e_l over the last axis, for e_l ∈ [e_lo_l, e_hi_l], e_lo >= 0.
+
+    The ratio increases in e_j and decreases in the others: lo takes e_j's lower and the
+    others' upper bounds, hi the reverse. Sums of the non-negative bounds are enclosed by
+    Lemma 1 of :mod:`verifier.interval`, every other step is one operation rounded outward.
+    """
+    J = e_lo.shape[-1]
+    tot_hi = up(sum_factor(J) * e_hi.sum(axis=-1, keepdims=True))
+    tot_lo = down(down(1.0 - gamma(J)) * e_lo.sum(axis=-1, keepdims=True))
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        others_hi = up(tot_hi - e_hi)
+        others_lo = np.maximum(down(tot_lo - e_lo), 0.0)
+        lo = down(e_lo / up(e_lo + others_hi))
+        hi = up(e_hi / down(e_hi + others_lo))
+    lo = np.nan_to_num(lo, nan=0.0)
+    hi = np.minimum(np.nan_to_num(hi, nan=1.0), 1.0)
+    return np.maximum(lo, 0.0), hi
+
+
 # --- dense intervals ------------------------------------------------------------------------------
 
 

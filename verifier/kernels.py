@@ -50,6 +50,10 @@ from verifier.constants import TAYLOR as _TAYLOR
 
 TAYLOR = np.array(_TAYLOR)
 
+# Positions in the deployed pass's constants array (verifier.floating.KERNEL_CONSTANTS).
+KC_EMIN, KC_LARGEST, KC_RHO_H, KC_F_H, KC_K_VALUE, KC_RHO_G, KC_F_G, KC_RHO_Z, KC_F_Z, KC_RHO_O, KC_F_O, KC_RHO_SC, \
+    KC_F_SC, KC_RHO_Y, KC_F_Y, KC_RHO_L, KC_F_L = range(17)
+
 
 @njit(cache=True)
 def up(x):
@@ -228,7 +232,16 @@ def residual_bound(ids, E_ptr, P_ptr, OE_ptr, OP_ptr, H, v_row, npos):
 
 
 @njit(cache=True)
-def residual(ids, attention, E, P, OE, OP, heads, scratch, stamp0, capacity):
+def _touch_m(col, acc, s, touched, nt, macc):
+    """:func:`_touch`, also starting the deployed pass's magnitude columns of ``col``."""
+    if acc[col, 0] != s:
+        macc[col, 0] = 0.0
+        macc[col, 1] = 0.0
+    return _touch(col, acc, s, touched, nt)
+
+
+@njit(cache=True)
+def residual(ids, attention, E, P, OE, OP, heads, scratch, stamp0, capacity, deployed):
     """r = E[x_p] + P[p] + Σ_m Σ_j a_mj (W_O W_V h_j) for every row, as CSR (ptr, idx, mid, rad).
 
     ``attention`` = (att, am, ar): ``att[i]`` selects row i's attention intervals
@@ -239,6 +252,16 @@ def residual(ids, attention, E, P, OE, OP, heads, scratch, stamp0, capacity):
     position j is row m·npos + j of ``OP`` (both (ptr, idx, mid, rad)). An attention weight
     that is exactly 0 contributes exactly 0 and is skipped. ``scratch`` = (accumulator,
     touched list).
+
+    ``deployed`` = (on, constants, magnitude accumulator, OE magnitudes, OP magnitudes,
+    ρ_or, floor_or, per-row value floors ζ (times W_O's row sums), W_O row sums, per-row
+    allowance (∞ for a row undecided before the residual)): for the deployed pass
+    of a format (verifier.floating: Stages), each entry also accumulates the magnitudes of
+    its embedding terms (Σ |E| + |P|) and of its value terms (Σ â_hi·(|W_O||W_V||h_j|), from
+    the magnitude rows aligned with OE and OP), and its radius grows by the embedding's
+    rounding, the value path's (attention-weighted values, relative K_value), and the head
+    outputs' and residual sum's (ρ_or per coordinate) with their absolute allowances; an
+    entry whose magnitude may reach the format's largest value makes the row undecided.
     """
     att, am, ar = attention
     E_ptr, E_idx, E_val = E
@@ -247,6 +270,7 @@ def residual(ids, attention, E, P, OE, OP, heads, scratch, stamp0, capacity):
     OP_ptr, OP_idx, OP_mid, OP_rad = OP
     H, v_row, npos = heads
     acc, touched = scratch
+    on, fp, macc, OE_mag, OP_mag, rho_or, f_or, zeta, rs_o, row_extra = deployed
     n, p1 = ids.shape
     p = p1 - 1
     out_ptr = np.zeros(n + 1, np.int64)
@@ -260,12 +284,16 @@ def residual(ids, attention, E, P, OE, OP, heads, scratch, stamp0, capacity):
         t = ids[i, p]
         for q in range(E_ptr[t], E_ptr[t + 1]):
             col = E_idx[q]
-            nt = _touch(col, acc, s, touched, nt)
+            nt = _touch_m(col, acc, s, touched, nt, macc) if on else _touch(col, acc, s, touched, nt)
             _add(col, E_val[q], 0.0, abs(E_val[q]), acc)
+            if on:
+                macc[col, 0] = upp(macc[col, 0] + abs(E_val[q]))
         for q in range(P_ptr[p], P_ptr[p + 1]):
             col = P_idx[q]
-            nt = _touch(col, acc, s, touched, nt)
+            nt = _touch_m(col, acc, s, touched, nt, macc) if on else _touch(col, acc, s, touched, nt)
             _add(col, P_val[q], 0.0, abs(P_val[q]), acc)
+            if on:
+                macc[col, 0] = upp(macc[col, 0] + abs(P_val[q]))
         a_row = att[i]
         for m in range(H):
             for j in range(p1):
@@ -273,18 +301,23 @@ def residual(ids, attention, E, P, OE, OP, heads, scratch, stamp0, capacity):
                 wr = ar[a_row, m, j]
                 if wm == 0.0 and wr == 0.0:
                     continue
+                w_hi = upp(abs(wm) + wr)
                 tok = v_row[m, ids[i, j]]
                 for q in range(OE_ptr[tok], OE_ptr[tok + 1]):
                     col = OE_idx[q]
-                    nt = _touch(col, acc, s, touched, nt)
+                    nt = _touch_m(col, acc, s, touched, nt, macc) if on else _touch(col, acc, s, touched, nt)
                     pm, pr = mul_interval(wm, wr, OE_mid[q], OE_rad[q])
                     _add(col, pm, pr, abs(pm), acc)
+                    if on:
+                        macc[col, 1] = upp(macc[col, 1] + upp(w_hi * OE_mag[q]))
                 pos = m * npos + j
                 for q in range(OP_ptr[pos], OP_ptr[pos + 1]):
                     col = OP_idx[q]
-                    nt = _touch(col, acc, s, touched, nt)
+                    nt = _touch_m(col, acc, s, touched, nt, macc) if on else _touch(col, acc, s, touched, nt)
                     pm, pr = mul_interval(wm, wr, OP_mid[q], OP_rad[q])
                     _add(col, pm, pr, abs(pm), acc)
+                    if on:
+                        macc[col, 1] = upp(macc[col, 1] + upp(w_hi * OP_mag[q]))
         # A sum of terms (their products were rounded inside mul_interval): error <= γ_n Σ|mid_t|,
         # radii add; one term is its own midpoint (no addition) with its own radius.
         for u in range(nt):
@@ -292,6 +325,9 @@ def residual(ids, attention, E, P, OE, OP, heads, scratch, stamp0, capacity):
             m_ = acc[col, 1]
             n_ = int(acc[col, 4])
             r_ = entry_radius(acc[col, 2], acc[col, 3], n_) if n_ > 1 else acc[col, 2]
+            if on:
+                r_ = _deployed_residual(r_, macc[col, 0], macc[col, 1], fp, rho_or[col], f_or[col],
+                                        upp(rs_o[col] * zeta[i]), rs_o[col], row_extra[i])
             if not (np.isfinite(m_) and np.isfinite(r_)):
                 r_ = np.inf
             out_idx[e] = col
@@ -300,6 +336,30 @@ def residual(ids, attention, E, P, OE, OP, heads, scratch, stamp0, capacity):
             e += 1
         out_ptr[i + 1] = e
     return out_ptr, out_idx[:e], out_mid[:e], out_rad[:e]
+
+
+@njit(cache=True)
+def up1(x):
+    """An upper bound of 1 + x (x >= 0)."""
+    return upp(1.0 + x)
+
+
+@njit(cache=True)
+def _deployed_residual(r_, hm, vm, fp, rho_or, f_or, cv, rs_o, extra):
+    """A residual entry's radius in the deployed pass (verifier.floating: Stages): the exact
+    enclosure of E + P + Σ â·(W_O W_V h) widened by ĥ's rounding (ρ_h·Σ|E|+|P|, plus its
+    floor), the value path's (K_value·Σ â_hi·|W_O||W_V||h|, plus the floors ``cv`` carried
+    through W_O) and the head outputs' and residual sum's (ρ_or times every term's
+    magnitude, plus its floor and the inputs-read-as-zero allowance); ∞ where a magnitude
+    may reach the format's largest value."""
+    rh, fh, kv = fp[KC_RHO_H], fp[KC_F_H], fp[KC_K_VALUE]
+    dev = upp(upp(upp(rh * hm) + fh) + upp(upp(kv * vm) + cv))
+    mag = upp(upp(upp(up1(rh) * hm) + fh) + upp(upp(up1(kv) * vm) + cv))
+    daz = upp(upp(2.0 * fp[KC_EMIN]) * rs_o)
+    r_ = upp(r_ + upp(upp(dev + upp(rho_or * mag)) + upp(upp(f_or + daz) + extra)))
+    if not (upp(up1(rho_or) * mag) < fp[KC_LARGEST]):
+        return np.inf
+    return r_
 
 
 # --- the gate ------------------------------------------------------------------------------------
@@ -330,7 +390,7 @@ def _insert3(best3, bval, k, v):
 
 @njit(cache=True)
 def gate(R_ptr, R_idx, R_mid, R_rad, WG_ptr, WG_idx, WG_val, colmax, hot, bG, max_terms,
-         gmid, gstamp, gtouched, stamp0, G_out, want_scores):
+         gmid, gstamp, gtouched, stamp0, G_out, want_scores, deployed):
     """The gate's decisions per row: winner, certified margin, radius, top three, and the
     experts that may win.
 
@@ -360,10 +420,22 @@ def gate(R_ptr, R_idx, R_mid, R_rad, WG_ptr, WG_idx, WG_val, colmax, hot, bG, ma
     radius, the top three experts with their enclosures, and as CSR (``cand_ptr``,
     ``cand``) every expert whose upper end reaches the winner's lower end (the experts
     that may win). With ``want_scores`` the full (n, K) midpoints go to ``G_out``.
+
+    ``deployed`` = (on, constants, the largest row sum of |W_G|): in the deployed pass of a
+    format each score also carries the gate's rounding, ρ_g·Σ_j |r̂_j||W_G[k, j]| (bounded
+    as the row's radius is, by Σ_j (|xm_j| + xr_j)·c_j) and ρ_g·|b_G[k]|, its floor and its
+    inputs-read-as-zero allowance 2·e_min·(Σ_j |r̂_j| + Σ_j |W_G[k, j]|); a score whose
+    magnitude may reach the format's largest value makes the row undecided.
     """
     n = R_ptr.size - 1
     K = bG.size
     g = gamma(max_terms + 1)
+    on, fp, rs_g = deployed
+    rel = fp[KC_RHO_G] if on else 0.0
+    bmax = 0.0
+    if on:
+        for k in range(K):
+            bmax = max(bmax, abs(bG[k]))
     e_out = np.empty(n, np.int64)
     margin = np.empty(n)
     rad = np.empty(n)
@@ -440,7 +512,7 @@ def gate(R_ptr, R_idx, R_mid, R_rad, WG_ptr, WG_idx, WG_val, colmax, hot, bG, ma
                 h += 1
                 if not (np.isfinite(xm) and np.isfinite(xr)):
                     bad = True
-                S = upp(S + upp(upp(xr + upp(g * abs(xm))) * colmax[j]))
+                S = upp(S + upp(_gate_term(xm, xr, g, rel, on) * colmax[j]))
                 cnt += 1
                 for q in range(WG_ptr[j], WG_ptr[j + 1]):
                     k = WG_idx[q]
@@ -479,7 +551,7 @@ def gate(R_ptr, R_idx, R_mid, R_rad, WG_ptr, WG_idx, WG_val, colmax, hot, bG, ma
                 continue
             cj = colmax[j]
             if cj > 0.0:
-                S = upp(S + upp(upp(xr + upp(g * abs(xm))) * cj))
+                S = upp(S + upp(_gate_term(xm, xr, g, rel, on) * cj))
                 cnt += 1
                 for q in range(WG_ptr[j], WG_ptr[j + 1]):
                     k = WG_idx[q]
@@ -498,6 +570,13 @@ def gate(R_ptr, R_idx, R_mid, R_rad, WG_ptr, WG_idx, WG_val, colmax, hot, bG, ma
             big = max(big, abs(gmid[k]))
         r = upp(upp(sum_factor(cnt + 1) * S) + 2.0 * (max_terms + 1) * FLOOR)
         r = up(r + up(U * big))
+        if on:
+            l1 = 0.0
+            for e in range(R_ptr[i], R_ptr[i + 1]):
+                l1 = upp(l1 + upp(abs(R_mid[e]) + R_rad[e]))
+            r = upp(r + upp(upp(rel * bmax) + upp(fp[KC_F_G] + upp(upp(2.0 * fp[KC_EMIN]) * upp(l1 + rs_g)))))
+            if not (upp(up1(rel) * upp(big + r)) < fp[KC_LARGEST]):
+                bad = True
         if bad or not np.isfinite(r):
             r = np.inf
         rad[i] = r
@@ -574,6 +653,16 @@ def gate(R_ptr, R_idx, R_mid, R_rad, WG_ptr, WG_idx, WG_val, colmax, hot, bG, ma
     return e_out, margin, rad, top, top_lo, top_hi, cand_ptr, cand[:nc]
 
 
+@njit(cache=True)
+def _gate_term(xm, xr, g, rel, on):
+    """A residual entry's share of the gate's radius, before its column's largest weight:
+    xr + γ|xm| (the verifier's own float64 rounding), and in the deployed pass also the
+    gate's rounding ρ_g·(|xm| + xr)."""
+    if on:
+        return upp(upp(up1(rel) * xr) + upp(upp(g + rel) * abs(xm)))
+    return upp(xr + upp(g * abs(xm)))
+
+
 # --- experts, logits and the error ----------------------------------------------------------------
 
 
@@ -593,7 +682,9 @@ def logits_bound(R_ptr, R_idx, UT_ptr):
 
 @njit(cache=True)
 def logits(R_ptr, R_idx, R_mid, R_rad, UT_ptr, UT_idx, UT_val, Lacc, Ltouched, stamp0, capacity):
-    """U·r for every row, as CSR (ptr, idx, mid, rad): the logits without any expert's output.
+    """U·r for every row, as CSR (ptr, idx, mid, rad, mag): the logits without any expert's
+    output, and per logit an upper bound of Σ_j |U_tj|·(|r_j| + rad_j) (the magnitude the
+    deployed pass's rounding is relative to).
 
     By linearity U·y = U·r + U·(c·W_2·a): these enclose the first part once per row, for
     the ablation and for every expert that may win. A token no entry of r reaches is
@@ -604,6 +695,7 @@ def logits(R_ptr, R_idx, R_mid, R_rad, UT_ptr, UT_idx, UT_val, Lacc, Ltouched, s
     out_idx = np.empty(capacity, np.int64)
     out_mid = np.empty(capacity)
     out_rad = np.empty(capacity)
+    out_mag = np.empty(capacity)
     e_out = 0
     for i in range(n):
         s = stamp0 + i
@@ -621,9 +713,10 @@ def logits(R_ptr, R_idx, R_mid, R_rad, UT_ptr, UT_idx, UT_val, Lacc, Ltouched, s
             out_idx[e_out] = t
             out_mid[e_out] = Lacc[t, 1]
             out_rad[e_out] = r if np.isfinite(Lacc[t, 1]) and np.isfinite(r) else np.inf
+            out_mag[e_out] = upp(Lacc[t, 2] + Lacc[t, 3])         # >= Σ_j |U_tj|·|r̂_j| (the deployed pass's)
             e_out += 1
         out_ptr[i + 1] = e_out
-    return out_ptr, out_idx[:e_out], out_mid[:e_out], out_rad[:e_out]
+    return out_ptr, out_idx[:e_out], out_mid[:e_out], out_rad[:e_out], out_mag[:e_out]
 
 
 @njit(cache=True)
@@ -699,11 +792,95 @@ def _error(nt, Ltouched, Lacc, V, vptr_lo, vptr_hi, valid, vstamp, s):
     return err_lo, err_hi, arg, rho_lo, rho_hi
 
 
+#: Positions in the output softmax's constants (verifier.floating.softmax_constants).
+SM_REL, SM_TINY, SM_LO, SM_HI, SM_F_LO, SM_F_HI, SM_TAU = range(7)
+
+
 @njit(cache=True)
-def experts(pairs, scale, R, L, W1T, first, W2T, UT, V, valid, scratch, stamp0, watch, active):
+def _error_deployed(nt, Ltouched, Lacc, V, vptr_lo, vptr_hi, valid, vstamp, s, sm):
+    """Enclosure (lo, hi) of 1 − Σ_valid p̂ for the deployed pass (Lemma F2 of
+    verifier.floating with the valid tokens' mass, as its softmax constants ``sm`` give
+    it): each logit's exp relative to a common shift, widened by the shift's rounding
+    θ = rel·(M_hi − lo) + tiny and the exp's and its stores' factors; the sums of the valid
+    and the other tokens' terms; the ratio's factors and τ. Also the argmax token as
+    :func:`_error` gives it; ρ is not defined here (NaN)."""
+    n_valid = 0
+    for q in range(vptr_lo, vptr_hi):
+        if vstamp[valid[q]] != s:
+            vstamp[valid[q]] = s
+            n_valid += 1
+    zeros = V - nt
+    bad = False
+    best = -np.inf
+    arg = -1
+    Mhi = 0.0 if zeros > 0 else -np.inf
+    c = 0.0 if zeros > 0 else -np.inf
+    for u in range(nt):
+        t = Ltouched[u]
+        m_, r_ = Lacc[t, 1], Lacc[t, 2]
+        if not (np.isfinite(m_) and np.isfinite(r_)):
+            bad = True
+        Mhi = max(Mhi, up(m_ + r_))
+        c = max(c, m_)
+        if m_ > best:
+            best = m_
+            arg = t
+    if bad or not (np.isfinite(Mhi) and np.isfinite(c)):
+        return 0.0, 1.0, arg
+    if zeros > 0 and best < 0.0:
+        arg = -1
+    rel, tiny, lo_f, hi_f = sm[SM_REL], sm[SM_TINY], sm[SM_LO], sm[SM_HI]
+    A_lo = 0.0
+    A_hi = 0.0
+    B_lo = 0.0
+    B_hi = 0.0
+    touched_valid = 0
+    for u in range(nt):
+        t = Ltouched[u]
+        lo = down(Lacc[t, 1] - Lacc[t, 2])
+        hi = up(Lacc[t, 1] + Lacc[t, 2])
+        theta = upp(upp(rel * up(Mhi - lo)) + tiny)
+        e_lo = max(down(exp_lower(down(down(lo - theta) - c)) * lo_f), 0.0)
+        e_hi = up(exp_upper(up(up(hi + theta) - c)) * hi_f)
+        if vstamp[t] == s:
+            touched_valid += 1
+            A_lo += e_lo
+            A_hi += e_hi
+        else:
+            B_lo += e_lo
+            B_hi += e_hi
+    theta0 = upp(upp(rel * up(Mhi - 0.0)) + tiny)
+    z_lo = max(down(exp_lower(down(down(0.0 - theta0) - c)) * lo_f), 0.0)
+    z_hi = up(exp_upper(up(up(0.0 + theta0) - c)) * hi_f)
+    zero_valid = n_valid - touched_valid
+    zero_invalid = zeros - zero_valid
+    cf = sum_factor(nt + 2)
+    dd = down(1.0 - gamma(nt + 2))
+    A_hi = up(up(cf * A_hi) + up(zero_valid * z_hi))
+    B_hi = up(up(cf * B_hi) + up(zero_invalid * z_hi))
+    A_lo = down(down(dd * A_lo) + down(zero_valid * z_lo))
+    B_lo = down(down(dd * B_lo) + down(zero_invalid * z_lo))
+    r_lo = down(A_lo / up(A_lo + B_hi))
+    r_hi = up(A_hi / down(A_hi + B_lo))
+    if not (r_lo >= 0.0):
+        r_lo = 0.0
+    if not (r_hi <= 1.0):
+        r_hi = 1.0
+    f_lo, f_hi, tau = sm[SM_F_LO], sm[SM_F_HI], sm[SM_TAU]
+    mass_lo = max(down(down(r_lo * f_lo) - tau), 0.0)
+    total_hi = up(f_hi + tau)
+    mass_hi = min(up(up(r_hi * f_hi) + tau), total_hi)
+    err_lo = down(1.0 - mass_hi)
+    err_hi = min(up(1.0 - mass_lo), 1.0)
+    return err_lo, err_hi, arg
+
+
+@njit(cache=True)
+def experts(pairs, scale, R, L, W1T, first, W2T, UT, V, valid, scratch, stamp0, watch, active, deployed):
     """For each pair (row ``rows[q]``, expert ``experts_of[q]``) of ``pairs``, with the
     expert's output scaled by [cm ± cr] (``scale``; 1 ± 0 in gate mode "top1"): error
-    enclosure, argmax token and the zero-logit probability ρ (:func:`_error`).
+    enclosure, argmax token, the zero-logit probability ρ (:func:`_error`), and whether a
+    value of the pair may be non-finite (then the error is [0, 1]).
 
     Arguments by group: ``R`` the residual rows (ptr, idx, mid, rad), ``L`` their logits U·r
     (:func:`logits`, the same form), ``W1T``, ``W2T``, ``UT`` the first layers of all experts,
@@ -721,11 +898,20 @@ def experts(pairs, scale, R, L, W1T, first, W2T, UT, V, valid, scratch, stamp0, 
     z = W_1 r + b_1 per neuron the row reaches (a neuron it does not reach has
     pre-activation exactly b_1 and contributes max(b_1, 0)); a = ReLU(z);
     o = c·W_2·a; the logits are U·r (``L``, :func:`logits`) plus U·o, summed per token.
+
+    ``deployed`` = (on, constants, the output softmax's constants, row sums of W_1, of W_2
+    and of U, each row's Σ|r̂|, a per-token scratch array): in the deployed pass of a format
+    each neuron's pre-activation, each output coordinate and each logit also carries its
+    stage's rounding (relative to the magnitudes the accumulators hold), floor and
+    inputs-read-as-zero allowance (verifier.floating: Stages), a magnitude that may reach
+    the format's largest value makes the pair undecided, and the error is Lemma F2's
+    (:func:`_error_deployed`; no ρ).
     """
     rows, experts_of = pairs
     cm, cr = scale
     R_ptr, R_idx, R_mid, R_rad = R
-    L_ptr, L_idx, L_mid, L_rad = L
+    L_ptr, L_idx, L_mid, L_rad, L_mag = L
+    on, fp, sm, rs_z, rs_2, rs_l, l1r, lmag = deployed
     W1T_ptr, W1T_idx, W1T_val = W1T
     off, b1, pos_ptr, pos_idx = first
     W2T_ptr, W2T_idx, W2T_val = W2T
@@ -738,6 +924,7 @@ def experts(pairs, scale, R, L, W1T, first, W2T, UT, V, valid, scratch, stamp0, 
     rho_lo = np.empty(P)
     rho_hi = np.empty(P)
     pred = np.empty(P, np.int64)
+    undecided = np.zeros(P, np.bool_)
     watching = watch.size > 0
     R_act = active.shape[1] - 1
     for q in range(P):
@@ -769,11 +956,15 @@ def experts(pairs, scale, R, L, W1T, first, W2T, UT, V, valid, scratch, stamp0, 
                 _add(loc, m, a, b, zacc)
         # o = c·W_2·a: the reached neurons that are on, then the positive-bias neurons not reached
         ny = 0
+        l1a = 0.0
         for u in range(nz):
             loc = ztouched[u]
             g = lo_n + loc
             zm = zacc[loc, 1] + b1[g]
             zr = upp(entry_radius(zacc[loc, 2], zacc[loc, 3], int(zacc[loc, 4])) + upp(U * abs(zm)))
+            if on:
+                zr = _deployed_stage(zr, upp(upp(zacc[loc, 2] + zacc[loc, 3]) + abs(b1[g])), fp[KC_RHO_Z],
+                                     fp[KC_F_Z], upp(upp(2.0 * fp[KC_EMIN]) * upp(l1r[i] + rs_z[g])), fp[KC_LARGEST])
             if not (np.isfinite(zm) and np.isfinite(zr)):
                 bad = True
                 continue
@@ -781,6 +972,7 @@ def experts(pairs, scale, R, L, W1T, first, W2T, UT, V, valid, scratch, stamp0, 
             a_hi = max(up(zm + zr), 0.0)
             if a_hi == 0.0:
                 continue                                  # exactly 0: the neuron is off
+            l1a = upp(l1a + a_hi)
             if watching and watch[g]:
                 c_act = active[q, R_act]
                 if c_act < R_act:
@@ -809,6 +1001,7 @@ def experts(pairs, scale, R, L, W1T, first, W2T, UT, V, valid, scratch, stamp0, 
                     active[q, c_act] = g
                 active[q, R_act] = c_act + 1
             am, ar = b1[g], 0.0
+            l1a = upp(l1a + abs(am))
             if scaled:
                 am, ar = mul_interval(am, ar, cm[q], cr[q])
             for u in range(W2T_ptr[g], W2T_ptr[g + 1]):
@@ -818,39 +1011,102 @@ def experts(pairs, scale, R, L, W1T, first, W2T, UT, V, valid, scratch, stamp0, 
                 _add(j, m, a, b, yacc)
         if bad:
             err_lo[q], err_hi[q], pred[q], rho_lo[q], rho_hi[q] = 0.0, 1.0, -1, np.nan, np.nan
+            undecided[q] = True
             continue
         # logits: U·r (one interval term per token) plus U·o (product terms)
         nt = 0
         for e in range(L_ptr[i], L_ptr[i + 1]):
             t = L_idx[e]
+            if on and Lacc[t, 0] != s:
+                lmag[t] = 0.0
             nt = _touch(t, Lacc, s, Ltouched, nt)
             _add(t, L_mid[e], L_rad[e], abs(L_mid[e]), Lacc)
+            if on:
+                lmag[t] = upp(lmag[t] + L_mag[e])
+        cmax = upp(abs(cm[q]) + cr[q]) if scaled else 1.0
+        l1o = 0.0
         for u in range(ny):
             j = ytouched[u]
             om = yacc[j, 1]
             orad = entry_radius(yacc[j, 2], yacc[j, 3], int(yacc[j, 4]))
+            if on:
+                orad = _deployed_output(orad, upp(yacc[j, 2] + yacc[j, 3]), fp, cmax,
+                                        upp(upp(2.0 * fp[KC_EMIN]) * upp(l1a + rs_2[j])))
+                l1o = upp(l1o + upp(abs(om) + orad))
             if not (np.isfinite(om) and np.isfinite(orad)):
                 bad = True
             for t in range(UT_ptr[j], UT_ptr[j + 1]):
                 tok = UT_idx[t]
+                if on and Lacc[tok, 0] != s:
+                    lmag[tok] = 0.0
                 nt = _touch(tok, Lacc, s, Ltouched, nt)
                 m, a, b = prod_terms(om, orad, UT_val[t])
                 _add(tok, m, a, b, Lacc)
+                if on:
+                    lmag[tok] = upp(lmag[tok] + upp(a + b))
         if bad:
             err_lo[q], err_hi[q], pred[q], rho_lo[q], rho_hi[q] = 0.0, 1.0, -1, np.nan, np.nan
+            undecided[q] = True
             continue
+        # the output sum y = r + o and its logits: ||ŷ||_1 <= (1 + ρ_y)(||r̂||_1 + ||ô||_1) + (its entries)·floor
+        l1y = upp(upp(up1(fp[KC_RHO_Y]) * upp(l1r[i] + l1o)) + upp((R_ptr[i + 1] - R_ptr[i] + ny) * fp[KC_F_Y]))
         for u in range(nt):
             t = Ltouched[u]
             Lacc[t, 2] = entry_radius(Lacc[t, 2], Lacc[t, 3], int(Lacc[t, 4]))   # column 2 becomes the radius
-        err_lo[q], err_hi[q], pred[q], rho_lo[q], rho_hi[q] = _error(nt, Ltouched, Lacc, V, valid_ptr[i],
-                                                                     valid_ptr[i + 1], valid, vstamp, s)
-    return err_lo, err_hi, pred, rho_lo, rho_hi
+            if on:
+                Lacc[t, 2] = _deployed_logit(Lacc[t, 2], lmag[t], fp, rs_l[t], l1y, True)
+        if on:
+            for u in range(nt):
+                if not np.isfinite(Lacc[Ltouched[u], 2]):
+                    undecided[q] = True
+            err_lo[q], err_hi[q], pred[q] = _error_deployed(nt, Ltouched, Lacc, V, valid_ptr[i], valid_ptr[i + 1],
+                                                            valid, vstamp, s, sm)
+            rho_lo[q], rho_hi[q] = np.nan, np.nan
+        else:
+            err_lo[q], err_hi[q], pred[q], rho_lo[q], rho_hi[q] = _error(nt, Ltouched, Lacc, V, valid_ptr[i],
+                                                                         valid_ptr[i + 1], valid, vstamp, s)
+    return err_lo, err_hi, pred, rho_lo, rho_hi, undecided
 
 
 @njit(cache=True)
-def ablated(rows, L_ptr, L_idx, L_mid, L_rad, V, valid_ptr, valid, Lacc, Ltouched, vstamp, stamp0):
+def _deployed_stage(rad, mag, rho, floor, daz, largest):
+    """``rad`` widened by a stage's rounding (ρ·mag, mag >= the stage's Σ|terms|), its floor
+    and its inputs-read-as-zero allowance; ∞ where the value may reach ``largest``."""
+    if not (upp(up1(rho) * mag) < largest):
+        return np.inf
+    return upp(rad + upp(upp(rho * mag) + upp(floor + daz)))
+
+
+@njit(cache=True)
+def _deployed_output(orad, mag, fp, cmax, daz):
+    """An expert output coordinate c·(W_2 a) in the deployed pass: the product's rounding
+    ρ_o relative to Σ|W_2||c·a| (``mag``), the gate scale's rounding ρ_sc on top, and the
+    product's floor and allowance scaled by |c| (``cmax``)."""
+    rho = upp(fp[KC_RHO_O] + upp(fp[KC_RHO_SC] * up1(fp[KC_RHO_O])))
+    absolute = upp(upp(upp(cmax * upp(fp[KC_F_O] + daz)) * up1(fp[KC_RHO_SC])) + fp[KC_F_SC])
+    return _deployed_stage(orad, mag, rho, absolute, 0.0, fp[KC_LARGEST])
+
+
+@njit(cache=True)
+def _deployed_logit(rad, mag, fp, rs_l, l1y, with_sum):
+    """A logit in the deployed pass: U·ŷ with ŷ = fl(r̂ + ô) (``with_sum``; ŷ = r̂ when the
+    expert's output is removed): the output sum's rounding ρ_y and the logits' ρ_l relative
+    to Σ|U_t||r̂| + Σ|U_t||ô| (``mag``), the sum's floor through U (row sum ``rs_l``), the
+    logits' floor and allowance."""
+    rho = upp(fp[KC_RHO_Y] + upp(fp[KC_RHO_L] * up1(fp[KC_RHO_Y]))) if with_sum else fp[KC_RHO_L]
+    sum_floor = upp(upp(rs_l * fp[KC_F_Y]) * up1(fp[KC_RHO_L])) if with_sum else 0.0
+    absolute = upp(upp(sum_floor + fp[KC_F_L]) + upp(upp(2.0 * fp[KC_EMIN]) * upp(l1y + rs_l)))
+    return _deployed_stage(rad, mag, rho, absolute, 0.0, fp[KC_LARGEST])
+
+
+@njit(cache=True)
+def ablated(rows, L, V, valid_ptr, valid, Lacc, Ltouched, vstamp, stamp0, deployed):
     """The error enclosure of softmax(U·r) (the routed expert's output removed) for ``rows``,
-    from the logits of :func:`logits`, and its zero-logit probability ρ (:func:`_error`)."""
+    from the logits of :func:`logits`, and its zero-logit probability ρ (:func:`_error`). In
+    the deployed pass (``deployed`` as :func:`experts` takes it) the logits U·r̂ carry their
+    rounding (there is no output sum: y = r̂) and the error is Lemma F2's (no ρ)."""
+    L_ptr, L_idx, L_mid, L_rad, L_mag = L
+    on, fp, sm, rs_z, rs_2, rs_l, l1r, lmag = deployed
     P = rows.size
     err_lo = np.empty(P)
     err_hi = np.empty(P)
@@ -864,8 +1120,12 @@ def ablated(rows, L_ptr, L_idx, L_mid, L_rad, V, valid_ptr, valid, Lacc, Ltouche
             t = L_idx[e]
             nt = _touch(t, Lacc, s, Ltouched, nt)
             Lacc[t, 1] = L_mid[e]
-            Lacc[t, 2] = L_rad[e]
-        lo, hi, _, r_lo, r_hi = _error(nt, Ltouched, Lacc, V, valid_ptr[i], valid_ptr[i + 1], valid, vstamp, s)
+            Lacc[t, 2] = L_rad[e] if not on else _deployed_logit(L_rad[e], L_mag[e], fp, rs_l[t], l1r[i], False)
+        if on:
+            lo, hi, _ = _error_deployed(nt, Ltouched, Lacc, V, valid_ptr[i], valid_ptr[i + 1], valid, vstamp, s, sm)
+            r_lo, r_hi = np.nan, np.nan
+        else:
+            lo, hi, _, r_lo, r_hi = _error(nt, Ltouched, Lacc, V, valid_ptr[i], valid_ptr[i + 1], valid, vstamp, s)
         err_lo[q], err_hi[q], rho_lo[q], rho_hi[q] = lo, hi, r_lo, r_hi
     return err_lo, err_hi, rho_lo, rho_hi
 

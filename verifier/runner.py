@@ -36,7 +36,7 @@ import scipy.sparse as sp
 
 from layout import Weights
 from tasks.errors import TaskError
-from verifier.floating import Deployment, FloatPass
+from verifier.floating import Deployment
 from verifier.forward import BatchResult, Prepared
 
 
@@ -66,9 +66,7 @@ class PassSpec:
     def build(self, weights: Weights, watch: np.ndarray | None = None) -> Pass:
         """The pass's tables for ``weights``; ``watch`` (exact pass): the global neurons whose
         possible activity each row records (:class:`verifier.classes.ClassRecorder`)."""
-        if self.deployment is not None:
-            return FloatPass(weights, self.deployment)
-        prep = Prepared(weights, gate_terms=self.gate_terms, vocab_size=self.vocab_size)
+        prep = Prepared(weights, gate_terms=self.gate_terms, vocab_size=self.vocab_size, deployment=self.deployment)
         if watch is not None:
             prep.watch = watch
         return prep
