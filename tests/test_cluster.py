@@ -29,6 +29,7 @@ from verifier.cluster import ClusterError, DaskExecutor  # noqa: E402
 from verifier.parallel import LocalPool  # noqa: E402
 from verifier.report import report_json  # noqa: E402
 from verifier.verify import verify  # noqa: E402
+from tasks.io import load_tasks  # noqa: E402
 
 CAPITALS = str(Path(__file__).resolve().parent.parent / "examples" / "capitals.yaml")
 
@@ -143,6 +144,34 @@ def test_cli_scheduler_local(capsys, tmp_path):
     local = json.loads(out.read_text())
     remote.pop("seconds"), local.pop("seconds")
     assert remote == local and remote["enumerated_queries"] == remote["queries"]
+
+
+@pytest.mark.parametrize("precision", ["float32", "bfloat16"])
+def test_the_deployed_pass_on_shards_equals_the_local_one(client, precision):
+    """check --precision on a cluster: the shards run the deployed pass with the full
+    weights' stages in their own numbering, so every enclosure is the local run's and the
+    report is the same (geography: tokens, coordinates and experts cut and renumbered)."""
+    from verifier.floating import Deployment
+
+    ts = load_tasks("examples/geography/tasks.yaml")
+    weights = build(ts).instantiate()
+    dep = Deployment.named(precision, accumulate="float32" if precision == "bfloat16" else None)
+    local = verify(ts, weights, 0.01, deployment=dep, executor=LocalPool(1))
+    remote = verify(ts, weights, 0.01, deployment=dep, executor=DaskExecutor(client))
+    serial = verify(ts, weights, 0.01, deployment=dep, executor=_SerialShards(3))
+    assert _comparable(remote) == _comparable(local) == _comparable(serial)
+    assert remote.precision == precision and remote.queries == remote.enumerated > 30_000
+
+
+def test_cli_scheduler_local_with_a_precision(tmp_path):
+    out = tmp_path / "r.json"
+    assert main(["check", CAPITALS, "--precision", "float32", "--scheduler", "local:2", "--json", str(out),
+                 "--quiet"]) == 0
+    remote = json.loads(out.read_text())
+    assert main(["check", CAPITALS, "--precision", "float32", "--json", str(out), "--quiet"]) == 0
+    local = json.loads(out.read_text())
+    remote.pop("seconds"), local.pop("seconds")
+    assert remote == local and remote["precision"] == "float32"
 
 
 @pytest.mark.parametrize("argv, words", [

@@ -266,6 +266,18 @@ class Stages:
     rs_z: np.ndarray            # (total neurons,) per first-layer row, all experts side by side
     rs_2: np.ndarray            # (d,) the largest row sum of any expert's W_2 at each coordinate
     rs_l: np.ndarray            # (V,) per token's row of U
+    rs_g: float                 # the largest row sum of W_G
+    dv: int                     # the most value coordinates of a head
+
+    def cut(self, coords: np.ndarray, tokens: np.ndarray, neurons: np.ndarray) -> "Stages":
+        """These stages for a cut of the weights (verifier.shards.compact): the residual
+        coordinates ``coords``, the tokens ``tokens`` (rows of U) and the neurons
+        ``neurons`` it keeps, in its numbering. The scalars are the full weights': a cut's
+        enclosures are then the full pass's bit for bit."""
+        from dataclasses import replace
+
+        return replace(self, rho_or=self.rho_or[coords], f_or=self.f_or[coords], rs_o=self.rs_o[coords],
+                       rs_2=self.rs_2[coords], rs_l=self.rs_l[tokens], rs_z=self.rs_z[neurons])
 
     @property
     def k_value(self) -> float:
@@ -290,7 +302,6 @@ def stages(weights: Weights, dep: Deployment) -> Stages:
     """The :class:`Stages` of ``weights`` (as deployed: rounded to ``dep.fmt``) in ``dep``."""
     heads = weights.heads
     d = weights.d
-    H = len(heads)
 
     def most(counts) -> int:
         return int(max((int(c.max(initial=0)) for c in counts), default=0))
@@ -343,7 +354,8 @@ def stages(weights: Weights, dep: Deployment) -> Stages:
         rs_q=cat([row_sums(h.W_Q) for h in heads]), rs_k=cat([row_sums(h.W_K) for h in heads]),
         rs_v=float(max((float(row_sums(h.W_V).max(initial=0.0)) for h in heads), default=0.0)),
         rs_o=rs_o, rs_z=cat([row_sums(e.W_1) for e in weights.experts]), rs_2=rs_2,
-        rs_l=row_sums(weights.U))
+        rs_l=row_sums(weights.U), rs_g=float(row_sums(weights.W_G).max(initial=0.0)),
+        dv=max((h.W_V.shape[0] for h in heads), default=0))
 
 
 def _grow(rel: float, u: float, s: int) -> float:

@@ -141,7 +141,7 @@ class Prepared:
     """
 
     def __init__(self, weights: Weights, gate_terms: int = 0, vocab_size: int | None = None,
-                 deployment=None) -> None:
+                 deployment=None, stages=None) -> None:
         """``gate_terms``: a lower limit for the longest gate row used in the rounding bound
         (a shard of larger weights passes theirs, so that its enclosures are theirs bit for
         bit; a larger count only widens the bound). ``vocab_size``: the number of tokens the
@@ -150,7 +150,9 @@ class Prepared:
         ``deployment`` (:class:`verifier.floating.Deployment`): enclose every execution in
         that floating-point format instead of the exact pass (the weights as deployed,
         rounded to the format; each stage's rounding added to its enclosure:
-        :class:`Deployed`)."""
+        :class:`Deployed`); ``stages``: its :class:`verifier.floating.Stages` when they are a
+        larger model's (a cut of the weights passes the full weights', mapped to its own
+        numbering, so that its enclosures are theirs bit for bit), else computed here."""
         I.check_platform()
         weights.validate()
         self.dep = deployment
@@ -180,11 +182,26 @@ class Prepared:
             k = [I.matmul(X, W).dense() for W in WK]
             return tuple(np.concatenate([x[i] for x in pair], axis=1) for pair in (q, k) for i in (0, 1))
 
+        deployed = deployment is not None
+        absWQ, absWK = [abs(W) for W in WQ], [abs(W) for W in WK]
+        absWV, absWO = [abs(W) for W in WV], [abs(W) for W in WO]
+
+        def magnitudes(rows: sp.csr_matrix) -> tuple:
+            """The deployed pass's class columns of E rows: |W_Q||E[x]|, |W_K||E[x]| (the heads
+            side by side), ||E[x]||_1 and its entry count (:class:`Deployed`)."""
+            absX = I.exact(abs(rows))
+            cat = lambda Ws: (np.concatenate([I.upper(*I.matmul(absX, W).dense()) for W in Ws], axis=1)  # noqa: E731
+                              if Ws else np.zeros((rows.shape[0], 0)))
+            l1 = I.up(np.asarray(abs(rows).sum(axis=1)).reshape(-1, 1) * I.sum_factor(max(d, 1)))
+            return cat(absWQ), cat(absWK), l1, np.diff(rows.indptr).astype(np.float64).reshape(-1, 1)
+
         qp = qk(P)
         self.QP, self.KP = qp[:2], qp[2:]                    # (positions, Σd_h) mid, rad
         self.OP = I.vstack([I.matmul(I.matmul(P, WV[m]), WO[m]) for m in range(H)]) if H else _empty(d)
-        # Per token: its query/key class and, per head, its value row.
-        qk_table, v_table = _RowTable(), _RowTable()
+        # Per token: its query/key class and, per head, its value row (for the deployed pass,
+        # the magnitudes it adds are part of each class and each value row: tokens share one
+        # only if those agree too, so a cut of the weights has the full weights' classes).
+        qk_table, v_table, vm_table = _RowTable(), _RowTable(), _RowTable()
         qk_class = np.zeros(V1, np.int64)
         v_row = np.zeros((H, V1), np.int64)
         E = I.as_csr(weights.E)
@@ -202,7 +219,7 @@ class Prepared:
         for a in range(0, n if H else 0, TOKEN_CHUNK):
             b = min(a + TOKEN_CHUNK, n)
             X = I.exact(E_todo[a:b])
-            table = np.ascontiguousarray(np.concatenate(qk(X), axis=1))
+            table = np.ascontiguousarray(np.concatenate(qk(X) + (magnitudes(E_todo[a:b]) if deployed else ()), axis=1))
             first, inv = _unique_rows(table)
             keys = [table[f].tobytes() for f in first]
             qk_class[todo[a:b]] = qk_table.add(keys, lambda new: table[first[new]])[inv]
@@ -212,29 +229,46 @@ class Prepared:
             # per chunk of tokens would cost d per chunk. Each output row depends on its
             # own input row only, so the rows are those a product per chunk gives.
             O_all = I.matmul(I.matmul(I.exact(E_todo), WV[m]), WO[m]) if n else None
+            # the deployed pass's |W_O||W_V||E[x]| on the same (structural) pattern
+            M_all = I.matmul(I.matmul(I.exact(abs(E_todo)), absWV[m]), absWO[m]) if n and deployed else None
             for a in range(0, n, TOKEN_CHUNK):
                 b = min(a + TOKEN_CHUNK, n)
-                O = O_all.rows(np.arange(a, b)) if (a, b) != (0, n) else O_all
+                whole = (a, b) == (0, n)
+                O = O_all.rows(np.arange(a, b)) if not whole else O_all
+                M = (M_all.rows(np.arange(a, b)) if not whole else M_all) if deployed else None
                 cls = _sparse_row_classes(O)
+                if deployed:
+                    cls = _unique_rows(cls[:, None], _sparse_row_classes(M)[:, None])[1]
                 first, inv = np.unique(cls, return_index=True, return_inverse=True)[1:]
                 if 2 * first.size > O.shape[0]:
                     ids = v_table.append(O, O.shape[0])
+                    if deployed:
+                        vm_table.append(M, M.shape[0])
                     v_row[m, todo[a:b]] = ids
                 else:
                     rows = O.rows(first)
-                    keys = [_sparse_row_bytes(rows, i) for i in range(first.size)]
+                    mrows = M.rows(first) if deployed else None
+                    keys = [_sparse_row_bytes(rows, i) + (_sparse_row_bytes(mrows, i) if deployed else b"")
+                            for i in range(first.size)]
                     v_row[m, todo[a:b]] = v_table.add(keys, rows.rows)[inv.reshape(-1)]
-            del O_all
+                    if deployed:
+                        vm_table.add(keys, mrows.rows)
+            del O_all, M_all
         if n < V1:
             stand_in = todo[np.flatnonzero(empty[todo])[0]]
             qk_class[empty] = qk_class[stand_in]
             v_row[:, empty] = v_row[:, [stand_in]]
-        QK = np.concatenate(qk_table.parts) if qk_table.parts else np.zeros((0, 4 * int(self.widths.sum())))
         w_ = int(self.widths.sum())
+        QK = np.concatenate(qk_table.parts) if qk_table.parts else np.zeros((0, (6 * w_ + 2) if deployed else 4 * w_))
         self.QE = (QK[:, :w_], QK[:, w_:2 * w_])            # (query/key classes, Σd_h) mid, rad
-        self.KE = (QK[:, 2 * w_:3 * w_], QK[:, 3 * w_:])
+        self.KE = (QK[:, 2 * w_:3 * w_], QK[:, 3 * w_:4 * w_])
+        #: the deployed pass's class columns: |W_Q||E[x]|, |W_K||E[x]|, ||E[x]||_1, its entry count
+        self.QK_magnitudes = QK[:, 4 * w_:] if deployed else None
         self.qk_class = _narrow(qk_class)                    # (V+1,) class of each token
         self.OE = I.vstack(v_table.parts) if v_table.parts else _empty(d)   # distinct value rows
+        #: the deployed pass's |W_O||W_V||E[x]| on each value row's pattern (aligned with OE)
+        self.OE_magnitudes = (np.concatenate([I.upper(x.mid, x.rad) for x in vm_table.parts]) if vm_table.parts
+                              else np.zeros(0)) if deployed else None
         self.v_row = _narrow(v_row)                          # (H, V+1): head m, token x -> row of OE
         self.E_arrays = _csr_arrays(E)
         self.P_arrays = _csr_arrays(I.as_csr(weights.P))
@@ -267,7 +301,7 @@ class Prepared:
         self.watch = np.zeros(0, bool)
         self._scratch = None
         self._stamp = 0
-        self.deployed = Deployed(self, weights, deployment, WQ, WK, WV, WO) if deployment is not None else None
+        self.deployed = Deployed(self, weights, deployment, absWQ, absWK, absWV, absWO, stages) if deployed else None
 
     def run_batch(self, tokens: np.ndarray, valid_ptr: np.ndarray, valid: np.ndarray,
                   ablate: np.ndarray | None = None, scores: bool = True) -> "BatchResult":
@@ -309,66 +343,48 @@ class Deployed:
     position (reassociated where exact arithmetic allows: W_O W_V h_j as one row). The
     deployed computation rounds every stage (verifier.floating, Stages): its value differs
     from the exact one by at most ρ times the stage's sum of |terms| plus absolute floors.
-    These tables bound those sums: per query/key class and position the magnitudes
-    |W_Q||E[x]|, |W_Q||P[j]| (and W_K's), per value row the magnitudes |W_O||W_V||E[x]| and
-    |W_O||W_V||P[j]| on the value rows' own patterns (the largest over the tokens sharing a
-    class or a row, an upper bound for each of them), and per head and token the largest
-    entry and the sum of |W_V||E[x]| (and per position of |W_V||P[j]|) for the values'
-    overflow and the inputs-read-as-zero allowances.
+    These tables bound those sums: per query/key class (the class columns of
+    :class:`Prepared`) and per position the magnitudes |W_Q||E[x]|, |W_Q||P[j]| (and W_K's)
+    and ||E[x]||_1; per value row the magnitudes |W_O||W_V||E[x]| (Prepared.OE_magnitudes)
+    and |W_O||W_V||P[j]| on the value rows' own patterns; and per head and token the
+    largest entry and the sum of |W_V||E[x]| (and per position of |W_V||P[j]|), for the
+    values' overflow and the inputs-read-as-zero allowances.
     """
 
-    def __init__(self, prep: "Prepared", weights: Weights, deployment, WQ, WK, WV, WO) -> None:
-        from verifier.floating import KERNEL_CONSTANTS, row_sums, softmax_constants, stages
+    def __init__(self, prep: "Prepared", weights: Weights, deployment, absWQ, absWK, absWV, absWO, stages=None) -> None:
+        from verifier.floating import KERNEL_CONSTANTS, softmax_constants
+        from verifier.floating import stages as stages_of
 
         self.dep = deployment
-        self.stages = st = stages(weights, deployment)
+        self.stages = st = stages if stages is not None else stages_of(weights, deployment)
         self.fp = st.kernel_constants()
         assert len(self.fp) == len(KERNEL_CONSTANTS)
         self.sm = softmax_constants(prep.vocab_size, deployment)
         H, d = prep.n_heads, weights.d
+        w_ = int(prep.widths.sum())
         absE = abs(I.as_csr(weights.E))
         absP = abs(I.as_csr(weights.P))
-        absWQ, absWK = [abs(W) for W in WQ], [abs(W) for W in WK]
-        absWV, absWO = [abs(W) for W in WV], [abs(W) for W in WO]
 
         def mags(X: sp.csr_matrix, Ws) -> np.ndarray:
-            """Upper bounds of |X|·|W| per row, the heads side by side (dense)."""
             if not Ws:
                 return np.zeros((X.shape[0], 0))
             return np.concatenate([I.upper(*I.matmul(I.exact(X), W).dense()) for W in Ws], axis=1)
 
         self.QPm, self.KPm = mags(absP, absWQ), mags(absP, absWK)
-        n_cls = prep.QE[0].shape[0]
-        self.QEm, self.KEm = np.zeros((n_cls, prep.QE[0].shape[1])), np.zeros((n_cls, prep.KE[0].shape[1]))
+        C = prep.QK_magnitudes
+        self.QEm, self.KEm = C[:, :w_], C[:, w_:2 * w_]
+        self.El1_cls = C[:, 2 * w_] if C.shape[0] else np.zeros(1)
+        self.Enz_cls = C[:, 2 * w_ + 1] if C.shape[0] else np.zeros(1)
+        self.OEm = prep.OE_magnitudes
         V1 = absE.shape[0]
-        for a in range(0, V1 if H else 0, TOKEN_CHUNK):
-            rows = np.arange(a, min(a + TOKEN_CHUNK, V1))
-            cls = np.asarray(prep.qk_class[rows], np.int64)
-            X = absE[rows]
-            np.maximum.at(self.QEm, cls, mags(X, absWQ))
-            np.maximum.at(self.KEm, cls, mags(X, absWK))
-        # value rows: magnitudes on the rows' own patterns, the largest over the tokens sharing one
-        self.OEm = np.zeros(prep.OE.nnz)
         self.VEmax, self.VEl1 = np.zeros((H, V1)), np.zeros((H, V1))
         self.VPmax, self.VPl1 = np.zeros((H, absP.shape[0])), np.zeros((H, absP.shape[0]))
         OPm = []
         for m in range(H):
             V_E = I.matmul(I.exact(absE), absWV[m])
-            M = I.matmul(V_E, absWO[m])
-            vals = I.upper(M.mid, M.rad)
-            rows_of = np.asarray(prep.v_row[m], np.int64)
-            start = prep.OE.indptr[rows_of]
-            counts = np.diff(M.indptr)
-            if not np.array_equal(counts, np.diff(prep.OE.indptr)[rows_of]):
-                raise AssertionError("a value row's magnitudes do not share its pattern")
-            pos = np.repeat(start, counts) + (np.arange(M.nnz) - np.repeat(M.indptr[:-1], counts))
-            if not np.array_equal(prep.OE.indices[pos], M.indices):
-                raise AssertionError("a value row's magnitudes do not share its pattern")
-            np.maximum.at(self.OEm, pos, vals)
             ve = I.upper(V_E.mid, V_E.rad)
-            rid = V_E.row_ids()
-            np.maximum.at(self.VEmax[m], rid, ve)
-            np.add.at(self.VEl1[m], rid, ve)
+            np.maximum.at(self.VEmax[m], V_E.row_ids(), ve)
+            np.add.at(self.VEl1[m], V_E.row_ids(), ve)
             V_P = I.matmul(I.exact(absP), absWV[m])
             vp = I.upper(V_P.mid, V_P.rad)
             np.maximum.at(self.VPmax[m], V_P.row_ids(), vp)
@@ -378,20 +394,13 @@ class Deployed:
         self.VEl1 = I.up(self.VEl1 * I.sum_factor(max(d, 1)))
         self.VPl1 = I.up(self.VPl1 * I.sum_factor(max(d, 1)))
         self.OPm = np.concatenate(OPm) if OPm else np.zeros(0)
-        if self.OPm.size != prep.OP.nnz:
-            raise AssertionError("the position value rows' magnitudes do not share their pattern")
+        if self.OPm.size != prep.OP.nnz or self.OEm.size != prep.OE.nnz:
+            raise AssertionError("the value rows' magnitudes do not share their patterns")
         # ||E[x]||_1 and ||P[j]||_1 (with their entry counts) for the embedding sums' allowances
         self.El1 = I.up(np.asarray(absE.sum(axis=1)).ravel() * I.sum_factor(max(d, 1)))
         self.Pl1 = I.up(np.asarray(absP.sum(axis=1)).ravel() * I.sum_factor(max(d, 1)))
         self.Enz = np.diff(I.as_csr(weights.E).indptr).astype(np.float64)
         self.Pnz = np.diff(I.as_csr(weights.P).indptr).astype(np.float64)
-        self.El1_cls, self.Enz_cls = np.zeros(max(n_cls, 1)), np.zeros(max(n_cls, 1))
-        if H:                           # (no head: no query/key class is read)
-            cls = np.asarray(prep.qk_class, np.int64)
-            np.maximum.at(self.El1_cls, cls, self.El1)
-            np.maximum.at(self.Enz_cls, cls, self.Enz)
-        self.dv = max((W.shape[1] for W in WV), default=0)
-        self.rs_g = float(row_sums(weights.W_G).max(initial=0.0))      # the largest Σ_j |W_G[k, j]|
 
 
 def _empty(d: int) -> SparseInterval:
@@ -582,13 +591,13 @@ def _residual_deployed(prep: Prepared, ids: np.ndarray, att, am, ar) -> tuple:
         for m in range(H):
             vmax = I.up(I.up(I.up(1.0 + rv) * I.up(I.up(1.0 + rh) * I.up(D.VEmax[m][ids] + D.VPmax[m][pos]))) + per_v)
             l1v = I.up(I.up(I.up(1.0 + rv) * I.up(I.up(1.0 + rh) * I.up(D.VEl1[m][ids] + D.VPl1[m][pos])))
-                       + I.up(D.dv * per_v))
+                       + I.up(D.stages.dv * per_v))
             a = a_hi[:, m, :]
             a_sum = I.up(a.sum(axis=1) * I.sum_factor(p1))
             zeta = I.up(zeta + I.up(I.up(I.up(1.0 + rmix) * I.up(I.up(a * per_v).sum(axis=1) * I.sum_factor(p1)))
                                     + I.up(st.f_mix + I.up(I.up(2.0 * st.e_min)
                                                            * I.up(a_sum + I.up(vmax.sum(axis=1) * I.sum_factor(p1)))))))
-            c_l1 = I.up(I.up(I.up(1.0 + rmix) * I.up(I.up(a * l1v).sum(axis=1) * I.sum_factor(p1))) + I.up(D.dv * st.f_mix))
+            c_l1 = I.up(I.up(I.up(1.0 + rmix) * I.up(I.up(a * l1v).sum(axis=1) * I.sum_factor(p1))) + I.up(D.stages.dv * st.f_mix))
             l1c = I.up(l1c + c_l1)
             bad |= ~(I.up(vmax * I.up(1.0 + rmix)).max(axis=1, initial=0.0) < st.largest)
             bad |= ~(c_l1 < st.largest)
@@ -623,7 +632,7 @@ def gate_decisions(prep: Prepared, R: SparseInterval, scores: bool):
     gmid, gstamp, gtouched = prep.scratch()["g"]
     with np.errstate(invalid="ignore", over="ignore"):
         D = prep.deployed
-        deployed = (True, D.fp, D.rs_g) if D is not None else (False, np.zeros(1), 0.0)
+        deployed = (True, D.fp, D.stages.rs_g) if D is not None else (False, np.zeros(1), 0.0)
         out = K_.gate(R.indptr, R.indices, R.mid, R.rad, *prep.WGT_arrays, prep.wg_colmax, prep.wg_hot,
                       np.asarray(prep.weights.b_G, np.float64), prep.wg_max_terms,
                       gmid, gstamp, gtouched, prep.stamps(n), G, scores, deployed)

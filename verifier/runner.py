@@ -58,6 +58,7 @@ class PassSpec:
     deployment: Deployment | None = None
     gate_terms: int = 0
     vocab_size: int | None = None
+    stages: Any = None          # verifier.floating.Stages of the full weights, mapped to a cut's numbering
 
     @property
     def kind(self) -> str:
@@ -66,7 +67,8 @@ class PassSpec:
     def build(self, weights: Weights, watch: np.ndarray | None = None) -> Pass:
         """The pass's tables for ``weights``; ``watch`` (exact pass): the global neurons whose
         possible activity each row records (:class:`verifier.classes.ClassRecorder`)."""
-        prep = Prepared(weights, gate_terms=self.gate_terms, vocab_size=self.vocab_size, deployment=self.deployment)
+        prep = Prepared(weights, gate_terms=self.gate_terms, vocab_size=self.vocab_size, deployment=self.deployment,
+                        stages=self.stages)
         if watch is not None:
             prep.watch = watch
         return prep
@@ -93,8 +95,7 @@ COMBINATIONS: dict[tuple[str, str, bool], Refusal | None] = {
     ("float", "local", False): None,
     ("float", "local", True): Refusal("a certificate for later edits is saved for the exact pass only",
                                       "drop --precision, or drop --certificate / --since"),
-    ("float", "cluster", False): Refusal("--precision runs on local processes only (the sharded cluster path "
-                                         "certifies the exact pass)", "drop --scheduler, or use --precision exact"),
+    ("float", "cluster", False): None,
     ("float", "cluster", True): Refusal("a certificate for later edits is saved for the exact pass on local "
                                         "processes only", "drop --precision and --scheduler, or drop --certificate"),
 }
@@ -162,6 +163,13 @@ class ShardPart:
         inputs = np.asarray(inputs, np.int64)
         comp = compact(restrict(weights, inputs, experts), inputs if tokens is None else np.asarray(tokens, np.int64))
         self.spec = replace(spec, vocab_size=comp.vocab_size)
+        if spec.deployment is not None:          # the full weights' stages, in the cut's numbering
+            full = spec.stages if spec.stages is not None else _stages(weights, spec.deployment)
+            widths = np.array([e.width for e in weights.experts], np.int64)
+            off = np.concatenate([[0], np.cumsum(widths)])
+            neurons = np.concatenate([np.arange(off[k], off[k + 1]) for k in np.unique(experts)] + [np.zeros(0, np.int64)])
+            self.spec = replace(self.spec, stages=full.cut(comp.coords, comp.tokens[:len(comp.weights.vocab)],
+                                                            neurons.astype(np.int64)))
         self.weights = comp.weights
         self.tokens = comp.tokens                      # compact token id -> full id (sorted)
         self.embedded = np.unique(inputs)              # query tokens the part can hold
@@ -255,6 +263,14 @@ def merge(n: int, pieces: list[tuple[np.ndarray, BatchResult]]) -> BatchResult:
                        field(lambda r: r.ablated_hi), field(lambda r: r.predicted), top, **extra)
 
 
+def _stages(weights: Weights, deployment: Deployment):
+    """The deployed pass's stages of the full weights (as deployed: rounded to the format)."""
+    from layout.formats import round_weights
+    from verifier.floating import stages
+
+    return stages(round_weights(weights, deployment.fmt), deployment)
+
+
 class Inline:
     """A keyed executor that runs every unit here, in order (a re-certification's one cut)."""
 
@@ -285,6 +301,8 @@ class Runner:
         self.watched = watched
         self.deferred = 0
         self._full: Shard | None = None
+        if spec.deployment is not None and spec.stages is None and not self.executor.shares_memory:
+            self.spec = spec = replace(spec, stages=_stages(weights, spec.deployment))   # computed once, for every cut
         # the full weights' longest gate row: a part's rounding bound uses it, so that its
         # enclosures are the full pass's bit for bit
         self.gate_terms = int(np.diff(sp.csr_matrix(weights.W_G).indptr).max(initial=1))
