@@ -1,81 +1,59 @@
-"""The forward pass as deployed in a floating-point format, enclosed for every execution.
+"""The forward pass as deployed in a floating-point format: the model, its bounds, its stages.
 
 :mod:`verifier.forward` encloses the *exact* forward pass of :mod:`layout` (real
 arithmetic on the stored values). A deployed model computes in float32 or bfloat16, in
-whatever order its kernels choose. This module encloses **every** execution of the
-layout's equations in a format F (:mod:`layout.formats`; unit roundoff u, smallest
-subnormal η, largest finite Ω) that satisfies the execution model:
+whatever order its kernels choose. With a :class:`Deployment`, the same compiled pass
+encloses **every** execution of the layout's equations in a format F (:mod:`layout.formats`;
+unit roundoff u, smallest subnormal η, largest finite Ω) that satisfies the execution model:
 
 (F1) The weights are the stored values rounded to F (:func:`layout.formats.round_weights`).
-(F2) Every operation of the equations is carried out in F, with gradual underflow or
-     with results below the normal range flushed to zero, and with inputs below it read
-     as zero or not (denormals-are-zero, e.g. ``torch.set_flush_denormal(True)``: a
-     product x·w then loses less than 2^emin·(|x| + |w|), which Lemma F1 adds);
-     the runtime may be dense (it multiplies every value, also by zero weights, so
-     one non-finite intermediate value anywhere in a query's computation can make its
-     output NaN: such a query is never certified, see (F4)). Top-1 dispatch computes
-     the routed expert (or discards the others' outputs by selection, as the ONNX
-     graph's ``Where`` does; multiplying every expert's output by a one-hot weight is
-     outside the model, since a non-finite output of an expert that cannot win would
-     spread). Inputs are the query itself: a batch padded to a longer length, whose
-     padded positions are masked but still multiplied, is outside the model. h = E[x] + P[i] is one
-     addition; every matrix product (with its bias, if any) is a sum of products
-     computed in **any order and grouping**, with or without fused multiply-add, each
-     product and addition rounded to nearest in F; the residual r = h + Σ_m W_O^m c_m
-     is one such sum over h and all heads' products (so per-head products added
-     afterwards, or one product over the concatenated heads, are both covered);
-     ReLU and argmax are exact; c·W_2 a (scaled gate) is one multiplication per entry
-     after the product, and y = r + that one addition.
-(F3) Every softmax subtracts the row maximum (an element of the row), exponentiates,
-     sums in any order, and divides; ``exp`` and the division (or a reciprocal and a
-     multiplication, counted together) are within ``ulps`` units in the last place of
-     the exact result (``--ulps``, default 4: a relative error of at most κ = 2·ulps·u,
-     or an absolute one of max(ulps, 1)·2^emin below the normal range, which covers an
-     exp that flushes tiny results to zero).
-(F4) No intermediate value overflows: checked, not assumed. Every intermediate value of
-     a query whose enclosure is not finite (one that may overflow: any key, value,
-     score, hidden neuron of a candidate expert, residual or logit entry, whether or not
-     a later weight reads it) makes that query undecided: margin −∞, error [0, 1].
-(F5) Optionally (``Deployment.acc``, ``--accumulate float32``): sums, exp and divisions
-     are computed in a wider format and each result is rounded once to F (bfloat16
-     with float32 accumulation, as mixed-precision kernels do); the bounds below then
-     use the wider format's u and add one rounding to F per stored result.
+(F2) Every step of :mod:`verifier.execution`'s table is carried out in F (or, with
+     ``--accumulate A``, computed in the wider A and its result rounded to F, any
+     intermediate the table lists possibly stored in F), sums in **any order and
+     grouping**, with or without fused multiply-add, with gradual underflow or results
+     below the normal range flushed to zero, and inputs below it read as zero or not
+     (denormals-are-zero, ``torch.set_flush_denormal(True)``). The runtime may be dense
+     (it multiplies every value, also by zero weights, so one non-finite intermediate
+     value anywhere in a query's computation can make its output NaN: such a query is
+     never certified, see F4). Top-1 dispatch computes the routed expert or discards the
+     others' outputs by selection; multiplying every expert's output by a one-hot weight,
+     and padding a batch to a longer length, are outside the model.
+(F3) Every softmax subtracts the row maximum, exponentiates, sums and divides; ``exp``
+     and the division are within ``ulps`` units in the last place (``--ulps``, default
+     4: relative error at most κ = 2·ulps·u, absolute max(ulps, 1)·2^emin below the
+     normal range, which covers an exp that flushes tiny results to zero).
+(F4) No intermediate value overflows: checked, not assumed. A query any of whose values
+     (a key or value at any position, a score, a neuron of an expert that may win, a
+     residual or logit entry) may reach Ω is undecided: margin −∞, error [0, 1].
 
-Lemmas used (Higham §3.1, with underflow as in :mod:`verifier.interval`; every bound
-holds for any order of the additions because each term passes through at most n − 1
-of them):
+**Lemma F1** (a stage's rounding; Higham §3.1). A computed sum is Σ_i t_i·Π_k (1 + δ_k)
+over the roundings term i passes through; with at most n roundings in the working format
+and s stored results on any path (:meth:`Deployment.rel`), it lies within
+ρ·Σ_i |t_i| of the exact sum, ρ = (1 + u_A)^n (1 + u_F)^s − 1, whatever the order and
+grouping, plus underflow: each of at most 2n + 2 operations and s stores loses less than
+2^emin, carried through later roundings by at most 1 + ρ (:meth:`Deployment.floor`); and
+inputs read as zero, each product x·w losing less than 2^emin·(|x| + |w|), so a sum less
+than 2^emin·(Σ|x| + Σ|w|), carried by at most 2. A stage's input is itself an enclosure
+(the stage before it), so the exact value of the stage over its inputs' enclosures, widened
+by ρ·Σ|terms| (the terms' magnitudes bounded by |mid| + rad) and the absolute allowances,
+encloses the deployed value. :class:`Stages` holds every stage's ρ and floor for given
+weights; the compiled pass adds them to the exact pass's enclosures (verifier.forward,
+``Deployed``; verifier.kernels, the ``deployed`` arguments).
 
-**Lemma F1** (dot products in F). For x̂ ∈ X (an interval vector) and weights b,
-fl_F(Σ_j x̂_j b_j + b_0) lies within γ^F_{n+1}·(Σ_j |x̂_j||b_j| + |b_0|) + 2(n+1)·η_op of
-the exact Σ_j x̂_j b_j + b_0, where n is the number of terms, γ^F_n = n·u/(1 − n·u), and
-η_op = 2·2^emin: the sum has at most 2n + 2 operations (products, additions, the
-bias), each losing less than 2^emin to underflow (η/2 for a product with gradual
-underflow, nothing for an addition; less than 2^emin when results are flushed), and
-a lost amount is carried through the later roundings by a factor <= 1 + γ <= 2. Inputs
-read as zero add less than 2·2^emin·n·(max|x̂_j| + max|b_j|) (:func:`_daz`). So
-:func:`product` encloses the exact product of X (by :func:`verifier.interval.matmul`) and
-widens each entry by that bound, with Σ|x̂_j||b_j| bounded above by the product of
-the point matrix up(|mid| + rad) with |B| (itself enclosed, and its upper end taken).
-Partial sums are bounded by (1 + γ)·Σ|terms|; where that reaches Ω, an execution may
-overflow and the entry is unbounded (radius ∞), so (F4) is proven per entry, not assumed.
-
-**Lemma F2** (softmax in F). Let ŝ be the computed scores, M = max ŝ, t_j = fl(ŝ_j − M)
-(|t_j − (ŝ_j − M)| <= u·(M − ŝ_j) + 2^emin <= u·W_j + 2^emin, W_j = max_l hi_l − lo_j), ê_j = e^{t_j}(1+δ_j)
-+ ζ_j (|δ_j| <= κ, |ζ_j| <= ζ = ulps·2^emin), Ŝ = fl(Σ ê) ∈ Σê·[1 − γ_{n−1}, 1 + γ_{n−1}],
-p̂_j = ê_j/Ŝ·(1 + δ'_j) + ζ'_j. The shift M is common to every e^{t_j} and cancels in
-ê_j/Σê except through the ζ's; since t = 0 at the maximum, Σê >= 1 − κ >= 1/2, and the ζ's
-move the ratio by at most 4(n+1)·ζ (Σê >= 1/4 once they are counted). Hence p̂_j lies in
-[R_lo·(1 − κ)/(1 + γ) − τ, R_hi·(1 + κ)/(1 − γ) + τ], τ = (8n + 9)·ζ, where [R_lo, R_hi]
-encloses e_j/Σ_l e_l over e_l ∈ [e^{lo_l − uW_l}(1 − κ), e^{hi_l + uW_l}(1 + κ)]
-(:func:`verifier.forward.ratio_bounds`, any common shift). A sum of p̂_j over a set of
-tokens (the valid next tokens) is bounded the same way from the two sums A (the set)
-and B (the rest), A/(A + B) being increasing in A and decreasing in B, with τ for the
-whole sum ((17n + 9)·ζ). The deployed outputs need not sum to 1: the error 1 − Σ_valid p̂_j may be
-slightly negative, and is at most 1 (every p̂_j >= 0).
+**Lemma F2** (softmax in F). Let ŝ be the computed scores, M = max ŝ, t̂_j the shifted
+score as computed and stored (|t̂_j − (ŝ_j − M)| <= rel·W_j + tiny, W_j = max_l hi_l − lo_j),
+ê_j = e^{t̂_j}(1 + δ_j)(1 + σ_j) + ζ_j (exp's error, its stores, |ζ_j| <= ζ below the normal
+range), Ŝ = fl(Σ ê) within (1 ± ρ_S) of Σê (its stores counted), p̂_j = ê_j/Ŝ·(1 ± κ)(1 ± u_F)^s
++ ζ'_j. The shift M is common to every e^{t̂_j} and cancels in ê_j/Σê except through the
+ζ's; since t̂ = 0 at the maximum, Σê >= 1/2, and the ζ's move the ratio by at most 4(n+1)·ζ.
+Hence p̂_j lies in [R_lo·f_lo − τ, R_hi·f_hi + τ] (:func:`_factors`), where [R_lo, R_hi] encloses
+e_j/Σ_l e_l over the exps' enclosures (:func:`verifier.interval.ratio_bounds`, any common
+shift). A sum of p̂_j over a set of tokens (the valid next tokens) is bounded the same way
+from the two sums A (the set) and B (the rest), A/(A + B) being increasing in A and
+decreasing in B, with τ for the whole sum. The deployed outputs need not sum to 1: the
+error 1 − Σ_valid p̂_j may be slightly negative, and is at most 1.
 
 Everything is computed in float64 with the outward rounding of :mod:`verifier.interval`.
-This pass is written for clarity, not speed: sparse products of scipy per batch and per
-expert, no compiled kernels. It serves every batch :func:`verifier.verify.verify` sends.
 """
 
 from __future__ import annotations
@@ -86,12 +64,10 @@ import numpy as np
 import scipy.sparse as sp
 
 from layout import Weights
-from layout.formats import FORMATS, Format, round_weights
+from layout.formats import FORMATS, Format
 from verifier import execution
 from verifier import interval as I
-from verifier.forward import BatchResult
 from verifier.interval import ratio_bounds
-from verifier.interval import SparseInterval
 
 #: Default accuracy of exp and of the division in the deployed softmax, in ulps (F3).
 DEFAULT_ULPS = 4.0
@@ -365,161 +341,6 @@ def _grow(rel: float, u: float, s: int) -> float:
     return rel
 
 
-# --- rounding of one operation -----------------------------------------------------------------
-
-
-def _unbounded(X: SparseInterval) -> np.ndarray:
-    """Per row of X: some stored entry's enclosure is not finite (the value may be ±inf or NaN)."""
-    return X.nonfinite_rows() if X.nnz else np.zeros(X.shape[0], bool)
-
-
-def _unbounded_dense(m: np.ndarray, r: np.ndarray) -> np.ndarray:
-    """Per row (first axis): some entry's enclosure is not finite."""
-    with np.errstate(invalid="ignore"):
-        ok = np.isfinite(m) & np.isfinite(r)
-    return ~ok.reshape(ok.shape[0], -1).all(axis=1)
-
-
-def _columns_terms(B: sp.csr_matrix) -> int:
-    """The most stored entries in a column of B: the most terms of an entry of X·B."""
-    return int(np.bincount(B.indices, minlength=1).max()) if B.nnz else 0
-
-
-def _point(X: SparseInterval) -> SparseInterval:
-    """The point matrix up(|mid| + rad) on X's pattern: an entry-wise upper bound of |x̂|."""
-    with np.errstate(invalid="ignore", over="ignore"):
-        mag = I.up(np.abs(X.mid) + X.rad)
-    return SparseInterval(X.shape, X.indptr, X.indices, np.where(np.isfinite(mag), mag, np.inf), np.zeros(X.nnz))
-
-
-def _widen(mid, rad, mag, gamma: float, floor: float, largest: float):
-    """rad + γ·mag + floor, and ∞ where a partial sum could reach the format's largest value."""
-    with np.errstate(invalid="ignore", over="ignore"):
-        r = I.add_rad(rad, I.up(gamma * mag), floor)
-        over = ~(I.up(mag * I.up(1.0 + gamma)) < largest) | ~np.isfinite(mag)
-        return np.where(over, np.inf, I.guard(mid, r))
-
-
-def _row_max(X: SparseInterval) -> np.ndarray:
-    """Per row, an upper bound of |x̂| over its stored entries (0 for an empty row)."""
-    out = np.zeros(X.shape[0])
-    if X.nnz:
-        np.maximum.at(out, X.row_ids(), _point(X).mid)
-    return out
-
-
-def _col_max(absB: sp.csr_matrix) -> np.ndarray:
-    """Per column of |B|, its largest entry (0 for an empty column)."""
-    out = np.zeros(absB.shape[1])
-    if absB.nnz:
-        np.maximum.at(out, absB.indices, absB.data)
-    return out
-
-
-def _daz(n_terms: int, x_max, w_max, dep: Deployment):
-    """Lemma F1's allowance for inputs read as 0 below the normal range (denormals-are-zero):
-    each of n terms x·w loses less than 2^emin·(|x| + |w|) (the operand read as 0 is below
-    2^emin, the other is at most |x| or |w|), carried through by at most 1 + γ <= 2."""
-    with np.errstate(invalid="ignore", over="ignore"):
-        return I.up(I.up(2.0 * n_terms * 2.0 ** dep.fmt.emin) * I.up(x_max + w_max))
-
-
-def product(X: SparseInterval, B: sp.csr_matrix, absB: sp.csr_matrix, n_terms: int, dep: Deployment,
-            steps: tuple[str, ...]) -> SparseInterval:
-    """Enclosure of fl_F(x̂·B) for every x̂ ∈ X and every execution (Lemma F1); ``steps``: the
-    execution model's steps the product is (their stored results counted)."""
-    exact = I.matmul(X, B, absB)
-    if exact.nnz == 0:
-        return exact
-    mag = I.matmul(_point(X), absB, absB)
-    g = dep.rel(n_terms, steps)
-    daz = _daz(n_terms, _row_max(X)[exact.row_ids()], _col_max(absB)[exact.indices], dep)
-    rad = _widen(exact.mid, exact.rad, I.upper(mag.mid, mag.rad), g, 0.0, dep.fmt.largest)
-    rad = I.add_rad(rad, daz, dep.floor(n_terms, steps))
-    return SparseInterval(exact.shape, exact.indptr, exact.indices, exact.mid, rad)
-
-
-def affine(X: SparseInterval, B: sp.csr_matrix, absB: sp.csr_matrix, n_terms: int, bias: np.ndarray,
-           dep: Deployment, steps: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray]:
-    """Dense enclosure (mid, rad) of fl_F(x̂·B + b) (the bias is one more term of each sum;
-    ``steps``: the product's and the bias's, whose results may both be stored)."""
-    exact = I.matmul(X, B, absB)
-    mag = I.matmul(_point(X), absB, absB)
-    m, r = exact.dense()
-    mm, mr = mag.dense()
-    with np.errstate(invalid="ignore", over="ignore"):
-        mid = m + bias[None, :]
-        r = I.add_rad(r, I.up(I.U * np.abs(mid)))                      # the float64 addition of the bias
-        upper_mag = I.add_rad(I.upper(mm, mr), np.abs(bias)[None, :])
-    g = dep.rel(n_terms + 1, steps)
-    daz = _daz(n_terms + 1, _row_max(X)[:, None], np.maximum(_col_max(absB), np.abs(bias))[None, :], dep)
-    rad = _widen(mid, r, upper_mag, g, 0.0, dep.fmt.largest)
-    return mid, I.add_rad(rad, daz, dep.floor(n_terms + 1, steps))
-
-
-def rounded_sum(S: SparseInterval, mag: np.ndarray, n_terms: int, dep: Deployment,
-                steps: tuple[str, ...]) -> SparseInterval:
-    """S (the exact sum of n_terms terms per entry, enclosed) widened to cover fl_F of
-    that sum in any order: γ^F_{n−1}·Σ|terms| (with the stores of ``steps``), plus η_op
-    per addition (an addition is exact below the normal range unless results are flushed
-    to zero)."""
-    g = dep.rel(max(n_terms - 1, 1), steps)
-    rad = _widen(S.mid, S.rad, mag, g, dep.floor(n_terms, steps), dep.fmt.largest)
-    return SparseInterval(S.shape, S.indptr, S.indices, S.mid, rad)
-
-
-def _aligned(pattern: SparseInterval, X: SparseInterval) -> np.ndarray:
-    """Upper ends of |X| on ``pattern``'s entries (X's pattern ⊆ pattern's); 0 elsewhere."""
-    P = _point(X)
-    full = sp.csr_matrix((P.mid, P.indices, P.indptr), shape=P.shape)
-    return I._align(sp.csr_matrix((np.ones(pattern.nnz), pattern.indices, pattern.indptr), shape=pattern.shape),
-                    full.tocsr()) if X.nnz else np.zeros(pattern.nnz)
-
-
-def dense_interval(mid: np.ndarray, rad: np.ndarray) -> SparseInterval:
-    """A dense interval matrix as a SparseInterval with every entry stored."""
-    n, m = mid.shape
-    ptr = np.arange(0, n * m + 1, m, dtype=np.int64) if m else np.zeros(n + 1, np.int64)
-    return SparseInterval((n, m), ptr, np.tile(np.arange(m, dtype=np.int64), n), mid.reshape(-1).copy(),
-                          rad.reshape(-1).copy())
-
-
-def dot_last(am, ar, bm, br, dep: Deployment, steps: tuple[str, ...] = ("score",)):
-    """Enclosure of fl_F(Σ_t â_t b̂_t) over the last axis (Lemma F1, both factors intervals)."""
-    t = max(am.shape[-1], bm.shape[-1])
-    m, r = I.dot_rows(am, ar, bm, br)
-    with np.errstate(invalid="ignore", over="ignore"):
-        ma = I.up(np.abs(am) + ar)
-        mb = I.up(np.abs(bm) + br)
-        pm, pr = I.dot_rows(ma, np.zeros_like(ma), mb, np.zeros_like(mb))
-        daz = _daz(t, np.max(ma, axis=-1, initial=0.0), np.max(mb, axis=-1, initial=0.0), dep)
-    rad = _widen(m, r, I.upper(pm, pr), dep.rel(t, steps), 0.0, dep.fmt.largest)
-    return m, I.add_rad(rad, daz, dep.floor(t, steps))
-
-
-def weighted_rows(Vv: SparseInterval, am: np.ndarray, ar: np.ndarray, group: int, dep: Deployment) -> SparseInterval:
-    """Enclosure of fl_F(Σ_j â_j v̂_j) over each run of ``group`` consecutive rows of Vv
-    (row i·group + j is v̂_j of output row i; â ∈ [am ± ar] per row of Vv): Lemma F1 with
-    ``group`` terms, the magnitudes from |â| <= up(|am| + ar) and |v̂| <= up(|mid| + rad)."""
-    n = Vv.shape[0] // group
-    rows = Vv.row_ids() // group
-    T = I.scale_rows(Vv, am, ar)
-    S = I.sum_terms((n, Vv.shape[1]), rows, Vv.indices, T.mid, T.rad)
-    with np.errstate(invalid="ignore", over="ignore"):
-        amag = I.up(np.abs(am) + ar)
-        terms = I.up(_point(Vv).mid * amag[Vv.row_ids()])
-    M = I.sum_terms(S.shape, rows, Vv.indices, terms, np.zeros(Vv.nnz))
-    mag = I.upper(M.mid, M.rad)                       # the same pattern as S (same entries summed)
-    a_max = np.zeros(n)
-    np.maximum.at(a_max, np.arange(am.size) // group, amag)
-    v_max = np.zeros(n)
-    if Vv.nnz:
-        np.maximum.at(v_max, rows, _point(Vv).mid)
-    daz = _daz(group, a_max, v_max, dep)[S.row_ids()]
-    rad = _widen(S.mid, S.rad, mag, dep.rel(group, ("mix",)), 0.0, dep.fmt.largest)
-    return SparseInterval(S.shape, S.indptr, S.indices, S.mid, I.add_rad(rad, daz, dep.floor(group, ("mix",))))
-
-
 # --- softmax ----------------------------------------------------------------------------------
 
 
@@ -594,72 +415,7 @@ def softmax(lo: np.ndarray, hi: np.ndarray, mid: np.ndarray, dep: Deployment):
     return p_lo, np.where(np.isnan(p_hi), np.inf, p_hi)
 
 
-def valid_mass_error(L: SparseInterval, V: int, valid_ptr: np.ndarray, valid: np.ndarray, dep: Deployment):
-    """Enclosure (lo, hi) of 1 − Σ_{j valid} p̂_j for each row of logits L (n x V; absent
-    logits are exactly 0 in every execution: a sum of no non-zero product), and the
-    argmax token of the midpoints (−1 when a zero logit is at least as large)."""
-    n = L.shape[0]
-    rows = L.row_ids()
-    lo, hi = I.lower(L.mid, L.rad), I.upper(L.mid, L.rad)
-    # which stored logits are of valid tokens
-    vrows = np.repeat(np.arange(n, dtype=np.int64), np.diff(valid_ptr))
-    vkey = np.unique(vrows * V + np.asarray(valid, np.int64))
-    is_valid = np.isin(rows * V + L.indices, vkey)
-    n_stored = np.diff(L.indptr)
-    zeros = V - n_stored                                     # logits exactly 0
-    valid_stored = np.bincount(rows[is_valid], minlength=n)
-    valid_zero = np.bincount(vkey // V, minlength=n) - valid_stored
-    invalid_zero = zeros - valid_zero
-    neg = np.full(n, -np.inf)
-    Mhi = neg.copy()
-    np.maximum.at(Mhi, rows, hi)
-    Mhi = np.where(zeros > 0, np.maximum(Mhi, 0.0), Mhi)
-    c = neg.copy()
-    np.maximum.at(c, rows, np.where(np.isfinite(L.mid), L.mid, -np.inf))
-    c = np.where(zeros > 0, np.maximum(c, 0.0), c)
-    c = np.where(np.isfinite(c), c, 0.0)
-    e_lo, e_hi = _exp_terms(lo, hi, Mhi[rows], c[rows], dep)
-    z_lo, z_hi = _exp_terms(np.zeros(n), np.zeros(n), Mhi, c, dep)
-    with np.errstate(invalid="ignore", over="ignore"):
-        # A: the valid tokens' terms (lower and upper), B: the others'; every sum of
-        # non-negative floats enclosed by Lemma 1 of verifier.interval.
-        A_lo = np.bincount(rows[is_valid], weights=e_lo[is_valid], minlength=n) + I.down(valid_zero * z_lo)
-        A_hi = np.bincount(rows[is_valid], weights=e_hi[is_valid], minlength=n) + I.up(valid_zero * z_hi)
-        B_lo = np.bincount(rows[~is_valid], weights=e_lo[~is_valid], minlength=n) + I.down(invalid_zero * z_lo)
-        B_hi = np.bincount(rows[~is_valid], weights=e_hi[~is_valid], minlength=n) + I.up(invalid_zero * z_hi)
-        terms = int(n_stored.max(initial=0)) + 2
-        A_lo, B_lo = I.down(A_lo * I.down(1.0 - I.gamma(terms))), I.down(B_lo * I.down(1.0 - I.gamma(terms)))
-        A_hi, B_hi = I.up(A_hi * I.sum_factor(terms)), I.up(B_hi * I.sum_factor(terms))
-        r_lo = I.down(A_lo / I.up(A_lo + B_hi))
-        r_hi = I.up(A_hi / I.down(A_hi + B_lo))
-    r_lo = np.where(np.isnan(r_lo), 0.0, r_lo)
-    r_hi = np.where(np.isnan(r_hi), 1.0, np.minimum(r_hi, 1.0))
-    f_lo, f_hi, tau = _factors(V, dep, mass=True)
-    with np.errstate(invalid="ignore", over="ignore"):
-        mass_lo = np.maximum(I.down(I.down(r_lo * f_lo) - tau), 0.0)
-        total_hi = I.up(f_hi + tau)                  # Σ over every token of p̂_j
-        mass_hi = np.minimum(I.up(I.up(r_hi * f_hi) + tau), total_hi)
-    err_lo = I.down(1.0 - mass_hi)
-    err_hi = np.minimum(I.up(1.0 - mass_lo), 1.0)
-    # the argmax of the midpoints (for reports only)
-    best = np.full(n, -1, np.int64)
-    if L.nnz:
-        order = np.lexsort((-L.mid, rows))
-        first = order[np.concatenate([[0], np.cumsum(n_stored)[:-1]])[n_stored > 0]]
-        has = np.flatnonzero(n_stored > 0)
-        top = L.mid[first]
-        best[has] = np.where((zeros[has] > 0) & (top <= 0), -1, L.indices[first])
-    return err_lo, err_hi, best
-
-
 # --- the pass ---------------------------------------------------------------------------------
-
-
-def _t(M: sp.spmatrix) -> tuple[sp.csr_matrix, sp.csr_matrix, int]:
-    """(Mᵀ as CSR, |Mᵀ|, the most terms per entry of X·Mᵀ)."""
-    T = I.as_csr(sp.csr_matrix(M).T.tocsr())
-    T.sort_indices()
-    return T, abs(T), _columns_terms(T)
 
 
 def FloatPass(weights: Weights, dep: Deployment, source: str = "weights"):
@@ -670,225 +426,3 @@ def FloatPass(weights: Weights, dep: Deployment, source: str = "weights"):
 
     weights.validate(source)
     return Prepared(weights, deployment=dep)
-
-
-class NumpyFloatPass:
-    """The deployed forward pass of ``weights`` in ``dep.fmt``, enclosed (see the module
-    docstring); weights are rounded to the format once, here."""
-
-    def __init__(self, weights: Weights, dep: Deployment, source: str = "weights") -> None:
-        I.check_platform()
-        weights.validate(source)
-        self.dep = dep
-        self.weights = weights
-        w = round_weights(weights, dep.fmt, source)
-        self.rounded = w
-        self.E = I.as_csr(sp.csr_matrix(w.E))
-        self.P = I.as_csr(sp.csr_matrix(w.P))
-        self.heads = [tuple(_t(M) for M in (h.W_Q, h.W_K, h.W_V, h.W_O)) for h in w.heads]
-        self.n_residual = 1 + sum(h[3][2] for h in self.heads)     # terms of r = h + Σ_m W_O^m c_m
-        # per residual coordinate, the heads whose W_O writes it: only their additions round
-        # (o_m is exactly 0 there for the others, and adding an exact 0 is exact)
-        self.writers = np.zeros(self.E.shape[1], np.int64)
-        for h in self.heads:
-            self.writers += np.bincount(h[3][0].indices, minlength=self.E.shape[1]) > 0
-        self.WG = _t(w.W_G)
-        self.b_G = np.asarray(w.b_G, np.float64)
-        self.W1 = [_t(e.W_1) for e in w.experts]
-        self.W2 = [_t(e.W_2) for e in w.experts]
-        self.b1 = [np.asarray(e.b_1, np.float64) for e in w.experts]
-        self.UT = _t(w.U)
-
-    # the embedding sums h_i = E[x_i] + P[i] (one addition each in F)
-    def _embed(self, ids: np.ndarray) -> SparseInterval:
-        n, p1 = ids.shape
-        E, P = self.E, self.P
-        flat = ids.reshape(-1)
-        pos = np.tile(np.arange(p1), n)
-        Er = E[flat].tocoo()
-        Pr = P[pos].tocoo()
-        S = I.sum_terms((flat.size, E.shape[1]), np.concatenate([Er.row, Pr.row]), np.concatenate([Er.col, Pr.col]),
-                        np.concatenate([Er.data, Pr.data]), np.zeros(Er.nnz + Pr.nnz))
-        return rounded_sum(S, I.upper(np.abs(S.mid), S.rad), 2, self.dep, ("embedding",))
-
-    def residual(self, ids: np.ndarray) -> tuple[SparseInterval, np.ndarray]:
-        """Enclosure of the deployed r at the last position of each row of ids (BOS first),
-        and per row whether any intermediate value may be non-finite (:func:`_unbounded`)."""
-        n, p1 = ids.shape
-        dep = self.dep
-        Hall = self._embed(ids)                                   # (n·(p+1), d)
-        bad = _unbounded(Hall).reshape(n, p1).any(axis=1)
-        last = Hall.rows(np.arange(n) * p1 + p1 - 1)
-        terms = [last]
-        mags = [_point(last)]
-        o_max = np.zeros(n)                     # per row: the largest |c| or |W_O| of a product term
-        for (WQ, WK, WV, WO) in self.heads:
-            Q = product(last, *WQ, dep, ("query",))
-            K = product(Hall, *WK, dep, ("key",))
-            Vv = product(Hall, *WV, dep, ("value",))
-            bad |= _unbounded(Q) | _unbounded(K).reshape(n, p1).any(axis=1) | _unbounded(Vv).reshape(n, p1).any(axis=1)
-            qm, qr = Q.dense()
-            km, kr = K.dense()
-            km, kr = km.reshape(n, p1, -1), kr.reshape(n, p1, -1)
-            sm, sr = dot_last(qm[:, None, :], qr[:, None, :], km, kr, dep)           # (n, p+1)
-            bad |= _unbounded_dense(sm, sr)
-            a_lo, a_hi = softmax(I.lower(sm, sr), I.upper(sm, sr), sm, dep)
-            am, ar = I.from_bounds(a_lo, a_hi)
-            C = weighted_rows(Vv, am.reshape(-1), ar.reshape(-1), p1, dep)            # (n, d_v)
-            bad |= _unbounded(C)
-            terms.append(I.matmul(C, WO[0], WO[1]))
-            mags.append(I.matmul(_point(C), WO[1], WO[1]))
-            o_max = np.maximum(o_max, I.up(_row_max(C) + _col_max(WO[1]).max(initial=0.0)))
-        S = I.sum_terms((n, self.E.shape[1]), np.concatenate([t.row_ids() for t in terms]),
-                        np.concatenate([t.indices for t in terms]), np.concatenate([t.mid for t in terms]),
-                        np.concatenate([t.rad for t in terms]))
-        M = I.sum_terms(S.shape, np.concatenate([t.row_ids() for t in mags]), np.concatenate([t.indices for t in mags]),
-                        np.concatenate([I.upper(t.mid, t.rad) for t in mags]), np.zeros(sum(t.nnz for t in mags)))
-        mag = _aligned(S, SparseInterval(M.shape, M.indptr, M.indices, M.mid, M.rad))
-        # every term passes through at most n_residual roundings in the working format and,
-        # mixed, the head output's store and one per partial sum with a head writing its
-        # coordinate (head by head; the execution model's "residual" step)
-        steps = ("head output", "residual")
-        writers = self.writers[S.indices]
-        kinds = np.unique(writers)
-        rel = np.zeros(writers.size)
-        floor = np.zeros(writers.size)
-        for w in kinds:
-            at = writers == w
-            rel[at], floor[at] = dep.rel(self.n_residual, steps, int(w)), dep.floor(self.n_residual, steps, int(w))
-        if not kinds.size:
-            dep.stored(steps)                       # (no entry: nothing rounds; the step is still consulted)
-        rad = _widen(S.mid, S.rad, mag, rel, 0.0, dep.fmt.largest)
-        daz = _daz(self.n_residual, o_max, 0.0, dep)[S.row_ids()]
-        R = SparseInterval(S.shape, S.indptr, S.indices, S.mid, I.add_rad(rad, daz, floor))
-        return R, bad | _unbounded(R)
-
-    def _logits_error(self, Y: SparseInterval, valid_ptr, valid):
-        """The error enclosure of each row, and whether its logits may be non-finite."""
-        L = product(Y, *self.UT, self.dep, ("logits",))
-        return valid_mass_error(L, len(self.weights.vocab), valid_ptr, valid, self.dep), _unbounded(L)
-
-    def run_batch(self, tokens: np.ndarray, valid_ptr: np.ndarray, valid: np.ndarray,
-                  ablate: np.ndarray | None = None, scores: bool = True) -> BatchResult:
-        """The deployed pass over a batch (n x p token ids, weights' ids), as
-        :func:`verifier.forward.run_batch` reports the exact one; rows are taken
-        ``self.rows_per_chunk`` at a time so that the dense intermediates stay bounded."""
-        tokens = np.asarray(tokens, np.int64)
-        if tokens.ndim == 1:
-            tokens = tokens[None, :]
-        n = tokens.shape[0]
-        vptr, vals = np.asarray(valid_ptr, np.int64), np.asarray(valid, np.int64)
-        ablate = np.ones(n, bool) if ablate is None else np.asarray(ablate, bool)
-        step = self.rows_per_chunk(tokens.shape[1] + 1)
-        parts = []
-        for a in range(0, n, step):
-            rows = np.arange(a, min(a + step, n))
-            vp, vv = _take(vptr, vals, rows)
-            parts.append(self._run_chunk(tokens[rows], vp, vv, ablate[rows], scores))
-        return _concat(parts) if len(parts) != 1 else parts[0]
-
-    def rows_per_chunk(self, p1: int) -> int:
-        """Rows per chunk: about 2·10⁶ entries in the widest dense intermediate."""
-        widest = max([len(self.weights.experts), p1 * 64] + [e.width for e in self.weights.experts])
-        return max(1, 2_000_000 // widest)
-
-    def _run_chunk(self, tokens: np.ndarray, valid_ptr: np.ndarray, valid: np.ndarray, ablate: np.ndarray,
-                   scores: bool) -> BatchResult:
-        dep, w = self.dep, self.weights
-        n = tokens.shape[0]
-        K = len(w.experts)
-        ids = np.concatenate([np.full((n, 1), w.bos, np.int64), tokens], axis=1)
-        R, bad = self.residual(ids)
-        gm, gr = affine(R, *self.WG, self.b_G, dep, ("gate product", "gate bias"))   # (n, K)
-        bad |= _unbounded_dense(gm, gr)
-        g_lo, g_hi = I.lower(gm, gr), I.upper(gm, gr)
-        e = np.argmax(np.where(np.isfinite(gm), gm, -np.inf), axis=1)
-        win_lo = g_lo[np.arange(n), e]
-        others = g_hi.copy()
-        others[np.arange(n), e] = -np.inf
-        margin = I.down(win_lo - others.max(axis=1)) if K > 1 else np.where(np.isfinite(win_lo), np.inf, -np.inf)
-        margin = np.where(np.isnan(margin), -np.inf, margin)
-        may_win = g_hi >= win_lo[:, None]
-        may_win[np.arange(n), e] = True
-        may_win |= ~np.isfinite(win_lo)[:, None]
-        cand_rows, cand = np.nonzero(may_win)
-        cand_ptr = np.concatenate([[0], np.cumsum(may_win.sum(axis=1))]).astype(np.int64)
-        if w.gate_mode == "top1-scaled":
-            p_lo, p_hi = softmax(g_lo, g_hi, gm, dep)
-            scale = (p_lo[cand_rows, cand], p_hi[cand_rows, cand])
-        vptr = np.asarray(valid_ptr, np.int64)
-        vals = np.asarray(valid, np.int64)
-        err_lo, err_hi = np.full(n, np.inf), np.full(n, -np.inf)
-        predicted = np.full(n, -1, np.int64)
-        for k in np.unique(cand):
-            sel = np.flatnonzero(cand == k)
-            rows = cand_rows[sel]
-            Rk = R.rows(rows)
-            zm, zr = affine(Rk, *self.W1[k], self.b1[k], dep, ("expert product", "expert bias"))
-            bad_k = _unbounded_dense(zm, zr)
-            z_lo, z_hi = np.maximum(I.lower(zm, zr), 0.0), np.maximum(I.upper(zm, zr), 0.0)   # ReLU is exact
-            Z = dense_interval(*I.from_bounds(z_lo, z_hi)).prune()   # ReLU(x) = 0 exactly where x <= 0
-            Wz = product(Z, *self.W2[k], dep, ("expert output",))
-            if w.gate_mode == "top1-scaled":
-                cm, cr = I.from_bounds(scale[0][sel], scale[1][sel])
-                Wz = I.scale_rows(Wz, cm, cr)
-                with np.errstate(invalid="ignore", over="ignore"):
-                    Wz = SparseInterval(Wz.shape, Wz.indptr, Wz.indices, Wz.mid,
-                                        I.add_rad(_widen(Wz.mid, Wz.rad, I.upper(np.abs(Wz.mid), Wz.rad),
-                                                         dep.rel(1, ("gate scale",)), dep.floor(0, ("gate scale",)),
-                                                         dep.fmt.largest),
-                                                  _daz(1, I.up(np.abs(cm) + cr)[Wz.row_ids()],
-                                                       I.upper(np.abs(Wz.mid), Wz.rad), dep)))
-            S = I.add(Rk, Wz)
-            Y = rounded_sum(S, I.upper(np.abs(S.mid), S.rad), 2, dep, ("output sum",))
-            vp, vv = _take(vptr, vals, rows)
-            (lo, hi, pred), bad_L = self._logits_error(Y, vp, vv)
-            np.logical_or.at(bad, rows, bad_k | _unbounded(Wz) | _unbounded(Y) | bad_L)
-            np.minimum.at(err_lo, rows, lo)
-            np.maximum.at(err_hi, rows, hi)
-            routed = e[rows] == k
-            predicted[rows[routed]] = pred[routed]
-        ab_lo, ab_hi = np.full(n, np.nan), np.full(n, np.nan)
-        ab = np.flatnonzero(ablate)
-        if ab.size:
-            vp, vv = _take(vptr, vals, ab)
-            (ab_lo[ab], ab_hi[ab], _), bad_ab = self._logits_error(R.rows(ab), vp, vv)
-            ab_lo[ab[bad_ab]], ab_hi[ab[bad_ab]] = 0.0, 1.0
-        # A row any of whose intermediate values may be non-finite decides nothing: a dense
-        # runtime multiplies every value, also by zero weights, and 0·inf = NaN spreads.
-        ab_lo, ab_hi = np.where(bad & ablate, 0.0, ab_lo), np.where(bad & ablate, 1.0, ab_hi)
-        margin = np.where(bad, -np.inf, margin)
-        # (reported as the exact pass reports an undecided row: error [0, 1], margin −∞)
-        err_lo, err_hi = np.where(bad, 0.0, err_lo), np.where(bad, 1.0, err_hi)
-        top = np.argsort(-np.where(np.isfinite(gm), gm, -np.inf), axis=1, kind="stable")[:, :3]
-        pad = 3 - top.shape[1]
-        top_lo = np.take_along_axis(g_lo, top, axis=1)
-        top_hi = np.take_along_axis(g_hi, top, axis=1)
-        if pad > 0:
-            top = np.concatenate([top, np.full((n, pad), -1)], axis=1)
-            top_lo = np.concatenate([top_lo, np.full((n, pad), np.nan)], axis=1)
-            top_hi = np.concatenate([top_hi, np.full((n, pad), np.nan)], axis=1)
-        grad = np.where(np.isfinite(win_lo) & ~bad, np.max(np.where(np.isfinite(gr), gr, np.inf), axis=1), np.inf)
-        return BatchResult(e.astype(np.int64), margin, ~(margin > 0), gm if scores else None, grad, err_lo, err_hi,
-                           ab_lo, ab_hi, predicted, (top.astype(np.int64), top_lo, top_hi), (cand_ptr, cand.astype(np.int64)))
-
-
-def _concat(parts: list[BatchResult]) -> BatchResult:
-    """One result from results of consecutive row ranges."""
-    def cat(get):
-        return np.concatenate([get(r) for r in parts])
-
-    offsets = np.cumsum([0] + [r.candidates[0][-1] for r in parts[:-1]])
-    ptr = np.concatenate([[0]] + [r.candidates[0][1:] + o for r, o in zip(parts, offsets)]).astype(np.int64)
-    top = tuple(cat(lambda r, i=i: r.top_gate[i]) for i in range(3))
-    gm = cat(lambda r: r.gate_mid) if parts[0].gate_mid is not None else None
-    return BatchResult(cat(lambda r: r.expert), cat(lambda r: r.margin), cat(lambda r: r.ambiguous), gm,
-                       cat(lambda r: r.gate_rad), cat(lambda r: r.err_lo), cat(lambda r: r.err_hi),
-                       cat(lambda r: r.ablated_lo), cat(lambda r: r.ablated_hi), cat(lambda r: r.predicted), top,
-                       (ptr, cat(lambda r: r.candidates[1])))
-
-
-def _take(ptr: np.ndarray, vals: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    from verifier.batches import take_csr
-
-    return take_csr(ptr, vals, rows)

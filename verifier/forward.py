@@ -38,6 +38,9 @@ import scipy.sparse as sp
 
 from verifier import interval as I
 from verifier import kernels as K_
+from verifier.floating import KERNEL_CONSTANTS, softmax_constants
+from verifier.floating import softmax as deployed_softmax
+from verifier.floating import stages as stages_of
 from verifier.batches import take_csr
 from verifier.interval import SparseInterval, softmax_bounds
 from layout import Weights
@@ -352,9 +355,6 @@ class Deployed:
     """
 
     def __init__(self, prep: "Prepared", weights: Weights, deployment, absWQ, absWK, absWV, absWO, stages=None) -> None:
-        from verifier.floating import KERNEL_CONSTANTS, softmax_constants
-        from verifier.floating import stages as stages_of
-
         self.dep = deployment
         self.stages = st = stages if stages is not None else stages_of(weights, deployment)
         self.fp = st.kernel_constants()
@@ -492,9 +492,7 @@ def attention(prep: Prepared, ids: np.ndarray):
         if D is None:
             a_lo, a_hi = softmax_bounds(I.lower(s_mid, s_rad), I.upper(s_mid, s_rad), s_mid)
         else:
-            from verifier.floating import softmax
-
-            a_lo, a_hi = softmax(I.lower(s_mid, s_rad), I.upper(s_mid, s_rad), s_mid, D.dep)
+            a_lo, a_hi = deployed_softmax(I.lower(s_mid, s_rad), I.upper(s_mid, s_rad), s_mid, D.dep)
             a_lo = np.where(np.isfinite(s_rad), a_lo, 0.0)
             a_hi = np.where(np.isfinite(s_rad), a_hi, np.inf)
     am, ar = I.from_bounds(a_lo, a_hi)
@@ -686,9 +684,7 @@ def run_batch(prep: Prepared | Weights, tokens: np.ndarray, valid_ptr: np.ndarra
             if prep.deployed is None:
                 p_lo, p_hi = softmax_bounds(I.lower(Gf, Rf), I.upper(Gf, Rf), Gf)
             else:                          # the gate scale's softmax as deployed (Lemma F2)
-                from verifier.floating import softmax
-
-                p_lo, p_hi = softmax(I.lower(Gf, Rf), I.upper(Gf, Rf), Gf, prep.deployed.dep)
+                p_lo, p_hi = deployed_softmax(I.lower(Gf, Rf), I.upper(Gf, Rf), Gf, prep.deployed.dep)
         cm, cr = I.from_bounds(p_lo[inv][pair_rows, pair_experts], p_hi[inv][pair_rows, pair_experts])
     else:
         cm, cr = np.ones(pair_rows.size), np.zeros(pair_rows.size)
