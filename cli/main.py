@@ -818,18 +818,21 @@ def cmd_accessible(args) -> int:
         if bar is not None:
             bar.close()
     analysis = A.Analysis(weights, tokens, soft, A.facts_with_soft(tokens.facts, soft, weights.vocab))
+    stem = os.path.splitext(os.path.basename(args.tasks))[0]
+    parent = os.path.basename(os.path.dirname(os.path.abspath(args.tasks)))
+    name = parent if stem == "tasks" and parent else stem            # as plot names its pictures
     if args.plot:
         from verifier.accessible_plots import plot_accessibility
         from verifier.plots import save_png
 
-        save_png(plot_accessibility(analysis, os.path.basename(args.tasks)), _output_path(args.plot, inputs))
+        save_png(plot_accessibility(analysis, name), _output_path(args.plot, inputs))
     if args.json:
         from layout.digest import weights_digest
 
         source = {"tasks": args.tasks, "weights": args.weights or "built", "weights_sha256": weights_digest(weights)}
         _write_text(args.json, json.dumps(A.report_json(analysis, source), indent=1, ensure_ascii=False), inputs)
     if args.json != "-":
-        print("\n".join(A.render(analysis, os.path.basename(args.tasks), args.list)))
+        print("\n".join(A.render(analysis, name, args.list)))
         if args.plot:
             print(f"wrote {args.plot}")
     return EXIT_OK if analysis.every_object else EXIT_NOT_CERTIFIED

@@ -170,6 +170,27 @@ def test_a_step_whose_routing_may_flip_is_certified_only_when_every_expert_agree
     assert st.candidates[0].tolist() == [True, False] and st.token[0] == 0 and st.routed[0] == 0
 
 
+def test_a_routing_gap_is_enclosed_as_a_difference():
+    """g_0 = x_1 + x_2 and g_1 = x_1 + x_2/2 around x = (1, 1), radius 0.3: the scores' own
+    enclosures overlap ([1.4, 2.6] and [1.05, 1.95]), their difference x_2/2 lies in
+    [0.35, 0.65]: expert 1 never wins and the step is certified. At x = (1, 0) ± 0.3 the
+    difference x_2/2 may be 0 or below: both stay, and the experts disagree."""
+    w = _two_experts(1).replace(W_G=sp.csr_matrix(np.array([[1.0, 1.0], [1.0, 0.5]])))
+    model = boxes.prepare(w)
+    rows = np.array([[2, -1]])
+    st = boxes.step(model, rows, np.array([[[1.0, 1.0]]]), 0.3)
+    assert st.gate_hi[0, 1] > st.gate_lo[0, 0]                        # the separate enclosures overlap
+    assert st.candidates[0].tolist() == [True, False] and st.token[0] == 0 and st.routed[0] == 0
+    rng = np.random.default_rng(0)
+    for _ in range(20):                                                # and the exact model agrees inside the box
+        x = np.array([1.0, 1.0]) + rng.uniform(-0.3, 0.3, 2)
+        assert exact_logits(w, [2, x])["logits"].keys() == {0}
+    st = boxes.step(model, rows, np.array([[[1.0, 0.0]]]), 0.3)
+    assert st.candidates[0].tolist() == [True, True] and st.token[0] == -1
+    x = np.array([1.0, -0.3])                                          # a point of that box where expert 1 wins
+    assert exact_logits(w, [2, x])["logits"].keys() == {1}
+
+
 def test_the_support_holds_the_embeddings_and_nothing_beyond():
     sup = A.support(_tiny())
     assert sup.contains(_tiny().E[:3].toarray())

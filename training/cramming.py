@@ -170,7 +170,16 @@ def search(weights: Weights, targets: np.ndarray, m: int, support: Support, budg
     target at its end), and whether each reproduced its target greedily in the search's
     arithmetic (a positive margin at every target step; the certificate decides). Each row starts from the embeddings of m random
     tokens (seeded): a point of the support."""
-    model = model or SoftModel(weights)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)       # many small operations: one thread, and no spinning against other processes
+    try:
+        return _search(weights, targets, m, support, budget, model or SoftModel(weights))
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _search(weights: Weights, targets: np.ndarray, m: int, support: Support, budget: SearchBudget,
+            model: SoftModel) -> tuple[np.ndarray, np.ndarray]:
     targets = np.asarray(targets, np.int64)
     B, n = targets.shape
     gen = np.random.default_rng(budget.seed)

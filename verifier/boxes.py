@@ -17,8 +17,10 @@ boxes, in exact real arithmetic on the stored float64 weights:
 
 * the gate scores g = W_G r + b_G (one interval per expert), hence the set of experts
   that may win somewhere in the box (the *candidates*: k such that no j has a lower
-  end above k's upper end; every expert that attains the maximum at some point of the
-  box is one of them, whatever tie-break the runtime uses);
+  end above k's upper end, and the enclosure of the gap g_e − g_k to the likeliest
+  winner e, from the difference of the gate rows, is not above 0
+  (:func:`_beaten_by_winner`); every expert that attains the maximum at some point of
+  the box is one of them, whatever tie-break the runtime uses);
 * for each candidate expert e, the logits U y with y = r + c·W_2^e ReLU(W_1^e r + b_1^e),
   c = 1 or the enclosed softmax(g)_e ("top1-scaled").
 
@@ -324,7 +326,7 @@ def _step(model: BoxModel, tokens: np.ndarray, soft: np.ndarray | None, radius: 
     with np.errstate(invalid="ignore", over="ignore"):
         gm, gr = _dense_add_exact(gm, gr, np.asarray(w.b_G, np.float64)[None, :])
         g_lo, g_hi = I.lower(gm, gr), I.upper(gm, gr)
-    cand = _candidates(g_lo, g_hi)
+    cand = _candidates(g_lo, g_hi) & _beaten_by_winner(model, R, gm)
     if w.gate_mode == "top1-scaled":
         with np.errstate(invalid="ignore", over="ignore"):
             c_lo, c_hi = softmax_bounds(g_lo, g_hi, np.where(np.isfinite(gm), gm, 0.0))
@@ -377,3 +379,47 @@ def _candidates(g_lo: np.ndarray, g_hi: np.ndarray) -> np.ndarray:
     second = np.take_along_axis(g_lo, order[:, 1:2], axis=1)
     other_best = np.where(np.arange(K)[None, :] == order[:, :1], second, best)   # max_{j≠k} lo_j
     return ~(other_best > g_hi)
+
+
+def _beaten_by_winner(model: BoxModel, R: SparseInterval, gm: np.ndarray) -> np.ndarray:
+    """(B, K) bool: False for an expert k whose score is certainly below the midpoint winner
+    e's at every point of the box, from an enclosure of the *difference* g_e − g_k.
+
+    Separate enclosures of g_e and g_k lose that both read the same residual r (a
+    coordinate moving both scores up is counted once up for one and once down for the
+    other); the difference row W_G[e] − W_G[k] reads it once. Its entries are rounded
+    float subtractions, so it is split into D = fl(W_G[e] − W_G[k]), exact floats, and a
+    remainder of at most u·|D| per entry (A1: a subtraction's error is at most u·|fl|):
+    (g_e − g_k)(r) = D·r + (remainder)·r + (b_e − b_k), with |remainder·r| ≤ Σ_i u|D_i|·|r_i|
+    and |r_i| ≤ |rm_i| + rr_i. D·r is :func:`verifier.interval.matmul`; the remainder's
+    bound is the upper end of a product of non-negative enclosures. An expert attaining the
+    maximum somewhere has g_e − g_k ≤ 0 there, so its lower end is ≤ 0 and it stays.
+    """
+    W = model.weights
+    B, K = gm.shape
+    keep = np.ones((B, K), bool)
+    if K == 1 or B == 0:
+        return keep
+    finite = np.isfinite(gm).all(axis=1)
+    winner = np.argmax(np.where(np.isfinite(gm), gm, -np.inf), axis=1)
+    WG = I.as_csr(W.W_G)
+    bG = np.asarray(W.b_G, np.float64)
+    for e in np.unique(winner[finite]):
+        rows = np.flatnonzero(finite & (winner == e))
+        D = (sp.csr_matrix(np.ones((K, 1))) @ WG[e] - WG).tocsr()      # fl(W_G[e] − W_G[k]), one subtraction each
+        D.sort_indices()
+        D.eliminate_zeros()                                              # a computed 0 is an exact 0 (A1: x − x = 0)
+        Dr = sp.csr_matrix((I.up(I.U * np.abs(D.data)), D.indices, D.indptr), shape=D.shape)
+        Re = R.rows(rows)
+        dm, dr = I.matmul(Re, _transposed(D)).dense()                   # D·r
+        absR = SparseInterval(Re.shape, Re.indptr, Re.indices, I.upper(np.abs(Re.mid), Re.rad), np.zeros(Re.nnz))
+        em, er = I.matmul(absR, _transposed(Dr)).dense()                 # ≥ Σ u|D_i|·|r_i|
+        with np.errstate(invalid="ignore", over="ignore"):
+            bd = bG[e] - bG                                              # fl(b_e − b_k)
+            mid = dm + bd[None, :]
+            rad = I.add_rad(dr, I.upper(em, er), I.up(I.U * np.abs(bd))[None, :], I.up(I.U * np.abs(mid)))
+            lo = I.lower(mid, I.guard(mid, rad))
+        beaten = lo > 0
+        beaten[:, e] = False
+        keep[rows] = ~beaten
+    return keep
