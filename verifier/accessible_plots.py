@@ -11,6 +11,8 @@ logarithmic above (symlog). matplotlib is the ``plots`` extra, imported lazily
 
 from __future__ import annotations
 
+import math
+
 from verifier.accessible import Analysis
 from verifier.plots import require_matplotlib
 
@@ -20,7 +22,7 @@ def plot_accessibility(analysis: Analysis, title: str = ""):
     plt = require_matplotlib()
     w = analysis.weights
     ms = list(range(1, w.n_positions))
-    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    fig, ax = plt.subplots(figsize=(9.5, 4.8))
     ax.plot(ms, [w.n_positions - m for m in ms], "--", color="0.5", label="positions' cap n_positions - m")
     tok = analysis.tokens
     tok_longest = [max((n for n, c in enumerate(lv.distinct, 1) if c), default=0) for lv in tok.levels]
@@ -41,11 +43,15 @@ def plot_accessibility(analysis: Analysis, title: str = ""):
         ax.plot(ms, [b.C_aniso * m for m in ms], ":", color="tab:purple",
                 label=f"anisotropic C·m (C = {b.C_aniso:.3g})")
     ax.set_yscale("symlog", linthresh=10, linscale=3)
+    top = max([w.n_positions] + ([soft.bound.C * ms[-1]] if soft is not None else []))
+    ax.set_yticks(list(range(w.n_positions + 1)) + [10.0 ** k for k in range(1, int(math.log10(max(top, 10))) + 2)])
     ax.set_xticks(ms)
     ax.set_xlabel("prompt length m (vectors after BOS)")
     ax.set_ylabel("accessible sequence length n (tokens)")
+    ax.yaxis.set_major_formatter(plt.FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.set_ylim(bottom=0)
     if title:
         ax.set_title(title, fontsize=10)
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=7, loc="upper left")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return fig
