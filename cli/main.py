@@ -782,6 +782,7 @@ def cmd_accessible(args) -> int:
     import layout
     from tasks.console import progress_bar
     from verifier import accessible as A
+    from verifier import accessible_report as R
     from verifier import boxes
     from verifier.verify import fitting
 
@@ -830,9 +831,9 @@ def cmd_accessible(args) -> int:
         from layout.digest import weights_digest
 
         source = {"tasks": args.tasks, "weights": args.weights or "built", "weights_sha256": weights_digest(weights)}
-        _write_text(args.json, json.dumps(A.report_json(analysis, source), indent=1, ensure_ascii=False), inputs)
+        _write_text(args.json, json.dumps(R.report_json(analysis, source), indent=1, ensure_ascii=False), inputs)
     if args.json != "-":
-        print("\n".join(A.render(analysis, name, args.list)))
+        print("\n".join(R.render(analysis, name, args.list)))
         if args.plot:
             print(f"wrote {args.plot}")
     return EXIT_OK if analysis.every_object else EXIT_NOT_CERTIFIED

@@ -20,6 +20,7 @@ from audit.exact import exact_logits
 from layout import Expert, Weights
 from tasks.errors import TaskError
 from verifier import accessible as A
+from verifier import accessible_report as R
 from verifier import boxes
 from verifier.reference import forward
 
@@ -94,6 +95,23 @@ def test_the_box_pass_agrees_with_the_certified_pass_on_every_query(capitals_set
     (e, logits), = ex["logits"].items()
     assert all(st.logit_lo[0, t] <= logits[t] <= st.logit_hi[0, t] for t in range(len(weights.vocab)))
     assert weights.vocab[st.token[0]] == "Paris"
+
+
+def test_a_row_is_enclosed_alike_alone_and_in_any_batch(weights, model):
+    """The pass works row by row (fixed term counts): a prompt's enclosures, hence its proof,
+    are bit for bit those it gets alone, whatever else shares its batch."""
+    rng = np.random.default_rng(5)
+    V, B = len(weights.vocab), 12
+    rows = np.concatenate([np.full((B, 1), weights.bos), rng.integers(0, V, (B, 3))], axis=1)
+    soft = weights.E[rng.integers(0, V, B)].toarray()[:, None, :] + rng.normal(0, 0.1, (B, 1, weights.d))
+    rows[:, 1] = -1
+    together = boxes.step(model, rows, soft, 2.0 ** -11)
+    for b in (0, 7):
+        alone = boxes.step(model, rows[b:b + 1], soft[b:b + 1], 2.0 ** -11)
+        pairs = np.flatnonzero(together.pair_row == b)
+        assert np.array_equal(alone.logit_lo, together.logit_lo[pairs])
+        assert np.array_equal(alone.logit_hi, together.logit_hi[pairs])
+        assert np.array_equal(alone.gate_lo[0], together.gate_lo[b]) and alone.margin[0] == together.margin[b]
 
 
 def test_a_certified_sequence_is_refused_once_its_box_holds_a_prompt_that_says_otherwise(weights, model):
@@ -276,7 +294,7 @@ def test_the_command_reports_json_and_exit_statuses(capsys, weights):
     assert data["token_prompts"]["m"] == 2 and [lv["prompts"] for lv in data["token_prompts"]["levels"]] == [23, 529]
     assert data["soft_prompts"] is None and data["facts"]["object_accessible"] == data["facts"]["total"] == 13
     for seq in data["sequences"]:
-        proof = A.proof_from_json(data["proofs"][seq["proof"]], weights.vocab)
+        proof = R.proof_from_json(data["proofs"][seq["proof"]], weights.vocab)
         assert [weights.vocab[t] for t in proof.tokens[:seq["n"]]] == seq["tokens"]
     code, out, _ = _run(capsys, "--no-soft", "--token-m", "1", "--quiet")      # one token never names an object
     assert code == 1 and "NOT every fact's object" in out
@@ -294,7 +312,7 @@ def test_the_command_certifies_soft_prompts(capsys, weights, model):
     boxes_ = [t for t in soft["targets"] if t["purpose"] == A.TOKEN_BOX and t["certified"]]
     assert boxes_                                   # the token prompts' boxes at radius 2^-11
     for t in boxes_:
-        proof = A.proof_from_json(data["proofs"][t["proof"]], weights.vocab)
+        proof = R.proof_from_json(data["proofs"][t["proof"]], weights.vocab)
         assert proof.radius == 2.0 ** -11 and A.recheck(model, proof) == len(t["target"])
 
 

@@ -47,8 +47,12 @@ output is t. Anything else is *undecided* (−1), never a token.
 4. ReLU is monotone: ReLU([lo, hi]) = [max(lo, 0), max(hi, 0)], re-centred by
    :func:`verifier.interval.from_bounds`; a neuron whose upper end is ≤ 0 is exactly 0
    and dropped;
-5. additions of two enclosures (biases, residuals) are :func:`verifier.interval.add` or
-   one IEEE addition with radius up(u·|fl|) on top of the terms' radii (A1).
+5. additions of two enclosures (residuals) are sums of at most two terms per entry
+   (:func:`_sum`, Lemma 1), a bias one IEEE addition with radius up(u·|fl|) on top of the
+   terms' radii (A1).
+
+Every bound is computed row by row (the sums' term counts are fixed per step, not taken
+from the batch), so a row's enclosures are the same in any batch or chunk.
 
 An enclosure with a non-finite end decides nothing (:func:`verifier.interval.lower` /
 :func:`verifier.interval.upper` read it as (−∞, ∞)): its row is undecided.
@@ -196,8 +200,8 @@ def input_rows(model: BoxModel, tokens: np.ndarray, soft: np.ndarray | None = No
         parts_s.append(np.full(rows.size, float(radius)))
     elif np.any(~is_token):
         raise ValueError("a position is marked soft (-1) but no soft prompt is given")
-    return I.sum_terms((B * p1, w.d), np.concatenate(parts_r), np.concatenate(parts_c), np.concatenate(parts_m),
-                       np.concatenate(parts_s))
+    return _sum((B * p1, w.d), np.concatenate(parts_r), np.concatenate(parts_c), np.concatenate(parts_m),
+                np.concatenate(parts_s), 3)                  # E, P and the soft prompt: one entry each at most
 
 
 # --- the pass ---------------------------------------------------------------------------------------
@@ -242,6 +246,43 @@ class StepEnclosure:
         return I.down(self.gate_lo[rows, e] - others.max(axis=1))
 
 
+def _sum(shape, rows, cols, mids, rads, terms: int) -> SparseInterval:
+    """Σ of interval terms with equal (row, col), as :func:`verifier.interval.sum_terms`, with
+    the rounding bound of ``terms`` terms per entry (at least the most any entry has).
+
+    The midpoint of an entry is the float sum of its terms' midpoints, in some order (A3);
+    by Lemma 1 (and γ_n, c_n increasing in n) its error is within γ_{terms+1}·Σ|mid| and
+    the sum of the widened radii is within c_{terms} times its computed value. A fixed
+    count makes an entry's enclosure depend on its own terms only, never on the other rows
+    of the batch: a row's result is the same in any chunk (a proof re-runs alone)."""
+    rows = np.asarray(rows, np.int64)
+    cols = np.asarray(cols, np.int64)
+    n_rows, n_cols = shape
+    if rows.size == 0:
+        return SparseInterval(tuple(shape), np.zeros(n_rows + 1, np.int64), np.zeros(0, np.int64), np.zeros(0), np.zeros(0))
+    key = rows * n_cols + cols
+    order = np.argsort(key, kind="stable")
+    key = key[order]
+    start = np.flatnonzero(np.concatenate([[True], key[1:] != key[:-1]]))
+    if int(np.diff(np.append(start, key.size)).max()) > terms:
+        raise ValueError(f"an entry has more than the {terms} terms its rounding bound allows")
+    mids = np.asarray(mids, np.float64)[order]
+    w = I.add_rad(np.asarray(rads, np.float64)[order], I.up(I.gamma(terms + 1) * np.abs(mids)))
+    mid = np.add.reduceat(mids, start)
+    rad = I.guard(mid, I.up(I.sum_factor(terms) * np.add.reduceat(w, start)))
+    ukey = key[start]
+    out_rows = ukey // n_cols
+    ptr = np.zeros(n_rows + 1, np.int64)
+    np.cumsum(np.bincount(out_rows, minlength=n_rows), out=ptr[1:])
+    return SparseInterval(tuple(shape), ptr, ukey - out_rows * n_cols, mid, rad)
+
+
+def _add(A: SparseInterval, B: SparseInterval) -> SparseInterval:
+    """A + B (same shape), the union of both patterns: :func:`_sum` of two terms at most."""
+    return _sum(A.shape, np.concatenate([A.row_ids(), B.row_ids()]), np.concatenate([A.indices, B.indices]),
+                np.concatenate([A.mid, B.mid]), np.concatenate([A.rad, B.rad]), 2)
+
+
 def _dense_add_exact(mid: np.ndarray, rad: np.ndarray, b: np.ndarray):
     """[mid ± rad] + b for exact floats b: one IEEE addition, radius + up(u·|fl|) (A1)."""
     m = mid + b
@@ -276,7 +317,7 @@ def _attention_output(model: BoxModel, H: SparseInterval, B: int, p1: int) -> Sp
     wm, wr = am[b, model.v_head[c], j], ar[b, model.v_head[c], j]
     with np.errstate(invalid="ignore", over="ignore"):
         pm, pr = wm * Vv.mid, I.mul_rad(wm, wr, Vv.mid, Vv.rad)
-    O = I.sum_terms((B, Vv.shape[1]), b, c, pm, pr)                           # Σ_j over each (row, column)
+    O = _sum((B, Vv.shape[1]), b, c, pm, pr, p1)                             # Σ_j over each (row, column)
     return I.matmul(O, model.WOT)
 
 
@@ -321,7 +362,7 @@ def _step(model: BoxModel, tokens: np.ndarray, soft: np.ndarray | None, radius: 
     V, K = model.vocab_size, model.n_experts
     H = input_rows(model, tokens, soft, radius)
     last = np.arange(B, dtype=np.int64) * p1 + (p1 - 1)
-    R = I.add(H.rows(last), _attention_output(model, H, B, p1))               # r at the last position
+    R = _add(H.rows(last), _attention_output(model, H, B, p1))                # r at the last position
     gm, gr = I.matmul(R, model.WGT).dense()
     with np.errstate(invalid="ignore", over="ignore"):
         gm, gr = _dense_add_exact(gm, gr, np.asarray(w.b_G, np.float64)[None, :])
@@ -350,7 +391,7 @@ def _step(model: BoxModel, tokens: np.ndarray, soft: np.ndarray | None, radius: 
             if w.gate_mode == "top1-scaled":
                 cm, cr = I.from_bounds(c_lo[rows, k], c_hi[rows, k])
                 out = I.scale_rows(out, cm, cr)
-            Y = I.add(Rk, out)
+            Y = _add(Rk, out)
             lm, lr = I.matmul(Y, model.UT).dense()
             logit_lo[sel], logit_hi[sel], logit_mid[sel] = I.lower(lm, lr), I.upper(lm, lr), lm
     tok, mar = _argmax_certified(logit_lo, logit_hi, logit_mid)
