@@ -81,3 +81,56 @@ def exact_forward(weights: Weights, token_ids: list[int], valid: set[int], dps: 
     z = ctx.fsum(ex_l)
     err = ctx.fsum(ex_l[t] for t in range(V) if t not in valid) / z
     return {"gates": gates, "expert": e, "error": err}
+
+
+def exact_logits(weights: Weights, inputs: list, dps: int = 60) -> dict:
+    """Gate scores and, for every expert attaining the maximum score, the logits at the last
+    position, at ``dps`` digits, for inputs given per position (BOS first): a token id
+    (h_j = E[x] + P[j]) or a float vector x (h_j = x + P[j], a soft prompt's vector).
+
+    The same equations as :func:`exact_forward`, written for arbitrary input vectors (the
+    accessibility analysis's soft prompts); floats convert to mpmath exactly.
+    """
+    ctx = mpmath.mp.clone()
+    ctx.dps = dps
+    H = []
+    for j, x in enumerate(inputs):
+        if isinstance(x, (int,)) or (hasattr(x, "ndim") and x.ndim == 0):
+            e = _row(weights.E, int(x), ctx)
+        else:
+            e = {i: ctx.mpf(float(v)) for i, v in enumerate(x) if v != 0}
+        H.append(_add(e, _row(weights.P, j, ctx), ctx))
+    r = dict(H[-1])
+    for head in weights.heads:
+        q = _apply(head.W_Q, H[-1], ctx)
+        scores = []
+        for h in H:
+            k = _apply(head.W_K, h, ctx)
+            scores.append(ctx.fsum(q[i] * k[i] for i in q if i in k))
+        top = max(scores)
+        ex = [ctx.exp(s - top) for s in scores]
+        z = ctx.fsum(ex)
+        mixed: dict = {}
+        for a, h in zip(ex, H):
+            mixed = _add(mixed, _apply(head.W_V, h, ctx), ctx, a / z)
+        r = _add(r, _apply(head.W_O, mixed, ctx), ctx)
+    g = _apply(weights.W_G, r, ctx)
+    gates = [g.get(k, ctx.mpf(0)) + ctx.mpf(float(weights.b_G[k])) for k in range(len(weights.experts))]
+    best = max(gates)
+    logits = {}
+    for e in (k for k, v in enumerate(gates) if v == best):
+        ex = weights.experts[e]
+        pre = _apply(ex.W_1, r, ctx)
+        act = {}
+        for i in range(ex.width):
+            v = pre.get(i, ctx.mpf(0)) + ctx.mpf(float(ex.b_1[i]))
+            if v > 0:
+                act[i] = v
+        out = _apply(ex.W_2, act, ctx)
+        if weights.gate_mode == "top1-scaled":
+            c = ctx.exp(gates[e] - best) / ctx.fsum(ctx.exp(x - best) for x in gates)
+            out = {k: c * v for k, v in out.items()}
+        y = _add(r, out, ctx)
+        lg = _apply(weights.U, y, ctx)
+        logits[e] = [lg.get(t, ctx.mpf(0)) for t in range(len(weights.vocab))]
+    return {"gates": gates, "logits": logits}

@@ -168,7 +168,60 @@ def parser() -> argparse.ArgumentParser:
                     help="beta values for the bound-vs-beta picture (default: integers from the chosen beta - 4 to + 3)")
     add_json(pl, "the list of pictures written")
     add_quiet(pl)
+
+    ac = sub.add_parser("accessible", help="which sequences can the model be made to generate? (certified accessibility)",
+                        description="Count, with proofs, the sequences the model generates greedily: every prompt of "
+                                    "up to m tokens (exhaustive), and soft prompts (m free input vectors) found by "
+                                    "gradient search and certified on the box X +- epsilon/2, beside the bound of "
+                                    "'How Many Different Outputs Can a Transformer Generate?' (README 'Accessibility'). "
+                                    "Exit status 0: every fact's object is certified accessible; 1: some is not "
+                                    "(within these prompts and budgets; not a proof that none exists); 2: bad input.")
+    common(ac)
+    ac.add_argument("--weights", help="analyse these weights (an .npz in the documented layout) instead of building")
+    ac.add_argument("--token-m", type=_count, metavar="M", help="enumerate token prompts of 1..M tokens (default: the "
+                    "longest within --max-prompts); refused, with the count, above --max-prompts")
+    ac.add_argument("--max-prompts", type=_count, default=300_000, metavar="N",
+                    help="most token prompts enumerated (default 300000)")
+    ac.add_argument("--no-soft", action="store_true", help="token prompts only (no search; needs no torch)")
+    ac.add_argument("--soft-m", type=_count, nargs="+", metavar="M",
+                    help="soft prompt lengths (default: every m the positions allow)")
+    ac.add_argument("--targets", type=_count, default=8, metavar="N", help="random targets per (m, n) (default 8)")
+    ac.add_argument("--restarts", type=_count, default=1, metavar="R", help="search starts per target (default 1)")
+    ac.add_argument("--steps", type=_count, default=150, metavar="S", help="Adam steps per search (default 150)")
+    ac.add_argument("--lr", type=_positive, default=0.05, help="Adam learning rate (default 0.05)")
+    ac.add_argument("--seconds", type=_positive, default=None, metavar="S",
+                    help="time limit per search, each (m, n) is one search (default: none, the steps decide)")
+    ac.add_argument("--objects", type=_whole, default=32, metavar="N",
+                    help="objects no token prompt reaches searched with one soft vector (default 32, drawn with "
+                         "the seed; 0: none)")
+    ac.add_argument("--seed", type=_whole, default=0, help="seed of the targets and of the search (default 0)")
+    ac.add_argument("--prompt-epsilon", type=_positive, default=2.0 ** -10, metavar="EPS",
+                    help="the paper's precision: soft prompts are certified on X +- EPS/2 (default 2^-10 = "
+                         "0.0009765625, absolute, as the paper's Table 1; a fraction such as 1/1024 is read exactly)")
+    ac.add_argument("--plot", metavar="FILE.png", help="draw accessible length against m, with the bound (needs matplotlib)")
+    ac.add_argument("--list", type=_whole, default=10, metavar="N", help="examples listed per list (default 10)")
+    add_json(ac, "the report, every accessible sequence with its proof")
+    add_quiet(ac)
     return p
+
+
+def _count(text: str) -> int:
+    """A whole number >= 1 (argparse type)."""
+    value = _whole(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {value}")
+    return value
+
+
+def _whole(text: str) -> int:
+    """A whole number >= 0 (argparse type)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {value}")
+    return value
 
 
 def block_flags(sp: argparse.ArgumentParser, what: str = "list this block's symbolic weights") -> None:
@@ -738,8 +791,82 @@ def _plot_blocks(args, model, out: str, name: str) -> list[str]:
     return paths
 
 
+def cmd_accessible(args) -> int:
+    """Token prompts exhaustively, soft prompts by search, every sequence certified
+    (:mod:`verifier.accessible`); exit 0 iff every fact's object is certified accessible."""
+    import layout
+    from tasks.console import progress_bar
+    from verifier import accessible as A
+    from verifier import accessible_report as R
+    from verifier import boxes
+    from verifier.verify import fitting
+
+    taskset = _load(args)
+    inputs = _inputs(args)
+    for path in (args.json, args.plot):
+        if path and path != "-":
+            _output_path(path, inputs)                  # refused before the work (and again at the write)
+    if args.plot:
+        from verifier.plots import require_matplotlib
+
+        require_matplotlib()
+    if args.no_soft and (args.soft_m or args.seconds):
+        raise TaskError("--soft-m and --seconds set the soft-prompt search, which --no-soft turns off",
+                        fix="drop --no-soft, or the soft-prompt flags")
+    weights = layout.load(args.weights) if args.weights else _build(args, taskset).instantiate()
+    fitting(taskset, weights, args.weights or "weights")
+    m, why = A.choose_m(weights, args.max_prompts, args.token_m)
+    soft_m = sorted(set(args.soft_m or range(1, weights.n_positions)))
+    if soft_m and soft_m[-1] >= weights.n_positions:
+        raise TaskError(f"--soft-m {soft_m[-1]} leaves no position to generate into: the model has "
+                        f"{weights.n_positions} positions", fix=f"choose prompt lengths 1..{weights.n_positions - 1}")
+    propose = None if args.no_soft else _proposer(args, weights)
+    model = boxes.prepare(weights)
+    bar = progress_bar(args.quiet, "token prompts", "prompts", total=sum(A.prompt_counts(len(weights.vocab), m)))
+    tokens = A.token_accessibility(model, taskset, m, why, None if bar is None else bar.update)
+    if bar is not None:
+        bar.close()
+    soft = None
+    if propose is not None:
+        bar = progress_bar(args.quiet, "soft prompts", "searches")
+        soft = A.soft_accessibility(model, tokens, propose, soft_m, args.targets, args.restarts, args.seed,
+                                    args.prompt_epsilon, args.objects, None if bar is None else bar.update)
+        if bar is not None:
+            bar.close()
+    analysis = A.Analysis(weights, tokens, soft, A.facts_with_soft(tokens.facts, soft, weights.vocab))
+    stem = os.path.splitext(os.path.basename(args.tasks))[0]
+    parent = os.path.basename(os.path.dirname(os.path.abspath(args.tasks)))
+    name = parent if stem == "tasks" and parent else stem            # as plot names its pictures
+    if args.plot:
+        from verifier.accessible_plots import plot_accessibility
+        from verifier.plots import save_png
+
+        save_png(plot_accessibility(analysis, name), _output_path(args.plot, inputs))
+    if args.json:
+        from layout.digest import weights_digest
+
+        source = {"tasks": args.tasks, "weights": args.weights or "built", "weights_sha256": weights_digest(weights)}
+        _write_text(args.json, json.dumps(R.report_json(analysis, source), indent=1, ensure_ascii=False), inputs)
+    if args.json != "-":
+        print("\n".join(R.render(analysis, name, args.list)))
+        if args.plot:
+            print(f"wrote {args.plot}")
+    return EXIT_OK if analysis.every_object else EXIT_NOT_CERTIFIED
+
+
+def _proposer(args, weights):
+    """The soft-prompt search (training.cramming, torch: the train extra) with the flags' budget."""
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        raise TaskError("the soft-prompt search needs torch", fix='pip install -e ".[train]", or pass --no-soft') from None
+    from training.cramming import SearchBudget, proposer
+
+    return proposer(weights, SearchBudget(steps=args.steps, lr=args.lr, seconds=args.seconds, seed=args.seed))
+
+
 COMMANDS = {"check": cmd_check, "inspect": cmd_inspect, "build": cmd_build, "export": cmd_export, "explain": cmd_explain,
-            "plot": cmd_plot, "edit": cmd_edit, "watch": cmd_watch}
+            "plot": cmd_plot, "edit": cmd_edit, "watch": cmd_watch, "accessible": cmd_accessible}
 
 
 def _refusal_hint(args, exc: TaskError) -> str:

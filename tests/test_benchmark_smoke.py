@@ -69,3 +69,14 @@ def test_watch_benchmark_smallest_size():
                           "--no-reference", "--no-write"], capture_output=True, text=True, cwd=ROOT, timeout=600)
     assert run.returncode == 0, run.stderr
     assert run.stdout.count("| incremental |") == 9 and "One-fact edits: median" in run.stdout
+
+
+def test_accessible_benchmark_quick(tmp_path):
+    """The accessibility command through its benchmark, token prompts of two tokens only."""
+    out = tmp_path / "results.md"
+    run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "accessible.py"), "--sets", "capitals",
+                          "--extra", "--no-soft --token-m 2", "--out", str(out)],
+                         capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert run.returncode == 0, run.stderr
+    text = out.read_text()
+    assert "| capitals | 23 | 122 | 6 | 2 | 552 |" in text and "| 13/13 |" in text and "Machine:" in text

@@ -12,7 +12,8 @@ like any other weights.
 
 It needs the ``train`` extra (``pip install -e ".[train]"``, which pins a CPU build of
 torch); the heat maps need the ``plots`` extra (matplotlib). Nothing outside this
-package imports it.
+package imports it, but for :mod:`training.cramming` (the soft-prompt search of
+``python -m verifier accessible``), which imports nothing of :mod:`cli`.
 
 Modules:
 
@@ -26,5 +27,7 @@ Modules:
   expert -> task mapping;
 * :mod:`training.metrics`: routing matrix, purity, entropy, parameter counts;
 * :mod:`training.sweep`: the experiment grid, writing ``docs/training/``;
-* :mod:`training.plots`: Figure-2-style task x expert heat maps.
+* :mod:`training.plots`: Figure-2-style task x expert heat maps;
+* :mod:`training.cramming`: soft prompts by gradient search, proposed to the verifier's
+  accessibility analysis (:mod:`verifier.accessible`).
 """
