@@ -2,7 +2,7 @@
 
     python benchmarks/peer.py --facts 100000 [--dtype float64 float32] [--sample 2000]
 
-What a researcher would write instead of certifying, from the README's weight layout,
+What a researcher would write instead of certifying, from the weight layout of docs/reference.md,
 done competently for weights this sparse (a residual width of about three times the
 vocabulary, so no row of the residual is ever dense):
 

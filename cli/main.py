@@ -49,7 +49,7 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--precision", choices=PRECISIONS, default="exact",
                    help="what is certified: the exact forward pass (default), or every execution of the model "
                         "deployed in this floating-point format (weights rounded to it, any summation order, "
-                        "with or without FMA; README 'Precision')")
+                        "with or without FMA; docs/precision.md)")
     c.add_argument("--ulps", type=_positive, default=None, metavar="K",
                    help="with --precision: assume exp and division accurate to K units in the last place (default 4)")
     c.add_argument("--accumulate", choices=("float32", "float64"), default=None,
@@ -57,7 +57,7 @@ def parser() -> argparse.ArgumentParser:
                         "rounded to the precision (mixed-precision bfloat16)")
     c.add_argument("--certificate", metavar="DIR",
                    help="also save the certificate (weights, task set, query classes) to DIR, so that an edit "
-                        "can be re-certified with --since DIR (README 'Editing knowledge'); DIR is replaced, so it "
+                        "can be re-certified with --since DIR (docs/editing.md); DIR is replaced, so it "
                         "must be new, empty, or an earlier certificate")
     c.add_argument("--since", metavar="DIR",
                    help="re-certify from the certificate in DIR: rebuild with its beta and gamma, run again only "
@@ -83,7 +83,7 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("-o", "--output", required=True, help="output .npz file")
     b.add_argument("--precision", choices=PRECISIONS, default="exact",
                    help="choose the parameters so that the certificate holds for every execution in this format "
-                        "(README 'Precision'); prints the margin left at exact and at this precision")
+                        "(docs/precision.md); prints the margin left at exact and at this precision")
     b.add_argument("--ulps", type=_positive, default=None, metavar="K",
                    help="with --precision: assume exp and division accurate to K ulps (default 4)")
     b.add_argument("--accumulate", choices=("float32", "float64"), default=None,
@@ -97,7 +97,7 @@ def parser() -> argparse.ArgumentParser:
                                    "or with --precision exact the one plain 'check' certifies, or the weights of a "
                                    "saved --certificate, or --weights. The graph's metadata names the weights "
                                    "(weights_sha256, as check's report gives it) and the precision they were "
-                                   "certified for. Inputs and outputs: README 'ONNX export'.")
+                                   "certified for. Inputs and outputs: docs/precision.md, 'ONNX export'.")
     common(x)
     x.add_argument("--weights", help="export these weights (an .npz in the documented layout) instead of building; "
                                      "they must fit the task set, as check requires")
@@ -133,7 +133,7 @@ def parser() -> argparse.ArgumentParser:
                                    "holds none) and watch the tasks file and its facts files: after each change, "
                                    "re-certify as 'check --since DIR' does, print one line with the verdict, and "
                                    "save the new certificate to DIR. A watcher pays start-up and reading the "
-                                   "certificate once (README 'Editing knowledge'). Stop it with Ctrl-C (exit status "
+                                   "certificate once (docs/editing.md). Stop it with Ctrl-C (exit status "
                                    "130); with --max-checks the exit status is the last check's (0 certified, 1 not "
                                    "certified, 2 bad input, or a certificate or --json report not saved).")
     w.add_argument("tasks", help="the tasks.yaml file")
@@ -173,7 +173,7 @@ def parser() -> argparse.ArgumentParser:
                         description="Count, with proofs, the sequences the model generates greedily: every prompt of "
                                     "up to m tokens (exhaustive), and soft prompts (m free input vectors) found by "
                                     "gradient search and certified on the box X +- epsilon/2, beside the bound of "
-                                    "'How Many Different Outputs Can a Transformer Generate?' (README 'Accessibility'). "
+                                    "'How Many Different Outputs Can a Transformer Generate?' (docs/accessibility.md). "
                                     "Exit status 0: every fact's object is certified accessible; 1: some is not "
                                     "(within these prompts and budgets; not a proof that none exists); 2: bad input.")
     common(ac)

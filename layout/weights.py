@@ -54,7 +54,7 @@ import scipy.sparse as sp
 from tasks.errors import TaskError
 
 GATE_MODES = ("top1", "top1-scaled")
-_LAYOUT_FIX = "the weights do not follow the documented layout (README, 'Weight layout')"
+_LAYOUT_FIX = "the weights do not follow the documented layout (docs/reference.md, 'Weight layout')"
 
 
 @dataclass(frozen=True)

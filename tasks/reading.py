@@ -147,7 +147,7 @@ class _Builder:
 
     def build(self, root: Node | None) -> TaskSet:
         if root is None:
-            raise self.error("the file has no tasks", fix="add a 'tasks:' list (see the format in the README)")
+            raise self.error("the file has no tasks", fix="add a 'tasks:' list (see the format in docs/tutorial.md)")
         if not isinstance(root, MappingNode):
             raise self.error(f"the top level is {describe(root)}, not a mapping", root,
                              fix="start the file with 'tasks:' (and optionally 'epsilon:' and 'parameters:')")

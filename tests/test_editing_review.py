@@ -129,7 +129,7 @@ def test_epsilon_changed_in_the_tasks_file_is_honoured(tmp_path, capsys):
     path.write_text(text.replace("epsilon: 0.01", "epsilon: 0.0000001"), encoding="utf-8")
     capsys.readouterr()
     # the certificate's parameters were chosen by the construction, so they are chosen anew for the
-    # new epsilon: a full check, as a full check of the edited file gives (README 'Editing knowledge')
+    # new epsilon: a full check, as a full check of the edited file gives (docs/editing.md)
     assert main(["check", str(path), "--since", str(cert), "--no-isolation", "--json", "-"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["epsilon"] == 1e-7 and data["verdict"] == "certified"

@@ -429,7 +429,9 @@ def test_the_readme_shows_the_execution_model_table():
 
     from verifier import execution
 
-    assert execution.markdown() in Path("README.md").read_text(encoding="utf-8")
+    from documents import text
+
+    assert execution.markdown() in text("docs/precision.md")
 
 
 def test_the_bfloat16_refusal_says_which_checks_fail(capsys):

@@ -379,7 +379,9 @@ def test_the_empty_prefix_is_not_a_query_and_the_report_says_so(capitals_set, bu
 
     data = report_json(verify(capitals_set, built, 0.01))
     assert "non-empty" in data["query_definition"] and "BOS alone" in data["query_definition"]
-    assert "non-empty proper prefix" in (ROOT / "README.md").read_text()
+    from documents import text
+
+    assert "non-empty proper prefix" in text()
 
 
 def test_empty_prefix_error_is_what_the_readme_says(capitals_set, built):

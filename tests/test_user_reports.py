@@ -375,7 +375,9 @@ def test_the_readme_gate_example_is_what_the_tool_prints(capsys):
 
     from tasks.io import load_tasks
 
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    from documents import text
+
+    readme = text("docs/construction.md")
     for argv in (["--block", "structure2"], ["--block", "gate", "--task", "capital"]):
         assert main(["inspect", str(EXAMPLE), *argv]) == 0
         assert capsys.readouterr().out.rstrip("\n") in readme, argv

@@ -8,7 +8,7 @@ greedy reproduction). This module only *proposes* prompts: it is no proof. The v
 (:func:`verifier.accessible.certify`) then decides, in interval arithmetic over the box
 X ± ε/2, whether the target is accessible.
 
-The model is the layout's forward pass (README, "Weight layout") for soft inputs,
+The model is the layout's forward pass (docs/reference.md, "Weight layout") for soft inputs,
 written here as gathers and scatter-adds over the stored entries of each matrix (the
 built models are sparse and wide: the geography model has d = 8432), in float32 by
 default (a proposal needs no more). Routing is the hard top-1 argmax, so the

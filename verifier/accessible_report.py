@@ -1,6 +1,6 @@
 """The accessibility analysis as a report: JSON (every sequence with its proof) and text.
 
-The JSON fields are documented in the README, section "Accessibility"; a proof entry
+The JSON fields are documented in the docs/accessibility.md; a proof entry
 reads back into a :class:`verifier.accessible.Proof` with :func:`proof_from_json`, for
 :func:`verifier.accessible.recheck`.
 """
@@ -49,7 +49,7 @@ def proof_from_json(data: dict, vocab: tuple[str, ...]) -> Proof:
 
 
 def report_json(analysis: Analysis, source: dict) -> dict:
-    """The JSON report (README, "Accessibility": every field)."""
+    """The JSON report (docs/accessibility.md: every field)."""
     w, tok, soft = analysis.weights, analysis.tokens, analysis.soft
     vocab = w.vocab
     text = lambda ids: " ".join(vocab[t] for t in ids)  # noqa: E731

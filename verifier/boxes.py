@@ -1,7 +1,7 @@
 """A certified forward pass over input *boxes*: every input vector an interval per coordinate.
 
 The project's certified pass (:mod:`verifier.forward`) runs on token prefixes. This
-module runs the same equations (README, "Weight layout") when some input vectors are
+module runs the same equations (docs/reference.md, "Weight layout") when some input vectors are
 not token embeddings but arbitrary vectors known only to lie in a box: a *soft prompt*
 X ∈ R^{m×d} replaces E[x_i] at positions i = 1..m (P[i] is still added), and every
 vector in [X − ρ, X + ρ] (per coordinate) must be covered. With ρ = 0 and X = E[x] it is

@@ -2,7 +2,7 @@
 
 A floating-point certificate (``check --precision F``) is a statement about every
 execution of the layout's forward pass that this table allows. Each :class:`Step` is one
-operation of the equations (README, *Weight layout*): what it computes, and for a
+operation of the equations (docs/reference.md, *Weight layout*): what it computes, and for a
 mixed-precision deployment (``--accumulate A``: values stored in F, arithmetic in the
 wider A) how many results a term of it may have **rounded to the storage format F** on
 its way through (``stores``), besides the roundings of the arithmetic itself in A.
@@ -13,7 +13,7 @@ a sum may be computed in any order and grouping, and a runtime may store any par
 stored results. :mod:`verifier.floating` asks :func:`stores` for the steps a quantity
 passes through and bounds the rounding from that count, so every stored intermediate
 listed here is counted; a test runs the float pass over a model exercising every step
-and checks that each step was asked for, and the README's table is :func:`markdown`'s
+and checks that each step was asked for, and the table in docs/precision.md is :func:`markdown`'s
 output (tested too).
 
 Why counting stores per path is enough (the bound :func:`verifier.floating.Deployment.rel`
@@ -99,7 +99,7 @@ def stores(names: tuple[str, ...], heads: int = 0) -> int:
 
 
 def markdown() -> str:
-    """The table as the README shows it (README, *Precision*)."""
+    """The table as docs/precision.md shows it (docs/precision.md)."""
     rows = ["| step | computes | results stored in the format on a term's path (mixed precision) | allowed |",
             "|---|---|---|---|"]
     for s in STEPS:

@@ -1,6 +1,6 @@
 """Rendering a :class:`verifier.verify.Report`: the per-task table and the JSON record.
 
-JSON field names are stable (documented in the README, "JSON report").
+JSON field names are stable (documented in docs/reference.md, "JSON report").
 """
 
 from __future__ import annotations

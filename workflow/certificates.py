@@ -26,7 +26,7 @@ def summary_json(report: Report) -> dict:
 
 
 #: A saved certificate's computed γ serves a vocabulary this many times the task set's, so that
-#: edits adding entities keep its parameters and stay incremental (README 'Editing knowledge').
+#: edits adding entities keep its parameters and stay incremental (docs/editing.md).
 VOCABULARY_HEADROOM = 4
 
 
