@@ -1,6 +1,6 @@
 """A mutation campaign: mutants of built weights, each judged by the verifier and the oracle.
 
-:func:`classify` compares :func:`verifier.verify.verify` with the independent oracle
+:func:`classify` compares :func:`verifier.checks.verify.verify` with the independent oracle
 (:mod:`audit.oracle`) on one mutant:
 
 =================  ====================  ===========================================
@@ -98,7 +98,7 @@ def _false_failure_reason(report, oracle_result, weights: Weights) -> str:
 def classify(taskset: TaskSet, name: str, op: Operator, mutant: Weights, description: str, epsilon: float,
              oracle) -> Outcome:
     """Run the verifier and the oracle on one mutant and compare."""
-    from verifier.verify import verify
+    from verifier.checks.verify import verify
 
     start = time.perf_counter()
     report, message = None, ""

@@ -1,6 +1,6 @@
 """Concrete deployed executions of the forward pass, for testing the float certificates.
 
-Written apart from :mod:`verifier.floating` (it shares only the layout and the format
+Written apart from :mod:`verifier.passes.floating` (it shares only the layout and the format
 table): the equations of :mod:`layout` evaluated one operation at a time in a format
 (float32 or bfloat16, emulated in float64 with one rounding to nearest per operation),
 with the weights rounded as deployed, in a chosen order of summation (optionally with

@@ -1,6 +1,6 @@
 """An independent high-precision forward pass (mpmath, 60 digits), for small sets.
 
-Written apart from :mod:`verifier.forward` (dense, straight from the layout's
+Written apart from :mod:`verifier.passes.forward` (dense, straight from the layout's
 equations, no interval logic). Weights are floats, hence exact rationals, and are
 converted to mpmath numbers exactly; at 60 significant digits the only error is
 mpmath's own rounding, some 40 orders of magnitude below the verifier's enclosure

@@ -5,8 +5,8 @@ Written apart from the verifier: it shares only the weight layout
 (:mod:`tasks.model`). It enumerates its own queries from ``TaskSet.sentences()`` and
 evaluates the forward pass of :mod:`layout` in high-precision arithmetic
 (mpmath, 40 significant digits by default) from the equations, one query at a time;
-nothing of :mod:`verifier.forward`, :mod:`verifier.interval`, :mod:`audit.exact`,
-:mod:`verifier.verify`, :mod:`tasks.queries` or :mod:`tasks.structure` is used.
+nothing of :mod:`verifier.passes.forward`, :mod:`verifier.arithmetic.interval`, :mod:`audit.exact`,
+:mod:`verifier.checks.verify`, :mod:`tasks.queries` or :mod:`tasks.structure` is used.
 
 A model **violates** the requirements when (each is a :class:`Violation`):
 

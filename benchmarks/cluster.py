@@ -6,7 +6,7 @@
 On one machine a cluster cannot be faster than the fork pool (same cores, plus
 serialisation and a scheduler); what this measures is the *overhead* of the cluster
 path and the *memory* a sharded worker needs. For each size (the seeded WikiData5M-like
-generator), the model is built once, then verified by :func:`verifier.verify.verify`
+generator), the model is built once, then verified by :func:`verifier.checks.verify.verify`
 with ``--jobs`` local processes and on a ``LocalCluster`` of as many single-threaded
 workers. Columns: time of each certified pass (building the shards, scattering and
 running the units, recording); overhead = cluster ÷ local; the shards and the
@@ -51,11 +51,11 @@ def one(n: int, seed: int, workers: int) -> dict:
 
     from construction.model import build
     from tasks.synthetic import wikidata_like
-    from verifier.cluster import DaskExecutor, local_cluster
-    from verifier.parallel import LocalPool
-    from verifier.report import report_json
-    from verifier.shards import Plan, compact, restrict
-    from verifier.verify import token_map, verify
+    from verifier.running.cluster import DaskExecutor, local_cluster
+    from verifier.running.parallel import LocalPool
+    from verifier.checks.report import report_json
+    from verifier.running.shards import Plan, compact, restrict
+    from verifier.checks.verify import token_map, verify
 
     ts = wikidata_like(n, seed=seed)
     model = build(ts)

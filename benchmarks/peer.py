@@ -244,7 +244,7 @@ def measure(weights, work: Iterable, dtypes: Sequence[str], sample: int = 2000, 
     """
     import torch
 
-    from verifier.forward import Prepared, run_batch
+    from verifier.passes.forward import Prepared, run_batch
 
     torch.set_num_threads(1)
     warnings.filterwarnings("ignore", message="index_reduce\\(\\) is in beta")
@@ -290,8 +290,8 @@ def verifier_batches(taskset, weights, every: int = 1):
     """The verifier's batches (every ``every``-th) as (tokens, valid_ptr, valid, ablate) in the
     weights' token ids: the same rows, order and batch sizes as ``verify``."""
     from tasks.structure import StructureTrie
-    from verifier.batches import batches
-    from verifier.verify import CHUNK, token_map
+    from verifier.passes.batches import batches
+    from verifier.checks.verify import CHUNK, token_map
 
     tmap = token_map(taskset, weights)
     chunk = max(1_000, min(CHUNK, 20_000_000 // max(len(weights.experts), 1)))

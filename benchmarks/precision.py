@@ -5,7 +5,7 @@
 
 For each task set (the two bundled examples and generated sets) the model is built once;
 then, over every query, one process each: the exact certified pass
-(:func:`verifier.verify.verify`), the float32 certified pass (``deployment=float32``),
+(:func:`verifier.checks.verify.verify`), the float32 certified pass (``deployment=float32``),
 ONNX Runtime on the exported float32 graph (uncertified; default optimisations, its own
 threads), and the PyTorch model of ``training/`` loaded with the same weights in float32
 (uncertified; skipped where its dense padded heads would not fit). Columns: seconds of
@@ -45,9 +45,9 @@ def one(name: str) -> dict:
     import numpy as np
 
     from construction.model import build
-    from verifier.batches import batches
-    from verifier.floating import Deployment
-    from verifier.verify import token_map, verify
+    from verifier.passes.batches import batches
+    from verifier.passes.floating import Deployment
+    from verifier.checks.verify import token_map, verify
 
     ts = load(name)
     weights = build(ts).instantiate()

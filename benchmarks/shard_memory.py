@@ -4,10 +4,10 @@
     python benchmarks/shard_memory.py --facts 20000 --shards 4 --out /tmp/r.md
 
 Builds the seeded WikiData5M-like set, cuts it into shards as ``check --scheduler`` does
-(:class:`verifier.shards.Plan`), and for the whole model and each shard (restricted and
-compacted, :func:`verifier.shards.restrict` and :func:`verifier.shards.compact`) sums
+(:class:`verifier.running.shards.Plan`), and for the whole model and each shard (restricted and
+compacted, :func:`verifier.running.shards.restrict` and :func:`verifier.running.shards.compact`) sums
 the bytes of the weights' arrays, of the certified pass's interval tables
-(:class:`verifier.forward.Prepared`) and of its work arrays (the kernels' accumulators).
+(:class:`verifier.passes.forward.Prepared`) and of its work arrays (the kernels' accumulators).
 These are the arrays a worker keeps between batches; a batch's own temporaries come on
 top. Nothing is timed.
 """
@@ -49,7 +49,7 @@ def _scratch_bytes(prep) -> int:
 
 def measure(weights, **kw) -> dict:
     from benchmarks.cluster import nbytes
-    from verifier.forward import Prepared
+    from verifier.passes.forward import Prepared
 
     prep = Prepared(weights, **kw)
     return {"V": len(weights.vocab), "d": weights.d, "weights": nbytes(weights) / 1e6,
@@ -66,8 +66,8 @@ def main(argv=None) -> int:
 
     from construction.model import build
     from tasks.synthetic import wikidata_like
-    from verifier.shards import Plan, compact, restrict
-    from verifier.verify import token_map
+    from verifier.running.shards import Plan, compact, restrict
+    from verifier.checks.verify import token_map
 
     ts = wikidata_like(args.facts, seed=0)
     weights = build(ts).instantiate()

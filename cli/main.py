@@ -13,6 +13,7 @@ import os
 import sys
 from typing import Sequence
 
+from layout.formats import FORMATS
 from tasks.console import EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_NOT_CERTIFIED, EXIT_OK, Parser, add_json, add_quiet, counter
 from tasks.console import epsilon as _epsilon
 from tasks.console import jobs as _jobs
@@ -293,7 +294,7 @@ def _build_for(args, taskset, deployment, executor=None):
 @contextlib.contextmanager
 def _executor(args):
     """Where the work units run: ``--jobs`` local processes, or the Dask cluster of ``--scheduler``."""
-    from verifier.parallel import LocalPool
+    from verifier.running.parallel import LocalPool
 
     if args.scheduler is None:
         if args.cluster_timeout is not None:
@@ -302,14 +303,15 @@ def _executor(args):
         return
     if args.jobs != 1:
         raise TaskError("--jobs and --scheduler exclude each other", fix="size the cluster instead (local:N, or its workers)")
-    from verifier.cluster import NO_WORKER_TIMEOUT, connect
+    from verifier.running.cluster import NO_WORKER_TIMEOUT, connect
 
     timeout = args.cluster_timeout if args.cluster_timeout is not None else NO_WORKER_TIMEOUT
     with connect(args.scheduler, timeout) as executor:
         yield executor
 
 
-PRECISIONS = ("exact", "float64", "float32", "bfloat16")
+#: what --precision accepts: the exact pass, or a floating-point format of :mod:`layout.formats`
+PRECISIONS = ("exact", *FORMATS)
 
 
 def _deployment(args):
@@ -319,7 +321,7 @@ def _deployment(args):
             flag = "--ulps" if args.ulps is not None else "--accumulate"
             raise TaskError(f"{flag} needs a floating-point --precision", fix="add e.g. --precision float32")
         return None
-    from verifier.floating import DEFAULT_ULPS, Deployment
+    from verifier.passes.floating import DEFAULT_ULPS, Deployment
 
     try:
         return Deployment.named(args.precision, args.ulps if args.ulps is not None else DEFAULT_ULPS, args.accumulate)
@@ -331,8 +333,8 @@ def _deployment(args):
 def cmd_check(args) -> int:
     import layout
     from workflow.check import check_built
-    from verifier.report import dumps, summary
-    from verifier.verify import verify
+    from verifier.checks.report import dumps, summary
+    from verifier.checks.verify import verify
 
     deployment = _deployment(args)
     progress = counter(args.quiet, "verifying", "queries")
@@ -378,9 +380,9 @@ def _check_certificate(args, deployment, progress) -> int:
     from workflow.certificates import check_and_save
     from workflow.since import check_since, load_since
     from tasks.io import input_signature
-    from verifier.certificate import require_replaceable
-    from verifier.report import dumps, summary
-    from verifier.runner import COMBINATIONS
+    from verifier.certificates.certificate import require_replaceable
+    from verifier.checks.report import dumps, summary
+    from verifier.running.runner import COMBINATIONS
 
     for flag, bad in (("--weights", args.weights), ("--cluster-timeout", getattr(args, "cluster_timeout", None))):
         if bad:
@@ -430,8 +432,8 @@ def _check_certificate(args, deployment, progress) -> int:
 def cmd_watch(args) -> int:
     from cli.watch import saved_line, verdict_line
     from workflow.watching import Watcher, one_line, watch
-    from verifier.certificate import require_replaceable
-    from verifier.report import dumps, report_json
+    from verifier.certificates.certificate import require_replaceable
+    from verifier.checks.report import dumps, report_json
 
     if args.max_checks is not None and args.max_checks < 1:
         raise TaskError("--max-checks must be at least 1", fix="give a positive number, or leave it out")
@@ -628,7 +630,7 @@ def cmd_build(args) -> int:
 def _margins(taskset, model, deployment, verified=None) -> list[dict]:
     """Worst error and margin ε − worst of the built weights, exact and in ``deployment``
     (``verified``: the deployed report build_for already has)."""
-    from verifier.verify import verify
+    from verifier.checks.verify import verify
 
     weights = model.instantiate()
     out = []
@@ -668,7 +670,7 @@ def _exported(args, taskset):
     ``--certificate`` or ``--weights``, which must fit the task set as ``check`` requires."""
     import layout
     from layout.digest import weights_digest
-    from verifier.verify import fitting
+    from verifier.checks.verify import fitting
 
     given = [flag for flag, v in (("--weights", args.weights), ("--certificate", args.certificate)) if v]
     if len(given) > 1:
@@ -693,7 +695,7 @@ def _exported(args, taskset):
             model = _build(args, taskset)
             certified = "built as 'check' builds: plain check certifies the exact forward pass of these weights"
         else:
-            from verifier.floating import DEFAULT_ULPS, Deployment
+            from verifier.passes.floating import DEFAULT_ULPS, Deployment
 
             dep = Deployment.named("float32", args.ulps if args.ulps is not None else DEFAULT_ULPS)
             model, notes, _ = _build_for(args, taskset, dep)
@@ -713,7 +715,7 @@ def _exported(args, taskset):
 def _certified_weights(directory: str, taskset):
     """(weights, ε, the claim) of the certificate in ``directory``, which must be certified and
     be of ``taskset`` as it is now (every task's content hash the certificate's)."""
-    from verifier.certificate import load_certificate, task_hash
+    from verifier.certificates.certificate import load_certificate, task_hash
 
     cert = load_certificate(directory)
     if not cert.certified:
@@ -729,7 +731,7 @@ def _certified_weights(directory: str, taskset):
 
 def cmd_explain(args) -> int:
     import layout
-    from verifier.explain import explain, render
+    from verifier.checks.explain import explain, render
 
     taskset = _load(args)
     weights = layout.load(args.weights) if args.weights else _build(args, taskset).instantiate()
@@ -745,7 +747,7 @@ def cmd_explain(args) -> int:
 
 def cmd_plot(args) -> int:
     from workflow.plots import plot_all
-    from verifier.plots import require_matplotlib
+    from verifier.checks.plots import require_matplotlib
 
     require_matplotlib()
     taskset = _load(args)
@@ -781,7 +783,7 @@ def _plot_blocks(args, model, out: str, name: str) -> list[str]:
     import re
 
     from construction.listing import grid
-    from verifier.plots import plot_block, save_png
+    from verifier.checks.plots import plot_block, save_png
 
     paths = []
     for listing in _listings(args, model):
@@ -793,13 +795,13 @@ def _plot_blocks(args, model, out: str, name: str) -> list[str]:
 
 def cmd_accessible(args) -> int:
     """Token prompts exhaustively, soft prompts by search, every sequence certified
-    (:mod:`verifier.accessible`); exit 0 iff every fact's object is certified accessible."""
+    (:mod:`verifier.checks.accessible`); exit 0 iff every fact's object is certified accessible."""
     import layout
     from tasks.console import progress_bar
-    from verifier import accessible as A
-    from verifier import accessible_report as R
-    from verifier import boxes
-    from verifier.verify import fitting
+    from verifier.checks import accessible as A
+    from verifier.checks import accessible_report as R
+    from verifier.passes import boxes
+    from verifier.checks.verify import fitting
 
     taskset = _load(args)
     inputs = _inputs(args)
@@ -807,7 +809,7 @@ def cmd_accessible(args) -> int:
         if path and path != "-":
             _output_path(path, inputs)                  # refused before the work (and again at the write)
     if args.plot:
-        from verifier.plots import require_matplotlib
+        from verifier.checks.plots import require_matplotlib
 
         require_matplotlib()
     if args.no_soft and (args.soft_m or args.seconds):
@@ -838,8 +840,8 @@ def cmd_accessible(args) -> int:
     parent = os.path.basename(os.path.dirname(os.path.abspath(args.tasks)))
     name = parent if stem == "tasks" and parent else stem            # as plot names its pictures
     if args.plot:
-        from verifier.accessible_plots import plot_accessibility
-        from verifier.plots import save_png
+        from verifier.checks.accessible_plots import plot_accessibility
+        from verifier.checks.plots import save_png
 
         save_png(plot_accessibility(analysis, name), _output_path(args.plot, inputs))
     if args.json:

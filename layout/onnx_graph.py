@@ -23,7 +23,7 @@ elsewhere, so the second layer's sum is the routed expert's alone: top-1 dispatc
 for ``top1-scaled`` the product by the routed expert's gate probability; y = r + that;
 the logits ``MatMul`` by Uᵀ and ``Softmax``.
 
-Every product and sum is one of those the float32 certificate of :mod:`verifier.floating`
+Every product and sum is one of those the float32 certificate of :mod:`verifier.passes.floating`
 covers (any summation order, with or without FMA); ONNX Runtime's kernels run them in
 orders of their choosing. Matrices are stored dense, so the file holds about
 4·(V·d + d·Σ widths + ...) bytes; :func:`to_onnx` refuses models beyond 1.5 GB (the

@@ -239,7 +239,7 @@ class Weights:
         when the copy has the same vocabulary tuple (:meth:`_vocab_checked`)."""
         out = replace(self, **changes)
         if out.vocab is self.vocab:
-            for kept in ("_vocab_memo", "_vocab_array"):     # (the array: verifier.incremental.vocab_array)
+            for kept in ("_vocab_memo", "_vocab_array"):     # (the array: verifier.certificates.incremental.vocab_array)
                 if kept in self.__dict__:
                     object.__setattr__(out, kept, self.__dict__[kept])
         return out

@@ -5,7 +5,7 @@
 Applies the operators of :mod:`audit.mutants` round-robin to the built weights of
 small task sets (:func:`audit.mutants.small_sets`: capitals, a set that needs the
 linear-programme gate, a one-task set), verifies each mutant
-(:func:`verifier.verify.verify`) and asks the independent oracle
+(:func:`verifier.checks.verify.verify`) and asks the independent oracle
 (:mod:`audit.oracle`) whether it truly violates a requirement. Prints, per operator:
 mutants, violating (oracle), caught (violating and not certified), false passes
 (violating yet certified: must be 0), true passes and false failures (correct yet not

@@ -1,4 +1,4 @@
-"""Certified accessibility (verifier.boxes, verifier.accessible, training.cramming, the command).
+"""Certified accessibility (verifier.passes.boxes, verifier.checks.accessible, training.cramming, the command).
 
 The box pass is held to an independent 60-digit evaluation at random points inside boxes
 and to the project's certified pass on the task set's queries; a certified sequence is
@@ -19,10 +19,10 @@ import scipy.sparse as sp
 from audit.exact import exact_logits
 from layout import Expert, Weights
 from tasks.errors import TaskError
-from verifier import accessible as A
-from verifier import accessible_report as R
-from verifier import boxes
-from verifier.reference import forward
+from verifier.checks import accessible as A
+from verifier.checks import accessible_report as R
+from verifier.passes import boxes
+from verifier.passes.reference import forward
 
 CAPITALS = "examples/capitals.yaml"
 
@@ -71,9 +71,9 @@ def test_random_points_inside_boxes_land_inside_the_enclosures(weights, model):
 
 def test_the_box_pass_agrees_with_the_certified_pass_on_every_query(capitals_set, weights, model):
     """Radius 0, every query of the task set: the certified token is the float64 reference's
-    argmax and the routed expert is the certified pass's (verifier.forward); a query the
+    argmax and the routed expert is the certified pass's (verifier.passes.forward); a query the
     box pass leaves undecided has several most likely tokens (a tie the task set makes)."""
-    from verifier.forward import run_batch
+    from verifier.passes.forward import run_batch
 
     index = {t: i for i, t in enumerate(weights.vocab)}
     queries = sorted({s[:p] for s, *_ in capitals_set.sentences() for p in range(1, len(s))})

@@ -9,7 +9,7 @@ anywhere in float64's exponent range. Two properties, against the independent or
 * **containment**: for every query, the exact gate scores, margin, error and ablated
   error lie inside the verifier's enclosures (the strong property: it fails on an
   unsound enclosure even when no verdict flips);
-* **no false pass**: if :func:`verifier.verify.verify` certifies, the oracle finds no
+* **no false pass**: if :func:`verifier.checks.verify.verify` certifies, the oracle finds no
   violation.
 
 A weights object the verifier refuses (bad input) satisfies both trivially.
@@ -29,8 +29,8 @@ from budget import examples
 from tasks.errors import TaskError
 from audit import mutants as M
 from audit.oracle import Oracle, _Fingerprints, _layout_problem, enumerate_queries
-from verifier.certify import certify
-from verifier.verify import verify
+from verifier.checks.certify import certify
+from verifier.checks.verify import verify
 
 SETS = M.small_sets()
 OPERATORS = sorted(M.OPERATORS)

@@ -105,3 +105,29 @@ def test_docstrings_and_readme_are_self_contained():
         lowered = text.lower()
         assert "the brief" not in lowered and "brief §" not in lowered, path
         assert "(issue " not in lowered, path
+
+
+#: the verifier's rooms, lowest first: a room imports only the rooms before it
+ROOMS = ("arithmetic", "passes", "running", "checks", "certificates")
+
+
+def test_the_verifier_is_in_rooms():
+    """Every verifier module but the entry points lives in a room, and every room states its claim."""
+    loose = sorted(p.name for p in (ROOT / "verifier").glob("*.py") if p.name not in ("__init__.py", "__main__.py"))
+    assert not loose, f"verifier modules outside a room: {loose}"
+    rooms = sorted(p.name for p in (ROOT / "verifier").iterdir() if p.is_dir() and p.name != "__pycache__")
+    assert rooms == sorted(ROOMS)
+    for room in ROOMS:
+        doc = ast.get_docstring(ast.parse((ROOT / "verifier" / room / "__init__.py").read_text(encoding="utf-8")))
+        assert doc and doc.startswith("Claim: "), f"verifier/{room}/__init__.py states no claim"
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "verifier").rglob("*.py")), ids=lambda p: str(p.relative_to(ROOT)))
+def test_rooms_import_only_the_rooms_below(path):
+    rel = path.relative_to(ROOT / "verifier").parts
+    if len(rel) == 1:
+        return
+    mine = ROOMS.index(rel[0])
+    bad = [(line, name) for line, name in _imports(path)
+           if name.startswith("verifier.") and name.split(".")[1] in ROOMS and ROOMS.index(name.split(".")[1]) > mine]
+    assert not bad, f"verifier/{'/'.join(rel)} imports a room above its own: {bad}"

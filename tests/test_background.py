@@ -1,4 +1,4 @@
-"""verifier.parallel.in_background: a forked child's answer is the function's, whatever happens
+"""verifier.running.parallel.in_background: a forked child's answer is the function's, whatever happens
 to the child."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from verifier.parallel import in_background
+from verifier.running.parallel import in_background
 
 
 def test_the_child_computes_what_the_function_gives():

@@ -469,7 +469,7 @@ def test_a_missing_an_empty_and_a_certificate_directory_are_written(tmp_path, ca
 def test_the_save_looks_again_and_puts_back_a_directory_written_in_between(tmp_path, monkeypatch):
     """The directory is checked before the check and again at the save; one that changed after
     that second look (between the look and the move) is moved back untouched."""
-    import verifier.certificate as vc
+    import verifier.certificates.certificate as vc
     from workflow.certificates import check_and_record
     from construction.model import build
     from tasks.errors import TaskError

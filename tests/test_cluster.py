@@ -25,10 +25,10 @@ from workflow.check import check_built# noqa: E402
 from cli.main import main  # noqa: E402
 from construction.model import build  # noqa: E402
 from tasks.synthetic import wikidata_like  # noqa: E402
-from verifier.cluster import ClusterError, DaskExecutor  # noqa: E402
-from verifier.parallel import LocalPool  # noqa: E402
-from verifier.report import report_json  # noqa: E402
-from verifier.verify import verify  # noqa: E402
+from verifier.running.cluster import ClusterError, DaskExecutor  # noqa: E402
+from verifier.running.parallel import LocalPool  # noqa: E402
+from verifier.checks.report import report_json  # noqa: E402
+from verifier.checks.verify import verify  # noqa: E402
 from tasks.io import load_tasks  # noqa: E402
 
 CAPITALS = str(Path(__file__).resolve().parent.parent / "examples" / "capitals.yaml")
@@ -42,7 +42,7 @@ def _comparable(report) -> dict:
 
 @pytest.fixture(scope="module")
 def client():
-    from verifier.cluster import local_cluster
+    from verifier.running.cluster import local_cluster
 
     with local_cluster(2) as cluster:
         with distributed.Client(cluster) as c:
@@ -133,7 +133,7 @@ def test_a_lost_work_unit_is_never_certified(capitals_set, capitals_model):
     assert all(t.certified for t in lossy.tasks) and lossy.foreign == 0   # every check it ran passed ...
     assert lossy.queries < lossy.enumerated and not lossy.complete          # ... but a unit is missing
     assert not lossy.certified
-    assert "enumerated queries have results" in __import__("verifier.report", fromlist=["summary"]).summary(lossy)
+    assert "enumerated queries have results" in __import__("verifier.checks.report", fromlist=["summary"]).summary(lossy)
 
 
 def test_cli_scheduler_local(capsys, tmp_path):
@@ -151,7 +151,7 @@ def test_the_deployed_pass_on_shards_equals_the_local_one(client, precision):
     """check --precision on a cluster: the shards run the deployed pass with the full
     weights' stages in their own numbering, so every enclosure is the local run's and the
     report is the same (geography: tokens, coordinates and experts cut and renumbered)."""
-    from verifier.floating import Deployment
+    from verifier.passes.floating import Deployment
 
     ts = load_tasks("examples/geography/tasks.yaml")
     weights = build(ts).instantiate()
@@ -182,7 +182,7 @@ def test_cli_scheduler_local_with_a_precision(tmp_path):
     (["--cluster-timeout", "5", "--certificate", "cert"], "--cluster-timeout does not combine"),
 ])
 def test_scheduler_errors_are_one_line(capsys, monkeypatch, argv, words):
-    monkeypatch.setattr("verifier.cluster.CONNECT_TIMEOUT", "2s")
+    monkeypatch.setattr("verifier.running.cluster.CONNECT_TIMEOUT", "2s")
     assert main(["check", CAPITALS, *argv]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and words in err
@@ -192,7 +192,7 @@ def test_shard_pickles_without_its_tables(capitals_model):
     """The work unit's shared state travels as weights + token map; tables are rebuilt."""
     import pickle
 
-    from verifier.runner import Shard
+    from verifier.running.runner import Shard
 
     shard = Shard(capitals_model.instantiate(), np.arange(10))
     shard.prepared()
@@ -232,7 +232,7 @@ def _sets():
 
 @pytest.mark.parametrize("name", sorted(_sets()))
 def test_sharded_pass_equals_full_pass_on_every_mutant(name):
-    """The cone-of-influence restriction (verifier.shards) gives the full pass's report for
+    """The cone-of-influence restriction (verifier.running.shards) gives the full pass's report for
     built weights and for one mutant of every operator (misrouting ones included: their
     rows are deferred and rerun over the full weights)."""
     from audit.campaign import mutate

@@ -25,7 +25,7 @@ from tasks.queries import iter_queries
 from tasks.strategies import task_sets
 from tasks.structure import StructureTrie
 import layout
-from verifier.reference import forward
+from verifier.passes.reference import forward
 
 
 def reference_check(taskset: TaskSet, model, epsilon: float) -> float:

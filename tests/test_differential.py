@@ -4,7 +4,7 @@ emulator against the float certificates, on tiny adversarial models.
 Two classes of executions fell outside the earlier mixed-precision (``--accumulate``)
 enclosures, and the tester found both by its own search: softmax intermediates stored in the
 format (class 1) and the residual summed head by head with each addition stored (class 2).
-The execution model (verifier/execution.py) now counts every stored intermediate; their
+The execution model (verifier/passes/execution.py) now counts every stored intermediate; their
 regression instances and the mixed-precision property hold."""
 
 from __future__ import annotations

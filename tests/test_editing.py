@@ -28,7 +28,7 @@ from tasks.errors import TaskError
 from tasks.model import Facts, Task, TaskSet, Template
 from tasks.strategies import shared_template_task_sets, task_sets
 from tasks.structure import check_routable
-from verifier.verify import verify
+from verifier.checks.verify import verify
 
 KINDS = ("add new subject, new object", "add new subject, existing object", "add existing entity as subject",
          "change object to an existing entity", "change object to a new entity", "remove a fact", "remove a task")
@@ -165,7 +165,7 @@ def test_edits_at_cell_boundaries(tmp_path_factory, n_subjects, cell, data):
     """Two tasks over one pool of names, cells of ``cell`` subjects, so that removed and added
     subjects (and names leaving the vocabulary) sit at, just before and just after the cells'
     first names: the cells a re-certification reruns are decided by name ranges there."""
-    from verifier.classes import CellPlan
+    from verifier.checks.classes import CellPlan
     from tasks.structure import StructureTrie
 
     pool = sorted(data.draw(st.sets(st.text("ab", min_size=1, max_size=5), min_size=n_subjects + 4,
@@ -229,9 +229,9 @@ def test_reuse_is_sound_for_mutated_weights(tmp_path_factory):
     not on how the new one was made; the mutants exercise the incremental path."""
     from audit import mutants as M
     from construction.numbering import correspondence, numbering
-    from verifier.certificate import load_certificate
-    from verifier.incremental import recertify
-    from verifier.locality import Correspondence
+    from verifier.certificates.certificate import load_certificate
+    from verifier.certificates.incremental import recertify
+    from verifier.certificates.locality import Correspondence
 
     modes: Counter = Counter()
 

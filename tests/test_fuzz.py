@@ -43,7 +43,7 @@ from tasks.structure import check_routable
 from audit import mutants as M
 from audit.oracle import Oracle
 from workflow.check import check_built
-from verifier.verify import verify
+from verifier.checks.verify import verify
 
 STATS: Counter = Counter()
 REFUSALS = ("no gate routes the determined prefixes", "cannot be told apart")

@@ -21,7 +21,7 @@ from construction.model import build
 from tasks.model import Task, TaskSet
 from audit.exact import exact_forward
 from layout import Expert, Weights
-from verifier.verify import verify
+from verifier.checks.verify import verify
 
 
 def overflowing_gate(sign: float) -> tuple[TaskSet, Weights]:

@@ -19,8 +19,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from budget import examples
 
-from verifier import interval as I
-from verifier.interval import softmax_bounds
+from verifier.arithmetic import interval as I
+from verifier.arithmetic.interval import softmax_bounds
 
 SETTINGS = settings(max_examples=examples(150), deadline=None)
 
@@ -255,7 +255,7 @@ def test_nonfinite_rows_are_flagged(bad):
 @given(st.one_of(st.floats(-800, 800), st.floats(-1e-15, 1e-15), st.floats(700, 712), st.floats(-750, -730),
                  st.sampled_from([0.0, -0.0, 5e-324, -5e-324, 2.0 ** -60, -(2.0 ** -60), 2.0 ** -59])))
 def test_kernel_exp_encloses_exp(x):
-    from verifier import kernels as K
+    from verifier.arithmetic import kernels as K
 
     lo, hi = K.exp_lower(x), K.exp_upper(x)
     with mpmath.workdps(50):
@@ -266,14 +266,14 @@ def test_kernel_exp_encloses_exp(x):
 @SETTINGS
 @given(floats(-1074, 1000))
 def test_upward_step_is_at_least_nextafter(x):
-    from verifier import kernels as K
+    from verifier.arithmetic import kernels as K
 
     x = abs(x)
     assert K.upp(x) >= np.nextafter(x, np.inf)
 
 
 def test_kernel_tables_round_up_like_the_functions():
-    from verifier import kernels as K
+    from verifier.arithmetic import kernels as K
 
     for n in (0, 1, 2, 3, 17, 100, K.TABLE - 1):
         exact_g = Fraction(n + 1, 2 ** 53) / (1 - Fraction(n + 1, 2 ** 53))
@@ -282,7 +282,7 @@ def test_kernel_tables_round_up_like_the_functions():
 
 
 def test_kernel_products_enclose():
-    from verifier import kernels as K
+    from verifier.arithmetic import kernels as K
 
     rng = np.random.default_rng(0)
     for _ in range(2000):
@@ -295,18 +295,18 @@ def test_kernel_products_enclose():
 
 
 def test_kernel_platform_check():
-    from verifier import kernels as K
+    from verifier.arithmetic import kernels as K
 
     K.check()
 
 
 def test_matmul_rows_do_not_depend_on_the_other_rows():
     """Row i of X·B is the same floats whether X has other rows or not, and whether B keeps
-    columns no row of X reaches (verifier.shards relies on it: a shard multiplies fewer
+    columns no row of X reaches (verifier.running.shards relies on it: a shard multiplies fewer
     rows by a cut B)."""
     import scipy.sparse as sp
 
-    from verifier import interval as I
+    from verifier.arithmetic import interval as I
 
     rng = np.random.default_rng(5)
     B = sp.random(40, 30, density=0.3, random_state=rng, format="csr")
@@ -328,11 +328,11 @@ def test_matmul_rows_do_not_depend_on_the_other_rows():
 
 
 def test_the_numpy_and_compiled_arithmetic_enclose_alike():
-    """verifier.interval (numpy) and verifier.kernels (numba) read their constants from one
-    module (verifier.constants); on the same inputs their exp enclosures, rounding factors
+    """verifier.arithmetic.interval (numpy) and verifier.arithmetic.kernels (numba) read their constants from one
+    module (verifier.arithmetic.constants); on the same inputs their exp enclosures, rounding factors
     and upward steps agree bit for bit (so a bound proven for one is the other's)."""
-    from verifier import constants as C
-    from verifier import kernels as K
+    from verifier.arithmetic import constants as C
+    from verifier.arithmetic import kernels as K
 
     rng = np.random.default_rng(3)
     xs = np.concatenate([rng.uniform(-800, 800, 4000), rng.uniform(-1, 1, 2000) * 2.0 ** -55,

@@ -477,7 +477,7 @@ def test_a_task_alone_is_the_task_set_of_it_alone(data):
 @given(st.data())
 def test_a_task_hash_from_the_fact_ids_is_the_hash_of_its_sorted_facts(data):
     from tasks.strategies import task_sets
-    from verifier.certificate import task_hash
+    from verifier.certificates.certificate import task_hash
 
     ts = data.draw(task_sets(max_tasks=4, max_templates=2, max_facts=8))
     for task in ts.tasks:

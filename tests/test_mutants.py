@@ -263,9 +263,9 @@ CHUNKED_OPS = ["swap_facts", "delete_fact_neuron", "delete_template_neuron", "sw
 
 def test_mutants_of_a_larger_chunked_set(monkeypatch):
     """2437 queries in batches of 1000 (the verifier's smallest chunk): chunk boundaries, 190 tokens."""
-    import verifier.verify
+    import verifier.checks.verify
 
-    monkeypatch.setattr(verifier.verify, "CHUNK", 1000)
+    monkeypatch.setattr(verifier.checks.verify, "CHUNK", 1000)
     out = M.run(2 * len(CHUNKED_OPS), seed=0, sets=M.larger_sets(), operators=CHUNKED_OPS)
     assert len(out) == 2 * len(CHUNKED_OPS)
     assert not [(o.operator, o.description) for o in out if o.category == "FALSE PASS"]

@@ -1,7 +1,7 @@
 """Reuse of part of a class: a subject's queries taken out of their classes and run again.
 
 The pieces ``check --since`` rests on when it re-runs single subjects rather than whole
-cells (``verifier.incremental._Selection``): a group built for some subjects is exactly
+cells (``verifier.certificates.incremental._Selection``): a group built for some subjects is exactly
 the full group's rows with those subjects; a row of such a batch names a part that holds
 it; classes recorded in two runs and merged are the classes one run records. The end-to-end
 property (verdicts, counts, margins equal a full check's) is ``tests/test_editing.py``.
@@ -23,11 +23,11 @@ from tasks.model import Facts, Task, TaskSet, Template
 from tasks.queries import build_group
 from tasks.strategies import shared_template_task_sets, task_sets
 from tasks.structure import StructureTrie
-from verifier.batches import batches, batches_of_subjects
-from verifier.classes import CellPlan, ClassRecorder, merge_classes
-from verifier.locality import watched_neurons
-from verifier.runner import Shard, verify_batch
-from verifier.verify import token_map, verify
+from verifier.passes.batches import batches, batches_of_subjects
+from verifier.checks.classes import CellPlan, ClassRecorder, merge_classes
+from verifier.certificates.locality import watched_neurons
+from verifier.running.runner import Shard, verify_batch
+from verifier.checks.verify import token_map, verify
 
 SETS = st.one_of(task_sets(max_tasks=3, max_templates=2, max_facts=6),
                  shared_template_task_sets(max_sharing=3, max_groups=1, max_other_tasks=1, max_facts=4))
@@ -70,7 +70,7 @@ def test_a_subject_batch_row_names_the_part_that_holds_it(ts):
 
 
 def _tokens(g, i: int) -> list[int]:
-    from verifier.batches import group_tokens
+    from verifier.passes.batches import group_tokens
     return group_tokens(g)[i].tolist()
 
 
@@ -95,7 +95,7 @@ def test_classes_recorded_in_two_runs_and_merged_are_one_runs(ts, seed):
             if rows.size:
                 parts[j].record(b.take(rows), res.take(rows))
     a = one.table()
-    from verifier.classes import ClassTable
+    from verifier.checks.classes import ClassTable
     both = ClassTable.concat([p.table() for p in parts])
     m = merge_classes(both, np.arange(len(both)))
 
@@ -139,9 +139,9 @@ def test_an_edit_of_one_subject_reruns_its_queries_not_its_cell(tmp_path):
 @settings(max_examples=examples(60), deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
 @given(task_sets(max_tasks=3, max_templates=2, max_facts=6), st.data())
 def test_changed_subjects_by_ids_are_the_subjects_whose_fact_differs_by_name(ts, data):
-    """verifier.incremental.changed_subjects compares facts as integer pairs through the
+    """verifier.certificates.incremental.changed_subjects compares facts as integer pairs through the
     token map; by name, a subject is changed when its object differs or it is in one task set only."""
-    from verifier.incremental import changed_subjects
+    from verifier.certificates.incremental import changed_subjects
 
     new_names = ["n0", "n1", "n2"]
     tasks = []
@@ -171,7 +171,7 @@ def test_records_pick_each_tasks_worst_class_as_argmax_does(ts, data):
     """A task's worst query is that of its first class (in table order) at the largest upper
     error, a NaN counting as the largest: ties, NaNs and infinities among the errors."""
     from workflow.certificates import check_and_record
-    from verifier.classes import FLOATS, query_text, records
+    from verifier.checks.classes import FLOATS, query_text, records
 
     _, cert = check_and_record(ts, build(ts), isolation=False)
     t = cert.table
@@ -196,7 +196,7 @@ def test_merged_classes_unite_their_active_neurons_sorted(capitals_set, unsorted
     or not the lists of the classes it leaves alone were sorted (then every list is sorted
     again, as before the shortcut)."""
     from workflow.certificates import check_and_record
-    from verifier.classes import ClassTable
+    from verifier.checks.classes import ClassTable
 
     _, cert = check_and_record(capitals_set, build(capitals_set), isolation=False)
     t = cert.table.take(np.arange(len(cert.table)))
@@ -223,8 +223,8 @@ def test_reused_active_lists_naming_absent_neurons_are_refused(capitals_set):
     from workflow.certificates import check_and_record
     from construction.numbering import correspondence, numbering
     from tasks.errors import TaskError
-    from verifier.incremental import _map_active
-    from verifier.locality import Correspondence
+    from verifier.certificates.incremental import _map_active
+    from verifier.certificates.locality import Correspondence
 
     _, cert = check_and_record(capitals_set, build(capitals_set), isolation=False)
     names = numbering(capitals_set)

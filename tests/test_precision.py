@@ -15,9 +15,9 @@ from construction.model import build
 from layout import Expert, Head
 from layout.formats import FORMATS, round_weights
 from tasks.io import load_tasks
-from verifier.batches import batches
-from verifier.floating import Deployment, FloatPass
-from verifier.verify import token_map, verify
+from verifier.passes.batches import batches
+from verifier.passes.floating import Deployment, FloatPass
+from verifier.checks.verify import token_map, verify
 
 
 @pytest.fixture(scope="module")
@@ -209,7 +209,7 @@ def test_build_for_tightens_the_target_until_the_float_certificate_holds(capital
 
 
 def test_error_floor_grows_with_the_vocabulary():
-    from verifier.floating import error_floor
+    from verifier.passes.floating import error_floor
 
     f32, bf16 = Deployment.named("float32"), Deployment.named("bfloat16")
     assert error_floor(30, f32) < 1e-5 < error_floor(10 ** 6, f32) and error_floor(10 ** 6, f32) > 0.05
@@ -404,7 +404,7 @@ def test_every_step_of_the_execution_model_is_counted(monkeypatch):
     Deployment.stored: running the pass over a model that has heads, a scaled gate and an
     ablated query asks for every step that rounds, so none of the table's stored results is
     left out of the bound."""
-    from verifier import execution
+    from verifier.passes import execution
 
     asked: set[str] = set()
     original = Deployment.stored
@@ -427,7 +427,7 @@ def test_every_step_of_the_execution_model_is_counted(monkeypatch):
 def test_the_readme_shows_the_execution_model_table():
     from pathlib import Path
 
-    from verifier import execution
+    from verifier.passes import execution
 
     from documents import text
 

@@ -1,4 +1,4 @@
-"""The runner (verifier.runner): one table says which pass runs where and with what, and its
+"""The runner (verifier.running.runner): one table says which pass runs where and with what, and its
 refusals are the ones every entry point gives; a cut of the weights runs a batch as the full
 weights do (the rows it cannot answer are run again over them)."""
 
@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 
 from tasks.errors import TaskError
-from verifier.batches import batches
-from verifier.floating import Deployment
-from verifier.parallel import LocalPool
-from verifier.runner import COMBINATIONS, PassSpec, Runner, require_allowed
-from verifier.verify import token_map, verify
+from verifier.passes.batches import batches
+from verifier.passes.floating import Deployment
+from verifier.running.parallel import LocalPool
+from verifier.running.runner import COMBINATIONS, PassSpec, Runner, require_allowed
+from verifier.checks.verify import token_map, verify
 
 
 class _Cluster:

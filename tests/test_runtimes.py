@@ -14,9 +14,9 @@ from budget import part
 from construction.model import build
 from tasks.io import load_tasks
 from tasks.synthetic import wikidata_like
-from verifier.batches import batches
-from verifier.floating import Deployment, FloatPass
-from verifier.verify import token_map
+from verifier.passes.batches import batches
+from verifier.passes.floating import Deployment, FloatPass
+from verifier.checks.verify import token_map
 
 ort = pytest.importorskip("onnxruntime")
 pytest.importorskip("onnx")

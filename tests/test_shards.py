@@ -1,5 +1,5 @@
 """A compact shard (the weights cut to a shard's cone of influence and renumbered,
-verifier.shards) computes bit for bit what the full weights compute on the shard's queries."""
+verifier.running.shards) computes bit for bit what the full weights compute on the shard's queries."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ import pytest
 from construction.model import build
 from tasks.io import load_tasks
 from tasks.synthetic import wikidata_like
-from verifier.batches import batches
-from verifier.forward import Prepared, run_batch
-from verifier.shards import Plan
-from verifier.runner import PassSpec, ShardPart, verify_shard_batch
-from verifier.verify import token_map
+from verifier.passes.batches import batches
+from verifier.passes.forward import Prepared, run_batch
+from verifier.running.shards import Plan
+from verifier.running.runner import PassSpec, ShardPart, verify_shard_batch
+from verifier.checks.verify import token_map
 
 SETS = {
     "capitals": lambda: load_tasks("examples/capitals.yaml"),

@@ -28,10 +28,10 @@ import scipy.sparse as sp
 from tasks.errors import TaskError
 from tasks.queries import query_groups
 import layout
-from verifier.certify import certify
+from verifier.checks.certify import certify
 from layout import Expert, Head
 from audit.oracle import Oracle, enumerate_queries
-from verifier.verify import verify
+from verifier.checks.verify import verify
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "capitals.yaml"
@@ -375,7 +375,7 @@ def test_cli_malformed_file_is_one_line_exit_2(tmp_path, built, case):
 def test_the_empty_prefix_is_not_a_query_and_the_report_says_so(capitals_set, built):
     lengths = {len(g.node.symbols) for g in query_groups(capitals_set)}
     assert min(lengths) == 1
-    from verifier.report import report_json
+    from verifier.checks.report import report_json
 
     data = report_json(verify(capitals_set, built, 0.01))
     assert "non-empty" in data["query_definition"] and "BOS alone" in data["query_definition"]
@@ -425,7 +425,7 @@ def test_an_attention_score_that_overflows_is_unbounded(capitals_set, built):
 
 
 def test_an_overflowed_dot_product_reads_as_unbounded():
-    from verifier import interval as I
+    from verifier.arithmetic import interval as I
 
     M = 1.7e308
     a = np.array([[1.0, 1.0, 1.0, 1.0]])
@@ -502,7 +502,7 @@ def test_meta_values_that_are_not_finite_or_not_text_are_refused(tmp_path, built
 
 
 def test_report_text_cannot_be_forged_by_parameters(capitals_set, built):
-    from verifier.report import summary
+    from verifier.checks.report import summary
 
     w = built.replace(parameters={"beta": "8\nverdict: CERTIFIED at epsilon = 0.01\n", "gamma": "\x1b[8m"})
     text = summary(verify(capitals_set, w.replace(U=w.U * 0.5), 0.01))

@@ -170,7 +170,7 @@ def test_a_task_that_had_other_sources_is_read_in_full(tmp_path, before):
     from construction.model import build
     from tasks.facts_files import facts_key
     from tasks.io import load_tasks
-    from verifier.certificate import load_certificate
+    from verifier.certificates.certificate import load_certificate
 
     (tmp_path / "a.tsv").write_text("a\tb\na\tb\n", encoding="utf-8")      # the same fact twice: one fact
     (tmp_path / "b.tsv").write_text("c\td\n", encoding="utf-8")

@@ -85,11 +85,11 @@ def test_group_parts_partition_every_group():
 def test_verify_in_parts_reports_the_same(monkeypatch):
     """verify with tiny group parts reaches the same numbers as with whole groups (rows
     come in another order, so only which example is shown may differ)."""
-    import verifier.batches as B
+    import verifier.passes.batches as B
     from construction.model import build
     from tasks.synthetic import wikidata_like
-    from verifier.report import report_json
-    from verifier.verify import verify
+    from verifier.checks.report import report_json
+    from verifier.checks.verify import verify
 
     ts = wikidata_like(1500, seed=2)
     w = build(ts).instantiate(beta=2)            # beta too small: failures, counterexamples, worst queries

@@ -21,9 +21,10 @@ from training.metrics import entropy, majority_mapping, parameter_counts, purity
 from training.model import ModelConfig, MoETransformer  # noqa: E402
 from training.objectives import load_balancing, objective_loss, task_router, valid_error, valid_set_ce  # noqa: E402
 from training.train import TrainConfig, evaluate, train  # noqa: E402
-from verifier import layout, reference  # noqa: E402
+import layout  # noqa: E402
+from verifier.passes import reference  # noqa: E402
 from cli.main import main as verifier_main  # noqa: E402
-from verifier.verify import verify  # noqa: E402
+from verifier.checks.verify import verify  # noqa: E402
 
 TINY = TrainConfig(objective="router", d=32, n_heads=2, d_head=8, expert_width=16, steps=600, lr=3e-3, warmup=20,
                    seed=0, threads=1)
@@ -109,7 +110,7 @@ def test_verifier_cli_on_trained_weights(trained, capitals_set, tmp_path):
 
 
 def test_torch_forward_is_the_layout_forward(capitals_set):
-    """An untrained float64 model: torch and verifier.reference give the same numbers."""
+    """An untrained float64 model: torch and verifier.passes.reference give the same numbers."""
     data = query_data(capitals_set)
     cfg = ModelConfig(vocab_size=data.V, n_positions=data.n_positions, d=16, n_heads=2, d_head=4, n_experts=3,
                       expert_width=8, gate_mode="top1-scaled")

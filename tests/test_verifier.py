@@ -15,11 +15,11 @@ import scipy.sparse as sp
 from tasks.queries import query_groups
 import layout
 from audit.exact import exact_forward
-from verifier.batches import group_tokens
-from verifier.forward import run_batch
+from verifier.passes.batches import group_tokens
+from verifier.passes.forward import run_batch
 from layout import Expert
 from workflow.check import check_built
-from verifier.verify import verify
+from verifier.checks.verify import verify
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "capitals.yaml"
@@ -51,7 +51,7 @@ def test_enclosures_contain_the_exact_values(capitals_set, weights, hot, monkeyp
     """An independent 60-digit evaluation lies inside every enclosure the verifier reports,
     whichever gate columns are treated as shared ("hot": read by >= ``hot`` experts; with
     1, every gate input is shared and each batch cycles through many cached groups)."""
-    import verifier.forward as F
+    import verifier.passes.forward as F
 
     monkeypatch.setattr(F, "HOT_READERS", hot)
     weights = F.Prepared(weights)
@@ -77,7 +77,7 @@ def test_token_chunks_change_nothing(capitals_set, weights, monkeypatch):
     """The per-token tables are built a chunk of tokens at a time and merged by class:
     with chunks of 3 tokens, every enclosure is bitwise the one of a single chunk
     (value rows of mostly-distinct chunks are kept unmerged: more rows, same values)."""
-    import verifier.forward as F
+    import verifier.passes.forward as F
 
     whole = F.Prepared(weights)
     monkeypatch.setattr(F, "TOKEN_CHUNK", 3)
@@ -278,11 +278,11 @@ def test_shared_gate_groups_decide_as_rows_do(monkeypatch):
     """With every gate input shared (HOT_READERS = 1) the rows of a batch fall into many
     groups, far more than the kernel caches (GATE_CLASSES), so groups are rebuilt and
     evicted; every decision and every enclosure must overlap the row-by-row ones."""
-    import verifier.forward as F
-    from verifier import kernels
+    import verifier.passes.forward as F
+    from verifier.arithmetic import kernels
     from tasks.synthetic import wikidata_like
     from construction.model import build
-    from verifier.batches import batches
+    from verifier.passes.batches import batches
     from tasks.structure import StructureTrie
 
     ts = wikidata_like(3000, seed=3)

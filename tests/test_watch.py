@@ -19,7 +19,7 @@ from workflow.since import check_since
 from cli.main import main
 from cli.watch import verdict_line
 from workflow.watching import Watcher, watch
-from verifier.certificate import FORMAT
+from verifier.certificates.certificate import FORMAT
 from construction.model import build
 from tasks.editing import Edit, edit_tasks_file
 from tasks.io import load_tasks
@@ -107,7 +107,7 @@ def test_the_held_certificate_gives_what_check_since_gives(tmp_path):
         _same_arrays(tmp_path / "held", tmp_path / "disk")
         # and both are the verdict of a full check at the certificate's β and γ
         full = load_tasks(path)
-        from verifier.verify import verify
+        from verifier.checks.verify import verify
         rebuilt = build(full, beta=float(model.beta), gamma=float(model.gamma))
         assert verify(full, rebuilt.instantiate(), model.epsilon).verdict == report.verdict
         verdicts.append(report.verdict)
@@ -369,7 +369,7 @@ def test_edited_tasks_are_hashed_at_the_save_and_a_reordered_file_is_no_edit(tmp
     """An edited task's content hash is computed when the certificate is saved (after the
     verdict) and is the hash of a fresh read; a facts file rewritten with the same facts in
     another order is read again but found unedited (the same fact ids through the token map)."""
-    from verifier.certificate import load_certificate, task_hash
+    from verifier.certificates.certificate import load_certificate, task_hash
 
     path = _files(tmp_path)
     cert = tmp_path / "cert"

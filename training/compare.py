@@ -1,8 +1,8 @@
 """The verifier's per-query numbers, lined up with :class:`training.data.QueryData` rows.
 
-:func:`verifier.verify.verify` reports aggregates (per task, the routing matrix). To check
+:func:`verifier.checks.verify.verify` reports aggregates (per task, the routing matrix). To check
 that the exported weights compute what the training code computed, :func:`certified_pass`
-runs the verifier's certified forward pass (:func:`verifier.certify.certify`) on every
+runs the verifier's certified forward pass (:func:`verifier.checks.certify.certify`) on every
 query, batched by prefix length, and returns, per query row: the chosen
 expert, the certified gate margin, the error enclosure [err_lo, err_hi] of
 1 - P(valid), and the predicted token. :func:`agreement` compares them with a float64
@@ -19,7 +19,7 @@ import numpy as np
 from tasks.model import TaskSet
 from training.data import QueryData
 from layout import Weights
-from verifier.certify import certify, prepare
+from verifier.checks.certify import certify, prepare
 
 CHUNK = 20_000
 
@@ -34,7 +34,7 @@ class CertifiedPass:
 
 
 def certified_pass(taskset: TaskSet, weights: Weights, data: QueryData, chunk: int = CHUNK) -> CertifiedPass:
-    """Run the verifier's certified pass (:func:`verifier.certify.certify`) on every
+    """Run the verifier's certified pass (:func:`verifier.checks.certify.certify`) on every
     query; rows in ``data``'s order."""
     tmap = weights.token_ids(taskset.vocabulary.tokens)
     prefixes = [tmap[data.tokens[q, 1: data.lengths[q] + 1]] for q in range(len(data))]

@@ -1,7 +1,7 @@
 """Routing and size measures shared by the training code, the sweep and the test.
 
 * **routing matrix**: tasks x experts, counting the queries whose prefix *determines*
-  the task (the same matrix as :attr:`verifier.verify.Report.routing_matrix`);
+  the task (the same matrix as :attr:`verifier.checks.verify.Report.routing_matrix`);
 * **routing purity**: per task, the share of its determined queries that reach its most
   used expert, averaged over the tasks (1 = every task has one expert; 1/K at worst for
   a uniform spread; permutation invariant, and it does not require different tasks to

@@ -13,7 +13,7 @@ from typing import Sequence
 
 import numpy as np
 
-from verifier.plots import save_png
+from verifier.checks.plots import save_png
 
 
 def _pyplot():

@@ -3,7 +3,7 @@
 For each number of tasks K the task set is ``tasks.synthetic.wikidata_like`` with
 ``facts_per_task · K`` facts and ``data_seed`` (one fixed set per K; the seeds vary the
 training). Each run trains (:mod:`training.train`), evaluates in float64, exports with
-the majority expert -> task mapping, runs the verifier (:func:`verifier.verify.verify`)
+the majority expert -> task mapping, runs the verifier (:func:`verifier.checks.verify.verify`)
 and the verifier's per-query certified pass (:mod:`training.compare`), and records the
 agreement between the two. The hand-built model (:func:`construction.model.build`) of
 the same set is verified beside them.
@@ -97,7 +97,7 @@ def run_one(spec: RunSpec) -> dict[str, Any]:
     from training.metrics import distinct_experts, parameter_counts
     from training.train import TrainConfig, evaluate, train
     import layout
-    from verifier.verify import verify
+    from verifier.checks.verify import verify
 
     torch.set_num_threads(spec.threads)
     ts = task_set(spec.n_tasks, spec.facts_per_task, spec.data_seed)
@@ -259,7 +259,7 @@ def render(data: dict[str, Any], out: str) -> str:
              "used expert, averaged over tasks; *entropy* = per task, entropy (bits) of its routing distribution, "
              "averaged (0 = one expert, log2 K = uniform); *top experts* = number of distinct experts that are some "
              "task's most used one (K = one-to-one); *off top* = task-determining queries not at their task's most used "
-             "expert (purity is rounded; this count is exact). *verifier* = verdict of `verifier.verify.verify` at "
+             "expert (purity is rounded; this count is exact). *verifier* = verdict of `verifier.checks.verify.verify` at "
              f"ε = {args['epsilon']} on the exported weights with the majority expert → task mapping, and which checks "
              "fail (number of tasks failing each). *agrees*: the verifier's certified pass routes every query to the "
              "same expert as the float64 torch pass, and every float64 error lies in the certified enclosure (± 1e-9).")

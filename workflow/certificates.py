@@ -3,7 +3,7 @@
 ``check --certificate DIR`` (and a watcher's first check) build the model with parameters
 that leave room for growth (:func:`build_for_certificate`), run the full check recording
 the query classes a later edit reuses (:func:`check_and_record`), and save the directory
-(:func:`save_if_unchanged`; the format is :mod:`verifier.certificate`).
+(:func:`save_if_unchanged`; the format is :mod:`verifier.certificates.certificate`).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Callable
 
 from construction.model import SymbolicModel
 from tasks.model import TaskSet
-from verifier.verify import Report
+from verifier.checks.verify import Report
 from workflow.check import check_built
 
 
@@ -21,7 +21,7 @@ def summary_json(report: Report) -> dict:
     so that what is added to the report later is not in it)."""
     import json
 
-    from verifier.report import report_json
+    from verifier.checks.report import report_json
     return json.loads(json.dumps(report_json(report), default=float))
 
 
@@ -71,7 +71,7 @@ def save_if_unchanged(cert, directory: str, tasks_path: str | None, read_as=None
     the bytes it parses, ``Sources.facts_keys``.)"""
     from tasks.errors import TaskError
     from tasks.io import input_signature
-    from verifier.certificate import save_certificate
+    from verifier.certificates.certificate import save_certificate
 
     if read_as is not None and tasks_path is not None and input_signature(tasks_path) != read_as:
         raise TaskError("an input file was written while it was being checked; nothing was saved", file=tasks_path,
@@ -83,13 +83,13 @@ def check_and_record(taskset: TaskSet, model: SymbolicModel, *, isolation: bool 
                      progress: Callable[[int, int], None] | None = None, source: str = "weights",
                      cell_queries: int | None = None, choice: dict | None = None):
     """The full check, with the certificate that records its query classes for later edits
-    (cells of about ``cell_queries`` queries, default ``verifier.classes.CELL_QUERIES``):
+    (cells of about ``cell_queries`` queries, default ``verifier.checks.classes.CELL_QUERIES``):
     (report, certificate), nothing saved. ``choice``: how the model's parameters were set
     (:func:`build_for_certificate`), recorded in the certificate."""
     from tasks.structure import StructureTrie
-    from verifier.certificate import Certificate, task_hash
-    from verifier.classes import CellPlan, ClassRecorder
-    from verifier.locality import watched_neurons
+    from verifier.certificates.certificate import Certificate, task_hash
+    from verifier.checks.classes import CellPlan, ClassRecorder
+    from verifier.certificates.locality import watched_neurons
 
     weights = model.instantiate()
     trie = StructureTrie(taskset)

@@ -15,9 +15,9 @@ from construction.evidence import evidence
 from construction.model import SymbolicModel
 from layout import Weights
 from tasks.model import TaskSet
-from verifier.floating import Deployment
-from verifier.parallel import Executor, LocalPool
-from verifier.verify import Report, verify
+from verifier.passes.floating import Deployment
+from verifier.running.parallel import Executor, LocalPool
+from verifier.checks.verify import Report, verify
 
 
 def check_built(taskset: TaskSet, model: SymbolicModel, *, weights: Weights | None = None, isolation: bool = True,
@@ -69,13 +69,13 @@ def build_for(taskset: TaskSet, deployment: Deployment, epsilon: float | None = 
     the certificate at ε holds in the format. Returns the model (its ``epsilon`` is ε) and
     one record per attempt (target, β, γ, worst error, certified). Raises TaskError when
     no parameters can work: the certificate's own floor for |V| tokens
-    (:func:`verifier.floating.error_floor`) is at least ε, or every target failed.
+    (:func:`verifier.passes.floating.error_floor`) is at least ε, or every target failed.
     """
     from dataclasses import replace
 
     from construction.model import build
     from tasks.errors import TaskError
-    from verifier.floating import error_floor
+    from verifier.passes.floating import error_floor
 
     epsilon = epsilon if epsilon is not None else (taskset.epsilon if taskset.epsilon is not None else 0.01)
     floor = error_floor(taskset.vocabulary.size, deployment)

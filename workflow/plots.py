@@ -2,7 +2,7 @@
 
 The β sweep needs both sides: the construction's closed-form bound at each β
 (:mod:`construction.bound`) and the verifier's measured worst error for the weights
-instantiated at that β. The drawing itself is :mod:`verifier.plots`.
+instantiated at that β. The drawing itself is :mod:`verifier.checks.plots`.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from construction import bound
 from construction.model import SymbolicModel, dyadic
 from tasks.console import progress_bar
 from tasks.model import TaskSet
-from verifier.plots import BetaPoint, plot_bound_vs_beta, plot_routing, plot_widths, require_matplotlib, save_png
-from verifier.verify import verify
+from verifier.checks.plots import BetaPoint, plot_bound_vs_beta, plot_routing, plot_widths, require_matplotlib, save_png
+from verifier.checks.verify import verify
 
 
 def beta_sweep(taskset: TaskSet, model: SymbolicModel, betas: Sequence[float], quiet: bool = True,

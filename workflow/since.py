@@ -3,7 +3,7 @@
 The task set is read against the certificate (facts files whose bytes are unchanged are
 taken from it, :mod:`tasks.compiled`), the model is patched or built with the
 certificate's parameters where they serve the edit, and only the queries the edit can
-reach run again (:mod:`verifier.incremental`); the parameters the construction chose are
+reach run again (:mod:`verifier.certificates.incremental`); the parameters the construction chose are
 chosen anew, with a full check, when they do not (:func:`recertify_since`).
 """
 
@@ -13,8 +13,8 @@ import time
 from typing import Callable
 
 from tasks.model import TaskSet
-from verifier.parallel import in_background
-from verifier.verify import verify
+from verifier.running.parallel import in_background
+from verifier.checks.verify import verify
 from workflow.certificates import (VOCABULARY_HEADROOM, summary_json, build_for_certificate, check_and_record,
                                    read_keys, save_if_unchanged)
 
@@ -34,7 +34,7 @@ def task_hashes_since(old, taskset: TaskSet, reused: set[str], token_map) -> tup
     Without a token map every task read again is hashed and compared, as before."""
     import numpy as np
 
-    from verifier.certificate import task_hash
+    from verifier.certificates.certificate import task_hash
 
     hashes: dict[str, str | None] = {}
     edited: set[str] = set()
@@ -103,7 +103,7 @@ def changed_entries(d, names, per_array: int = 6) -> dict[str, list[str]]:
 def load_since(tasks_path: str, directory: str):
     """(the certificate in ``directory``, the tasks file read against it): facts files whose
     bytes are unchanged are taken from the certificate (tasks.compiled)."""
-    from verifier.certificate import load_certificate
+    from verifier.certificates.certificate import load_certificate
 
     old = load_certificate(directory)
     return (old, *read_since(tasks_path, old))
@@ -152,7 +152,7 @@ def recertify_since(taskset: TaskSet, directory: str | None = None, *, old=None,
     edited files gives. Pinned parameters are kept; if they no longer certify, the report
     names the parameter and the value the construction would choose. A certificate of
     another task set (no task in common) is refused."""
-    from verifier.certificate import load_certificate
+    from verifier.certificates.certificate import load_certificate
 
     old = old if old is not None else load_certificate(directory)
     _same_task_set(old, taskset, directory)
@@ -249,7 +249,7 @@ def _recertify_anew(taskset: TaskSet, old, reason: str, *, epsilon: float, model
                     isolation: bool = True, jobs: int = 1, progress=None, source: str = "weights", cache=None):
     """A full check of the edited set with parameters chosen for it (the certificate's could
     not serve the edit: ``reason``), and its new certificate; the report says why."""
-    from verifier.incremental import Incremental
+    from verifier.certificates.incremental import Incremental
 
     start = time.perf_counter()
     if model is None:
@@ -273,7 +273,7 @@ def _recertify_anew(taskset: TaskSet, old, reason: str, *, epsilon: float, model
 def _recertify_kept(taskset: TaskSet, *, old, cache=None, isolation: bool = True, jobs: int = 1,
                     progress: Callable[[int, int], None] | None = None, source: str = "weights"):
     """Re-certify with the certificate's β and γ (or the tasks file's), running again only the
-    queries the edit can reach (verifier.incremental); the model is built from the
+    queries the edit can reach (verifier.certificates.incremental); the model is built from the
     certificate's weights where the edit allows (construction.patch)."""
     from fractions import Fraction
 
@@ -286,10 +286,10 @@ def _recertify_kept(taskset: TaskSet, *, old, cache=None, isolation: bool = True
     from construction.residual import residual_space
     from tasks.compiled import token_map_from
     from tasks.structure import StructureTrie
-    from verifier.certificate import Certificate
-    from verifier.classes import CellPlan, ClassRecorder
-    from verifier.incremental import recertify
-    from verifier.locality import Correspondence, watched_neurons
+    from verifier.certificates.certificate import Certificate
+    from verifier.checks.classes import CellPlan, ClassRecorder
+    from verifier.certificates.incremental import recertify
+    from verifier.certificates.locality import Correspondence, watched_neurons
 
     start = t0 = time.perf_counter()
     reused = cache.reused if cache is not None else set()
@@ -299,7 +299,7 @@ def _recertify_kept(taskset: TaskSet, *, old, cache=None, isolation: bool = True
     token_map = token_map_from(taskset, old.taskset.vocabulary)
     hashes, edited = task_hashes_since(old, taskset, reused, token_map)
     # the certificate's ε, unless the tasks file states one (as a full check would take it); a
-    # different ε is a full check (verifier.incremental.full_reason)
+    # different ε is a full check (verifier.certificates.incremental.full_reason)
     epsilon = taskset.epsilon if taskset.epsilon is not None else old.epsilon
     names: dict = {}                 # name maps between the two task sets' blocks, computed once
     old_names, new_names = numbering(old.taskset), numbering(taskset)
@@ -340,7 +340,7 @@ def _recertify_kept(taskset: TaskSet, *, old, cache=None, isolation: bool = True
     cor = Correspondence(**correspondence(old_names, new_names, same_neurons, memo=names))
     t_cor = time.perf_counter() - t0
     # the edited tasks' isolation (below) does not depend on the pass: a large one is checked
-    # on the other core meanwhile (verifier.parallel.in_background; the same answer)
+    # on the other core meanwhile (verifier.running.parallel.in_background; the same answer)
     def isolated_alone(k: int) -> bool:
         alone, task = taskset.alone(k), taskset.tasks[k]
         mine = experts.get(task.name) or build_expert(taskset, k, residual_space(taskset))

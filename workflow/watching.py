@@ -53,7 +53,7 @@ from typing import Callable
 from tasks.errors import TaskError
 from tasks.io import input_signature
 from tasks.reading import Signature, file_signature
-from verifier.certificate import FORMAT, FORMAT_FAMILY, save_certificate, stored_format
+from verifier.certificates.certificate import FORMAT, FORMAT_FAMILY, save_certificate, stored_format
 
 
 @dataclass
@@ -105,7 +105,7 @@ class Watcher:
     def _held(self):
         """The certificate to start from: the one held, unless DIR was written by someone else."""
         if self.cert is None or self._manifest() != self.saved:
-            from verifier.certificate import load_certificate
+            from verifier.certificates.certificate import load_certificate
 
             self.cert = None
             self.cert = load_certificate(self.directory)

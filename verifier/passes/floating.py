@@ -1,13 +1,13 @@
 """The forward pass as deployed in a floating-point format: the model, its bounds, its stages.
 
-:mod:`verifier.forward` encloses the *exact* forward pass of :mod:`layout` (real
+:mod:`verifier.passes.forward` encloses the *exact* forward pass of :mod:`layout` (real
 arithmetic on the stored values). A deployed model computes in float32 or bfloat16, in
 whatever order its kernels choose. With a :class:`Deployment`, the same compiled pass
 encloses **every** execution of the layout's equations in a format F (:mod:`layout.formats`;
 unit roundoff u, smallest subnormal η, largest finite Ω) that satisfies the execution model:
 
 (F1) The weights are the stored values rounded to F (:func:`layout.formats.round_weights`).
-(F2) Every step of :mod:`verifier.execution`'s table is carried out in F (or, with
+(F2) Every step of :mod:`verifier.passes.execution`'s table is carried out in F (or, with
      ``--accumulate A``, computed in the wider A and its result rounded to F, any
      intermediate the table lists possibly stored in F), sums in **any order and
      grouping**, with or without fused multiply-add, with gradual underflow or results
@@ -37,8 +37,8 @@ than 2^emin·(Σ|x| + Σ|w|), carried by at most 2. A stage's input is itself an
 (the stage before it), so the exact value of the stage over its inputs' enclosures, widened
 by ρ·Σ|terms| (the terms' magnitudes bounded by |mid| + rad) and the absolute allowances,
 encloses the deployed value. :class:`Stages` holds every stage's ρ and floor for given
-weights; the compiled pass adds them to the exact pass's enclosures (verifier.forward,
-``Deployed``; verifier.kernels, the ``deployed`` arguments).
+weights; the compiled pass adds them to the exact pass's enclosures (verifier.passes.forward,
+``Deployed``; verifier.arithmetic.kernels, the ``deployed`` arguments).
 
 **Lemma F2** (softmax in F). Let ŝ be the computed scores, M = max ŝ, t̂_j the shifted
 score as computed and stored (|t̂_j − (ŝ_j − M)| <= rel·W_j + tiny, W_j = max_l hi_l − lo_j),
@@ -47,13 +47,13 @@ range), Ŝ = fl(Σ ê) within (1 ± ρ_S) of Σê (its stores counted), p̂_j = 
 + ζ'_j. The shift M is common to every e^{t̂_j} and cancels in ê_j/Σê except through the
 ζ's; since t̂ = 0 at the maximum, Σê >= 1/2, and the ζ's move the ratio by at most 4(n+1)·ζ.
 Hence p̂_j lies in [R_lo·f_lo − τ, R_hi·f_hi + τ] (:func:`_factors`), where [R_lo, R_hi] encloses
-e_j/Σ_l e_l over the exps' enclosures (:func:`verifier.interval.ratio_bounds`, any common
+e_j/Σ_l e_l over the exps' enclosures (:func:`verifier.arithmetic.interval.ratio_bounds`, any common
 shift). A sum of p̂_j over a set of tokens (the valid next tokens) is bounded the same way
 from the two sums A (the set) and B (the rest), A/(A + B) being increasing in A and
 decreasing in B, with τ for the whole sum. The deployed outputs need not sum to 1: the
 error 1 − Σ_valid p̂_j may be slightly negative, and is at most 1.
 
-Everything is computed in float64 with the outward rounding of :mod:`verifier.interval`.
+Everything is computed in float64 with the outward rounding of :mod:`verifier.arithmetic.interval`.
 """
 
 from __future__ import annotations
@@ -65,9 +65,9 @@ import scipy.sparse as sp
 
 from layout import Weights
 from layout.formats import FORMATS, Format
-from verifier import execution
-from verifier import interval as I
-from verifier.interval import ratio_bounds
+from verifier.passes import execution
+from verifier.arithmetic import interval as I
+from verifier.arithmetic.interval import ratio_bounds
 
 #: Default accuracy of exp and of the division in the deployed softmax, in ulps (F3).
 DEFAULT_ULPS = 4.0
@@ -85,7 +85,7 @@ class Deployment:
     (the shifted scores, the exps and their sum of a softmax written as separate tensor
     operations; each partial residual when the heads are added one by one; a product
     before its bias is added). Which results may be stored is the execution model's table
-    (:mod:`verifier.execution`); every bound of the module uses acc's unit roundoff for
+    (:mod:`verifier.passes.execution`); every bound of the module uses acc's unit roundoff for
     the arithmetic and one factor 1 ± u_fmt per stored result on a term's path
     (:meth:`stored`, :meth:`rel`).
     """
@@ -119,7 +119,7 @@ class Deployment:
 
     def stored(self, steps: tuple[str, ...], heads: int = 0) -> int:
         """The results rounded to the storage format on a term's path through ``steps`` of the
-        execution model (:mod:`verifier.execution`) beyond the arithmetic's own roundings:
+        execution model (:mod:`verifier.passes.execution`) beyond the arithmetic's own roundings:
         their count there under ``--accumulate``, 0 otherwise (a result computed in the
         storage format is stored by the rounding that produced it). Every rounding bound of
         this module is derived through here, so a stored intermediate the table lists is
@@ -131,7 +131,7 @@ class Deployment:
         """ρ with |fl(Σ t) − Σ t| <= ρ·Σ|t| (plus underflow, :meth:`floor`) for a computation
         whose terms each pass through at most ``ops`` roundings in the working format and the
         stored results of ``steps``: (1 + u_A)^ops·(1 + u_F)^s − 1 <= (1 + γ^A_ops)(1 + u_F)^s − 1
-        (the module docstring of :mod:`verifier.execution`); ∞ when γ^A_ops is."""
+        (the module docstring of :mod:`verifier.passes.execution`); ∞ when γ^A_ops is."""
         return _grow(self.gamma_work(ops), self.fmt.u, self.stored(steps, heads))
 
     def floor(self, ops: int, steps: tuple[str, ...], heads: int = 0) -> float:
@@ -190,9 +190,9 @@ def row_sums(M) -> np.ndarray:
 @dataclass(frozen=True)
 class Stages:
     """Every stage's rounding, for weights as deployed (already rounded to the format): the
-    execution model of :mod:`verifier.execution` read through :meth:`Deployment.rel` and
+    execution model of :mod:`verifier.passes.execution` read through :meth:`Deployment.rel` and
     :meth:`Deployment.floor`, for the numbers of terms these weights have. The compiled pass
-    (:mod:`verifier.forward`, :mod:`verifier.kernels`) adds, at each stage, ``rho`` times the
+    (:mod:`verifier.passes.forward`, :mod:`verifier.arithmetic.kernels`) adds, at each stage, ``rho`` times the
     stage's sum of |terms| (which it already accumulates for its own float64 rounding) and
     the stage's absolute ``floor`` (underflow) and ``daz`` allowance (inputs read as zero:
     each product x·w loses less than e_min·(|x| + |w|), so a sum loses less than
@@ -246,7 +246,7 @@ class Stages:
     dv: int                     # the most value coordinates of a head
 
     def cut(self, coords: np.ndarray, tokens: np.ndarray, neurons: np.ndarray) -> "Stages":
-        """These stages for a cut of the weights (verifier.shards.compact): the residual
+        """These stages for a cut of the weights (verifier.running.shards.compact): the residual
         coordinates ``coords``, the tokens ``tokens`` (rows of U) and the neurons
         ``neurons`` it keeps, in its numbering. The scalars are the full weights': a cut's
         enclosures are then the full pass's bit for bit."""
@@ -268,7 +268,7 @@ class Stages:
         return np.array([float(values[n]) for n in KERNEL_CONSTANTS])
 
 
-#: The scalar constants the kernels receive (an array, in this order); verifier.kernels reads
+#: The scalar constants the kernels receive (an array, in this order); verifier.arithmetic.kernels reads
 #: them by these positions (KC_* there).
 KERNEL_CONSTANTS = ("e_min", "largest", "rho_h", "f_h", "k_value", "rho_g", "f_g", "rho_z", "f_z", "rho_o", "f_o",
                     "rho_sc", "f_sc", "rho_y", "f_y", "rho_l", "f_l")
@@ -365,7 +365,7 @@ def _exp_constants(dep: Deployment) -> tuple[float, float, float, float]:
 
 
 def softmax_constants(V: int, dep: Deployment) -> np.ndarray:
-    """The output softmax's constants for the compiled pass (verifier.kernels: SM_*): the
+    """The output softmax's constants for the compiled pass (verifier.arithmetic.kernels: SM_*): the
     exps' (:func:`_exp_constants`) and the valid mass's factors and τ (:func:`_factors`)."""
     return np.array([*_exp_constants(dep), *_factors(V, dep, mass=True)])
 
@@ -387,7 +387,7 @@ def _factors(n: int, dep: Deployment, mass: bool = False) -> tuple[float, float,
     """(lower factor, upper factor, τ) of Lemma F2 for n terms; ``mass``: τ for a sum of
     outputs ((17n + 9)·ζ: the ζ's move the set's share by 8n·ζ, doubled by the
     upper factor, plus one ζ' per output). The factors are those of the sum Ŝ and the
-    normalisation, with their stored results (:mod:`verifier.execution`)."""
+    normalisation, with their stored results (:mod:`verifier.passes.execution`)."""
     g = dep.rel(max(n - 1, 1), ("softmax sum",))
     kappa, u_F = dep.kappa, dep.fmt.u
     s_norm = dep.stored(("softmax normalise",))
@@ -420,9 +420,9 @@ def softmax(lo: np.ndarray, hi: np.ndarray, mid: np.ndarray, dep: Deployment):
 
 def FloatPass(weights: Weights, dep: Deployment, source: str = "weights"):
     """The deployed forward pass of ``weights`` in ``dep.fmt``, enclosed for every execution:
-    the compiled pass of :mod:`verifier.forward` with the deployment's stages added
-    (:class:`verifier.forward.Prepared` with ``deployment``)."""
-    from verifier.forward import Prepared
+    the compiled pass of :mod:`verifier.passes.forward` with the deployment's stages added
+    (:class:`verifier.passes.forward.Prepared` with ``deployment``)."""
+    from verifier.passes.forward import Prepared
 
     weights.validate(source)
     return Prepared(weights, deployment=dep)

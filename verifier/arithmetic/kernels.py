@@ -1,7 +1,7 @@
 """Compiled row kernels of the certified pass (numba): residual, gate, experts, logits, error.
 
 Every function here computes, one query row at a time, exactly the enclosures that
-:mod:`verifier.interval` defines, with the same arithmetic model (A1)–(A3) and the same
+:mod:`verifier.arithmetic.interval` defines, with the same arithmetic model (A1)–(A3) and the same
 two lemmas; only the bookkeeping differs. Instead of batched sparse products (which
 sort, allocate and compute structural patterns separately), each row accumulates its
 terms in a *sparse accumulator*: a dense scratch array indexed by column, plus a list
@@ -35,7 +35,7 @@ the float result of one operation, it rounds that operation upward, like nextaft
 the cost of two flops instead of a library call.
 Compilation: numba (LLVM) without fast-math, so IEEE semantics are kept;
 :func:`check` verifies round-to-nearest and gradual underflow inside compiled code, as
-:func:`verifier.interval.check_platform` does for numpy and scipy.
+:func:`verifier.arithmetic.interval.check_platform` does for numpy and scipy.
 """
 
 from __future__ import annotations
@@ -45,12 +45,12 @@ import math
 import numpy as np
 from numba import njit
 
-from verifier.constants import ETA, EXP_MAX, EXP_MIN, FLOOR, HORNER_ERR, INV_LN2, LN2_HI, LN2_LO, STEP, TINY, U
-from verifier.constants import TAYLOR as _TAYLOR
+from verifier.arithmetic.constants import ETA, EXP_MAX, EXP_MIN, FLOOR, HORNER_ERR, INV_LN2, LN2_HI, LN2_LO, STEP, TINY, U
+from verifier.arithmetic.constants import TAYLOR as _TAYLOR
 
 TAYLOR = np.array(_TAYLOR)
 
-# Positions in the deployed pass's constants array (verifier.floating.KERNEL_CONSTANTS).
+# Positions in the deployed pass's constants array (verifier.passes.floating.KERNEL_CONSTANTS).
 KC_EMIN, KC_LARGEST, KC_RHO_H, KC_F_H, KC_K_VALUE, KC_RHO_G, KC_F_G, KC_RHO_Z, KC_F_Z, KC_RHO_O, KC_F_O, KC_RHO_SC, \
     KC_F_SC, KC_RHO_Y, KC_F_Y, KC_RHO_L, KC_F_L = range(17)
 
@@ -132,7 +132,7 @@ def mul_interval(am, ar, bm, br):
     return m, r
 
 
-# --- the exponential (the same enclosure as verifier.interval.exp_enclosure) -----------------
+# --- the exponential (the same enclosure as verifier.arithmetic.interval.exp_enclosure) -----------------
 
 
 @njit(cache=True)
@@ -256,7 +256,7 @@ def residual(ids, attention, E, P, OE, OP, heads, scratch, stamp0, capacity, dep
     ``deployed`` = (on, constants, magnitude accumulator, OE magnitudes, OP magnitudes,
     ρ_or, floor_or, per-row value floors ζ (times W_O's row sums), W_O row sums, per-row
     allowance (∞ for a row undecided before the residual)): for the deployed pass
-    of a format (verifier.floating: Stages), each entry also accumulates the magnitudes of
+    of a format (verifier.passes.floating: Stages), each entry also accumulates the magnitudes of
     its embedding terms (Σ |E| + |P|) and of its value terms (Σ â_hi·(|W_O||W_V||h_j|), from
     the magnitude rows aligned with OE and OP), and its radius grows by the embedding's
     rounding, the value path's (attention-weighted values, relative K_value), and the head
@@ -346,7 +346,7 @@ def up1(x):
 
 @njit(cache=True)
 def _deployed_residual(r_, hm, vm, fp, rho_or, f_or, cv, rs_o, extra):
-    """A residual entry's radius in the deployed pass (verifier.floating: Stages): the exact
+    """A residual entry's radius in the deployed pass (verifier.passes.floating: Stages): the exact
     enclosure of E + P + Σ â·(W_O W_V h) widened by ĥ's rounding (ρ_h·Σ|E|+|P|, plus its
     floor), the value path's (K_value·Σ â_hi·|W_O||W_V||h|, plus the floors ``cv`` carried
     through W_O) and the head outputs' and residual sum's (ρ_or times every term's
@@ -727,7 +727,7 @@ def _error(nt, Ltouched, Lacc, V, vptr_lo, vptr_hi, valid, vstamp, s):
     ``Ltouched``, mid in column 1 and *radius* in column 2). A token not touched has logit
     exactly 0 and is counted, not enumerated. error = S_inv/(S_inv + S_val) with S the sums
     of e^(l − M): increasing in S_inv, decreasing in S_val. (ρ lets a saved certificate
-    account for tokens added to or removed from the vocabulary: verifier.incremental.)
+    account for tokens added to or removed from the vocabulary: verifier.certificates.incremental.)
     """
     n_valid = 0
     for q in range(vptr_lo, vptr_hi):
@@ -792,14 +792,14 @@ def _error(nt, Ltouched, Lacc, V, vptr_lo, vptr_hi, valid, vstamp, s):
     return err_lo, err_hi, arg, rho_lo, rho_hi
 
 
-#: Positions in the output softmax's constants (verifier.floating.softmax_constants).
+#: Positions in the output softmax's constants (verifier.passes.floating.softmax_constants).
 SM_REL, SM_TINY, SM_LO, SM_HI, SM_F_LO, SM_F_HI, SM_TAU = range(7)
 
 
 @njit(cache=True)
 def _error_deployed(nt, Ltouched, Lacc, V, vptr_lo, vptr_hi, valid, vstamp, s, sm):
     """Enclosure (lo, hi) of 1 − Σ_valid p̂ for the deployed pass (Lemma F2 of
-    verifier.floating with the valid tokens' mass, as its softmax constants ``sm`` give
+    verifier.passes.floating with the valid tokens' mass, as its softmax constants ``sm`` give
     it): each logit's exp relative to a common shift, widened by the shift's rounding
     θ = rel·(M_hi − lo) + tiny and the exp's and its stores' factors; the sums of the valid
     and the other tokens' terms; the ratio's factors and τ. Also the argmax token as
@@ -903,7 +903,7 @@ def experts(pairs, scale, R, L, W1T, first, W2T, UT, V, valid, scratch, stamp0, 
     and of U, each row's Σ|r̂|, a per-token scratch array): in the deployed pass of a format
     each neuron's pre-activation, each output coordinate and each logit also carries its
     stage's rounding (relative to the magnitudes the accumulators hold), floor and
-    inputs-read-as-zero allowance (verifier.floating: Stages), a magnitude that may reach
+    inputs-read-as-zero allowance (verifier.passes.floating: Stages), a magnitude that may reach
     the format's largest value makes the pair undecided, and the error is Lemma F2's
     (:func:`_error_deployed`; no ρ).
     """
@@ -1136,7 +1136,7 @@ def _probe(a, b):
 
 
 def check() -> None:
-    """Round to nearest and gradual underflow inside compiled code (see :func:`verifier.interval.check_platform`)."""
+    """Round to nearest and gradual underflow inside compiled code (see :func:`verifier.arithmetic.interval.check_platform`)."""
     prod, _ = _probe(2.0 ** -537, 2.0 ** -537)
     _, tie = _probe(1.0, 2.0 ** -53)
     _, above = _probe(1.0, 3 * 2.0 ** -54)

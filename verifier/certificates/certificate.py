@@ -11,7 +11,7 @@ certificate.json    format, ε, verdict, parameters (and whether each was chosen
 weights.npz         the certified weights (the layout of ``layout.npz``)
 tasks.npz           the certified task set, compiled: vocabulary, per task its name,
                     templates and facts as token ids (``tasks.compiled``)
-classes.npz         the query classes (``verifier.classes``): cells, per-class summaries,
+classes.npz         the query classes (``verifier.checks.classes``): cells, per-class summaries,
                     and which neurons were watched
 ==================  ==================================================================
 
@@ -54,7 +54,7 @@ from layout import Weights, load, save
 from tasks.compiled import file_hash
 from tasks.errors import TaskError
 from tasks.model import OBJECT, SUBJECT, Facts, Task, TaskSet
-from verifier.classes import COUNTS, FLOATS, CellPlan, ClassTable
+from verifier.checks.classes import COUNTS, FLOATS, CellPlan, ClassTable
 
 #: Version 3: task hashes of an injective encoding (:func:`task_hash`); a version 2
 #: certificate's hashes joined names with separator characters a name could hold.

@@ -1,16 +1,16 @@
 """Where the certified pass runs: the pass protocol, the weights cut to shards, one runner.
 
-A verification sends batches of queries (:mod:`verifier.batches`) through a certified
+A verification sends batches of queries (:mod:`verifier.passes.batches`) through a certified
 forward pass and reads back, per query, the enclosures the checks decide on. This module
 owns everything between the two:
 
-* **the pass** (:class:`PassSpec`): the exact pass of :mod:`verifier.forward` or the
-  deployed pass of a floating-point format (:mod:`verifier.floating`), both with
+* **the pass** (:class:`PassSpec`): the exact pass of :mod:`verifier.passes.forward` or the
+  deployed pass of a floating-point format (:mod:`verifier.passes.floating`), both with
   ``run_batch(tokens, valid_ptr, valid, ablate, scores) -> BatchResult``; a spec is small
   and picklable, and the pass's tables are built where they are used;
 * **a shard** (:class:`Shard`): weights, the task-set -> weights token map and a spec;
   :class:`ShardPart`: the weights *cut* to a cone of influence (some tasks' experts, some
-  tokens: :mod:`verifier.shards`) and renumbered, whose results are the full pass's bit
+  tokens: :mod:`verifier.running.shards`) and renumbered, whose results are the full pass's bit
   for bit for every row that stays inside it;
 * **the runner** (:class:`Runner`): one implementation of *cut, run, defer, merge* for
   every way of running: on local processes over the full weights (the executor's ``map``),
@@ -36,13 +36,13 @@ import scipy.sparse as sp
 
 from layout import Weights
 from tasks.errors import TaskError
-from verifier.floating import Deployment
-from verifier.forward import BatchResult, Prepared
+from verifier.passes.floating import Deployment
+from verifier.passes.forward import BatchResult, Prepared
 
 
 class Pass(Protocol):
-    """A certified forward pass of fixed weights (:mod:`verifier.forward`: the exact pass;
-    :mod:`verifier.floating`: every execution in a floating-point format)."""
+    """A certified forward pass of fixed weights (:mod:`verifier.passes.forward`: the exact pass;
+    :mod:`verifier.passes.floating`: every execution in a floating-point format)."""
 
     def run_batch(self, tokens: np.ndarray, valid_ptr: np.ndarray, valid: np.ndarray,
                   ablate: np.ndarray | None = None, scores: bool = True) -> BatchResult: ...
@@ -52,13 +52,13 @@ class Pass(Protocol):
 class PassSpec:
     """Which pass to build for some weights: the exact one (``deployment`` None) or the
     deployed one of a floating-point format. ``gate_terms`` and ``vocab_size``: as
-    :class:`verifier.forward.Prepared` takes them (a cut of larger weights passes theirs, so
+    :class:`verifier.passes.forward.Prepared` takes them (a cut of larger weights passes theirs, so
     that its enclosures are theirs bit for bit)."""
 
     deployment: Deployment | None = None
     gate_terms: int = 0
     vocab_size: int | None = None
-    stages: Any = None          # verifier.floating.Stages of the full weights, mapped to a cut's numbering
+    stages: Any = None          # verifier.passes.floating.Stages of the full weights, mapped to a cut's numbering
 
     @property
     def kind(self) -> str:
@@ -66,7 +66,7 @@ class PassSpec:
 
     def build(self, weights: Weights, watch: np.ndarray | None = None) -> Pass:
         """The pass's tables for ``weights``; ``watch`` (exact pass): the global neurons whose
-        possible activity each row records (:class:`verifier.classes.ClassRecorder`)."""
+        possible activity each row records (:class:`verifier.checks.classes.ClassRecorder`)."""
         prep = Prepared(weights, gate_terms=self.gate_terms, vocab_size=self.vocab_size, deployment=self.deployment,
                         stages=self.stages)
         if watch is not None:
@@ -145,7 +145,7 @@ def verify_batch(shard: Shard, batch) -> BatchResult:
 
 class ShardPart:
     """The weights cut to a cone of influence and renumbered to what it holds
-    (:func:`verifier.shards.restrict`, :func:`verifier.shards.compact`): some experts (the
+    (:func:`verifier.running.shards.restrict`, :func:`verifier.running.shards.compact`): some experts (the
     full weights' ``experts``) and the rows of E of the query tokens ``tokens`` (full ids).
     Work units arrive with their tokens already in the part's compact ids
     (:meth:`localize`, where the batches are made), so a worker holds nothing of the size
@@ -157,7 +157,7 @@ class ShardPart:
         ``inputs``): every token the part numbers, valid next tokens included (only their
         rows of U are needed); ``watched``: per expert of the full weights, the neurons
         whose activity is recorded."""
-        from verifier.shards import compact, restrict
+        from verifier.running.shards import compact, restrict
 
         experts = np.asarray(experts, np.int64)
         inputs = np.asarray(inputs, np.int64)
@@ -266,7 +266,7 @@ def merge(n: int, pieces: list[tuple[np.ndarray, BatchResult]]) -> BatchResult:
 def _stages(weights: Weights, deployment: Deployment):
     """The deployed pass's stages of the full weights (as deployed: rounded to the format)."""
     from layout.formats import round_weights
-    from verifier.floating import stages
+    from verifier.passes.floating import stages
 
     return stages(round_weights(weights, deployment.fmt), deployment)
 
@@ -294,7 +294,7 @@ class Runner:
         """``taskset``: the task set the batches come from (needed to cut shards of its tasks
         on a cluster); ``watched``: per expert, the neurons whose possible activity each row
         records (query classes for a certificate)."""
-        from verifier.parallel import LocalPool
+        from verifier.running.parallel import LocalPool
 
         self.weights, self.tmap, self.spec, self.taskset = weights, tmap, spec, taskset
         self.executor = executor if executor is not None else LocalPool(1)
@@ -336,7 +336,7 @@ class Runner:
         return self._cut_run(((b, [(0, np.arange(len(b)))]) for b in batches), lambda key: part, Inline())
 
     def _on_shards(self, stream: Iterable) -> Iterator[tuple[Any, BatchResult]]:
-        from verifier.shards import Plan
+        from verifier.running.shards import Plan
 
         plan = Plan.make(self.taskset, self.weights, self.tmap, self.executor.shards)
         parts: dict[int, ShardPart] = {}

@@ -4,23 +4,23 @@ A batch is n prefixes of one length p (token ids, BOS prepended here). For each 
 the pass returns enclosures of the gate scores, the routing decision with its
 certified margin, and the error 1 − P(valid) of the next-token distribution, for the
 model and for the model with the routed expert's output removed (ablation). The
-equations are those of :mod:`layout`; the arithmetic is :mod:`verifier.interval`
+equations are those of :mod:`layout`; the arithmetic is :mod:`verifier.arithmetic.interval`
 (mid-radius, every radius rounded upward, enclosed exp), carried out per row by the
-compiled kernels of :mod:`verifier.kernels`.
+compiled kernels of :mod:`verifier.arithmetic.kernels`.
 
 Stages of :func:`run_batch`:
 
 1. **Attention** (numpy): per head, the score intervals and softmax enclosures, once per
    distinct row of token classes (rows whose tokens have identical projections share
    them); every head and position in the same array operations.
-2. **Residual** (:func:`verifier.kernels.residual`): E[x_p] + P[p] + each head's value
+2. **Residual** (:func:`verifier.arithmetic.kernels.residual`): E[x_p] + P[p] + each head's value
    rows scaled by its attention intervals, summed per entry.
-3. **Gate** (:func:`verifier.kernels.gate`): scores and one radius per row; the routed
+3. **Gate** (:func:`verifier.arithmetic.kernels.gate`): scores and one radius per row; the routed
    expert, the certified margin, and every expert that may still win.
-4. **Experts and error** (:func:`verifier.kernels.experts`): for each (row, expert that
+4. **Experts and error** (:func:`verifier.arithmetic.kernels.experts`): for each (row, expert that
    may win), W_1·r + b_1, ReLU, y = r + c·W_2·a, the logits U·y and the error enclosure;
    the reported enclosure is the worst over the experts that may win.
-5. **Ablation** (:func:`verifier.kernels.ablated`): the error of softmax(U·r).
+5. **Ablation** (:func:`verifier.arithmetic.kernels.ablated`): the error of softmax(U·r).
 
 Zeros are structural everywhere: an entry no term of the forward pass reaches is
 exactly 0 (a logit of no touched direction is 0 and counted; a neuron the row does not
@@ -36,13 +36,13 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.sparse as sp
 
-from verifier import interval as I
-from verifier import kernels as K_
-from verifier.floating import KERNEL_CONSTANTS, softmax_constants
-from verifier.floating import softmax as deployed_softmax
-from verifier.floating import stages as stages_of
-from verifier.batches import take_csr
-from verifier.interval import SparseInterval, softmax_bounds
+from verifier.arithmetic import interval as I
+from verifier.arithmetic import kernels as K_
+from verifier.passes.floating import KERNEL_CONSTANTS, softmax_constants
+from verifier.passes.floating import softmax as deployed_softmax
+from verifier.passes.floating import stages as stages_of
+from verifier.passes.batches import take_csr
+from verifier.arithmetic.interval import SparseInterval, softmax_bounds
 from layout import Weights
 
 
@@ -149,11 +149,11 @@ class Prepared:
         (a shard of larger weights passes theirs, so that its enclosures are theirs bit for
         bit; a larger count only widens the bound). ``vocab_size``: the number of tokens the
         output softmax runs over, if more than the weights' rows (a compact shard,
-        :class:`verifier.shards.Compact`: the missing tokens have logit exactly 0).
-        ``deployment`` (:class:`verifier.floating.Deployment`): enclose every execution in
+        :class:`verifier.running.shards.Compact`: the missing tokens have logit exactly 0).
+        ``deployment`` (:class:`verifier.passes.floating.Deployment`): enclose every execution in
         that floating-point format instead of the exact pass (the weights as deployed,
         rounded to the format; each stage's rounding added to its enclosure:
-        :class:`Deployed`); ``stages``: its :class:`verifier.floating.Stages` when they are a
+        :class:`Deployed`); ``stages``: its :class:`verifier.passes.floating.Stages` when they are a
         larger model's (a cut of the weights passes the full weights', mapped to its own
         numbering, so that its enclosures are theirs bit for bit), else computed here."""
         I.check_platform()
@@ -300,7 +300,7 @@ class Prepared:
         self.pos_idx = np.concatenate(pos).astype(np.int64) if pos else np.zeros(0, np.int64)
         self.max_width = int(widths.max(initial=1))
         #: global neurons whose possible activity each row records (BatchResult.active); set
-        #: by whoever saves a certificate (verifier.classes), empty otherwise
+        #: by whoever saves a certificate (verifier.checks.classes), empty otherwise
         self.watch = np.zeros(0, bool)
         self._scratch = None
         self._stamp = 0
@@ -309,7 +309,7 @@ class Prepared:
     def run_batch(self, tokens: np.ndarray, valid_ptr: np.ndarray, valid: np.ndarray,
                   ablate: np.ndarray | None = None, scores: bool = True) -> "BatchResult":
         """The certified pass over a batch (:func:`run_batch`): the pass protocol of
-        :class:`verifier.runner.Pass`, which the deployed pass of a format shares."""
+        :class:`verifier.running.runner.Pass`, which the deployed pass of a format shares."""
         return run_batch(self, tokens, valid_ptr, valid, ablate=ablate, scores=scores)
 
     def scratch(self):
@@ -344,7 +344,7 @@ class Deployed:
 
     The exact pass encloses E[x] + P[j] and its projections per token class and per
     position (reassociated where exact arithmetic allows: W_O W_V h_j as one row). The
-    deployed computation rounds every stage (verifier.floating, Stages): its value differs
+    deployed computation rounds every stage (verifier.passes.floating, Stages): its value differs
     from the exact one by at most ρ times the stage's sum of |terms| plus absolute floors.
     These tables bound those sums: per query/key class (the class columns of
     :class:`Prepared`) and per position the magnitudes |W_Q||E[x]|, |W_Q||P[j]| (and W_K's)
@@ -539,7 +539,7 @@ def residual(prep: Prepared, tokens: np.ndarray) -> SparseInterval:
     """r at the last position for rows of ``tokens`` (n x p, weights' ids), enclosed.
 
     r = E[x_p] + P[p] + Σ_m (head m's output), each entry a sum of terms with a rounding
-    bound (:func:`verifier.kernels.residual`).
+    bound (:func:`verifier.arithmetic.kernels.residual`).
     """
     w = prep.weights
     n, p = tokens.shape
@@ -623,7 +623,7 @@ def _row_runs(bound: np.ndarray, limit: int) -> list[tuple[int, int]]:
 
 
 def gate_decisions(prep: Prepared, R: SparseInterval, scores: bool):
-    """The gate's decisions (:func:`verifier.kernels.gate`): winner, margin, radius per row,
+    """The gate's decisions (:func:`verifier.arithmetic.kernels.gate`): winner, margin, radius per row,
     top three, the experts that may win (CSR), and the (n, K) midpoints if ``scores``."""
     n, K = R.shape[0], len(prep.weights.experts)
     G = np.empty((n, K)) if scores else np.empty((1, 1))

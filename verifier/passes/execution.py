@@ -10,13 +10,13 @@ its way through (``stores``), besides the roundings of the arithmetic itself in 
 The rule the table encodes: an operation is computed in A and its result is stored in F;
 a sum may be computed in any order and grouping, and a runtime may store any partial sum
 (``r ← r + o_m`` head by head stores each one), so a term's path can cross several
-stored results. :mod:`verifier.floating` asks :func:`stores` for the steps a quantity
+stored results. :mod:`verifier.passes.floating` asks :func:`stores` for the steps a quantity
 passes through and bounds the rounding from that count, so every stored intermediate
 listed here is counted; a test runs the float pass over a model exercising every step
 and checks that each step was asked for, and the table in docs/precision.md is :func:`markdown`'s
 output (tested too).
 
-Why counting stores per path is enough (the bound :func:`verifier.floating.Deployment.rel`
+Why counting stores per path is enough (the bound :func:`verifier.passes.floating.Deployment.rel`
 uses): a computed sum is Σ_i t_i·Π_{k ∈ path(i)} (1 + δ_k), the product over the
 roundings term i passes through (Higham §3.1); a rounding in A has |δ| ≤ u_A, one to F
 has |δ| ≤ u_F. With at most n roundings in A and s in F on any path,

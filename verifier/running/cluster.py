@@ -1,10 +1,10 @@
 """Running the verifier's work units on a Dask cluster (the ``dask`` extra).
 
-:class:`DaskExecutor` implements :class:`verifier.parallel.Executor` on a
+:class:`DaskExecutor` implements :class:`verifier.running.parallel.Executor` on a
 ``distributed.Client``, in two ways:
 
 * :meth:`DaskExecutor.map_keyed` (the certified pass): the verifier cuts the weights into
-  shards of tasks (:mod:`verifier.shards`); each shard's weights are built on the client
+  shards of tasks (:mod:`verifier.running.shards`); each shard's weights are built on the client
   when first needed and scattered to *one* worker, and each work unit (a batch's rows of
   that shard) refers to its shard by future, so a worker holds only the shards it serves
   and a unit ships only its rows;

@@ -77,7 +77,7 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.sparse as sp
 
-from verifier.constants import ETA, EXP_MAX, EXP_MIN, FLOOR, HORNER_ERR, INV_LN2, LN2_HI, LN2_LO, TAYLOR, TINY, U  # noqa: F401
+from verifier.arithmetic.constants import ETA, EXP_MAX, EXP_MIN, FLOOR, HORNER_ERR, INV_LN2, LN2_HI, LN2_LO, TAYLOR, TINY, U  # noqa: F401
 
 
 # --- rounding steps -------------------------------------------------------------------------------
@@ -210,7 +210,7 @@ def softmax_bounds(s_lo: np.ndarray, s_hi: np.ndarray, s_mid: np.ndarray):
     a_j = e_j / (e_j + Σ_{l≠j} e_l) increases in e_j and decreases in the others, so
     lo uses e_j's lower and the others' upper bounds, and hi the reverse. Any shift M
     leaves the ratios unchanged; sums of the non-negative e's are bounded by Lemma 1 of
-    :mod:`verifier.interval`, every other step is one operation rounded outward.
+    :mod:`verifier.arithmetic.interval`, every other step is one operation rounded outward.
     """
     M = s_mid.max(axis=-1, keepdims=True)
     with np.errstate(invalid="ignore", over="ignore"):
@@ -224,7 +224,7 @@ def ratio_bounds(e_lo: np.ndarray, e_hi: np.ndarray):
 
     The ratio increases in e_j and decreases in the others: lo takes e_j's lower and the
     others' upper bounds, hi the reverse. Sums of the non-negative bounds are enclosed by
-    Lemma 1 of :mod:`verifier.interval`, every other step is one operation rounded outward.
+    Lemma 1 of :mod:`verifier.arithmetic.interval`, every other step is one operation rounded outward.
     """
     J = e_lo.shape[-1]
     tot_hi = up(sum_factor(J) * e_hi.sum(axis=-1, keepdims=True))
@@ -500,7 +500,7 @@ def matmul(X: SparseInterval, B: sp.csr_matrix, absB: sp.csr_matrix | None = Non
     terms of an entry of that row (γ_{n_i + 1} and c_{n_i}): a row's radii depend on that
     row and B only, never on which other rows are multiplied with it (so a product of a
     subset of rows, or of B restricted to the columns the rows reach, gives the same
-    radii: :mod:`verifier.shards` relies on it).
+    radii: :mod:`verifier.running.shards` relies on it).
     """
     B = sp.csr_matrix(B)
     shape = (X.shape[0], B.shape[1])

@@ -25,7 +25,7 @@ weights computes bitwise the same enclosures as over the full weights.
 ``W_V`` lies in a column outside C0, so it multiplies a coordinate that is absent
 (structurally zero) from every embedding of the query: the sparse kernels never form
 that product, so the same terms are summed in the same order; and every rounding
-bound of a row is computed from that row's own term counts (:func:`verifier.interval.matmul`
+bound of a row is computed from that row's own term counts (:func:`verifier.arithmetic.interval.matmul`
 bounds row by row; the gate's longest row is passed in as ``gate_terms``), so no bound
 changes when other rows or columns are dropped. Likewise for ``W_O``
 (value coordinates outside the reach of C0 are absent), for ``W_G`` and the kept ``W_1``
@@ -155,7 +155,7 @@ def compact(restricted: Weights, tokens: np.ndarray) -> Compact:
     *Proof.* Renumbering keeps the order of the stored entries in every row and column,
     and the kernels and products visit entries in that order and accumulate them in that
     order, so every sum has the same terms in the same order; every rounding bound of a
-    row depends on its own term counts only (:func:`verifier.interval.matmul` bounds per
+    row depends on its own term counts only (:func:`verifier.arithmetic.interval.matmul` bounds per
     row; the gate's count is passed in as before). A coordinate dropped is touched by no
     kept entry: it is exactly 0 in every enclosure on both sides. A token dropped has no
     entry in E's kept rows (no query of the shard contains it) and none in U: its logit

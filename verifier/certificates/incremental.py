@@ -1,10 +1,10 @@
 """Re-certifying after an edit: reuse what did not change, run again what might have.
 
-Given a saved certificate (:mod:`verifier.certificate`: the old weights W, the old task
+Given a saved certificate (:mod:`verifier.certificates.certificate`: the old weights W, the old task
 set, its query classes) and new weights W' for an edited task set, :func:`recertify` gives
 the report a full ``verify`` of W' would give, running only part of the queries:
 
-1. **What changed in the weights.** :func:`verifier.locality.diff` compares W and W' entry
+1. **What changed in the weights.** :func:`verifier.certificates.locality.diff` compares W and W' entry
    by entry under a correspondence of their numberings (given by the caller; any
    injective one that pairs indices of the same name gives a sound answer, and
    :func:`naming_problem` checks the names: a full check reads token rows and experts by
@@ -13,7 +13,7 @@ the report a full ``verify`` of W' would give, running only part of the queries:
    ``W_V`` (column c) matters only to queries with a token whose embedding has c; of
    ``W_O`` (value v) only to queries with a token whose embedding feeds v; of ``W_G`` or of
    an expert's ``W_1`` (column c) only to queries with a token that *reaches* c
-   (:func:`verifier.locality.reaching`); of ``U`` (row t, column c) only to the logit of t,
+   (:func:`verifier.certificates.locality.reaching`); of ``U`` (row t, column c) only to the logit of t,
    where the residual or the routed expert writes c. A neuron of an expert whose second
    layer or bias changed matters where it may be on: for a neuron the certificate watched,
    in the classes that recorded it as possibly on; for any other, only at queries that
@@ -53,8 +53,8 @@ the report a full ``verify`` of W' would give, running only part of the queries:
 
 The classes of the new run and the reused ones (with their updated bounds) form the new
 certificate's table, a class run again and a reused one of the same key made one
-(:func:`verifier.classes.merge_classes`), and the per-task records are computed from it
-(:func:`verifier.classes.records`): counts, worst errors and smallest margins as a full
+(:func:`verifier.checks.classes.merge_classes`), and the per-task records are computed from it
+(:func:`verifier.checks.classes.records`): counts, worst errors and smallest margins as a full
 check's, the reused parts' enclosures as stored.
 """
 
@@ -73,14 +73,14 @@ from tasks.errors import TaskError
 from tasks.model import TaskSet
 from tasks.queries import build_group
 from tasks.structure import StructureTrie, check_routable
-from verifier import interval as I
-from verifier.batches import batches_of, batches_of_subjects
-from verifier.certificate import Certificate
-from verifier.classes import FLOATS, ClassRecorder, ClassTable, merge_classes, records, set_codes
-from verifier.locality import Correspondence, Diff, diff, reaching
-from verifier.parallel import Executor
-from verifier.runner import Runner
-from verifier.verify import Report, Tally, TaskRecord, token_map
+from verifier.arithmetic import interval as I
+from verifier.passes.batches import batches_of, batches_of_subjects
+from verifier.certificates.certificate import Certificate
+from verifier.checks.classes import FLOATS, ClassRecorder, ClassTable, merge_classes, records, set_codes
+from verifier.certificates.locality import Correspondence, Diff, diff, reaching
+from verifier.running.parallel import Executor
+from verifier.running.runner import Runner
+from verifier.checks.verify import Report, Tally, TaskRecord, token_map
 
 #: Updated bounds closer than this to ε (when the vocabulary size changed) are run again.
 BAND = 1e-9
@@ -704,7 +704,7 @@ class _Selection:
 
     def _classes_of(self, keys: list[tuple], pair: np.ndarray, width: int) -> dict[tuple, list[int]]:
         """Sub-cell (node, cell, M) -> the certificate's classes in it: found by a code of
-        (node, cell, M) (:func:`verifier.classes.set_codes`), then compared exactly."""
+        (node, cell, M) (:func:`verifier.checks.classes.set_codes`), then compared exactly."""
         t = self.old.table
         if not keys or not len(t):
             return {}
@@ -795,12 +795,12 @@ class _Selection:
 def _run(taskset: TaskSet, trie, weights: Weights, tmap: np.ndarray, todo: list, watched: list[np.ndarray],
          served: np.ndarray, experts: list[int] | None = None):
     """(batch, result) for the batches ``todo``, run on the weights cut to their cone
-    (:meth:`verifier.runner.Runner.run_cut`: bitwise the full pass's results), rows reaching
+    (:meth:`verifier.running.runner.Runner.run_cut`: bitwise the full pass's results), rows reaching
     beyond it (a candidate expert outside) run again on the full weights."""
     if not todo:
         return iter(())
     # E keeps the rows of the query tokens only; a valid next token needs just its U row and
-    # a compact id (verifier.shards: the claim is about the tokens the queries contain)
+    # a compact id (verifier.running.shards: the claim is about the tokens the queries contain)
     inputs = np.unique(np.concatenate([tmap[b.tokens].reshape(-1) for b in todo]))
     tokens = np.union1d(inputs, np.concatenate([tmap[b.valid] for b in todo]))
     if experts is None:
@@ -819,7 +819,7 @@ def _member(x: np.ndarray, sorted_values: np.ndarray) -> np.ndarray:
 
 
 def _key(trie, node) -> str:
-    from verifier.classes import node_key
+    from verifier.checks.classes import node_key
     return node_key(trie, node)
 
 

@@ -1,13 +1,13 @@
 """A certified forward pass over input *boxes*: every input vector an interval per coordinate.
 
-The project's certified pass (:mod:`verifier.forward`) runs on token prefixes. This
+The project's certified pass (:mod:`verifier.passes.forward`) runs on token prefixes. This
 module runs the same equations (docs/reference.md, "Weight layout") when some input vectors are
 not token embeddings but arbitrary vectors known only to lie in a box: a *soft prompt*
 X ∈ R^{m×d} replaces E[x_i] at positions i = 1..m (P[i] is still added), and every
 vector in [X − ρ, X + ρ] (per coordinate) must be covered. With ρ = 0 and X = E[x] it is
 a token prompt. It is a small, dense, numpy-only pass built from the primitives of
-:mod:`verifier.interval` (mid-radius intervals, every radius rounded up, enclosed exp),
-written for the accessibility analysis (:mod:`verifier.accessible`), which asks one
+:mod:`verifier.arithmetic.interval` (mid-radius intervals, every radius rounded up, enclosed exp),
+written for the accessibility analysis (:mod:`verifier.checks.accessible`), which asks one
 question per step: is the greedy next token the same, and unique, for every input in
 the box?
 
@@ -29,23 +29,23 @@ unique argmax t: lower(logit_t) > upper(logit_v) for every v ≠ t. Then at ever
 the box, whichever expert routes it, t has the strictly largest logit: the step's
 output is t. Anything else is *undecided* (−1), never a token.
 
-**Why the enclosures hold** (each step is a lemma of :mod:`verifier.interval`):
+**Why the enclosures hold** (each step is a lemma of :mod:`verifier.arithmetic.interval`):
 
-1. inputs: h_j = x_j + P[j], summed by :func:`verifier.interval.sum_terms` from the
+1. inputs: h_j = x_j + P[j], summed by :func:`verifier.arithmetic.interval.sum_terms` from the
    exact stored entries of E and P and the soft prompt's [X ± ρ] terms (Lemma 1 bounds
    the rounding of the midpoint sum; the radius carries ρ);
 2. every linear map (W_Q, W_K, W_V, W_O, W_G, W_1, W_2, U) is
-   :func:`verifier.interval.matmul` (structural pattern, Lemma 2), whose radius covers
+   :func:`verifier.arithmetic.interval.matmul` (structural pattern, Lemma 2), whose radius covers
    every input in the interval, not only the midpoint;
-3. scores are :func:`verifier.interval.dot_segments` of the query and key intervals,
-   the attention weights :func:`verifier.forward.softmax_bounds` (the weight of j
+3. scores are :func:`verifier.arithmetic.interval.dot_segments` of the query and key intervals,
+   the attention weights :func:`verifier.passes.forward.softmax_bounds` (the weight of j
    increases in s_j and decreases in the others: the extreme ends are enclosed with an
    enclosed exp); a weight is then an interval, and a head's output
-   Σ_j a_j·v_j is summed (:func:`verifier.interval.sum_terms`) from the interval products
-   (:func:`verifier.interval.mul_rad`) of the value entries stored in the structural
+   Σ_j a_j·v_j is summed (:func:`verifier.arithmetic.interval.sum_terms`) from the interval products
+   (:func:`verifier.arithmetic.interval.mul_rad`) of the value entries stored in the structural
    pattern of W_V h_j (an absent entry is exactly 0, and so is its product);
 4. ReLU is monotone: ReLU([lo, hi]) = [max(lo, 0), max(hi, 0)], re-centred by
-   :func:`verifier.interval.from_bounds`; a neuron whose upper end is ≤ 0 is exactly 0
+   :func:`verifier.arithmetic.interval.from_bounds`; a neuron whose upper end is ≤ 0 is exactly 0
    and dropped;
 5. additions of two enclosures (residuals) are sums of at most two terms per entry
    (:func:`_sum`, Lemma 1), a bias one IEEE addition with radius up(u·|fl|) on top of the
@@ -54,10 +54,10 @@ output is t. Anything else is *undecided* (−1), never a token.
 Every bound is computed row by row (the sums' term counts are fixed per step, not taken
 from the batch), so a row's enclosures are the same in any batch or chunk.
 
-An enclosure with a non-finite end decides nothing (:func:`verifier.interval.lower` /
-:func:`verifier.interval.upper` read it as (−∞, ∞)): its row is undecided.
+An enclosure with a non-finite end decides nothing (:func:`verifier.arithmetic.interval.lower` /
+:func:`verifier.arithmetic.interval.upper` read it as (−∞, ∞)): its row is undecided.
 
-The pass is cross-checked against :mod:`verifier.forward` on the task set's queries and
+The pass is cross-checked against :mod:`verifier.passes.forward` on the task set's queries and
 against an independent high-precision evaluation (:func:`audit.exact.exact_logits`) at
 random points inside boxes (``tests/test_accessible.py``).
 """
@@ -70,9 +70,9 @@ import numpy as np
 import scipy.sparse as sp
 
 from layout import Weights
-from verifier import interval as I
-from verifier.forward import softmax_bounds
-from verifier.interval import SparseInterval
+from verifier.arithmetic import interval as I
+from verifier.passes.forward import softmax_bounds
+from verifier.arithmetic.interval import SparseInterval
 
 #: Rows of a batch computed together, at most (bounds the arrays' memory).
 CHUNK = 1024
@@ -162,7 +162,7 @@ def input_rows(model: BoxModel, tokens: np.ndarray, soft: np.ndarray | None = No
     ``tokens`` (B, p+1): token ids per position, BOS (``weights.bos``) at 0, and -1 at a
     soft position; ``soft`` (B, m, d): the soft prompt's centres for positions 1..m (the
     tokens there must be -1), each coordinate anywhere in [X − radius, X + radius].
-    Every stored entry of E, P and X is a term of :func:`verifier.interval.sum_terms`
+    Every stored entry of E, P and X is a term of :func:`verifier.arithmetic.interval.sum_terms`
     (Lemma 1), the soft terms with radius ``radius``; a coordinate no term reaches is
     exactly 0.
     """
@@ -247,7 +247,7 @@ class StepEnclosure:
 
 
 def _sum(shape, rows, cols, mids, rads, terms: int) -> SparseInterval:
-    """Σ of interval terms with equal (row, col), as :func:`verifier.interval.sum_terms`, with
+    """Σ of interval terms with equal (row, col), as :func:`verifier.arithmetic.interval.sum_terms`, with
     the rounding bound of ``terms`` terms per entry (at least the most any entry has).
 
     The midpoint of an entry is the float sum of its terms' midpoints, in some order (A3);
@@ -432,7 +432,7 @@ def _beaten_by_winner(model: BoxModel, R: SparseInterval, gm: np.ndarray) -> np.
     float subtractions, so it is split into D = fl(W_G[e] − W_G[k]), exact floats, and a
     remainder of at most u·|D| per entry (A1: a subtraction's error is at most u·|fl|):
     (g_e − g_k)(r) = D·r + (remainder)·r + (b_e − b_k), with |remainder·r| ≤ Σ_i u|D_i|·|r_i|
-    and |r_i| ≤ |rm_i| + rr_i. D·r is :func:`verifier.interval.matmul`; the remainder's
+    and |r_i| ≤ |rm_i| + rr_i. D·r is :func:`verifier.arithmetic.interval.matmul`; the remainder's
     bound is the upper end of a product of non-negative enclosures. An expert attaining the
     maximum somewhere has g_e − g_k ≤ 0 there, so its lower end is ≤ 0 and it stays.
     """

@@ -25,10 +25,10 @@ from construction.model import build
 from construction.numbering import correspondence, numbering
 from tasks.io import load_tasks
 from tasks.model import Facts, Task, TaskSet
-from verifier.certificate import load_certificate
-from verifier.incremental import recertify
-from verifier.locality import Correspondence
-from verifier.verify import verify
+from verifier.certificates.certificate import load_certificate
+from verifier.certificates.incremental import recertify
+from verifier.certificates.locality import Correspondence
+from verifier.checks.verify import verify
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
@@ -239,7 +239,7 @@ def _stale_set(facts: dict) -> TaskSet:
 
 
 def test_task_hash_tells_apart_facts_whose_joined_bytes_agree():
-    from verifier.certificate import task_hash
+    from verifier.certificates.certificate import task_hash
 
     old, new = _stale_set(STALE_OLD), _stale_set(STALE_NEW)
     assert old.tasks[0].facts != new.tasks[0].facts
@@ -265,7 +265,7 @@ def test_a_re_certification_never_keeps_the_expert_of_facts_that_changed():
 
 def test_names_with_control_characters_are_refused_before_and_after_an_edit(tmp_path, capsys):
     from workflow.certificates import check_and_record
-    from verifier.certificate import save_certificate
+    from verifier.certificates.certificate import save_certificate
 
     facts = tmp_path / "t.tsv"
     path = tmp_path / "tasks.yaml"

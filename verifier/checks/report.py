@@ -1,4 +1,4 @@
-"""Rendering a :class:`verifier.verify.Report`: the per-task table and the JSON record.
+"""Rendering a :class:`verifier.checks.verify.Report`: the per-task table and the JSON record.
 
 JSON field names are stable (documented in docs/reference.md, "JSON report").
 """
@@ -9,7 +9,7 @@ import json
 import math
 from typing import Any
 
-from verifier.verify import Report, TaskRecord
+from verifier.checks.verify import Report, TaskRecord
 
 QUERY_DEFINITION = "every non-empty proper prefix of every sentence (1 to |t| - 1 tokens); the empty prefix (BOS alone) is not a query"
 

@@ -1,6 +1,6 @@
 """The checks, over every query of a task set: the certification core's verdict.
 
-:func:`verify` runs the certified forward pass (:mod:`verifier.forward`) on every
+:func:`verify` runs the certified forward pass (:mod:`verifier.passes.forward`) on every
 query, grouped by template structure and chunked, and decides:
 
 1. **error**: every query's error enclosure lies below ε (upper end < ε);
@@ -33,11 +33,11 @@ from tasks.errors import TaskError
 from tasks.model import TaskSet
 from tasks.queries import QueryGroup, build_group
 from tasks.structure import StructureTrie, check_routable
-from verifier.batches import batches
-from verifier.classes import ClassRecorder
-from verifier.floating import Deployment
-from verifier.parallel import Executor, LocalPool
-from verifier.runner import PassSpec, Runner, require_allowed
+from verifier.passes.batches import batches
+from verifier.checks.classes import ClassRecorder
+from verifier.passes.floating import Deployment
+from verifier.running.parallel import Executor, LocalPool
+from verifier.running.runner import PassSpec, Runner, require_allowed
 from layout import Weights
 from layout.digest import weights_digest
 
@@ -177,10 +177,10 @@ def verify(
     counted when it is sent and again when its result is recorded; the report is
     certified only if the two counts agree (no work unit lost on the way).
 
-    ``deployment`` (a floating-point format, :mod:`verifier.floating`): certify every
+    ``deployment`` (a floating-point format, :mod:`verifier.passes.floating`): certify every
     execution of the model deployed in that format instead of the exact forward pass.
 
-    ``classes`` (:class:`verifier.classes.ClassRecorder`, exact pass on local processes
+    ``classes`` (:class:`verifier.checks.classes.ClassRecorder`, exact pass on local processes
     only): also aggregate every batch into query classes, for a saved certificate; the
     recorder's ``watch`` mask says which neurons' possible activity to record.
     """

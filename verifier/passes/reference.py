@@ -1,7 +1,7 @@
 """A plain float64 forward pass, written straight from the layout's equations.
 
 Uncertified: a quick reference in tests and in ``explain``.
-The verifier's certified pass is :mod:`verifier.forward`.
+The verifier's certified pass is :mod:`verifier.passes.forward`.
 """
 
 from __future__ import annotations

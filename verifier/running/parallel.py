@@ -3,11 +3,11 @@
 The verifier hands its work units to an :class:`Executor`: ``map(fn, shared, items)``
 yields ``(item, fn(shared, item))`` in the order of ``items``, where ``shared`` is the
 large read-only state every unit needs (the weights), sent to each worker once (again
-only after a worker died with it: ``verifier.cluster``).
+only after a worker died with it: ``verifier.running.cluster``).
 :class:`LocalPool` is the fork-based pool below: its workers share the caller's memory
-(``shares_memory``). An executor whose workers do not (``verifier.cluster.DaskExecutor``)
+(``shares_memory``). An executor whose workers do not (``verifier.running.cluster.DaskExecutor``)
 also offers ``map_keyed(fn, part, items)`` over ``(key, payload)`` items, each unit
-needing only ``part(key)`` (one shard of the weights, :mod:`verifier.shards`), and says
+needing only ``part(key)`` (one shard of the weights, :mod:`verifier.running.shards`), and says
 how many ``shards`` it wants. The order of results, and so the report, does not depend
 on the executor.
 

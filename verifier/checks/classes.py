@@ -7,7 +7,7 @@ query either. So the queries are grouped:
 * a **cell** is the queries of one structure node whose subject's name lies in one range
   of the sorted entity names (:class:`CellPlan`; a node without an entity is one cell). A
   cell (or the part of it with one set of consistent tasks) is what an edit re-runs when
-  it cannot take single subjects' queries out of a class (``verifier.incremental``).
+  it cannot take single subjects' queries out of a class (``verifier.certificates.incremental``).
 * a **class** is the queries of a cell with the same set M of consistent tasks and the same
   routed expert e. Its *summary* holds exactly what the checks and the per-task records
   need, aggregated: the number of queries; the largest upper end of the error enclosure
@@ -15,11 +15,11 @@ query either. So the queries are grouped:
   margin (and that query's subject and object); the failures counted per check; over the object queries the smallest lower end
   of the ablated error; and the ranges of ρ, the probability one token of logit exactly 0
   has (with and without the expert's output), which lets a count of such tokens change
-  soundly (:mod:`verifier.incremental`); the smallest margin over all its queries; and
+  soundly (:mod:`verifier.certificates.incremental`); the smallest margin over all its queries; and
   which *watched* neurons of e may be on in some query of the class.
 
 :func:`records` turns a table of classes into the per-task records a :class:`Report` shows,
-with the same meaning as the records the full pass accumulates (``verifier.verify``).
+with the same meaning as the records the full pass accumulates (``verifier.checks.verify``).
 """
 
 from __future__ import annotations
@@ -131,7 +131,7 @@ class ClassTable:
 
     def take(self, idx: np.ndarray) -> "ClassTable":
         idx = np.asarray(idx, np.int64)
-        from verifier.batches import take_csr
+        from verifier.passes.batches import take_csr
         ap, av = take_csr(self.allowed_ptr, self.allowed, idx)
         cp, cv = take_csr(self.active_ptr, self.active, idx)
         return ClassTable(self.nodes, self.node[idx], self.cell[idx], self.expert[idx], ap, av, self.counts[idx],
@@ -141,7 +141,7 @@ class ClassTable:
     @staticmethod
     def concat(parts: list["ClassTable"]) -> "ClassTable":
         """Tables of classes over the same task set, their node lists merged."""
-        from verifier.batches import concat_csr
+        from verifier.passes.batches import concat_csr
         parts = [p for p in parts if len(p)]
         if not parts:
             return ClassTable.empty()
@@ -171,7 +171,7 @@ class ClassRecorder:
     def __init__(self, taskset: TaskSet, trie: StructureTrie, plan: CellPlan, served: np.ndarray,
                  off: np.ndarray, epsilon: float, watch: np.ndarray | None = None) -> None:
         self.taskset, self.trie, self.plan = taskset, trie, plan
-        #: global neurons whose possible activity is recorded (verifier.locality.watched_neurons)
+        #: global neurons whose possible activity is recorded (verifier.certificates.locality.watched_neurons)
         self.watch = np.zeros(0, bool) if watch is None else np.asarray(watch, bool)
         self.served, self.off, self.eps = np.asarray(served, np.int64), np.asarray(off, np.int64), float(epsilon)
         self.keys = [node_key(trie, n) for n in trie]
@@ -349,7 +349,7 @@ class Totals:
 def records(table: ClassTable, taskset: TaskSet, n_experts: int) -> Totals:
     """Per task: queries consistent with it, object queries, failures per check, smallest
     margin over its determined well-routed queries, worst error (and its query's text), and
-    the routing matrix over determined queries; the same meaning as ``verifier.verify``."""
+    the routing matrix over determined queries; the same meaning as ``verifier.checks.verify``."""
     K = len(taskset.tasks)
     t = Totals(*(np.zeros(K, np.int64) for _ in range(5)), np.full(K, np.inf), np.full(K, -np.inf),
                np.zeros(K), [""] * K, np.zeros((K, n_experts), np.int64), 0)
@@ -502,12 +502,12 @@ def merge_classes(t: ClassTable, rows: np.ndarray) -> ClassTable:
         pairs = np.unique(pairs)
     ptr = np.zeros(kept.size + 1, np.int64)
     np.cumsum(np.bincount(pairs // width, minlength=kept.size), out=ptr[1:])
-    from verifier.batches import take_csr
+    from verifier.passes.batches import take_csr
     ap, av = take_csr(t.allowed_ptr, t.allowed, kept)
     return ClassTable(t.nodes, t.node[kept], t.cell[kept], t.expert[kept], ap, av, C[kept], F[kept],
                       pick(worst, kept), ptr, (pairs % width).astype(np.int64), overflow[kept], pick(least, kept))
 
 
 def _take_allowed(t: ClassTable, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    from verifier.batches import take_csr
+    from verifier.passes.batches import take_csr
     return take_csr(t.allowed_ptr, t.allowed, rows)

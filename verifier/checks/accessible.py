@@ -9,7 +9,7 @@ back): m + n ≤ n_positions. That caps every length measured here; P is never e
 
 A sequence t = t_1..t_n is **accessible** from a prompt *box* (centres X, radius ρ per
 coordinate) when, for every input in the box and every k ≤ n, the greedy token after
-(BOS, X, t_1..t_{k−1}) is t_k. It is **certified** so when :func:`verifier.boxes.step`
+(BOS, X, t_1..t_{k−1}) is t_k. It is **certified** so when :func:`verifier.passes.boxes.step`
 certifies each step: every expert that may route the step (somewhere in the box) gives
 t_k a logit whose lower end exceeds every other token's upper end. Then the greedy
 continuation of every prompt in the box starts with t, whatever tie-break picks an
@@ -47,8 +47,8 @@ import numpy as np
 from layout import Weights
 from tasks.errors import TaskError
 from tasks.model import TaskSet
-from verifier import boxes
-from verifier.boxes import BoxModel
+from verifier.passes import boxes
+from verifier.passes.boxes import BoxModel
 
 #: The paper's precision ε (absolute), as in their Table 1.
 PAPER_EPSILON = 2.0 ** -10

@@ -10,9 +10,9 @@ import numpy as np
 
 from tasks.errors import TaskError
 from tasks.model import TaskSet
-from verifier.certify import certify
+from verifier.checks.certify import certify
 from layout import Weights
-from verifier.reference import softmax
+from verifier.passes.reference import softmax
 
 
 MAX_READINGS = 20

@@ -1,10 +1,10 @@
 """Certified results for any prefixes: the verifier's public per-query API.
 
-:func:`verify` (:mod:`verifier.verify`) enumerates a task set's queries and aggregates;
+:func:`verify` (:mod:`verifier.checks.verify`) enumerates a task set's queries and aggregates;
 :func:`certify` answers for prefixes you choose, one result per prefix, in your order::
 
     import layout
-    from verifier.certify import certify
+    from verifier.checks.certify import certify
 
     w = layout.load("model.npz")
     res = certify(w, [["the", "capital", "of", "France", "is"]], [["Paris"]], ablate=True)
@@ -31,7 +31,7 @@ import numpy as np
 
 from layout import Weights
 from tasks.errors import TaskError
-from verifier.forward import Prepared, run_batch
+from verifier.passes.forward import Prepared, run_batch
 
 CHUNK = 20_000
 
