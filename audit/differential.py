@@ -1,6 +1,6 @@
 """A differential tester of the floating-point certificates against real runtimes.
 
-``FloatPass(weights, dep).run_batch(...)`` (:mod:`verifier.passes.floating`) claims, for every
+``FloatPass(weights, dep).run_batch(...)`` (:mod:`verifier.passes.forward`) claims, for every
 execution its execution model covers, per query: the deployed error 1 − Σ_{valid} p̂ lies
 in [err_lo, err_hi], and where ``margin > 0`` the routed expert is ``expert``. This
 module runs small adversarial models through executions that claim to be covered and
@@ -75,7 +75,8 @@ from layout import Expert, Head, Weights
 from layout.formats import FORMATS, round_weights
 from layout.weights import GATE_MODES
 from tasks.errors import TaskError
-from verifier.passes.floating import Deployment, FloatPass
+from verifier.passes.floating import Deployment
+from verifier.passes.forward import FloatPass
 from verifier.passes.forward import BatchResult
 
 # --- deployments -------------------------------------------------------------------------------

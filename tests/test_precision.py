@@ -16,7 +16,8 @@ from layout import Expert, Head
 from layout.formats import FORMATS, round_weights
 from tasks.io import load_tasks
 from verifier.passes.batches import batches
-from verifier.passes.floating import Deployment, FloatPass
+from verifier.passes.floating import Deployment
+from verifier.passes.forward import FloatPass
 from verifier.checks.verify import token_map, verify
 
 

@@ -15,7 +15,8 @@ from construction.model import build
 from tasks.io import load_tasks
 from tasks.synthetic import wikidata_like
 from verifier.passes.batches import batches
-from verifier.passes.floating import Deployment, FloatPass
+from verifier.passes.floating import Deployment
+from verifier.passes.forward import FloatPass
 from verifier.checks.verify import token_map
 
 ort = pytest.importorskip("onnxruntime")

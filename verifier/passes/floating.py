@@ -413,16 +413,3 @@ def softmax(lo: np.ndarray, hi: np.ndarray, mid: np.ndarray, dep: Deployment):
         p_lo = np.maximum(I.down(I.down(r_lo * f_lo) - tau), 0.0)
         p_hi = I.up(I.up(r_hi * f_hi) + tau)
     return p_lo, np.where(np.isnan(p_hi), np.inf, p_hi)
-
-
-# --- the pass ---------------------------------------------------------------------------------
-
-
-def FloatPass(weights: Weights, dep: Deployment, source: str = "weights"):
-    """The deployed forward pass of ``weights`` in ``dep.fmt``, enclosed for every execution:
-    the compiled pass of :mod:`verifier.passes.forward` with the deployment's stages added
-    (:class:`verifier.passes.forward.Prepared` with ``deployment``)."""
-    from verifier.passes.forward import Prepared
-
-    weights.validate(source)
-    return Prepared(weights, deployment=dep)

@@ -36,14 +36,14 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.sparse as sp
 
+from layout import Weights
 from verifier.arithmetic import interval as I
 from verifier.arithmetic import kernels as K_
-from verifier.passes.floating import KERNEL_CONSTANTS, softmax_constants
+from verifier.arithmetic.interval import SparseInterval, softmax_bounds
+from verifier.passes.batches import take_csr
+from verifier.passes.floating import KERNEL_CONSTANTS, Deployment, softmax_constants
 from verifier.passes.floating import softmax as deployed_softmax
 from verifier.passes.floating import stages as stages_of
-from verifier.passes.batches import take_csr
-from verifier.arithmetic.interval import SparseInterval, softmax_bounds
-from layout import Weights
 
 
 @dataclass
@@ -753,3 +753,9 @@ def run_batch(prep: Prepared | Weights, tokens: np.ndarray, valid_ptr: np.ndarra
     return BatchResult(e, margin, ~(margin > 0), Gm, Grad, err_lo, err_hi, ab_lo, ab_hi, predicted, top_gate,
                        (cand_ptr, cand), rho_lo, rho_hi, ab_rho_lo, ab_rho_hi, active)
 
+
+def FloatPass(weights: Weights, dep: Deployment, source: str = "weights") -> Prepared:
+    """The deployed forward pass of ``weights`` in ``dep.fmt``, enclosed for every execution:
+    this module's compiled pass with the deployment's stages added (:mod:`verifier.passes.floating`)."""
+    weights.validate(source)
+    return Prepared(weights, deployment=dep)
