@@ -80,10 +80,11 @@ class Command:
         return int(found.group(1)) if found else 0
 
 
-def blocks(path: Path) -> list[Block]:
-    """The fenced blocks of a Markdown file, in order. A fence is a line starting with three
-    backticks (indented fences are not used in these documents); an unclosed one is an error."""
-    lines = path.read_text(encoding="utf-8").split("\n")
+def blocks(path: Path, content: str | None = None) -> list[Block]:
+    """The fenced blocks of a Markdown file (or of ``content``, given as that file's), in
+    order. A fence is a line starting with three backticks (indented fences are not used in
+    these documents); an unclosed one is an error."""
+    lines = (path.read_text(encoding="utf-8") if content is None else content).split("\n")
     found, start, language = [], None, ""
     for number, line in enumerate(lines, start=1):
         if not line.startswith("```"):
@@ -91,11 +92,15 @@ def blocks(path: Path) -> list[Block]:
         if start is None:
             start, language = number, line[3:].strip().split(" ")[0]
         else:
-            found.append(Block(str(path.relative_to(ROOT)), start, language, tuple(lines[start:number - 1])))
+            found.append(Block(_name(path), start, language, tuple(lines[start:number - 1])))
             start = None
     if start is not None:
         raise ValueError(f"{path}:{start}: a code fence is never closed")
     return found
+
+
+def _name(path: Path) -> str:
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
 
 
 def split_comment(line: str) -> tuple[str, str]:

@@ -12,10 +12,12 @@ commands read and edit), its commands in order (a later one may read what an ear
 wrote). ``python -m verifier`` commands run in this process through ``cli.main.main`` (the
 whole of ``verifier/__main__.py``), so that the suite does not pay an interpreter start and
 the imports for each; any other command runs in ``bash`` with ``PYTHONPATH`` set to this
-checkout. A command that cannot run in a test is in :data:`EXEMPT` with the reason, and a
+checkout. A command that cannot run in a test is in :data:`EXEMPT` with the reason (the
+watcher, which waits for edits, runs in :func:`test_the_watch_transcript` instead), and a
 command that takes long (more than about 20 s here) is in :data:`FULL_ONLY` and runs in the
-full profile (``MOE_TESTS=full``, CI's) only. Every other command is run: a command added to
-a document runs without a change here, and one shown in any other form fails
+full profile (``MOE_TESTS=full``, CI's) only; a command that needs an extra not installed
+(:func:`extras`) is skipped, as its own tests are. Every other command is run: a command
+added to a document runs without a change here, and one shown in any other form fails
 :func:`test_commands_are_shown_only_in_command_blocks`.
 
 The documents carry no timings (they go stale): those are in ``benchmarks/RESULTS.md``,
@@ -36,8 +38,12 @@ from pathlib import Path
 import pytest
 
 from budget import FULL
-from documents import (COMMAND_FENCES, PROMPT, ROOT, Block, Command, blocks, commands_of, shown_commands,
+from documents import (COMMAND_FENCES, PROMPT, ROOT, Block, Command, blocks, commands_of, shown_commands, text,
                        transcript_matches, written)
+
+# The watcher of docs/editing.md's transcript, and the edit the text after it makes while it runs.
+WATCH = "python -m verifier watch examples/geography/tasks.yaml --certificate cert"
+WATCHED_EDIT = "python -m verifier edit examples/geography/tasks.yaml capital --set Indonesia=Nusantara"
 
 # Commands shown that cannot run in a test, each with the reason.
 EXEMPT: dict[str, str] = {
@@ -57,9 +63,8 @@ EXEMPT: dict[str, str] = {
         "example below it runs it on examples/geography",
     "python -m verifier watch examples/capitals.yaml --certificate cert":
         "waits for edits until Ctrl-C; tests/test_watch.py runs the watcher",
-    "python -m verifier watch examples/geography/tasks.yaml --certificate cert":
-        "waits for edits made in another terminal until Ctrl-C; tests/test_watch.py runs the watcher "
-        "against check --since",
+    WATCH: "waits for edits made in another terminal until Ctrl-C: test_the_watch_transcript runs it with "
+           "--max-checks 2 and makes the edit the text names",
     "python benchmarks/scale.py --sizes 1000000": "a benchmark (minutes, gigabytes); it writes benchmarks/RESULTS.md",
     "python benchmarks/scale.py": "a benchmark (about an hour); it writes benchmarks/RESULTS.md",
     "dask scheduler": "a server that runs until stopped, on the reader's hosts",
@@ -88,6 +93,26 @@ FULL_ONLY: dict[str, str] = {
     "python -m verifier check examples/capitals.yaml --weights trained.npz": "reads the trained model above",
 }
 
+def extras(command: str) -> list[str]:
+    """The optional packages a command needs (the extras: ``pip install -e ".[test]"`` alone
+    runs the rest, and then these commands are skipped, as their own tests are)."""
+    needed = []
+    if "--onnx" in command:
+        needed.append("onnx")
+    if " plot " in command or "--plot" in command:
+        needed.append("matplotlib")
+    if ("python -m training" in command or "trained.npz" in command
+            or (" accessible " in command and "--no-soft" not in command)):
+        needed.append("torch")
+    return needed
+
+
+def missing(command: str) -> list[str]:
+    import importlib.util
+
+    return [name for name in extras(command) if importlib.util.find_spec(name) is None]
+
+
 SHELL_SYNTAX = {"&&", "||", "|", ";", "<", ">>", "2>", "&"}
 SHA256 = re.compile(r"\b[0-9a-f]{64}\b")
 
@@ -107,10 +132,10 @@ def workspace(root: Path) -> None:
     (root / "docs" / "accessibility").mkdir(parents=True)
 
 
-def in_process(text: str) -> tuple[list[str], str | None] | None:
+def in_process(line: str) -> tuple[list[str], str | None] | None:
     """``python -m verifier ARGS [> FILE]`` as (ARGS, FILE), or None for another command."""
     try:
-        words = shlex.split(text)
+        words = shlex.split(line)
     except ValueError:
         return None
     if words[:3] != ["python", "-m", "verifier"] or SHELL_SYNTAX & set(words):
@@ -152,11 +177,16 @@ def masked(line: str, where: Path) -> str:
     return SHA256.sub("<sha256>", line.replace(str(where) + os.sep, "").replace(str(where), "."))
 
 
-def problems(block: Block, where: Path, capsys, full: bool = FULL) -> list[str]:
-    """Run a block's commands in ``where`` and say where they differ from the document."""
+def problems(block: Block, where: Path, capsys, full: bool = FULL, skipped: list | None = None) -> list[str]:
+    """Run a block's commands in ``where`` and say where they differ from the document (the
+    commands left out for want of an extra are added to ``skipped``)."""
     found = []
     for command in commands_of(block):
         if command.text in EXEMPT or (command.text in FULL_ONLY and not full):
+            continue
+        if missing(command.text):
+            if skipped is not None:
+                skipped.append(f"`{command.text}` needs {', '.join(missing(command.text))}")
             continue
         status, out, err = run(command, where, capsys)
         at = f"{command.block.document}:{command.line}: `{command.text}`"
@@ -183,8 +213,44 @@ def test_the_commands_shown_run_as_shown(block, tmp_path, monkeypatch, capsys):
         pytest.skip("long commands: the full profile (MOE_TESTS=full) runs them")
     workspace(tmp_path)
     monkeypatch.chdir(tmp_path)
-    found = problems(block, tmp_path, capsys)
+    skipped: list[str] = []
+    found = problems(block, tmp_path, capsys, skipped=skipped)
     assert not found, "\n\n".join(found)
+    if skipped:
+        pytest.skip("the others ran as shown; " + "; ".join(skipped))
+
+
+def test_the_watch_transcript(tmp_path, monkeypatch, capsys):
+    """docs/editing.md's watcher prints what its transcript shows: its commands before the
+    watcher run as shown, then the watcher (stopping after its two checks), and the edit
+    the text names once the first check's certificate is saved."""
+    [block] = [b for b in blocks(ROOT / "docs" / "editing.md") if any(c.text == WATCH for c in commands_of(b))]
+    assert "`edit ... capital --set Indonesia=Nusantara` in another terminal" in text("docs/editing.md")
+    workspace(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    commands = commands_of(block)
+    watch = next(i for i, c in enumerate(commands) if c.text == WATCH)
+    assert not problems(Block(block.document, block.line, "console",
+                              tuple(PROMPT + c.text for c in commands[:watch])), tmp_path, capsys)
+    env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
+    argv = [sys.executable, "-m", "verifier", *shlex.split(WATCH)[3:], "--max-checks", "2"]
+    with subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True) as watcher:
+        printed = []
+        try:
+            while not any(line.startswith("  certificate saved") for line in printed):
+                line = watcher.stdout.readline()
+                assert line, "the watcher stopped before its first check:\n" + "".join(printed) + watcher.stderr.read()
+                printed.append(line)
+            edit = Command(block, 0, WATCHED_EDIT, "", None)
+            status, _, err = run(edit, tmp_path, capsys)
+            assert status == 0, err
+            out, err = watcher.communicate(timeout=300)
+        finally:
+            watcher.kill()
+    assert watcher.returncode == commands[watch].status, err
+    actual = [masked(line, tmp_path) for line in ("".join(printed) + out + err).rstrip("\n").split("\n")]
+    assert transcript_matches(list(commands[watch].output), actual), "\n".join(actual)
 
 
 def test_a_changed_transcript_fails(tmp_path, monkeypatch, capsys):
@@ -203,6 +269,14 @@ def test_a_changed_transcript_fails(tmp_path, monkeypatch, capsys):
     refused = "$ python -m verifier check examples/capitals.yaml --gamma 3 --no-isolation > /dev/null"
     assert problems(Block("t.md", 1, "console", (refused,)), tmp_path, capsys)       # exits 1, not 0
     assert problems(Block("t.md", 1, "console", (refused + "   # exit 1",)), tmp_path, capsys) == []
+
+
+def test_commands_that_need_an_extra_say_so():
+    assert extras("python -m verifier export examples/capitals.yaml --onnx model.onnx") == ["onnx"]
+    assert extras("python -m verifier plot examples/capitals.yaml --out docs") == ["matplotlib"]
+    assert extras("python -m verifier accessible examples/capitals.yaml") == ["torch"]
+    assert extras("python -m verifier accessible examples/capitals.yaml --no-soft --token-m 2") == []
+    assert extras("python -m verifier check examples/capitals.yaml --precision float32") == []
 
 
 def test_the_transcript_matcher():
@@ -226,28 +300,48 @@ def test_every_exemption_names_a_command_shown():
     assert not set(EXEMPT) & set(FULL_ONLY)
 
 
+LOOKS_LIKE_A_COMMAND = re.compile(r"^\s*(\$ |python3? |pip |dask |bash |MOE_)")
+
+
+def misplaced_commands(path: Path, content: str) -> list[str]:
+    """Commands shown where they would not be run: a prompt (``$ ``) outside a console
+    block, a console block that does not start with one, or a line starting like a command
+    (``python``, ``pip``, ``dask`` ...) in a block of another language or an indented one."""
+    found = []
+    for block in blocks(path, content):
+        if block.language == "console":
+            if not (block.lines and block.lines[0].startswith(PROMPT)):
+                found.append(f"{block.name}: a console block starts with a prompt")
+            continue
+        for i, line in enumerate(block.lines, start=block.line + 1):
+            if block.language in COMMAND_FENCES and line.startswith(PROMPT):
+                found.append(f"{block.document}:{i}: a prompt in a {block.language} block (use console)")
+            elif block.language not in COMMAND_FENCES and LOOKS_LIKE_A_COMMAND.match(line):
+                found.append(f"{block.document}:{i}: a command in a {block.language or 'plain'} block (use sh or console)")
+    inside = False
+    for i, line in enumerate(content.split("\n"), start=1):
+        if line.startswith("```"):
+            inside = not inside
+        elif not inside and line.startswith("    ") and LOOKS_LIKE_A_COMMAND.match(line):
+            found.append(f"{path.name}:{i}: a command in an indented block (use sh or console)")
+    return found
+
+
 def test_commands_are_shown_only_in_command_blocks():
-    """A command shown anywhere else than a ``sh`` or ``console`` block would not be run: a
-    prompt (``$ ``) outside a console block, or a line starting like a command (``python``,
-    ``pip``, ``dask``) in a block of another language or an indented one, fails."""
-    looks_like_a_command = re.compile(r"^\s*(\$ |python3? |pip |dask |bash |MOE_)")
+    """Every command shown is in a block this test runs (or exempts)."""
     for path in written():
-        name = str(path.relative_to(ROOT))
-        for block in blocks(path):
-            if block.language == "console":
-                assert block.lines and block.lines[0].startswith(PROMPT), f"{block.name}: a console block starts with a prompt"
-                continue
-            for i, line in enumerate(block.lines, start=block.line + 1):
-                if block.language in COMMAND_FENCES:
-                    assert not line.startswith(PROMPT), f"{name}:{i}: a prompt in a {block.language} block (use console)"
-                else:
-                    assert not looks_like_a_command.match(line), f"{name}:{i}: a command in a {block.language or 'plain'} block"
-        inside = False
-        for i, line in enumerate(path.read_text(encoding="utf-8").split("\n"), start=1):
-            if line.startswith("```"):
-                inside = not inside
-            elif not inside and line.startswith("    ") and looks_like_a_command.match(line):
-                assert False, f"{name}:{i}: a command in an indented block"
+        found = misplaced_commands(path, path.read_text(encoding="utf-8"))
+        assert not found, "\n".join(found)
+
+
+def test_a_command_shown_elsewhere_fails():
+    for content in ("```text\n$ python -m verifier check x.yaml\nverdict\n```",
+                    "```\npython -m verifier check x.yaml\n```",
+                    "```sh\n$ python -m verifier check x.yaml\n```",
+                    "```console\nverdict\n```",
+                    "text\n\n    python -m verifier check x.yaml\n"):
+        assert misplaced_commands(Path("x.md"), content), content
+    assert not misplaced_commands(Path("x.md"), "```yaml\ntasks: []\n```\n```sh\npython -m verifier check x.yaml\n```")
 
 
 # A number with a unit of time, or a speed-up: a timing, which belongs in benchmarks/RESULTS.md.
