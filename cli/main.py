@@ -1,4 +1,5 @@
-"""``python -m verifier``: build, verify, inspect, export and explain.
+"""``python -m verifier``: check, inspect, build, export, edit, watch, explain, plot and
+accessible (each with ``--help``; the README's table says what each does).
 
 Exit status: 0 certified (or the command succeeded), 1 not certified, 2 bad input
 (one line on stderr, no traceback), 3 internal error; see :mod:`tasks.console`.
