@@ -1140,7 +1140,57 @@ def _top_gap(nt, Ltouched, Lacc, V, o):
 
 
 @njit(cache=True)
-def ablated(rows, L, V, valid_ptr, valid, Lacc, Ltouched, vstamp, stamp0, deployed, target):
+def _pair_gap(i, t, o, R, Urows, ut, uo, ustamp, s):
+    """A lower bound of z_t − z_o = Σ_j (U_tj − U_oj)·r_j for row i of the residual ``R``
+    (CSR: ptr, idx, mid, rad; r_j exactly 0 off its entries), from the difference of the two
+    rows of U (``Urows``: U as CSR by token) rather than of the two logits' enclosures: a
+    coordinate where U_tj = U_oj contributes exactly 0 whatever r_j is, so a common part of
+    the two rows (a shared offset, however large) costs nothing. Each other term is the
+    interval r_j times the float d_j = U_tj − U_oj when that difference is exact (checked
+    by TwoSum); the terms are summed as every entry of the pass is (the module docstring's
+    radius). Returns −∞ when a difference is not exact or a value is not finite (the caller
+    keeps its other bound); exactly 0 when no coordinate contributes."""
+    R_ptr, R_idx, R_mid, R_rad = R
+    U_ptr, U_idx, U_val = Urows
+    width = ut.size                              # coordinates beyond it meet no entry of r
+    for q in range(U_ptr[t], U_ptr[t + 1]):
+        if U_idx[q] < width:
+            ut[U_idx[q]] = U_val[q]
+            ustamp[U_idx[q], 0] = s
+    for q in range(U_ptr[o], U_ptr[o + 1]):
+        if U_idx[q] < width:
+            uo[U_idx[q]] = U_val[q]
+            ustamp[U_idx[q], 1] = s
+    mid = 0.0
+    A = 0.0
+    B = 0.0
+    n = 0
+    for e in range(R_ptr[i], R_ptr[i + 1]):
+        j = R_idx[e]
+        a = ut[j] if ustamp[j, 0] == s else 0.0
+        b = uo[j] if ustamp[j, 1] == s else 0.0
+        if a == b:
+            continue
+        d = a - b
+        bb = d - a                               # TwoSum: d + err = a − b exactly
+        err = (a - (d - bb)) + (-b - bb)
+        if err != 0.0 or not np.isfinite(d):
+            return -np.inf
+        m, ta, tb = prod_terms(R_mid[e], R_rad[e], d)
+        mid += m
+        A = upp(A + ta)
+        B = upp(B + tb)
+        n += 1
+    if n == 0:
+        return 0.0
+    r = entry_radius(A, B, n)
+    if not (np.isfinite(mid) and np.isfinite(r)):
+        return -np.inf
+    return down(mid - r)
+
+
+@njit(cache=True)
+def ablated(rows, L, V, valid_ptr, valid, Lacc, Ltouched, vstamp, stamp0, deployed, target, R, Urows):
     """The error enclosure of softmax(U·r) (the routed expert's output removed) for ``rows``,
     from the logits of :func:`logits`, and its zero-logit probability ρ (:func:`_error`). In
     the deployed pass (``deployed`` as :func:`experts` takes it) the logits U·r̂ carry their
@@ -1149,7 +1199,10 @@ def ablated(rows, L, V, valid_ptr, valid, Lacc, Ltouched, vstamp, stamp0, deploy
     Also, per row i with ``target[i] >= 0`` (the object o of an object query), the lower
     bound of max_{t != o} z_t − z_o of :func:`_top_gap` over the same logit enclosures (the
     deployed ones in the deployed pass) and the count of tokens other than o of logit
-    exactly 0 (NaN, −1 where there is no target)."""
+    exactly 0 (NaN, −1 where there is no target). In the exact pass, where that bound is
+    negative, the touched token t != o of the largest midpoint is also compared with o
+    directly (:func:`_pair_gap`, from ``R``, the rows' residual, and ``Urows``, U by token),
+    and the better of the two lower bounds is kept (both bound the same maximum)."""
     L_ptr, L_idx, L_mid, L_rad, L_mag = L
     on, fp, sm, rs_z, rs_2, rs_l, l1r, lmag = deployed
     P = rows.size
@@ -1159,6 +1212,13 @@ def ablated(rows, L, V, valid_ptr, valid, Lacc, Ltouched, vstamp, stamp0, deploy
     rho_hi = np.empty(P)
     gap = np.full(P, np.nan)
     zeros = np.full(P, -1, np.int64)
+    width = 0                                    # residual coordinates the rows reach
+    for q in range(R[1].size):
+        if R[1][q] + 1 > width:
+            width = R[1][q] + 1
+    ut = np.zeros(width)
+    uo = np.zeros(width)
+    ustamp = np.full((width, 2), -1.0)
     for q in range(P):
         i = rows[q]
         s = stamp0 + q
@@ -1169,7 +1229,20 @@ def ablated(rows, L, V, valid_ptr, valid, Lacc, Ltouched, vstamp, stamp0, deploy
             Lacc[t, 1] = L_mid[e]
             Lacc[t, 2] = L_rad[e] if not on else _deployed_logit(L_rad[e], L_mag[e], fp, rs_l[t], l1r[i], False)
         if target[i] >= 0:
-            gap[q], zeros[q] = _top_gap(nt, Ltouched, Lacc, V, target[i])
+            o = target[i]
+            gap[q], zeros[q] = _top_gap(nt, Ltouched, Lacc, V, o)
+            if not on and not (gap[q] >= 0.0):
+                best_t = -1
+                best_m = -np.inf
+                for u in range(nt):
+                    t = Ltouched[u]
+                    if t != o and Lacc[t, 1] > best_m:
+                        best_m = Lacc[t, 1]
+                        best_t = t
+                if best_t >= 0:
+                    pg = _pair_gap(i, best_t, o, R, Urows, ut, uo, ustamp, float(s))
+                    if pg > gap[q]:
+                        gap[q] = pg
         if on:
             lo, hi, _ = _error_deployed(nt, Ltouched, Lacc, V, valid_ptr[i], valid_ptr[i + 1], valid, vstamp, s, sm)
             r_lo, r_hi = np.nan, np.nan

@@ -287,6 +287,8 @@ class Prepared:
         self.P_arrays = _csr_arrays(I.as_csr(weights.P))
         # The gate and the unembedding as CSR arrays over the residual directions.
         self.UT_arrays = _csr_arrays(weights.U.T.tocsr())
+        #: U by token (the ablation's top-token gap compares two rows: kernels._pair_gap)
+        self.U_arrays = _csr_arrays(weights.U) if deployment is None else _csr_arrays(sp.csr_matrix((0, d)))
         self.WGT_arrays = _csr_arrays(weights.W_G.T.tocsr())
         WG = I.as_csr(weights.W_G)
         # the largest |W_G[k, j]| per residual direction j (0 where the gate reads nothing)
@@ -756,7 +758,8 @@ def run_batch(prep: Prepared | Weights, tokens: np.ndarray, valid_ptr: np.ndarra
             if ab.size:
                 (ab_lo[a + ab], ab_hi[a + ab], ab_rho_lo[a + ab], ab_rho_hi[a + ab], ab_gap[a + ab],
                  ab_zeros[a + ab]) = K_.ablated(ab.astype(np.int64), L, V, vp, vv, *sc["L"], sc["v"],
-                                                prep.stamps(ab.size), deployed, target[a:b])
+                                                prep.stamps(ab.size), deployed, target[a:b],
+                                                (Rc.indptr, Rc.indices, Rc.mid, Rc.rad), prep.U_arrays)
     undecided = ~np.isfinite(Grad) | undecided_rows     # the gate cannot say which expert wins
     err_lo[undecided], err_hi[undecided] = 0.0, 1.0
     if prep.deployed is not None and undecided_rows.any():     # (reported as a row the gate cannot decide)
