@@ -415,8 +415,8 @@ class Oracle:
 
     def _localization(self, c, w, fp, y: dict[int, Any], o: int) -> tuple[Any, Any, bool]:
         """For the ablated logits z = U y and the object o: P(o) = softmax(z)_o, the gap
-        max_{t != o} z_t − z_o, and whether that gap is exactly 0 by structure (o and some
-        other token both meet no non-zero of y: both logits are exactly 0 and none is larger)."""
+        max_{t != o} z_t − z_o, and whether it is >= 0 by structure (some t != o has the same
+        row of U as o on the non-zeros of y, so z_t = z_o exactly)."""
         columns = self._cached(self._conv, (c.dps, fp.U, "U columns"), lambda: _columns(c.row_dicts(w.U)))
         pairs: dict[int, list] = {}
         for j, v in y.items():
@@ -435,8 +435,18 @@ class Oracle:
         top = max(list(logits.values()) + ([c.zero] if zeros else []))
         total = c.mp.fsum([c.mp.exp(v - top) for v in logits.values()] + [c.mp.exp(-top) * zeros])
         p_o = c.mp.exp(z_o - top) / total
-        structural = o not in logits and zeros_other > 0 and all(v <= 0 for t, v in logits.items() if t != o)
-        return p_o, gap, structural
+        # an exact tie by structure: some t != o whose row of U equals o's on the non-zeros of
+        # y (both logits the same sum of the same terms; two untouched tokens: both exactly 0)
+        rows: dict[int, dict[int, Any]] = {}
+        for j in y:
+            for t, a in columns.get(j, ()):
+                rows.setdefault(t, {})[j] = a
+        mine = rows.get(o, {})
+        tie = (not mine and V - len(rows) - (0 if o in rows else 1) > 0) or \
+            any(t != o and row == mine for t, row in rows.items())
+        if tie:
+            gap = max(gap, c.zero)
+        return p_o, gap, tie
 
     def evaluate(self, w: Weights, fp: _Fingerprints, ids: tuple[int, ...], valid: frozenset[int],
                  want_ablated: bool, dps: int, target: int | None = None) -> dict[str, Any]:
