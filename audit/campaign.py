@@ -91,7 +91,9 @@ def _false_failure_reason(report, oracle_result, weights: Weights) -> str:
     if "error" in failed:
         return f"{checks}: error enclosure reaches epsilon (exact worst error {oracle_result.worst_error:.6g})"
     if "entanglement" in failed:
-        return f"{checks}: ablated-error enclosure below epsilon (exact smallest {oracle_result.min_ablated:.6g})"
+        return (f"{checks}: ablated-error enclosure below epsilon or below 1 - 1/|O_k|, or a top-token gap not "
+                f"certified >= 0 (exact smallest ablated error {oracle_result.min_ablated:.6g}, largest P(object) "
+                f"{oracle_result.max_p_ablated:.6g})")
     return checks
 
 

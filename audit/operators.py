@@ -577,6 +577,29 @@ def knowledge_in_unembedding(w: Weights, rng: np.random.Generator) -> tuple[Weig
 
 
 @operator("violating")
+def answers_without_expert(w: Weights, rng: np.random.Generator) -> tuple[Weights, str]:
+    """Let U lean a subject towards its object by a little (0.25 to 3): without its expert the model still answers."""
+    facts = []
+    for k, i in _neurons(w, "fact:"):
+        subject = w.neuron_labels[k][i][len("fact:"):]
+        col = w.experts[k].W_2[:, i].tocoo()
+        for r in col.row:
+            label = _residual_label(w, int(r))
+            if label.startswith("next:") and f"subj:{subject}" in (w.residual_labels or ()):
+                facts.append((k, subject, label[len("next:"):]))
+    if not facts:
+        raise NotApplicable("no labelled fact neuron")
+    k, subject, obj = _pick(rng, facts)
+    if obj not in w.vocab:
+        raise NotApplicable("object not in the vocabulary")
+    # small enough that the ablated error stays far above ε (the old criterion passes), large
+    # enough that the object becomes the strict top token once the expert is removed (L2)
+    scale = float(_pick(rng, [0.25, 0.5, 1.0, 2.0, 3.0]))
+    U = _set(w.U, {(w.vocab.index(obj), _residual(w, f"subj:{subject}")): scale})
+    return w.replace(U=U), f"U[{obj!r}, subj:{subject}] = {scale} (task {_task(w, k)}): answers without its expert"
+
+
+@operator("violating")
 def swap_expert_names(w: Weights, rng: np.random.Generator) -> tuple[Weights, str]:
     """Swap two entries of expert_tasks (names, not matrices)."""
     named = [x for x, t in enumerate(w.expert_tasks) if t]

@@ -122,6 +122,7 @@ class OracleResult:
     worst_error: float = 0.0         # largest exact error (as a float)
     min_margin: float = float("inf")
     min_ablated: float = float("inf")  # smallest ablated error over object queries
+    max_p_ablated: float = 0.0         # largest P(object) with the routed expert's output removed
     max_magnitude: float = 0.0       # largest |value| among residuals, gate scores and logits (inf: beyond float)
     max_score: float = 0.0           # largest |attention score|
     #: per query prefix: (routed expert, margin, error, ablated error or None), as floats
@@ -412,9 +413,45 @@ class Oracle:
         biggest = max([abs(v) for v in values] + [c.zero])
         return bad / total, biggest
 
+    def _localization(self, c, w, fp, y: dict[int, Any], o: int) -> tuple[Any, Any, bool]:
+        """For the ablated logits z = U y and the object o: P(o) = softmax(z)_o, the gap
+        max_{t != o} z_t − z_o, and whether it is >= 0 by structure (some t != o has the same
+        row of U as o on the non-zeros of y, so z_t = z_o exactly)."""
+        columns = self._cached(self._conv, (c.dps, fp.U, "U columns"), lambda: _columns(c.row_dicts(w.U)))
+        pairs: dict[int, list] = {}
+        for j, v in y.items():
+            for t, a in columns.get(j, ()):
+                pairs.setdefault(t, []).append((a, v))
+        logits = {t: c.xdot(p) for t, p in pairs.items()}
+        logits = {t: v for t, v in logits.items() if v}
+        V = len(w.vocab)
+        zeros = V - len(logits)                        # tokens of logit exactly 0 (o among them or not)
+        z_o = logits.get(o, c.zero)
+        others = [v for t, v in logits.items() if t != o]
+        zeros_other = zeros - (0 if o in logits else 1)
+        if zeros_other > 0:
+            others.append(c.zero)
+        gap = (max(others) - z_o) if others else -c.mp.inf
+        top = max(list(logits.values()) + ([c.zero] if zeros else []))
+        total = c.mp.fsum([c.mp.exp(v - top) for v in logits.values()] + [c.mp.exp(-top) * zeros])
+        p_o = c.mp.exp(z_o - top) / total
+        # an exact tie by structure: some t != o whose row of U equals o's on the non-zeros of
+        # y (both logits the same sum of the same terms; two untouched tokens: both exactly 0)
+        rows: dict[int, dict[int, Any]] = {}
+        for j in y:
+            for t, a in columns.get(j, ()):
+                rows.setdefault(t, {})[j] = a
+        mine = rows.get(o, {})
+        tie = (not mine and V - len(rows) - (0 if o in rows else 1) > 0) or \
+            any(t != o and row == mine for t, row in rows.items())
+        if tie:
+            gap = max(gap, c.zero)
+        return p_o, gap, tie
+
     def evaluate(self, w: Weights, fp: _Fingerprints, ids: tuple[int, ...], valid: frozenset[int],
-                 want_ablated: bool, dps: int) -> dict[str, Any]:
-        """Gate scores, routed expert, margin, error and ablated error of one query."""
+                 want_ablated: bool, dps: int, target: int | None = None) -> dict[str, Any]:
+        """Gate scores, routed expert, margin, error and ablated error of one query (and, for
+        an object query's object ``target``, P_ablated(o) and the ablated top-token gap)."""
         c = self.ctx(dps)
         rkey, r, biggest_score = self._residual(c, w, fp, ids)
         WG = self._row_dicts(c, fp.gate, "W_G", w.W_G)
@@ -440,15 +477,20 @@ class Oracle:
             y[i] = c.xadd(y[i], v) if i in y else v
         err, big = self._cached(self._err, err_key, lambda: self._error(c, w, fp, y, valid)) if err_key else self._error(c, w, fp, y, valid)
         abl = None
+        loc = (None, None, False)
         if want_ablated:
             abl, big_a = self._cached(self._err, (rkey, fp.U, None, valid), lambda: self._error(c, w, fp, r, valid))
             big = max(big, big_a)
+            if target is not None:
+                loc = self._cached(self._err, (rkey, fp.U, "localization", target),
+                                   lambda: self._localization(c, w, fp, r, target))
         big = max([big] + [abs(g) for g in gates] + [abs(v) for v in r.values()])
         return {"gates": gates, "expert": e, "margin": margin, "error": err, "ablated": abl, "dps": dps, "magnitude": big,
-                "score": biggest_score}
+                "score": biggest_score, "p_object": loc[0], "gap": loc[1], "gap_structural": loc[2]}
 
     # ---- decisions with escalation
-    def _decide(self, w, fp, ids, valid, want_ablated, epsilon: float, extreme: bool) -> tuple[dict, dict[str, bool]]:
+    def _decide(self, w, fp, ids, valid, want_ablated, epsilon: float, extreme: bool, target: int | None = None,
+                uniform=None) -> tuple[dict, dict[str, bool]]:
         """Evaluate, escalating precision until every decision is settled.
 
         Returns the values at the last precision and, per decision, whether it is
@@ -457,8 +499,8 @@ class Oracle:
         dps = self.base_dps
         prev = None
         while True:
-            cur = self.evaluate(w, fp, ids, valid, want_ablated, dps)
-            settled = self._settled(self.ctx(dps), cur, prev, epsilon)
+            cur = self.evaluate(w, fp, ids, valid, want_ablated, dps, target)
+            settled = self._settled(self.ctx(dps), cur, prev, epsilon, uniform)
             if prev is None and extreme:
                 settled = {k: False for k in settled}
             if all(settled.values()) or dps * 2 > self.max_dps:
@@ -466,8 +508,10 @@ class Oracle:
             prev, dps = cur, dps * 2
 
     @staticmethod
-    def _settled(c: _Ctx, cur, prev, epsilon: float) -> dict[str, bool]:
-        """Is each decision's distance to its threshold beyond the estimated error?"""
+    def _settled(c: _Ctx, cur, prev, epsilon: float, uniform=None) -> dict[str, bool]:
+        """Is each decision's distance to its threshold beyond the estimated error? (The
+        localization's: P(o) against ``uniform`` = 1/|O_k|, the gap against 0; a gap exactly
+        0 by structure is settled.)"""
         mp = c.mp
         eps = mp.mpf(float(epsilon))
         margin = cur["margin"]
@@ -477,6 +521,9 @@ class Oracle:
             out["error"] = bool(abs(cur["error"] - eps) > SETTLE)
             if cur["ablated"] is not None:
                 out["ablated"] = bool(abs(cur["ablated"] - eps) > SETTLE)
+            if cur["p_object"] is not None:
+                out["l1"] = uniform is None or uniform >= 1 or bool(abs(cur["p_object"] - uniform) > SETTLE)
+                out["l2"] = bool(cur["gap_structural"] or abs(cur["gap"]) > SETTLE)
             return out
         tiny = mp.mpf(10) ** (-(c.dps - 8))
         dg = max([abs(a - b) for a, b in zip(cur["gates"], prev["gates"])] + [c.zero])
@@ -486,6 +533,13 @@ class Oracle:
         if cur["ablated"] is not None:
             da = abs(cur["ablated"] - prev["ablated"])
             out["ablated"] = bool(abs(cur["ablated"] - eps) > 2 * da + tiny)
+        if cur["p_object"] is not None:
+            dp = abs(cur["p_object"] - prev["p_object"])
+            out["l1"] = uniform is None or uniform >= 1 or bool(abs(cur["p_object"] - uniform) > 2 * dp + tiny)
+            gap, pg = cur["gap"], prev["gap"]
+            dg = abs(gap - pg) if mp.isfinite(gap) and mp.isfinite(pg) else mp.inf
+            out["l2"] = bool(cur["gap_structural"] or (mp.isfinite(gap) and abs(gap) > 2 * dg + tiny)
+                             or (gap == -mp.inf))
         return out
 
     def query(self, taskset: TaskSet, w: Weights, prefix: tuple[str, ...]) -> dict[str, Any]:
@@ -520,11 +574,18 @@ class Oracle:
         receivers: dict[int, set[int]] = {}
         queries = enumerate_queries(taskset)
         res.queries = len(queries)
+        words = set(taskset.vocabulary.words)
+        objects = [len(set(t.facts.objects)) for t in taskset.tasks]
         for q in queries:
             ids = tuple(index[t] for t in q.prefix)
             valid = frozenset(index[t] for t in q.valid)
             text = " ".join(q.prefix)
-            cur, settled = self._decide(w, fp, ids, valid, bool(q.object_of), epsilon, extreme)
+            entities = [t for t in q.valid if t not in words]
+            # an object query of one task: its object is its one valid entity (templates' words are no entity)
+            target = index[entities[0]] if len(q.object_of) == 1 and len(q.tasks) == 1 and len(entities) == 1 else None
+            m = objects[q.object_of[0]] if target is not None else 0
+            uniform = mpmath.mpf(1) / m if m else None
+            cur, settled = self._decide(w, fp, ids, valid, bool(q.object_of), epsilon, extreme, target, uniform)
             if cur["dps"] > self.base_dps:
                 res.escalated += 1
                 res.max_dps = max(res.max_dps, cur["dps"])
@@ -555,6 +616,15 @@ class Oracle:
                 res.min_ablated = min(res.min_ablated, float(abl))
                 if not settled["ablated"] or abl < eps:
                     res.add("entanglement", names[k], text, f"error with expert {e}'s output removed is {mpmath.nstr(abl, 6)} < epsilon")
+                if cur["p_object"] is not None:
+                    p_o, gap = cur["p_object"], cur["gap"]
+                    res.max_p_ablated = max(res.max_p_ablated, float(p_o))
+                    if not settled["l1"] or p_o > uniform:
+                        res.add("entanglement", names[k], text, f"without expert {e}, P(object) = {mpmath.nstr(p_o, 6)} > "
+                                                              f"1/|O_k| = {mpmath.nstr(uniform, 6)} (L1)")
+                    if not settled["l2"] or not gap >= 0:
+                        res.add("entanglement", names[k], text, f"without expert {e}, the object is the strict top token "
+                                                              f"(gap {mpmath.nstr(gap, 6)}, L2)")
         for k, experts in sorted(receivers.items()):
             for e in sorted(experts):
                 if w.experts[e].width > bound[names[k]] and w.expert_tasks[e] != names[k]:

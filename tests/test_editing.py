@@ -92,6 +92,13 @@ def _compare(inc, full) -> None:
     for a, b in zip(inc.tasks, full.tasks):
         assert (a.name, a.queries, a.object_queries, a.misrouted, a.over_epsilon, a.ablation_broken) == \
                (b.name, b.queries, b.object_queries, b.misrouted, b.over_epsilon, b.ablation_broken)
+        # the localization check: the same counts, |O_k| and the same smallest L2 gap (a reused
+        # class keeps its gap only where its exact-zero logits cannot change its witness)
+        assert (a.objects, a.l1_held, a.l2_held, a.localized, a.entanglement_ok) == \
+               (b.objects, b.l1_held, b.l2_held, b.localized, b.entanglement_ok)
+        assert a.min_gap == b.min_gap
+        if b.object_queries:
+            assert math.isclose(a.worst_p_ablated, b.worst_p_ablated, rel_tol=1e-6, abs_tol=1e-12)
         assert a.width == b.width and a.certified == b.certified
         if b.queries:
             # both enclose the exact worst error: the enclosures overlap

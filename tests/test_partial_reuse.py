@@ -134,6 +134,8 @@ def test_an_edit_of_one_subject_reruns_its_queries_not_its_cell(tmp_path):
     for a, b in zip(inc.tasks, full.tasks):
         assert (a.queries, a.object_queries, a.misrouted, a.over_epsilon, a.ablation_broken, a.min_margin) == \
                (b.queries, b.object_queries, b.misrouted, b.over_epsilon, b.ablation_broken, b.min_margin)
+        assert (a.objects, a.l1_held, a.l2_held, a.localized, a.min_gap) == \
+               (b.objects, b.l1_held, b.l2_held, b.localized, b.min_gap)
 
 
 @settings(max_examples=examples(60), deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))

@@ -42,10 +42,17 @@ def test_each_refusal_comes_from_the_table(capitals_set, capitals_model, kind, w
             verify(capitals_set, capitals_model.instantiate(), 0.01, executor=executor, deployment=spec.deployment)
 
 
-def test_a_cut_runs_a_batch_as_the_full_weights_do(capitals_set, capitals_model):
+@pytest.mark.parametrize("answers", [False, True])
+def test_a_cut_runs_a_batch_as_the_full_weights_do(capitals_set, capitals_model, answers):
     """One expert and the tokens of the queries: the rows inside the cut give the full pass's
-    numbers bit for bit, the others are deferred and run over the full weights."""
+    numbers bit for bit, the others are deferred and run over the full weights (``answers``:
+    with U leaning France towards Paris and Berlin, so that the localization gaps are not ties)."""
     w = capitals_model.instantiate()
+    if answers:
+        U = w.U.tolil()
+        for token, value in (("Paris", 3.5), ("Berlin", 3.7)):
+            U[w.vocab.index(token), w.residual_labels.index("subj:France")] = value
+        w = w.replace(U=U.tocsr())
     tmap = token_map(capitals_set, w)
     todo = list(batches(capitals_set))
     runner = Runner(w, tmap)
@@ -56,5 +63,6 @@ def test_a_cut_runs_a_batch_as_the_full_weights_do(capitals_set, capitals_model)
     assert runner.deferred > 0
     for (b1, r1), (b2, r2) in zip(cut, full):
         assert b1 is b2
-        for field in ("expert", "margin", "err_lo", "err_hi", "ablated_lo", "ablated_hi", "predicted"):
+        for field in ("expert", "margin", "err_lo", "err_hi", "ablated_lo", "ablated_hi", "predicted",
+                      "ablated_gap", "ablated_zeros"):
             assert np.array_equal(getattr(r1, field), getattr(r2, field), equal_nan=True), field

@@ -39,15 +39,17 @@ def test_compact_shards_are_bitwise_the_full_pass(name):
     parts = {}
     compared = 0
     for b in batches(ts, chunk=3000):
-        ref = run_batch(full, tmap[b.tokens], b.valid_ptr, tmap[b.valid],
-                        ablate=b.object_query & (b.determined >= 0), scores=False).compact()
+        ablate = b.object_query & (b.determined >= 0)
+        ref = run_batch(full, tmap[b.tokens], b.valid_ptr, tmap[b.valid], ablate=ablate, scores=False,
+                        target=np.where(ablate & (b.target >= 0), tmap[np.maximum(b.target, 0)], -1)).compact()
         for s, rows in plan.split(b):
             if s not in parts:
                 parts[s] = ShardPart(weights, plan.experts[s], plan.tokens[s], PassSpec(gate_terms=gate_terms))
                 assert parts[s].weights.d < weights.d or plan.n == 1
             got, outside = verify_shard_batch(parts[s], parts[s].localize(b.take(rows), tmap))
             keep = ~outside
-            for field in ("expert", "margin", "err_lo", "err_hi", "ablated_lo", "ablated_hi", "predicted"):
+            for field in ("expert", "margin", "err_lo", "err_hi", "ablated_lo", "ablated_hi", "predicted",
+                          "ablated_gap", "ablated_zeros"):
                 assert _same(getattr(got, field)[keep], getattr(ref, field)[rows][keep]), (name, s, field)
             for i in range(3):
                 assert _same(got.top_gate[i][keep], ref.top_gate[i][rows][keep])

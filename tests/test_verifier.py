@@ -184,6 +184,81 @@ def test_knowledge_outside_the_expert_fails_entanglement(capitals_set, weights):
     assert any(c["check"] == "entanglement" and c["subject"] == "France" for c in report.counterexamples)
 
 
+def _u(weights, entries):
+    """``weights`` with U[token, residual direction] set for each ((token, label), value)."""
+    U = weights.U.tolil()
+    for (token, label), value in entries.items():
+        U[weights.vocab.index(token), weights.residual_labels.index(label)] = value
+    return weights.replace(U=U.tocsr())
+
+
+#: U made to know France -> Paris by itself (the shared path answers without the expert), by
+#: how much: (entries, the localization parts its 'France' object queries fail).
+ANSWERS_WITHOUT_EXPERT = {
+    # P_ablated(Paris) ≈ e^3.5/(e^3.5 + 22) ≈ 0.6 > 1/4 and Paris on top: the old criterion (ablated error >= ε) passes
+    "answers": ({("Paris", "subj:France"): 3.5}, ["L1", "L2"]),
+    # Paris on top with P ≈ e^0.5/(e^0.5 + 22) ≈ 0.07 <= 1/4: only L2 fails
+    "top token only": ({("Paris", "subj:France"): 0.5}, ["L2"]),
+    # Berlin above Paris, but P(Paris) ≈ 0.35 > 1/4: only L1 fails
+    "likely only": ({("Paris", "subj:France"): 3.5, ("Berlin", "subj:France"): 3.7}, ["L1"]),
+}
+
+
+@pytest.mark.parametrize("precision", [None, "float32"])
+@pytest.mark.parametrize("case", sorted(ANSWERS_WITHOUT_EXPERT))
+def test_a_model_that_answers_without_its_expert_is_not_certified(capitals_set, weights, case, precision):
+    """The strengthened entanglement check (L1: P_ablated(o) <= 1/|O_k|; L2: o not the strict
+    top token) rejects each violation alone, in the exact and in the deployed pass, where the
+    old criterion (ablated error >= ε) alone would pass."""
+    from verifier.passes.floating import Deployment
+
+    entries, parts = ANSWERS_WITHOUT_EXPERT[case]
+    deployment = None if precision is None else Deployment.named(precision)
+    report = verify(capitals_set, _u(weights, entries), 0.01, deployment=deployment)
+    rec = checks(report)["capital"]
+    assert not rec.entanglement_ok and not report.certified
+    assert rec.ablation_broken == rec.object_queries == 8            # the old criterion holds everywhere
+    assert rec.l1_ok == ("L1" not in parts) and rec.l2_ok == ("L2" not in parts)
+    assert rec.objects == 4 and rec.uniform_bound == 0.25
+    found = [c for c in report.counterexamples if c["check"] == "entanglement"]
+    assert found and all(c["subject"] == "France" and c["task"] == "capital" for c in found)
+    assert all(c["failed"] == parts for c in found)
+    for c in found:
+        assert ("L1" in parts) == (c["p_ablated_upper"] > c["uniform_bound"])
+        assert ("L2" in parts) == (c["l2_gap"] < 0)
+    assert rec.localized == rec.object_queries - len(found) == 6     # both queries of France, the others fine
+    assert rec.graded()["entanglement"] == 6 / 8
+    from verifier.checks.report import report_json, summary
+
+    js = report_json(report)
+    task = next(t for t in js["tasks"] if t["name"] == "capital")
+    assert task["graded"]["entanglement"] == 0.75 and task["localization"]["localized"] == 6
+    assert js["localization"]["worst_p_ablated_upper"] >= task["localization"]["worst_p_ablated_upper"]
+    assert "share of each task's queries certified" in summary(report)
+
+
+def test_the_built_model_cannot_answer_without_its_experts(capitals_set, weights):
+    """Hand-built: ablated, every logit of an object query is exactly 0 (uniform over the 23
+    tokens): P(o) <= 1/23 against 1/|O_k|, and the object ties with every other token."""
+    report = verify(capitals_set, weights, 0.01)
+    for r in report.tasks:
+        assert r.localized == r.l1_held == r.l2_held == r.object_queries > 0
+        assert r.worst_p_ablated <= 1 / 23 * (1 + 1e-12) and r.worst_p_ablated <= r.uniform_bound
+        assert r.min_gap == 0.0
+
+
+def test_l1_threshold_is_exact():
+    from fractions import Fraction
+
+    from verifier.checks.localization import l1_threshold
+
+    assert l1_threshold(1) == 0.0 and l1_threshold(0) == 0.0          # L1 is vacuous for one object
+    for m in (2, 3, 7, 10, 49, 3 ** 20, 10 ** 17):
+        x = l1_threshold(m)
+        exact = 1 - Fraction(1, m)
+        assert Fraction(x) >= exact and Fraction(float(np.nextafter(x, -np.inf))) < exact, m
+
+
 def test_isolation_check_detects_a_non_modular_construction(capitals_set, capitals_model, monkeypatch):
     import construction.evidence as evidence
     import construction.experts as experts

@@ -1100,11 +1100,109 @@ def _deployed_logit(rad, mag, fp, rs_l, l1y, with_sum):
 
 
 @njit(cache=True)
-def ablated(rows, L, V, valid_ptr, valid, Lacc, Ltouched, vstamp, stamp0, deployed):
+def _top_gap(nt, Ltouched, Lacc, V, o):
+    """A lower bound of max_{t != o} z_t − z_o over the logits in the accumulator (the
+    ``nt`` tokens of ``Ltouched``, mid in column 1 and radius in column 2; every other
+    token of the ``V`` has logit exactly 0), and the number of tokens other than ``o`` of
+    logit exactly 0.
+
+    Why it is a lower bound: z_o <= hi(z_o) (its enclosure's upper end, or exactly 0 when
+    ``o`` is not touched), and max_{t != o} z_t >= lo(z_t) for each touched t != o, and
+    >= 0 when some token other than o is untouched; the difference is rounded downward,
+    and where the two floats compare best >= hi(z_o) the exact difference is >= 0, so 0
+    is a lower bound too (an exact tie, as between two logits of exactly 0, is kept).
+    A non-finite enclosure among the touched logits decides nothing (−∞). The bound is
+    >= 0 exactly when some token t != o is certified to have z_t >= z_o (L2: o is not the
+    strict top token; a tie counts, as a greedy argmax may return either)."""
+    hi_o = 0.0
+    touched_o = False
+    best = -np.inf
+    for u in range(nt):
+        t = Ltouched[u]
+        m, r = Lacc[t, 1], Lacc[t, 2]
+        if not (np.isfinite(m) and np.isfinite(r)):
+            return -np.inf, V - nt
+        if t == o:
+            hi_o = up(m + r)
+            touched_o = True
+        else:
+            lo = down(m - r)
+            if lo > best:
+                best = lo
+    zeros = V - nt - (0 if touched_o else 1)
+    if zeros > 0 and best < 0.0:
+        best = 0.0
+    if not np.isfinite(best):
+        return -np.inf, zeros
+    if best >= hi_o:               # the exact difference is >= 0: a tie is certified as such
+        return max(down(best - hi_o), 0.0), zeros
+    return down(best - hi_o), zeros
+
+
+@njit(cache=True)
+def _pair_gap(i, t, o, R, Urows, ut, uo, ustamp, s):
+    """A lower bound of z_t − z_o = Σ_j (U_tj − U_oj)·r_j for row i of the residual ``R``
+    (CSR: ptr, idx, mid, rad; r_j exactly 0 off its entries), from the difference of the two
+    rows of U (``Urows``: U as CSR by token) rather than of the two logits' enclosures: a
+    coordinate where U_tj = U_oj contributes exactly 0 whatever r_j is, so a common part of
+    the two rows (a shared offset, however large) costs nothing. Each other term is the
+    interval r_j times the float d_j = U_tj − U_oj when that difference is exact (checked
+    by TwoSum); the terms are summed as every entry of the pass is (the module docstring's
+    radius). Returns −∞ when a difference is not exact or a value is not finite (the caller
+    keeps its other bound); exactly 0 when no coordinate contributes."""
+    R_ptr, R_idx, R_mid, R_rad = R
+    U_ptr, U_idx, U_val = Urows
+    width = ut.size                              # coordinates beyond it meet no entry of r
+    for q in range(U_ptr[t], U_ptr[t + 1]):
+        if U_idx[q] < width:
+            ut[U_idx[q]] = U_val[q]
+            ustamp[U_idx[q], 0] = s
+    for q in range(U_ptr[o], U_ptr[o + 1]):
+        if U_idx[q] < width:
+            uo[U_idx[q]] = U_val[q]
+            ustamp[U_idx[q], 1] = s
+    mid = 0.0
+    A = 0.0
+    B = 0.0
+    n = 0
+    for e in range(R_ptr[i], R_ptr[i + 1]):
+        j = R_idx[e]
+        a = ut[j] if ustamp[j, 0] == s else 0.0
+        b = uo[j] if ustamp[j, 1] == s else 0.0
+        if a == b:
+            continue
+        d = a - b
+        bb = d - a                               # TwoSum: d + err = a − b exactly
+        err = (a - (d - bb)) + (-b - bb)
+        if err != 0.0 or not np.isfinite(d):
+            return -np.inf
+        m, ta, tb = prod_terms(R_mid[e], R_rad[e], d)
+        mid += m
+        A = upp(A + ta)
+        B = upp(B + tb)
+        n += 1
+    if n == 0:
+        return 0.0
+    r = entry_radius(A, B, n)
+    if not (np.isfinite(mid) and np.isfinite(r)):
+        return -np.inf
+    return down(mid - r)
+
+
+@njit(cache=True)
+def ablated(rows, L, V, valid_ptr, valid, Lacc, Ltouched, vstamp, stamp0, deployed, target, R, Urows):
     """The error enclosure of softmax(U·r) (the routed expert's output removed) for ``rows``,
     from the logits of :func:`logits`, and its zero-logit probability ρ (:func:`_error`). In
     the deployed pass (``deployed`` as :func:`experts` takes it) the logits U·r̂ carry their
-    rounding (there is no output sum: y = r̂) and the error is Lemma F2's (no ρ)."""
+    rounding (there is no output sum: y = r̂) and the error is Lemma F2's (no ρ).
+
+    Also, per row i with ``target[i] >= 0`` (the object o of an object query), the lower
+    bound of max_{t != o} z_t − z_o of :func:`_top_gap` over the same logit enclosures (the
+    deployed ones in the deployed pass) and the count of tokens other than o of logit
+    exactly 0 (NaN, −1 where there is no target). In the exact pass, where that bound is
+    negative, the touched token t != o of the largest midpoint is also compared with o
+    directly (:func:`_pair_gap`, from ``R``, the rows' residual, and ``Urows``, U by token),
+    and the better of the two lower bounds is kept (both bound the same maximum)."""
     L_ptr, L_idx, L_mid, L_rad, L_mag = L
     on, fp, sm, rs_z, rs_2, rs_l, l1r, lmag = deployed
     P = rows.size
@@ -1112,6 +1210,15 @@ def ablated(rows, L, V, valid_ptr, valid, Lacc, Ltouched, vstamp, stamp0, deploy
     err_hi = np.empty(P)
     rho_lo = np.empty(P)
     rho_hi = np.empty(P)
+    gap = np.full(P, np.nan)
+    zeros = np.full(P, -1, np.int64)
+    width = 0                                    # residual coordinates the rows reach
+    for q in range(R[1].size):
+        if R[1][q] + 1 > width:
+            width = R[1][q] + 1
+    ut = np.zeros(width)
+    uo = np.zeros(width)
+    ustamp = np.full((width, 2), -1.0)
     for q in range(P):
         i = rows[q]
         s = stamp0 + q
@@ -1121,13 +1228,28 @@ def ablated(rows, L, V, valid_ptr, valid, Lacc, Ltouched, vstamp, stamp0, deploy
             nt = _touch(t, Lacc, s, Ltouched, nt)
             Lacc[t, 1] = L_mid[e]
             Lacc[t, 2] = L_rad[e] if not on else _deployed_logit(L_rad[e], L_mag[e], fp, rs_l[t], l1r[i], False)
+        if target[i] >= 0:
+            o = target[i]
+            gap[q], zeros[q] = _top_gap(nt, Ltouched, Lacc, V, o)
+            if not on and not (gap[q] >= 0.0):
+                best_t = -1
+                best_m = -np.inf
+                for u in range(nt):
+                    t = Ltouched[u]
+                    if t != o and Lacc[t, 1] > best_m:
+                        best_m = Lacc[t, 1]
+                        best_t = t
+                if best_t >= 0:
+                    pg = _pair_gap(i, best_t, o, R, Urows, ut, uo, ustamp, float(s))
+                    if pg > gap[q]:
+                        gap[q] = pg
         if on:
             lo, hi, _ = _error_deployed(nt, Ltouched, Lacc, V, valid_ptr[i], valid_ptr[i + 1], valid, vstamp, s, sm)
             r_lo, r_hi = np.nan, np.nan
         else:
             lo, hi, _, r_lo, r_hi = _error(nt, Ltouched, Lacc, V, valid_ptr[i], valid_ptr[i + 1], valid, vstamp, s)
         err_lo[q], err_hi[q], rho_lo[q], rho_hi[q] = lo, hi, r_lo, r_hi
-    return err_lo, err_hi, rho_lo, rho_hi
+    return err_lo, err_hi, rho_lo, rho_hi, gap, zeros
 
 
 @njit(cache=True)

@@ -41,9 +41,19 @@ the report a full ``verify`` of W' would give, running only part of the queries:
    was not a valid next token, else step 3 would have found the query). With ρ the
    probability one token of logit 0 has, the error e becomes 1 − (1 − e)/(1 + Δρ), and ρ
    becomes ρ/(1 + Δρ): :func:`_grown` encloses both, monotone in e and ρ, rounded outward.
-   The ablated error changes the same way; margins do not change.
+   The ablated error changes the same way; margins do not change. The localization check's
+   L2 gap of an object query, max_{t != o} z_t − z_o bounded below from the ablated logit
+   enclosures (:func:`verifier.arithmetic.kernels.ablated`), changes only through the
+   tokens of logit exactly 0 other than o: the witness t may be one of them, and their
+   count Z moves by Δ exactly (every token added or removed is one, and none is o: a
+   query whose object came or went has a changed fact, step 3). While Z > 0 before and
+   after (Z + Δ > 0), a 0 is among the candidates on both sides, so the gap is the same
+   number; a class keeps the smallest Z of its object queries, and is run again when it
+   is 0 or Z + Δ <= 0 (the witness may come or go). L1's threshold 1 − 1/|O_k| depends on
+   the task's distinct objects, which an edit may change: every reused class is compared
+   with the new task set's threshold.
 5. A reused class that is not decided (a failure in it, no ρ, or an updated bound within a
-   band of 1e-9 of ε when Δ != 0, or a margin below the band when the gate's longest row
+   band of 1e-9 of ε or of L1's threshold when Δ != 0, or an L2 gap that may change, or a margin below the band when the gate's longest row
    changed, which changes the rounding bound of every gate score in a full check) is run
    again too, so every failure in the report, and every counterexample, comes from a query
    run on W'. Every reused class is compared with the ε asked for, from its stored
@@ -77,6 +87,7 @@ from verifier.arithmetic import interval as I
 from verifier.passes.batches import batches_of, batches_of_subjects
 from verifier.certificates.certificate import Certificate
 from verifier.checks.classes import FLOATS, ClassRecorder, ClassTable, merge_classes, records, set_codes
+from verifier.checks.localization import l1_thresholds
 from verifier.certificates.locality import Correspondence, Diff, diff, reaching
 from verifier.running.parallel import Executor
 from verifier.running.runner import Runner
@@ -456,8 +467,17 @@ def recertify(old: Certificate, taskset: TaskSet, weights: Weights, cor: Corresp
     counts = table.counts
     F = table.floats
     col = {name: i for i, name in enumerate(FLOATS)}
-    failing = (counts[:, 2] > 0) | (counts[:, 3] > 0) | (counts[:, 5] > 0) | (counts[:, 4] < counts[:, 1])
+    failing = (counts[:, 2] > 0) | (counts[:, 3] > 0) | (counts[:, 5] > 0) | (counts[:, 4] < counts[:, 1]) \
+        | (counts[:, 6] < counts[:, 1]) | (counts[:, 7] < counts[:, 1]) | (counts[:, 8] < counts[:, 1])
     forced = T.classes | failing | np.isin(table.expert, list(T.experts))
+    # L1's threshold of each class's task, in the new task set (|O_k| may have changed);
+    # object queries are determined, so a class holding any has one consistent task
+    single = np.diff(table.allowed_ptr) == 1
+    cls_task = np.where(single, table.allowed[np.minimum(table.allowed_ptr[:-1], max(table.allowed.size - 1, 0))]
+                        if table.allowed.size else 0, -1)
+    l1_thr = l1_thresholds(taskset)[1]
+    thr = np.where(cls_task >= 0, l1_thr[np.maximum(cls_task, 0)] if l1_thr.size else 0.0, 0.0)
+    gap, zmin = F[:, col["ab_gap"]], F[:, col["ab_zeros"]]
     no_rho = ~(np.isfinite(F[:, col["rho_lo"]]) & np.isfinite(F[:, col["rho_hi"]]))
     no_ab_rho = (counts[:, 1] > 0) & ~(np.isfinite(F[:, col["ab_rho_lo"]]) & np.isfinite(F[:, col["ab_rho_hi"]]))
     new_floats = F.copy()
@@ -472,12 +492,18 @@ def recertify(old: Certificate, taskset: TaskSet, weights: Weights, cor: Corresp
         new_floats[has_oq, col["ab_lo"]] = alo[has_oq]
         new_floats[has_oq, col["ab_rho_lo"]], new_floats[has_oq, col["ab_rho_hi"]] = arlo[has_oq], arhi[has_oq]
         undecided = ~(hi < epsilon - BAND) | (has_oq & ~(alo >= epsilon + BAND))
+        undecided |= has_oq & (thr > 0) & ~(alo >= thr + BAND)          # L1, beside its threshold
+        undecided |= has_oq & ~((zmin > 0) & (zmin + Δ > 0))            # L2: the witness may change
         forced |= undecided
+        new_floats[has_oq, col["ab_zeros"]] = zmin[has_oq] + Δ
     else:
         # the stored enclosures hold as they are; compared with ε again here rather than trusting
         # the counts recorded at the certificate's ε (they agree unless the certificate was edited)
         has_oq = counts[:, 1] > 0
         forced |= ~(F[:, col["err_hi"]] < epsilon) | (has_oq & ~(F[:, col["ab_lo"]] >= epsilon))
+    # L1 (at the new task set's threshold) and L2 from the stored (or updated) enclosures
+    forced |= has_oq & ~(new_floats[:, col["ab_lo"]] >= thr)
+    forced |= has_oq & ~(gap >= 0.0)
     gate_terms = lambda w: int(np.diff(sp.csr_matrix(w.W_G).indptr).max(initial=1))  # noqa: E731
     if gate_terms(weights) != gate_terms(old.weights):
         # the gate's rounding bound counts its longest row: a full check's margins differ in the
@@ -537,7 +563,8 @@ def recertify(old: Certificate, taskset: TaskSet, weights: Weights, cor: Corresp
     reused.counts = reused.counts.copy()
     reused.counts[:, 0] -= less[kept]
     reused.counts[:, 1] -= less_oq[kept]
-    reused.counts[:, 4] -= less_oq[kept]        # a class that loses queries has no failure: each object query's ablation broke it
+    for j in (4, 6, 7, 8):                      # a class that loses queries has no failure: each object query
+        reused.counts[:, j] -= less_oq[kept]    # passed (b), L1 and L2
     reused.floats = new_floats[kept]
     reused.expert = cor.experts[reused.expert]
     reused = _map_active(reused, cor)
@@ -867,13 +894,16 @@ def _report(taskset: TaskSet, weights: Weights, epsilon: float, table: ClassTabl
     """The report from the merged classes; counterexamples from the queries run again."""
     tot = records(table, taskset, len(weights.experts))
     expert_of_task = {name: k for k, name in enumerate(weights.expert_tasks) if name}
+    n_objects = l1_thresholds(taskset)[0]
     recs = []
     for k, task in enumerate(taskset.tasks):
         e = expert_of_task.get(task.name)
         r = TaskRecord(task.name, task.n_templates, task.n_facts, taskset.L, taskset.complexity(k), e,
-                       weights.experts[e].width if e is not None else None)
+                       weights.experts[e].width if e is not None else None, objects=int(n_objects[k]))
         r.queries, r.object_queries = int(tot.queries[k]), int(tot.object_queries[k])
         r.misrouted, r.over_epsilon, r.ablation_broken = int(tot.misrouted[k]), int(tot.over_epsilon[k]), int(tot.broken[k])
+        r.l1_held, r.l2_held, r.localized = int(tot.l1[k]), int(tot.l2[k]), int(tot.localized[k])
+        r.min_ablated_lower, r.min_gap = float(tot.min_ablated_lower[k]), float(tot.min_gap[k])
         r.min_margin = float(tot.min_margin[k])
         if tot.worst[k] > -np.inf:
             r.worst_error, r.worst_error_lower, r.worst_query = float(tot.worst[k]), float(tot.worst_lower[k]), tot.worst_query[k]

@@ -13,7 +13,10 @@ query either. So the queries are grouped:
   need, aggregated: the number of queries; the largest upper end of the error enclosure
   (and that query's lower end, subject and object, to name it); the smallest certified
   margin (and that query's subject and object); the failures counted per check; over the object queries the smallest lower end
-  of the ablated error; and the ranges of ρ, the probability one token of logit exactly 0
+  of the ablated error, how many certify L1, L2 and all of the entanglement check
+  (:mod:`verifier.checks.localization`), the smallest L2 gap and the smallest count of
+  tokens other than the object whose ablated logit is exactly 0 (which lets a count of
+  such tokens change soundly, as for ρ); and the ranges of ρ, the probability one token of logit exactly 0
   has (with and without the expert's output), which lets a count of such tokens change
   soundly (:mod:`verifier.certificates.incremental`); the smallest margin over all its queries; and
   which *watched* neurons of e may be on in some query of the class.
@@ -30,13 +33,21 @@ import numpy as np
 
 from tasks.model import TaskSet
 from tasks.structure import OBJ, SUBJ, StructureTrie
+from verifier.checks.localization import l1_thresholds, localization, row_gaps
 
 #: Queries per cell at most (about): the most an edit re-runs for one subject (a whole cell).
 CELL_QUERIES = 256
 #: The float summaries of a class, in this order in :attr:`ClassTable.floats`.
-FLOATS = ("err_hi", "err_lo", "rho_lo", "rho_hi", "margin", "ab_lo", "ab_rho_lo", "ab_rho_hi", "margin_all")
-#: The counts of a class, in this order in :attr:`ClassTable.counts`.
-COUNTS = ("queries", "object_queries", "route_bad", "err_bad", "broken", "foreign")
+FLOATS = ("err_hi", "err_lo", "rho_lo", "rho_hi", "margin", "ab_lo", "ab_rho_lo", "ab_rho_hi", "margin_all",
+          "ab_gap", "ab_zeros")
+#: The counts of a class, in this order in :attr:`ClassTable.counts`: ``broken`` counts the
+#: object queries whose ablated error is certified >= ε; ``l1``, ``l2`` those certifying L1
+#: and L2; ``localized`` those certifying all three.
+COUNTS = ("queries", "object_queries", "route_bad", "err_bad", "broken", "foreign", "l1", "l2", "localized")
+#: Initial (empty) value of each float summary: the identity of its reduction.
+_FLOAT_INIT = {"err_hi": -np.inf, "err_lo": -np.inf, "rho_lo": np.inf, "rho_hi": -np.inf, "margin": np.inf,
+               "ab_lo": np.inf, "ab_rho_lo": np.inf, "ab_rho_hi": -np.inf, "margin_all": np.inf,
+               "ab_gap": np.inf, "ab_zeros": np.inf}
 
 
 def node_key(trie: StructureTrie, node) -> str:
@@ -174,6 +185,7 @@ class ClassRecorder:
         #: global neurons whose possible activity is recorded (verifier.certificates.locality.watched_neurons)
         self.watch = np.zeros(0, bool) if watch is None else np.asarray(watch, bool)
         self.served, self.off, self.eps = np.asarray(served, np.int64), np.asarray(off, np.int64), float(epsilon)
+        self.l1_thr = l1_thresholds(taskset)[1]
         self.keys = [node_key(trie, n) for n in trie]
         self.thresholds = [plan.thresholds(k, taskset) for k in self.keys]
         self.subject_at = np.array([n.subject_position for n in trie], np.int64)
@@ -202,7 +214,7 @@ class ClassRecorder:
 
     def _grow(self, n_new: int) -> None:
         self._counts = np.concatenate([self._counts, np.zeros((n_new, len(COUNTS)), np.int64)])
-        init = np.array([-np.inf, -np.inf, np.inf, -np.inf, np.inf, np.inf, np.inf, -np.inf, np.inf])
+        init = np.array([_FLOAT_INIT[name] for name in FLOATS])
         self._floats = np.concatenate([self._floats, np.tile(init, (n_new, 1))])
 
     def cells_of(self, node_ids: np.ndarray, subjects: np.ndarray) -> np.ndarray:
@@ -231,7 +243,7 @@ class ClassRecorder:
         det = b.determined
         has = det >= 0
         oq = b.object_query & has
-        broken = oq & (res.ablated_lo >= self.eps)
+        broken, l1, l2, loc = localization(res, det, oq, self.eps, self.l1_thr)
         foreign = has & (served != det) & (served >= 0)
         node = np.asarray(b.node, np.int64)
         sp_ = self.subject_at[node]
@@ -269,6 +281,9 @@ class ClassRecorder:
         np.add.at(C[:, 3], c, err_bad)
         np.add.at(C[:, 4], c, broken)
         np.add.at(C[:, 5], c, foreign)
+        np.add.at(C[:, 6], c, l1)
+        np.add.at(C[:, 7], c, l2)
+        np.add.at(C[:, 8], c, loc)
         F = self._floats
         before = F[:, 0].copy()
         np.fmax.at(F[:, 0], c, res.err_hi)
@@ -293,6 +308,10 @@ class ClassRecorder:
         np.minimum.at(F[:, 5], c[oq], np.where(np.isnan(ab_lo[oq]), -np.inf, ab_lo[oq]))
         np.minimum.at(F[:, 6], c[oq], np.where(np.isnan(a_rlo[oq]), -np.inf, a_rlo[oq]))
         np.maximum.at(F[:, 7], c[oq], np.where(np.isnan(a_rhi[oq]), np.inf, a_rhi[oq]))
+        gap = row_gaps(res, n)
+        zeros = np.full(n, -1.0) if res.ablated_zeros is None else np.asarray(res.ablated_zeros, float)
+        np.minimum.at(F[:, 9], c[oq], np.where(np.isnan(gap[oq]), -np.inf, gap[oq]))
+        np.minimum.at(F[:, 10], c[oq], zeros[oq])
         if res.active is not None:
             act = np.asarray(res.active)
             R = act.shape[1] - 1
@@ -344,6 +363,11 @@ class Totals:
     routing: np.ndarray
     foreign: int
     total_queries: int = field(default=0)
+    l1: np.ndarray | None = None            # object queries certifying L1, L2, and all of the entanglement check
+    l2: np.ndarray | None = None
+    localized: np.ndarray | None = None
+    min_ablated_lower: np.ndarray | None = None   # smallest ablated error lower end over object queries
+    min_gap: np.ndarray | None = None             # smallest L2 gap over object queries
 
 
 def records(table: ClassTable, taskset: TaskSet, n_experts: int) -> Totals:
@@ -352,7 +376,9 @@ def records(table: ClassTable, taskset: TaskSet, n_experts: int) -> Totals:
     the routing matrix over determined queries; the same meaning as ``verifier.checks.verify``."""
     K = len(taskset.tasks)
     t = Totals(*(np.zeros(K, np.int64) for _ in range(5)), np.full(K, np.inf), np.full(K, -np.inf),
-               np.zeros(K), [""] * K, np.zeros((K, n_experts), np.int64), 0)
+               np.zeros(K), [""] * K, np.zeros((K, n_experts), np.int64), 0, 0,
+               np.zeros(K, np.int64), np.zeros(K, np.int64), np.zeros(K, np.int64), np.full(K, np.inf),
+               np.full(K, np.inf))
     if not len(table):
         return t
     cnt = {name: table.column(name) for name in COUNTS}
@@ -365,6 +391,11 @@ def records(table: ClassTable, taskset: TaskSet, n_experts: int) -> Totals:
     d = det >= 0
     np.add.at(t.object_queries, det[d], cnt["object_queries"][d])
     np.add.at(t.broken, det[d], cnt["broken"][d])
+    for name in ("l1", "l2", "localized"):
+        np.add.at(getattr(t, name), det[d], cnt[name][d])
+    has_oq = d & (cnt["object_queries"] > 0)
+    np.minimum.at(t.min_ablated_lower, det[has_oq], table.column("ab_lo")[has_oq])
+    np.minimum.at(t.min_gap, det[has_oq], table.column("ab_gap")[has_oq])
     np.minimum.at(t.min_margin, det[d], table.column("margin")[d])
     np.add.at(t.routing, (det[d], table.expert[d]), cnt["queries"][d])
     t.foreign = int(cnt["foreign"].sum())
@@ -473,7 +504,7 @@ def merge_classes(t: ClassTable, rows: np.ndarray) -> ClassTable:
     nan = np.isnan(m)
     j_least = first_where(np.where(np.logical_or.reduceat(nan, starts)[gid], nan, m == low[gid]))
     F[first, col["margin"]] = low
-    for name in ("rho_lo", "ab_lo", "ab_rho_lo", "margin_all"):
+    for name in ("rho_lo", "ab_lo", "ab_rho_lo", "margin_all", "ab_gap", "ab_zeros"):
         F[first, col[name]] = np.minimum.reduceat(F[members, col[name]], starts)
     for name in ("rho_hi", "ab_rho_hi"):
         F[first, col[name]] = np.maximum.reduceat(F[members, col[name]], starts)

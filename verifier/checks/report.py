@@ -40,9 +40,41 @@ def task_json(r: TaskRecord) -> dict[str, Any]:
         "over_epsilon": r.over_epsilon,
         "ablation_broken": r.ablation_broken,
         "isolated": r.isolated,
+        "localization": {
+            "objects": r.objects,
+            "uniform_bound": _num(r.uniform_bound),
+            "worst_p_ablated_upper": _num(r.worst_p_ablated),
+            "min_l2_gap": _num(r.min_gap) if r.object_queries else None,
+            "l1_held": r.l1_held,
+            "l2_held": r.l2_held,
+            "localized": r.localized,
+            "l1": r.l1_ok,
+            "l2": r.l2_ok,
+            "ablation": r.ablation_broken == r.object_queries,
+        },
+        "graded": r.graded(),
         "checks": {"error": r.error_ok, "routing": r.routing_ok, "size": r.size_ok, "entanglement": r.entanglement_ok},
         "certified": r.certified,
     }
+
+
+def localization_json(report: Report) -> dict[str, Any]:
+    """The worst case of the localization check over every task: the largest certified
+    upper end of P_ablated(o) (with its task and that task's bound 1/|O_k|), the largest
+    ratio of it to its task's bound (<= 1: L1 holds everywhere), and the smallest L2 gap
+    (>= 0: the object is never the strict top token without its expert)."""
+    rows = [r for r in report.tasks if r.object_queries]
+    if not rows:
+        return {"worst_p_ablated_upper": None, "task": None, "uniform_bound": None, "worst_ratio_to_bound": None,
+                "ratio_task": None, "min_l2_gap": None, "gap_task": None, "min_ablated_error_lower": None}
+    worst = max(rows, key=lambda r: r.worst_p_ablated)
+    ratio = max(rows, key=lambda r: r.worst_p_ablated * r.objects)
+    gap = min(rows, key=lambda r: r.min_gap)
+    low = min(rows, key=lambda r: r.min_ablated_lower)
+    return {"worst_p_ablated_upper": worst.worst_p_ablated, "task": worst.name, "uniform_bound": worst.uniform_bound,
+            "worst_ratio_to_bound": ratio.worst_p_ablated * ratio.objects, "ratio_task": ratio.name,
+            "min_l2_gap": _num(gap.min_gap), "gap_task": gap.name,
+            "min_ablated_error_lower": _num(low.min_ablated_lower)}
 
 
 def report_json(report: Report) -> dict[str, Any]:
@@ -71,6 +103,7 @@ def report_json(report: Report) -> dict[str, Any]:
         "parameter_counts": report.parameter_counts,
         "weights_sha256": report.weights_sha256,
         "foreign_queries": report.foreign,
+        "localization": localization_json(report),
         "tasks": [task_json(r) for r in report.tasks],
         "counterexamples": report.counterexamples,
         "notes": report.notes,
@@ -124,8 +157,17 @@ def counterexample_lines(c: dict) -> list[str]:
         what = (f"routed to {_expert(c)}; error 1 - P(valid) in [{_g(c['error_lower'])}, {_g(c['error_upper'])}], "
                 f"not below epsilon {_g(c['epsilon'])}; the top token is '{_printable(c['predicted'])}'")
     else:
-        what = (f"with {_expert(c)}'s output removed, the error's lower end is {_g(c['ablated_error_lower'])} < epsilon "
-                f"{_g(c['epsilon'])}: the model still answers, the knowledge is not (only) in that expert")
+        failed = c.get("failed") or ["ablation"]
+        parts = []
+        if "L1" in failed:
+            parts.append(f"P(object) may be up to {_g(c.get('p_ablated_upper'))} > 1/|O_k| = {_g(c.get('uniform_bound'))} "
+                         f"(L1: no better than a uniform guess among the task's {c.get('objects')} objects)")
+        if "L2" in failed:
+            parts.append(f"the object may be the strict top token (L2: certified gap {_g(c.get('l2_gap'))}, must be >= 0)")
+        if "ablation" in failed:
+            parts.append(f"the error's lower end is {_g(c['ablated_error_lower'])} < epsilon {_g(c['epsilon'])}")
+        what = (f"with {_expert(c)}'s output removed, {'; '.join(parts)}: the model still answers, "
+                f"the knowledge is not (only) in that expert")
     return [head, f"  {what}"]
 
 
@@ -144,6 +186,39 @@ def table(report: Report) -> str:
     return "\n".join(lines)
 
 
+def _share(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.1f}%"
+
+
+def graded_table(report: Report) -> str:
+    """Per task, the share of its queries each check certifies (entanglement: of its object
+    queries, L1 and L2 shown apart), the size check yes/no, and the localization's worst case."""
+    head = ["task", "error", "routing", "entanglement", "L1", "L2", "size", "P abl max", "1/|O|", "L2 gap"]
+    rows = []
+    for r in report.tasks:
+        g = r.graded()
+        rows.append([r.name, _share(g["error"]), _share(g["routing"]), _share(g["entanglement"]), _share(g["l1"]),
+                     _share(g["l2"]), "yes" if g["size"] else "NO", _g(r.worst_p_ablated), _g(r.uniform_bound),
+                     _g(r.min_gap) if r.object_queries else "-"])
+    widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(head)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(head, widths)), "  ".join("-" * w for w in widths)]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in rows]
+    return "\n".join(lines)
+
+
+def localization_line(report: Report) -> str | None:
+    """One line: the localization check's worst case (None without object queries)."""
+    loc = localization_json(report)
+    if loc["worst_p_ablated_upper"] is None:
+        return None
+    gap = loc["min_l2_gap"]
+    tie = " (a tie: some other token's logit equals the object's)" if gap == 0.0 else ""
+    return (f"without its expert: worst P(object) {_g(loc['worst_p_ablated_upper'])} (task '{_printable(loc['task'])}', "
+            f"bound 1/|O_k| = {_g(loc['uniform_bound'])}), at most {_g(loc['worst_ratio_to_bound'])} x its task's bound "
+            f"(task '{_printable(loc['ratio_task'])}'); smallest top-token gap {_g(gap)}{tie}; "
+            f"smallest ablated error {_g(loc['min_ablated_error_lower'])} (epsilon {_g(report.epsilon)})")
+
+
 def summary(report: Report) -> str:
     lines = [table(report), ""]
     if report.closed_form:
@@ -151,6 +226,12 @@ def summary(report: Report) -> str:
         proven = {True: " (proven upper bound)", False: " (not proven: its side conditions fail, see the note)"}
         lines.append(f"  at the parameters: {_fmt(report.closed_form_value, 4)}"
                      f"{proven.get(report.closed_form_proven, '')}; measured worst error: {_fmt(report.measured_worst, 4)}")
+    loc = localization_line(report)
+    if loc:
+        lines.append(loc)
+    if not report.certified:
+        lines += ["share of each task's queries certified, per check (entanglement: of its object queries):",
+                  graded_table(report)]
     params = ", ".join(f"{_printable(k)}={_printable(v)}" for k, v in report.parameters.items())
     gate = "" if "gate" in report.parameters else f"; gate: {report.gate or 'given weights'}"
     lines.append(f"parameters: {params or 'none stored'}{gate}; queries: {report.queries} (non-empty proper prefixes); time: {report.seconds:.2f}s")

@@ -9,11 +9,34 @@ query, grouped by template structure and chunked, and decides:
    to their own task's expert;
 3. **size**: the width of every expert serving task k (named for it, or receiving one
    of its determined queries) is at most c(k) = L·|T(k)| + N_k;
-4. **entanglement**: (a) no query determined by task i reaches expert j != i (so
-   ablating expert j, whose output only queries routed to j see, changes no prediction
-   of another task); (b) ablating the expert of task j (removing its output) breaks
-   every object query of j: the ablated error's lower end is >= ε;
+4. **entanglement** (localization): (a) no query determined by task i reaches expert
+   j != i (so ablating expert j, whose output only queries routed to j see, changes no
+   prediction of another task); and for every object query q of task k (subject s,
+   object o, routed expert e), with z = U·r the logits once e's output is removed (r the
+   residual; the same ablated computation as (b)), the model *cannot answer q without
+   its expert*:
+
+   * **L1**: P_ablated(o) <= 1/|O_k|, O_k the distinct objects of task k (no better than
+     a uniform guess among the task's objects). P_ablated(o) <= 1 − (ablated error),
+     with equality when o is q's only valid next token (otherwise the valid words of q
+     count too, and L1 is stricter), so L1 is certified by the ablated error's lower end
+     being >= 1 − 1/|O_k|, compared with the smallest float at or above that rational
+     (:func:`l1_threshold`: exact, never a float rounded the wrong way). |O_k| = 1
+     makes L1 vacuous (1 − 1/1 = 0);
+   * **L2**: o is not the strict top token: some t != o has z_t >= z_o, certified by a
+     lower bound of max_{t != o} z_t − z_o that is >= 0 (computed by the kernels from the
+     enclosures of the ablated logits: max_{t != o} lo(z_t) − hi(z_o), an untouched
+     token's logit being exactly 0; a tie counts, since a greedy argmax may return either);
+   * **(b)** (the original criterion, kept so that nothing weakens when
+     1 − 1/|O_k| < ε): the ablated error's lower end is >= ε.
+
+   The per-task worst case is reported: the largest certified upper end of P_ablated(o)
+   beside 1/|O_k|, and the smallest L2 gap;
 5. **counterexamples** for every failure: task, template, subject, prefix, numbers.
+
+Per task the report also grades each check: the share of its queries certified (error,
+routing; entanglement over its object queries), so that weights that do not certify
+(trained ones) show how far they are.
 
 The verifier reads only a :class:`layout.Weights` and the task set; it knows nothing of
 how the weights were made. Evidence that only the construction can give (the closed
@@ -35,6 +58,7 @@ from tasks.queries import QueryGroup, build_group
 from tasks.structure import StructureTrie, check_routable
 from verifier.passes.batches import batches
 from verifier.checks.classes import ClassRecorder
+from verifier.checks.localization import l1_thresholds, localization, p_upper, row_gaps
 from verifier.passes.floating import Deployment
 from verifier.running.parallel import Executor, LocalPool
 from verifier.running.runner import PassSpec, Runner, require_allowed
@@ -62,9 +86,46 @@ class TaskRecord:
     min_margin: float = float("inf")
     misrouted: int = 0
     over_epsilon: int = 0
-    ablation_broken: int = 0     # object queries broken by ablating this task's expert
+    ablation_broken: int = 0     # object queries broken by ablating this task's expert: ablated error >= ε ((b))
     isolated: bool | None = None  # expert built alone is identical (None: not checked)
     closed_form_bound: float | None = None
+    objects: int = 0             # |O_k|: the task's distinct objects
+    l1_held: int = 0             # object queries certified P_ablated(o) <= 1/|O_k|
+    l2_held: int = 0             # object queries whose object is certified not the strict top token once ablated
+    localized: int = 0           # object queries with (b), L1 and L2 all certified
+    min_ablated_lower: float = float("inf")   # smallest lower end of the ablated error over object queries
+    min_gap: float = float("inf")             # smallest certified L2 gap over object queries (−inf: undecided)
+
+    @property
+    def uniform_bound(self) -> float | None:
+        """1/|O_k| (as a float, for reading; the check compares exactly: :func:`l1_threshold`)."""
+        return 1.0 / self.objects if self.objects else None
+
+    @property
+    def worst_p_ablated(self) -> float | None:
+        """The largest certified upper end of P_ablated(o) over the object queries,
+        1 − (smallest ablated error lower end) rounded up; None without object queries."""
+        if not self.object_queries:
+            return None
+        return p_upper(self.min_ablated_lower)
+
+    @property
+    def l1_ok(self) -> bool:
+        return self.l1_held == self.object_queries
+
+    @property
+    def l2_ok(self) -> bool:
+        return self.l2_held == self.object_queries
+
+    def graded(self) -> dict[str, Any]:
+        """Per check, the share of this task's queries certified (entanglement: of its object
+        queries, all three of (b), L1 and L2; None where there are none); size: yes/no."""
+        share = lambda good, n: (good / n) if n else None  # noqa: E731
+        return {"error": share(self.queries - self.over_epsilon, self.queries),
+                "routing": share(self.queries - self.misrouted, self.queries),
+                "entanglement": share(self.localized, self.object_queries),
+                "l1": share(self.l1_held, self.object_queries), "l2": share(self.l2_held, self.object_queries),
+                "size": self.size_ok}
 
     @property
     def size_ok(self) -> bool:
@@ -80,7 +141,8 @@ class TaskRecord:
 
     @property
     def entanglement_ok(self) -> bool:
-        return self.ablation_broken == self.object_queries and self.isolated is not False
+        return (self.ablation_broken == self.object_queries and self.localized == self.object_queries
+                and self.l1_ok and self.l2_ok and self.isolated is not False)
 
     @property
     def certified(self) -> bool:
@@ -191,10 +253,11 @@ def verify(
     K_tasks, K_exp = len(names), len(weights.experts)
     expert_task_index = np.array([names.index(t) if t in names else -1 for t in weights.expert_tasks], np.int64)
     records = []
+    n_objects, _ = l1_thresholds(taskset)
     for k, task in enumerate(taskset.tasks):
         e = expert_of_task.get(task.name)
         records.append(TaskRecord(task.name, task.n_templates, task.n_facts, taskset.L, taskset.complexity(k),
-                                  e, weights.experts[e].width if e is not None else None))
+                                  e, weights.experts[e].width if e is not None else None, objects=int(n_objects[k])))
     trie = StructureTrie(taskset)
     check_routable(taskset, trie)   # object queries must determine their task (else: bad input)
     # Progress needs only an estimate (an upper bound: subjects counted once per task through
@@ -258,6 +321,7 @@ class Tally:
         K = len(taskset.tasks)
         self.worst = np.full(K, -1.0)
         self.worst_ref: list[tuple[tuple[int, int, int], int] | None] = [None] * K    # (part, index)
+        self.n_objects, self.l1_thr = l1_thresholds(taskset)
         self.pending: list[tuple[str, tuple[int, int, int], int, dict]] = []  # (check, part, index, numbers)
 
     def record(self, b, res, weights) -> None:
@@ -295,11 +359,20 @@ class Tally:
         np.minimum.at(margins, det[ok_det], res.margin[ok_det])
         oq = b.object_query & has
         oq_count = np.bincount(det[oq], minlength=K)
-        broken = np.bincount(det[oq & (res.ablated_lo >= eps)], minlength=K)
+        b_ok, l1, l2, loc = localization(res, det, oq, eps, self.l1_thr)
+        broken = np.bincount(det[b_ok], minlength=K)
+        n_l1, n_l2, n_loc = (np.bincount(det[m], minlength=K) for m in (l1, l2, loc))
+        ab_low = np.full(K, np.inf)
+        np.minimum.at(ab_low, det[oq], np.where(np.isnan(res.ablated_lo[oq]), -np.inf, res.ablated_lo[oq]))
+        gaps = np.full(K, np.inf)
+        np.minimum.at(gaps, det[oq], row_gaps(res, n)[oq])
         for k in np.flatnonzero(q):
             r = rep.tasks[k]
             r.queries += int(q[k]); r.misrouted += int(bad_r[k]); r.over_epsilon += int(bad_e[k])
             r.object_queries += int(oq_count[k]); r.ablation_broken += int(broken[k])
+            r.l1_held += int(n_l1[k]); r.l2_held += int(n_l2[k]); r.localized += int(n_loc[k])
+            r.min_ablated_lower = min(r.min_ablated_lower, float(ab_low[k]))
+            r.min_gap = min(r.min_gap, float(gaps[k]))
             r.min_margin = min(r.min_margin, float(margins[k]))
         for i, k in zip(top_rows, top_tasks):
             if res.err_hi[i] > self.worst[k]:
@@ -321,9 +394,16 @@ class Tally:
                 "routed_expert": int(e[i]), "routed_task": names[served[i]] if served[i] >= 0 else None, "error_lower": float(res.err_lo[i]), "error_upper": float(res.err_hi[i]),
                 "epsilon": eps, "predicted": weights.vocab[pred] if pred >= 0 else "(a zero-logit token)"}))
         room = MAX_COUNTEREXAMPLES - len(self.pending)
-        for i in np.flatnonzero(oq & ~(res.ablated_lo >= eps))[:max(room, 0)]:
+        gap = row_gaps(res, n)
+        for i in np.flatnonzero(oq & ~loc)[:max(room, 0)]:
+            k = int(det[i])
+            failed = [name for name, ok in (("ablation", b_ok[i]), ("L1", l1[i]), ("L2", l2[i])) if not ok]
             self.pending.append(("entanglement", self._ref(b, i), int(b.index[i]), {
-                "routed_expert": int(e[i]), "routed_task": names[served[i]] if served[i] >= 0 else None, "ablated_error_lower": float(res.ablated_lo[i]), "epsilon": eps,
+                "routed_expert": int(e[i]), "routed_task": names[served[i]] if served[i] >= 0 else None,
+                "ablated_error_lower": float(res.ablated_lo[i]), "epsilon": eps,
+                "p_ablated_upper": p_upper(res.ablated_lo[i]), "objects": int(self.n_objects[k]),
+                "uniform_bound": 1.0 / int(self.n_objects[k]) if self.n_objects[k] else None,
+                "l2_gap": float(gap[i]), "failed": failed,
                 "why": "with its expert's output removed the model still answers this object query: "
                        "the knowledge is not (only) in that expert"}))
 

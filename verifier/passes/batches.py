@@ -58,6 +58,12 @@ class Batch:
     node: np.ndarray            # (n,) structure-trie node of the row's group
     part: np.ndarray            # (n, 2) subject range [lo, hi) of the group's part ((-1, -1): the whole group)
     index: np.ndarray           # (n,) index within that part
+    #: (n,) the object of a determined object query (task-set id), else -1 (:func:`object_targets`)
+    target: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        if self.target is None:
+            self.target = np.full(self.tokens.shape[0], -1, np.int64)
 
     def __len__(self) -> int:
         return self.tokens.shape[0]
@@ -67,7 +73,7 @@ class Batch:
         vp, vv = take_csr(self.valid_ptr, self.valid, idx)
         ap, av = take_csr(self.allowed_ptr, self.allowed, idx)
         return Batch(self.p, self.tokens[idx], vp, vv, ap, av, self.determined[idx], self.object_query[idx],
-                     self.node[idx], self.part[idx], self.index[idx])
+                     self.node[idx], self.part[idx], self.index[idx], self.target[idx])
 
 
 def group_tokens(group: QueryGroup) -> np.ndarray:
@@ -78,12 +84,29 @@ def group_tokens(group: QueryGroup) -> np.ndarray:
     return np.stack(cols, axis=1)
 
 
+def object_targets(valid_ptr: np.ndarray, valid: np.ndarray, object_query: np.ndarray,
+                   determined: np.ndarray) -> np.ndarray:
+    """Per row, the object o of a determined object query (task-set id), else -1.
+
+    Why the last valid token is o: such a query has a subject s and one consistent task k
+    (``tasks.queries``), so its valid next tokens are the words that follow it in k's
+    templates and the one object of s in k (a task maps a subject to one object). Words are
+    numbered before entities (``tasks.model.Vocabulary``), and the valid tokens are sorted,
+    so the only entity, o, comes last."""
+    n = valid_ptr.size - 1
+    out = np.full(n, -1, np.int64)
+    rows = np.flatnonzero(object_query & (determined >= 0) & (np.diff(valid_ptr) > 0))
+    out[rows] = valid[valid_ptr[rows + 1] - 1]
+    return out
+
+
 def _rows(g: QueryGroup, part: Part | None, idx: np.ndarray) -> dict:
     vp, vv = take_csr(g.valid_ptr, g.valid, idx)
     ap, av = take_csr(g.allowed_ptr, g.allowed, idx)
     return {"tokens": group_tokens(g)[idx], "valid": (vp, vv), "allowed": (ap, av), "determined": g.determined[idx],
             "object_query": g.object_query[idx], "node": np.full(idx.size, g.node.id, np.int64),
-            "part": np.tile(np.asarray(part if part is not None else (-1, -1), np.int64), (idx.size, 1)), "index": idx}
+            "part": np.tile(np.asarray(part if part is not None else (-1, -1), np.int64), (idx.size, 1)), "index": idx,
+            "target": object_targets(vp, vv, g.object_query[idx], g.determined[idx])}
 
 
 def _emit(p: int, parts: list[dict]) -> Batch:
@@ -91,7 +114,7 @@ def _emit(p: int, parts: list[dict]) -> Batch:
     ap, av = concat_csr([x["allowed"] for x in parts])
     cat = lambda key: np.concatenate([x[key] for x in parts])  # noqa: E731
     return Batch(p, cat("tokens"), vp, vv, ap, av, cat("determined"), cat("object_query"), cat("node"), cat("part"),
-                 cat("index"))
+                 cat("index"), cat("target"))
 
 
 def batches(taskset: TaskSet, trie: StructureTrie | None = None, chunk: int = 20_000) -> Iterator[Batch]:

@@ -20,7 +20,9 @@ Stages of :func:`run_batch`:
 4. **Experts and error** (:func:`verifier.arithmetic.kernels.experts`): for each (row, expert that
    may win), W_1·r + b_1, ReLU, y = r + c·W_2·a, the logits U·y and the error enclosure;
    the reported enclosure is the worst over the experts that may win.
-5. **Ablation** (:func:`verifier.arithmetic.kernels.ablated`): the error of softmax(U·r).
+5. **Ablation** (:func:`verifier.arithmetic.kernels.ablated`): the error of softmax(U·r), and
+   for a row with a target token o (an object query's object) a lower bound of
+   max_{t != o} z_t − z_o over z = U·r (the localization check's L2).
 
 Zeros are structural everywhere: an entry no term of the forward pass reaches is
 exactly 0 (a logit of no touched direction is 0 and counted; a neuron the row does not
@@ -69,6 +71,13 @@ class BatchResult:
     #: (n, R + 1): watched neurons of the routed expert that may be on (Prepared.watch), and
     #: in the last column how many there were (more than R: the list is incomplete)
     active: np.ndarray | None = None
+    #: (n,) with the routed expert's output removed, a certified lower bound of
+    #: max_{t != o} z_t − z_o for the row's target token o (>= 0: o is not the strict top
+    #: token); NaN where no target was given, −∞ where nothing is decided
+    ablated_gap: np.ndarray | None = None
+    #: (n,) the number of tokens other than o whose ablated logit is exactly 0 (−1: no target);
+    #: a saved certificate needs it when tokens are added or removed (incremental)
+    ablated_zeros: np.ndarray | None = None
 
     @property
     def gate_lo(self) -> np.ndarray:
@@ -86,13 +95,14 @@ class BatchResult:
         return BatchResult(self.expert[idx], self.margin[idx], self.ambiguous[idx], None, None, self.err_lo[idx],
                            self.err_hi[idx], self.ablated_lo[idx], self.ablated_hi[idx], self.predicted[idx], top, None,
                            pick(self.rho_lo), pick(self.rho_hi), pick(self.ablated_rho_lo), pick(self.ablated_rho_hi),
-                           pick(self.active))
+                           pick(self.active), pick(self.ablated_gap), pick(self.ablated_zeros))
 
     def compact(self) -> "BatchResult":
         """Without the full (n, K) gate enclosures (kept: the top three per row)."""
         return BatchResult(self.expert, self.margin, self.ambiguous, None, None, self.err_lo, self.err_hi,
                            self.ablated_lo, self.ablated_hi, self.predicted, self.top_gate, None,
-                           self.rho_lo, self.rho_hi, self.ablated_rho_lo, self.ablated_rho_hi, self.active)
+                           self.rho_lo, self.rho_hi, self.ablated_rho_lo, self.ablated_rho_hi, self.active,
+                           self.ablated_gap, self.ablated_zeros)
 
 
 class _RowTable:
@@ -277,6 +287,8 @@ class Prepared:
         self.P_arrays = _csr_arrays(I.as_csr(weights.P))
         # The gate and the unembedding as CSR arrays over the residual directions.
         self.UT_arrays = _csr_arrays(weights.U.T.tocsr())
+        #: U by token (the ablation's top-token gap compares two rows: kernels._pair_gap)
+        self.U_arrays = _csr_arrays(weights.U) if deployment is None else _csr_arrays(sp.csr_matrix((0, d)))
         self.WGT_arrays = _csr_arrays(weights.W_G.T.tocsr())
         WG = I.as_csr(weights.W_G)
         # the largest |W_G[k, j]| per residual direction j (0 where the gate reads nothing)
@@ -307,10 +319,11 @@ class Prepared:
         self.deployed = Deployed(self, weights, deployment, absWQ, absWK, absWV, absWO, stages) if deployed else None
 
     def run_batch(self, tokens: np.ndarray, valid_ptr: np.ndarray, valid: np.ndarray,
-                  ablate: np.ndarray | None = None, scores: bool = True) -> "BatchResult":
+                  ablate: np.ndarray | None = None, scores: bool = True,
+                  target: np.ndarray | None = None) -> "BatchResult":
         """The certified pass over a batch (:func:`run_batch`): the pass protocol of
         :class:`verifier.running.runner.Pass`, which the deployed pass of a format shares."""
-        return run_batch(self, tokens, valid_ptr, valid, ablate=ablate, scores=scores)
+        return run_batch(self, tokens, valid_ptr, valid, ablate=ablate, scores=scores, target=target)
 
     def scratch(self):
         """Sparse-accumulator work arrays (allocated once per process, on first use)."""
@@ -656,11 +669,13 @@ def _experts_deployed(prep: Prepared, R: SparseInterval, sc: dict) -> tuple:
 
 
 def run_batch(prep: Prepared | Weights, tokens: np.ndarray, valid_ptr: np.ndarray, valid: np.ndarray,
-              ablate: np.ndarray | None = None, scores: bool = True) -> BatchResult:
+              ablate: np.ndarray | None = None, scores: bool = True, target: np.ndarray | None = None) -> BatchResult:
     """Certified forward pass of a batch (n x p token ids, weights' ids; BOS is added).
 
     ``ablate`` (bool per row, default all) selects the rows whose ablated error is
     enclosed; the others get NaN there (the entanglement check needs object queries only).
+    ``target`` (token id per row, −1: none; default none): for an ablated row, the token o
+    whose ablated logit gap max_{t != o} z_t − z_o is bounded below (``ablated_gap``).
     ``scores=False`` skips the full (n, K) gate midpoints (the result keeps the top three).
     """
     if isinstance(prep, Weights):
@@ -698,6 +713,8 @@ def run_batch(prep: Prepared | Weights, tokens: np.ndarray, valid_ptr: np.ndarra
     predicted = np.full(n, -1, np.int64)
     ab_lo, ab_hi = np.full(n, np.nan), np.full(n, np.nan)
     ab_rho_lo, ab_rho_hi = np.full(n, np.nan), np.full(n, np.nan)
+    ab_gap, ab_zeros = np.full(n, np.nan), np.full(n, -1, np.int64)
+    target = np.full(n, -1, np.int64) if target is None else np.ascontiguousarray(target, np.int64)
     R_ACT = ACTIVE_SLOTS
     active = np.full((n, R_ACT + 1), -1, np.int64)
     active[:, R_ACT] = 0
@@ -739,19 +756,22 @@ def run_batch(prep: Prepared | Weights, tokens: np.ndarray, valid_ptr: np.ndarra
             active[rows_sel[routed]] = act[routed]
             ab = np.flatnonzero(ablate[a:b])
             if ab.size:
-                ab_lo[a + ab], ab_hi[a + ab], ab_rho_lo[a + ab], ab_rho_hi[a + ab] = K_.ablated(
-                    ab.astype(np.int64), L, V, vp, vv, *sc["L"], sc["v"], prep.stamps(ab.size), deployed)
+                (ab_lo[a + ab], ab_hi[a + ab], ab_rho_lo[a + ab], ab_rho_hi[a + ab], ab_gap[a + ab],
+                 ab_zeros[a + ab]) = K_.ablated(ab.astype(np.int64), L, V, vp, vv, *sc["L"], sc["v"],
+                                                prep.stamps(ab.size), deployed, target[a:b],
+                                                (Rc.indptr, Rc.indices, Rc.mid, Rc.rad), prep.U_arrays)
     undecided = ~np.isfinite(Grad) | undecided_rows     # the gate cannot say which expert wins
     err_lo[undecided], err_hi[undecided] = 0.0, 1.0
     if prep.deployed is not None and undecided_rows.any():     # (reported as a row the gate cannot decide)
         margin = np.where(undecided_rows, -np.inf, margin)
         sel = undecided_rows & ablate
         ab_lo[sel], ab_hi[sel] = 0.0, 1.0
+        ab_gap[sel & (target >= 0)] = -np.inf
     rho_lo[undecided | ~np.isfinite(rho_lo)] = np.nan
     rho_hi[np.isnan(rho_lo)] = np.nan
     top_gate = (top, top_lo, top_hi)
     return BatchResult(e, margin, ~(margin > 0), Gm, Grad, err_lo, err_hi, ab_lo, ab_hi, predicted, top_gate,
-                       (cand_ptr, cand), rho_lo, rho_hi, ab_rho_lo, ab_rho_hi, active)
+                       (cand_ptr, cand), rho_lo, rho_hi, ab_rho_lo, ab_rho_hi, active, ab_gap, ab_zeros)
 
 
 def FloatPass(weights: Weights, dep: Deployment, source: str = "weights") -> Prepared:

@@ -6,7 +6,7 @@ owns everything between the two:
 
 * **the pass** (:class:`PassSpec`): the exact pass of :mod:`verifier.passes.forward` or the
   deployed pass of a floating-point format (:mod:`verifier.passes.floating`), both with
-  ``run_batch(tokens, valid_ptr, valid, ablate, scores) -> BatchResult``; a spec is small
+  ``run_batch(tokens, valid_ptr, valid, ablate, scores, target) -> BatchResult``; a spec is small
   and picklable, and the pass's tables are built where they are used;
 * **a shard** (:class:`Shard`): weights, the task-set -> weights token map and a spec;
   :class:`ShardPart`: the weights *cut* to a cone of influence (some tasks' experts, some
@@ -45,7 +45,8 @@ class Pass(Protocol):
     :mod:`verifier.passes.floating`: every execution in a floating-point format)."""
 
     def run_batch(self, tokens: np.ndarray, valid_ptr: np.ndarray, valid: np.ndarray,
-                  ablate: np.ndarray | None = None, scores: bool = True) -> BatchResult: ...
+                  ablate: np.ndarray | None = None, scores: bool = True,
+                  target: np.ndarray | None = None) -> BatchResult: ...
 
 
 @dataclass(frozen=True)
@@ -136,8 +137,10 @@ def verify_batch(shard: Shard, batch) -> BatchResult:
     """The certified pass over one batch of the task set's queries, reduced to what the
     checks read (a work unit)."""
     tmap = shard.tmap
+    ablate = batch.object_query & (batch.determined >= 0)
+    target = np.where(ablate & (batch.target >= 0), tmap[np.maximum(batch.target, 0)], -1)
     res = shard.prepared().run_batch(tmap[batch.tokens], batch.valid_ptr, tmap[batch.valid],
-                                     ablate=batch.object_query & (batch.determined >= 0), scores=False).compact()
+                                     ablate=ablate, scores=False, target=target).compact()
     if res.expert.shape[0] != len(batch):
         raise RuntimeError(f"a work unit returned {res.expert.shape[0]} rows for a batch of {len(batch)}")
     return res
@@ -217,7 +220,11 @@ class ShardPart:
         outside = ~held.all(axis=1)
         bad_valid = np.repeat(np.arange(len(batch)), np.diff(batch.valid_ptr))[~vheld]
         outside[bad_valid] = True
-        return replace(batch, tokens=tokens, valid=valid), outside
+        # the object of an object query is one of its valid next tokens (held, or the row is deferred)
+        has = batch.target >= 0
+        target, theld = self._compact_ids(tmap[np.maximum(batch.target, 0)])
+        outside |= has & ~theld
+        return replace(batch, tokens=tokens, valid=valid, target=np.where(has, target, -1)), outside
 
 
 def verify_shard_batch(part: ShardPart, payload) -> tuple[BatchResult, np.ndarray]:
@@ -226,8 +233,9 @@ def verify_shard_batch(part: ShardPart, payload) -> tuple[BatchResult, np.ndarra
     run again over the full weights (a token or a candidate expert outside the part): a
     work unit."""
     batch, outside = payload
-    res = part.prepared().run_batch(batch.tokens, batch.valid_ptr, batch.valid,
-                                    ablate=batch.object_query & (batch.determined >= 0), scores=False)
+    ablate = batch.object_query & (batch.determined >= 0)
+    res = part.prepared().run_batch(batch.tokens, batch.valid_ptr, batch.valid, ablate=ablate, scores=False,
+                                    target=np.where(ablate, batch.target, -1))
     cand_ptr, cand = res.candidates
     rows = np.repeat(np.arange(len(batch)), np.diff(cand_ptr))
     outside = outside.copy()
@@ -257,6 +265,9 @@ def merge(n: int, pieces: list[tuple[np.ndarray, BatchResult]]) -> BatchResult:
     extra = {}
     if all(res.rho_lo is not None for _, res in pieces):
         for name in ("rho_lo", "rho_hi", "ablated_rho_lo", "ablated_rho_hi", "active"):
+            extra[name] = field(lambda r, name=name: getattr(r, name))
+    if all(res.ablated_gap is not None for _, res in pieces):
+        for name in ("ablated_gap", "ablated_zeros"):
             extra[name] = field(lambda r, name=name: getattr(r, name))
     return BatchResult(field(lambda r: r.expert), field(lambda r: r.margin), field(lambda r: r.ambiguous), None, None,
                        field(lambda r: r.err_lo), field(lambda r: r.err_hi), field(lambda r: r.ablated_lo),

@@ -1,0 +1,71 @@
+"""The localization check's numbers: "without its expert, the model cannot answer".
+
+For an object query q of task k (object o), with z = U·r the logits once the routed
+expert's output is removed (:mod:`verifier.passes.forward`, step 5), the entanglement check
+(:mod:`verifier.checks.verify`, item 4) certifies
+
+* **L1**: P_ablated(o) <= 1/|O_k| (O_k: the task's distinct objects), decided as
+  "ablated error's lower end >= :func:`l1_threshold` (|O_k|)";
+* **L2**: some t != o has z_t >= z_o, decided as "the kernels' lower bound of
+  max_{t != o} z_t − z_o is >= 0" (``BatchResult.ablated_gap``);
+* **(b)**: the ablated error's lower end is >= ε (the original criterion).
+
+This module holds the thresholds and the per-row decisions, shared by the full pass's
+tally (:class:`verifier.checks.verify.Tally`) and the query classes a certificate keeps
+(:mod:`verifier.checks.classes`), so that both decide alike.
+"""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+import numpy as np
+
+from tasks.model import TaskSet
+from verifier.arithmetic import interval as I
+
+
+def p_upper(ablated_lower: float) -> float:
+    """An upper end of P_ablated(o) from the ablated error's lower end: 1 − lower, rounded
+    upward (1 where the lower end is not a number)."""
+    lo = float(ablated_lower)
+    if not lo >= 0.0:
+        return 1.0
+    return min(1.0, float(I.up(1.0 - lo)))
+
+
+def l1_threshold(n_objects: int) -> float:
+    """The smallest float x with x >= 1 − 1/m (m = ``n_objects``), found in exact rationals:
+    for a float a, a >= 1 − 1/m exactly when a >= x (x is the first float at or above the
+    rational, and a is a float). m <= 1: 0.0 (L1 is vacuous: every error is >= 0)."""
+    if n_objects <= 1:
+        return 0.0
+    exact = 1 - Fraction(1, int(n_objects))
+    x = float(exact)                       # nearest float: one step up if it lies below
+    if Fraction(x) < exact:
+        x = float(np.nextafter(x, np.inf))
+    return x
+
+
+def l1_thresholds(taskset: TaskSet) -> tuple[np.ndarray, np.ndarray]:
+    """Per task, |O_k| (its distinct objects) and :func:`l1_threshold` of it."""
+    counts = np.array([np.unique(o).size for _, o in taskset.fact_ids], np.int64)
+    return counts, np.array([l1_threshold(int(m)) for m in counts], np.float64)
+
+
+def row_gaps(res, n: int) -> np.ndarray:
+    """The L2 gaps of a result (NaN, read as not certified, where the pass gave none)."""
+    return np.full(n, np.nan) if res.ablated_gap is None else np.asarray(res.ablated_gap, float)
+
+
+def localization(res, det: np.ndarray, oq: np.ndarray, eps: float, l1_thr: np.ndarray):
+    """Per row, whether (b) (ablated error >= ε), L1 (ablated error >= the task's
+    :func:`l1_threshold`) and L2 (gap >= 0) are certified, and all three, for the object
+    queries ``oq`` (False elsewhere; a NaN compares False: not certified)."""
+    ab = np.asarray(res.ablated_lo, float)
+    thr = l1_thr[np.maximum(det, 0)] if l1_thr.size else np.zeros(det.size)
+    with np.errstate(invalid="ignore"):
+        b_ok = oq & (ab >= eps)
+        l1 = oq & (ab >= thr)
+        l2 = oq & (row_gaps(res, det.size) >= 0.0)
+    return b_ok, l1, l2, b_ok & l1 & l2
