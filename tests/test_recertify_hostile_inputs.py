@@ -23,11 +23,13 @@ from workflow.since import check_since
 from cli.main import main
 from construction.model import build
 from construction.numbering import correspondence, numbering
+from tasks.editing import Edit, apply
 from tasks.io import load_tasks
 from tasks.model import Facts, Task, TaskSet
 from verifier.certificates.certificate import load_certificate
 from verifier.certificates.incremental import recertify
 from verifier.certificates.locality import Correspondence
+from verifier.checks.classes import FLOATS
 from verifier.checks.verify import verify
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
@@ -312,3 +314,35 @@ def test_a_certificate_of_an_older_format_is_refused_in_one_line(tmp_path, capsy
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "moe-knowledge-certificate/2, written by another version" in err
     assert "--certificate DIR" in err
+
+
+def test_a_class_without_a_zero_logit_rival_is_run_again_when_the_vocabulary_changes(tmp_path):
+    """The L2 gap of a reused class may keep its value across an edit that adds or removes
+    tokens only while some other token of logit exactly 0 stays a rival on both sides. A
+    certificate whose classes record no such rival (as a trained model's would) must have its
+    object classes run again after an edit that grows the vocabulary, and still give a full
+    check's verdict and counts."""
+    ts = load_tasks(EXAMPLES / "capitals.yaml")
+    d = str(tmp_path / "cert")
+    model = build(ts, gamma=10)          # room below epsilon, so that the grown vocabulary decides nothing
+    check_and_save(ts, model, d, isolation=False)
+    new, _ = apply(ts, Edit("capital", set=(("Spain", "Madrid"),)))     # two new entities
+
+    def rerun(zero_rivals: bool) -> tuple:
+        old = load_certificate(d)
+        if not zero_rivals:
+            col = {name: i for i, name in enumerate(FLOATS)}
+            old.table.floats[:, col["ab_zeros"]] = 0.0
+        w = build(new, beta=float(model.beta), gamma=float(model.gamma)).instantiate()
+        c = Correspondence(**correspondence(numbering(old.taskset), numbering(new)))
+        report, _, _, info = recertify(old, new, w, c, model.epsilon)
+        return report, info, w
+
+    kept, info_kept, w = rerun(True)
+    forced, info_forced, _ = rerun(False)
+    assert info_kept.mode == info_forced.mode == "incremental" and info_kept.vocabulary_delta > 0
+    assert info_forced.queries_rerun > info_kept.queries_rerun
+    assert info_forced.classes_reused < info_kept.classes_reused
+    full = verify(new, w, model.epsilon)
+    for report in (kept, forced):
+        assert report.verdict == full.verdict and _counts(report) == _counts(full)
