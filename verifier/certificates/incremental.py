@@ -91,7 +91,7 @@ from verifier.checks.localization import l1_thresholds
 from verifier.certificates.locality import Correspondence, Diff, diff, reaching
 from verifier.running.parallel import Executor
 from verifier.running.runner import Runner
-from verifier.checks.verify import Report, Tally, TaskRecord, token_map
+from verifier.checks.verify import Names, Report, Tally, TaskRecord, token_map
 
 #: Updated bounds closer than this to ε (when the vocabulary size changed) are run again.
 BAND = 1e-9
@@ -535,7 +535,7 @@ def recertify(old: Certificate, taskset: TaskSet, weights: Weights, cor: Corresp
             for k, t in enumerate(taskset.tasks)]
     scratch = Report(epsilon, dict(weights.parameters), recs, 0)
     scratch.routing_matrix = np.zeros((len(names), len(weights.experts)), np.int64)
-    state = Tally(taskset, trie, scratch, served, epsilon)
+    state = Tally(taskset, trie, scratch, served, epsilon, Names.of(weights))
     cell_parts = [(nid, ranges[nid][c]) for nid, c in cells]
     rerun_count = 0
     # the experts a rerun query may need: those its class was routed to before, and the
@@ -547,7 +547,7 @@ def recertify(old: Certificate, taskset: TaskSet, weights: Weights, cor: Corresp
         list(batches_of_subjects(taskset, trie, fine, drop=sel.in_whole))
     touched_cells = set(cells)
     for batch, res in _run(taskset, trie, weights, tmap, todo, watched, served, sorted(wanted)):
-        state.record(batch, res, weights)
+        state.record(batch, res)
         recorder.record(batch, res)
         rerun_count += len(batch)
         if progress:

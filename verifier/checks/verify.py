@@ -280,7 +280,7 @@ def verify(
                                                           zip(classes.off[:-1], classes.off[1:])])
     if executor.shares_memory:
         runner.prepare()                     # built once, before any worker starts
-    state = Tally(taskset, trie, report, expert_task_index, epsilon)
+    state = Tally(taskset, trie, report, expert_task_index, epsilon, Names.of(weights))
     chunk = max(1_000, min(CHUNK, 20_000_000 // max(K_exp, 1)))
     done = 0
 
@@ -290,7 +290,7 @@ def verify(
             yield batch
 
     for batch, res in runner.run(sent(batches(taskset, trie, chunk))):
-        state.record(batch, res, weights)
+        state.record(batch, res)
         if classes is not None:
             classes.record(batch, res)
         report.deferred = runner.deferred
@@ -311,11 +311,24 @@ def verify(
     return report
 
 
+@dataclass(frozen=True)
+class Names:
+    """What a counterexample names from the weights: token strings and each expert's task."""
+
+    vocab: Sequence[str]
+    expert_tasks: Sequence[str]
+
+    @staticmethod
+    def of(weights: Weights) -> "Names":
+        return Names(weights.vocab, weights.expert_tasks)           # the weights' own sequences, not copied
+
+
 class Tally:
     """Accumulates per-task results over batches, vectorised; describes failures at the end."""
 
-    def __init__(self, taskset, trie, report: Report, expert_task_index: np.ndarray, epsilon: float) -> None:
-        self.taskset, self.trie, self.report = taskset, trie, report
+    def __init__(self, taskset, trie, report: Report, expert_task_index: np.ndarray, epsilon: float,
+                 names: Names) -> None:
+        self.taskset, self.trie, self.report, self.names = taskset, trie, report, names
         self.serves = expert_task_index
         self.epsilon = epsilon
         K = len(taskset.tasks)
@@ -324,7 +337,7 @@ class Tally:
         self.n_objects, self.l1_thr = l1_thresholds(taskset)
         self.pending: list[tuple[str, tuple[int, int, int], int, dict]] = []  # (check, part, index, numbers)
 
-    def record(self, b, res, weights) -> None:
+    def record(self, b, res) -> None:
         n, K = len(b), len(self.taskset.tasks)
         rep, eps = self.report, self.epsilon
         rows = np.arange(n)
@@ -386,13 +399,13 @@ class Tally:
             k = int(e[i])
             self.pending.append(("routing", self._ref(b, i), int(b.index[i]), {
                 "routed_expert": k, "routed_task": names[served[i]] if served[i] >= 0 else None,
-                "margin": float(res.margin[i]), "gate_scores": _top_gate(res, i, weights)}))
+                "margin": float(res.margin[i]), "gate_scores": _top_gate(res, i, self.names.expert_tasks)}))
         room = MAX_COUNTEREXAMPLES - len(self.pending)
         for i in np.flatnonzero(err_bad)[:max(room, 0)]:
             pred = res.predicted[i]
             self.pending.append(("error", self._ref(b, i), int(b.index[i]), {
                 "routed_expert": int(e[i]), "routed_task": names[served[i]] if served[i] >= 0 else None, "error_lower": float(res.err_lo[i]), "error_upper": float(res.err_hi[i]),
-                "epsilon": eps, "predicted": weights.vocab[pred] if pred >= 0 else "(a zero-logit token)"}))
+                "epsilon": eps, "predicted": self.names.vocab[pred] if pred >= 0 else "(a zero-logit token)"}))
         room = MAX_COUNTEREXAMPLES - len(self.pending)
         gap = row_gaps(res, n)
         for i in np.flatnonzero(oq & ~loc)[:max(room, 0)]:
@@ -450,7 +463,7 @@ def _describe(taskset: TaskSet, group: QueryGroup, i: int) -> dict[str, Any]:
     }
 
 
-def _top_gate(res, i: int, weights: Weights) -> list[dict[str, Any]]:
+def _top_gate(res, i: int, expert_tasks) -> list[dict[str, Any]]:
     ids, lo, hi = res.top_gate
-    return [{"expert": int(k), "task": weights.expert_tasks[k] or None, "lower": float(a), "upper": float(b)}
+    return [{"expert": int(k), "task": expert_tasks[k] or None, "lower": float(a), "upper": float(b)}
             for k, a, b in zip(ids[i], lo[i], hi[i]) if k >= 0]
