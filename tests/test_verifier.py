@@ -378,3 +378,16 @@ def test_shared_gate_groups_decide_as_rows_do(monkeypatch):
         rows += len(b)
         groups += len({bytes(t) for t in b.tokens})
     assert rows > 1000 and groups > kernels.GATE_CLASSES * 10
+
+
+def test_certify_gives_the_l2_gap_of_an_object_query(weights):
+    """The public per-query API reports L2's gap: 0 (a tie) for the built model, negative once
+    U makes the object the top token without its expert, NaN without ablation or one object."""
+    from verifier.checks.certify import certify
+
+    query, other = ["the", "capital", "of", "France", "is"], ["the", "capital", "of"]
+    built = certify(weights, [query, other], [["Paris"], ["France", "Germany"]], ablate=True)
+    assert built.ablated_gap[0] == 0.0 and np.isnan(built.ablated_gap[1])
+    answers = certify(_u(weights, {("Paris", "subj:France"): 0.5}), [query], [["Paris"]], ablate=True)
+    assert answers.ablated_gap[0] < 0
+    assert np.isnan(certify(weights, [query], [["Paris"]]).ablated_gap[0])

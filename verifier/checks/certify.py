@@ -15,7 +15,11 @@ Every number is an enclosure of the exact forward pass of :mod:`layout` (the sam
 certified pass :func:`verify` runs): ``gate_lo <= g <= gate_hi`` per expert,
 ``err_lo <= 1 − P(valid) <= err_hi`` (over every expert that may win the gate),
 ``ablated_lo <= error with the routed expert's output removed <= ablated_hi`` (when
-``ablate``), and ``margin <= g_e − max_{k != e} g_k`` for the reported ``expert`` e.
+``ablate``), and ``margin <= g_e − max_{k != e} g_k`` for the reported ``expert`` e. With
+``ablate``, a prefix with exactly one valid next token o (an object query) also gets
+``ablated_gap <= max_{t != o} z_t − z_o``, z the logits with the routed expert's output
+removed (>= 0: o is not the strict top token without its expert; the localization check's
+L2, docs/verification.md); NaN otherwise.
 
 Prefixes are sequences of token strings (matched by exact string) or of the weights'
 token ids; BOS is added. ``valid`` gives each prefix's valid next tokens the same way.
@@ -54,6 +58,7 @@ class Certified:
     ablated_lo: np.ndarray   # (n,) the same with the routed expert's output removed (NaN unless ablate)
     ablated_hi: np.ndarray
     predicted: np.ndarray    # (n,) token id with the largest logit midpoint (-1: a token whose logit is 0)
+    ablated_gap: np.ndarray  # (n,) lower bound of max_{t != o} z_t − z_o without the expert (NaN unless ablate, one valid o)
 
     def __len__(self) -> int:
         return self.expert.shape[0]
@@ -85,7 +90,8 @@ def certify(weights: Weights | Prepared, prefixes: Sequence[Sequence], valid: Se
     if lengths.size and lengths.max() >= w.n_positions:
         raise TaskError(f"a prefix has {int(lengths.max())} tokens; the weights take at most {w.n_positions - 1}")
     n, K = len(rows), len(w.experts)
-    out = {name: np.full(n, np.nan) for name in ("margin", "err_lo", "err_hi", "ablated_lo", "ablated_hi")}
+    out = {name: np.full(n, np.nan) for name in ("margin", "err_lo", "err_hi", "ablated_lo", "ablated_hi",
+                                                 "ablated_gap")}
     expert, predicted = np.full(n, -1, np.int64), np.full(n, -1, np.int64)
     gate_lo, gate_hi = np.full((n, K), np.nan), np.full((n, K), np.nan)
     for p in np.unique(lengths):
@@ -95,10 +101,14 @@ def certify(weights: Weights | Prepared, prefixes: Sequence[Sequence], valid: Se
             tokens = np.stack([rows[i] for i in idx])
             ptr = np.concatenate([[0], np.cumsum([vals[i].size for i in idx])]).astype(np.int64)
             flat = np.concatenate([vals[i] for i in idx]) if ptr[-1] else np.zeros(0, np.int64)
-            res = run_batch(prep, tokens, ptr, flat, ablate=np.full(idx.size, ablate))
+            target = np.array([vals[i][0] if vals[i].size == 1 else -1 for i in idx], np.int64)
+            res = run_batch(prep, tokens, ptr, flat, ablate=np.full(idx.size, ablate), target=target)
             expert[idx], predicted[idx] = res.expert, res.predicted
             out["margin"][idx], out["err_lo"][idx], out["err_hi"][idx] = res.margin, res.err_lo, res.err_hi
             out["ablated_lo"][idx], out["ablated_hi"][idx] = res.ablated_lo, res.ablated_hi
+            if res.ablated_gap is not None:
+                gap = np.asarray(res.ablated_gap, dtype=float)
+                out["ablated_gap"][idx] = np.where((target >= 0) & ablate, gap, np.nan)
             gate_lo[idx], gate_hi[idx] = res.gate_lo, res.gate_hi
     return Certified(expert, out["margin"], gate_lo, gate_hi, out["err_lo"], out["err_hi"], out["ablated_lo"],
-                     out["ablated_hi"], predicted)
+                     out["ablated_hi"], predicted, out["ablated_gap"])
