@@ -1,29 +1,32 @@
 """An uncertified PyTorch forward pass over the same weights and queries: the yardstick.
 
     python benchmarks/peer.py --facts 100000 [--dtype float64 float32] [--sample 2000]
+    python benchmarks/peer.py --facts 100000 1000000 --runs 3     # end to end against check -> RESULTS.md
 
-What a researcher would write instead of certifying, from the weight layout of docs/reference.md,
-done competently for weights this sparse (a residual width of about three times the
-vocabulary, so no row of the residual is ever dense):
+The best plain pass we could write for this layout, float64 or float32, one thread:
 
-* queries batched by prefix length (the verifier's own batches, so both passes see the
-  same rows in the same order), one thread, float64 or float32;
+* queries batched by prefix length (the verifier's own enumeration, so both passes see
+  the same rows in the same order);
 * per-token and per-position query/key projections precomputed (all heads side by
   side), scores and softmax dense over (rows, heads, positions);
-* the residual as a list of (row, column, value) terms: E and P rows and every head's
-  value rows W_O·W_V·h_j weighted by attention, gathered from flat CSR tables; terms
-  are never merged (every later map is linear in the residual);
-* the gate by gathering W_G's columns for each term and ``index_add`` into (rows, K);
-  top-1 routing by argmax;
-* experts grouped by the routed expert: W_1·r as gathered (row, neuron) terms summed
-  with ``unique`` + ``index_add``, ReLU, W_2·a gathered, and the positive-bias neurons
-  a row does not reach added as a constant (exactly the layout's function);
-* logits U·y gathered the same way, only for tokens some term reaches; every other
-  token has logit 0 and is counted in the softmax without being materialised.
+* the residual stream is a weighted sum of *pieces* (rows of E and P, each head's
+  W_O·W_V·E and W_O·W_V·P rows, weighted 1 or by attention). Every later map is linear
+  in it, so each piece's image is tabulated once: its gate scores, its pre-activations
+  in each expert, its logits (scipy products when the tables are built). A batch is then
+  a sparse matrix A of piece weights (rows × pieces) and three sparse CSR products:
+  ``A·G`` (gate; top-1 routing by argmax), ``A_k·Z_k`` for the rows routed to expert k
+  only (its neurons, nothing of the other experts), and ``relu(·)·(U·W_2)_k`` over the
+  neurons that fire (positive-bias neurons as a constant);
+* logits only for the tokens some firing neuron reaches; every other token has logit 0
+  and enters the softmax as a count, never materialised; P(valid) from the valid
+  tokens' logits found by binary search.
 
 It returns, per query, the routed expert and the error 1 − P(valid), and the benchmark
 checks them against the verifier's enclosures on a sample (:func:`measure`). Used by
-``benchmarks/scale.py``; runs alone as above.
+``benchmarks/scale.py``. With ``--runs``, :func:`paired` times whole processes in
+interleaved rounds: the peer end to end (reading the files, enumerating the queries,
+building its tables, the pass) against ``python -m verifier check --jobs 1`` of the same
+task set, with and without ``--weights``, and writes the block "peer" of RESULTS.md.
 """
 
 from __future__ import annotations
