@@ -1,34 +1,38 @@
 """An uncertified PyTorch forward pass over the same weights and queries: the yardstick.
 
     python benchmarks/peer.py --facts 100000 [--dtype float64 float32] [--sample 2000]
+    python benchmarks/peer.py --facts 100000 1000000 --runs 3     # end to end against check -> RESULTS.md
 
-What a researcher would write instead of certifying, from the weight layout of docs/reference.md,
-done competently for weights this sparse (a residual width of about three times the
-vocabulary, so no row of the residual is ever dense):
+The best plain pass we could write for this layout, float64 or float32, one thread:
 
-* queries batched by prefix length (the verifier's own batches, so both passes see the
-  same rows in the same order), one thread, float64 or float32;
+* queries batched by prefix length (the verifier's own enumeration, so both passes see
+  the same rows in the same order);
 * per-token and per-position query/key projections precomputed (all heads side by
   side), scores and softmax dense over (rows, heads, positions);
-* the residual as a list of (row, column, value) terms: E and P rows and every head's
-  value rows W_O·W_V·h_j weighted by attention, gathered from flat CSR tables; terms
-  are never merged (every later map is linear in the residual);
-* the gate by gathering W_G's columns for each term and ``index_add`` into (rows, K);
-  top-1 routing by argmax;
-* experts grouped by the routed expert: W_1·r as gathered (row, neuron) terms summed
-  with ``unique`` + ``index_add``, ReLU, W_2·a gathered, and the positive-bias neurons
-  a row does not reach added as a constant (exactly the layout's function);
-* logits U·y gathered the same way, only for tokens some term reaches; every other
-  token has logit 0 and is counted in the softmax without being materialised.
+* the residual stream is a weighted sum of *pieces* (rows of E and P, each head's
+  W_O·W_V·E and W_O·W_V·P rows, weighted 1 or by attention). Every later map is linear
+  in it, so each piece's image is tabulated once: its gate scores, its pre-activations
+  in each expert, its logits (scipy products when the tables are built). A batch is then
+  a sparse matrix A of piece weights (rows × pieces) and three sparse CSR products:
+  ``A·G`` (gate; top-1 routing by argmax), ``A_k·Z_k`` for the rows routed to expert k
+  only (its neurons, nothing of the other experts), and ``relu(·)·(U·W_2)_k`` over the
+  neurons that fire (positive-bias neurons as a constant);
+* logits only for the tokens some firing neuron reaches; every other token has logit 0
+  and enters the softmax as a count, never materialised; P(valid) from the valid
+  tokens' logits found by binary search.
 
 It returns, per query, the routed expert and the error 1 − P(valid), and the benchmark
 checks them against the verifier's enclosures on a sample (:func:`measure`). Used by
-``benchmarks/scale.py``; runs alone as above.
+``benchmarks/scale.py``. With ``--runs``, :func:`paired` times whole processes in
+interleaved rounds: the peer end to end (reading the files, enumerating the queries,
+building its tables, the pass) against ``python -m verifier check --jobs 1`` of the same
+task set, with and without ``--weights``, and writes the block "peer" of RESULTS.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 import warnings
@@ -42,52 +46,26 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 
-PAD = 8   # rows of at most this many entries, nearly all full, are stored padded (a gather is one indexing)
-
-
-def _flat(M: sp.csr_matrix, torch, dtype):
-    """A CSR matrix as torch tensors: padded (rows x m) columns and values when every row has at
-    most PAD entries (zeros fill the padding; a zero term adds exactly nothing), else (indptr, indices, data)."""
+def _csr(M: sp.spmatrix, torch, dtype):
+    """A scipy matrix as a torch sparse CSR tensor of ``dtype``."""
     M = sp.csr_matrix(M)
-    M.sort_indices()
-    counts = np.diff(M.indptr)
-    m = int(counts.max(initial=0))
-    if M.nnz == 0:
-        return ("empty",)
-    if m <= PAD and M.nnz >= 0.75 * M.shape[0] * m:          # padding costs at most a quarter more terms
-        cols = np.zeros((M.shape[0], max(m, 1)), np.int64)
-        vals = np.zeros((M.shape[0], max(m, 1)))
-        rows = np.repeat(np.arange(M.shape[0]), counts)
-        pos = np.arange(M.nnz) - np.repeat(M.indptr[:-1], counts)
-        cols[rows, pos] = M.indices
-        vals[rows, pos] = M.data
-        return ("padded", torch.from_numpy(cols), torch.from_numpy(vals).to(dtype))
-    return (torch.from_numpy(M.indptr.astype(np.int64)), torch.from_numpy(M.indices.astype(np.int64)),
-            torch.from_numpy(M.data.astype(np.float64)).to(dtype))
-
-
-def _gather(table, rows, torch):
-    """The entries of ``table``'s rows ``rows``: (position of the row in ``rows``, column, value)."""
-    if table[0] == "empty":
-        return rows[:0], rows[:0], torch.zeros(0)
-    if isinstance(table[0], str):
-        _, cols, vals = table
-        m = cols.shape[1]
-        owner = torch.arange(rows.numel()).repeat_interleave(m) if m > 1 else torch.arange(rows.numel())
-        return owner, cols[rows].reshape(-1), vals[rows].reshape(-1)
-    ptr, idx, val = table
-    start = ptr[rows]
-    counts = ptr[rows + 1] - start
-    owner = torch.repeat_interleave(torch.arange(rows.numel()), counts)
-    if owner.numel() == 0:
-        return owner, idx[:0], val[:0]
-    offsets = torch.arange(owner.numel()) - torch.repeat_interleave(torch.cumsum(counts, 0) - counts, counts)
-    pos = start[owner] + offsets
-    return owner, idx[pos], val[pos]
+    return torch.sparse_csr_tensor(torch.from_numpy(M.indptr.astype(np.int64)),
+                                   torch.from_numpy(M.indices.astype(np.int64)),
+                                   torch.from_numpy(M.data.astype(np.float64)).to(dtype), size=M.shape)
 
 
 class Peer:
-    """The weights, prepared once for the PyTorch pass."""
+    """The weights, prepared once for the PyTorch pass: per-piece tables.
+
+    A *piece* is a row the residual stream is a weighted sum of: ``E[t]`` (weight 1, the
+    last token), ``P[p]`` (weight 1) and, per head h and position j, ``W_O W_V E[t_j]`` and
+    ``W_O W_V P[j]`` (weight: the attention a_hj). Every map after the residual is
+    linear in it, so each piece's image is tabulated once: its gate scores (pieces × K),
+    its pre-activations in every expert (pieces × width_k, one table per expert) and its
+    logits (pieces × V). A query is then a sparse row of piece weights A, and the pass is
+    three sparse products: ``A·G`` (gate), ``A_k·Z_k`` (the routed expert's neurons only),
+    ``relu(·)·(U W_2)_k`` (logits of the tokens the expert reaches).
+    """
 
     def __init__(self, weights, dtype: str = "float64") -> None:
         import torch
@@ -100,6 +78,8 @@ class Peer:
         t = lambda a: torch.from_numpy(np.asarray(a, np.float64)).to(self.dtype)  # noqa: E731
         E, P = w.E.tocsr(), w.P.tocsr()
         self.H = len(w.heads)
+        self.V1, self.npos = E.shape[0], P.shape[0]
+        blocks = [E, P]
         if self.H:
             self.QE = t(np.hstack([(E @ h.W_Q.T).toarray() for h in w.heads]))
             self.QP = t(np.hstack([(P @ h.W_Q.T).toarray() for h in w.heads]))
@@ -107,128 +87,111 @@ class Peer:
             self.KP = t(np.hstack([(P @ h.W_K.T).toarray() for h in w.heads]))
             widths = [h.W_Q.shape[0] for h in w.heads]
             self.head_of = torch.from_numpy(np.repeat(np.arange(self.H), widths).astype(np.int64))
-            # value paths: head m's W_O W_V E rows after m·(V+1), its W_O W_V P rows after m·n_pos
-            self.OE = _flat(sp.vstack([E @ h.W_V.T @ h.W_O.T for h in w.heads]).tocsr(), torch, self.dtype)
-            self.OP = _flat(sp.vstack([P @ h.W_V.T @ h.W_O.T for h in w.heads]).tocsr(), torch, self.dtype)
-        self.E, self.P = _flat(E, torch, self.dtype), _flat(P, torch, self.dtype)
-        self.WGT = _flat(w.W_G.T.tocsr(), torch, self.dtype)
+            # pieces: E rows, P rows, then head m's W_O W_V E rows, then head m's W_O W_V P rows
+            blocks += [E @ h.W_V.T @ h.W_O.T for h in w.heads] + [P @ h.W_V.T @ h.W_O.T for h in w.heads]
+        pieces = sp.vstack(blocks).tocsr()
+        self.G = _csr(pieces @ w.W_G.T, torch, self.dtype)
         self.bG = t(w.b_G)
-        self.UT = _flat(w.U.T.tocsr(), torch, self.dtype)
-        self.experts = []
+        LU = (pieces @ w.U.T).tocsr()
+        self.LU = _csr(LU, torch, self.dtype) if LU.nnz else None       # logits the residual reaches directly
+        W1 = sp.vstack([sp.csr_matrix(e.W_1) for e in w.experts]).tocsr()
+        Z = (pieces @ W1.T).tocsc()
+        self.experts, off = [], 0
         for e in w.experts:
+            width = e.W_1.shape[0]
             b = np.asarray(e.b_1, np.float64)
-            positive = np.flatnonzero(b > 0)
             W2 = sp.csc_matrix(e.W_2)
-            const = (W2[:, positive] @ sp.csc_matrix(b[positive].reshape(-1, 1))).T if positive.size \
-                else sp.csr_matrix((1, w.d))
-            # W_1^T over the residual directions this expert reads (searchsorted maps a direction
-            # to its row), so the table grows with the expert, not with d
-            W1 = sp.csr_matrix(e.W_1)
-            read = np.unique(W1.indices)
-            self.experts.append((torch.from_numpy(read.astype(np.int64)), _flat(W1[:, read].T.tocsr(), torch, self.dtype),
-                                 t(b), _flat(W2.T.tocsr(), torch, self.dtype), _flat(const, torch, self.dtype)))
-
-    def run(self, tokens: np.ndarray, valid_ptr: np.ndarray, valid: np.ndarray):
-        """(routed expert, error) per row of a batch of one prefix length (weights' token ids)."""
-        torch = self.torch
-        w, n = self.w, tokens.shape[0]
-        p = tokens.shape[1]
-        ids = torch.from_numpy(np.concatenate([np.full((n, 1), w.bos), tokens], axis=1).astype(np.int64))
-        rows_E, cols_E, vals_E = _gather(self.E, ids[:, p], torch)
-        rows_P, cols_P, vals_P = _gather(self.P, torch.full((n,), p, dtype=torch.int64), torch)
-        parts = [(rows_E, cols_E, vals_E), (rows_P, cols_P, vals_P)]
-        if self.H:
-            q = self.QE[ids[:, p]] + self.QP[p]                                  # (n, Σd_h)
-            k = self.KE[ids] + self.KP[: p + 1]                                  # (n, p+1, Σd_h)
-            prod = q[:, None, :] * k
-            s = torch.zeros(n, p + 1, self.H, dtype=self.dtype).index_add_(2, self.head_of, prod)
-            a = torch.softmax(s.transpose(1, 2), dim=-1)                         # (n, H, p+1)
-            heads = torch.arange(self.H)
-            V1, npos = w.E.shape[0], w.P.shape[0]
-            keys_E = (heads[None, :, None] * V1 + ids[:, None, :]).reshape(-1)   # (n·H·(p+1))
-            keys_P = (heads[None, :, None] * npos + torch.arange(p + 1)[None, None, :]).expand(n, self.H, p + 1).reshape(-1)
-            weight = a.reshape(-1)
-            for table, keys in ((self.OE, keys_E), (self.OP, keys_P)):
-                owner, cols, vals = _gather(table, keys, torch)
-                parts.append((owner // (self.H * (p + 1)), cols, vals * weight[owner]))
-        r_rows = torch.cat([x[0] for x in parts])
-        r_cols = torch.cat([x[1] for x in parts])
-        r_vals = torch.cat([x[2] for x in parts])
-        # gate
-        owner, experts, wv = _gather(self.WGT, r_cols, torch)
-        g = torch.zeros(n * self.K, dtype=self.dtype).index_add_(0, r_rows[owner] * self.K + experts, r_vals[owner] * wv)
-        g = g.view(n, self.K) + self.bG
-        e = torch.argmax(g, dim=1)
-        err = torch.empty(n, dtype=torch.float64)
-        order = torch.argsort(e[r_rows], stable=True)
-        r_rows_s, r_cols_s, r_vals_s = r_rows[order], r_cols[order], r_vals[order]
-        ek_sorted = e[r_rows_s]
-        bounds = torch.searchsorted(ek_sorted, torch.arange(self.K + 1))
-        for k in torch.unique(e).tolist():
-            lo, hi = int(bounds[k]), int(bounds[k + 1])
-            rows_k = torch.nonzero(e == k).reshape(-1)
-            err[rows_k] = self._expert_error(k, rows_k, r_rows_s[lo:hi], r_cols_s[lo:hi], r_vals_s[lo:hi],
-                                             valid_ptr, valid).to(torch.float64)
-        if self.gate_scaled:
-            raise NotImplementedError("gate_mode top1-scaled")
-        return e.numpy(), err.numpy()
+            UW2 = (w.U @ W2).T.tocsr()                                  # (width, V): a neuron's logits
+            positive = np.flatnonzero(b > 0)
+            const = sp.csr_matrix(UW2[positive].T @ b[positive]).reshape(1, -1) if positive.size else None
+            self.experts.append((_csr(Z[:, off:off + width], torch, self.dtype), t(b), _csr(UW2, torch, self.dtype),
+                                 None if const is None or const.nnz == 0 else _csr(const, torch, self.dtype)))
+            off += width
 
     @property
     def gate_scaled(self) -> bool:
         return self.w.gate_mode == "top1-scaled"
 
-    def _expert_error(self, k, rows_k, t_rows, t_cols, t_vals, valid_ptr, valid):
+    def run(self, tokens: np.ndarray, valid_ptr: np.ndarray, valid: np.ndarray):
+        """(routed expert, error) per row of a batch of one prefix length (weights' token ids)."""
         torch = self.torch
-        read, W1T, b1, W2T, const = self.experts[k]
-        nk = rows_k.numel()
-        local = torch.full((int(rows_k.max()) + 1,), -1, dtype=torch.int64)
-        local[rows_k] = torch.arange(nk)
-        lr = local[t_rows]                                           # row within this expert's rows
-        width = b1.numel()
-        if read.numel():
-            at = torch.searchsorted(read, t_cols).clamp(max=read.numel() - 1)
-            hit = torch.nonzero(read[at] == t_cols).reshape(-1)       # the terms on directions W_1 reads
-            owner, neurons, wv = _gather(W1T, at[hit], torch)
-            owner = hit[owner]
-        else:
-            owner, neurons, wv = _gather(("empty",), t_cols, torch)
-        key = lr[owner] * max(width, 1) + neurons
-        uk, inv = torch.unique(key, return_inverse=True)
-        z = torch.zeros(uk.numel(), dtype=self.dtype).index_add_(0, inv, t_vals[owner] * wv)
-        zr, zn = uk // max(width, 1), uk % max(width, 1)
-        z = z + b1[zn]
-        act = torch.relu(z) - torch.relu(b1[zn])                     # reached neurons, net of the constant
-        on = act != 0
-        zr, zn, act = zr[on], zn[on], act[on]
-        o_owner, o_cols, o_vals = _gather(W2T, zn, torch)
-        y_rows = torch.cat([lr, zr[o_owner]])
-        y_cols = torch.cat([t_cols, o_cols])
-        y_vals = torch.cat([t_vals, act[o_owner] * o_vals])
-        c_owner, c_cols, c_vals = _gather(const, torch.zeros(1, dtype=torch.int64), torch)
-        if c_cols.numel():
-            y_rows = torch.cat([y_rows, torch.arange(nk).repeat_interleave(c_cols.numel())])
-            y_cols = torch.cat([y_cols, c_cols.repeat(nk)])
-            y_vals = torch.cat([y_vals, c_vals.repeat(nk)])
-        l_owner, tok, uv = _gather(self.UT, y_cols, torch)
-        key = y_rows[l_owner] * self.V + tok
-        uk, inv = torch.unique(key, return_inverse=True)
-        logit = torch.zeros(uk.numel(), dtype=self.dtype).index_add_(0, inv, y_vals[l_owner] * uv)
-        lrow, ltok = uk // self.V, uk % self.V
-        # softmax over V tokens: the reached ones, and V − reached tokens with logit 0
-        reached = torch.bincount(lrow, minlength=nk)
-        M = torch.zeros(nk, dtype=self.dtype).index_reduce_(0, lrow, logit, "amax", include_self=False)
-        M = torch.where(reached < self.V, torch.clamp(M, min=0.0), M)
-        ex = torch.exp(logit - M[lrow])
-        total = torch.zeros(nk, dtype=self.dtype).index_add_(0, lrow, ex) + (self.V - reached) * torch.exp(-M)
+        if self.gate_scaled:
+            raise NotImplementedError("gate_mode top1-scaled")
+        w, n = self.w, tokens.shape[0]
+        p = tokens.shape[1]
+        ids = torch.from_numpy(np.concatenate([np.full((n, 1), w.bos), tokens], axis=1).astype(np.int64))
+        cols = [ids[:, p:], torch.full((n, 1), self.V1 + p, dtype=torch.int64)]
+        vals = [torch.ones(n, 2, dtype=self.dtype)]
+        if self.H:
+            q = self.QE[ids[:, p]] + self.QP[p]                                  # (n, Σd_h)
+            k = self.KE[ids] + self.KP[: p + 1]                                  # (n, p+1, Σd_h)
+            s = torch.zeros(n, p + 1, self.H, dtype=self.dtype).index_add_(2, self.head_of, q[:, None, :] * k)
+            a = torch.softmax(s.transpose(1, 2), dim=-1).reshape(n, -1)         # (n, H·(p+1))
+            heads = torch.arange(self.H)[None, :, None]
+            base = self.V1 + self.npos
+            cols.append((base + heads * self.V1 + ids[:, None, :]).reshape(n, -1))
+            cols.append((base + self.H * self.V1 + heads * self.npos + torch.arange(p + 1)).expand(n, -1, -1).reshape(n, -1))
+            vals += [a, a]
+        col = torch.cat(cols, 1)
+        val = torch.cat(vals, 1)
+        m = col.shape[1]
+        A = torch.sparse_csr_tensor(torch.arange(n + 1) * m, col.reshape(-1), val.reshape(-1),
+                                    size=(n, self.G.shape[0]))
+        g = (A @ self.G).to_dense() + self.bG
+        e = torch.argmax(g, dim=1)
+        err = torch.empty(n, dtype=torch.float64)
+        order = torch.argsort(e, stable=True)
+        bounds = torch.searchsorted(e[order], torch.arange(self.K + 1)).tolist()
         vp = torch.from_numpy(np.asarray(valid_ptr, np.int64))
-        v_owner, v_tok, _ = _gather((vp, torch.from_numpy(np.asarray(valid, np.int64)),
-                                     torch.zeros(len(valid), dtype=self.dtype)), rows_k, torch)   # ragged: few rows
-        vkey = v_owner * self.V + v_tok
-        pos = torch.searchsorted(uk, vkey).clamp(max=max(uk.numel() - 1, 0))
-        hit = (uk[pos] == vkey) if uk.numel() else torch.zeros_like(vkey, dtype=torch.bool)
-        good = torch.zeros(nk, dtype=self.dtype).index_add_(0, v_owner[hit], ex[pos[hit]])
-        missing = torch.bincount(v_owner[~hit], minlength=nk).to(self.dtype)
-        good = good + missing * torch.exp(-M)
+        vt = torch.from_numpy(np.asarray(valid, np.int64))
+        for x in range(self.K):
+            if bounds[x + 1] > bounds[x]:
+                rows = order[bounds[x]:bounds[x + 1]]
+                Ak = torch.sparse_csr_tensor(torch.arange(rows.numel() + 1) * m, col[rows].reshape(-1),
+                                             val[rows].reshape(-1), size=(rows.numel(), self.G.shape[0]))
+                err[rows] = self._error(x, Ak, rows, vp, vt).to(torch.float64)
+        return e.numpy(), err.numpy()
+
+    def _error(self, x, Ak, rows, vp, vt):
+        """1 − P(valid) for the rows ``rows`` routed to expert ``x`` (piece weights ``Ak``)."""
+        torch = self.torch
+        Z, b1, UW2, const = self.experts[x]
+        nk = rows.numel()
+        z = Ak @ Z                                                   # reached neurons only
+        zc, zv = z.col_indices(), z.values()
+        act = torch.relu(zv + b1[zc]) - torch.relu(b1[zc])           # net of the constant relu(b1)
+        on = act != 0                                                # neurons below threshold add nothing
+        zrow = torch.repeat_interleave(torch.arange(nk), z.crow_indices().diff())
+        crow = torch.zeros(nk + 1, dtype=torch.int64)
+        crow[1:] = torch.cumsum(torch.bincount(zrow[on], minlength=nk), 0)
+        h = torch.sparse_csr_tensor(crow, zc[on], act[on], size=z.shape)
+        L = h @ UW2                                                  # logits of the reached tokens
+        if self.LU is not None:
+            L = L + Ak @ self.LU
+        if const is not None:
+            L = L + torch.sparse_csr_tensor(torch.arange(nk + 1), torch.zeros(nk, dtype=torch.int64),
+                                            torch.ones(nk, dtype=self.dtype), size=(nk, 1)) @ const
+        crow, lcol, logit = L.crow_indices(), L.col_indices(), L.values()
+        reached = crow[1:] - crow[:-1]
+        M = torch.segment_reduce(logit, "max", offsets=crow, initial=-float("inf")) if logit.numel() \
+            else torch.full((nk,), -float("inf"), dtype=self.dtype)
+        M = torch.where(reached < self.V, torch.clamp(M, min=0.0), M)   # V − reached tokens have logit 0
+        lrow = torch.repeat_interleave(torch.arange(nk), reached)
+        ex = torch.exp(logit - M[lrow])
+        e0 = torch.exp(-M)
+        total = torch.zeros(nk, dtype=self.dtype).index_add_(0, lrow, ex) + (self.V - reached) * e0
+        # valid tokens: count · e^{−M}, corrected on those reached (sorted keys, a binary search each)
+        start, count = vp[rows], vp[rows + 1] - vp[rows]
+        vrow = torch.repeat_interleave(torch.arange(nk), count)
+        vkey = vrow * self.V + vt[start[vrow] + torch.arange(vrow.numel()) - torch.repeat_interleave(
+            torch.cumsum(count, 0) - count, count)]
+        vkey = torch.sort(vkey).values
+        good = count.to(self.dtype) * e0
+        if vkey.numel() and logit.numel():
+            lkey = lrow * self.V + lcol
+            pos = torch.searchsorted(vkey, lkey).clamp(max=vkey.numel() - 1)
+            hit = vkey[pos] == lkey
+            good = good.index_add_(0, lrow[hit], ex[hit] - e0[lrow[hit]])
         return 1.0 - good / total
 
 
@@ -248,6 +211,7 @@ def measure(weights, work: Iterable, dtypes: Sequence[str], sample: int = 2000, 
 
     torch.set_num_threads(1)
     warnings.filterwarnings("ignore", message="index_reduce\\(\\) is in beta")
+    warnings.filterwarnings("ignore", message="Sparse (CSR tensor support|invariant checks)")
     prep = Prepared(weights)
     peers = {dt: Peer(weights, dt) for dt in dtypes}
     rng = np.random.default_rng(seed)
@@ -310,17 +274,156 @@ def compare(facts: int, dtypes: list[str], sample: int, seed: int = 0) -> list[d
     return [{"facts": facts, **r} for r in measure(weights, verifier_batches(ts, weights), dtypes, sample, seed)]
 
 
+def end_to_end(directory: str, dtype: str) -> dict:
+    """What a user's uncertified pass does, as one process: read the tasks and the weights,
+    enumerate the queries (batched by prefix length), build the tables, run every batch,
+    one thread. Returns the phase times and the number of queries."""
+    import torch
+
+    from layout.npz import load
+    from tasks.io import load_tasks
+
+    torch.set_num_threads(1)
+    warnings.filterwarnings("ignore")
+    t0 = time.perf_counter()
+    ts = load_tasks(str(Path(directory) / "tasks.yaml"))
+    weights = load(str(Path(directory) / "weights.npz"))
+    t1 = time.perf_counter()
+    peer = Peer(weights, dtype)
+    t2 = time.perf_counter()
+    queries, enumerate_s, forward_s = 0, 0.0, 0.0
+    it = iter(verifier_batches(ts, weights))
+    while True:
+        t = time.perf_counter()
+        batch = next(it, None)
+        enumerate_s += time.perf_counter() - t
+        if batch is None:
+            break
+        t = time.perf_counter()
+        peer.run(*batch[:3])
+        forward_s += time.perf_counter() - t
+        queries += batch[0].shape[0]
+    return {"dtype": dtype, "queries": queries, "read_s": t1 - t0, "tables_s": t2 - t1, "enumerate_s": enumerate_s,
+            "forward_s": forward_s}
+
+
+def _commands(directory: str) -> dict[str, list[str]]:
+    """The processes timed against each other: the peer end to end in each dtype, ``check`` of
+    the same weights, and the whole ``check`` (construction and its evidence included)."""
+    py, here = sys.executable, str(Path(__file__).resolve())
+    tasks, weights = str(Path(directory) / "tasks.yaml"), str(Path(directory) / "weights.npz")
+    return {
+        "PyTorch peer, float64": [py, here, "--end-to-end", directory, "--dtype", "float64"],
+        "PyTorch peer, float32": [py, here, "--end-to-end", directory, "--dtype", "float32"],
+        "`check --weights`": [py, "-m", "verifier", "check", tasks, "--weights", weights, "--jobs", "1", "--quiet"],
+        "`check` (whole)": [py, "-m", "verifier", "check", tasks, "--jobs", "1", "--quiet"],
+    }
+
+
+def paired(facts: int, runs: int, work: Path, seed: int = 0) -> tuple[list[dict], dict[str, list[float]]]:
+    """Generate the set of ``facts`` facts into ``work``, build its weights with ``python -m verifier
+    build``, then run every command of :func:`_commands` in turn, ``runs`` rounds (a warm-up round
+    first, not counted): the wall time of each whole process, interleaved so that drift in the
+    machine's speed falls on all of them alike. Also returns each peer's phases (last round)."""
+    import subprocess
+
+    from tasks.io import dump_tasks
+    from tasks.synthetic import wikidata_like
+
+    work.mkdir(parents=True, exist_ok=True)
+    dump_tasks(wikidata_like(facts, seed=seed), work / "tasks.yaml", facts_dir=work)
+    subprocess.run([sys.executable, "-m", "verifier", "build", str(work / "tasks.yaml"), "-o", str(work / "weights.npz"),
+                    "--quiet"], check=True)
+    cmds = _commands(str(work))
+    times: dict[str, list[float]] = {k: [] for k in cmds}
+    phases: dict[str, dict] = {}
+    for r in range(runs + 1):
+        for name, cmd in cmds.items():
+            t = time.perf_counter()
+            out = subprocess.run(cmd, capture_output=True, text=True)
+            wall = time.perf_counter() - t
+            if out.returncode not in (0, 1):
+                raise RuntimeError(f"{cmd}: exit {out.returncode}: {out.stderr[-2000:]}")
+            if r:
+                times[name].append(wall)
+            if "--end-to-end" in cmd:
+                phases[name] = json.loads(out.stdout.strip().splitlines()[-1])
+    return list(phases.values()), times
+
+
+def peer_block(rows: list[dict], command: str) -> str:
+    """The "peer" block of RESULTS.md from :func:`main`'s rows."""
+    from benchmarks.results import machine
+
+    out = ["## PyTorch peer, end to end", "",
+           f"Machine: {machine()}. Command: `{command}`.", "",
+           "| facts | queries | process | median wall (s) | runs (s) | ÷ whole `check` | ÷ `check --weights` |",
+           "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        whole = float(np.median(r["times"]["`check` (whole)"]))
+        given = float(np.median(r["times"]["`check --weights`"]))
+        for name, ts in r["times"].items():
+            med = float(np.median(ts))
+            out.append(f"| {r['facts']:,} | {r['queries']:,} | {name} | {med:.2f} | "
+                       f"{', '.join(f'{x:.2f}' for x in ts)} | {med / whole:.2f}× | {med / given:.2f}× |")
+    out += ["", "Peer phases, last run (s): " + "; ".join(
+        f"{r['facts']:,} facts {p['dtype']}: read {p['read_s']:.2f}, tables {p['tables_s']:.2f}, enumerate "
+        f"{p['enumerate_s']:.2f}, forward {p['forward_s']:.2f}" for r in rows for p in r["phases"]), "",
+        "| facts | dtype | rows compared | expert disagreements | errors outside the enclosure |", "|---|---|---|---|---|"]
+    for r in rows:
+        for c in r["compared"]:
+            out.append(f"| {r['facts']:,} | {c['dtype']} | {c['checked']:,} | {c['expert_disagreements']} | "
+                       f"{c['outside_enclosure']} |")
+    out += ["", "Each process is timed whole (interpreter start-up, imports, reading the files included), one core "
+            "each (`--jobs 1`, one torch thread), the commands in turn within each round so that the machine's drift "
+            "falls on all alike; the median of the rounds. The peer reads the tasks and the weights, enumerates the "
+            "queries batched by prefix length, builds its tables and runs every query (docstring of "
+            "`benchmarks/peer.py`); `check --weights` verifies the same weights (every query, every check); the whole "
+            "`check` also builds the model and its evidence (closed form, modularity rebuilds). The rows compared are "
+            "a sample of every batch, in one process: the peer's routed expert against the certified one and its "
+            "error against the certified enclosure."]
+    return "\n".join(out)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
-    p.add_argument("--facts", type=int, default=100_000)
+    p.add_argument("--facts", type=int, nargs="+", default=[100_000])
     p.add_argument("--dtype", nargs="+", default=["float64", "float32"], choices=["float64", "float32"])
     p.add_argument("--sample", type=int, default=2000, help="queries checked against the verifier's enclosures")
+    p.add_argument("--runs", type=int, default=0,
+                   help="time the peer end to end against `check`, this many interleaved rounds, and write the "
+                        "block 'peer' of benchmarks/RESULTS.md (0: only the in-process comparison)")
+    p.add_argument("--out", default=str(ROOT / "benchmarks" / "RESULTS.md"), help="markdown file to write")
+    p.add_argument("--end-to-end", metavar="DIR", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    for r in compare(args.facts, args.dtype, args.sample):
-        print(f"{r['facts']:,} facts, {r['queries']:,} queries, {r['dtype']}: certified {r['certified_s']:.2f} s "
-              f"({r['certified_qps']:,.0f}/s), PyTorch {r['peer_s']:.2f} s ({r['peer_qps']:,.0f}/s), certified/PyTorch "
-              f"throughput {r['ratio']:.2f}x; sample of {r['checked']}: {r['expert_disagreements']} expert "
-              f"disagreements, {r['outside_enclosure']} errors outside the enclosure")
+    if args.end_to_end:
+        print(json.dumps(end_to_end(args.end_to_end, args.dtype[0])))
+        return 0
+    rows = []
+    for facts in args.facts:
+        compared = compare(facts, args.dtype, args.sample)
+        for r in compared:
+            print(f"{r['facts']:,} facts, {r['queries']:,} queries, {r['dtype']}: certified {r['certified_s']:.2f} s "
+                  f"({r['certified_qps']:,.0f}/s), PyTorch {r['peer_s']:.2f} s ({r['peer_qps']:,.0f}/s), certified/PyTorch "
+                  f"throughput {r['ratio']:.2f}x; sample of {r['checked']}: {r['expert_disagreements']} expert "
+                  f"disagreements, {r['outside_enclosure']} errors outside the enclosure")
+        if args.runs:
+            import tempfile
+
+            with tempfile.TemporaryDirectory() as tmp:
+                phases, times = paired(facts, args.runs, Path(tmp))
+            rows.append({"facts": facts, "queries": compared[0]["queries"], "compared": compared, "phases": phases,
+                         "times": times})
+            for name, ts in times.items():
+                print(f"{facts:,} facts: {name}: median {np.median(ts):.2f} s ({', '.join(f'{x:.2f}' for x in ts)})")
+    if rows:
+        from benchmarks.results import write_block
+
+        given = list(argv if argv is not None else sys.argv[1:])
+        if "--out" in given:
+            i = given.index("--out")
+            del given[i:i + 2]
+        write_block("peer", peer_block(rows, ("python benchmarks/peer.py " + " ".join(given)).strip()), Path(args.out))
     return 0
 
 
