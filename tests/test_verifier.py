@@ -391,3 +391,26 @@ def test_certify_gives_the_l2_gap_of_an_object_query(weights):
     answers = certify(_u(weights, {("Paris", "subj:France"): 0.5}), [query], [["Paris"]], ablate=True)
     assert answers.ablated_gap[0] < 0
     assert np.isnan(certify(weights, [query], [["Paris"]]).ablated_gap[0])
+
+
+def test_l1_on_its_bound_is_decided_exactly():
+    """Every token an object of the one task (V = |O_k| = 2): without the expert the built
+    model is uniform, P(o) = 1/2 exactly on L1's bound, where the rounded enclosure of the
+    error lies just below the threshold. The exact pass proves L1 (every other logit exactly
+    0, z_o <= 0); a deployed float32 execution may round P(o) above 1/2, so it is not proven
+    there. (Found by tests/test_fuzz.py.)"""
+    from construction.model import build
+    from tasks.model import Facts, Slot, Task, TaskSet, Template
+    from verifier.passes.floating import Deployment
+
+    ts = TaskSet((Task("0", (Template((Slot.SUBJECT, Slot.OBJECT)),), Facts({"0 #2": "0 #2", "0 #3": "0 #3"})),),
+                 0.01, {})
+    model = build(ts)
+    w = model.instantiate()
+    assert len(w.vocab) == 2
+    exact = verify(ts, w, model.epsilon)
+    rec = exact.tasks[0]
+    assert exact.certified and rec.l1_held == rec.l2_held == rec.object_queries == 2
+    assert rec.worst_p_ablated > 0.5 >= rec.uniform_bound          # the enclosure alone would not prove it
+    deployed = verify(ts, w, model.epsilon, deployment=Deployment.named("float32"))
+    assert not deployed.certified and deployed.tasks[0].l1_held == 0 and deployed.tasks[0].l2_held == 2

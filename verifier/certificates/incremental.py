@@ -529,13 +529,13 @@ def recertify(old: Certificate, taskset: TaskSet, weights: Weights, cor: Corresp
     off = np.concatenate([[0], np.cumsum([e.width for e in weights.experts])]).astype(np.int64)
     watched = watched_since(old, weights, cor)
     watch = np.concatenate(watched) if watched else np.zeros(0, bool)
-    recorder = ClassRecorder(taskset, trie, old.plan, served, off, epsilon, watch)
+    recorder = ClassRecorder(taskset, trie, old.plan, served, off, epsilon, watch, vocab_size=len(weights.vocab))
     names = taskset.names
     recs = [TaskRecord(t.name, t.n_templates, t.n_facts, taskset.L, taskset.complexity(k), None, None)
             for k, t in enumerate(taskset.tasks)]
     scratch = Report(epsilon, dict(weights.parameters), recs, 0)
     scratch.routing_matrix = np.zeros((len(names), len(weights.experts)), np.int64)
-    state = Tally(taskset, trie, scratch, served, epsilon, Names.of(weights))
+    state = Tally(taskset, trie, scratch, served, epsilon, Names.of(weights), exact=True)
     cell_parts = [(nid, ranges[nid][c]) for nid, c in cells]
     rerun_count = 0
     # the experts a rerun query may need: those its class was routed to before, and the

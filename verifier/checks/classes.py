@@ -180,8 +180,9 @@ class ClassRecorder:
     """
 
     def __init__(self, taskset: TaskSet, trie: StructureTrie, plan: CellPlan, served: np.ndarray,
-                 off: np.ndarray, epsilon: float, watch: np.ndarray | None = None) -> None:
+                 off: np.ndarray, epsilon: float, watch: np.ndarray | None = None, *, vocab_size: int) -> None:
         self.taskset, self.trie, self.plan = taskset, trie, plan
+        self.vocab_size = int(vocab_size)      # the weights' V (classes are recorded by the exact pass)
         #: global neurons whose possible activity is recorded (verifier.certificates.locality.watched_neurons)
         self.watch = np.zeros(0, bool) if watch is None else np.asarray(watch, bool)
         self.served, self.off, self.eps = np.asarray(served, np.int64), np.asarray(off, np.int64), float(epsilon)
@@ -210,7 +211,7 @@ class ClassRecorder:
         served = np.array([names.index(t) if t in names else -1 for t in weights.expert_tasks], np.int64)
         off = np.concatenate([[0], np.cumsum([e.width for e in weights.experts])]).astype(np.int64)
         watch = np.concatenate(watched) if watched else np.zeros(0, bool)
-        return ClassRecorder(taskset, trie, plan, served, off, epsilon, watch)
+        return ClassRecorder(taskset, trie, plan, served, off, epsilon, watch, vocab_size=len(weights.vocab))
 
     def _grow(self, n_new: int) -> None:
         self._counts = np.concatenate([self._counts, np.zeros((n_new, len(COUNTS)), np.int64)])
@@ -243,7 +244,7 @@ class ClassRecorder:
         det = b.determined
         has = det >= 0
         oq = b.object_query & has
-        broken, l1, l2, loc = localization(res, det, oq, self.eps, self.l1_thr)
+        broken, l1, l2, loc = localization(res, det, oq, self.eps, self.l1_thr, self.vocab_size)
         foreign = has & (served != det) & (served >= 0)
         node = np.asarray(b.node, np.int64)
         sp_ = self.subject_at[node]

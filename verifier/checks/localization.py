@@ -5,7 +5,9 @@ expert's output is removed (:mod:`verifier.passes.forward`, step 5), the entangl
 (:mod:`verifier.checks.verify`, item 4) certifies
 
 * **L1**: P_ablated(o) <= 1/|O_k| (O_k: the task's distinct objects), decided as
-  "ablated error's lower end >= :func:`l1_threshold` (|O_k|)";
+  "ablated error's lower end >= :func:`l1_threshold` (|O_k|)", or, in the exact pass, by
+  an exact argument where every token but o has logit exactly 0 and z_o <= 0 is certified
+  (the construction's models: :func:`localization`);
 * **L2**: some t != o has z_t >= z_o, decided as "the kernels' lower bound of
   max_{t != o} z_t − z_o is >= 0" (``BatchResult.ablated_gap``);
 * **(b)**: the ablated error's lower end is >= ε (the original criterion).
@@ -58,14 +60,27 @@ def row_gaps(res, n: int) -> np.ndarray:
     return np.full(n, np.nan) if res.ablated_gap is None else np.asarray(res.ablated_gap, float)
 
 
-def localization(res, det: np.ndarray, oq: np.ndarray, eps: float, l1_thr: np.ndarray):
-    """Per row, whether (b) (ablated error >= ε), L1 (ablated error >= the task's
-    :func:`l1_threshold`) and L2 (gap >= 0) are certified, and all three, for the object
-    queries ``oq`` (False elsewhere; a NaN compares False: not certified)."""
+def localization(res, det: np.ndarray, oq: np.ndarray, eps: float, l1_thr: np.ndarray,
+                 exact_vocab: int | None = None):
+    """Per row, whether (b) (ablated error >= ε), L1 and L2 (gap >= 0) are certified, and all
+    three, for the object queries ``oq`` (False elsewhere; a NaN compares False: not certified).
+
+    L1 holds where the ablated error's lower end is >= the task's :func:`l1_threshold`, or,
+    in the exact pass (``exact_vocab`` = V, the weights' vocabulary size), where all V − 1
+    tokens other than o have logit exactly 0 (``ablated_zeros``) and the gap is >= 0. Proof
+    of the second: the gap bounds 0 − z_o from below, so z_o <= 0, and then
+    P(o) = e^{z_o}/(e^{z_o} + V − 1) <= 1/V <= 1/|O_k|, the task's distinct objects being
+    distinct tokens of the vocabulary. It decides exactly the case an enclosure cannot: the
+    uniform distribution when every token is an object of the task (V = |O_k|), where
+    P(o) = 1/|O_k| sits on the bound and the rounded error enclosure lies just below the
+    threshold. Not in a deployed pass, whose rounded softmax may put P(o) an ulp above 1/V."""
     ab = np.asarray(res.ablated_lo, float)
     thr = l1_thr[np.maximum(det, 0)] if l1_thr.size else np.zeros(det.size)
+    gaps = row_gaps(res, det.size)
     with np.errstate(invalid="ignore"):
         b_ok = oq & (ab >= eps)
         l1 = oq & (ab >= thr)
-        l2 = oq & (row_gaps(res, det.size) >= 0.0)
+        l2 = oq & (gaps >= 0.0)
+        if exact_vocab is not None and res.ablated_zeros is not None:
+            l1 |= l2 & (np.asarray(res.ablated_zeros, np.int64) == exact_vocab - 1)
     return b_ok, l1, l2, b_ok & l1 & l2

@@ -280,7 +280,7 @@ def verify(
                                                           zip(classes.off[:-1], classes.off[1:])])
     if executor.shares_memory:
         runner.prepare()                     # built once, before any worker starts
-    state = Tally(taskset, trie, report, expert_task_index, epsilon, Names.of(weights))
+    state = Tally(taskset, trie, report, expert_task_index, epsilon, Names.of(weights), exact=deployment is None)
     chunk = max(1_000, min(CHUNK, 20_000_000 // max(K_exp, 1)))
     done = 0
 
@@ -327,8 +327,10 @@ class Tally:
     """Accumulates per-task results over batches, vectorised; describes failures at the end."""
 
     def __init__(self, taskset, trie, report: Report, expert_task_index: np.ndarray, epsilon: float,
-                 names: Names) -> None:
+                 names: Names, *, exact: bool) -> None:
         self.taskset, self.trie, self.report, self.names = taskset, trie, report, names
+        #: the exact pass decides L1 at its bound exactly (verifier.checks.localization); a deployed one cannot
+        self.exact_vocab = len(names.vocab) if exact else None
         self.serves = expert_task_index
         self.epsilon = epsilon
         K = len(taskset.tasks)
@@ -372,7 +374,7 @@ class Tally:
         np.minimum.at(margins, det[ok_det], res.margin[ok_det])
         oq = b.object_query & has
         oq_count = np.bincount(det[oq], minlength=K)
-        b_ok, l1, l2, loc = localization(res, det, oq, eps, self.l1_thr)
+        b_ok, l1, l2, loc = localization(res, det, oq, eps, self.l1_thr, self.exact_vocab)
         broken = np.bincount(det[b_ok], minlength=K)
         n_l1, n_l2, n_loc = (np.bincount(det[m], minlength=K) for m in (l1, l2, loc))
         ab_low = np.full(K, np.inf)
