@@ -47,11 +47,12 @@ def _vec(t: torch.Tensor) -> np.ndarray:
 
 
 def to_weights(model: MoETransformer, taskset: TaskSet, expert_tasks: str | tuple[str, ...] = "none",
-               routing: np.ndarray | None = None, config=None) -> Weights:
+               routing: np.ndarray | None = None, config=None, extra: dict | None = None) -> Weights:
     """The layout's weights of ``model``; ``expert_tasks``: a mode of :data:`MAPPINGS` or names.
 
     ``routing`` (tasks x experts, determined queries) is needed for ``"majority"``;
-    ``config`` (a TrainConfig) is recorded in ``parameters``.
+    ``config`` (a TrainConfig) is recorded in ``parameters``, with ``extra`` (e.g. the
+    counterexample rounds and their total steps).
     """
     K = model.config.n_experts
     names = taskset.names
@@ -82,6 +83,7 @@ def to_weights(model: MoETransformer, taskset: TaskSet, expert_tasks: str | tupl
     parameters: dict = {"trained": "torch", "expert_tasks": mode}
     if config is not None:
         parameters.update({"objective": config.objective, "seed": config.seed, "steps": config.steps})
+    parameters.update(extra or {})
     weights = Weights(
         vocab=taskset.vocabulary.tokens,
         E=_csr(model.E), P=_csr(model.P), heads=heads,

@@ -27,10 +27,12 @@ from dataclasses import dataclass
 import numpy as np
 
 
-#: The float64 localization measure errs toward failing: a query within this relative
-#: distance of either threshold (p_o near 1/|O_k|, or the object's logit near the best
-#: other) counts as failing, so rounding in the uncertified measure cannot call a query
-#: localized that the verifier's enclosure might not.
+#: For decisions (counterexample rounds) the float64 measure errs toward failing: a query
+#: within this relative distance of either threshold (p_o near 1/|O_k|, or the object's
+#: logit near the best other's) counts as failing (:attr:`Localization.holds_with_slack`),
+#: so rounding in the uncertified measure cannot call a query localized that the exact
+#: values might not make so. The reported measure (:attr:`Localization.holds`) is the
+#: criterion itself, ties allowed.
 LOCALIZATION_SLACK = 1e-6
 
 
@@ -48,17 +50,24 @@ class Localization:
 
     @property
     def below_bound(self) -> np.ndarray:
-        """L1 (with the slack): P_ablated(o) ≤ (1 − slack)/|O_k|."""
-        return self.probability <= self.bound * (1 - LOCALIZATION_SLACK)
+        """L1: P_ablated(o) ≤ 1/|O_k|."""
+        return self.probability <= self.bound
 
     @property
     def not_top(self) -> np.ndarray:
-        """L2 (with the slack): another token's ablated logit ≥ the object's + slack·scale."""
-        return self.gap >= LOCALIZATION_SLACK * self.scale
+        """L2: another token's ablated logit is at least the object's (ties allowed)."""
+        return self.gap >= 0
 
     @property
     def holds(self) -> np.ndarray:
+        """L1 and L2, in float64."""
         return self.below_bound & self.not_top
+
+    @property
+    def holds_with_slack(self) -> np.ndarray:
+        """L1 and L2 with room: P_ablated(o) ≤ (1 − slack)/|O_k| and another token's logit
+        ≥ the object's + slack · max(1, |z_o|) (what the rounds require)."""
+        return (self.probability <= self.bound * (1 - LOCALIZATION_SLACK)) & (self.gap >= LOCALIZATION_SLACK * self.scale)
 
     @property
     def object_still_top(self) -> np.ndarray:

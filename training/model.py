@@ -109,19 +109,30 @@ class MoETransformer(nn.Module):
         self.register_buffer("neuron_mask", mask.to(self.W_1.dtype))           # (K, w), exact 0/1
 
     def residual(self, tokens: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-        """r_n for each row: tokens (B, T) with BOS first, lengths (B,) = n."""
+        """r_n for each row: tokens (B, T) with BOS first, lengths (B,) = n.
+
+        The maps are linear, so W h_j = W E[x_j] + W P[j]: each head's query, key and value
+        maps are applied once per vocabulary row and per position and then looked up (as
+        the verifier's pass does), not once per (row, position); the same function in real
+        arithmetic, and a float32 training step several times cheaper."""
         B, T = tokens.shape
         H, dh, d = self.W_Q.shape
-        h = self.E[tokens] + self.P[:T].unsqueeze(0)                       # (B, T, d)
         rows = torch.arange(B, device=tokens.device)
-        h_n = h[rows, lengths]                                              # (B, d)
-        q = (h_n @ self.W_Q.reshape(H * dh, d).T).view(B, 1, H, dh)
-        k = (h @ self.W_K.reshape(H * dh, d).T).view(B, T, H, dh)
+        last = tokens[rows, lengths]
+        h_n = self.E[last] + self.P[lengths]                                # (B, d)
+
+        def project(W: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            flat = W.reshape(H * dh, d).T
+            return self.E @ flat, self.P[:T] @ flat                          # (V+1, H*dh), (T, H*dh)
+
+        (EQ, PQ), (EK, PK), (EV, PV) = project(self.W_Q), project(self.W_K), project(self.W_V)
+        q = (EQ[last] + PQ[lengths]).view(B, 1, H, dh)
+        k = (EK[tokens] + PK.unsqueeze(0)).view(B, T, H, dh)
         s = (q * k).sum(-1)                                                 # (B, T, H)
         visible = torch.arange(T, device=tokens.device)[None, :] <= lengths[:, None]   # (B, T)
         s = s.masked_fill(~visible[:, :, None], float("-inf"))
         a = torch.softmax(s, dim=1)                                         # over positions j <= n
-        v = (h @ self.W_V.reshape(H * dh, d).T).view(B, T, H, dh)
+        v = (EV[tokens] + PV.unsqueeze(0)).view(B, T, H, dh)
         o = (a.unsqueeze(-1) * v).sum(1).reshape(B, H * dh)                 # (B, H*dv)
         W_O = self.W_O.permute(1, 0, 2).reshape(d, H * dh)                  # [W_O^1 .. W_O^H]
         return h_n + o @ W_O.T

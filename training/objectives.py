@@ -15,7 +15,9 @@
 * ``"localize"``: a recipe aimed at the verifier's certificate (:func:`localize_loss`),
   one term per check, each a hinge that is zero once the check holds with room:
 
-  - *error*: CE + a hinge on log(1 − P(valid)) above log(ρ_err·ε), so every query's error
+  - *error*: CE (−log P(valid), from one softmax per query, as every localize term: the
+    valid-set CE above takes two log-sum-exps per query, the cost that dominates at a
+    vocabulary of thousands) + a hinge on log(1 − P(valid)) above log(ρ_err·ε), so every query's error
     is below ε with room (the verifier certifies the exact pass of the float64 export;
     float32 training weights are exact in float64, and the room absorbs the float32
     training arithmetic);
@@ -110,13 +112,29 @@ def task_router(out: Output, determined: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.cross_entropy(out.gate[keep], determined[keep] % K)
 
 
+#: Probabilities are floored here before their log in the localize terms: a hinge on a log
+#: probability below 1e-30 is inactive anyway, and the floor keeps its gradient 0 rather
+#: than 0 · ∞ = NaN when float32 underflows to 0.
+TINY = 1e-30
+
+
+def masses(logits: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per query (P(valid), 1 − P(valid)) from one softmax, each summed directly over its own
+    tokens (the error is a sum of the invalid tokens' probabilities, not 1 minus a number
+    near 1, so it keeps its relative precision when small)."""
+    p = torch.softmax(logits, dim=-1)
+    zero = p.new_zeros(())
+    return torch.where(valid, p, zero).sum(dim=-1), torch.where(valid, zero, p).sum(dim=-1)
+
+
+def _log(x: torch.Tensor) -> torch.Tensor:
+    return torch.log(x.clamp_min(TINY))
+
+
 def error_hinge(logits: torch.Tensor, valid: torch.Tensor, target: float) -> torch.Tensor:
     """Per query ``max(0, log(1 − P(valid)) − log target)``: zero once the error is at most
-    ``target``. log(1 − P(valid)) is computed as lse(invalid) − lse(all), without cancellation;
-    a query with every token valid has error 0 (log = −inf) and a zero hinge."""
-    all_lse = torch.logsumexp(logits, dim=-1)
-    invalid_lse = torch.logsumexp(logits.masked_fill(valid, float("-inf")), dim=-1)
-    return torch.relu(invalid_lse - all_lse - math.log(target))
+    ``target`` (a query with every token valid has error 0 and a zero hinge)."""
+    return torch.relu(_log(masses(logits, valid)[1]) - math.log(target))
 
 
 def routing_hinge(gate: torch.Tensor, consistent: torch.Tensor, margin: float) -> torch.Tensor:
@@ -153,15 +171,18 @@ def ablation_hinges(ablated: torch.Tensor, obj: torch.Tensor, valid: torch.Tenso
     """
     rows = torch.arange(ablated.shape[0])
     z_o = ablated[rows, obj]
-    others = ablated.clone()
-    others[rows, obj] = float("-inf")
-    lse = torch.logsumexp(ablated, dim=-1)
-    top = torch.relu(recipe.ablation_margin + z_o - others.max(dim=-1).values)
-    probability = torch.relu(z_o - lse - torch.log(recipe.ablation_room * bound))
+    best2 = torch.topk(ablated, 2, dim=-1) if ablated.shape[1] > 1 else None
+    if best2 is None:           # one token: it is the object, nothing can beat it
+        best_other = torch.full_like(z_o, float("-inf"))
+    else:
+        best_other = torch.where(best2.indices[:, 0] == obj, best2.values[:, 1], best2.values[:, 0])
+    top = torch.relu(recipe.ablation_margin + z_o - best_other)
+    p = torch.softmax(ablated, dim=-1)
+    probability = torch.relu(_log(p[rows, obj]) - torch.log(recipe.ablation_room * bound))
     has_invalid = (~valid).any(dim=-1)
-    invalid_lse = torch.logsumexp(ablated.masked_fill(valid | ~has_invalid[:, None], 0.0).masked_fill(valid, float("-inf")), dim=-1)
+    error = torch.where(valid, p.new_zeros(()), p).sum(dim=-1)
     wrong = min(0.5, 4 * recipe.epsilon)
-    valid_term = torch.where(has_invalid, torch.relu(math.log(wrong) - (invalid_lse - lse)), torch.zeros_like(lse))
+    valid_term = torch.where(has_invalid, torch.relu(math.log(wrong) - _log(error)), torch.zeros_like(error))
     return {"top": top, "probability": probability, "valid": valid_term}
 
 
@@ -172,14 +193,14 @@ def localize_loss(out: Output, valid: torch.Tensor, targets: Targets, recipe: Re
     ``objects``: the batch rows of the object queries, in the order of ``out.ablated``
     (the forward pass was asked for their ablated logits)."""
     w = targets.weight
-    total = w.sum()
+    total = w.sum().detach()
+    p_valid, err = masses(out.logits, valid)
     per_query = {
-        "ce": valid_set_ce(out.logits, valid),
-        "error": error_hinge(out.logits, valid, recipe.error_room * recipe.epsilon),
+        "ce": -_log(p_valid),
+        "error": torch.relu(_log(err) - math.log(recipe.error_room * recipe.epsilon)),
         "gate": gate_set_ce(out.gate, targets.consistent),
         "route": routing_hinge(out.gate, targets.consistent, recipe.route_margin),
     }
-    total = total.detach()
     loss = sum((w * v).sum() for v in per_query.values()) / total
     parts = {name: float((w * v).sum().detach() / total) for name, v in per_query.items()}
     if objects.numel():

@@ -26,7 +26,7 @@ certified pass on every query (:func:`training.compare.certified_pass`, the encl
 
 **The verdict** is the verifier's: when every query passes, :func:`verifier.verify.verify`
 runs on the exported weights, and the round is certified when its report is certified
-and the float64 localization measure holds on every object query. Where the verifier
+and the float64 localization measure holds with its slack on every object query. Where the verifier
 certifies localization itself (a ``worst_ablated_object_probability`` in its task
 records), that check is part of ``report.certified``, and the float64 measure can only
 make a round continue, never certify one.
@@ -103,9 +103,11 @@ class QueryChecks:
 
 
 def query_checks(data: QueryData, weights: Weights, cert: CertifiedPass, loc: Localization,
-                 epsilon: float) -> QueryChecks:
+                 epsilon: float, slack: bool = True) -> QueryChecks:
     """The verifier's rules per query (see the module docstring); ``cert`` must have the
-    object queries' ablated enclosures (``certified_pass(..., ablate_objects=True)``)."""
+    object queries' ablated enclosures (``certified_pass(..., ablate_objects=True)``).
+    ``slack``: localization with the slack that errs toward failing (what the rounds
+    require; False: the criterion itself, ties allowed)."""
     if cert.ablated_lo is None:
         raise ValueError("the checks need the ablated enclosures: certified_pass(..., ablate_objects=True)")
     names = list(data.task_names)
@@ -117,7 +119,7 @@ def query_checks(data: QueryData, weights: Weights, cert: CertifiedPass, loc: Lo
     entanglement = ~oq.copy()
     entanglement[oq] = cert.ablated_lo[oq] >= epsilon
     localization = ~oq.copy()
-    localization[loc.rows] = loc.holds
+    localization[loc.rows] = loc.holds_with_slack if slack else loc.holds
     expert_of = {t: e for e, t in enumerate(weights.expert_tasks) if t}
     size = np.array([t in expert_of and weights.experts[expert_of[t]].width <= data.bounds[k]
                      for k, t in enumerate(names)], bool)
@@ -176,12 +178,12 @@ def reweight(weights: np.ndarray, failing: np.ndarray, boost: float, max_weight:
     return out
 
 
-def check_round(taskset: TaskSet, model: MoETransformer, config: TrainConfig, data: QueryData, epsilon: float
-                ) -> tuple[Weights, Evaluation, CertifiedPass, QueryChecks, Report | None]:
+def check_round(taskset: TaskSet, model: MoETransformer, config: TrainConfig, data: QueryData, epsilon: float,
+                extra: dict | None = None) -> tuple[Weights, Evaluation, CertifiedPass, QueryChecks, Report | None]:
     """Export, evaluate in float64, run the certified pass and the per-query checks; when
     every query passes, run :func:`verifier.verify.verify` for the verdict."""
     ev = evaluate(model, data)
-    weights = to_weights(model, taskset, "declared", config=config)
+    weights = to_weights(model, taskset, "declared", config=config, extra=extra)
     cert = certified_pass(taskset, weights, data, ablate_objects=True)
     checks = query_checks(data, weights, cert, ev.localization, epsilon)
     report = verify(taskset, weights, epsilon, source="trained weights") if checks.all_pass else None
@@ -223,10 +225,12 @@ def until_certified(taskset: TaskSet, config: TrainConfig, *, epsilon: float | N
                         round_no=r, log=step_log, log_every=100 if step_log else 0)
         model = trained.model
         spent += trained.seconds
+        total_steps = trained.steps + sum(x.steps for x in records)
         t0 = time.perf_counter()
-        weights, ev, cert, checks, report = check_round(taskset, model, config, data, epsilon)
+        weights, ev, cert, checks, report = check_round(taskset, model, config, data, epsilon,
+                                                        {"rounds": r + 1, "total_steps": total_steps})
         loc = ev.localization
-        certified = bool(report is not None and report.certified and loc.holds.all())
+        certified = bool(report is not None and report.certified and loc.holds_with_slack.all())
         failing = ~checks.passing
         rec = RoundRecord(round=r, steps=trained.steps, train_seconds=round(trained.seconds, 2),
                           check_seconds=round(time.perf_counter() - t0, 2), shares=checks.shares(),
