@@ -183,18 +183,24 @@ def test_sweep_smoke(tmp_path):
 
     out, wdir = tmp_path / "out", tmp_path / "w"
     plots = [] if importlib.util.find_spec("matplotlib") else ["--no-plots"]
-    args = ["--configs", "2x2", "--seeds", "0", "--steps", "30", "--objectives", "ce", "router",
-            "--facts-per-task", "5", "--out", str(out), "--weights-dir", str(wdir), *plots]
+    args = ["--configs", "2x2", "--seeds", "0", "--steps", "30", "--objectives", "ce", "router", "localize",
+            "--max-rounds", "1", "--round-steps", "10", "--sets", "--facts-per-task", "5", "--out", str(out),
+            "--weights-dir", str(wdir), *plots]
     assert sweep.main(args) == 0
     data = json.loads((out / "results.json").read_text(encoding="utf-8"))
     kinds = sorted(r["kind"] for r in data["runs"])
-    assert kinds == ["hand-built", "trained", "trained"]
+    assert kinds == ["hand-built", "trained", "trained", "trained"]
+    built = next(r for r in data["runs"] if r["kind"] == "hand-built")
+    assert built["worst_ablated_object_probability"] == 1 / built["vocabulary"] and built["localized"]
+    loc = next(r for r in data["runs"] if r.get("objective") == "localize")
+    assert 1 <= len(loc["rounds"]) <= 2 and loc["expert_tasks"] == list(sweep.task_set(10, 2, 0).names)
+    assert all(0 <= x <= 1 for x in loc["shares"].values()) and set(loc["task_shares"]) >= {"error", "localization"}
     assert all(r["agreement"]["expert_mismatches"] == 0 and r["agreement"]["outside"] == 0
                for r in data["runs"] if r["kind"] == "trained")
     assert data["transcript"]["exit"] in (0, 1)
     text = (out / "results.md").read_text(encoding="utf-8")
     assert "python -m training.sweep --configs 2x2" in text and "## Hand-built versus trained" in text
-    assert (out / "tasks-K2.yaml").exists() and len(list(wdir.glob("*.npz"))) == 2
+    assert (out / "tasks-K2.yaml").exists() and len(list(wdir.glob("*.npz"))) == 3
     assert sweep.main(["--render", "--out", str(out), *plots]) == 0
 
 
@@ -381,3 +387,20 @@ def test_train_cli_until_certified(capitals_set, tmp_path):
     assert rep["certified"] == (status == 0) and 1 <= len(rep["rounds"]) <= 2
     assert rep["expert_widths"] == [min(8, capitals_set.complexity(k)) for k in range(3)]
     assert verifier_main(["check", str(yaml_path), "--weights", str(npz), "--quiet"]) == status
+
+
+def test_ablated_logits_vanish_by_sparsity(capitals_model):
+    """The hand-built model's U reads no direction that E, P or a head writes: ablated logits are
+    exactly 0 (P_ablated(o) = 1/V); one shared nonzero breaks the argument."""
+    from training.metrics import ablated_logits_vanish
+
+    weights = capitals_model.instantiate()
+    assert ablated_logits_vanish(weights)
+    import dataclasses
+
+    import scipy.sparse as sp
+
+    U = sp.lil_matrix(weights.U)
+    j = int(sp.coo_matrix(weights.E).col[0])
+    U[0, j] = 1.0
+    assert not ablated_logits_vanish(dataclasses.replace(weights, U=sp.csr_matrix(U)))

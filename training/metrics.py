@@ -203,3 +203,29 @@ def parameter_counts(weights, routed_expert: np.ndarray) -> dict[str, float]:
     mean_expert = float(per_expert[routed].mean()) if routed.size else 0.0
     return {"total": int(total), "shared": int(shared), "active": shared + mean_expert,
             "largest_expert": int(per_expert.max())}
+
+
+def _support(M, axis: int) -> np.ndarray:
+    """Indices of the columns (axis 1) or rows (axis 0) of M holding a nonzero entry."""
+    import scipy.sparse as sp
+
+    C = sp.coo_matrix(M)
+    keep = C.data != 0
+    return np.unique((C.col if axis == 1 else C.row)[keep])
+
+
+def ablated_logits_vanish(weights) -> bool:
+    """Whether U·r = 0 exactly for every prefix, by sparsity alone (then, with the routed
+    expert's output removed, every token has logit 0: P_ablated(o) = 1/V for every object
+    query, and the object ties with every token, so L1 and L2 hold exactly).
+
+    The argument: r = h_n + Σ_m W_O^m (·) with h_n = E[x_n] + P[n], so coordinate j of r
+    can be nonzero only if column j of E or of P, or row j of some W_O^m, holds a nonzero
+    entry (the *written* directions); U·r = Σ_j U[:, j] r_j reads the columns of U holding a
+    nonzero entry. If no read direction is written, every term of every logit is an exact
+    0, whatever the attention weights are. The hand-built models have this structure (U
+    reads only the directions the experts write).
+    """
+    written = [_support(weights.E, 1), _support(weights.P, 1)] + [_support(h.W_O, 0) for h in weights.heads]
+    read = _support(weights.U, 1)
+    return not np.intersect1d(read, np.concatenate(written)).size
