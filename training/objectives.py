@@ -186,30 +186,38 @@ def ablation_hinges(ablated: torch.Tensor, obj: torch.Tensor, valid: torch.Tenso
     return {"top": top, "probability": probability, "valid": valid_term}
 
 
-def localize_loss(out: Output, valid: torch.Tensor, targets: Targets, recipe: Recipe,
-                  objects: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
-    """The ``localize`` objective: the weighted mean over the batch of every term.
+def localize_terms(out: Output, valid: torch.Tensor, targets: Targets, recipe: Recipe,
+                   objects: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Every term of the ``localize`` objective per query of the batch, (B,) each (the
+    ablation terms are 0 on rows that are not object queries).
 
     ``objects``: the batch rows of the object queries, in the order of ``out.ablated``
     (the forward pass was asked for their ablated logits)."""
-    w = targets.weight
-    total = w.sum().detach()
     p_valid, err = masses(out.logits, valid)
-    per_query = {
+    terms = {
         "ce": -_log(p_valid),
         "error": torch.relu(_log(err) - math.log(recipe.error_room * recipe.epsilon)),
         "gate": gate_set_ce(out.gate, targets.consistent),
         "route": routing_hinge(out.gate, targets.consistent, recipe.route_margin),
     }
-    loss = sum((w * v).sum() for v in per_query.values()) / total
-    parts = {name: float((w * v).sum().detach() / total) for name, v in per_query.items()}
     if objects.numel():
         ab = ablation_hinges(out.ablated, targets.object_token[objects], valid[objects], targets.bound[objects], recipe)
-        wo = w[objects]
         for name, v in ab.items():
-            loss = loss + (wo * v).sum() / total
-            parts["ablated_" + name] = float((wo * v).sum().detach() / total)
-    return loss, parts
+            terms["ablated_" + name] = torch.zeros_like(p_valid).index_put((objects,), v)
+    return terms
+
+
+def localize_loss(out: Output, valid: torch.Tensor, targets: Targets, recipe: Recipe,
+                  objects: torch.Tensor) -> tuple[torch.Tensor, dict[str, float], torch.Tensor]:
+    """The ``localize`` objective: the weighted mean over the batch of every term; its parts
+    (floats, for logging) and each query's total (detached, for the minibatch sampler)."""
+    terms = localize_terms(out, valid, targets, recipe, objects)
+    w = targets.weight
+    total = w.sum().detach()
+    per_query = sum(terms.values())
+    loss = (w * per_query).sum() / total
+    parts = {name: float((w * v).sum().detach() / total) for name, v in terms.items()}
+    return loss, parts, per_query.detach()
 
 
 def objective_loss(objective: str, out: Output, valid: torch.Tensor, determined: torch.Tensor,
@@ -225,7 +233,7 @@ def objective_loss(objective: str, out: Output, valid: torch.Tensor, determined:
     if objective == "localize":
         if targets is None or recipe is None or objects is None:
             raise ValueError("the localize objective needs targets, a recipe and the object rows")
-        return localize_loss(out, valid, targets, recipe, objects)
+        return localize_loss(out, valid, targets, recipe, objects)[:2]
     ce = valid_set_ce(out.logits, valid).mean()
     parts = {"ce": float(ce.detach())}
     loss = ce

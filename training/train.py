@@ -5,7 +5,10 @@ given weights (counterexample rounds, :mod:`training.rounds`), with the losses o
 :mod:`training.objectives` (no sampling of one target). Optimiser: Adam, full batch by
 default (the sets are small); with ``batch_size`` a minibatch is drawn with replacement
 with probability proportional to the query weights (the same expected gradient as the
-weighted full-batch loss). Learning rate: a short linear warm-up and a cosine decay to
+weighted full-batch loss), and under ``localize`` a share ``focus`` of it in proportion
+to the weight times the loss last seen on the query (the hinges are zero on most
+queries once learned; this spends the batch where they are not, and the uniform part
+keeps every query revisited). Learning rate: a short linear warm-up and a cosine decay to
 10%. Training runs in float32; evaluation (:func:`evaluate`) runs in float64 on a copy,
 which is the arithmetic the exported weights are checked against (float32 values are
 exact in float64).
@@ -35,7 +38,7 @@ from tasks.model import TaskSet
 from training.data import QueryData, query_data
 from training.metrics import Localization, entropy, localization, purity, routing_matrix
 from training.model import ModelConfig, MoETransformer
-from training.objectives import OBJECTIVES, Recipe, Targets, objective_loss, valid_error
+from training.objectives import OBJECTIVES, Recipe, Targets, localize_loss, objective_loss, valid_error
 
 WIDTHS = ("auto", "uniform", "bound")
 
@@ -68,12 +71,15 @@ class TrainConfig:
     route_margin: float = 2.0    # localize: gate margin of the consistent experts
     ablation_margin: float = 1.0  # localize: ablated logit of another token above the object's
     ablation_room: float = 0.5   # localize: ablated P(object) at most ablation_room / |O_k|
+    focus: float = 0.5           # localize with minibatches: share of each batch drawn by last seen loss
 
     def __post_init__(self) -> None:
         if self.objective not in OBJECTIVES:
             raise ValueError(f"objective must be one of {OBJECTIVES}, got {self.objective!r}")
         if self.expert_widths not in WIDTHS:
             raise ValueError(f"expert_widths must be one of {WIDTHS}, got {self.expert_widths!r}")
+        if not 0 <= self.focus < 1:
+            raise ValueError(f"focus must be in [0, 1), got {self.focus}")
 
     @property
     def sized(self) -> bool:
@@ -183,6 +189,19 @@ def targets(data: QueryData, weight: np.ndarray | None = None) -> Targets:
                    torch.from_numpy(bound.astype(np.float32)), torch.from_numpy(w.astype(np.float32)))
 
 
+def _focus(seen: torch.Tensor, weight: torch.Tensor, n: int, gen: torch.Generator) -> torch.Tensor:
+    """``n`` queries drawn with replacement in proportion to weight × the loss last seen on
+    them (not yet seen: the largest seen loss, at least 1), so a step spends part of its
+    batch where the objective is still positive. Every query keeps its uniform share in
+    the rest of the batch, so a learned query is seen again and its loss updated."""
+    known = torch.isfinite(seen)
+    top = float(seen[known].max()) if bool(known.any()) else 1.0
+    score = torch.where(known, seen, torch.full_like(seen, max(top, 1.0))) * weight
+    if not bool((score > 0).any()):
+        return torch.randint(0, seen.shape[0], (n,), generator=gen)
+    return torch.multinomial(score, n, replacement=True, generator=gen)
+
+
 def _rate(warmup: int, steps: int) -> Callable[[int], float]:
     """Linear warm-up over ``warmup`` steps, then a cosine decay to 10% at ``steps``."""
     def rate(step: int) -> float:
@@ -222,15 +241,21 @@ def train(taskset: TaskSet, config: TrainConfig = TrainConfig(), data: QueryData
     opt = torch.optim.Adam(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, _rate(warmup, steps))
     uniform = query_weights is None
+    minibatch = bool(config.batch_size and config.batch_size < Q)
+    focused = int(config.focus * config.batch_size) if minibatch and localize else 0
+    seen = torch.full((Q,), float("inf"))     # last seen loss per query (inf: not seen yet)
     result = TrainResult(model, config)
     start = time.perf_counter()
     step = 0
     for step in range(steps):
-        if config.batch_size and config.batch_size < Q:
+        if minibatch:
+            n = config.batch_size - focused
             if uniform:
-                idx = torch.randint(0, Q, (config.batch_size,), generator=gen)
+                idx = torch.randint(0, Q, (n,), generator=gen)
             else:
-                idx = torch.multinomial(tg.weight, config.batch_size, replacement=True, generator=gen)
+                idx = torch.multinomial(tg.weight, n, replacement=True, generator=gen)
+            if focused:
+                idx = torch.cat([idx, _focus(seen, tg.weight, focused, gen)])
             batch = (tokens[idx], lengths[idx], valid[idx], determined[idx])
             btg = tg.rows(idx)
             btg = Targets(btg.consistent, btg.object_token, btg.bound, torch.ones_like(btg.weight))
@@ -239,8 +264,12 @@ def train(taskset: TaskSet, config: TrainConfig = TrainConfig(), data: QueryData
             batch, btg = (tokens, lengths, valid, determined), tg
             brows = torch.nonzero(objects, as_tuple=True)[0]
         out = model(batch[0], batch[1], ablate=brows if localize else None)
-        loss, parts = objective_loss(config.objective, out, batch[2], batch[3], config.alpha, config.lam,
-                                     targets=btg, recipe=recipe, objects=brows)
+        if localize:
+            loss, parts, per_query = localize_loss(out, batch[2], btg, recipe, brows)
+            if focused:
+                seen[idx] = per_query
+        else:
+            loss, parts = objective_loss(config.objective, out, batch[2], batch[3], config.alpha, config.lam)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
