@@ -10,7 +10,7 @@ rounds or the ``time_budget`` (seconds of training) are spent.
 
 **The per-query checks** (:class:`QueryChecks`) are the verifier's rules, applied to its
 certified pass on every query (:func:`training.compare.certified_pass`, the enclosures
-:func:`verifier.verify.verify` computes):
+:func:`verifier.checks.verify.verify` computes):
 
 * *error*: the error enclosure's upper end is below ε;
 * *routing*: a certified unique gate winner (margin > 0) serving a task consistent with
@@ -24,7 +24,7 @@ certified pass on every query (:func:`training.compare.certified_pass`, the encl
 * *size*, per task: the width of expert k is at most c(k) (the widths are sized so, and
   it is checked anyway).
 
-**The verdict** is the verifier's: when every query passes, :func:`verifier.verify.verify`
+**The verdict** is the verifier's: when every query passes, :func:`verifier.checks.verify.verify`
 runs on the exported weights, and the round is certified when its report is certified
 and the float64 localization measure holds with its slack on every object query. Where the verifier
 certifies localization itself (a ``worst_ablated_object_probability`` in its task
@@ -48,7 +48,7 @@ from training.metrics import Localization
 from training.model import MoETransformer
 from training.train import Evaluation, TrainConfig, evaluate, train
 from layout import Weights
-from verifier.verify import Report, verify
+from verifier.checks.verify import Report, verify
 
 CHECKS = ("error", "routing", "entanglement", "localization")
 
@@ -181,7 +181,7 @@ def reweight(weights: np.ndarray, failing: np.ndarray, boost: float, max_weight:
 def check_round(taskset: TaskSet, model: MoETransformer, config: TrainConfig, data: QueryData, epsilon: float,
                 extra: dict | None = None) -> tuple[Weights, Evaluation, CertifiedPass, QueryChecks, Report | None]:
     """Export, evaluate in float64, run the certified pass and the per-query checks; when
-    every query passes, run :func:`verifier.verify.verify` for the verdict."""
+    every query passes, run :func:`verifier.checks.verify.verify` for the verdict."""
     ev = evaluate(model, data)
     weights = to_weights(model, taskset, "declared", config=config, extra=extra)
     cert = certified_pass(taskset, weights, data, ablate_objects=True)
