@@ -203,6 +203,20 @@ def test_sweep_smoke(tmp_path):
     assert (out / "tasks-K2.yaml").exists() and len(list(wdir.glob("*.npz"))) == 3
     assert sweep.main(["--render", "--out", str(out), *plots]) == 0
 
+    # Two commands run side by side, merged: every command, each hand-built model once, the task files copied.
+    other = dict(data, command="python -m training.sweep --configs --sets 10x2")
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "results.json").write_text(json.dumps(other), encoding="utf-8")
+    merged = tmp_path / "merged"
+    assert sweep.main(["--merge", str(out / "results.json"), str(tmp_path / "b" / "results.json"),
+                       "--out", str(merged), "--no-plots"]) == 0
+    both = json.loads((merged / "results.json").read_text(encoding="utf-8"))
+    assert both["commands"] == [data["command"], other["command"]]
+    assert [r["kind"] for r in both["runs"]].count("hand-built") == 1 and len(both["runs"]) == 7
+    assert (merged / "tasks-K2.yaml").exists()
+    assert other["command"] in (merged / "results.md").read_text(encoding="utf-8")
+    assert sweep.main(["--merge", str(tmp_path / "missing.json"), "--out", str(merged)]) == 2
+
 
 # --- the localize recipe, sized experts, the localization measure, counterexample rounds ---------
 
@@ -387,6 +401,20 @@ def test_train_cli_until_certified(capitals_set, tmp_path):
     assert rep["certified"] == (status == 0) and 1 <= len(rep["rounds"]) <= 2
     assert rep["expert_widths"] == [min(8, capitals_set.complexity(k)) for k in range(3)]
     assert verifier_main(["check", str(yaml_path), "--weights", str(npz), "--quiet"]) == status
+
+
+def test_focused_minibatch_draws_where_the_loss_is_positive():
+    """The focused share of a minibatch never draws a query whose last seen loss is 0, and does
+    draw the ones not seen yet (scored as the largest seen loss) and the positive ones."""
+    from training.train import _focus
+
+    seen = torch.tensor([0.0, 0.0, 5.0, float("inf"), 0.0])
+    idx = _focus(seen, torch.ones(5), 400, torch.Generator().manual_seed(0))
+    assert set(idx.tolist()) == {2, 3}
+    weighted = _focus(seen, torch.tensor([1.0, 1.0, 1.0, 1e-6, 1.0]), 400, torch.Generator().manual_seed(0))
+    assert 2 in weighted.tolist() and 3 not in weighted.tolist()
+    learned = _focus(torch.zeros(4), torch.ones(4), 50, torch.Generator().manual_seed(0))
+    assert learned.shape == (50,) and learned.max() < 4          # every loss 0: uniform, never an error
 
 
 def test_ablated_logits_vanish_by_sparsity(capitals_model):

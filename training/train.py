@@ -422,7 +422,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         model, steps, seconds = result.model, result.steps, result.seconds
         ev = evaluate(model, data)
     weights = to_weights(model, taskset, expert_tasks=mapping, routing=ev.routing, config=config)
-    layout.save(weights, args.output)
+    layout.save(weights, args.output, small_indices=True, narrow=True)   # trained floats are float32-exact: the same weights, smaller
     summary = {**ev.summary(), "steps": steps, "seconds": round(seconds, 2), **summary,
                "config": asdict(config), "expert_tasks": list(weights.expert_tasks),
                "expert_widths": [e.width for e in weights.experts], "routing_matrix": ev.routing.tolist()}
