@@ -195,6 +195,9 @@ def _focus(seen: torch.Tensor, weight: torch.Tensor, n: int, gen: torch.Generato
     batch where the objective is still positive. Every query keeps its uniform share in
     the rest of the batch, so a learned query is seen again and its loss updated."""
     known = torch.isfinite(seen)
+    # A loss is >= 0 in real arithmetic, but float32 can make it a hair negative (the valid
+    # mass summed to 1 + 1e-7 gives −log P(valid) = −1e-7): such a query has nothing to learn.
+    seen = torch.where(known, seen.clamp_min(0.0), seen)
     top = float(seen[known].max()) if bool(known.any()) else 1.0
     score = torch.where(known, seen, torch.full_like(seen, max(top, 1.0))) * weight
     if not bool((score > 0).any()):
