@@ -156,6 +156,7 @@ class RoundsResult:
     report: Report | None                 # the verifier's report of the last round (None: not run)
     rounds: list[RoundRecord] = field(default_factory=list)
     query_weights: np.ndarray | None = None
+    cert: CertifiedPass | None = None     # the last round's certified pass (object queries ablated too)
 
     @property
     def certified(self) -> bool:
@@ -240,7 +241,7 @@ def until_certified(taskset: TaskSet, config: TrainConfig, *, epsilon: float | N
         records.append(rec)
         if log:
             log(rec)
-        result = RoundsResult(model, config, weights, ev, checks, report, records, qw.copy())
+        result = RoundsResult(model, config, weights, ev, checks, report, records, qw.copy(), cert)
         if certified:
             break
         qw = reweight(qw, failing, boost, max_weight)
