@@ -183,16 +183,254 @@ def test_sweep_smoke(tmp_path):
 
     out, wdir = tmp_path / "out", tmp_path / "w"
     plots = [] if importlib.util.find_spec("matplotlib") else ["--no-plots"]
-    args = ["--configs", "2x2", "--seeds", "0", "--steps", "30", "--objectives", "ce", "router",
-            "--facts-per-task", "5", "--out", str(out), "--weights-dir", str(wdir), *plots]
+    args = ["--configs", "2x2", "--seeds", "0", "--steps", "30", "--objectives", "ce", "router", "localize",
+            "--max-rounds", "1", "--round-steps", "10", "--sets", "--facts-per-task", "5", "--out", str(out),
+            "--weights-dir", str(wdir), *plots]
     assert sweep.main(args) == 0
     data = json.loads((out / "results.json").read_text(encoding="utf-8"))
     kinds = sorted(r["kind"] for r in data["runs"])
-    assert kinds == ["hand-built", "trained", "trained"]
+    assert kinds == ["hand-built", "trained", "trained", "trained"]
+    built = next(r for r in data["runs"] if r["kind"] == "hand-built")
+    assert built["worst_ablated_object_probability"] == 1 / built["vocabulary"] and built["localized"]
+    loc = next(r for r in data["runs"] if r.get("objective") == "localize")
+    assert 1 <= len(loc["rounds"]) <= 2 and loc["expert_tasks"] == list(sweep.task_set(10, 2, 0).names)
+    assert all(0 <= x <= 1 for x in loc["shares"].values()) and set(loc["task_shares"]) >= {"error", "localization"}
     assert all(r["agreement"]["expert_mismatches"] == 0 and r["agreement"]["outside"] == 0
                for r in data["runs"] if r["kind"] == "trained")
     assert data["transcript"]["exit"] in (0, 1)
     text = (out / "results.md").read_text(encoding="utf-8")
     assert "python -m training.sweep --configs 2x2" in text and "## Hand-built versus trained" in text
-    assert (out / "tasks-K2.yaml").exists() and len(list(wdir.glob("*.npz"))) == 2
+    assert (out / "tasks-K2.yaml").exists() and len(list(wdir.glob("*.npz"))) == 3
     assert sweep.main(["--render", "--out", str(out), *plots]) == 0
+
+    # Two commands run side by side, merged: every command, each hand-built model once, the task files copied.
+    other = dict(data, command="python -m training.sweep --configs --sets 10x2")
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "results.json").write_text(json.dumps(other), encoding="utf-8")
+    merged = tmp_path / "merged"
+    assert sweep.main(["--merge", str(out / "results.json"), str(tmp_path / "b" / "results.json"),
+                       "--out", str(merged), "--no-plots"]) == 0
+    both = json.loads((merged / "results.json").read_text(encoding="utf-8"))
+    assert both["commands"] == [data["command"], other["command"]]
+    assert [r["kind"] for r in both["runs"]].count("hand-built") == 1 and len(both["runs"]) == 7
+    assert (merged / "tasks-K2.yaml").exists()
+    assert other["command"] in (merged / "results.md").read_text(encoding="utf-8")
+    assert sweep.main(["--merge", str(tmp_path / "missing.json"), "--out", str(merged)]) == 2
+
+
+# --- the localize recipe, sized experts, the localization measure, counterexample rounds ---------
+
+from training.metrics import Localization, localization  # noqa: E402
+from training.objectives import Recipe, ablation_hinges, error_hinge, gate_set_ce, routing_hinge  # noqa: E402
+from training.rounds import QueryChecks, query_checks, reweight, until_certified  # noqa: E402
+from training.compare import CertifiedPass  # noqa: E402
+
+
+def test_localize_terms_vanish_exactly_when_their_check_holds_with_room():
+    """Each hinge is zero when its check holds with the recipe's room, positive (with a
+    gradient pushing the right way) when it fails."""
+    recipe = Recipe(epsilon=0.01, error_room=0.1, route_margin=2.0, ablation_margin=1.0, ablation_room=0.5)
+    # error: 1 - P(valid) above / below 0.1 ε
+    logits = torch.tensor([[10.0, 0.0, 0.0], [1.0, 0.0, 0.0]], dtype=torch.float64, requires_grad=True)
+    valid = torch.tensor([[True, False, False], [True, False, False]])
+    h = error_hinge(logits, valid, recipe.error_room * recipe.epsilon)
+    assert h[0] == 0 and h[1] > 0
+    h.sum().backward()
+    assert logits.grad[1, 0] < 0 and logits.grad[1, 1] > 0          # descent raises the valid logit
+    # routing, on a prefix two experts (0, 1) are consistent with: winner 2 (inconsistent) fails,
+    # winner 1 by the margin passes; a prefix every expert is consistent with has no hinge
+    gate = torch.tensor([[0.0, 1.0, 3.0], [0.0, 5.0, 1.0], [9.0, 0.0, 0.0]], dtype=torch.float64, requires_grad=True)
+    cons = torch.tensor([[True, True, False], [True, True, False], [True, True, True]])
+    r = routing_hinge(gate, cons, recipe.route_margin)
+    assert r.detach().tolist() == [4.0, 0.0, 0.0]
+    (r.sum() + gate_set_ce(gate, cons).sum()).backward()
+    assert gate.grad[0, 1] < 0 and gate.grad[0, 2] > 0
+    # ablated logits: the object (token 0) on top fails L2; far below and unlikely passes all three
+    ab = torch.tensor([[5.0, 0.0, 0.0, 0.0], [-5.0, 3.0, 0.0, 0.0]], dtype=torch.float64, requires_grad=True)
+    obj = torch.tensor([0, 0])
+    valid_ab = torch.tensor([[True, False, False, False], [True, False, False, False]])
+    terms = ablation_hinges(ab, obj, valid_ab, torch.tensor([0.25, 0.25], dtype=torch.float64), recipe)
+    assert all(float(t[1].detach()) == 0.0 for t in terms.values())
+    assert float(terms["top"][0].detach()) == pytest.approx(6.0) and terms["probability"][0] > 0 and terms["valid"][0] > 0
+    sum(t.sum() for t in terms.values()).backward()
+    assert ab.grad[0, 0] > 0                                         # descent lowers the object's ablated logit
+
+
+def test_routing_loss_covers_shared_prefixes(capitals_set):
+    """The task router ignores prefixes several tasks share; the localize routing terms do not."""
+    data = query_data(capitals_set)
+    shared = np.flatnonzero(data.determined < 0)
+    assert shared.size and all(data.consistent[q].sum() >= 2 for q in shared)
+    from training.train import targets
+
+    tg = targets(data)
+    K = len(capitals_set.tasks)
+    gate = torch.zeros(len(data), K, dtype=torch.float64)
+    for q in shared:                       # route every shared prefix to an expert inconsistent with it, if any
+        bad = np.flatnonzero(~data.consistent[q])
+        if bad.size:
+            gate[q, bad[0]] = 5.0
+    hit = [q for q in shared if (~data.consistent[q]).any()]
+    assert hit
+    assert bool((routing_hinge(gate, tg.consistent, 2.0)[hit] > 0).all())
+    assert bool((gate_set_ce(gate, tg.consistent)[hit] > 1.0).all())
+
+    class Out:
+        pass
+
+    o = Out()
+    o.gate = gate
+    assert float(task_router(o, torch.from_numpy(data.determined))) < 2.0   # blind to them: the determined rows are ties
+
+
+def test_sized_experts_export_their_width_and_compute_the_same(capitals_set):
+    """Experts sized to c(k): the export has width min(width, c(k)), the masked neurons take no
+    gradient and change nothing, and the exported weights compute the torch float64 pass."""
+    data = query_data(capitals_set)
+    cfg = TrainConfig(objective="localize", d=16, n_heads=2, d_head=4, expert_width=14, steps=1, seed=3)
+    mc = cfg.model_config(data)
+    assert mc.widths == tuple(min(14, capitals_set.complexity(k)) for k in range(3)) and min(mc.widths) < 14
+    model = MoETransformer(mc, generator=torch.Generator().manual_seed(0))
+    tokens, lengths = torch.from_numpy(data.tokens), torch.from_numpy(data.lengths)
+    out = model(tokens, lengths)
+    out.logits.sum().backward()
+    for k, w in enumerate(mc.widths):
+        assert not model.W_1.grad[k, w:].any() and not model.W_2.grad[k, :, w:].any()
+    with torch.no_grad():                  # a masked neuron's weights do not matter
+        k = int(np.argmin(mc.widths))
+        model.W_2[k, :, mc.widths[k]:] += 100.0
+        model.b_1[k, mc.widths[k]:] += 100.0
+        torch.testing.assert_close(model(tokens, lengths).logits, out.logits, rtol=0, atol=0)
+    weights = to_weights(model, capitals_set, "declared", config=cfg)
+    assert [e.width for e in weights.experts] == list(mc.widths)
+    assert all(e.width <= capitals_set.complexity(k) for k, e in enumerate(weights.experts))
+    m64 = model.double()
+    with torch.no_grad():
+        o64 = m64(tokens, lengths)
+        probs = torch.softmax(o64.logits, -1).numpy()
+    for i in range(0, len(data), 3):
+        n = int(data.lengths[i])
+        p, e, _ = reference.forward(weights, data.tokens[i, 1: n + 1].tolist())
+        assert e == int(o64.expert[i])
+        np.testing.assert_allclose(p, probs[i], rtol=1e-10, atol=1e-14)
+
+
+def test_localization_measure_rejects_a_known_object():
+    """L1 and L2 in float64: an ablated model that still ranks the object first, or gives it
+    more than 1/|O_k|, fails; a tie (the hand-built model's all-zero ablated logits) passes L2
+    but not the slack the rounds require."""
+    z = np.array([[3.0, 0.0, 0.0, 0.0],     # object on top: L2 fails, and L1 (p > 1/2)
+                  [0.0, 0.0, 0.0, 0.0],     # a tie: uniform 1/4 <= 1/2, L2 holds with the tie
+                  [0.0, 2.0, 0.0, 0.0],     # another token on top: holds
+                  [1.0, 1.5, -9.0, -9.0]])  # not top but p_o = 0.38 > 1/4: L1 fails
+    valid = np.zeros_like(z, bool)
+    valid[:, 0] = True
+    m = localization(z, np.zeros(4, np.int64), valid, np.array([0.5, 0.5, 0.5, 0.25]))
+    loc = Localization(rows=np.arange(4), task=np.array([0, 0, 1, 1]), **m)
+    assert loc.holds.tolist() == [False, True, True, False]
+    assert loc.not_top.tolist() == [False, True, True, True]
+    assert loc.holds_with_slack.tolist() == [False, False, True, False]
+    assert loc.probability[1] == pytest.approx(0.25) and loc.ablated_error[2] == pytest.approx(1 - loc.probability[2])
+    np.testing.assert_allclose(loc.worst_probability(2), [m["probability"][0], m["probability"][3]])
+    assert loc.share_per_task(3).tolist()[:2] == [0.5, 0.5] and np.isnan(loc.share_per_task(3)[2])
+
+
+def test_query_checks_reject_each_violation(capitals_set, capitals_model):
+    """The per-query checks the rounds feed back: each violation is caught by its own check."""
+    data = query_data(capitals_set)
+    weights = capitals_model.instantiate()
+    cert = certified_pass(capitals_set, weights, data, ablate_objects=True)
+    from training.export import from_weights
+
+    ev = evaluate(from_weights(weights, torch.float64), data)
+    good = query_checks(data, weights, cert, ev.localization, 0.01, slack=False)
+    assert good.passing.all() and good.all_pass            # the hand-built model passes every check,
+    assert not ev.localization.holds_with_slack.any()      # its ablated logits all tie (all exactly 0)
+    oq = np.flatnonzero(data.object_query)
+    q_err, q_route, q_ent = 0, 1, int(oq[0])
+    margin, err_hi, ab_lo = cert.margin.copy(), cert.err_hi.copy(), cert.ablated_lo.copy()
+    err_hi[q_err] = 0.01
+    margin[q_route] = 0.0
+    ab_lo[q_ent] = 0.0099
+    bad_cert = CertifiedPass(cert.expert, margin, cert.err_lo, err_hi, cert.predicted, ab_lo, cert.ablated_hi)
+    loc = ev.localization
+    gap = loc.gap.copy()
+    gap[1] = -1.0                                          # the second object query: object on top
+    bad_loc = Localization(loc.rows, loc.task, loc.probability, gap, loc.bound, loc.ablated_error, loc.scale)
+    bad = query_checks(data, weights, bad_cert, bad_loc, 0.01, slack=False)
+    assert np.flatnonzero(~bad.error).tolist() == [q_err]
+    assert np.flatnonzero(~bad.routing).tolist() == [q_route]
+    assert np.flatnonzero(~bad.entanglement).tolist() == [q_ent]
+    assert np.flatnonzero(~bad.localization).tolist() == [int(oq[1])]
+    assert not bad.all_pass and bad.shares()["certified"] == pytest.approx(1 - 4 / len(data))
+
+
+def test_counterexample_round_upweights_the_failing_queries(capitals_set):
+    """Round 1 trains with weight `boost` on exactly the queries round 0 failed (same seed,
+    deterministic), and the verdict is the verifier's."""
+    assert reweight(np.array([1.0, 4.0, 1.0]), np.array([False, True, True]), 4.0, 8.0).tolist() == [1.0, 8.0, 4.0]
+    cfg = TrainConfig(objective="localize", d=16, n_heads=2, d_head=4, expert_width=8, steps=40, warmup=5,
+                      seed=0, threads=1)
+    first = until_certified(capitals_set, cfg, max_rounds=0)
+    assert len(first.rounds) == 1 and not first.certified and first.rounds[0].failing > 0
+    failing = ~first.checks.passing
+    two = until_certified(capitals_set, cfg, max_rounds=1, round_steps=5, boost=4.0)
+    assert len(two.rounds) == 2
+    np.testing.assert_array_equal(two.query_weights, np.where(failing, 4.0, 1.0))
+    assert two.rounds[0].shares == first.rounds[0].shares
+    assert two.weights.parameters["rounds"] == 2 and two.weights.parameters["total_steps"] == 45
+    with pytest.raises(ValueError):
+        until_certified(capitals_set, TrainConfig(objective="router"), max_rounds=0)
+
+
+def test_train_cli_until_certified(capitals_set, tmp_path):
+    """The CLI's claim is the verifier's: exit 0 (certified) or 1 (not within the budget), and
+    `python -m verifier check` then exits the same; bad flags exit 2 and write nothing."""
+    from training.train import main as train_main
+
+    yaml_path, npz, js = tmp_path / "tasks.yaml", tmp_path / "w.npz", tmp_path / "train.json"
+    dump_tasks(capitals_set, yaml_path)
+    assert train_main([str(yaml_path), "-o", str(npz), "--objective", "ce", "--until-certified"]) == 2
+    assert train_main([str(yaml_path), "-o", str(npz), "--objective", "localize", "--experts", "2"]) == 2
+    assert not npz.exists()
+    status = train_main([str(yaml_path), "-o", str(npz), "--objective", "localize", "--until-certified",
+                         "--max-rounds", "1", "--steps", "60", "--round-steps", "20", "--d", "16", "--heads", "2",
+                         "--d-head", "4", "--width", "8", "--threads", "1", "--json", str(js), "--quiet"])
+    assert status in (0, 1)
+    rep = json.loads(js.read_text(encoding="utf-8"))
+    assert rep["certified"] == (status == 0) and 1 <= len(rep["rounds"]) <= 2
+    assert rep["expert_widths"] == [min(8, capitals_set.complexity(k)) for k in range(3)]
+    assert verifier_main(["check", str(yaml_path), "--weights", str(npz), "--quiet"]) == status
+
+
+def test_focused_minibatch_draws_where_the_loss_is_positive():
+    """The focused share of a minibatch never draws a query whose last seen loss is 0, and does
+    draw the ones not seen yet (scored as the largest seen loss) and the positive ones."""
+    from training.train import _focus
+
+    seen = torch.tensor([0.0, 0.0, 5.0, float("inf"), 0.0])
+    idx = _focus(seen, torch.ones(5), 400, torch.Generator().manual_seed(0))
+    assert set(idx.tolist()) == {2, 3}
+    weighted = _focus(seen, torch.tensor([1.0, 1.0, 1.0, 1e-6, 1.0]), 400, torch.Generator().manual_seed(0))
+    assert 2 in weighted.tolist() and 3 not in weighted.tolist()
+    rounding = _focus(torch.tensor([-1e-7, 2.0, 0.0]), torch.ones(3), 50, torch.Generator().manual_seed(0))
+    assert set(rounding.tolist()) == {1}          # a float32 loss a hair below 0 counts as 0, not as an error
+    learned = _focus(torch.zeros(4), torch.ones(4), 50, torch.Generator().manual_seed(0))
+    assert learned.shape == (50,) and learned.max() < 4          # every loss 0: uniform, never an error
+
+
+def test_ablated_logits_vanish_by_sparsity(capitals_model):
+    """The hand-built model's U reads no direction that E, P or a head writes: ablated logits are
+    exactly 0 (P_ablated(o) = 1/V); one shared nonzero breaks the argument."""
+    from training.metrics import ablated_logits_vanish
+
+    weights = capitals_model.instantiate()
+    assert ablated_logits_vanish(weights)
+    import dataclasses
+
+    import scipy.sparse as sp
+
+    U = sp.lil_matrix(weights.U)
+    j = int(sp.coo_matrix(weights.E).col[0])
+    U[0, j] = 1.0
+    assert not ablated_logits_vanish(dataclasses.replace(weights, U=sp.csr_matrix(U)))

@@ -5,7 +5,8 @@ that the exported weights compute what the training code computed, :func:`certif
 runs the verifier's certified forward pass (:func:`verifier.checks.certify.certify`) on every
 query, batched by prefix length, and returns, per query row: the chosen
 expert, the certified gate margin, the error enclosure [err_lo, err_hi] of
-1 - P(valid), and the predicted token. :func:`agreement` compares them with a float64
+1 - P(valid), the predicted token and, on object queries (``ablate_objects``), the
+enclosure [ablated_lo, ablated_hi] of the error with the routed expert's output removed. :func:`agreement` compares them with a float64
 :class:`training.train.Evaluation`; :func:`routing_failures` applies the verifier's routing
 rule per query, split into task-determining queries and prefixes shared by several tasks.
 """
@@ -31,16 +32,32 @@ class CertifiedPass:
     err_lo: np.ndarray      # (Q,) enclosure of 1 - P(valid)
     err_hi: np.ndarray
     predicted: np.ndarray   # (Q,) weights' token id of the largest logit midpoint (-1: a zero-logit token)
+    ablated_lo: np.ndarray | None = None   # (Q,) ablated error enclosure on object queries (NaN elsewhere)
+    ablated_hi: np.ndarray | None = None
 
 
-def certified_pass(taskset: TaskSet, weights: Weights, data: QueryData, chunk: int = CHUNK) -> CertifiedPass:
+def certified_pass(taskset: TaskSet, weights: Weights, data: QueryData, chunk: int = CHUNK,
+                   ablate_objects: bool = False) -> CertifiedPass:
     """Run the verifier's certified pass (:func:`verifier.checks.certify.certify`) on every
-    query; rows in ``data``'s order."""
+    query; rows in ``data``'s order. With ``ablate_objects`` the object queries also get
+    their ablated error enclosure (the verifier's entanglement measure)."""
     tmap = weights.token_ids(taskset.vocabulary.tokens)
-    prefixes = [tmap[data.tokens[q, 1: data.lengths[q] + 1]] for q in range(len(data))]
-    valid = [tmap[np.flatnonzero(data.valid[q])] for q in range(len(data))]
-    res = certify(prepare(weights), prefixes, valid, chunk=chunk)
-    return CertifiedPass(res.expert, res.margin, res.err_lo, res.err_hi, res.predicted)
+    prep = prepare(weights)
+    Q = len(data)
+    expert, predicted = np.zeros(Q, np.int64), np.zeros(Q, np.int64)
+    out = {k: np.full(Q, np.nan) for k in ("margin", "err_lo", "err_hi", "ablated_lo", "ablated_hi")}
+    for ablate in ((False, True) if ablate_objects else (None,)):
+        rows = np.arange(Q) if ablate is None else np.flatnonzero(data.object_query == ablate)
+        if not rows.size:
+            continue
+        prefixes = [tmap[data.tokens[q, 1: data.lengths[q] + 1]] for q in rows]
+        valid = [tmap[np.flatnonzero(data.valid[q])] for q in rows]
+        res = certify(prep, prefixes, valid, chunk=chunk, ablate=bool(ablate))
+        expert[rows], predicted[rows] = res.expert, res.predicted
+        for k in ("margin", "err_lo", "err_hi") + (("ablated_lo", "ablated_hi") if ablate else ()):
+            out[k][rows] = getattr(res, k)
+    return CertifiedPass(expert, out["margin"], out["err_lo"], out["err_hi"], predicted,
+                         out["ablated_lo"] if ablate_objects else None, out["ablated_hi"] if ablate_objects else None)
 
 
 def agreement(evaluation, cert: CertifiedPass, tol: float = 1e-9) -> dict[str, float | int]:

@@ -4,6 +4,10 @@ The torch model *is* the layout's forward pass (see :mod:`training.model`), so t
 export is a copy: ``E``, ``P``, per head ``W_Q``, ``W_K``, ``W_V``, ``W_O``, ``W_G``, ``b_G``,
 per expert ``W_1``, ``b_1``, ``W_2``, ``U``, each converted to float64 (float32 values are
 exact in float64) and stored as CSR (exact zeros are dropped, which changes nothing).
+Expert k keeps its first ``config.widths[k]`` neurons: the others are masked in the
+torch model (their activation times an exact 0 adds an exact 0 to every output), so
+dropping them changes no float, and the exported width is what the verifier's size
+check reads.
 ``gate_mode`` is the model's (``"top1-scaled"`` by default); ``vocab`` is the task set's.
 
 ``expert_tasks`` (which task each expert serves) is a claim the verifier checks; a
@@ -43,11 +47,12 @@ def _vec(t: torch.Tensor) -> np.ndarray:
 
 
 def to_weights(model: MoETransformer, taskset: TaskSet, expert_tasks: str | tuple[str, ...] = "none",
-               routing: np.ndarray | None = None, config=None) -> Weights:
+               routing: np.ndarray | None = None, config=None, extra: dict | None = None) -> Weights:
     """The layout's weights of ``model``; ``expert_tasks``: a mode of :data:`MAPPINGS` or names.
 
     ``routing`` (tasks x experts, determined queries) is needed for ``"majority"``;
-    ``config`` (a TrainConfig) is recorded in ``parameters``.
+    ``config`` (a TrainConfig) is recorded in ``parameters``, with ``extra`` (e.g. the
+    counterexample rounds and their total steps).
     """
     K = model.config.n_experts
     names = taskset.names
@@ -72,10 +77,13 @@ def to_weights(model: MoETransformer, taskset: TaskSet, expert_tasks: str | tupl
         raise ValueError("the model was not trained on this task set's vocabulary")
     heads = tuple(Head(_csr(model.W_Q[m]), _csr(model.W_K[m]), _csr(model.W_V[m]), _csr(model.W_O[m]))
                   for m in range(model.config.n_heads))
-    experts = tuple(Expert(_csr(model.W_1[k]), _vec(model.b_1[k]), _csr(model.W_2[k])) for k in range(K))
+    widths = model.config.widths
+    experts = tuple(Expert(_csr(model.W_1[k, :w]), _vec(model.b_1[k, :w]), _csr(model.W_2[k, :, :w]))
+                    for k, w in enumerate(widths))
     parameters: dict = {"trained": "torch", "expert_tasks": mode}
     if config is not None:
         parameters.update({"objective": config.objective, "seed": config.seed, "steps": config.steps})
+    parameters.update(extra or {})
     weights = Weights(
         vocab=taskset.vocabulary.tokens,
         E=_csr(model.E), P=_csr(model.P), heads=heads,
@@ -96,15 +104,17 @@ def from_weights(weights: Weights, dtype: torch.dtype = torch.float32) -> MoETra
     The torch model stacks heads and experts with one shape each, so narrower ones are
     padded with zeros: a head's extra query/key rows add 0·0 = 0 to every score, its extra
     value rows give values 0 that its extra W_O columns multiply by 0, and an expert's
-    extra neurons have W_1 rows and b_1 of 0 (ReLU(0) = 0) and W_2 columns of 0. Every
-    added term is an exact zero, so the padded model computes the same floats.
+    extra neurons have W_1 rows and b_1 of 0 (ReLU(0) = 0) and W_2 columns of 0 (and are
+    masked: ``expert_widths`` are the weights' widths, so :func:`to_weights` gives them
+    back). Every added term is an exact zero, so the padded model computes the same floats.
     """
     H = len(weights.heads)
     dh = max([1] + [max(h.W_Q.shape[0], h.W_V.shape[0]) for h in weights.heads])
     width = max(e.width for e in weights.experts)
     config = ModelConfig(vocab_size=len(weights.vocab), n_positions=weights.n_positions, d=weights.d,
                          n_heads=max(H, 1), d_head=dh, n_experts=len(weights.experts), expert_width=max(width, 1),
-                         gate_mode=weights.gate_mode)
+                         gate_mode=weights.gate_mode,
+                         expert_widths=tuple(max(e.width, 1) for e in weights.experts))
     model = MoETransformer(config)
 
     def dense(M, shape) -> torch.Tensor:

@@ -12,6 +12,32 @@
 * ``"router"``: CE + λ · task-router loss: the cross-entropy of the gate scores g against
   the query's task, on the queries whose prefix determines a task (expert i <-> task i;
   with fewer experts than tasks, task i <-> expert i mod K). Default λ = 1.
+* ``"localize"``: a recipe aimed at the verifier's certificate (:func:`localize_loss`),
+  one term per check, each a hinge that is zero once the check holds with room:
+
+  - *error*: CE (−log P(valid), from one softmax per query, as every localize term: the
+    valid-set CE above takes two log-sum-exps per query, the cost that dominates at a
+    vocabulary of thousands) + a hinge on log(1 − P(valid)) above log(ρ_err·ε), so every query's error
+    is below ε with room (the verifier certifies the exact pass of the float64 export;
+    float32 training weights are exact in float64, and the room absorbs the float32
+    training arithmetic);
+  - *routing*, on **every** prefix, shared ones included: the gate's set cross-entropy
+    −log Σ_{e consistent} softmax(g)_e (the task router, extended to prefixes several
+    tasks share) and a hinge asking the best consistent expert's score to exceed every
+    inconsistent one by ``route_margin``. A consistent expert is one serving a task
+    consistent with the prefix (expert k <-> task k), so the gate's winner then serves a
+    consistent task, the verifier's routing rule;
+  - *localization*, on object queries, with the ablated logits z = U·r (the routed
+    expert's output removed, as the verifier ablates): a hinge on the object's logit
+    above the best other token's minus ``ablation_margin`` (the object is not the top
+    token, check L2), a hinge on log P_ablated(o) above log(ρ_abl / |O_k|) (no better
+    than a uniform guess among the task's objects, check L1), and a hinge on the
+    ablated probability of the valid set above 1 − min(1/2, 4ε) (the verifier's older
+    entanglement criterion, ablated error ≥ ε, which L1 does not imply when an object
+    query has other valid tokens).
+
+  Every term is per query and weighted by the query's weight (counterexample rounds,
+  :mod:`training.rounds`, raise the weights of failing queries).
 
 Every query is one prediction (the last position of its prefix), so a token in the
 Switch formulas is a query here.
@@ -19,12 +45,40 @@ Switch formulas is a query here.
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+
 import torch
 
 from training.model import Output
 
-OBJECTIVES = ("ce", "lb", "router")
-OBJECTIVE_NAMES = {"ce": "CE", "lb": "CE + load balancing", "router": "CE + task router"}
+OBJECTIVES = ("ce", "lb", "router", "localize")
+OBJECTIVE_NAMES = {"ce": "CE", "lb": "CE + load balancing", "router": "CE + task router",
+                   "localize": "certificate recipe (localize)"}
+
+
+@dataclass(frozen=True)
+class Targets:
+    """What the ``localize`` terms need beyond the valid tokens, per query of a batch."""
+
+    consistent: torch.Tensor   # (B, K) bool: expert e serves a task consistent with the prefix
+    object_token: torch.Tensor  # (B,) int64: D_k(s) for object queries, -1 otherwise
+    bound: torch.Tensor        # (B,) 1/|O_k| for object queries (the localization bound), NaN otherwise
+    weight: torch.Tensor       # (B,) the query's weight (> 0)
+
+    def rows(self, idx: torch.Tensor) -> "Targets":
+        return Targets(self.consistent[idx], self.object_token[idx], self.bound[idx], self.weight[idx])
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """The ``localize`` objective's margins (see the module docstring)."""
+
+    epsilon: float = 0.01        # the verifier's target error
+    error_room: float = 0.1      # error hinge at error_room · ε
+    route_margin: float = 2.0    # gate: best consistent score above every inconsistent one
+    ablation_margin: float = 1.0  # ablated logits: another token above the object by this much
+    ablation_room: float = 0.5   # ablated P(object) at most ablation_room / |O_k|
 
 
 def valid_set_ce(logits: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
@@ -58,11 +112,128 @@ def task_router(out: Output, determined: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.cross_entropy(out.gate[keep], determined[keep] % K)
 
 
+#: Probabilities are floored here before their log in the localize terms: a hinge on a log
+#: probability below 1e-30 is inactive anyway, and the floor keeps its gradient 0 rather
+#: than 0 · ∞ = NaN when float32 underflows to 0.
+TINY = 1e-30
+
+
+def masses(logits: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per query (P(valid), 1 − P(valid)) from one softmax, each summed directly over its own
+    tokens (the error is a sum of the invalid tokens' probabilities, not 1 minus a number
+    near 1, so it keeps its relative precision when small)."""
+    p = torch.softmax(logits, dim=-1)
+    zero = p.new_zeros(())
+    return torch.where(valid, p, zero).sum(dim=-1), torch.where(valid, zero, p).sum(dim=-1)
+
+
+def _log(x: torch.Tensor) -> torch.Tensor:
+    return torch.log(x.clamp_min(TINY))
+
+
+def error_hinge(logits: torch.Tensor, valid: torch.Tensor, target: float) -> torch.Tensor:
+    """Per query ``max(0, log(1 − P(valid)) − log target)``: zero once the error is at most
+    ``target`` (a query with every token valid has error 0 and a zero hinge)."""
+    return torch.relu(_log(masses(logits, valid)[1]) - math.log(target))
+
+
+def routing_hinge(gate: torch.Tensor, consistent: torch.Tensor, margin: float) -> torch.Tensor:
+    """Per query ``max(0, margin − (max_{e consistent} g_e − max_{e not consistent} g_e))``.
+
+    Zero exactly when the best consistent expert's score exceeds every other expert's by
+    ``margin``, so the gate's (unique) winner serves a consistent task. A prefix that every
+    expert is consistent with has no inconsistent expert and a zero hinge."""
+    neg = torch.finfo(gate.dtype).min
+    best_in = gate.masked_fill(~consistent, neg).max(dim=-1).values
+    best_out = gate.masked_fill(consistent, neg).max(dim=-1).values
+    has_out = (~consistent).any(dim=-1)
+    return torch.where(has_out, torch.relu(margin - (best_in - best_out)), torch.zeros_like(best_in))
+
+
+def gate_set_ce(gate: torch.Tensor, consistent: torch.Tensor) -> torch.Tensor:
+    """Per query ``−log Σ_{e consistent} softmax(g)_e``: the task router's loss, extended to
+    prefixes shared by several tasks (any consistent expert will do)."""
+    return torch.logsumexp(gate, dim=-1) - torch.logsumexp(gate.masked_fill(~consistent, float("-inf")), dim=-1)
+
+
+def ablation_hinges(ablated: torch.Tensor, obj: torch.Tensor, valid: torch.Tensor, bound: torch.Tensor,
+                    recipe: Recipe) -> dict[str, torch.Tensor]:
+    """The localization terms on object queries' ablated logits ``ablated`` (A, V).
+
+    * ``top``: ``max(0, margin + z_o − max_{v != o} z_v)``, zero once another token's
+      ablated logit exceeds the object's by ``ablation_margin`` (check L2 with room);
+    * ``probability``: ``max(0, log p_o − log(room · bound))`` with p = softmax(z), zero once
+      P_ablated(o) ≤ ablation_room / |O_k| (check L1 with room);
+    * ``valid``: ``max(0, log min(1/2, 4ε) − log(1 − P_ablated(valid)))``, zero once the
+      ablated error is at least min(1/2, 4ε) ≥ ε (the older entanglement criterion); in
+      the log of the error, whose gradient does not vanish as P_ablated(valid) nears 1
+      (a row with every token valid has no error to raise and a zero term).
+    """
+    rows = torch.arange(ablated.shape[0])
+    z_o = ablated[rows, obj]
+    best2 = torch.topk(ablated, 2, dim=-1) if ablated.shape[1] > 1 else None
+    if best2 is None:           # one token: it is the object, nothing can beat it
+        best_other = torch.full_like(z_o, float("-inf"))
+    else:
+        best_other = torch.where(best2.indices[:, 0] == obj, best2.values[:, 1], best2.values[:, 0])
+    top = torch.relu(recipe.ablation_margin + z_o - best_other)
+    p = torch.softmax(ablated, dim=-1)
+    probability = torch.relu(_log(p[rows, obj]) - torch.log(recipe.ablation_room * bound))
+    has_invalid = (~valid).any(dim=-1)
+    error = torch.where(valid, p.new_zeros(()), p).sum(dim=-1)
+    wrong = min(0.5, 4 * recipe.epsilon)
+    valid_term = torch.where(has_invalid, torch.relu(math.log(wrong) - _log(error)), torch.zeros_like(error))
+    return {"top": top, "probability": probability, "valid": valid_term}
+
+
+def localize_terms(out: Output, valid: torch.Tensor, targets: Targets, recipe: Recipe,
+                   objects: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Every term of the ``localize`` objective per query of the batch, (B,) each (the
+    ablation terms are 0 on rows that are not object queries).
+
+    ``objects``: the batch rows of the object queries, in the order of ``out.ablated``
+    (the forward pass was asked for their ablated logits)."""
+    p_valid, err = masses(out.logits, valid)
+    terms = {
+        "ce": -_log(p_valid),
+        "error": torch.relu(_log(err) - math.log(recipe.error_room * recipe.epsilon)),
+        "gate": gate_set_ce(out.gate, targets.consistent),
+        "route": routing_hinge(out.gate, targets.consistent, recipe.route_margin),
+    }
+    if objects.numel():
+        ab = ablation_hinges(out.ablated, targets.object_token[objects], valid[objects], targets.bound[objects], recipe)
+        for name, v in ab.items():
+            terms["ablated_" + name] = torch.zeros_like(p_valid).index_put((objects,), v)
+    return terms
+
+
+def localize_loss(out: Output, valid: torch.Tensor, targets: Targets, recipe: Recipe,
+                  objects: torch.Tensor) -> tuple[torch.Tensor, dict[str, float], torch.Tensor]:
+    """The ``localize`` objective: the weighted mean over the batch of every term; its parts
+    (floats, for logging) and each query's total (detached, for the minibatch sampler)."""
+    terms = localize_terms(out, valid, targets, recipe, objects)
+    w = targets.weight
+    total = w.sum().detach()
+    per_query = sum(terms.values())
+    loss = (w * per_query).sum() / total
+    parts = {name: float((w * v).sum().detach() / total) for name, v in terms.items()}
+    return loss, parts, per_query.detach()
+
+
 def objective_loss(objective: str, out: Output, valid: torch.Tensor, determined: torch.Tensor,
-                   alpha: float = 0.01, lam: float = 1.0) -> tuple[torch.Tensor, dict[str, float]]:
-    """The total loss of ``objective`` and its parts (as floats, for logging)."""
+                   alpha: float = 0.01, lam: float = 1.0, targets: Targets | None = None,
+                   recipe: Recipe | None = None, objects: torch.Tensor | None = None
+                   ) -> tuple[torch.Tensor, dict[str, float]]:
+    """The total loss of ``objective`` and its parts (as floats, for logging).
+
+    ``localize`` needs ``targets``, ``recipe`` and ``objects`` (see :func:`localize_loss`);
+    the other objectives ignore them (their loss is the unweighted mean)."""
     if objective not in OBJECTIVES:
         raise ValueError(f"objective must be one of {OBJECTIVES}, got {objective!r}")
+    if objective == "localize":
+        if targets is None or recipe is None or objects is None:
+            raise ValueError("the localize objective needs targets, a recipe and the object rows")
+        return localize_loss(out, valid, targets, recipe, objects)[:2]
     ce = valid_set_ce(out.logits, valid).mean()
     parts = {"ce": float(ce.detach())}
     loss = ce

@@ -20,9 +20,60 @@ def add_model_flags(p: argparse.ArgumentParser, defaults) -> None:
     p.add_argument("--lr", type=float, default=defaults.lr, help="learning rate (Adam)")
     p.add_argument("--alpha", type=float, default=defaults.alpha, help="load-balancing weight")
     p.add_argument("--lam", type=float, default=defaults.lam, help="task-router weight")
+    p.add_argument("--batch-size", type=int, default=defaults.batch_size,
+                   help="queries per step, drawn with replacement (default: every query, full batch)")
 
 
 def model_changes(args: argparse.Namespace) -> dict:
     """The TrainConfig fields set by :func:`add_model_flags`."""
     return {"d": args.d, "n_heads": args.heads, "d_head": args.d_head, "expert_width": args.width,
-            "steps": args.steps, "lr": args.lr, "alpha": args.alpha, "lam": args.lam}
+            "steps": args.steps, "lr": args.lr, "alpha": args.alpha, "lam": args.lam,
+            "batch_size": args.batch_size}
+
+
+def add_recipe_flags(p: argparse.ArgumentParser, defaults) -> None:
+    """The localize recipe's flags and the expert widths; ``defaults`` is a TrainConfig."""
+    p.add_argument("--expert-widths", choices=("auto", "uniform", "bound"), default=defaults.expert_widths,
+                   help="uniform: every expert --width neurons; bound: expert k min(--width, c(k)), the "
+                        "verifier's size bound; auto (default): bound with localize, uniform otherwise")
+    p.add_argument("--route-margin", type=float, default=defaults.route_margin,
+                   help="localize: gate margin of the consistent experts over the others")
+    p.add_argument("--ablation-margin", type=float, default=defaults.ablation_margin,
+                   help="localize: ablated logit of another token above the object's")
+
+
+def recipe_changes(args: argparse.Namespace) -> dict:
+    """The TrainConfig fields set by :func:`add_recipe_flags`."""
+    return {"expert_widths": args.expert_widths, "route_margin": args.route_margin,
+            "ablation_margin": args.ablation_margin}
+
+
+def _whole(text: str, minimum: int) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < minimum:
+        raise argparse.ArgumentTypeError(f"expected {minimum} or more, got {value}")
+    return value
+
+
+def count(text: str) -> int:
+    """A whole number >= 0 (rounds)."""
+    return _whole(text, 0)
+
+
+def steps(text: str) -> int:
+    """A whole number >= 1 (steps)."""
+    return _whole(text, 1)
+
+
+def seconds(text: str) -> float:
+    """A finite number of seconds > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text}")
+    return value

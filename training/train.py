@@ -1,15 +1,22 @@
 """Train a single-layer MoE transformer on every query of a task set, and evaluate it.
 
-Data: every query (proper prefix, see :mod:`training.data`), weighted equally, with the
-valid-set cross-entropy of :mod:`training.objectives` (no sampling of one target).
-Optimiser: Adam, full batch by default (the sets are small), learning rate with a short
-linear warm-up and a cosine decay to 10%. Training runs in float32; evaluation
-(:func:`evaluate`) runs in float64 on a copy, which is the arithmetic the exported
-weights are checked against (float32 values are exact in float64).
+Data: every query (proper prefix, see :mod:`training.data`), weighted equally unless
+given weights (counterexample rounds, :mod:`training.rounds`), with the losses of
+:mod:`training.objectives` (no sampling of one target). Optimiser: Adam, full batch by
+default (the sets are small); with ``batch_size`` a minibatch is drawn with replacement
+with probability proportional to the query weights (the same expected gradient as the
+weighted full-batch loss), and under ``localize`` a share ``focus`` of it in proportion
+to the weight times the loss last seen on the query (the hinges are zero on most
+queries once learned; this spends the batch where they are not, and the uniform part
+keeps every query revisited). Learning rate: a short linear warm-up and a cosine decay to
+10%. Training runs in float32; evaluation (:func:`evaluate`) runs in float64 on a copy,
+which is the arithmetic the exported weights are checked against (float32 values are
+exact in float64).
 
 CLI::
 
     python -m training.train TASKS.yaml -o trained.npz --objective router --expert-tasks majority
+    python -m training.train TASKS.yaml -o trained.npz --objective localize --until-certified
     python -m verifier check TASKS.yaml --weights trained.npz
 """
 
@@ -29,9 +36,11 @@ import torch
 
 from tasks.model import TaskSet
 from training.data import QueryData, query_data
-from training.metrics import entropy, purity, routing_matrix
+from training.metrics import Localization, entropy, localization, purity, routing_matrix
 from training.model import ModelConfig, MoETransformer
-from training.objectives import OBJECTIVES, objective_loss, valid_error
+from training.objectives import OBJECTIVES, Recipe, Targets, localize_loss, objective_loss, valid_error
+
+WIDTHS = ("auto", "uniform", "bound")
 
 
 @dataclass(frozen=True)
@@ -55,11 +64,44 @@ class TrainConfig:
     threads: int | None = None   # torch threads (None: leave torch's setting)
     time_limit: float | None = None  # seconds; stop early when exceeded
     gate_mode: str = "top1-scaled"
+    expert_widths: str = "auto"  # uniform: every expert expert_width; bound: expert k min(expert_width, c(k));
+                                 # auto: bound for localize, uniform otherwise
+    epsilon: float = 0.01        # localize: the verifier's target error
+    error_room: float = 0.1      # localize: error hinge at error_room · epsilon
+    route_margin: float = 2.0    # localize: gate margin of the consistent experts
+    ablation_margin: float = 1.0  # localize: ablated logit of another token above the object's
+    ablation_room: float = 0.5   # localize: ablated P(object) at most ablation_room / |O_k|
+    focus: float = 0.5           # localize with minibatches: share of each batch drawn by last seen loss
+
+    def __post_init__(self) -> None:
+        if self.objective not in OBJECTIVES:
+            raise ValueError(f"objective must be one of {OBJECTIVES}, got {self.objective!r}")
+        if self.expert_widths not in WIDTHS:
+            raise ValueError(f"expert_widths must be one of {WIDTHS}, got {self.expert_widths!r}")
+        if not 0 <= self.focus < 1:
+            raise ValueError(f"focus must be in [0, 1), got {self.focus}")
+
+    @property
+    def sized(self) -> bool:
+        """Expert k's width is min(expert_width, c(k)) (it serves task k)."""
+        return self.expert_widths == "bound" or (self.expert_widths == "auto" and self.objective == "localize")
+
+    def recipe(self) -> Recipe:
+        return Recipe(epsilon=self.epsilon, error_room=self.error_room, route_margin=self.route_margin,
+                      ablation_margin=self.ablation_margin, ablation_room=self.ablation_room)
 
     def model_config(self, data: QueryData) -> ModelConfig:
+        """The model's sizes. Sized widths and the localize objective pair expert k with
+        task k (the declared mapping), so they need one expert per task."""
+        T = len(data.task_names)
+        K = self.n_experts or T
+        if (self.sized or self.objective == "localize") and K != T:
+            raise ValueError(f"the {self.objective} objective with sized experts pairs expert k with task k: "
+                             f"it needs one expert per task ({T}), not {K}")
+        widths = tuple(int(min(self.expert_width, b)) for b in data.bounds) if self.sized else None
         return ModelConfig(vocab_size=data.V, n_positions=data.n_positions, d=self.d, n_heads=self.n_heads,
-                           d_head=self.d_head, n_experts=self.n_experts or len(data.task_names),
-                           expert_width=self.expert_width, gate_mode=self.gate_mode)
+                           d_head=self.d_head, n_experts=K, expert_width=self.expert_width,
+                           gate_mode=self.gate_mode, expert_widths=widths)
 
 
 @dataclass
@@ -82,6 +124,7 @@ class Evaluation:
     gate: np.ndarray            # (Q, K) gate scores
     routing: np.ndarray         # tasks x experts over determined queries
     object_query: np.ndarray
+    localization: Localization | None = None   # the ablated model on object queries (float64)
 
     @property
     def next_token_accuracy(self) -> float:
@@ -108,10 +151,20 @@ class Evaluation:
         return entropy(self.routing)
 
     def summary(self) -> dict[str, float]:
-        return {"object_accuracy": self.object_accuracy, "next_token_accuracy": self.next_token_accuracy,
-                "mean_error": self.mean_error, "max_error": self.max_error,
-                "routing_purity": self.purity, "routing_entropy": self.entropy,
-                "experts_used": int((self.routing.sum(axis=0) > 0).sum())}
+        out = {"object_accuracy": self.object_accuracy, "next_token_accuracy": self.next_token_accuracy,
+               "mean_error": self.mean_error, "max_error": self.max_error,
+               "routing_purity": self.purity, "routing_entropy": self.entropy,
+               "experts_used": int((self.routing.sum(axis=0) > 0).sum())}
+        loc = self.localization
+        if loc is not None and loc.rows.size:
+            out.update({
+                "worst_ablated_object_probability": float(loc.probability.max()),
+                "worst_ablated_probability_over_bound": float((loc.probability / loc.bound).max()),
+                "localized_share": float(loc.holds.mean()),
+                "ablated_object_still_top_share": float(loc.object_still_top.mean()),
+                "min_ablated_error": float(loc.ablated_error.min()),
+            })
+        return out
 
 
 def _tensors(data: QueryData) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -120,43 +173,111 @@ def _tensors(data: QueryData) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
             torch.from_numpy(data.determined))
 
 
+def targets(data: QueryData, weight: np.ndarray | None = None) -> Targets:
+    """The localize objective's per-query targets; expert k serves task k (declared).
+
+    ``bound`` is 1/|O_k| on object queries of task k (their determined task) and NaN
+    elsewhere (never read there: the ablation terms run on object queries only)."""
+    Q = len(data)
+    bound = np.full(Q, np.nan)
+    oq = data.object_query
+    bound[oq] = 1.0 / data.n_objects[data.determined[oq]]
+    w = np.ones(Q) if weight is None else np.asarray(weight, np.float64)
+    if w.shape != (Q,) or not np.all(w > 0):
+        raise ValueError(f"query weights must be {Q} positive numbers")
+    return Targets(torch.from_numpy(data.consistent), torch.from_numpy(data.object_token),
+                   torch.from_numpy(bound.astype(np.float32)), torch.from_numpy(w.astype(np.float32)))
+
+
+def _focus(seen: torch.Tensor, weight: torch.Tensor, n: int, gen: torch.Generator) -> torch.Tensor:
+    """``n`` queries drawn with replacement in proportion to weight × the loss last seen on
+    them (not yet seen: the largest seen loss, at least 1), so a step spends part of its
+    batch where the objective is still positive. Every query keeps its uniform share in
+    the rest of the batch, so a learned query is seen again and its loss updated."""
+    known = torch.isfinite(seen)
+    # A loss is >= 0 in real arithmetic, but float32 can make it a hair negative (the valid
+    # mass summed to 1 + 1e-7 gives −log P(valid) = −1e-7): such a query has nothing to learn.
+    seen = torch.where(known, seen.clamp_min(0.0), seen)
+    top = float(seen[known].max()) if bool(known.any()) else 1.0
+    score = torch.where(known, seen, torch.full_like(seen, max(top, 1.0))) * weight
+    if not bool((score > 0).any()):
+        return torch.randint(0, seen.shape[0], (n,), generator=gen)
+    return torch.multinomial(score, n, replacement=True, generator=gen)
+
+
+def _rate(warmup: int, steps: int) -> Callable[[int], float]:
+    """Linear warm-up over ``warmup`` steps, then a cosine decay to 10% at ``steps``."""
+    def rate(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        t = (step - warmup) / max(1, steps - warmup)
+        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(t, 1.0)))
+    return rate
+
+
 def train(taskset: TaskSet, config: TrainConfig = TrainConfig(), data: QueryData | None = None,
-          log: Callable[[dict], None] | None = None, log_every: int = 100) -> TrainResult:
-    """Train a model on every query of ``taskset`` (deterministic in ``config.seed``)."""
-    if config.objective not in OBJECTIVES:
-        raise ValueError(f"objective must be one of {OBJECTIVES}, got {config.objective!r}")
+          log: Callable[[dict], None] | None = None, log_every: int = 100, *,
+          model: MoETransformer | None = None, query_weights: np.ndarray | None = None,
+          steps: int | None = None, warmup: int | None = None, round_no: int = 0) -> TrainResult:
+    """Train a model on every query of ``taskset`` (deterministic in ``config.seed``).
+
+    ``model``: continue training this model (a counterexample round) instead of a new one;
+    ``query_weights`` (Q,): positive per-query weights (default all 1); ``steps`` and
+    ``warmup`` override the config's (a round's own schedule, with a fresh optimiser);
+    ``round_no`` makes a round draw its own minibatches."""
     if config.threads:
         torch.set_num_threads(config.threads)
     data = data or query_data(taskset)
     gen = torch.Generator().manual_seed(config.seed)
-    model = MoETransformer(config.model_config(data), generator=gen)
+    if model is None:
+        model = MoETransformer(config.model_config(data), generator=gen)
+    if round_no:
+        gen.manual_seed(config.seed + 1_000_003 * round_no)
+    steps = config.steps if steps is None else steps
+    warmup = config.warmup if warmup is None else warmup
     tokens, lengths, valid, determined = _tensors(data)
+    tg = targets(data, query_weights)
+    objects = torch.from_numpy(data.object_query)
     Q = len(data)
+    localize = config.objective == "localize"
+    recipe = config.recipe()
     opt = torch.optim.Adam(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
-
-    def rate(step: int) -> float:
-        if step < config.warmup:
-            return (step + 1) / config.warmup
-        t = (step - config.warmup) / max(1, config.steps - config.warmup)
-        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * t))
-
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, rate)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, _rate(warmup, steps))
+    uniform = query_weights is None
+    minibatch = bool(config.batch_size and config.batch_size < Q)
+    focused = int(config.focus * config.batch_size) if minibatch and localize else 0
+    seen = torch.full((Q,), float("inf"))     # last seen loss per query (inf: not seen yet)
     result = TrainResult(model, config)
     start = time.perf_counter()
     step = 0
-    for step in range(config.steps):
-        if config.batch_size and config.batch_size < Q:
-            idx = torch.randint(0, Q, (config.batch_size,), generator=gen)
+    for step in range(steps):
+        if minibatch:
+            n = config.batch_size - focused
+            if uniform:
+                idx = torch.randint(0, Q, (n,), generator=gen)
+            else:
+                idx = torch.multinomial(tg.weight, n, replacement=True, generator=gen)
+            if focused:
+                idx = torch.cat([idx, _focus(seen, tg.weight, focused, gen)])
             batch = (tokens[idx], lengths[idx], valid[idx], determined[idx])
+            btg = tg.rows(idx)
+            btg = Targets(btg.consistent, btg.object_token, btg.bound, torch.ones_like(btg.weight))
+            brows = torch.nonzero(objects[idx], as_tuple=True)[0]
         else:
-            batch = (tokens, lengths, valid, determined)
-        out = model(batch[0], batch[1])
-        loss, parts = objective_loss(config.objective, out, batch[2], batch[3], config.alpha, config.lam)
+            batch, btg = (tokens, lengths, valid, determined), tg
+            brows = torch.nonzero(objects, as_tuple=True)[0]
+        out = model(batch[0], batch[1], ablate=brows if localize else None)
+        if localize:
+            loss, parts, per_query = localize_loss(out, batch[2], btg, recipe, brows)
+            if focused:
+                seen[idx] = per_query
+        else:
+            loss, parts = objective_loss(config.objective, out, batch[2], batch[3], config.alpha, config.lam)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
         sched.step()
-        if log_every and (step % log_every == 0 or step == config.steps - 1):
+        if log_every and (step % log_every == 0 or step == steps - 1):
             entry = {"step": step, "loss": float(loss.detach()), **parts, "seconds": time.perf_counter() - start}
             result.history.append(entry)
             if log:
@@ -171,29 +292,38 @@ def train(taskset: TaskSet, config: TrainConfig = TrainConfig(), data: QueryData
 @torch.no_grad()
 def evaluate(model: MoETransformer, data: QueryData, dtype: torch.dtype = torch.float64,
              chunk: int = 8192) -> Evaluation:
-    """Evaluate every query on a copy of ``model`` in ``dtype`` (float64 by default)."""
+    """Evaluate every query on a copy of ``model`` in ``dtype`` (float64 by default), and
+    the ablated model (the routed expert's output removed) on every object query
+    (:func:`training.metrics.localization`)."""
     m = copy.deepcopy(model).to(dtype).eval()
     tokens, lengths, valid, _ = _tensors(data)
-    experts, errors, preds, gates = [], [], [], []
+    experts, errors, preds, gates, loc = [], [], [], [], []
     for lo in range(0, len(data), chunk):
         sl = slice(lo, lo + chunk)
-        out = m(tokens[sl], lengths[sl])
+        rows = np.flatnonzero(data.object_query[sl])
+        out = m(tokens[sl], lengths[sl], ablate=torch.from_numpy(rows))
         experts.append(out.expert.numpy())
         errors.append(valid_error(out.logits, valid[sl]).numpy())
         preds.append(torch.argmax(out.logits, dim=-1).numpy())
         gates.append(out.gate.numpy())
+        at = lo + rows
+        loc.append(localization(out.ablated.numpy(), data.object_token[at], data.valid[at],
+                                1.0 / data.n_objects[data.determined[at]]))
     expert = np.concatenate(experts)
     predicted = np.concatenate(preds)
     correct = data.valid[np.arange(len(data)), predicted]
     K = m.config.n_experts
+    rows = np.flatnonzero(data.object_query)
+    parts = {key: np.concatenate([p[key] for p in loc]) for key in loc[0]} if loc else {}
+    located = Localization(rows=rows, task=data.determined[rows], **parts) if loc else None
     return Evaluation(expert=expert, error=np.concatenate(errors), predicted=predicted, correct=correct,
                       gate=np.concatenate(gates), routing=routing_matrix(data.determined, expert, len(data.task_names), K),
-                      object_query=data.object_query)
+                      object_query=data.object_query, localization=located)
 
 
 def parser() -> argparse.ArgumentParser:
-    from tasks.console import Parser, add_json, add_quiet
-    from training.options import add_model_flags
+    from tasks.console import Parser, add_json, add_quiet, epsilon
+    from training.options import add_model_flags, add_recipe_flags, count, seconds, steps
 
     p = Parser(prog="python -m training.train", description=(
         "Train a single-layer MoE transformer (the verifier's layout, gate_mode top1-scaled) on every "
@@ -201,61 +331,119 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("tasks", help="the tasks.yaml file")
     p.add_argument("-o", "--output", required=True, help="output .npz (the weight layout)")
     p.add_argument("--objective", choices=OBJECTIVES, default="ce",
-                   help="ce: cross-entropy; lb: + load balancing; router: + task-router loss (default ce)")
+                   help="ce: cross-entropy; lb: + load balancing; router: + task-router loss; localize: the "
+                        "recipe aimed at the verifier's certificate (routing on every prefix, ablation and error "
+                        "hinges, experts sized to c(k)) (default ce)")
     p.add_argument("--experts", type=int, help="number of experts (default: one per task)")
     add_model_flags(p, TrainConfig())
+    add_recipe_flags(p, TrainConfig())
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, help="torch threads")
-    p.add_argument("--expert-tasks", choices=("none", "majority", "declared"), default="none",
-                   help="expert_tasks written to the file: none ('' for every expert, default), majority "
-                        "(each expert: the task routed to it most), declared (expert i: task i, the "
-                        "task-router loss's assignment)")
+    p.add_argument("--expert-tasks", choices=("none", "majority", "declared"),
+                   help="expert_tasks written to the file: none ('' for every expert; the default except with "
+                        "localize), majority (each expert: the task routed to it most), declared (expert i: task "
+                        "i, the assignment the task-router and localize losses train; the default with localize)")
+    p.add_argument("--until-certified", action="store_true",
+                   help="counterexample rounds (needs --objective localize): after training, check every query "
+                        "with the verifier's certified pass, raise the weights of the failing ones and train "
+                        "again, until the verifier certifies the weights at --epsilon or the rounds or the time "
+                        "budget are spent (exit 1 then; the last weights are written)")
+    p.add_argument("--max-rounds", type=count, default=5, help="rounds after the first (default 5)")
+    p.add_argument("--round-steps", type=steps, help="steps of each later round (default: half of --steps)")
+    p.add_argument("--boost", type=float, default=4.0, help="weight factor of a failing query per round (default 4)")
+    p.add_argument("--time-budget", type=seconds, help="seconds of training in all rounds at most")
+    p.add_argument("--epsilon", type=epsilon, default=TrainConfig().epsilon,
+                   help="the verifier's target error, for the localize recipe and the rounds (default 0.01)")
     add_json(p, "the evaluation")
     add_quiet(p)
     return p
 
 
+def _round_line(r) -> str:
+    sh = r.shares
+    verdict = "certified" if r.certified else "verified, not certified" if r.verified else "not certified"
+    return (f"round {r.round}: {r.steps} steps in {r.train_seconds:.1f}s; certified share {sh['certified']:.4f} "
+            f"(error {sh['error']:.4f}, routing {sh['routing']:.4f}, entanglement {sh['entanglement']:.4f}, "
+            f"localization {sh['localization']:.4f}); {r.failing} failing queries; worst ablated P(object) "
+            f"{r.worst_ablated_object_probability:.3g}; {verdict}")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    from tasks.console import EXIT_BAD_INPUT, EXIT_NOT_CERTIFIED, progress_bar
     from tasks.errors import TaskError
     from tasks.io import load_tasks
     from training.export import to_weights
+    from training.options import model_changes, recipe_changes
     import layout
 
     args = parser().parse_args(argv)
+    if args.until_certified and args.objective != "localize":
+        print("error: --until-certified trains toward the certificate; it needs --objective localize", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    if not args.boost >= 1:
+        print(f"error: --boost must be at least 1, got {args.boost:g}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     try:
         taskset = load_tasks(args.tasks)
     except TaskError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 2
-    from training.options import model_changes
+        return EXIT_BAD_INPUT
+    try:
+        config = TrainConfig(objective=args.objective, n_experts=args.experts, seed=args.seed, threads=args.threads,
+                             epsilon=args.epsilon, **model_changes(args), **recipe_changes(args))
+        data = query_data(taskset)
+        config.model_config(data)          # refuses sizes the objective cannot train, before any training
+    except ValueError as exc:
+        print(f"error: {args.tasks}: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    mapping = args.expert_tasks or ("declared" if args.objective == "localize" else "none")
+    summary: dict = {}
+    certified = None
+    if args.until_certified:
+        from training.rounds import until_certified
 
-    config = TrainConfig(objective=args.objective, n_experts=args.experts, seed=args.seed, threads=args.threads,
-                         **model_changes(args))
-    data = query_data(taskset)
-    from tasks.console import progress_bar
+        def log_round(r) -> None:
+            if not args.quiet:
+                print(_round_line(r), file=sys.stderr, flush=True)
 
-    bar = progress_bar(args.quiet, "training", "step", total=config.steps)
+        rounds = until_certified(taskset, config, max_rounds=args.max_rounds, round_steps=args.round_steps,
+                                 boost=args.boost, time_budget=args.time_budget, data=data, log=log_round)
+        model, ev, certified = rounds.model, rounds.evaluation, rounds.certified
+        steps, seconds = rounds.steps, rounds.train_seconds
+        summary["rounds"] = [r.to_dict() for r in rounds.rounds]
+        summary["certified"] = certified
+    else:
+        bar = progress_bar(args.quiet, "training", "step", total=config.steps)
 
-    def log(entry: dict) -> None:
-        bar.update(entry["step"] + 1 - bar.n)
-        bar.set_postfix(loss=f"{entry['loss']:.4f}", ce=f"{entry['ce']:.4f}")
+        def log(entry: dict) -> None:
+            bar.update(entry["step"] + 1 - bar.n)
+            bar.set_postfix(loss=f"{entry['loss']:.4f}", ce=f"{entry['ce']:.4f}")
 
-    result = train(taskset, config, data=data, log=log if bar is not None else None)
-    if bar is not None:
-        bar.close()
-    ev = evaluate(result.model, data)
-    weights = to_weights(result.model, taskset, expert_tasks=args.expert_tasks, routing=ev.routing, config=config)
-    layout.save(weights, args.output)
-    summary = {**ev.summary(), "steps": result.steps, "seconds": round(result.seconds, 2),
+        result = train(taskset, config, data=data, log=log if bar is not None else None)
+        if bar is not None:
+            bar.close()
+        model, steps, seconds = result.model, result.steps, result.seconds
+        ev = evaluate(model, data)
+    weights = to_weights(model, taskset, expert_tasks=mapping, routing=ev.routing, config=config)
+    layout.save(weights, args.output, small_indices=True, narrow=True)   # trained floats are float32-exact: the same weights, smaller
+    summary = {**ev.summary(), "steps": steps, "seconds": round(seconds, 2), **summary,
                "config": asdict(config), "expert_tasks": list(weights.expert_tasks),
-               "routing_matrix": ev.routing.tolist()}
+               "expert_widths": [e.width for e in weights.experts], "routing_matrix": ev.routing.tolist()}
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump(summary, f, indent=2)
-    print(f"wrote {args.output}: {len(data)} queries, object-query accuracy {ev.object_accuracy:.3f}, "
-          f"next-token accuracy {ev.next_token_accuracy:.3f}, routing purity {ev.purity:.3f}, "
-          f"entropy {ev.entropy:.3f} bits, {result.steps} steps in {result.seconds:.1f}s")
-    return 0
+    line = (f"wrote {args.output}: {len(data)} queries, object-query accuracy {ev.object_accuracy:.3f}, "
+            f"next-token accuracy {ev.next_token_accuracy:.3f}, routing purity {ev.purity:.3f}, "
+            f"entropy {ev.entropy:.3f} bits")
+    if "worst_ablated_object_probability" in summary:
+        line += (f", worst ablated P(object) {summary['worst_ablated_object_probability']:.3g} (float64, "
+                 f"{summary['localized_share']:.3f} of object queries localized)")
+    line += f", {steps} steps in {seconds:.1f}s"
+    if certified is not None:
+        line += (f"; the verifier certifies it at epsilon {config.epsilon:g}" if certified else
+                 f"; NOT certified at epsilon {config.epsilon:g} within the rounds' budget")
+    print(line)
+    return EXIT_NOT_CERTIFIED if certified is False else 0
 
 
 if __name__ == "__main__":
