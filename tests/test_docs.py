@@ -76,6 +76,21 @@ EXEMPT: dict[str, str] = {
     "python -m training.sweep": "the training experiment (minutes of torch training); it writes docs/training/",
     "python -m training.sweep --configs 8x8 --d 16 --width 8 --facts-per-task 40 --out docs/training/small-model "
     "--weights-dir build/training/small-model": "a training experiment (minutes); it writes docs/training/small-model",
+    "python -m training.train docs/training/tasks-K8.yaml -o k8.npz --objective localize --until-certified "
+    "--threads 1": "minutes of torch training until certified or the budget ends (exit 0 or 1); "
+                   "docs/training/results.md has every run's outcome, and the next command checks a saved one",
+    "export PYTHONPATH=$PWD": "a shell setting for the sweep commands that follow it",
+    "python -m training.sweep --sets --jobs 1 --threads 1 --out build/training/sweep-grid "
+    "--weights-dir docs/training/weights --no-plots": "the training grid (about an hour of torch training)",
+    "python -m training.sweep --configs --objectives localize --sets 1000x16 --set-steps 3000 --set-batch-size 1024 "
+    "--set-width 128 --set-time-budget 900 --set-threads 1 --round-steps 800 --out build/training/sweep-1k "
+    "--weights-dir docs/training/weights --no-plots": "training on 1,000 facts (up to 15 minutes, then the checks)",
+    "python -m training.sweep --configs --objectives localize --sets 10000x16 --set-steps 3000 --set-batch-size 2048 "
+    "--set-time-budget 1800 --set-threads 1 --width 256 --round-steps 800 --max-rounds 6 --out build/training/sweep-10k "
+    "--weights-dir docs/training/weights --no-plots": "training on 10,000 facts (up to 30 minutes, then the checks)",
+    "python -m training.sweep --merge build/training/sweep-grid/results.json build/training/sweep-1k/results.json "
+    "build/training/sweep-10k/results.json --out docs/training": "joins the three sweeps' records, which the "
+        "commands above write; it rewrites docs/training",
     "python scripts/mutation_testing.py --mutants 5400 --seed 0 --jobs 2":
         "a mutation campaign (minutes); tests/test_mutants.py runs a budget of it",
 }
@@ -127,9 +142,15 @@ def command_blocks() -> list[Block]:
 
 
 def workspace(root: Path) -> None:
-    """What the documents' commands read: a copy of examples/, and docs/ for their pictures."""
+    """What the documents' commands read: a copy of examples/, docs/ for their pictures, and
+    the training experiment's task sets and saved models."""
     shutil.copytree(ROOT / "examples", root / "examples")
     (root / "docs" / "accessibility").mkdir(parents=True)
+    (root / "docs" / "training" / "weights").mkdir(parents=True)     # the training experiment's sets and saved models
+    for path in (ROOT / "docs" / "training").glob("tasks-*.yaml"):
+        shutil.copy(path, root / "docs" / "training" / path.name)
+    for path in (ROOT / "docs" / "training" / "weights").glob("*-localize-*.npz"):
+        shutil.copy(path, root / "docs" / "training" / "weights" / path.name)
 
 
 def in_process(line: str) -> tuple[list[str], str | None] | None:
