@@ -427,12 +427,14 @@ def from_coo(shape, rows, cols, mids, rads) -> SparseInterval:
                           np.asarray(rads, np.float64)[order])
 
 
-def sum_terms(shape, rows, cols, mids, rads) -> SparseInterval:
+def sum_terms(shape, rows, cols, mids, rads, terms: int | None = None) -> SparseInterval:
     """Σ of interval terms with equal (row, col).
 
     The midpoint of an entry is the float sum of its terms' midpoints (additions only:
     error <= γ_T Σ|mid|, no underflow term by (A1)); its radius bounds the terms' radii
-    plus that rounding, by Lemma 1. Every (row, col) that has a term is kept.
+    plus that rounding, by Lemma 1. Every (row, col) that has a term is kept. T is the most
+    terms any entry has, or ``terms`` when given (at least that many; γ_n and c_n grow with
+    n): a fixed count makes an entry's enclosure depend on its own terms only.
     """
     rows = np.asarray(rows, np.int64)
     cols = np.asarray(cols, np.int64)
@@ -444,6 +446,10 @@ def sum_terms(shape, rows, cols, mids, rads) -> SparseInterval:
     key = key[order]
     start = np.flatnonzero(np.concatenate([[True], key[1:] != key[:-1]]))
     max_terms = int(np.diff(np.append(start, key.size)).max())
+    if terms is not None:
+        if max_terms > terms:
+            raise ValueError(f"an entry has more than the {terms} terms its rounding bound allows")
+        max_terms = terms
     g = gamma(max_terms + 1)
     mids = np.asarray(mids, np.float64)[order]
     w = add_rad(np.asarray(rads, np.float64)[order], up(g * np.abs(mids)))

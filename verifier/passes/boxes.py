@@ -247,34 +247,11 @@ class StepEnclosure:
 
 
 def _sum(shape, rows, cols, mids, rads, terms: int) -> SparseInterval:
-    """Σ of interval terms with equal (row, col), as :func:`verifier.arithmetic.interval.sum_terms`, with
-    the rounding bound of ``terms`` terms per entry (at least the most any entry has).
-
-    The midpoint of an entry is the float sum of its terms' midpoints, in some order (A3);
-    by Lemma 1 (and γ_n, c_n increasing in n) its error is within γ_{terms+1}·Σ|mid| and
-    the sum of the widened radii is within c_{terms} times its computed value. A fixed
-    count makes an entry's enclosure depend on its own terms only, never on the other rows
-    of the batch: a row's result is the same in any chunk (a proof re-runs alone)."""
-    rows = np.asarray(rows, np.int64)
-    cols = np.asarray(cols, np.int64)
-    n_rows, n_cols = shape
-    if rows.size == 0:
-        return SparseInterval(tuple(shape), np.zeros(n_rows + 1, np.int64), np.zeros(0, np.int64), np.zeros(0), np.zeros(0))
-    key = rows * n_cols + cols
-    order = np.argsort(key, kind="stable")
-    key = key[order]
-    start = np.flatnonzero(np.concatenate([[True], key[1:] != key[:-1]]))
-    if int(np.diff(np.append(start, key.size)).max()) > terms:
-        raise ValueError(f"an entry has more than the {terms} terms its rounding bound allows")
-    mids = np.asarray(mids, np.float64)[order]
-    w = I.add_rad(np.asarray(rads, np.float64)[order], I.up(I.gamma(terms + 1) * np.abs(mids)))
-    mid = np.add.reduceat(mids, start)
-    rad = I.guard(mid, I.up(I.sum_factor(terms) * np.add.reduceat(w, start)))
-    ukey = key[start]
-    out_rows = ukey // n_cols
-    ptr = np.zeros(n_rows + 1, np.int64)
-    np.cumsum(np.bincount(out_rows, minlength=n_rows), out=ptr[1:])
-    return SparseInterval(tuple(shape), ptr, ukey - out_rows * n_cols, mid, rad)
+    """Σ of interval terms with equal (row, col) (:func:`verifier.arithmetic.interval.sum_terms`),
+    with the rounding bound of ``terms`` terms per entry (at least the most any entry has). A
+    fixed count makes an entry's enclosure depend on its own terms only, never on the other
+    rows of the batch: a row's result is the same in any chunk (a proof re-runs alone)."""
+    return I.sum_terms(shape, rows, cols, mids, rads, terms=terms)
 
 
 def _add(A: SparseInterval, B: SparseInterval) -> SparseInterval:
