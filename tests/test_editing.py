@@ -84,7 +84,10 @@ def edit(draw, ts: TaskSet, fresh: list[int]):
     return out
 
 
-def _compare(inc, full) -> None:
+def _compare(inc, full, p_rel: float = 1e-6) -> None:
+    """``inc`` (a re-certification) gives ``full``'s verdict, counts and figures; its worst
+    P_ablated(o) within ``p_rel`` (a reused class updates one range of ρ for all its queries,
+    so where they differ its bound is sound and looser)."""
     assert inc.certified == full.certified, (inc.counterexamples[:2], full.counterexamples[:2])
     assert inc.queries == full.queries and inc.complete
     assert np.array_equal(inc.routing_matrix, full.routing_matrix)
@@ -98,7 +101,7 @@ def _compare(inc, full) -> None:
                (b.objects, b.l1_held, b.l2_held, b.localized, b.entanglement_ok)
         assert a.min_gap == b.min_gap
         if b.object_queries:
-            assert math.isclose(a.worst_p_ablated, b.worst_p_ablated, rel_tol=1e-6, abs_tol=1e-12)
+            assert math.isclose(a.worst_p_ablated, b.worst_p_ablated, rel_tol=p_rel, abs_tol=1e-12)
         assert a.width == b.width and a.certified == b.certified
         if b.queries:
             # both enclose the exact worst error: the enclosures overlap
@@ -270,3 +273,57 @@ def test_reuse_is_sound_for_mutated_weights(tmp_path_factory):
 
     mutated()
     assert modes["incremental"] >= examples(20, floor=3), modes
+
+def test_reuse_keeps_l1_of_the_object_alone(tmp_path):
+    """A model that, without its expert, predicts the template word "the" after "Ann lives in"
+    (P(valid set) above 1/|O_k|, P(object) below it: L1 holds on the object's probability
+    alone). Adding a fact with two new entities to the other task grows the vocabulary by 2:
+    the reused classes' 1 − P(o) moves with the new zero-logit tokens, and the
+    re-certification equals a full verification, reusing classes."""
+    from construction.numbering import correspondence, numbering
+    from tasks.reading import loads_tasks
+    from tasks.structure import StructureTrie
+    from verifier.certificates.certificate import Certificate, task_hash
+    from verifier.certificates.incremental import recertify
+    from verifier.certificates.locality import Correspondence, watched_neurons
+    from verifier.checks.classes import CellPlan, ClassRecorder
+
+    text = """
+epsilon: 0.01
+tasks:
+  - name: home
+    templates:
+      - ⋆1 lives in ⋆2
+      - ⋆1 lives in the ⋆2
+    facts: {Ann: Rome, Bob: Oslo, Cid: Lima, Dee: Rome}
+  - name: job
+    templates:
+      - ⋆1 works as ⋆2
+    facts: {Ann: baker, Bob: cook}
+"""
+    ts = loads_tasks(text)
+    new = loads_tasks(text.replace("Bob: cook}", "Bob: cook, Eve: smith}"))
+
+    def knows_the_word(model):
+        w = model.instantiate()
+        U = w.U.tolil()
+        U[w.vocab.index("the"), w.residual_labels.index("subj:Ann")] = 3.0
+        return w.replace(U=U.tocsr())
+
+    model = build(ts)
+    w = knows_the_word(model)
+    trie = StructureTrie(ts)
+    plan, watched = CellPlan.of(ts, trie), watched_neurons(w)
+    recorder = ClassRecorder.for_weights(ts, trie, plan, w, model.epsilon, watched)
+    report = verify(ts, w, model.epsilon, classes=recorder)
+    home = next(r for r in report.tasks if r.name == "home")
+    assert home.l1_ok and home.min_ablated_lower < 1 - 1 / 3    # (the word costs the error check elsewhere)
+    old = Certificate(model.epsilon, report.verdict, ts, w, recorder.table(), plan, watched, {},
+                      {t.name: task_hash(t) for t in ts.tasks}, {})
+    w2 = knows_the_word(build(new, beta=float(model.beta), gamma=float(model.gamma)))
+    assert len(w2.vocab) == len(w.vocab) + 2
+    cor = Correspondence(**correspondence(numbering(ts), numbering(new)))
+    inc, _, _, info = recertify(old, new, w2, cor, model.epsilon)
+    assert info.mode == "incremental" and info.classes_reused > 0 and info.vocabulary_delta == 2
+    # the class of "Ann lives in" and "Bob lives in" mixes Ann's small ρ with Bob's larger one
+    _compare(inc, verify(new, w2, model.epsilon), p_rel=0.1)

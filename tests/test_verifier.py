@@ -414,3 +414,85 @@ def test_l1_on_its_bound_is_decided_exactly():
     assert rec.worst_p_ablated > 0.5 >= rec.uniform_bound          # the enclosure alone would not prove it
     deployed = verify(ts, w, model.epsilon, deployment=Deployment.named("float32"))
     assert not deployed.certified and deployed.tasks[0].l1_held == 0 and deployed.tasks[0].l2_held == 2
+
+
+#: One task whose object queries ``X lives in`` have two valid next tokens: the object and
+#: the template word "the" (a second template), and a second task beside it.
+WORD_AND_OBJECT = """
+epsilon: 0.01
+tasks:
+  - name: home
+    templates:
+      - ⋆1 lives in ⋆2
+      - ⋆1 lives in the ⋆2
+    facts: {Ann: Rome, Bob: Oslo, Cid: Lima, Dee: Rome}
+  - name: job
+    templates:
+      - ⋆1 works as ⋆2
+    facts: {Ann: baker, Bob: cook}
+"""
+
+
+def _word_and_object():
+    from construction.model import build
+    from tasks.reading import loads_tasks
+
+    ts = loads_tasks(WORD_AND_OBJECT)
+    model = build(ts)
+    return ts, model.instantiate(), model.epsilon
+
+
+def test_l1_encloses_the_objects_probability_alone():
+    """For object queries whose valid set holds a word besides the object, the lower end of
+    1 − P_ablated(o) the pass gives (``ablated_object_lo``) contains the exact value (the
+    oracle's, at 60 digits, with the valid set {o}) and is at least the valid set's ablated
+    error's lower end, for the built model and for one whose shared path predicts the word
+    (or the object) without the expert."""
+    from audit.oracle import Oracle, _Fingerprints
+    from verifier.passes.batches import batches
+    from verifier.passes.forward import Prepared
+    from verifier.checks.verify import token_map
+
+    ts, w, _ = _word_and_object()
+    oracle = Oracle(dps=60)
+    for edit in ({}, {("the", "subj:Ann"): 3.0}, {("Rome", "subj:Ann"): 3.5}):
+        we = _u(w, edit)
+        prep, tmap, fp = Prepared(we), token_map(ts, we, "weights"), _Fingerprints(we)
+        seen = 0
+        for b in batches(ts):
+            tokens = tmap[b.tokens]
+            res = run_batch(prep, tokens, b.valid_ptr, tmap[b.valid], target=np.where(b.target >= 0, tmap[b.target], -1))
+            for i in np.flatnonzero(b.target >= 0):
+                valid = tmap[b.valid[b.valid_ptr[i]:b.valid_ptr[i + 1]]]
+                if valid.size < 2:
+                    assert res.ablated_object_lo[i] == res.ablated_lo[i]
+                    continue
+                seen += 1
+                o = int(tmap[b.target[i]])
+                ex = oracle.evaluate(we, fp, tuple(int(t) for t in tokens[i]), frozenset({o}), True, 60)
+                assert mpmath.mpf(float(res.ablated_object_lo[i])) <= ex["ablated"], (edit, i)
+                assert res.ablated_object_lo[i] >= res.ablated_lo[i]
+        assert seen == 4                     # "X lives in" for the four subjects of 'home'
+
+
+@pytest.mark.parametrize("precision", [None, "float32"])
+def test_l1_passes_a_model_that_predicts_the_word_and_fails_one_that_predicts_the_object(precision):
+    """Without its expert the model may rightly predict the template word "the" after
+    "Ann lives in" (shared knowledge): P(valid set) is then far above 1/|O_k| but P(Rome)
+    is below it, and L1 holds (a bound on the valid set's mass would have refused it).
+    Predicting the object itself without the expert fails L1 (and L2), in the exact and
+    the deployed pass."""
+    from verifier.passes.floating import Deployment
+
+    ts, w, eps = _word_and_object()
+    deployment = None if precision is None else Deployment.named(precision)
+    word = verify(ts, _u(w, {("the", "subj:Ann"): 3.0}), eps, deployment=deployment)
+    home = checks(word)["home"]
+    assert home.objects == 3 and home.l1_ok and home.l2_ok
+    assert home.min_ablated_lower < 1 - 1 / 3 < 1 - home.worst_p_ablated   # P(valid) > 1/3 > P(o)
+    obj = verify(ts, _u(w, {("Rome", "subj:Ann"): 3.5}), eps, deployment=deployment)
+    home = checks(obj)["home"]
+    assert not home.l1_ok and not home.l2_ok and not obj.certified
+    found = [c for c in obj.counterexamples if c["check"] == "entanglement"]
+    assert found and all(c["subject"] == "Ann" and "L1" in c["failed"] for c in found)
+    assert all(c["p_ablated_upper"] > c["uniform_bound"] for c in found)

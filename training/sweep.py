@@ -107,9 +107,10 @@ def _check_failures(report) -> dict[str, int]:
 
 
 def _verifier_localization(report) -> dict[str, Any]:
-    """The verifier's own localization figures, when it certifies them (None otherwise)."""
-    worst = [getattr(r, "worst_ablated_object_probability", None) for r in report.tasks]
-    if any(w is None for w in worst) or not worst:
+    """The verifier's own localization figure: the largest certified upper end of
+    P_ablated(o) over the tasks with object queries (None without any)."""
+    worst = [r.worst_p_ablated for r in report.tasks if r.object_queries]
+    if not worst:
         return {"verifier_worst_ablated_object_probability": None}
     return {"verifier_worst_ablated_object_probability": float(max(worst))}
 

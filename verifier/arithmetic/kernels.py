@@ -1202,7 +1202,13 @@ def ablated(rows, L, V, valid_ptr, valid, Lacc, Ltouched, vstamp, stamp0, deploy
     exactly 0 (NaN, −1 where there is no target). In the exact pass, where that bound is
     negative, the touched token t != o of the largest midpoint is also compared with o
     directly (:func:`_pair_gap`, from ``R``, the rows' residual, and ``Urows``, U by token),
-    and the better of the two lower bounds is kept (both bound the same maximum)."""
+    and the better of the two lower bounds is kept (both bound the same maximum).
+
+    And per such row a lower end of 1 − P(o), o alone (L1 bounds the object's probability,
+    not the valid set's): the same error enclosure with the valid set {o}, from the same
+    logits and stamps ``stamp0 + P + q`` (``2P`` stamps are reserved), so the enclosure's
+    argument is the one above; where the valid set is {o} already it is the error's lower
+    end itself (NaN where there is no target)."""
     L_ptr, L_idx, L_mid, L_rad, L_mag = L
     on, fp, sm, rs_z, rs_2, rs_l, l1r, lmag = deployed
     P = rows.size
@@ -1212,6 +1218,8 @@ def ablated(rows, L, V, valid_ptr, valid, Lacc, Ltouched, vstamp, stamp0, deploy
     rho_hi = np.empty(P)
     gap = np.full(P, np.nan)
     zeros = np.full(P, -1, np.int64)
+    obj_lo = np.full(P, np.nan)
+    only = np.empty(1, np.int64)                 # the valid set {o}
     width = 0                                    # residual coordinates the rows reach
     for q in range(R[1].size):
         if R[1][q] + 1 > width:
@@ -1249,7 +1257,16 @@ def ablated(rows, L, V, valid_ptr, valid, Lacc, Ltouched, vstamp, stamp0, deploy
         else:
             lo, hi, _, r_lo, r_hi = _error(nt, Ltouched, Lacc, V, valid_ptr[i], valid_ptr[i + 1], valid, vstamp, s)
         err_lo[q], err_hi[q], rho_lo[q], rho_hi[q] = lo, hi, r_lo, r_hi
-    return err_lo, err_hi, rho_lo, rho_hi, gap, zeros
+        if target[i] >= 0:
+            only[0] = target[i]
+            v_lo, v_hi = valid_ptr[i], valid_ptr[i + 1]
+            if v_hi - v_lo == 1 and valid[v_lo] == only[0]:
+                obj_lo[q] = lo
+            elif on:
+                obj_lo[q] = _error_deployed(nt, Ltouched, Lacc, V, 0, 1, only, vstamp, s + P, sm)[0]
+            else:
+                obj_lo[q] = _error(nt, Ltouched, Lacc, V, 0, 1, only, vstamp, s + P)[0]
+    return err_lo, err_hi, rho_lo, rho_hi, gap, zeros, obj_lo
 
 
 @njit(cache=True)

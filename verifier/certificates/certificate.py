@@ -56,13 +56,15 @@ from tasks.errors import TaskError
 from tasks.model import OBJECT, SUBJECT, Facts, Task, TaskSet
 from verifier.checks.classes import COUNTS, FLOATS, CellPlan, ClassTable
 
-#: Version 4: the query classes keep the localization check's numbers (per class the object
+#: Version 5: per class also the smallest lower end of 1 − P_ablated(o) for the object
+#: alone (L1 bounds the object's probability, not its valid set's), a version 4 certificate
+#: is refused. Version 4: the query classes keep the localization check's numbers (per class the object
 #: queries certifying L1, L2 and all of it, the smallest L2 gap and the smallest count of
 #: exact-zero ablated logits besides the object: ``verifier.checks.classes``), without which
 #: ``check --since`` cannot decide that check; a version 3 certificate is refused. Version 3:
 #: task hashes of an injective encoding (:func:`task_hash`); a version 2 certificate's hashes
 #: joined names with separator characters a name could hold.
-FORMAT = "moe-knowledge-certificate/4"
+FORMAT = "moe-knowledge-certificate/5"
 #: What every version of this tool's certificates writes before its number.
 FORMAT_FAMILY = "moe-knowledge-certificate/"
 FILES = ("weights.npz", "tasks.npz", "classes.npz")

@@ -41,7 +41,8 @@ the report a full ``verify`` of W' would give, running only part of the queries:
    was not a valid next token, else step 3 would have found the query). With ρ the
    probability one token of logit 0 has, the error e becomes 1 − (1 − e)/(1 + Δρ), and ρ
    becomes ρ/(1 + Δρ): :func:`_grown` encloses both, monotone in e and ρ, rounded outward.
-   The ablated error changes the same way; margins do not change. The localization check's
+   The ablated error changes the same way, and so does 1 − P_ablated(o) for the object o
+   alone (the error of the valid set {o}: L1's number); margins do not change. The localization check's
    L2 gap of an object query, max_{t != o} z_t − z_o bounded below from the ablated logit
    enclosures (:func:`verifier.arithmetic.kernels.ablated`), changes only through the
    tokens of logit exactly 0 other than o: the witness t may be one of them, and their
@@ -486,13 +487,16 @@ def recertify(old: Certificate, taskset: TaskSet, weights: Weights, cor: Corresp
         lo, hi, rlo, rhi = _grown(F[:, col["err_lo"]], F[:, col["err_hi"]], F[:, col["rho_lo"]], F[:, col["rho_hi"]], Δ)
         alo, _, arlo, arhi = _grown(F[:, col["ab_lo"]], F[:, col["ab_lo"]], F[:, col["ab_rho_lo"]],
                                     F[:, col["ab_rho_hi"]], Δ)
+        olo = _grown(F[:, col["ab_obj_lo"]], F[:, col["ab_obj_lo"]], F[:, col["ab_rho_lo"]],
+                     F[:, col["ab_rho_hi"]], Δ)[0]
         has_oq = counts[:, 1] > 0
         new_floats[:, col["err_lo"]], new_floats[:, col["err_hi"]] = lo, hi
         new_floats[:, col["rho_lo"]], new_floats[:, col["rho_hi"]] = rlo, rhi
         new_floats[has_oq, col["ab_lo"]] = alo[has_oq]
+        new_floats[has_oq, col["ab_obj_lo"]] = olo[has_oq]
         new_floats[has_oq, col["ab_rho_lo"]], new_floats[has_oq, col["ab_rho_hi"]] = arlo[has_oq], arhi[has_oq]
         undecided = ~(hi < epsilon - BAND) | (has_oq & ~(alo >= epsilon + BAND))
-        undecided |= has_oq & (thr > 0) & ~(alo >= thr + BAND)          # L1, beside its threshold
+        undecided |= has_oq & (thr > 0) & ~(olo >= thr + BAND)          # L1, beside its threshold
         undecided |= has_oq & ~((zmin > 0) & (zmin + Δ > 0))            # L2: the witness may change
         forced |= undecided
         new_floats[has_oq, col["ab_zeros"]] = zmin[has_oq] + Δ
@@ -502,7 +506,7 @@ def recertify(old: Certificate, taskset: TaskSet, weights: Weights, cor: Corresp
         has_oq = counts[:, 1] > 0
         forced |= ~(F[:, col["err_hi"]] < epsilon) | (has_oq & ~(F[:, col["ab_lo"]] >= epsilon))
     # L1 (at the new task set's threshold) and L2 from the stored (or updated) enclosures
-    forced |= has_oq & ~(new_floats[:, col["ab_lo"]] >= thr)
+    forced |= has_oq & ~(new_floats[:, col["ab_obj_lo"]] >= thr)
     forced |= has_oq & ~(gap >= 0.0)
     gate_terms = lambda w: int(np.diff(sp.csr_matrix(w.W_G).indptr).max(initial=1))  # noqa: E731
     if gate_terms(weights) != gate_terms(old.weights):
@@ -904,6 +908,7 @@ def _report(taskset: TaskSet, weights: Weights, epsilon: float, table: ClassTabl
         r.misrouted, r.over_epsilon, r.ablation_broken = int(tot.misrouted[k]), int(tot.over_epsilon[k]), int(tot.broken[k])
         r.l1_held, r.l2_held, r.localized = int(tot.l1[k]), int(tot.l2[k]), int(tot.localized[k])
         r.min_ablated_lower, r.min_gap = float(tot.min_ablated_lower[k]), float(tot.min_gap[k])
+        r.min_object_lower = float(tot.min_object_lower[k])
         r.min_margin = float(tot.min_margin[k])
         if tot.worst[k] > -np.inf:
             r.worst_error, r.worst_error_lower, r.worst_query = float(tot.worst[k]), float(tot.worst_lower[k]), tot.worst_query[k]

@@ -13,7 +13,7 @@ query either. So the queries are grouped:
   need, aggregated: the number of queries; the largest upper end of the error enclosure
   (and that query's lower end, subject and object, to name it); the smallest certified
   margin (and that query's subject and object); the failures counted per check; over the object queries the smallest lower end
-  of the ablated error, how many certify L1, L2 and all of the entanglement check
+  of the ablated error and of 1 − P_ablated(o) (the object alone), how many certify L1, L2 and all of the entanglement check
   (:mod:`verifier.checks.localization`), the smallest L2 gap and the smallest count of
   tokens other than the object whose ablated logit is exactly 0 (which lets a count of
   such tokens change soundly, as for ρ); and the ranges of ρ, the probability one token of logit exactly 0
@@ -33,13 +33,13 @@ import numpy as np
 
 from tasks.model import TaskSet
 from tasks.structure import OBJ, SUBJ, StructureTrie
-from verifier.checks.localization import l1_thresholds, localization, row_gaps
+from verifier.checks.localization import l1_thresholds, localization, object_lows, row_gaps
 
 #: Queries per cell at most (about): the most an edit re-runs for one subject (a whole cell).
 CELL_QUERIES = 256
 #: The float summaries of a class, in this order in :attr:`ClassTable.floats`.
 FLOATS = ("err_hi", "err_lo", "rho_lo", "rho_hi", "margin", "ab_lo", "ab_rho_lo", "ab_rho_hi", "margin_all",
-          "ab_gap", "ab_zeros")
+          "ab_gap", "ab_zeros", "ab_obj_lo")
 #: The counts of a class, in this order in :attr:`ClassTable.counts`: ``broken`` counts the
 #: object queries whose ablated error is certified >= ε; ``l1``, ``l2`` those certifying L1
 #: and L2; ``localized`` those certifying all three.
@@ -47,7 +47,7 @@ COUNTS = ("queries", "object_queries", "route_bad", "err_bad", "broken", "foreig
 #: Initial (empty) value of each float summary: the identity of its reduction.
 _FLOAT_INIT = {"err_hi": -np.inf, "err_lo": -np.inf, "rho_lo": np.inf, "rho_hi": -np.inf, "margin": np.inf,
                "ab_lo": np.inf, "ab_rho_lo": np.inf, "ab_rho_hi": -np.inf, "margin_all": np.inf,
-               "ab_gap": np.inf, "ab_zeros": np.inf}
+               "ab_gap": np.inf, "ab_zeros": np.inf, "ab_obj_lo": np.inf}
 
 
 def node_key(trie: StructureTrie, node) -> str:
@@ -313,6 +313,8 @@ class ClassRecorder:
         zeros = np.full(n, -1.0) if res.ablated_zeros is None else np.asarray(res.ablated_zeros, float)
         np.minimum.at(F[:, 9], c[oq], np.where(np.isnan(gap[oq]), -np.inf, gap[oq]))
         np.minimum.at(F[:, 10], c[oq], zeros[oq])
+        obj = object_lows(res, n)
+        np.minimum.at(F[:, 11], c[oq], np.where(np.isnan(obj[oq]), -np.inf, obj[oq]))
         if res.active is not None:
             act = np.asarray(res.active)
             R = act.shape[1] - 1
@@ -369,6 +371,7 @@ class Totals:
     localized: np.ndarray | None = None
     min_ablated_lower: np.ndarray | None = None   # smallest ablated error lower end over object queries
     min_gap: np.ndarray | None = None             # smallest L2 gap over object queries
+    min_object_lower: np.ndarray | None = None    # smallest lower end of 1 − P_ablated(o) over them
 
 
 def records(table: ClassTable, taskset: TaskSet, n_experts: int) -> Totals:
@@ -379,7 +382,7 @@ def records(table: ClassTable, taskset: TaskSet, n_experts: int) -> Totals:
     t = Totals(*(np.zeros(K, np.int64) for _ in range(5)), np.full(K, np.inf), np.full(K, -np.inf),
                np.zeros(K), [""] * K, np.zeros((K, n_experts), np.int64), 0, 0,
                np.zeros(K, np.int64), np.zeros(K, np.int64), np.zeros(K, np.int64), np.full(K, np.inf),
-               np.full(K, np.inf))
+               np.full(K, np.inf), np.full(K, np.inf))
     if not len(table):
         return t
     cnt = {name: table.column(name) for name in COUNTS}
@@ -397,6 +400,7 @@ def records(table: ClassTable, taskset: TaskSet, n_experts: int) -> Totals:
     has_oq = d & (cnt["object_queries"] > 0)
     np.minimum.at(t.min_ablated_lower, det[has_oq], table.column("ab_lo")[has_oq])
     np.minimum.at(t.min_gap, det[has_oq], table.column("ab_gap")[has_oq])
+    np.minimum.at(t.min_object_lower, det[has_oq], table.column("ab_obj_lo")[has_oq])
     np.minimum.at(t.min_margin, det[d], table.column("margin")[d])
     np.add.at(t.routing, (det[d], table.expert[d]), cnt["queries"][d])
     t.foreign = int(cnt["foreign"].sum())
@@ -505,7 +509,7 @@ def merge_classes(t: ClassTable, rows: np.ndarray) -> ClassTable:
     nan = np.isnan(m)
     j_least = first_where(np.where(np.logical_or.reduceat(nan, starts)[gid], nan, m == low[gid]))
     F[first, col["margin"]] = low
-    for name in ("rho_lo", "ab_lo", "ab_rho_lo", "margin_all", "ab_gap", "ab_zeros"):
+    for name in ("rho_lo", "ab_lo", "ab_rho_lo", "margin_all", "ab_gap", "ab_zeros", "ab_obj_lo"):
         F[first, col[name]] = np.minimum.reduceat(F[members, col[name]], starts)
     for name in ("rho_hi", "ab_rho_hi"):
         F[first, col[name]] = np.maximum.reduceat(F[members, col[name]], starts)

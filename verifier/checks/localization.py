@@ -5,7 +5,10 @@ expert's output is removed (:mod:`verifier.passes.forward`, step 5), the entangl
 (:mod:`verifier.checks.verify`, item 4) certifies
 
 * **L1**: P_ablated(o) <= 1/|O_k| (O_k: the task's distinct objects), decided as
-  "ablated error's lower end >= :func:`l1_threshold` (|O_k|)", or, in the exact pass, by
+  "the lower end of 1 − P_ablated(o) is >= :func:`l1_threshold` (|O_k|)", that lower end
+  enclosing o's probability alone (``BatchResult.ablated_object_lo``: a query may have
+  valid next tokens besides o, template words the model may rightly predict without the
+  expert), or, in the exact pass, by
   an exact argument where every token but o has logit exactly 0 and z_o <= 0 is certified
   (the construction's models: :func:`localization`);
 * **L2**: some t != o has z_t >= z_o, decided as "the kernels' lower bound of
@@ -28,8 +31,8 @@ from verifier.arithmetic import interval as I
 
 
 def p_upper(ablated_lower: float) -> float:
-    """An upper end of P_ablated(o) from the ablated error's lower end: 1 − lower, rounded
-    upward (1 where the lower end is not a number)."""
+    """An upper end of P_ablated(o) from a lower end of 1 − P_ablated(o) (:func:`object_lows`):
+    1 − lower, rounded upward (1 where the lower end is not a number)."""
     lo = float(ablated_lower)
     if not lo >= 0.0:
         return 1.0
@@ -60,12 +63,22 @@ def row_gaps(res, n: int) -> np.ndarray:
     return np.full(n, np.nan) if res.ablated_gap is None else np.asarray(res.ablated_gap, float)
 
 
+def object_lows(res, n: int) -> np.ndarray:
+    """Per row, a lower end of 1 − P_ablated(o) for the row's object o alone: the pass's
+    ``ablated_object_lo``, or, where a result has none, the ablated error's lower end
+    (1 − P(valid) <= 1 − P(o), o being valid: also a lower end, a looser one)."""
+    if res.ablated_object_lo is None:
+        return np.asarray(res.ablated_lo, float)[:n]
+    return np.asarray(res.ablated_object_lo, float)
+
+
 def localization(res, det: np.ndarray, oq: np.ndarray, eps: float, l1_thr: np.ndarray,
                  exact_vocab: int | None = None):
     """Per row, whether (b) (ablated error >= ε), L1 and L2 (gap >= 0) are certified, and all
     three, for the object queries ``oq`` (False elsewhere; a NaN compares False: not certified).
 
-    L1 holds where the ablated error's lower end is >= the task's :func:`l1_threshold`, or,
+    L1 holds where the lower end of 1 − P_ablated(o) (:func:`object_lows`) is >= the task's
+    :func:`l1_threshold`, or,
     in the exact pass (``exact_vocab`` = V, the weights' vocabulary size), where all V − 1
     tokens other than o have logit exactly 0 (``ablated_zeros``) and the gap is >= 0. Proof
     of the second: the gap bounds 0 − z_o from below, so z_o <= 0, and then
@@ -79,7 +92,7 @@ def localization(res, det: np.ndarray, oq: np.ndarray, eps: float, l1_thr: np.nd
     gaps = row_gaps(res, det.size)
     with np.errstate(invalid="ignore"):
         b_ok = oq & (ab >= eps)
-        l1 = oq & (ab >= thr)
+        l1 = oq & (object_lows(res, det.size) >= thr)
         l2 = oq & (gaps >= 0.0)
         if exact_vocab is not None and res.ablated_zeros is not None:
             l1 |= l2 & (np.asarray(res.ablated_zeros, np.int64) == exact_vocab - 1)

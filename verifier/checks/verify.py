@@ -58,7 +58,7 @@ from tasks.queries import QueryGroup, build_group
 from tasks.structure import StructureTrie, check_routable
 from verifier.passes.batches import batches
 from verifier.checks.classes import ClassRecorder
-from verifier.checks.localization import l1_thresholds, localization, p_upper, row_gaps
+from verifier.checks.localization import l1_thresholds, localization, object_lows, p_upper, row_gaps
 from verifier.passes.floating import Deployment
 from verifier.running.parallel import Executor, LocalPool
 from verifier.running.runner import PassSpec, Runner, require_allowed
@@ -94,6 +94,7 @@ class TaskRecord:
     l2_held: int = 0             # object queries whose object is certified not the strict top token once ablated
     localized: int = 0           # object queries with (b), L1 and L2 all certified
     min_ablated_lower: float = float("inf")   # smallest lower end of the ablated error over object queries
+    min_object_lower: float = float("inf")    # smallest lower end of 1 − P_ablated(o) (o alone) over them
     min_gap: float = float("inf")             # smallest certified L2 gap over object queries (−inf: undecided)
 
     @property
@@ -104,10 +105,10 @@ class TaskRecord:
     @property
     def worst_p_ablated(self) -> float | None:
         """The largest certified upper end of P_ablated(o) over the object queries,
-        1 − (smallest ablated error lower end) rounded up; None without object queries."""
+        1 − (smallest lower end of 1 − P_ablated(o)) rounded up; None without object queries."""
         if not self.object_queries:
             return None
-        return p_upper(self.min_ablated_lower)
+        return p_upper(self.min_object_lower)
 
     @property
     def l1_ok(self) -> bool:
@@ -379,6 +380,9 @@ class Tally:
         n_l1, n_l2, n_loc = (np.bincount(det[m], minlength=K) for m in (l1, l2, loc))
         ab_low = np.full(K, np.inf)
         np.minimum.at(ab_low, det[oq], np.where(np.isnan(res.ablated_lo[oq]), -np.inf, res.ablated_lo[oq]))
+        obj = object_lows(res, n)
+        obj_low = np.full(K, np.inf)
+        np.minimum.at(obj_low, det[oq], np.where(np.isnan(obj[oq]), -np.inf, obj[oq]))
         gaps = np.full(K, np.inf)
         np.minimum.at(gaps, det[oq], row_gaps(res, n)[oq])
         for k in np.flatnonzero(q):
@@ -387,6 +391,7 @@ class Tally:
             r.object_queries += int(oq_count[k]); r.ablation_broken += int(broken[k])
             r.l1_held += int(n_l1[k]); r.l2_held += int(n_l2[k]); r.localized += int(n_loc[k])
             r.min_ablated_lower = min(r.min_ablated_lower, float(ab_low[k]))
+            r.min_object_lower = min(r.min_object_lower, float(obj_low[k]))
             r.min_gap = min(r.min_gap, float(gaps[k]))
             r.min_margin = min(r.min_margin, float(margins[k]))
         for i, k in zip(top_rows, top_tasks):
@@ -416,7 +421,7 @@ class Tally:
             self.pending.append(("entanglement", self._ref(b, i), int(b.index[i]), {
                 "routed_expert": int(e[i]), "routed_task": names[served[i]] if served[i] >= 0 else None,
                 "ablated_error_lower": float(res.ablated_lo[i]), "epsilon": eps,
-                "p_ablated_upper": p_upper(res.ablated_lo[i]), "objects": int(self.n_objects[k]),
+                "p_ablated_upper": p_upper(obj[i]), "objects": int(self.n_objects[k]),
                 "uniform_bound": 1.0 / int(self.n_objects[k]) if self.n_objects[k] else None,
                 "l2_gap": float(gap[i]), "failed": failed,
                 "why": "with its expert's output removed the model still answers this object query: "

@@ -22,7 +22,8 @@ Stages of :func:`run_batch`:
    the reported enclosure is the worst over the experts that may win.
 5. **Ablation** (:func:`verifier.arithmetic.kernels.ablated`): the error of softmax(U·r), and
    for a row with a target token o (an object query's object) a lower bound of
-   max_{t != o} z_t − z_o over z = U·r (the localization check's L2).
+   max_{t != o} z_t − z_o over z = U·r (the localization check's L2) and a lower end of
+   1 − P(o) for o alone (its L1).
 
 Zeros are structural everywhere: an entry no term of the forward pass reaches is
 exactly 0 (a logit of no touched direction is 0 and counted; a neuron the row does not
@@ -78,6 +79,10 @@ class BatchResult:
     #: (n,) the number of tokens other than o whose ablated logit is exactly 0 (−1: no target);
     #: a saved certificate needs it when tokens are added or removed (incremental)
     ablated_zeros: np.ndarray | None = None
+    #: (n,) with the routed expert's output removed, a lower end of 1 − P(o) for the row's
+    #: target token o alone (L1 bounds P(o), which may be far below the valid set's mass);
+    #: NaN where no target was given
+    ablated_object_lo: np.ndarray | None = None
 
     @property
     def gate_lo(self) -> np.ndarray:
@@ -95,14 +100,15 @@ class BatchResult:
         return BatchResult(self.expert[idx], self.margin[idx], self.ambiguous[idx], None, None, self.err_lo[idx],
                            self.err_hi[idx], self.ablated_lo[idx], self.ablated_hi[idx], self.predicted[idx], top, None,
                            pick(self.rho_lo), pick(self.rho_hi), pick(self.ablated_rho_lo), pick(self.ablated_rho_hi),
-                           pick(self.active), pick(self.ablated_gap), pick(self.ablated_zeros))
+                           pick(self.active), pick(self.ablated_gap), pick(self.ablated_zeros),
+                           pick(self.ablated_object_lo))
 
     def compact(self) -> "BatchResult":
         """Without the full (n, K) gate enclosures (kept: the top three per row)."""
         return BatchResult(self.expert, self.margin, self.ambiguous, None, None, self.err_lo, self.err_hi,
                            self.ablated_lo, self.ablated_hi, self.predicted, self.top_gate, None,
                            self.rho_lo, self.rho_hi, self.ablated_rho_lo, self.ablated_rho_hi, self.active,
-                           self.ablated_gap, self.ablated_zeros)
+                           self.ablated_gap, self.ablated_zeros, self.ablated_object_lo)
 
 
 class _RowTable:
@@ -714,6 +720,7 @@ def run_batch(prep: Prepared | Weights, tokens: np.ndarray, valid_ptr: np.ndarra
     ab_lo, ab_hi = np.full(n, np.nan), np.full(n, np.nan)
     ab_rho_lo, ab_rho_hi = np.full(n, np.nan), np.full(n, np.nan)
     ab_gap, ab_zeros = np.full(n, np.nan), np.full(n, -1, np.int64)
+    ab_obj = np.full(n, np.nan)
     target = np.full(n, -1, np.int64) if target is None else np.ascontiguousarray(target, np.int64)
     R_ACT = ACTIVE_SLOTS
     active = np.full((n, R_ACT + 1), -1, np.int64)
@@ -757,8 +764,8 @@ def run_batch(prep: Prepared | Weights, tokens: np.ndarray, valid_ptr: np.ndarra
             ab = np.flatnonzero(ablate[a:b])
             if ab.size:
                 (ab_lo[a + ab], ab_hi[a + ab], ab_rho_lo[a + ab], ab_rho_hi[a + ab], ab_gap[a + ab],
-                 ab_zeros[a + ab]) = K_.ablated(ab.astype(np.int64), L, V, vp, vv, *sc["L"], sc["v"],
-                                                prep.stamps(ab.size), deployed, target[a:b],
+                 ab_zeros[a + ab], ab_obj[a + ab]) = K_.ablated(ab.astype(np.int64), L, V, vp, vv, *sc["L"], sc["v"],
+                                                               prep.stamps(2 * ab.size), deployed, target[a:b],
                                                 (Rc.indptr, Rc.indices, Rc.mid, Rc.rad), prep.U_arrays)
     undecided = ~np.isfinite(Grad) | undecided_rows     # the gate cannot say which expert wins
     err_lo[undecided], err_hi[undecided] = 0.0, 1.0
@@ -767,11 +774,13 @@ def run_batch(prep: Prepared | Weights, tokens: np.ndarray, valid_ptr: np.ndarra
         sel = undecided_rows & ablate
         ab_lo[sel], ab_hi[sel] = 0.0, 1.0
         ab_gap[sel & (target >= 0)] = -np.inf
+        ab_obj[sel & (target >= 0)] = 0.0
     rho_lo[undecided | ~np.isfinite(rho_lo)] = np.nan
     rho_hi[np.isnan(rho_lo)] = np.nan
     top_gate = (top, top_lo, top_hi)
     return BatchResult(e, margin, ~(margin > 0), Gm, Grad, err_lo, err_hi, ab_lo, ab_hi, predicted, top_gate,
-                       (cand_ptr, cand), rho_lo, rho_hi, ab_rho_lo, ab_rho_hi, active, ab_gap, ab_zeros)
+                       (cand_ptr, cand), rho_lo, rho_hi, ab_rho_lo, ab_rho_hi, active, ab_gap, ab_zeros,
+                       ab_obj)
 
 
 def FloatPass(weights: Weights, dep: Deployment, source: str = "weights") -> Prepared:

@@ -267,7 +267,7 @@ def merge(n: int, pieces: list[tuple[np.ndarray, BatchResult]]) -> BatchResult:
         for name in ("rho_lo", "rho_hi", "ablated_rho_lo", "ablated_rho_hi", "active"):
             extra[name] = field(lambda r, name=name: getattr(r, name))
     if all(res.ablated_gap is not None for _, res in pieces):
-        for name in ("ablated_gap", "ablated_zeros"):
+        for name in ("ablated_gap", "ablated_zeros", "ablated_object_lo"):
             extra[name] = field(lambda r, name=name: getattr(r, name))
     return BatchResult(field(lambda r: r.expert), field(lambda r: r.margin), field(lambda r: r.ambiguous), None, None,
                        field(lambda r: r.err_lo), field(lambda r: r.err_hi), field(lambda r: r.ablated_lo),
