@@ -187,25 +187,31 @@ def column_map(src: Space, dst: Space) -> np.ndarray:
 
 def alone_column_map(taskset: TaskSet, k: int, alone: TaskSet, src: Space, dst: Space) -> np.ndarray:
     """:func:`column_map` from ``src`` (the residual of ``alone = taskset.alone(k)``) to ``dst``
-    (the residual of ``taskset``), without searching names: a block labelled by the alone
-    set's entities (or tokens) maps each to its id in ``taskset``, known as an integer (the
-    alone set's entities are task k's, in the same sorted order: entity i is the i-th of
-    task k's distinct entity ids). Other blocks (a few words, positions, symbols) are
-    mapped by :meth:`Block.positions`, as in :func:`column_map`."""
+    (the residual of ``taskset``): :func:`subset_column_map` with task k's entities."""
+    return subset_column_map(taskset, alone, taskset.entity_rows([k]), src, dst)
+
+
+def subset_column_map(taskset: TaskSet, part: TaskSet, rows: np.ndarray, src: Space, dst: Space) -> np.ndarray:
+    """:func:`column_map` from ``src`` (the residual of ``part``, made from ``taskset``'s
+    arrays by :meth:`TaskSet.alone` or :meth:`TaskSet.without`) to ``dst`` (the residual of
+    ``taskset``), without searching names. ``rows``: the rows in ``taskset``'s entities of
+    ``part``'s entities, in order (both sorted: part's entity i is taskset's entity
+    ``rows[i]``, as those methods make it). A block labelled by part's entities (or tokens)
+    maps each to its row in ``taskset``, known as an integer; other blocks (a few words,
+    positions, symbols) are mapped by :meth:`Block.positions`, as in :func:`column_map`."""
     W = taskset.vocabulary.n_words
-    ids = np.unique(np.concatenate(taskset.fact_ids[k])) - W          # task k's entities, as taskset's rows
-    words = alone.vocabulary.words
+    words = part.vocabulary.words
     out = np.full(src.dim, -1, np.int64)
     for blk, off in zip(src.blocks, src.offsets):
         if not dst.has_block(blk.name):
             continue
         other = dst.block(blk.name)
-        if blk.labels is alone.vocabulary.entities and other.labels is taskset.vocabulary.entities:
-            pos = ids
-        elif blk.labels is alone.vocabulary.tokens and other.labels is taskset.vocabulary.tokens:
+        if blk.labels is part.vocabulary.entities and other.labels is taskset.vocabulary.entities:
+            pos = rows
+        elif blk.labels is part.vocabulary.tokens and other.labels is taskset.vocabulary.tokens:
             found = [taskset.vocabulary.find(w) for w in words]           # words come first among tokens
             word_pos = np.array([-1 if i is None or i >= W else i for i in found], np.int64)
-            pos = np.concatenate([word_pos, W + ids])
+            pos = np.concatenate([word_pos, W + rows])
         else:
             pos = other.positions(blk.labels)
         out[off: off + len(blk)] = np.where(pos >= 0, pos + dst.offset(blk.name), -1)
@@ -220,25 +226,56 @@ def _canonical(m, rows: np.ndarray | None, cols: np.ndarray | None):
     return r[order], c[order], coo.data[order]
 
 
-def same_expert(a: SymExpert, b: SymExpert, to_b: np.ndarray | None = None) -> bool:
+def canonical_form(expert: SymExpert) -> tuple:
+    """Per matrix (W_1, b_1, W_2), per term, (coefficient, sorted rows, columns, values): what
+    :func:`same_expert` compares an expert with, computed once for an expert compared often."""
+    return tuple(tuple((c, _canonical(x, None, None)) for c, x in m.terms) for m in (expert.W_1, expert.b_1, expert.W_2))
+
+
+def _same_neurons(a: SymExpert, b: SymExpert, to_b: np.ndarray | None) -> bool:
+    """Whether the two experts' neurons have the same labels, in order.
+
+    Fast where both are labelled as :func:`build_expert` labels them (template labels, then
+    ``fact:<subject>`` read through the vocabulary's entities) and ``to_b`` maps a's
+    residual to b's: a fact neuron's subject is also the label of a coordinate of the
+    residual's ``subj`` block (a block of the same entity sequence), so two subjects are the
+    same name exactly when ``to_b`` takes a's coordinate to b's (``to_b`` pairs coordinates
+    of equal labels, and a block's labels are distinct). Else label by label."""
+    la, lb = a.neurons.blocks[0].labels, b.neurons.blocks[0].labels
+    fast = (to_b is not None and isinstance(la, Prefixed) and isinstance(lb, Prefixed)
+            and isinstance(la.items, EntityNames) and isinstance(lb.items, EntityNames)
+            and a.W_1.cols.has_block("subj") and b.W_1.cols.has_block("subj")
+            and la.items.entities is a.W_1.cols.block("subj").labels
+            and lb.items.entities is b.W_1.cols.block("subj").labels)
+    if not fast:
+        return la == lb
+    if la.prefix != lb.prefix or tuple(la.head) != tuple(lb.head) or len(la.items) != len(lb.items):
+        return False
+    mapped = to_b[a.W_1.cols.offset("subj") + np.asarray(la.items.ids, np.int64)]
+    return bool(np.array_equal(mapped, b.W_1.cols.offset("subj") + np.asarray(lb.items.ids, np.int64)))
+
+
+def same_expert(a: SymExpert, b: SymExpert, to_b: np.ndarray | None = None, canonical_b: tuple | None = None) -> bool:
     """Exactly the same labelled weights (labels compared, not indices); vectorised.
 
     Equivalent to ``labelled_entries(a) == labelled_entries(b)`` for this construction's
     experts, but linear-time in numpy. ``to_b`` is ``column_map`` from a's residual space
-    to b's, if already computed.
+    to b's, if already computed (it must pair exactly the coordinates of equal labels);
+    ``canonical_b`` is :func:`canonical_form` of b, if already computed.
     """
-    if a.task != b.task or a.neurons.blocks[0].labels != b.neurons.blocks[0].labels:
-        return False
     if to_b is None:
         to_b = column_map(a.W_1.cols, b.W_1.cols)
-    for ma, mb, rows, cols in ((a.W_1, b.W_1, None, to_b), (a.b_1, b.b_1, None, None), (a.W_2, b.W_2, to_b, None)):
-        if len(ma.terms) != len(mb.terms):
+    if a.task != b.task or not _same_neurons(a, b, to_b):
+        return False
+    canonical_b = canonical_form(b) if canonical_b is None else canonical_b
+    for ma, cb_terms, rows, cols in ((a.W_1, canonical_b[0], None, to_b), (a.b_1, canonical_b[1], None, None),
+                                     (a.W_2, canonical_b[2], to_b, None)):
+        if len(ma.terms) != len(cb_terms):
             return False
-        for (ca, xa), (cb, xb) in zip(ma.terms, mb.terms):
+        for (ca, xa), (cb, (rb, kb, vb)) in zip(ma.terms, cb_terms):
             if ca != cb:
                 return False
             ra, ka, va = _canonical(xa, rows, cols)
-            rb, kb, vb = _canonical(xb, None, None)
             if (ra < 0).any() or (ka < 0).any():
                 return False
             if not (np.array_equal(ra, rb) and np.array_equal(ka, kb) and np.array_equal(va, vb)):

@@ -598,6 +598,40 @@ class TaskSet:
             out.vocabulary.__dict__["entity_array"] = vocab.entity_array[ids - W]
         return out
 
+    def entity_rows(self, tasks: Sequence[int]) -> np.ndarray:
+        """The entities of ``tasks`` (indices), as sorted rows of ``vocabulary.entities``: a
+        mask over the entities, set at every fact's subject and object (no sort)."""
+        W = self.vocabulary.n_words
+        mask = np.zeros(len(self.vocabulary.entities), bool)
+        for k in tasks:
+            for a in self.fact_ids[k]:
+                mask[a - W] = True
+        return np.flatnonzero(mask).astype(np.int64)
+
     def without(self, name: str) -> "TaskSet":
-        """The same task set without one task (for modularity checks)."""
-        return TaskSet(tuple(t for t in self.tasks if t.name != name), self.epsilon, self.parameters)
+        """The same task set without one task (for modularity checks): what
+        ``TaskSet(the other tasks, ...)`` gives, computed from this set's arrays as
+        :meth:`alone` is. The other tasks' entities are some of this vocabulary's, in the same
+        (sorted) order, and their template words some of its words, also sorted; so a token's
+        new id is its rank among the kept words, or the number of kept words plus its rank
+        among the kept entities, and facts stay sorted by subject. A part of a valid task set
+        is valid (names stay unique, no word becomes an entity)."""
+        keep = [k for k, t in enumerate(self.tasks) if t.name != name]
+        if len(keep) == len(self.tasks) or not keep:
+            return TaskSet(tuple(self.tasks[k] for k in keep), self.epsilon, self.parameters)
+        vocab = self.vocabulary
+        W = vocab.n_words
+        words = tuple(sorted({w for k in keep for t in self.tasks[k].templates for w in t.words}))
+        ids = self.entity_rows(keep) + W                    # kept entity ids, sorted
+        entities = tuple(map(vocab.entities.__getitem__, (ids - W).tolist()))
+        fact_ids = []
+        for k in keep:
+            s, o = (np.searchsorted(ids, a).astype(np.int64) + len(words) for a in self.fact_ids[k])
+            s.setflags(write=False)
+            o.setflags(write=False)
+            fact_ids.append((s, o))
+        out = TaskSet.trusted(tuple(self.tasks[k] for k in keep), words, entities, tuple(fact_ids), self.epsilon,
+                              self.parameters)
+        if "entity_array" in vocab.__dict__:
+            out.vocabulary.__dict__["entity_array"] = vocab.entity_array[ids - W]
+        return out

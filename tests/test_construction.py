@@ -12,6 +12,7 @@ import scipy.sparse as sp
 import pytest
 import sympy
 from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from budget import examples
 
 from construction import bound
@@ -219,3 +220,49 @@ def test_alone_column_map_is_the_column_map(ts):
             moved = sp.coo_matrix((m.data, (row, m.col)), shape=m.shape).asformat(b.W_2.terms[0][1].format)
             tampered = dataclasses.replace(b, W_2=dataclasses.replace(b.W_2, terms=((coef, moved),) + b.W_2.terms[1:]))
             assert not same_expert(a, tampered, alone_column_map(ts, k, alone, src, full))
+
+
+@settings(max_examples=examples(40), deadline=None, suppress_health_check=list(HealthCheck))
+@given(task_sets(min_tasks=2, max_tasks=4), st.data())
+def test_without_from_arrays_is_the_validated_task_set(ts, data):
+    """``TaskSet.without`` (made from the set's arrays) has the vocabulary and fact ids a task
+    set built from the other tasks has, and the modularity check's comparison through entity
+    rows (``subset_column_map``, neuron labels through the ``subj`` block) decides as the
+    comparison of labelled entries does, for the rebuilt experts and for experts that differ."""
+    from construction.experts import canonical_form, subset_column_map
+
+    j = data.draw(st.integers(0, len(ts.tasks) - 1))
+    rest = ts.without(ts.tasks[j].name)
+    plain = TaskSet(tuple(t for k, t in enumerate(ts.tasks) if k != j), ts.epsilon, ts.parameters)
+    assert rest.vocabulary.words == plain.vocabulary.words and rest.vocabulary.entities == plain.vocabulary.entities
+    for (s1, o1), (s2, o2) in zip(rest.fact_ids, plain.fact_ids):
+        assert np.array_equal(s1, s2) and np.array_equal(o1, o2)
+    full, space = build(ts), residual_space(rest)
+    to_full = subset_column_map(ts, rest, ts.entity_rows([k for k in range(len(ts.tasks)) if k != j]), space,
+                                full.residual)
+    for k_new, task in enumerate(rest.tasks):
+        mine = build_expert(rest, k_new, space)
+        for other in full.experts:                   # its own expert (equal) and the others (different)
+            expected = labelled_entries(mine) == labelled_entries(other) and mine.task == other.task
+            assert same_expert(mine, other, to_full, canonical_form(other)) == expected
+            assert expected == (other.task == task.name)
+
+
+def test_the_modularity_check_tells_a_renamed_subject_apart(capitals_set, capitals_model):
+    """An expert whose fact neuron is of another subject (an entity of the set, so every
+    array has the same shape) differs, through the fast comparison of neuron labels."""
+    from construction.evidence import isolation
+    from construction.experts import subset_column_map
+
+    facts = dict(capitals_set.tasks[0].facts.items())
+    facts["Brazil"] = facts.pop("Italy")             # Brazil is an entity of 'continent'
+    other = TaskSet((Task("capital", capitals_set.tasks[0].templates, facts),) + capitals_set.tasks[1:])
+    rest = other.without("located")
+    space = residual_space(rest)
+    rows = np.flatnonzero(np.isin(np.asarray(capitals_set.vocabulary.entities), rest.vocabulary.entities))
+    to_full = subset_column_map(capitals_set, rest, rows, space, capitals_model.residual)
+    assert not same_expert(build_expert(rest, 0, space), capitals_model.experts[0], to_full)
+    # and the isolation evidence reports an expert that is not the one its task builds
+    swapped = dataclasses.replace(capitals_model, experts=(build(other).experts[0],) + capitals_model.experts[1:])
+    isolated, _ = isolation(capitals_set, swapped)
+    assert isolated == (False, True, True)
