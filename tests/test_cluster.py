@@ -249,7 +249,7 @@ def test_sharded_pass_equals_full_pass_on_every_mutant(name):
     seen_deferred = False
     ops = sorted(OPERATORS.items())
     if name == "generated":   # a share of the operators, always with ones that misroute across shards
-        ops = sorted(set(part(ops, 3)) | {(n, OPERATORS[n]) for n in MISROUTING})
+        ops = sorted(set(part(ops, 6)) | {(n, OPERATORS[n]) for n in MISROUTING})
     for op_name, op in ops:
         got = mutate(op, weights, rng) if op_name else None
         mutant = weights if got is None else got[0]
