@@ -80,3 +80,14 @@ def test_accessible_benchmark_quick(tmp_path):
     assert run.returncode == 0, run.stderr
     text = out.read_text()
     assert "| capitals | 23 | 122 | 6 | 2 | 552 |" in text and "| 13/13 |" in text and "Machine:" in text
+
+
+def test_evidence_benchmark_small(tmp_path):
+    """The modularity-evidence benchmark on a small generated set (no timing asserted)."""
+    out = tmp_path / "r.md"
+    run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "evidence.py"), "--facts", "20000", "--runs", "1",
+                          "--out", str(out)], capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert run.returncode == 0, run.stderr
+    row = next(l for l in out.read_text().splitlines() if l.startswith("| 20,000"))
+    tasks = int(row.split("|")[2])
+    assert tasks > 1 and row.rstrip(" |").endswith(f"{tasks} of {tasks}")    # every expert isolated
