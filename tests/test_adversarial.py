@@ -12,6 +12,11 @@ anywhere in float64's exponent range. Two properties, against the independent or
 * **no false pass**: if :func:`verifier.checks.verify.verify` certifies, the oracle finds no
   violation.
 
+The small sets' object queries have their object as only valid next token, where L1's lower
+end of 1 − P_ablated(o) is the ablated error's; a set whose object queries also admit a
+template word (``word-and-object``) reaches the enclosure of o's probability alone, checked
+for containment and no false pass the same way.
+
 A weights object the verifier refuses (bad input) satisfies both trivially.
 """
 
@@ -27,12 +32,20 @@ from hypothesis import strategies as st
 from budget import examples
 
 from tasks.errors import TaskError
+from tasks.model import Task, TaskSet
 from audit import mutants as M
 from audit.oracle import Oracle, _Fingerprints, _layout_problem, enumerate_queries
 from verifier.checks.certify import certify
 from verifier.checks.verify import verify
 
 SETS = M.small_sets()
+#: Object queries "X lives in" with two valid next tokens, the object and the word "the":
+#: L1 encloses P_ablated(o) alone there (:func:`verifier.arithmetic.kernels.ablated`).
+WORD_AND_OBJECT = {"word-and-object": TaskSet((
+    Task("home", ("⋆1 lives in ⋆2", "⋆1 lives in the ⋆2"),
+         {"Ann": "Rome", "Bob": "Oslo", "Cid": "Lima", "Dee": "Rome"}),
+    Task("job", ("⋆1 works as ⋆2",), {"Ann": "baker", "Bob": "cook"}),
+), epsilon=0.01)}
 OPERATORS = sorted(M.OPERATORS)
 ORACLE = Oracle(dps=60)
 
@@ -43,9 +56,9 @@ def _value():
 
 
 @st.composite
-def adversarial(draw):
-    name = draw(st.sampled_from(["capitals", "one-task", "mixed-prefix"]))
-    taskset, w, eps = M.built(name, SETS[name])
+def adversarial(draw, sets: dict = SETS):
+    name = draw(st.sampled_from(sorted(sets)))
+    taskset, w, eps = M.built(name, sets[name])
     steps = []
     for _ in range(draw(st.integers(1, 3))):
         if draw(st.booleans()):
@@ -94,6 +107,8 @@ def _inside(lo, value, hi) -> bool:
     return mpmath.mpf(lo) <= value <= mpmath.mpf(hi)
 
 
+PROFILE_SMALL = settings(max_examples=examples(20), deadline=None,
+                         suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 PROFILE = settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 
@@ -136,6 +151,43 @@ def test_no_false_certificate(case):
     except TaskError:
         event("refused as bad input")
         return
+    event("certified" if report.certified else "not certified")
+    if report.certified:
+        truth = ORACLE.judge(taskset, w, eps)
+        assert not truth.violating, (name, steps, truth.summary(), [v.detail for v in truth.violations])
+
+
+@PROFILE_SMALL
+@given(adversarial(WORD_AND_OBJECT))
+def test_the_objects_ablated_probability_is_enclosed(case):
+    """L1's number, a lower end of 1 − P_ablated(o) for o alone (``ablated_object_lo``),
+    contains the exact value at every object query, also where the valid set holds a word
+    besides o; and a certified model has no violation the oracle finds (L1 on P(o) included)."""
+    from verifier.checks.verify import token_map
+    from verifier.passes.batches import batches
+    from verifier.passes.forward import Prepared
+
+    name, taskset, w, eps, steps = case
+    try:
+        with np.errstate(all="ignore"):
+            prep = Prepared(w)
+            report = verify(taskset, w, eps, source="adversarial")
+    except TaskError:
+        event("refused as bad input")
+        return
+    tmap, fp = token_map(taskset, w, "weights"), _Fingerprints(w)
+    seen = 0
+    for b in batches(taskset):
+        tokens = tmap[b.tokens]
+        with np.errstate(all="ignore"):
+            res = prep.run_batch(tokens, b.valid_ptr, tmap[b.valid], target=np.where(b.target >= 0, tmap[b.target], -1))
+        for i in np.flatnonzero(b.target >= 0):
+            o = int(tmap[b.target[i]])
+            ex = ORACLE.evaluate(w, fp, tuple(int(t) for t in tokens[i]), frozenset({o}), True, 60)
+            lo = float(res.ablated_object_lo[i])
+            assert math.isnan(lo) or mpmath.mpf(lo) <= ex["ablated"], (steps, i, lo, ex["ablated"])
+            seen += b.valid_ptr[i + 1] - b.valid_ptr[i] > 1
+    assert seen == 4                       # "X lives in": the object and the word "the"
     event("certified" if report.certified else "not certified")
     if report.certified:
         truth = ORACLE.judge(taskset, w, eps)

@@ -92,6 +92,50 @@ def test_enclosures_contain_executions_of_arbitrary_weights(capitals, seed):
     _contained(ts, w, "float32", orders=("sequential", "fma"))
 
 
+@pytest.mark.parametrize("fmt", ["float32", "bfloat16"])
+def test_ablated_enclosures_contain_executions(fmt):
+    """With the routed expert's output removed (y = r̂: logits U·r̂) every execution's
+    1 − P̂(valid) lies in [ablated_lo, ablated_hi], and 1 − P̂(o) (o the object) is at least
+    L1's lower end ``ablated_object_lo``: on perturbed weights of a set whose object queries
+    "X lives in" admit the word "the" besides o, where that end is the enclosure of o alone."""
+    from fractions import Fraction
+
+    from tasks.reading import loads_tasks
+
+    ts = loads_tasks("""
+epsilon: 0.01
+tasks:
+  - name: home
+    templates: [⋆1 lives in ⋆2, ⋆1 lives in the ⋆2]
+    facts: {Ann: Rome, Bob: Oslo, Cid: Lima, Dee: Rome}
+  - name: job
+    templates: [⋆1 works as ⋆2]
+    facts: {Ann: baker, Bob: cook}
+""")
+    dep = Deployment.named(fmt)
+    tmap = token_map(ts, build(ts).instantiate())
+    words = 0
+    for seed in (1, 2):
+        w = _perturbed(build(ts).instantiate(), seed)
+        w = w.replace(gate_mode="top1-scaled") if seed == 2 else w
+        fp = FloatPass(w, dep)
+        for b in batches(ts):
+            tokens, valid = tmap[b.tokens], tmap[b.valid]
+            target = np.where(b.target >= 0, tmap[np.maximum(b.target, 0)], -1)
+            res = fp.run_batch(tokens, b.valid_ptr, valid, target=target)
+            for order in ("sequential", "pairwise", "fma"):
+                run = Deployed(w, FORMATS[fmt], order, seed, acc=dep.acc)
+                for i in np.flatnonzero(target >= 0):
+                    h = [run.store(run.E[t] + run.P[j]) for j, t in enumerate([w.bos] + list(tokens[i]))]
+                    with np.errstate(all="ignore"):
+                        p = run.softmax(run.matvec(run.U, run._residual(h)))
+                    err = 1 - sum(Fraction(float(x)) for x in p[valid[b.valid_ptr[i]:b.valid_ptr[i + 1]]])
+                    assert Fraction(res.ablated_lo[i]) <= err <= Fraction(res.ablated_hi[i]), (seed, order, i)
+                    assert Fraction(res.ablated_object_lo[i]) <= 1 - Fraction(float(p[target[i]])), (seed, order, i)
+                    words += b.valid_ptr[i + 1] - b.valid_ptr[i] > 1
+    assert words == 2 * 3 * 4          # seeds x orders x the four "X lives in"
+
+
 def test_round_to_formats():
     x = np.array([1 + 2.0 ** -8 + 2.0 ** -30, 1.0 / 3, -2.5e-3, 65504.0])
     # bfloat16 as deployed: through float32 (a value just above a tie lands on the tie)

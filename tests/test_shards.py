@@ -49,7 +49,7 @@ def test_compact_shards_are_bitwise_the_full_pass(name):
             got, outside = verify_shard_batch(parts[s], parts[s].localize(b.take(rows), tmap))
             keep = ~outside
             for field in ("expert", "margin", "err_lo", "err_hi", "ablated_lo", "ablated_hi", "predicted",
-                          "ablated_gap", "ablated_zeros"):
+                          "ablated_gap", "ablated_zeros", "ablated_object_lo"):
                 assert _same(getattr(got, field)[keep], getattr(ref, field)[rows][keep]), (name, s, field)
             for i in range(3):
                 assert _same(got.top_gate[i][keep], ref.top_gate[i][rows][keep])

@@ -1049,7 +1049,10 @@ def experts(pairs, scale, R, L, W1T, first, W2T, UT, V, valid, scratch, stamp0, 
             undecided[q] = True
             continue
         # the output sum y = r + o and its logits: ||ŷ||_1 <= (1 + ρ_y)(||r̂||_1 + ||ô||_1) + (its entries)·floor
-        l1y = upp(upp(up1(fp[KC_RHO_Y]) * upp(l1r[i] + l1o)) + upp((R_ptr[i + 1] - R_ptr[i] + ny) * fp[KC_F_Y]))
+        # (deployed pass only: in the exact pass fp and l1r are one-element placeholders)
+        l1y = 0.0
+        if on:
+            l1y = upp(upp(up1(fp[KC_RHO_Y]) * upp(l1r[i] + l1o)) + upp((R_ptr[i + 1] - R_ptr[i] + ny) * fp[KC_F_Y]))
         for u in range(nt):
             t = Ltouched[u]
             Lacc[t, 2] = entry_radius(Lacc[t, 2], Lacc[t, 3], int(Lacc[t, 4]))   # column 2 becomes the radius

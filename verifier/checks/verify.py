@@ -17,18 +17,19 @@ query, grouped by template structure and chunked, and decides:
    its expert*:
 
    * **L1**: P_ablated(o) <= 1/|O_k|, O_k the distinct objects of task k (no better than
-     a uniform guess among the task's objects). P_ablated(o) <= 1 − (ablated error),
-     with equality when o is q's only valid next token (otherwise the valid words of q
-     count too, and L1 is stricter), so L1 is certified by the ablated error's lower end
+     a uniform guess among the task's objects), certified by a lower end of
+     1 − P_ablated(o), o's probability alone (the ablated error of the valid set {o},
+     ``BatchResult.ablated_object_lo``: q's valid words do not count against the expert),
      being >= 1 − 1/|O_k|, compared with the smallest float at or above that rational
-     (:func:`l1_threshold`: exact, never a float rounded the wrong way). |O_k| = 1
-     makes L1 vacuous (1 − 1/1 = 0);
+     (:func:`l1_threshold`: exact, never a float rounded the wrong way), or in the exact
+     pass by the exact argument of :func:`verifier.checks.localization.localization`.
+     |O_k| = 1 makes L1 vacuous (1 − 1/1 = 0);
    * **L2**: o is not the strict top token: some t != o has z_t >= z_o, certified by a
      lower bound of max_{t != o} z_t − z_o that is >= 0 (computed by the kernels from the
      enclosures of the ablated logits: max_{t != o} lo(z_t) − hi(z_o), an untouched
      token's logit being exactly 0; a tie counts, since a greedy argmax may return either);
-   * **(b)** (the original criterion, kept so that nothing weakens when
-     1 − 1/|O_k| < ε): the ablated error's lower end is >= ε.
+   * **(b)** (the original criterion): the ablated error's lower end is >= ε, the whole
+     valid set's error (L1, of o alone, does not imply it).
 
    The per-task worst case is reported: the largest certified upper end of P_ablated(o)
    beside 1/|O_k|, and the smallest L2 gap;
