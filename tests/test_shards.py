@@ -89,3 +89,33 @@ def test_a_token_with_only_a_row_of_u_is_not_held():
 
     _, outside = part.localize(replace(b, tokens=tokens), tmap)
     assert outside[0]
+
+
+def test_a_deferred_row_reaches_the_kernels_with_ids_of_the_part():
+    """Every batch of the generated set on every shard, localized: rows holding a token, a
+    valid next token or an object outside the part are deferred, and still every id the
+    part's kernels index by is one of its tokens (the kernels do not check bounds; a valid
+    token mapped past the part's vocabulary would write past an array). The pass refuses
+    ids outside the weights' vocabulary instead of reading past it."""
+    ts = SETS["generated"]()
+    weights = build(ts).instantiate()
+    tmap = token_map(ts, weights)
+    plan = Plan.make(ts, weights, tmap, 3)
+    gate_terms = int(np.diff(weights.W_G.tocsr().indptr).max(initial=1))
+    deferred = 0
+    for s in range(plan.n):
+        part = ShardPart(weights, plan.experts[s], plan.tokens[s], PassSpec(gate_terms=gate_terms))
+        V = part.tokens.size
+        for b in batches(ts, chunk=3000):
+            local, outside = part.localize(b, tmap)
+            deferred += int(outside.sum())
+            assert local.tokens.min() >= 0 and local.tokens.max() <= V          # BOS is V
+            assert local.valid.min() >= 0 and local.valid.max() < V
+            assert local.target.max() < V
+    assert deferred > 0
+    full = Prepared(weights)
+    V = len(weights.vocab)
+    with pytest.raises(ValueError):
+        run_batch(full, np.array([[0, 1]]), np.array([0, 1]), np.array([V]))
+    with pytest.raises(ValueError):
+        run_batch(full, np.array([[0, 1]]), np.array([0, 1]), np.array([0]), target=np.array([V]))

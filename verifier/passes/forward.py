@@ -722,6 +722,12 @@ def run_batch(prep: Prepared | Weights, tokens: np.ndarray, valid_ptr: np.ndarra
     ab_gap, ab_zeros = np.full(n, np.nan), np.full(n, -1, np.int64)
     ab_obj = np.full(n, np.nan)
     target = np.full(n, -1, np.int64) if target is None else np.ascontiguousarray(target, np.int64)
+    # the kernels index per-token arrays by these ids, unchecked: each must be a token
+    if (tokens.size and (tokens.min() < 0 or tokens.max() > V)) or (vals.size and (vals.min() < 0 or vals.max() >= V)) \
+            or (target.size and target.max() >= V) \
+            or vptr.size != n + 1 or (n and (vptr[0] != 0 or vptr[-1] != vals.size or (np.diff(vptr) < 0).any())):
+        raise ValueError("tokens (BOS included), valid next tokens and targets must be token ids of the weights, "
+                         "the valid ones in a CSR of one row per query")
     R_ACT = ACTIVE_SLOTS
     active = np.full((n, R_ACT + 1), -1, np.int64)
     active[:, R_ACT] = 0

@@ -224,7 +224,11 @@ class ShardPart:
         has = batch.target >= 0
         target, theld = self._compact_ids(tmap[np.maximum(batch.target, 0)])
         outside |= has & ~theld
-        return replace(batch, tokens=tokens, valid=valid, target=np.where(has, target, -1)), outside
+        # a deferred row runs here too (its result is replaced by the full weights'): a next
+        # token the part does not hold is read as token 0, and its object as none, so that
+        # every id the kernels index by is one of the part's tokens
+        valid = np.where(vheld, valid, 0)
+        return replace(batch, tokens=tokens, valid=valid, target=np.where(has & theld, target, -1)), outside
 
 
 def verify_shard_batch(part: ShardPart, payload) -> tuple[BatchResult, np.ndarray]:
