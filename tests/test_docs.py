@@ -82,12 +82,14 @@ EXEMPT: dict[str, str] = {
     "export PYTHONPATH=$PWD": "a shell setting for the sweep commands that follow it",
     "python -m training.sweep --sets --jobs 1 --threads 1 --out build/training/sweep-grid "
     "--weights-dir docs/training/weights --no-plots": "the training grid (about an hour of torch training)",
-    "python -m training.sweep --configs --objectives localize --sets 1000x16 --set-steps 3000 --set-batch-size 1024 "
-    "--set-width 128 --set-time-budget 900 --set-threads 1 --round-steps 800 --out build/training/sweep-1k "
-    "--weights-dir docs/training/weights --no-plots": "training on 1,000 facts (up to 15 minutes, then the checks)",
-    "python -m training.sweep --configs --objectives localize --sets 10000x16 --set-steps 3000 --set-batch-size 2048 "
-    "--set-time-budget 1800 --set-threads 1 --width 256 --round-steps 800 --max-rounds 6 --out build/training/sweep-10k "
-    "--weights-dir docs/training/weights --no-plots": "training on 10,000 facts (up to 30 minutes, then the checks)",
+    "python -m training.sweep --configs --objectives localize --sets 1000x16 --set-steps 100000 --set-batch-size 1024 "
+    "--set-width 128 --set-time-budget 900 --set-threads 1 --round-steps 100000 --max-rounds 3 "
+    "--out build/training/sweep-1k --weights-dir docs/training/weights --no-plots":
+        "training on 1,000 facts (up to 15 minutes, then the checks)",
+    "python -m training.sweep --configs --objectives localize --sets 10000x16 --set-steps 100000 --set-batch-size 2048 "
+    "--set-time-budget 1800 --set-threads 1 --width 256 --round-steps 100000 --max-rounds 3 "
+    "--out build/training/sweep-10k --weights-dir docs/training/weights --no-plots":
+        "training on 10,000 facts (up to 30 minutes, then the checks)",
     "python -m training.sweep --merge build/training/sweep-grid/results.json build/training/sweep-1k/results.json "
     "build/training/sweep-10k/results.json --out docs/training": "joins the three sweeps' records, which the "
         "commands above write; it rewrites docs/training",

@@ -79,6 +79,7 @@ class Recipe:
     route_margin: float = 2.0    # gate: best consistent score above every inconsistent one
     ablation_margin: float = 1.0  # ablated logits: another token above the object by this much
     ablation_room: float = 0.5   # ablated P(object) at most ablation_room / |O_k|
+    attention_spread: float | None = None   # per head, visible attention scores within this many nats (None: free)
 
 
 def valid_set_ce(logits: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
@@ -232,6 +233,8 @@ def localize_terms(out: Output, valid: torch.Tensor, targets: Targets, recipe: R
         "gate": gate_set_ce(out.gate, targets.consistent),
         "route": routing_hinge(out.gate, targets.consistent, recipe.route_margin),
     }
+    if recipe.attention_spread is not None and out.spread is not None:
+        terms["attention"] = torch.relu(out.spread - recipe.attention_spread).sum(dim=-1)
     if objects.numel():
         ab = ablation_hinges(out.ablated, targets.object_token[objects], valid[objects], targets.bound[objects], recipe)
         for name, v in ab.items():

@@ -403,7 +403,8 @@ def render(data: dict[str, Any], out: str) -> str:
              "(L1), and the ablated error ≥ min(1/2, 4ε) (the older criterion). Experts sized to the verifier's bound: "
              f"expert k has min({t['expert_width']}, c(k)) neurons (the others masked, so the exported width is what "
              "trained), expert k serves task k (declared mapping). **Counterexample rounds** "
-             f"(`training/rounds.py`): after {t['steps']} steps every query is checked with the verifier's certified pass; "
+             f"(`training/rounds.py`): after {t['steps']} steps every query is screened on the float64 evaluation (the "
+             "verifier's certified pass finds the counterexamples when the verifier runs and does not certify); "
              f"failing queries have their weight multiplied by {args['rounds']['boost']} and training continues "
              f"{args['rounds']['round_steps'] or t['steps'] // 2} steps, at most {args['rounds']['max_rounds']} more rounds, "
              "until `verifier.checks.verify.verify` certifies the export and every object query passes the localization measure.")

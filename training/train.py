@@ -74,6 +74,7 @@ class TrainConfig:
     ablation_margin: float = 1.0  # localize: ablated logit of another token above the object's
     ablation_room: float = 0.5   # localize: ablated P(object) at most ablation_room / |O_k|
     focus: float = 0.5           # localize with minibatches: share of each batch drawn by last seen loss
+    attention_spread: float | None = 8.0  # localize: per head, visible attention scores within this many nats (None: free)
 
     def __post_init__(self) -> None:
         if self.objective not in OBJECTIVES:
@@ -90,7 +91,8 @@ class TrainConfig:
 
     def recipe(self) -> Recipe:
         return Recipe(epsilon=self.epsilon, error_room=self.error_room, route_margin=self.route_margin,
-                      ablation_margin=self.ablation_margin, ablation_room=self.ablation_room)
+                      ablation_margin=self.ablation_margin, ablation_room=self.ablation_room,
+                      attention_spread=self.attention_spread)
 
     def model_config(self, data: QueryData) -> ModelConfig:
         """The model's sizes. Sized widths and the localize objective pair expert k with
@@ -388,7 +390,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-rounds", type=count, default=5, help="rounds after the first (default 5)")
     p.add_argument("--round-steps", type=steps, help="steps of each later round (default: half of --steps)")
     p.add_argument("--boost", type=float, default=4.0, help="weight factor of a failing query per round (default 4)")
-    p.add_argument("--time-budget", type=seconds, help="seconds of training in all rounds at most")
+    p.add_argument("--time-budget", type=seconds,
+                   help="seconds of training in all rounds at most, shared out ahead (the first round 3/4, the "
+                        "later ones equal parts of the rest); each round's learning-rate decay fits its share")
     p.add_argument("--epsilon", type=epsilon, default=TrainConfig().epsilon,
                    help="the verifier's target error, for the localize recipe and the rounds (default 0.01)")
     add_json(p, "the evaluation")
