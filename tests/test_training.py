@@ -530,3 +530,40 @@ def test_screen_checks_reject_each_violation(capitals_set, capitals_model):
     assert np.flatnonzero(~bad.error).tolist() == [0]
     assert np.flatnonzero(~bad.routing).tolist() == [1]
     assert np.flatnonzero(~bad.entanglement).tolist() == [int(loc.rows[0])] and loc.rows[0] == oq[0]
+
+
+def test_attention_spread_hinge_measures_visible_scores_only(capitals_set):
+    """The spread is max − min of each head's scores over the visible positions (j <= n) only,
+    and its hinge is positive (with a gradient that narrows it) exactly above the bound."""
+    from training.objectives import localize_terms
+    from training.options import spread
+    from training.train import targets
+
+    data = query_data(capitals_set)
+    cfg = TrainConfig(objective="localize", d=16, n_heads=2, d_head=4, expert_width=8, seed=0)
+    model = MoETransformer(cfg.model_config(data), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        model.W_Q *= 30.0                                            # saturate the heads
+    tokens, lengths = torch.from_numpy(data.tokens), torch.from_numpy(data.lengths)
+    out = model(tokens, lengths)
+    i = int(np.argmax(data.lengths))
+    n = int(lengths[i])
+    h = model.E[tokens[i, : n + 1]] + model.P[: n + 1]
+    q = torch.einsum("hkd,d->hk", model.W_Q, h[n])
+    k = torch.einsum("hkd,jd->jhk", model.W_K, h)
+    scores = (k * q[None]).sum(-1)                                   # (n+1, H), visible positions only
+    torch.testing.assert_close(out.spread[i], scores.max(0).values - scores.min(0).values, rtol=1e-4, atol=1e-3)
+    assert float(out.spread.detach().max()) > 20
+    terms = localize_terms(out, torch.from_numpy(data.valid), targets(data),
+                           Recipe(attention_spread=20.0), torch.zeros(0, dtype=torch.int64))
+    expect = torch.relu(out.spread - 20.0).sum(-1)
+    torch.testing.assert_close(terms["attention"], expect)
+    assert bool((terms["attention"] > 0).any()) and bool((terms["attention"][out.spread.max(-1).values <= 20] == 0).all())
+    terms["attention"].sum().backward()
+    assert model.W_Q.grad.abs().sum() > 0
+    assert "attention" not in localize_terms(out, torch.from_numpy(data.valid), targets(data), Recipe(),
+                                             torch.zeros(0, dtype=torch.int64))
+    assert spread("none") is None and spread("8") == 8.0
+    for bad in ("0", "-1", "inf", "x"):
+        with pytest.raises(__import__("argparse").ArgumentTypeError):
+            spread(bad)

@@ -36,6 +36,12 @@
     entanglement criterion, ablated error ≥ ε, which L1 does not imply when an object
     query has other valid tokens).
 
+  - *attention spread* (``attention_spread``, optional): per head, a hinge on the largest
+    minus the smallest visible attention score above that many nats. No check reads it:
+    it keeps every position's attention weight away from 0, where its gradient vanishes
+    (a head saturated on the template tokens never learns to read the subject: the
+    residuals of a whole query group then coincide, and no weight on its queries helps).
+
   Every term is per query and weighted by the query's weight (counterexample rounds,
   :mod:`training.rounds`, raise the weights of failing queries).
 
