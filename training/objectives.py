@@ -155,8 +155,8 @@ def log_masses(logits: torch.Tensor, valid: torch.Tensor, p: torch.Tensor | None
     floored at :data:`TINY`. This matters: a query whose valid tokens sit 70 or more nats
     below the top token has P(valid) < 1e-30, which float32 rounds to 0; a loss on the
     floored log of that 0 has no gradient, and the query is never learned however often
-    it is drawn or weighted (the error ≈ 1 queries of the 1,000- and 10,000-fact runs
-    before this form). Here −log P(valid) keeps its gradient, P(invalid) ≈ 1."""
+    it is drawn or weighted (``of P1101 a Q169`` in a 1,000-fact run before this form:
+    log P(valid) = −99). Here −log P(valid) keeps its gradient, P(invalid) ≈ 1."""
     if exact not in ("valid", "error"):
         raise ValueError(f"exact must be 'valid' or 'error', got {exact!r}")
     p = torch.softmax(logits, dim=-1) if p is None else p
