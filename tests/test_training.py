@@ -434,3 +434,137 @@ def test_ablated_logits_vanish_by_sparsity(capitals_model):
     j = int(sp.coo_matrix(weights.E).col[0])
     U[0, j] = 1.0
     assert not ablated_logits_vanish(dataclasses.replace(weights, U=sp.csr_matrix(U)))
+
+
+# --- the 1,000/10,000-fact fixes: log-space masses, shuffled epochs, budget-shaped schedule, the screen ----------
+
+
+def test_an_underflowed_valid_mass_keeps_its_gradient():
+    """A query whose valid token sits 100 nats below the top has P(valid) ≈ e^-100, 0 in
+    float32: the floored log had no gradient there (the never-learned queries), the
+    log-space value has log P(valid) = −100 and a gradient raising the valid logit."""
+    from training.objectives import FLOOR, log_masses
+
+    z = torch.tensor([[100.0, 0.0, 0.0], [1.0, 0.0, 0.0], [0.0, 0.0, 0.0]], requires_grad=True)
+    valid = torch.tensor([[False, True, False], [True, False, False], [True, True, True]])
+    assert float(torch.softmax(z.detach(), -1)[0, 1]) < FLOOR   # the float32 softmax lost it
+    floored = -torch.log(torch.softmax(z, -1)[0, 1].clamp_min(1e-30))
+    floored.backward()
+    assert not z.grad.any()                                   # the old form: no gradient at all
+    z.grad = None
+    log_valid, log_error = log_masses(z, valid)
+    lv, le = log_valid.detach(), log_error.detach()
+    assert float(lv[0]) == pytest.approx(-100.0, abs=1e-3)
+    p = torch.softmax(z.detach().double(), -1)
+    assert float(lv[1]) == pytest.approx(float(torch.log(p[1, 0])), rel=1e-6)
+    assert float(le[1]) == pytest.approx(float(torch.log(p[1, 1:].sum())), rel=1e-6)
+    assert float(lv[2]) == 0.0 and float(le[2]) < -60   # every token valid: no error, no NaN
+    (-log_valid.sum()).backward()
+    assert torch.isfinite(z.grad).all() and z.grad[0, 1] < -0.99 and z.grad[0, 0] > 0.99
+    # the ablated error, pushed up by its hinge, is exact where it underflows
+    z2 = torch.tensor([[0.0, -100.0]], requires_grad=True)
+    log_err = log_masses(z2, torch.tensor([[True, False]]), exact="error")[1]
+    assert float(log_err.detach()[0]) == pytest.approx(-100.0, abs=1e-3)
+    log_err.sum().backward()
+    assert z2.grad[0, 1] > 0.99
+    with pytest.raises(ValueError):
+        log_masses(z2, torch.tensor([[True, False]]), exact="both")
+
+
+def test_epochs_visit_every_query_once_per_pass():
+    """The minibatch walk: every query exactly once per pass, chunks across pass boundaries."""
+    from training.train import Epochs
+
+    walk = Epochs(10, torch.Generator().manual_seed(0))
+    drawn = torch.cat([walk.take(4) for _ in range(5)])          # 20 draws: two whole passes
+    assert sorted(drawn[:10].tolist()) == list(range(10)) and sorted(drawn[10:].tolist()) == list(range(10))
+    assert walk.passes == 1 and walk.take(25).shape == (25,)
+
+
+def test_the_time_limit_shapes_the_learning_rate_schedule():
+    """With a time limit the cosine decay follows the larger of the step and time shares, so
+    it has reached its floor (10%) when the time is spent; without one, steps alone."""
+    from training.train import _rate
+
+    by_steps = _rate(10, 1010)
+    assert by_steps(0) == pytest.approx(0.1) and by_steps(10) == pytest.approx(1.0)
+    assert by_steps(510, 1e9) == pytest.approx(0.55) and by_steps(1010) == pytest.approx(0.1)
+    timed = _rate(10, 10**9, time_limit=100.0)
+    assert timed(10, 0.0) == pytest.approx(1.0) and timed(20, 50.0) == pytest.approx(0.55)
+    assert timed(30, 100.0) == pytest.approx(0.1) and timed(30, 500.0) == pytest.approx(0.1)
+    assert timed(5, 99.0) == pytest.approx(0.6)                       # the warm-up is in steps
+
+
+def test_round_share_splits_the_budget_ahead():
+    from training.rounds import round_share
+
+    assert round_share(1000.0, 1000.0, 0, 4, 0.75) == 750.0
+    assert round_share(1000.0, 1000.0, 0, 0, 0.75) == 1000.0       # no later round: all of it
+    assert round_share(200.0, 1000.0, 1, 4, 0.75) == 50.0           # 4 rounds left share 200 s
+    assert round_share(60.0, 1000.0, 4, 4, 0.75) == 60.0
+
+
+def test_screen_checks_reject_each_violation(capitals_set, capitals_model):
+    """The float64 screen between rounds errs toward failing: an error a hair below ε, a gate
+    tie and an ablated error of exactly ε each fail their own check."""
+    import dataclasses
+
+    from training.export import from_weights
+    from training.rounds import SCREEN_SLACK, screen_checks
+
+    data = query_data(capitals_set)
+    weights = capitals_model.instantiate()
+    ev = evaluate(from_weights(weights, torch.float64), data)
+    good = screen_checks(data, weights, ev, 0.01)
+    assert good.error.all() and good.routing.all() and good.entanglement.all() and good.size.all()
+    assert not good.localization[data.object_query].any()     # the hand-built ablated logits tie: no room
+    oq = np.flatnonzero(data.object_query)
+    error, gate = ev.error.copy(), ev.gate.copy()
+    error[0] = 0.01 * (1 - SCREEN_SLACK / 2)                   # below ε, inside the slack
+    gate[1] = gate[1].max()                                    # every expert ties
+    loc = ev.localization
+    ab = loc.ablated_error.copy()
+    ab[0] = 0.01
+    bad_ev = dataclasses.replace(ev, error=error, gate=gate,
+                                 localization=dataclasses.replace(loc, ablated_error=ab))
+    bad = screen_checks(data, weights, bad_ev, 0.01)
+    assert np.flatnonzero(~bad.error).tolist() == [0]
+    assert np.flatnonzero(~bad.routing).tolist() == [1]
+    assert np.flatnonzero(~bad.entanglement).tolist() == [int(loc.rows[0])] and loc.rows[0] == oq[0]
+
+
+def test_attention_spread_hinge_measures_visible_scores_only(capitals_set):
+    """The spread is max − min of each head's scores over the visible positions (j <= n) only,
+    and its hinge is positive (with a gradient that narrows it) exactly above the bound."""
+    from training.objectives import localize_terms
+    from training.options import spread
+    from training.train import targets
+
+    data = query_data(capitals_set)
+    cfg = TrainConfig(objective="localize", d=16, n_heads=2, d_head=4, expert_width=8, seed=0)
+    model = MoETransformer(cfg.model_config(data), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        model.W_Q *= 30.0                                            # saturate the heads
+    tokens, lengths = torch.from_numpy(data.tokens), torch.from_numpy(data.lengths)
+    out = model(tokens, lengths)
+    i = int(np.argmax(data.lengths))
+    n = int(lengths[i])
+    h = model.E[tokens[i, : n + 1]] + model.P[: n + 1]
+    q = torch.einsum("hkd,d->hk", model.W_Q, h[n])
+    k = torch.einsum("hkd,jd->jhk", model.W_K, h)
+    scores = (k * q[None]).sum(-1)                                   # (n+1, H), visible positions only
+    torch.testing.assert_close(out.spread[i], scores.max(0).values - scores.min(0).values, rtol=1e-4, atol=1e-3)
+    assert float(out.spread.detach().max()) > 20
+    terms = localize_terms(out, torch.from_numpy(data.valid), targets(data),
+                           Recipe(attention_spread=20.0), torch.zeros(0, dtype=torch.int64))
+    expect = torch.relu(out.spread - 20.0).sum(-1)
+    torch.testing.assert_close(terms["attention"], expect)
+    assert bool((terms["attention"] > 0).any()) and bool((terms["attention"][out.spread.max(-1).values <= 20] == 0).all())
+    terms["attention"].sum().backward()
+    assert model.W_Q.grad.abs().sum() > 0
+    assert "attention" not in localize_terms(out, torch.from_numpy(data.valid), targets(data), Recipe(),
+                                             torch.zeros(0, dtype=torch.int64))
+    assert spread("none") is None and spread("8") == 8.0
+    for bad in ("0", "-1", "inf", "x"):
+        with pytest.raises(__import__("argparse").ArgumentTypeError):
+            spread(bad)

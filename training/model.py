@@ -78,6 +78,7 @@ class Output:
     gate_probs: torch.Tensor  # (B, K) softmax(g)
     residual: torch.Tensor    # (B, d) r_n
     ablated: torch.Tensor | None = None   # (A, V) logits U·r_n of the rows asked for (expert output removed)
+    spread: torch.Tensor | None = None    # (B, H) per head, the largest minus the smallest visible attention score
 
 
 class MoETransformer(nn.Module):
@@ -109,7 +110,12 @@ class MoETransformer(nn.Module):
         self.register_buffer("neuron_mask", mask.to(self.W_1.dtype))           # (K, w), exact 0/1
 
     def residual(self, tokens: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-        """r_n for each row: tokens (B, T) with BOS first, lengths (B,) = n.
+        """r_n for each row: tokens (B, T) with BOS first, lengths (B,) = n."""
+        return self._residual(tokens, lengths)[0]
+
+    def _residual(self, tokens: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """r_n for each row (see :meth:`residual`) and, per row and head, the spread of the
+        visible attention scores (max − min over positions j <= n).
 
         The maps are linear, so W h_j = W E[x_j] + W P[j]: each head's query, key and value
         maps are applied once per vocabulary row and per position and then looked up (as
@@ -130,12 +136,14 @@ class MoETransformer(nn.Module):
         k = (EK[tokens] + PK.unsqueeze(0)).view(B, T, H, dh)
         s = (q * k).sum(-1)                                                 # (B, T, H)
         visible = torch.arange(T, device=tokens.device)[None, :] <= lengths[:, None]   # (B, T)
+        spread = s.masked_fill(~visible[:, :, None], float("-inf")).amax(1) \
+            - s.masked_fill(~visible[:, :, None], float("inf")).amin(1)    # (B, H)
         s = s.masked_fill(~visible[:, :, None], float("-inf"))
         a = torch.softmax(s, dim=1)                                         # over positions j <= n
         v = (EV[tokens] + PV.unsqueeze(0)).view(B, T, H, dh)
         o = (a.unsqueeze(-1) * v).sum(1).reshape(B, H * dh)                 # (B, H*dv)
         W_O = self.W_O.permute(1, 0, 2).reshape(d, H * dh)                  # [W_O^1 .. W_O^H]
-        return h_n + o @ W_O.T
+        return h_n + o @ W_O.T, spread
 
     def expert_output(self, r: torch.Tensor, expert: torch.Tensor) -> torch.Tensor:
         """W_2^e ReLU(W_1^e r + b_1^e) for each row's expert e (computed per expert; the
@@ -152,7 +160,7 @@ class MoETransformer(nn.Module):
         """The layout's forward pass; ``expert`` overrides the routing. ``ablate`` (row
         indices or a bool mask) asks for those rows' logits with the routed expert's output
         removed (y = r, the layout's ablation): ``Output.ablated`` = U·r_n."""
-        r = self.residual(tokens, lengths)
+        r, spread = self._residual(tokens, lengths)
         g = r @ self.W_G.T + self.b_G
         probs = torch.softmax(g, dim=-1)
         e = torch.argmax(g, dim=-1) if expert is None else expert
@@ -161,7 +169,8 @@ class MoETransformer(nn.Module):
             out = probs.gather(1, e[:, None]) * out
         y = r + out
         ablated = None if ablate is None else r[ablate] @ self.U.T
-        return Output(logits=y @ self.U.T, gate=g, expert=e, gate_probs=probs, residual=r, ablated=ablated)
+        return Output(logits=y @ self.U.T, gate=g, expert=e, gate_probs=probs, residual=r, ablated=ablated,
+                      spread=spread)
 
     def n_parameters(self) -> dict[str, int]:
         """Parameter counts of the exported model: total, largest expert, shared (everything

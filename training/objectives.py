@@ -15,9 +15,9 @@
 * ``"localize"``: a recipe aimed at the verifier's certificate (:func:`localize_loss`),
   one term per check, each a hinge that is zero once the check holds with room:
 
-  - *error*: CE (−log P(valid), from one softmax per query, as every localize term: the
-    valid-set CE above takes two log-sum-exps per query, the cost that dominates at a
-    vocabulary of thousands) + a hinge on log(1 − P(valid)) above log(ρ_err·ε), so every query's error
+  - *error*: CE (−log P(valid)) + a hinge on log(1 − P(valid)) above log(ρ_err·ε), both
+    from one softmax per query (:func:`log_masses`: P(valid) in log space where it
+    underflows, so a query far from learned keeps its gradient), so every query's error
     is below ε with room (the verifier certifies the exact pass of the float64 export;
     float32 training weights are exact in float64, and the room absorbs the float32
     training arithmetic);
@@ -35,6 +35,12 @@
     ablated probability of the valid set above 1 − min(1/2, 4ε) (the verifier's older
     entanglement criterion, ablated error ≥ ε, which L1 does not imply when an object
     query has other valid tokens).
+
+  - *attention spread* (``attention_spread``, optional): per head, a hinge on the largest
+    minus the smallest visible attention score above that many nats. No check reads it:
+    it keeps every position's attention weight away from 0, where its gradient vanishes
+    (a head saturated on the template tokens never learns to read the subject: the
+    residuals of a whole query group then coincide, and no weight on its queries helps).
 
   Every term is per query and weighted by the query's weight (counterexample rounds,
   :mod:`training.rounds`, raise the weights of failing queries).
@@ -79,6 +85,7 @@ class Recipe:
     route_margin: float = 2.0    # gate: best consistent score above every inconsistent one
     ablation_margin: float = 1.0  # ablated logits: another token above the object by this much
     ablation_room: float = 0.5   # ablated P(object) at most ablation_room / |O_k|
+    attention_spread: float | None = None   # per head, visible attention scores within this many nats (None: free)
 
 
 def valid_set_ce(logits: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
@@ -112,29 +119,61 @@ def task_router(out: Output, determined: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.cross_entropy(out.gate[keep], determined[keep] % K)
 
 
-#: Probabilities are floored here before their log in the localize terms: a hinge on a log
-#: probability below 1e-30 is inactive anyway, and the floor keeps its gradient 0 rather
-#: than 0 · ∞ = NaN when float32 underflows to 0.
+#: Probabilities are floored here before their log. A floored log is harmless in a hinge
+#: that pushes a probability *down* (the error, P_ablated(o)): below 1e-30 it is inactive
+#: anyway. A term that pushes a mass *up* (−log P(valid); the ablated error) must not see
+#: the floor, or a mass that float32 rounds to 0 gets no gradient: :func:`log_masses`.
 TINY = 1e-30
 
-
-def masses(logits: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per query (P(valid), 1 − P(valid)) from one softmax, each summed directly over its own
-    tokens (the error is a sum of the invalid tokens' probabilities, not 1 minus a number
-    near 1, so it keeps its relative precision when small)."""
-    p = torch.softmax(logits, dim=-1)
-    zero = p.new_zeros(())
-    return torch.where(valid, p, zero).sum(dim=-1), torch.where(valid, zero, p).sum(dim=-1)
+#: Below this the fast (softmax) value of a mass that must be raised is replaced by its
+#: log-space value (well inside float32's range, so the fast value above it is accurate).
+FLOOR = 1e-20
 
 
 def _log(x: torch.Tensor) -> torch.Tensor:
     return torch.log(x.clamp_min(TINY))
 
 
+def _log_mass(logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Per row ``log Σ_{v in mask} softmax(logits)_v`` in log space (no probability formed,
+    so nothing underflows): the masked log-sum-exp minus the full one. The masked-out
+    entries are the dtype's most negative finite number, not −∞, so a row whose mask is
+    empty gives about −3.4e38 (float32) and no −∞ − (−∞) = NaN in the backward pass."""
+    neg = torch.finfo(logits.dtype).min
+    return torch.logsumexp(logits.masked_fill(~mask, neg), dim=-1) - torch.logsumexp(logits, dim=-1)
+
+
+def log_masses(logits: torch.Tensor, valid: torch.Tensor, p: torch.Tensor | None = None,
+               exact: str = "valid") -> tuple[torch.Tensor, torch.Tensor]:
+    """Per query (log P(valid), log(1 − P(valid))), from one softmax (``p``, computed if not
+    given), each mass summed over its own tokens (the error is a sum of the invalid tokens'
+    probabilities, not 1 minus a number near 1, so it keeps its relative precision).
+
+    The mass named by ``exact`` ("valid" or "error"), the one a loss pushes up, is exact
+    in log space on the rows where its softmax value is below :data:`FLOOR` (recomputed by
+    :func:`_log_mass` on those rows only: few, and the fast path elsewhere); the other is
+    floored at :data:`TINY`. This matters: a query whose valid tokens sit 70 or more nats
+    below the top token has P(valid) < 1e-30, which float32 rounds to 0; a loss on the
+    floored log of that 0 has no gradient, and the query is never learned however often
+    it is drawn or weighted (``of P1101 a Q169`` in a 1,000-fact run before this form:
+    log P(valid) = −99). Here −log P(valid) keeps its gradient, P(invalid) ≈ 1."""
+    if exact not in ("valid", "error"):
+        raise ValueError(f"exact must be 'valid' or 'error', got {exact!r}")
+    p = torch.softmax(logits, dim=-1) if p is None else p
+    zero = p.new_zeros(())
+    mass = {"valid": torch.where(valid, p, zero).sum(dim=-1), "error": torch.where(valid, zero, p).sum(dim=-1)}
+    logs = {name: _log(m) for name, m in mass.items()}
+    low = torch.nonzero(mass[exact] < FLOOR, as_tuple=True)[0]
+    if low.numel():
+        mask = valid[low] if exact == "valid" else ~valid[low]
+        logs[exact] = logs[exact].index_put((low,), _log_mass(logits[low], mask))
+    return logs["valid"], logs["error"]
+
+
 def error_hinge(logits: torch.Tensor, valid: torch.Tensor, target: float) -> torch.Tensor:
     """Per query ``max(0, log(1 − P(valid)) − log target)``: zero once the error is at most
     ``target`` (a query with every token valid has error 0 and a zero hinge)."""
-    return torch.relu(_log(masses(logits, valid)[1]) - math.log(target))
+    return torch.relu(log_masses(logits, valid)[1] - math.log(target))
 
 
 def routing_hinge(gate: torch.Tensor, consistent: torch.Tensor, margin: float) -> torch.Tensor:
@@ -180,9 +219,9 @@ def ablation_hinges(ablated: torch.Tensor, obj: torch.Tensor, valid: torch.Tenso
     p = torch.softmax(ablated, dim=-1)
     probability = torch.relu(_log(p[rows, obj]) - torch.log(recipe.ablation_room * bound))
     has_invalid = (~valid).any(dim=-1)
-    error = torch.where(valid, p.new_zeros(()), p).sum(dim=-1)
+    log_error = log_masses(ablated, valid, p=p, exact="error")[1]
     wrong = min(0.5, 4 * recipe.epsilon)
-    valid_term = torch.where(has_invalid, torch.relu(math.log(wrong) - _log(error)), torch.zeros_like(error))
+    valid_term = torch.where(has_invalid, torch.relu(math.log(wrong) - log_error), torch.zeros_like(log_error))
     return {"top": top, "probability": probability, "valid": valid_term}
 
 
@@ -193,17 +232,19 @@ def localize_terms(out: Output, valid: torch.Tensor, targets: Targets, recipe: R
 
     ``objects``: the batch rows of the object queries, in the order of ``out.ablated``
     (the forward pass was asked for their ablated logits)."""
-    p_valid, err = masses(out.logits, valid)
+    log_valid, log_err = log_masses(out.logits, valid)
     terms = {
-        "ce": -_log(p_valid),
-        "error": torch.relu(_log(err) - math.log(recipe.error_room * recipe.epsilon)),
+        "ce": -log_valid,
+        "error": torch.relu(log_err - math.log(recipe.error_room * recipe.epsilon)),
         "gate": gate_set_ce(out.gate, targets.consistent),
         "route": routing_hinge(out.gate, targets.consistent, recipe.route_margin),
     }
+    if recipe.attention_spread is not None and out.spread is not None:
+        terms["attention"] = torch.relu(out.spread - recipe.attention_spread).sum(dim=-1)
     if objects.numel():
         ab = ablation_hinges(out.ablated, targets.object_token[objects], valid[objects], targets.bound[objects], recipe)
         for name, v in ab.items():
-            terms["ablated_" + name] = torch.zeros_like(p_valid).index_put((objects,), v)
+            terms["ablated_" + name] = torch.zeros_like(log_valid).index_put((objects,), v)
     return terms
 
 

@@ -40,12 +40,15 @@ def add_recipe_flags(p: argparse.ArgumentParser, defaults) -> None:
                    help="localize: gate margin of the consistent experts over the others")
     p.add_argument("--ablation-margin", type=float, default=defaults.ablation_margin,
                    help="localize: ablated logit of another token above the object's")
+    p.add_argument("--attention-spread", type=spread, default=defaults.attention_spread,
+                   help=f"localize: per head, every visible attention score within this many nats of the largest "
+                        f"(a hinge; 'none': no such term; default {defaults.attention_spread})")
 
 
 def recipe_changes(args: argparse.Namespace) -> dict:
     """The TrainConfig fields set by :func:`add_recipe_flags`."""
     return {"expert_widths": args.expert_widths, "route_margin": args.route_margin,
-            "ablation_margin": args.ablation_margin}
+            "ablation_margin": args.ablation_margin, "attention_spread": args.attention_spread}
 
 
 def _whole(text: str, minimum: int) -> int:
@@ -66,6 +69,19 @@ def count(text: str) -> int:
 def steps(text: str) -> int:
     """A whole number >= 1 (steps)."""
     return _whole(text, 1)
+
+
+def spread(text: str) -> float | None:
+    """A positive number of nats, or 'none'."""
+    if text.strip().lower() == "none":
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of nats or 'none', got {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive number of nats, got {text}")
+    return value
 
 
 def seconds(text: str) -> float:

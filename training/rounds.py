@@ -6,11 +6,17 @@ task k, the mapping the objective trains) and every query is checked; a query fa
 check has its weight multiplied by ``boost`` (at most ``max_weight``), and the next round
 continues the same model for ``round_steps`` steps (a fresh optimiser and schedule) with
 those weights. Rounds stop when the verifier certifies the weights or when ``max_rounds``
-rounds or the ``time_budget`` (seconds of training) are spent.
+rounds or the ``time_budget`` (seconds of training) are spent; the budget is shared out
+ahead (:func:`round_share`), and each round's learning-rate schedule fits its share.
 
-**The per-query checks** (:class:`QueryChecks`) are the verifier's rules, applied to its
-certified pass on every query (:func:`training.compare.certified_pass`, the enclosures
-:func:`verifier.checks.verify.verify` computes):
+**The per-query checks** (:class:`QueryChecks`) are the verifier's rules. Between rounds
+they are first *screened* on the float64 evaluation (:func:`screen_checks`, with a
+relative slack toward failing, :data:`SCREEN_SLACK`): one float64 pass, where the
+certified pass over every query and its ablation cost more than the training itself at
+10,000 facts. Only when the screen passes every query does :func:`verify` run; if it does
+not certify, the checks are redone on the verifier's certified pass on every query
+(:func:`training.compare.certified_pass`, the enclosures :func:`verify` computes) to find
+the counterexamples:
 
 * *error*: the error enclosure's upper end is below ε;
 * *routing*: a certified unique gate winner (margin > 0) serving a task consistent with
@@ -120,11 +126,15 @@ def query_checks(data: QueryData, weights: Weights, cert: CertifiedPass, loc: Lo
     entanglement[oq] = cert.ablated_lo[oq] >= epsilon
     localization = ~oq.copy()
     localization[loc.rows] = loc.holds_with_slack if slack else loc.holds
-    expert_of = {t: e for e, t in enumerate(weights.expert_tasks) if t}
-    size = np.array([t in expert_of and weights.experts[expert_of[t]].width <= data.bounds[k]
-                     for k, t in enumerate(names)], bool)
     return QueryChecks(error=cert.err_hi < epsilon, routing=routing, entanglement=entanglement,
-                       localization=localization, size=size, object_query=oq)
+                       localization=localization, size=_sizes(data, weights), object_query=oq)
+
+
+def _sizes(data: QueryData, weights: Weights) -> np.ndarray:
+    """(T,) per task: an expert serves it and its width is at most c(k)."""
+    expert_of = {t: e for e, t in enumerate(weights.expert_tasks) if t}
+    return np.array([t in expert_of and weights.experts[expert_of[t]].width <= data.bounds[k]
+                     for k, t in enumerate(data.task_names)], bool)
 
 
 @dataclass(frozen=True)
@@ -140,7 +150,8 @@ class RoundRecord:
     certified: bool              # the verifier's verdict and the localization measure (False if verify did not run)
     verified: bool               # verify() ran (every query passed the per-query checks)
     worst_ablated_object_probability: float   # float64 measure, over every object query
-    max_error: float             # the largest certified error upper end
+    max_error: float             # the largest error: the certified upper end, or float64 when only screened
+    measure: str = "certified"   # the per-query shares: "float64" (the screen) or "certified" (the certified pass)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -171,6 +182,20 @@ class RoundsResult:
         return int(sum(r.steps for r in self.rounds))
 
 
+#: The first round's share of a time budget (the rest is left to counterexample rounds).
+FIRST_SHARE = 0.75
+
+
+def round_share(left: float, budget: float, round_no: int, max_rounds: int, first_share: float) -> float:
+    """Seconds round ``round_no`` may train, of ``left`` seconds still unspent: the first
+    round ``first_share`` of the budget (all of it without later rounds), a later round an
+    equal part of what is left over the rounds still allowed (so none is starved by the
+    one before it). Never more than ``left``."""
+    if round_no == 0:
+        return min(left, budget if max_rounds == 0 else first_share * budget)
+    return left / (max_rounds + 1 - round_no)
+
+
 def reweight(weights: np.ndarray, failing: np.ndarray, boost: float, max_weight: float) -> np.ndarray:
     """The next round's query weights: a failing query's weight times ``boost``, at most
     ``max_weight``; the others keep theirs (so a query that failed once stays emphasised)."""
@@ -179,33 +204,78 @@ def reweight(weights: np.ndarray, failing: np.ndarray, boost: float, max_weight:
     return out
 
 
+#: The float64 screen between rounds errs toward failing by this relative distance from
+#: each threshold (error and ablated error against ε, the gate's margin against 0): the
+#: certified pass encloses the same real numbers, and its enclosures are far narrower
+#: than this on trained weights (``agreement``'s ``max_width``), so a query the screen
+#: passes is one the verifier's enclosures pass in practice; when they do not, the verdict
+#: (always :func:`verify`'s) says so and the certified pass supplies the counterexamples.
+SCREEN_SLACK = 1e-3
+
+
+def screen_checks(data: QueryData, weights: Weights, ev: Evaluation, epsilon: float) -> QueryChecks:
+    """The per-query checks on the float64 evaluation (uncertified, a screen that errs toward
+    failing by :data:`SCREEN_SLACK`; the localization measure with its own slack): which
+    queries to feed back, at the cost of one float64 pass instead of the certified pass
+    over every query and its ablation (which took longer than the training itself at
+    10,000 facts). Never a verdict."""
+    names = list(data.task_names)
+    serves = np.array([names.index(t) if t in names else -1 for t in weights.expert_tasks], np.int64)
+    served = serves[ev.expert]
+    rows = np.arange(len(data))
+    top2 = np.sort(ev.gate, axis=1)[:, -2:] if ev.gate.shape[1] > 1 else np.concatenate([ev.gate - np.inf, ev.gate], 1)
+    margin = top2[:, 1] - top2[:, 0]
+    routing = (margin > SCREEN_SLACK * np.maximum(1.0, np.abs(top2[:, 1]))) & (served >= 0) \
+        & data.consistent[rows, np.maximum(served, 0)]
+    oq = data.object_query
+    loc = ev.localization
+    entanglement = ~oq.copy()
+    localization = ~oq.copy()
+    if loc is not None and loc.rows.size:
+        entanglement[loc.rows] = loc.ablated_error >= epsilon * (1 + SCREEN_SLACK)
+        localization[loc.rows] = loc.holds_with_slack
+    return QueryChecks(error=ev.error < epsilon * (1 - SCREEN_SLACK), routing=routing, entanglement=entanglement,
+                       localization=localization, size=_sizes(data, weights), object_query=oq)
+
+
 def check_round(taskset: TaskSet, model: MoETransformer, config: TrainConfig, data: QueryData, epsilon: float,
-                extra: dict | None = None) -> tuple[Weights, Evaluation, CertifiedPass, QueryChecks, Report | None]:
-    """Export, evaluate in float64, run the certified pass and the per-query checks; when
-    every query passes, run :func:`verifier.checks.verify.verify` for the verdict."""
+                extra: dict | None = None
+                ) -> tuple[Weights, Evaluation, CertifiedPass | None, QueryChecks, Report | None]:
+    """Export and evaluate in float64; screen every query (:func:`screen_checks`); when the
+    screen passes them all, run :func:`verifier.checks.verify.verify` for the verdict, and
+    only if it does not certify, the certified pass over every query for the per-query
+    counterexamples (:func:`query_checks`). The certified pass is None when not run."""
     ev = evaluate(model, data)
     weights = to_weights(model, taskset, "declared", config=config, extra=extra)
+    checks = screen_checks(data, weights, ev, epsilon)
+    if not checks.all_pass:
+        return weights, ev, None, checks, None
+    report = verify(taskset, weights, epsilon, source="trained weights")
+    if report.certified:
+        return weights, ev, None, checks, report
     cert = certified_pass(taskset, weights, data, ablate_objects=True)
-    checks = query_checks(data, weights, cert, ev.localization, epsilon)
-    report = verify(taskset, weights, epsilon, source="trained weights") if checks.all_pass else None
-    return weights, ev, cert, checks, report
+    return weights, ev, cert, query_checks(data, weights, cert, ev.localization, epsilon), report
 
 
 def until_certified(taskset: TaskSet, config: TrainConfig, *, epsilon: float | None = None, max_rounds: int = 5,
                     round_steps: int | None = None, boost: float = 4.0, max_weight: float = 256.0,
-                    time_budget: float | None = None, data: QueryData | None = None,
-                    log: Callable[[RoundRecord], None] | None = None,
+                    time_budget: float | None = None, first_share: float = FIRST_SHARE,
+                    data: QueryData | None = None, log: Callable[[RoundRecord], None] | None = None,
                     step_log: Callable[[dict], None] | None = None) -> RoundsResult:
     """Train with counterexample rounds until certified (see the module docstring).
 
     ``max_rounds``: rounds after the first (so at most ``1 + max_rounds`` trainings);
     ``round_steps``: steps of each later round (default half of ``config.steps``);
-    ``time_budget``: seconds of training in all (a round is cut at the budget, and no
-    round starts after it). ``epsilon`` defaults to ``config.epsilon``."""
+    ``time_budget``: seconds of training in all, shared out ahead: the first round may
+    use ``first_share`` of it, each later round an equal share of what is left over the
+    rounds still allowed; a round's learning-rate schedule is fitted to its share
+    (:func:`training.train._rate`), so it ends decayed rather than cut. ``epsilon``
+    defaults to ``config.epsilon``."""
     if config.objective != "localize":
         raise ValueError("counterexample rounds train toward the certificate: they need the localize objective")
-    if max_rounds < 0 or boost < 1 or max_weight < 1 or (time_budget is not None and not time_budget > 0):
-        raise ValueError("max_rounds must be >= 0, boost and max_weight >= 1, time_budget > 0")
+    if max_rounds < 0 or boost < 1 or max_weight < 1 or (time_budget is not None and not time_budget > 0) \
+            or not 0 < first_share <= 1:
+        raise ValueError("max_rounds must be >= 0, boost and max_weight >= 1, time_budget > 0, first_share in (0, 1]")
     epsilon = config.epsilon if epsilon is None else float(epsilon)
     data = data or query_data(taskset)
     round_steps = round_steps or max(1, config.steps // 2)
@@ -218,7 +288,8 @@ def until_certified(taskset: TaskSet, config: TrainConfig, *, epsilon: float | N
         left = None if time_budget is None else time_budget - spent
         if left is not None and left <= 0:
             break
-        limits = [x for x in (config.time_limit, left) if x is not None]
+        share = None if left is None else round_share(left, time_budget, r, max_rounds, first_share)
+        limits = [x for x in (config.time_limit, share) if x is not None]
         limit = min(limits) if limits else None
         cfg = TrainConfig(**{**asdict(config), "time_limit": limit})
         trained = train(taskset, cfg, data=data, model=model, query_weights=None if r == 0 else qw,
@@ -237,7 +308,8 @@ def until_certified(taskset: TaskSet, config: TrainConfig, *, epsilon: float | N
                           check_seconds=round(time.perf_counter() - t0, 2), shares=checks.shares(),
                           failing=int(failing.sum()), certified=certified, verified=report is not None,
                           worst_ablated_object_probability=float(loc.probability.max()) if loc.rows.size else 0.0,
-                          max_error=float(np.max(cert.err_hi)))
+                          max_error=float(np.max(cert.err_hi if cert is not None else ev.error)),
+                          measure="float64" if cert is None else "certified")
         records.append(rec)
         if log:
             log(rec)

@@ -3,13 +3,15 @@
 Data: every query (proper prefix, see :mod:`training.data`), weighted equally unless
 given weights (counterexample rounds, :mod:`training.rounds`), with the losses of
 :mod:`training.objectives` (no sampling of one target). Optimiser: Adam, full batch by
-default (the sets are small); with ``batch_size`` a minibatch is drawn with replacement
-with probability proportional to the query weights (the same expected gradient as the
-weighted full-batch loss), and under ``localize`` a share ``focus`` of it in proportion
+default (the sets are small); with ``batch_size`` a minibatch is the next chunk of a
+walk through shuffled epochs (:class:`Epochs`: every query once per pass), each row
+weighted by its query weight in the loss (the same expected gradient as the weighted
+full-batch loss), and under ``localize`` a share ``focus`` of it is drawn in proportion
 to the weight times the loss last seen on the query (the hinges are zero on most
-queries once learned; this spends the batch where they are not, and the uniform part
-keeps every query revisited). Learning rate: a short linear warm-up and a cosine decay to
-10%. Training runs in float32; evaluation (:func:`evaluate`) runs in float64 on a copy,
+queries once learned; this spends the batch where they are not, and the walk keeps
+every query revisited). Learning rate: a short linear warm-up and a cosine decay to
+10% over the run's progress, the share of its steps or of its time limit spent,
+whichever is larger (so a time budget shapes the schedule). Training runs in float32; evaluation (:func:`evaluate`) runs in float64 on a copy,
 which is the arithmetic the exported weights are checked against (float32 values are
 exact in float64).
 
@@ -72,6 +74,7 @@ class TrainConfig:
     ablation_margin: float = 1.0  # localize: ablated logit of another token above the object's
     ablation_room: float = 0.5   # localize: ablated P(object) at most ablation_room / |O_k|
     focus: float = 0.5           # localize with minibatches: share of each batch drawn by last seen loss
+    attention_spread: float | None = 8.0  # localize: per head, visible attention scores within this many nats (None: free)
 
     def __post_init__(self) -> None:
         if self.objective not in OBJECTIVES:
@@ -88,7 +91,8 @@ class TrainConfig:
 
     def recipe(self) -> Recipe:
         return Recipe(epsilon=self.epsilon, error_room=self.error_room, route_margin=self.route_margin,
-                      ablation_margin=self.ablation_margin, ablation_room=self.ablation_room)
+                      ablation_margin=self.ablation_margin, ablation_room=self.ablation_room,
+                      attention_spread=self.attention_spread)
 
     def model_config(self, data: QueryData) -> ModelConfig:
         """The model's sizes. Sized widths and the localize objective pair expert k with
@@ -205,12 +209,45 @@ def _focus(seen: torch.Tensor, weight: torch.Tensor, n: int, gen: torch.Generato
     return torch.multinomial(score, n, replacement=True, generator=gen)
 
 
-def _rate(warmup: int, steps: int) -> Callable[[int], float]:
-    """Linear warm-up over ``warmup`` steps, then a cosine decay to 10% at ``steps``."""
-    def rate(step: int) -> float:
+class Epochs:
+    """Shuffled epochs over the queries: successive random permutations, read in chunks.
+
+    Every query is drawn exactly once per pass (every ⌈Q / n⌉ chunks of n), however rare
+    its prefix: drawing with replacement (the older sampler) leaves a query unseen for a
+    whole epoch with probability (1 − 1/Q)^Q ≈ 1/e, and a handful of singleton prefixes
+    (``the P807 a``) then go many steps without a gradient."""
+
+    def __init__(self, n_queries: int, generator: torch.Generator) -> None:
+        self.n, self.gen = n_queries, generator
+        self.order = torch.randperm(n_queries, generator=generator)
+        self.at = 0
+        self.passes = 0
+
+    def take(self, n: int) -> torch.Tensor:
+        """The next ``n`` queries of the walk (a new permutation when one is used up)."""
+        out = []
+        while n > 0:
+            if self.at == self.n:
+                self.order, self.at = torch.randperm(self.n, generator=self.gen), 0
+                self.passes += 1
+            k = min(n, self.n - self.at)
+            out.append(self.order[self.at: self.at + k])
+            self.at, n = self.at + k, n - k
+        return torch.cat(out)
+
+
+def _rate(warmup: int, steps: int, time_limit: float | None = None) -> Callable[[int, float], float]:
+    """The learning-rate factor at (step, seconds elapsed): a linear warm-up over ``warmup``
+    steps, then a cosine decay to 10% over the run's progress, the larger of the share of
+    ``steps`` done and the share of ``time_limit`` spent. So a run cut by its time budget
+    has finished its decay when the budget ends (the budget shapes the schedule rather
+    than cutting it in its high-rate middle)."""
+    def rate(step: int, elapsed: float = 0.0) -> float:
         if step < warmup:
             return (step + 1) / warmup
         t = (step - warmup) / max(1, steps - warmup)
+        if time_limit:
+            t = max(t, elapsed / time_limit)
         return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(t, 1.0)))
     return rate
 
@@ -242,26 +279,29 @@ def train(taskset: TaskSet, config: TrainConfig = TrainConfig(), data: QueryData
     localize = config.objective == "localize"
     recipe = config.recipe()
     opt = torch.optim.Adam(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, _rate(warmup, steps))
-    uniform = query_weights is None
+    rate = _rate(warmup, steps, config.time_limit)
     minibatch = bool(config.batch_size and config.batch_size < Q)
     focused = int(config.focus * config.batch_size) if minibatch and localize else 0
     seen = torch.full((Q,), float("inf"))     # last seen loss per query (inf: not seen yet)
+    walk = Epochs(Q, gen) if minibatch else None
+    # the walk's rows carry the query weight (relative to the mean, so 1 when uniform); the
+    # focused rows were drawn in proportion to it and carry 1
+    relative = tg.weight / tg.weight.mean()
     result = TrainResult(model, config)
     start = time.perf_counter()
     step = 0
     for step in range(steps):
+        for group in opt.param_groups:
+            group["lr"] = config.lr * rate(step, time.perf_counter() - start)
         if minibatch:
-            n = config.batch_size - focused
-            if uniform:
-                idx = torch.randint(0, Q, (n,), generator=gen)
-            else:
-                idx = torch.multinomial(tg.weight, n, replacement=True, generator=gen)
+            idx = walk.take(config.batch_size - focused)
+            row_weight = relative[idx]
             if focused:
                 idx = torch.cat([idx, _focus(seen, tg.weight, focused, gen)])
+                row_weight = torch.cat([row_weight, torch.ones(focused)])
             batch = (tokens[idx], lengths[idx], valid[idx], determined[idx])
             btg = tg.rows(idx)
-            btg = Targets(btg.consistent, btg.object_token, btg.bound, torch.ones_like(btg.weight))
+            btg = Targets(btg.consistent, btg.object_token, btg.bound, row_weight)
             brows = torch.nonzero(objects[idx], as_tuple=True)[0]
         else:
             batch, btg = (tokens, lengths, valid, determined), tg
@@ -276,7 +316,6 @@ def train(taskset: TaskSet, config: TrainConfig = TrainConfig(), data: QueryData
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
-        sched.step()
         if log_every and (step % log_every == 0 or step == steps - 1):
             entry = {"step": step, "loss": float(loss.detach()), **parts, "seconds": time.perf_counter() - start}
             result.history.append(entry)
@@ -351,7 +390,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-rounds", type=count, default=5, help="rounds after the first (default 5)")
     p.add_argument("--round-steps", type=steps, help="steps of each later round (default: half of --steps)")
     p.add_argument("--boost", type=float, default=4.0, help="weight factor of a failing query per round (default 4)")
-    p.add_argument("--time-budget", type=seconds, help="seconds of training in all rounds at most")
+    p.add_argument("--time-budget", type=seconds,
+                   help="seconds of training in all rounds at most, shared out ahead (the first round 3/4, the "
+                        "later ones equal parts of the rest); each round's learning-rate decay fits its share")
     p.add_argument("--epsilon", type=epsilon, default=TrainConfig().epsilon,
                    help="the verifier's target error, for the localize recipe and the rounds (default 0.01)")
     add_json(p, "the evaluation")
