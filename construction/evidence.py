@@ -24,8 +24,7 @@ from typing import Callable, Iterable, Iterator, TypeVar
 
 import numpy as np
 
-from construction.experts import (alone_column_map, build_expert, canonical_form, column_map, same_expert,
-                                  subset_column_map)
+from construction.experts import alone_column_map, build_expert, column_map, same_expert, subset_column_map
 from construction.residual import residual_space
 from tasks.model import TaskSet
 
@@ -61,11 +60,10 @@ def leave_one_out_tasks(K: int, n_facts: int) -> list[int]:
 
 def changed_experts(shared, j: int) -> list[str]:
     """The tasks whose expert changes when task ``j`` is removed and the model rebuilt
-    (``shared`` = (task set, the full model's residual space, its experts, their
-    :func:`canonical_form`)): a work unit. The rebuilt set comes from the full set's arrays
+    (``shared`` = (task set, the full model's residual space, its experts)): a work unit. The rebuilt set comes from the full set's arrays
     (:meth:`TaskSet.without`), so its residual maps into the full one by entity rows rather
     than by names (:func:`subset_column_map`); the comparison is of labelled weights."""
-    taskset, residual, experts, canonical = shared
+    taskset, residual, experts = shared
     rest = taskset.without(taskset.tasks[j].name)
     space = residual_space(rest)
     rows = taskset.entity_rows([k for k in range(len(taskset.tasks)) if k != j])
@@ -74,7 +72,7 @@ def changed_experts(shared, j: int) -> list[str]:
     for k_new, task in enumerate(rest.tasks):
         k = taskset.index(task.name)
         to_b = to_full if experts[k].W_1.cols is residual else column_map(space, experts[k].W_1.cols)
-        if not same_expert(build_expert(rest, k_new, space), experts[k], to_b, canonical[k]):
+        if not same_expert(build_expert(rest, k_new, space), experts[k], to_b):
             out.append(task.name)
     return out
 
@@ -82,19 +80,18 @@ def changed_experts(shared, j: int) -> list[str]:
 def isolation(taskset: TaskSet, model, map_fn: MapFn = serial_map) -> tuple[tuple[bool, ...], tuple[str, ...]]:
     """(per task: its expert is unchanged when built alone and without each removed task, notes)."""
     isolated = []
-    canonical = [canonical_form(e) for e in model.experts]
     for k in range(len(taskset.tasks)):
         alone = taskset.alone(k)                 # TaskSet((task,)), from this set's arrays
         by_itself = build_expert(alone, 0, residual_space(alone))
         to_full = alone_column_map(taskset, k, alone, by_itself.W_1.cols, model.experts[k].W_1.cols)
-        isolated.append(same_expert(by_itself, model.experts[k], to_full, canonical[k]))
+        isolated.append(same_expert(by_itself, model.experts[k], to_full))
     K = len(taskset.tasks)
     if K < 2:
         return tuple(isolated), ()
     chosen = leave_one_out_tasks(K, taskset.n_facts)
 
     notes = []
-    for j, names in map_fn(changed_experts, (taskset, model.residual, model.experts, canonical), chosen):
+    for j, names in map_fn(changed_experts, (taskset, model.residual, model.experts), chosen):
         for name in names:
             isolated[taskset.index(name)] = False
             notes.append(f"expert '{name}' changes when task '{taskset.tasks[j].name}' is removed")
