@@ -226,12 +226,6 @@ def _canonical(m, rows: np.ndarray | None, cols: np.ndarray | None):
     return r[order], c[order], coo.data[order]
 
 
-def canonical_form(expert: SymExpert) -> tuple:
-    """Per matrix (W_1, b_1, W_2), per term, (coefficient, sorted rows, columns, values): what
-    :func:`same_expert` compares an expert with, computed once for an expert compared often."""
-    return tuple(tuple((c, _canonical(x, None, None)) for c, x in m.terms) for m in (expert.W_1, expert.b_1, expert.W_2))
-
-
 def _same_neurons(a: SymExpert, b: SymExpert, to_b: np.ndarray | None) -> bool:
     """Whether the two experts' neurons have the same labels, in order.
 
@@ -255,27 +249,25 @@ def _same_neurons(a: SymExpert, b: SymExpert, to_b: np.ndarray | None) -> bool:
     return bool(np.array_equal(mapped, b.W_1.cols.offset("subj") + np.asarray(lb.items.ids, np.int64)))
 
 
-def same_expert(a: SymExpert, b: SymExpert, to_b: np.ndarray | None = None, canonical_b: tuple | None = None) -> bool:
+def same_expert(a: SymExpert, b: SymExpert, to_b: np.ndarray | None = None) -> bool:
     """Exactly the same labelled weights (labels compared, not indices); vectorised.
 
     Equivalent to ``labelled_entries(a) == labelled_entries(b)`` for this construction's
     experts, but linear-time in numpy. ``to_b`` is ``column_map`` from a's residual space
-    to b's, if already computed (it must pair exactly the coordinates of equal labels);
-    ``canonical_b`` is :func:`canonical_form` of b, if already computed.
+    to b's, if already computed (it must pair exactly the coordinates of equal labels).
     """
     if to_b is None:
         to_b = column_map(a.W_1.cols, b.W_1.cols)
     if a.task != b.task or not _same_neurons(a, b, to_b):
         return False
-    canonical_b = canonical_form(b) if canonical_b is None else canonical_b
-    for ma, cb_terms, rows, cols in ((a.W_1, canonical_b[0], None, to_b), (a.b_1, canonical_b[1], None, None),
-                                     (a.W_2, canonical_b[2], to_b, None)):
-        if len(ma.terms) != len(cb_terms):
+    for ma, mb, rows, cols in ((a.W_1, b.W_1, None, to_b), (a.b_1, b.b_1, None, None), (a.W_2, b.W_2, to_b, None)):
+        if len(ma.terms) != len(mb.terms):
             return False
-        for (ca, xa), (cb, (rb, kb, vb)) in zip(ma.terms, cb_terms):
+        for (ca, xa), (cb, xb) in zip(ma.terms, mb.terms):
             if ca != cb:
                 return False
             ra, ka, va = _canonical(xa, rows, cols)
+            rb, kb, vb = _canonical(xb, None, None)
             if (ra < 0).any() or (ka < 0).any():
                 return False
             if not (np.array_equal(ra, rb) and np.array_equal(ka, kb) and np.array_equal(va, vb)):

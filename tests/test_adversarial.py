@@ -23,6 +23,7 @@ A weights object the verifier refuses (bad input) satisfies both trivially.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import mpmath
 import numpy as np
@@ -32,7 +33,7 @@ from hypothesis import strategies as st
 from budget import examples
 
 from tasks.errors import TaskError
-from tasks.model import Task, TaskSet
+from tasks.reading import load_tasks
 from audit import mutants as M
 from audit.oracle import Oracle, _Fingerprints, _layout_problem, enumerate_queries
 from verifier.checks.certify import certify
@@ -41,11 +42,7 @@ from verifier.checks.verify import verify
 SETS = M.small_sets()
 #: Object queries "X lives in" with two valid next tokens, the object and the word "the":
 #: L1 encloses P_ablated(o) alone there (:func:`verifier.arithmetic.kernels.ablated`).
-WORD_AND_OBJECT = {"word-and-object": TaskSet((
-    Task("home", ("⋆1 lives in ⋆2", "⋆1 lives in the ⋆2"),
-         {"Ann": "Rome", "Bob": "Oslo", "Cid": "Lima", "Dee": "Rome"}),
-    Task("job", ("⋆1 works as ⋆2",), {"Ann": "baker", "Bob": "cook"}),
-), epsilon=0.01)}
+WORD_AND_OBJECT = {"word-and-object": load_tasks(Path(__file__).parent / "data" / "word_and_object.yaml")}
 OPERATORS = sorted(M.OPERATORS)
 ORACLE = Oracle(dps=60)
 

@@ -12,6 +12,7 @@ the exact value). 200 sequences run in CI.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from collections import Counter
 
 import numpy as np
@@ -288,19 +289,7 @@ def test_reuse_keeps_l1_of_the_object_alone(tmp_path):
     from verifier.certificates.locality import Correspondence, watched_neurons
     from verifier.checks.classes import CellPlan, ClassRecorder
 
-    text = """
-epsilon: 0.01
-tasks:
-  - name: home
-    templates:
-      - ⋆1 lives in ⋆2
-      - ⋆1 lives in the ⋆2
-    facts: {Ann: Rome, Bob: Oslo, Cid: Lima, Dee: Rome}
-  - name: job
-    templates:
-      - ⋆1 works as ⋆2
-    facts: {Ann: baker, Bob: cook}
-"""
+    text = (Path(__file__).parent / "data" / "word_and_object.yaml").read_text(encoding="utf-8")
     ts = loads_tasks(text)
     new = loads_tasks(text.replace("Bob: cook}", "Bob: cook, Eve: smith}"))
 

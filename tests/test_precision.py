@@ -100,18 +100,11 @@ def test_ablated_enclosures_contain_executions(fmt):
     "X lives in" admit the word "the" besides o, where that end is the enclosure of o alone."""
     from fractions import Fraction
 
-    from tasks.reading import loads_tasks
+    from pathlib import Path
 
-    ts = loads_tasks("""
-epsilon: 0.01
-tasks:
-  - name: home
-    templates: [⋆1 lives in ⋆2, ⋆1 lives in the ⋆2]
-    facts: {Ann: Rome, Bob: Oslo, Cid: Lima, Dee: Rome}
-  - name: job
-    templates: [⋆1 works as ⋆2]
-    facts: {Ann: baker, Bob: cook}
-""")
+    from tasks.reading import load_tasks
+
+    ts = load_tasks(Path(__file__).parent / "data" / "word_and_object.yaml")
     dep = Deployment.named(fmt)
     tmap = token_map(ts, build(ts).instantiate())
     words = 0

@@ -418,26 +418,14 @@ def test_l1_on_its_bound_is_decided_exactly():
 
 #: One task whose object queries ``X lives in`` have two valid next tokens: the object and
 #: the template word "the" (a second template), and a second task beside it.
-WORD_AND_OBJECT = """
-epsilon: 0.01
-tasks:
-  - name: home
-    templates:
-      - ⋆1 lives in ⋆2
-      - ⋆1 lives in the ⋆2
-    facts: {Ann: Rome, Bob: Oslo, Cid: Lima, Dee: Rome}
-  - name: job
-    templates:
-      - ⋆1 works as ⋆2
-    facts: {Ann: baker, Bob: cook}
-"""
+WORD_AND_OBJECT = Path(__file__).parent / "data" / "word_and_object.yaml"
 
 
 def _word_and_object():
     from construction.model import build
-    from tasks.reading import loads_tasks
+    from tasks.reading import load_tasks
 
-    ts = loads_tasks(WORD_AND_OBJECT)
+    ts = load_tasks(WORD_AND_OBJECT)
     model = build(ts)
     return ts, model.instantiate(), model.epsilon
 

@@ -71,25 +71,24 @@ def steps(text: str) -> int:
     return _whole(text, 1)
 
 
+def _positive(text: str, unit: str, other: str = "") -> float:
+    """A finite number > 0 (of ``unit``; ``other``: what else the option takes, for the message)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of {unit}{other}, got {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive number of {unit}, got {text}")
+    return value
+
+
 def spread(text: str) -> float | None:
     """A positive number of nats, or 'none'."""
     if text.strip().lower() == "none":
         return None
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of nats or 'none', got {text!r}") from None
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a positive number of nats, got {text}")
-    return value
+    return _positive(text, "nats", " or 'none'")
 
 
 def seconds(text: str) -> float:
     """A finite number of seconds > 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text}")
-    return value
+    return _positive(text, "seconds")
