@@ -119,7 +119,7 @@ def main(argv=None) -> int:
         table(rows, args.workers),
         "",
         "Both passes verify the same weights with the same checks; the cluster run cuts the weights into shards of "
-        "tasks (two per worker), scatters each to one worker and reruns over the full weights, on the client, any "
+        "tasks (one per worker, balanced in work), scatters each to one worker, runs its units there and reruns over the full weights, on the client, any "
         "query whose candidate experts lie outside its shard. One machine shows the overhead of that path, not a "
         "speed-up.",
     ])

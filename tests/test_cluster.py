@@ -95,6 +95,56 @@ def test_a_worker_killed_mid_run_changes_nothing(client, big):
     client.wait_for_workers(2, timeout=60)
 
 
+def test_the_units_of_a_part_run_where_it_was_scattered(client):
+    """Every unit of a part runs on its holder, on the one copy there: left to itself, the
+    scheduler gives some to the idle worker, which fetches a copy of its own (and a
+    shard's tables were built again for each copy)."""
+
+    class Counted:
+        def __init__(self) -> None:
+            self.uses = 0
+
+    def use(part, payload):
+        import os
+        import time
+
+        part.uses += 1
+        time.sleep(payload)
+        return os.getpid(), part.uses
+
+    results = [r for _, r in DaskExecutor(client).map_keyed(use, lambda key: Counted(), [(0, 0.02)] * 40)]
+    assert len({pid for pid, _ in results}) == 1
+    assert sorted(uses for _, uses in results) == list(range(1, 41))
+
+
+def test_a_retired_holder_changes_nothing(big):
+    """A worker retired mid-run (its data moved to the other): the units pinned to it could
+    run nowhere, so they are submitted again on a copy of their shard scattered to a
+    worker that is there, and the report is the local one (before, the run waited for ever)."""
+    import threading
+
+    from verifier.running.cluster import local_cluster
+
+    ts, model, weights = big
+    local = verify(ts, weights, model.epsilon, executor=LocalPool(1))
+    with local_cluster(2) as cluster, distributed.Client(cluster) as c:
+        retired, out = [], {}
+
+        def progress(done, total):
+            if not retired:
+                retired.append(c.retire_workers([sorted(c.nthreads())[0]], close_workers=True))
+
+        def run():
+            out["report"] = verify(ts, weights, model.epsilon, executor=DaskExecutor(c), progress=progress)
+
+        worker = threading.Thread(target=run, daemon=True)
+        worker.start()
+        worker.join(timeout=240)
+        assert not worker.is_alive(), "the run did not end after a worker was retired (a hang)"
+    assert retired and retired[0]
+    assert _comparable(out["report"]) == _comparable(local)
+
+
 def test_a_unit_that_always_kills_its_worker_fails_with_one_line(client):
     """The scheduler gives up on a unit after its allowed failures: a ClusterError, no results."""
     with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0") as cl:

@@ -5,9 +5,10 @@
 
 * :meth:`DaskExecutor.map_keyed` (the certified pass): the verifier cuts the weights into
   shards of tasks (:mod:`verifier.running.shards`); each shard's weights are built on the client
-  when first needed and scattered to *one* worker, and each work unit (a batch's rows of
-  that shard) refers to its shard by future, so a worker holds only the shards it serves
-  and a unit ships only its rows;
+  when first needed and scattered to *one* worker (the one holding the fewest bytes of
+  this run's shards per thread), and each work unit (a batch's rows of that shard) refers
+  to its shard by future and runs on that worker, so a worker holds only the shards it
+  serves, builds each shard's tables once, and a unit ships only its rows;
 * :meth:`DaskExecutor.map` (the evidence phase's leave-one-out rebuilds): the same with a
   single part, the shared state (task set and experts), scattered to one worker; a
   worker that runs a unit fetches it from a holder.
@@ -16,6 +17,14 @@ At most ``window`` units per worker thread are in flight and results are taken i
 order they were submitted, so the client holds a bounded number of compact results and
 the report is the one a local run gives (a unit is a pure function of its part and
 payload, so running it again gives the same result).
+
+**Why the units of a shard are pinned to its holder.** Left to itself, the scheduler
+moves units to an idle worker (work stealing, and placement that weighs a transfer as
+cheap), which then fetches the shard; its active memory manager drops that extra copy
+again a few seconds later, so the shards travelled back and forth and every copy built
+its tables anew: at 300k facts, 27 table builds for 3 shards, which took more CPU than
+the units themselves. A unit is therefore submitted with its holder as a strict worker
+restriction (``allow_other_workers=False``, which stealing respects).
 
 **Faults.** What a run survives, with the report a local run gives (tested on a real
 deployment, ``dask scheduler`` and two ``dask worker`` processes with nannies, by SIGKILL
@@ -28,6 +37,10 @@ of a worker and its nanny in the evidence phase and in the certified pass):
   scheduler drops the units that need it (they come back cancelled); each is submitted
   again, the part built and scattered again first (once per loss, however many units it
   dropped), up to ``retries`` times per unit;
+* a worker that leaves the cluster holding a shard (lost, or retired with its data moved
+  elsewhere): the units pinned to it could run nowhere else, so once the scheduler no
+  longer lists it, they are submitted again, on a copy of the shard scattered to a worker
+  that is there (counted like a drop);
 * no running worker for less than ``timeout`` seconds (all lost, none started yet, or
   all paused): the run waits for one.
 
@@ -112,19 +125,22 @@ class DaskExecutor:
     """Work units on a Dask cluster through ``client``; see the module docstring.
 
     ``shards``: how many shards of tasks the certified pass cuts the weights into
-    (default: two per worker thread), each scattered to one worker. ``timeout``: seconds
-    a run may go without a completed unit while no worker is running before it stops."""
+    (default: one per worker thread; the shards are balanced in work, and each costs its
+    own tables, which overlap in the entities that tasks share: at 1M facts four shards
+    took 6.1 s of table building where the whole weights take 2.7 s), each scattered to
+    one worker. ``window``: units in flight per worker thread. ``timeout``: seconds a run
+    may go without a completed unit while no worker is running before it stops."""
 
     shares_memory = False
 
-    def __init__(self, client, window: int = 2, shards: int | None = None, retries: int = 3,
+    def __init__(self, client, window: int = 4, shards: int | None = None, retries: int = 3,
                  timeout: float = NO_WORKER_TIMEOUT) -> None:
         self.client, self.window, self.retries, self.timeout = client, window, retries, timeout
         self._shards = shards
 
     @property
     def shards(self) -> int:
-        return self._shards if self._shards is not None else 2 * self._threads()
+        return self._shards if self._shards is not None else self._threads()
 
     def _slots(self) -> int:
         return max(2, self.window * self._threads())
@@ -141,7 +157,7 @@ class DaskExecutor:
     def map(self, fn: Callable[[S, T], R], shared: S, items: Iterable[T]) -> Iterator[tuple[T, R]]:
         """``fn(shared, item)`` for each item, in order: :meth:`map_keyed` with one part,
         ``shared``, so that it is scattered to one worker and scattered again if lost."""
-        for (_, item), result in self.map_keyed(fn, lambda _key: shared, ((None, item) for item in items)):
+        for (_, item), result in self._map(fn, lambda _key: shared, ((None, item) for item in items), pin=False):
             yield item, result
 
     def map_keyed(self, fn: Callable[[S, T], R], part: Callable[[object], S],
@@ -149,9 +165,13 @@ class DaskExecutor:
         """``fn(part(key), payload)`` for each ``(key, payload)``, in order. Each ``part(key)``
         is built here when first needed and scattered to one worker (no copy elsewhere);
         when a worker dies with it, it is built and scattered again and the units that
-        needed it are resubmitted (up to ``retries`` times per unit)."""
+        needed it are resubmitted (up to ``retries`` times per unit). Each unit runs on the
+        worker that holds its part (module docstring)."""
+        return self._map(fn, part, items, pin=True)
+
+    def _map(self, fn, part, items, pin: bool):
         distributed = require_distributed()
-        run = _Run(self.client, fn, part, self.retries, _Liveness(self.client, self.timeout))
+        run = _Run(self.client, fn, part, self.retries, _Liveness(self.client, self.timeout), pin)
         try:
             slots = self._slots()
             for key, payload in items:
@@ -179,6 +199,17 @@ class _Unit:
     resubmitted: int = 0      # times the unit was dropped and submitted again
 
 
+@dataclass(frozen=True)
+class _Copy:
+    """A scattered copy of a part: its future, its generation, the worker it was scattered
+    to (None: where Dask put it, the units not pinned) and its size in bytes."""
+
+    future: object
+    generation: int
+    holder: str | None
+    size: int
+
+
 class _Liveness:
     """The bound on every wait of one run: :meth:`check` raises a :class:`ClusterError` once
     ``timeout`` seconds have passed with no unit completed (:meth:`progressed`) and no
@@ -194,18 +225,28 @@ class _Liveness:
     def progressed(self) -> None:
         self.since = time.monotonic()
 
-    def running_workers(self) -> int:
-        """As the scheduler says within ``timeout`` s (no answer: 0). A client that lost its
-        connection to the scheduler (and with it every future of the run) ends the run."""
+    def running_workers(self) -> dict[str, int]:
+        """Address -> threads of the running workers, as the scheduler says within ``timeout``
+        s (no answer: none). A client that lost its connection to the scheduler (and with it
+        every future of the run) ends the run."""
+        return self._ask(self.client.scheduler.ncores_running)
+
+    def workers(self) -> dict[str, int]:
+        """Address -> threads of every worker the scheduler lists (paused ones too), as
+        :meth:`running_workers` asks."""
+        return self._ask(self.client.scheduler.ncores)
+
+    def _ask(self, rpc) -> dict[str, int]:
         if self.client.status != "running":
             raise _scheduler_lost()
         try:
-            return len(self.client.sync(self.client.scheduler.ncores_running, callback_timeout=self.timeout))
+            return dict(self.client.sync(rpc, callback_timeout=self.timeout))
         except (OSError, TimeoutError):
-            return 0
+            return {}
 
-    def check(self) -> int:
-        """The number of running workers; raises when there have been none for ``timeout`` s."""
+    def check(self) -> dict[str, int]:
+        """The running workers (address -> threads); raises when there have been none for
+        ``timeout`` s."""
         workers = self.running_workers()
         if workers:
             self.since = time.monotonic()
@@ -219,52 +260,87 @@ class _Liveness:
 class _Run:
     """One :meth:`DaskExecutor.map_keyed` call: the scattered parts and the units in flight.
 
-    ``parts[key]`` is ``(future, generation)``. When the scheduler loses every copy of a
-    part (its holder died), it drops the units that need it (they are cancelled, as is any
-    unit submitted against it later). A dropped unit is submitted again; its part is
-    scattered again first if the unit was submitted against the copy now current, or if
-    the client knows that copy lost too (a unit submitted against an older copy otherwise
-    finds the new one already there), so one loss costs one scatter however many units
-    it dropped."""
+    ``parts[key]`` is the current :class:`_Copy` of a part. When the scheduler loses every
+    copy of a part (its holder died), it drops the units that need it (they are cancelled,
+    as is any unit submitted against it later). A dropped unit is submitted again; its
+    part is scattered again first if the unit was submitted against the copy now current,
+    or if the client knows that copy lost too (a unit submitted against an older copy
+    otherwise finds the new one already there), so one loss costs one scatter however many
+    units it dropped. With ``pin``, each part is scattered to the running worker holding
+    the fewest bytes of this run's parts per thread and its units are restricted to that
+    worker; units whose holder the scheduler no longer lists are submitted again the same
+    way, on a copy scattered to a worker that is there."""
 
-    def __init__(self, client, fn: Callable, part: Callable, retries: int, liveness: _Liveness) -> None:
+    def __init__(self, client, fn: Callable, part: Callable, retries: int, liveness: _Liveness, pin: bool) -> None:
         self.client, self.fn, self.part, self.retries, self.liveness = client, fn, part, retries, liveness
+        self.pin = pin
         self.wait = require_distributed().wait
-        self.parts: dict = {}
+        self.parts: dict[object, _Copy] = {}
+        self.load: dict[str, int] = {}          # bytes of this run's parts scattered to each worker
         self.pending: deque[_Unit] = deque()
 
     def submit(self, key, payload, resubmitted: int = 0) -> _Unit:
         if key not in self.parts:
-            self.parts[key] = (self._scatter(self.part(key)), 0)
-        future, generation = self.parts[key]
-        return _Unit(key, payload, self.client.submit(self.fn, future, payload, pure=False), generation, resubmitted)
+            self.parts[key] = self._scatter(self.part(key), 0)
+        copy = self.parts[key]
+        pinned = {} if copy.holder is None else {"workers": [copy.holder], "allow_other_workers": False}
+        future = self.client.submit(self.fn, copy.future, payload, pure=False, **pinned)
+        return _Unit(key, payload, future, copy.generation, resubmitted)
 
-    def _scatter(self, value):
-        """``value`` on one worker, as a future. The scheduler waits ``poll`` seconds for a
-        worker; a failed transfer (its target died) is tried again, up to ``retries`` times
-        while the scheduler has running workers; with none, the liveness bound decides."""
+    def _scatter(self, value, generation: int) -> _Copy:
+        """``value`` on one worker, as a :class:`_Copy`. Unpinned, the scheduler waits
+        ``poll`` seconds for a worker; pinned, the target is chosen among the running
+        workers (none: wait ``poll`` seconds). A failed transfer (its target died) is tried
+        again, up to ``retries`` times while the scheduler has running workers; with none,
+        the liveness bound decides."""
+        from dask.sizeof import sizeof
+
+        size = int(sizeof(value)) if self.pin else 0
         failures = 0
         while True:
+            target = None
+            if self.pin:
+                target = self._target(size)
+                if target is None:
+                    time.sleep(self.liveness.poll)
+                    self.liveness.check()
+                    continue
             try:
                 # a one-element list: one key for the whole value, even a tuple
-                return self.client.scatter([value], hash=False, timeout=self.liveness.poll)[0]
+                future = self.client.scatter([value], hash=False, timeout=self.liveness.poll,
+                                             workers=None if target is None else [target])[0]
             except (OSError, TimeoutError):
                 if self.liveness.check():
                     failures += 1
                     if failures > self.retries:
                         raise
+                continue
+            if target is not None:
+                self.load[target] = self.load.get(target, 0) + size
+            return _Copy(future, generation, target, size)
+
+    def _target(self, size: int) -> str | None:
+        """The running worker that would hold the fewest bytes of this run's parts per
+        thread with ``size`` more (ties: the first address); None if none is running."""
+        running = self.liveness.running_workers()
+        if not running:
+            return None
+        return min(sorted(running), key=lambda w: (self.load.get(w, 0) + size) / max(running[w], 1))
 
     def take(self) -> tuple[tuple[object, object], object]:
         """The oldest unit's ``((key, payload), result)``, once it has one. Its completion is
-        awaited ``poll`` seconds at a time; then its result is fetched within ``timeout``
-        seconds (a fetch that fails or is cut short is tried again after the liveness check:
-        the scheduler computes a result lost with its holder again)."""
+        awaited ``poll`` seconds at a time (between two, pinned units whose holder left are
+        submitted again); then its result is fetched within ``timeout`` seconds (a fetch
+        that fails or is cut short is tried again after the liveness check: the scheduler
+        computes a result lost with its holder again, or drops it with its part)."""
         while True:
             unit = self.pending[0]
             try:
                 self.wait([unit.future], timeout=self.liveness.poll)
             except TimeoutError:
                 self.liveness.check()
+                if self.pin:
+                    self._resubmit_stranded()
                 continue
             except CancelledError:
                 pass
@@ -287,26 +363,45 @@ class _Run:
         them all when it loses the scheduler: then the run ends)."""
         if self.client.status != "running":
             raise _scheduler_lost()
+        self._resubmit(lambda unit: unit.future.cancelled(), lambda copy: False)
+
+    def _resubmit_stranded(self) -> None:
+        """Submit again every unfinished unit pinned to a worker the scheduler no longer lists
+        (no answer, or no worker at all: nothing is decided here, the liveness bound is)."""
+        listed = self.liveness.workers()
+        if not listed:
+            return
+        gone = {key for key, copy in self.parts.items() if copy.holder is not None and copy.holder not in listed}
+        if gone:
+            self._resubmit(lambda unit: unit.key in gone and unit.future.status != "finished",
+                           lambda copy: copy.holder not in listed)
+
+    def _resubmit(self, dropped: Callable[[_Unit], bool], stale: Callable[[_Copy], bool]) -> None:
+        """Submit again the units in flight that ``dropped`` names, each part first scattered
+        again if the unit's copy is current, the client knows it lost, or it is ``stale``."""
         for n, unit in enumerate(self.pending):
-            if not unit.future.cancelled():
+            if not dropped(unit):
                 continue
             if unit.resubmitted >= self.retries:
                 raise ClusterError(f"a work unit was dropped {unit.resubmitted + 1} times, its data lost each time "
                                    f"with the worker that held it (a unit that kills its worker does this); "
                                    f"{NO_REPORT}",
                                    fix="check the workers (memory, logs) and run again")
-            future, generation = self.parts[unit.key]
-            if generation == unit.generation or future.status != "finished":   # the current copy is lost
-                self.parts[unit.key] = (self._scatter(self.part(unit.key)), generation + 1)
-                future.release()
+            copy = self.parts[unit.key]
+            if copy.generation == unit.generation or copy.future.status != "finished" or stale(copy):
+                if copy.holder is not None:
+                    self.load[copy.holder] = self.load.get(copy.holder, 0) - copy.size
+                self.parts[unit.key] = self._scatter(self.part(unit.key), copy.generation + 1)
+                copy.future.release()
+            unit.future.release()
             self.pending[n] = self.submit(unit.key, unit.payload, unit.resubmitted + 1)
 
     def release(self) -> None:
         """Let the cluster forget this run's units and parts (non-blocking, even with the scheduler gone)."""
         for unit in self.pending:
             unit.future.release()
-        for future, _ in self.parts.values():
-            future.release()
+        for copy in self.parts.values():
+            copy.future.release()
         self.pending.clear()
         self.parts.clear()
 

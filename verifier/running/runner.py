@@ -187,6 +187,7 @@ class ShardPart:
             self.watch = np.concatenate([watched[k] if self.has_expert[k] else np.zeros(0, bool)
                                          for k in range(len(weights.experts))] + [np.zeros(0, bool)])
         self._pass: Pass | None = None
+        self._lookup_cache: tuple | None = None        # (tmap, its lookups): see _lookup
 
     def prepared(self) -> Pass:
         if self._pass is None:
@@ -195,8 +196,16 @@ class ShardPart:
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
-        state["_pass"] = None
+        state["_pass"] = state["_lookup_cache"] = None
         return state
+
+    def __sizeof__(self) -> int:
+        """The bytes of its weights' arrays (what a cluster reads to place it on a worker)."""
+        total = object.__sizeof__(self)
+        for _, a in self.weights.arrays():
+            for array in (a.data, a.indices, a.indptr) if sp.issparse(a) else (a,):
+                total += np.asarray(array).nbytes
+        return total
 
     def _compact_ids(self, full_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(compact ids, held?) of full weights' token ids; a token not held maps to BOS."""
@@ -206,23 +215,36 @@ class ShardPart:
         bos = full_ids == self.vocab_size
         return np.where(held, pos, self.tokens.size), held | bos
 
+    def _lookup(self, tmap: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Per task-set token (through ``tmap``): its compact id, whether the part holds it
+        (or it is BOS), whether the part embeds it (or it is BOS), and whether it can be a
+        next token the part holds. Built once per ``tmap`` where the batches are made, and
+        never pickled (it has the size of the task set's vocabulary)."""
+        cached = self._lookup_cache
+        if cached is None or cached[0] is not tmap:
+            full = np.asarray(tmap, np.int64)
+            cid, held = self._compact_ids(full)
+            pos = np.minimum(np.searchsorted(self.embedded, full), max(self.embedded.size - 1, 0))
+            embeds = (self.embedded[pos] == full) if self.embedded.size else np.zeros(full.shape, bool)
+            embeds |= full == self.vocab_size
+            cached = (tmap, cid, held, embeds, held & (full != self.vocab_size))   # BOS is never a next token
+            self._lookup_cache = cached
+        return cached[1:]
+
     def localize(self, batch, tmap: np.ndarray):
         """(the batch with compact token ids, rows holding a token outside the part)."""
-        full = tmap[batch.tokens]
-        tokens, _ = self._compact_ids(full)
+        cid, held_or_bos, embeds, next_held = self._lookup(tmap)
+        tokens = cid[batch.tokens]
         # a query token must be one the part embeds (compact also keeps tokens that only
         # have a row of U: their E rows are gone)
-        pos = np.minimum(np.searchsorted(self.embedded, full), max(self.embedded.size - 1, 0))
-        held = (self.embedded[pos] == full) if self.embedded.size else np.zeros(full.shape, bool)
-        held |= full == self.vocab_size
-        valid, vheld = self._compact_ids(tmap[batch.valid])
-        vheld &= tmap[batch.valid] != self.vocab_size     # BOS is never a next token
+        held = embeds[batch.tokens]
+        valid, vheld = cid[batch.valid], next_held[batch.valid]
         outside = ~held.all(axis=1)
         bad_valid = np.repeat(np.arange(len(batch)), np.diff(batch.valid_ptr))[~vheld]
         outside[bad_valid] = True
         # the object of an object query is one of its valid next tokens (held, or the row is deferred)
         has = batch.target >= 0
-        target, theld = self._compact_ids(tmap[np.maximum(batch.target, 0)])
+        target, theld = cid[np.maximum(batch.target, 0)], held_or_bos[np.maximum(batch.target, 0)]
         outside |= has & ~theld
         # a deferred row runs here too (its result is replaced by the full weights'): a next
         # token the part does not hold is read as token 0, and its object as none, so that

@@ -1,6 +1,6 @@
 """Shards of the weights for runs past one machine: each worker holds only what its tasks need.
 
-A *shard* is a set of tasks (a contiguous range, about equal in facts), the tokens its
+A *shard* is a set of tasks (about equal in work: :class:`Plan`), the tokens its
 queries can contain (every template word, BOS, and the entities of its tasks) and the
 experts that serve its tasks. :func:`restrict` cuts the weights down to the shard's
 *cone of influence*, keeping every shape and every coordinate number (:func:`compact`
@@ -222,8 +222,11 @@ def compact(restricted: Weights, tokens: np.ndarray) -> Compact:
 
 @dataclass(frozen=True)
 class Plan:
-    """Tasks cut into ``n`` contiguous shards of about equal facts, and per shard its
-    tokens and experts (weights' ids)."""
+    """Tasks cut into ``n`` shards of about equal work, and per shard its tokens and
+    experts (weights' ids). A task's work is its facts times the length of its templates
+    summed (about its queries); tasks go, largest first, to the shard with the least
+    work so far (longest-processing-time packing: the largest shard is at most 4/3 of the
+    best possible, and a task larger than 1/n of the whole is a shard of its own)."""
 
     shard_of_task: np.ndarray          # (K_tasks,) shard index
     tokens: tuple[np.ndarray, ...]     # per shard: weights' token ids
@@ -231,12 +234,15 @@ class Plan:
 
     @staticmethod
     def make(taskset: TaskSet, weights: Weights, tmap: np.ndarray, n: int) -> "Plan":
-        facts = np.array([max(t.n_facts, 1) for t in taskset.tasks], np.int64)
-        n = max(1, min(n, facts.size))
-        cum = np.cumsum(facts)
-        shard = np.minimum((cum - facts) * n // cum[-1], n - 1).astype(np.int64)
-        shard = np.unique(shard, return_inverse=True)[1].reshape(-1).astype(np.int64)   # no empty shard: a task
-        n = int(shard.max()) + 1                                                         # larger than 1/n takes its place
+        work = np.array([max(t.n_facts, 1) * max(sum(len(tp.parts) for tp in t.templates), 1)
+                         for t in taskset.tasks], np.int64)
+        n = max(1, min(n, work.size))
+        load = np.zeros(n, np.int64)
+        shard = np.zeros(work.size, np.int64)
+        for k in np.argsort(-work, kind="stable"):
+            s = int(np.argmin(load))
+            shard[k] = s
+            load[s] += work[k]
         words = np.arange(taskset.vocabulary.n_words, dtype=np.int64)
         expert_of = {name: k for k, name in enumerate(weights.expert_tasks) if name}
         tokens, experts = [], []
