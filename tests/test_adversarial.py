@@ -1,10 +1,8 @@
 """No false certificate on adversarial weights, found by search rather than by imagination.
 
 Hypothesis draws weights from the built models of small task sets and then applies up
-to three adversarial edits: any mutation operator (encodings, underflow paths, huge
-cancelling pairs, rescaled directions, ...) or a single entry set to ±m·2^e with e
-anywhere in float64's exponent range. Two properties, against the independent oracle
-(exact linear algebra, exp at 60 digits):
+to three adversarial edits (tests/adversaries.py). Two properties, against the
+independent oracle (exact linear algebra, exp at 60 digits):
 
 * **containment**: for every query, the exact gate scores, margin, error and ablated
   error lie inside the verifier's enclosures (the strong property: it fails on an
@@ -23,85 +21,24 @@ A weights object the verifier refuses (bad input) satisfies both trivially.
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import mpmath
 import numpy as np
-import scipy.sparse as sp
 from hypothesis import HealthCheck, event, given, settings
-from hypothesis import strategies as st
 from budget import examples
 
 from tasks.errors import TaskError
-from tasks.reading import load_tasks
-from audit import mutants as M
-from audit.oracle import Oracle, _Fingerprints, _layout_problem, enumerate_queries
+from audit.oracle import _Fingerprints, _layout_problem, enumerate_queries
 from verifier.checks.certify import certify
 from verifier.checks.verify import verify
 
-SETS = M.small_sets()
-#: Object queries "X lives in" with two valid next tokens, the object and the word "the":
-#: L1 encloses P_ablated(o) alone there (:func:`verifier.arithmetic.kernels.ablated`).
-WORD_AND_OBJECT = {"word-and-object": load_tasks(Path(__file__).parent / "data" / "word_and_object.yaml")}
-OPERATORS = sorted(M.OPERATORS)
-ORACLE = Oracle(dps=60)
-
-
-def _value():
-    exponent = st.one_of(st.integers(-1074, 1010), st.integers(-1074, -1000), st.integers(990, 1010), st.integers(-40, 40))
-    return st.builds(lambda m, e, s: s * math.ldexp(m, e), st.integers(1, 255), exponent, st.sampled_from([1.0, -1.0]))
-
-
-@st.composite
-def adversarial(draw, sets: dict = SETS):
-    name = draw(st.sampled_from(sorted(sets)))
-    taskset, w, eps = M.built(name, sets[name])
-    steps = []
-    for _ in range(draw(st.integers(1, 3))):
-        if draw(st.booleans()):
-            op = draw(st.sampled_from(OPERATORS))
-            try:
-                made = M.mutate(M.OPERATORS[op], w, np.random.default_rng(draw(st.integers(0, 2 ** 32 - 1))))
-            except ValueError:   # an earlier step stored a matrix non-canonically: it cannot be edited further
-                made = None
-            if made is None:
-                continue
-            w, text = made
-            steps.append(f"{op}: {text}")
-        else:
-            arrays = [(n, g, p) for n, g, p, _ in M._arrays_with_entries(w)]
-            aname, get, put = arrays[draw(st.integers(0, len(arrays) - 1))]
-            m = get()
-            v = draw(_value())
-            if sp.issparse(m):
-                i, j = draw(st.integers(0, m.shape[0] - 1)), draw(st.integers(0, m.shape[1] - 1))
-                try:
-                    lil = sp.lil_matrix(m, copy=True)
-                    lil[i, j] = v
-                    w = put(M._csr(lil))
-                except ValueError:
-                    continue
-                steps.append(f"{aname}[{i}, {j}] = {v!r}")
-            else:
-                i = draw(st.integers(0, m.size - 1))
-                vec = np.array(m, np.float64, copy=True)
-                vec[i] = v
-                w = put(vec)
-                steps.append(f"{aname}[{i}] = {v!r}")
-    return name, taskset, w, eps, steps
+from adversaries import ORACLE, WORD_AND_OBJECT, adversarial, inside
 
 
 def _enclosures(taskset, w, queries):
     """The verifier's enclosures for every query (the public per-query API; TaskError if refused)."""
     with np.errstate(all="ignore"):
         return certify(w, [q.prefix for q in queries], [q.valid for q in queries], ablate=True)
-
-
-def _inside(lo, value, hi) -> bool:
-    lo, hi = float(lo), float(hi)
-    if math.isnan(lo) or math.isnan(hi):
-        return True   # NaN bounds are read as (−∞, ∞) by every check
-    return mpmath.mpf(lo) <= value <= mpmath.mpf(hi)
 
 
 PROFILE_SMALL = settings(max_examples=examples(20), deadline=None,
@@ -128,10 +65,10 @@ def test_enclosures_contain_the_exact_values(case):
     for i, q in enumerate(queries):
         ex = ORACLE.evaluate(w, fp, tuple(index[t] for t in q.prefix), frozenset(index[t] for t in q.valid), True, 60)
         where = (name, steps, " ".join(q.prefix))
-        assert _inside(res.err_lo[i], ex["error"], res.err_hi[i]), (where, res.err_lo[i], ex["error"], res.err_hi[i])
-        assert _inside(res.ablated_lo[i], ex["ablated"], res.ablated_hi[i]), (where, "ablated")
+        assert inside(res.err_lo[i], ex["error"], res.err_hi[i]), (where, res.err_lo[i], ex["error"], res.err_hi[i])
+        assert inside(res.ablated_lo[i], ex["ablated"], res.ablated_hi[i]), (where, "ablated")
         for k, g in enumerate(ex["gates"]):
-            assert _inside(res.gate_lo[i, k], g, res.gate_hi[i, k]), (where, "gate", k)
+            assert inside(res.gate_lo[i, k], g, res.gate_hi[i, k]), (where, "gate", k)
         e = int(res.expert[i])
         others = [g for k, g in enumerate(ex["gates"]) if k != e]
         if others and math.isfinite(res.margin[i]):

@@ -3,6 +3,8 @@ verifier.running.shards) computes bit for bit what the full weights compute on t
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -26,25 +28,29 @@ def _same(a, b) -> bool:
     return np.array_equal(np.asarray(a), np.asarray(b), equal_nan=True)
 
 
+@pytest.mark.parametrize("factored", [False, True], ids=["plain", "factored"])
 @pytest.mark.parametrize("name", sorted(SETS))
-def test_compact_shards_are_bitwise_the_full_pass(name):
-    """(Row-local rounding bounds, which the claim needs, are tested directly in
-    tests/test_interval.py.)"""
+def test_compact_shards_are_bitwise_the_full_pass(name, factored):
+    """Both exact passes: the plain one, and the factored one with the full weights' split
+    (verifier.passes.factored). (Row-local rounding bounds, which the claim needs, are
+    tested directly in tests/test_interval.py.)"""
     ts = SETS[name]()
     weights = build(ts).instantiate()
     tmap = token_map(ts, weights)
-    full = Prepared(weights)
+    spec = PassSpec.for_taskset(ts, weights, tmap) if factored else PassSpec()
+    full = spec.build(weights)
     plan = Plan.make(ts, weights, tmap, 3)
     gate_terms = int(np.diff(weights.W_G.tocsr().indptr).max(initial=1))
     parts = {}
     compared = 0
     for b in batches(ts, chunk=3000):
         ablate = b.object_query & (b.determined >= 0)
-        ref = run_batch(full, tmap[b.tokens], b.valid_ptr, tmap[b.valid], ablate=ablate, scores=False,
-                        target=np.where(ablate & (b.target >= 0), tmap[np.maximum(b.target, 0)], -1)).compact()
+        ref = full.run_batch(tmap[b.tokens], b.valid_ptr, tmap[b.valid], ablate=ablate, scores=False,
+                             target=np.where(ablate & (b.target >= 0), tmap[np.maximum(b.target, 0)], -1)).compact()
         for s, rows in plan.split(b):
             if s not in parts:
-                parts[s] = ShardPart(weights, plan.experts[s], plan.tokens[s], PassSpec(gate_terms=gate_terms))
+                parts[s] = ShardPart(weights, plan.experts[s], plan.tokens[s], replace(spec, gate_terms=gate_terms))
+                assert isinstance(parts[s].prepared(), type(full))
                 assert parts[s].weights.d < weights.d or plan.n == 1
             got, outside = verify_shard_batch(parts[s], parts[s].localize(b.take(rows), tmap))
             keep = ~outside

@@ -91,7 +91,7 @@ from verifier.checks.classes import FLOATS, ClassRecorder, ClassTable, merge_cla
 from verifier.checks.localization import l1_thresholds
 from verifier.certificates.locality import Correspondence, Diff, diff, reaching
 from verifier.running.parallel import Executor
-from verifier.running.runner import Runner
+from verifier.running.runner import PassSpec, Runner
 from verifier.checks.verify import Names, Report, Tally, TaskRecord, token_map
 
 #: Updated bounds closer than this to ε (when the vocabulary size changed) are run again.
@@ -837,7 +837,7 @@ def _run(taskset: TaskSet, trie, weights: Weights, tmap: np.ndarray, todo: list,
     if experts is None:
         tasks = np.unique(np.concatenate([b.allowed for b in todo]))
         experts = np.flatnonzero(np.isin(served, tasks))
-    runner = Runner(weights, tmap, watched=watched)
+    runner = Runner(weights, tmap, PassSpec.for_taskset(taskset, weights, tmap), watched=watched)
     return runner.run_cut(todo, runner.part(np.asarray(experts, np.int64), inputs, tokens))
 
 

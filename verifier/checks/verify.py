@@ -275,7 +275,7 @@ def verify(
     report.parameter_counts = counts
     report.routing_matrix = np.zeros((K_tasks, K_exp), np.int64)
     executor = executor if executor is not None else LocalPool(jobs)
-    spec = PassSpec(deployment)
+    spec = PassSpec.for_taskset(taskset, weights, tmap, deployment)
     require_allowed(spec, executor, classes is not None)
     runner = Runner(weights, tmap, spec, executor, taskset=taskset,
                     watched=None if classes is None else [classes.watch[a:b] for a, b in

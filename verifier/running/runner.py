@@ -37,6 +37,7 @@ import scipy.sparse as sp
 from layout import Weights
 from tasks.errors import TaskError
 from verifier.passes.floating import Deployment
+from verifier.passes.factored import FactoredPass, Split
 from verifier.passes.forward import BatchResult, Prepared
 
 
@@ -60,6 +61,17 @@ class PassSpec:
     gate_terms: int = 0
     vocab_size: int | None = None
     stages: Any = None          # verifier.passes.floating.Stages of the full weights, mapped to a cut's numbering
+    #: the exact pass factored over cohorts (:mod:`verifier.passes.factored`) with the full
+    #: weights' split, mapped to a cut's numbering; None: the plain pass
+    split: Split | None = None
+
+    @staticmethod
+    def for_taskset(taskset, weights: Weights, tmap: np.ndarray, deployment: Deployment | None = None) -> "PassSpec":
+        """The pass that verifies ``taskset``'s queries: the exact pass factored over cohorts
+        (the task set's entities own their terms), or the deployed pass of a format."""
+        if deployment is not None:
+            return PassSpec(deployment)
+        return PassSpec(split=Split.of(weights, tmap[taskset.vocabulary.n_words:]))
 
     @property
     def kind(self) -> str:
@@ -72,6 +84,8 @@ class PassSpec:
                         stages=self.stages)
         if watch is not None:
             prep.watch = watch
+        if self.split is not None and self.deployment is None:
+            return FactoredPass(prep, self.split)
         return prep
 
 
@@ -165,7 +179,8 @@ class ShardPart:
         experts = np.asarray(experts, np.int64)
         inputs = np.asarray(inputs, np.int64)
         comp = compact(restrict(weights, inputs, experts), inputs if tokens is None else np.asarray(tokens, np.int64))
-        self.spec = replace(spec, vocab_size=comp.vocab_size)
+        self.spec = replace(spec, vocab_size=comp.vocab_size,
+                            split=spec.split.cut(comp.tokens) if spec.split is not None else None)
         if spec.deployment is not None:          # the full weights' stages, in the cut's numbering
             full = spec.stages if spec.stages is not None else _stages(weights, spec.deployment)
             widths = np.array([e.width for e in weights.experts], np.int64)

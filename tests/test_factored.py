@@ -1,0 +1,246 @@
+"""The factored pass (verifier.passes.factored): sound, a function of each row alone, and
+deciding as the plain pass does.
+
+* **containment** against the independent oracle (exact linear algebra, exp at 60 digits)
+  on adversarial weights, and on built weights whose subjects' embeddings are changed
+  where heads read them: gate scores, margin, error, ablated error, and at object queries
+  the ablated P(o) and top-token gap, for every query, batched as ``verify`` batches them;
+* a **wrong split** is caught by that comparison: the pass with a head wrongly called
+  uniform (its entities' value rows differ) misses exact values, so the split matters and
+  the test can fail;
+* the **split** is decided exactly: an entity whose embedding differs in a coordinate a
+  head's W_V reads makes that head diverse, one in a coordinate no W_V reads does not;
+* a row's result is **the same in every batch** (bitwise, whichever rows share it), and
+  on a compact shard (tests/test_shards.py runs its bitwise test for both passes);
+* on built models the factored pass **decides as the plain pass**: the same winner,
+  candidates, certified routing and error verdicts, enclosures equal to rounding.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from hypothesis import HealthCheck, event, given, settings
+from budget import examples
+
+from adversaries import ORACLE, WORD_AND_OBJECT, adversarial, entities_moved, inside
+from audit.oracle import _Fingerprints, _layout_problem
+from construction.model import build
+from tasks.errors import TaskError
+from tasks.io import load_tasks
+from tasks.strategies import task_sets
+from tasks.synthetic import wikidata_like
+from verifier.checks.verify import token_map
+from verifier.passes.batches import batches
+from verifier.passes.factored import FactoredPass, Split
+from verifier.passes.forward import Prepared
+
+PROFILE = settings(max_examples=examples(60), deadline=None,
+                   suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+
+
+def _split(taskset, w) -> Split:
+    return Split.of(w, token_map(taskset, w)[taskset.vocabulary.n_words:])
+
+
+def _rows(taskset, w, fp):
+    """(prefix ids, valid ids, object or −1, result row) for every query, batched as verify batches."""
+    tmap = token_map(taskset, w)
+    for b in batches(taskset, chunk=64):
+        tokens = tmap[b.tokens]
+        target = np.where(b.target >= 0, tmap[np.maximum(b.target, 0)], -1)
+        with np.errstate(all="ignore"):
+            res = fp.run_batch(tokens, b.valid_ptr, tmap[b.valid], target=target)
+        for i in range(len(b)):
+            valid = tmap[b.valid[b.valid_ptr[i]:b.valid_ptr[i + 1]]]
+            yield tuple(int(t) for t in tokens[i]), frozenset(int(t) for t in valid), int(target[i]), res, i
+
+
+def _contained(taskset, w, fp, where) -> list[str]:
+    """Every enclosure of the factored pass against the oracle; the misses, described."""
+    fpr = _Fingerprints(w)
+    misses = []
+    for ids, valid, o, res, i in _rows(taskset, w, fp):
+        ex = ORACLE.evaluate(w, fpr, ids, valid, True, 60, target=o if o >= 0 else None)
+        checks = [("error", res.err_lo[i], ex["error"], res.err_hi[i]),
+                  ("ablated", res.ablated_lo[i], ex["ablated"], res.ablated_hi[i])]
+        for k, g in enumerate(ex["gates"]):
+            checks.append((f"gate {k}", res.gate_lo[i, k], g, res.gate_hi[i, k]))
+        e = int(res.expert[i])
+        others = [g for k, g in enumerate(ex["gates"]) if k != e]
+        if others and math.isfinite(res.margin[i]):
+            checks.append(("margin", res.margin[i], ex["gates"][e] - max(others), math.inf))
+        if o >= 0:
+            checks.append(("1 - P_ablated(o)", res.ablated_object_lo[i], 1 - ex["p_object"], math.inf))
+            checks.append(("L2 gap", res.ablated_gap[i], ex["gap"], math.inf))
+        for what, lo, value, hi in checks:
+            if not inside(lo, value, hi):
+                misses.append(f"{where} {ids} {what}: {float(lo)!r} <= {value} <= {float(hi)!r}")
+    return misses
+
+
+@PROFILE
+@given(adversarial())
+def test_factored_enclosures_contain_the_exact_values(case):
+    name, taskset, w, eps, steps = case
+    try:
+        with np.errstate(all="ignore"):
+            fp = FactoredPass(Prepared(w), _split(taskset, w))
+    except TaskError:
+        event("refused as bad input")
+        return
+    if _layout_problem(taskset, w):
+        event("refused as bad input")
+        return
+    event("diverse heads: %d of %d" % (sum(fp.split.diverse), len(fp.split.diverse)))
+    misses = _contained(taskset, w, fp, (name, steps))
+    assert not misses, misses[:5]
+
+
+@PROFILE
+@given(entities_moved())
+def test_factored_enclosures_contain_the_exact_values_when_entities_differ(case):
+    """Subjects whose embeddings differ from the others' where heads read them: the split
+    and the cohort keys must follow (a value row that differs is the row's own term)."""
+    name, taskset, w, eps, steps = case
+    try:
+        with np.errstate(all="ignore"):
+            fp = FactoredPass(Prepared(w), _split(taskset, w))
+    except TaskError:
+        return
+    if _layout_problem(taskset, w):
+        return
+    event("diverse heads: %d of %d" % (sum(fp.split.diverse), len(fp.split.diverse)))
+    misses = _contained(taskset, w, fp, (name, steps))
+    assert not misses, misses[:5]
+
+
+@settings(max_examples=examples(20), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(adversarial(WORD_AND_OBJECT))
+def test_factored_object_probability_is_enclosed_beside_a_word(case):
+    """Object queries whose valid set also holds a template word: P_ablated(o) alone."""
+    name, taskset, w, eps, steps = case
+    try:
+        with np.errstate(all="ignore"):
+            fp = FactoredPass(Prepared(w), _split(taskset, w))
+    except TaskError:
+        return
+    if _layout_problem(taskset, w):
+        return
+    misses = _contained(taskset, w, fp, (name, steps))
+    assert not misses, misses[:5]
+
+
+def _entity_direction_changed(w, taskset, coordinate: str, value: float):
+    """``w`` with one subject's E entry at residual coordinate ``coordinate`` (a label, or its
+    block followed by ``*``: the block's first coordinate) set to ``value``."""
+    labels = list(w.residual_labels)
+    col = next(i for i, x in enumerate(labels) if x == coordinate or (coordinate.endswith("*")
+                                                                       and x.startswith(coordinate[:-1])))
+    entity = token_map(taskset, w)[taskset.fact_ids[0][0][0]]       # the first task's first subject
+    E = sp.lil_matrix(w.E, copy=True)
+    E[entity, col] = value
+    return w.replace(E=sp.csr_matrix(E))
+
+
+@pytest.fixture(scope="module")
+def capitals():
+    ts = load_tasks("examples/capitals.yaml")
+    return ts, build(ts).instantiate()
+
+
+def test_the_split_is_the_heads_whose_entities_differ(capitals):
+    ts, w = capitals
+    split = _split(ts, w)
+    # the structure heads read "an entity" (the same for all), the subject head which one
+    assert split.diverse == tuple([False] * (len(w.heads) - 1) + [True])
+    assert split.entity[token_map(ts, w)[ts.vocabulary.n_words:]].all()
+    assert not split.entity[token_map(ts, w)[:ts.vocabulary.n_words]].any() and not split.entity[w.bos]
+    # one entity's "entity" coordinate (read by every structure head's W_V) changed: every head diverse
+    assert all(_split(ts, _entity_direction_changed(w, ts, "entity", 1.5)).diverse)
+    # one entity with a word's direction too (read by the structure heads' W_V, by no query or key)
+    assert all(_split(ts, _entity_direction_changed(w, ts, "word:*", 1.0)).diverse)
+    # a coordinate no head's W_V reads ("one") changed: the split is unchanged
+    assert _split(ts, _entity_direction_changed(w, ts, "one", 2.0)).diverse == split.diverse
+
+
+def test_a_wrong_split_misses_exact_values_and_the_right_one_does_not(capitals):
+    """The factoring is sound because the split is right. One entity also carries a word's
+    direction, which the structure heads' values read and no query or key does: its
+    attention class is the other entities', its value rows are not. With those heads forced
+    uniform, the shared part of its rows is another entity's, and the containment
+    comparison finds exact values outside the enclosures; with the split computed, none."""
+    ts, w = capitals
+    moved = _entity_direction_changed(w, ts, "word:*", 1.0)
+    right = _split(ts, moved)
+    assert _contained(ts, moved, FactoredPass(Prepared(moved), right), "right split") == []
+    wrong = Split(right.entity, tuple([False] * (len(moved.heads) - 1) + [True]))
+    assert _contained(ts, moved, FactoredPass(Prepared(moved), wrong), "wrong split")
+
+
+FIELDS = ("expert", "margin", "ambiguous", "err_lo", "err_hi", "ablated_lo", "ablated_hi", "predicted", "rho_lo",
+          "rho_hi", "ablated_rho_lo", "ablated_rho_hi", "active", "ablated_gap", "ablated_zeros", "ablated_object_lo",
+          "gate_rad")
+
+
+def _same(a, b) -> bool:
+    return np.array_equal(np.asarray(a), np.asarray(b), equal_nan=True)
+
+
+def _candidates(res, i):
+    ptr, cand = res.candidates
+    return sorted(cand[ptr[i]:ptr[i + 1]].tolist())
+
+
+@pytest.mark.parametrize("name", ["capitals", "generated"])
+def test_a_rows_result_does_not_depend_on_its_batch(name):
+    """Rows of one prefix length shuffled and cut into other batches (so that their cohorts
+    meet other rows, or none) give bitwise the same results, every field."""
+    ts = load_tasks("examples/capitals.yaml") if name == "capitals" else wikidata_like(600, n_tasks=5, seed=3)
+    w = build(ts).instantiate()
+    tmap = token_map(ts, w)
+    fp = FactoredPass(Prepared(w), _split(ts, w))
+    rng = np.random.default_rng(0)
+    for b in batches(ts, chunk=5000):
+        tokens, valid = tmap[b.tokens], tmap[b.valid]
+        target = np.where(b.target >= 0, tmap[np.maximum(b.target, 0)], -1)
+        whole = fp.run_batch(tokens, b.valid_ptr, valid, target=target)
+        perm = rng.permutation(len(b))
+        for rows in np.array_split(perm, min(len(b), 3)):
+            if not rows.size:
+                continue
+            sub = b.take(rows)
+            part = fp.run_batch(tmap[sub.tokens], sub.valid_ptr, tmap[sub.valid], target=target[rows])
+            for field in FIELDS:
+                assert _same(getattr(part, field), getattr(whole, field)[rows]), (name, b.p, field)
+            for t in range(3):
+                assert _same(part.top_gate[t], whole.top_gate[t][rows])
+            assert _same(part.gate_mid, whole.gate_mid[rows])
+            assert all(_candidates(part, u) == _candidates(whole, r) for u, r in enumerate(rows))
+
+
+@settings(max_examples=examples(40), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(task_sets())
+def test_the_factored_pass_decides_as_the_plain_pass(ts):
+    """Built models: the same winner, candidates and decisions; enclosures equal to rounding."""
+    w = build(ts).instantiate()
+    tmap = token_map(ts, w)
+    prep = Prepared(w)
+    fp = FactoredPass(prep, _split(ts, w))
+    eps = 0.01
+    for b in batches(ts):
+        args = (tmap[b.tokens], b.valid_ptr, tmap[b.valid])
+        target = np.where(b.target >= 0, tmap[np.maximum(b.target, 0)], -1)
+        a = prep.run_batch(*args, target=target)
+        f = fp.run_batch(*args, target=target)
+        assert _same(a.expert, f.expert) and _same(a.ambiguous, f.ambiguous)
+        assert all(_candidates(a, i) == _candidates(f, i) for i in range(len(b)))
+        assert _same(a.err_hi < eps, f.err_hi < eps) and _same(a.ablated_lo >= eps, f.ablated_lo >= eps)
+        for field in ("err_lo", "err_hi", "ablated_lo", "ablated_hi", "ablated_object_lo", "margin"):
+            x, y = getattr(a, field), getattr(f, field)
+            assert np.allclose(x, y, rtol=1e-9, atol=1e-9, equal_nan=True), field
+        assert _same(a.ablated_zeros, f.ablated_zeros)
+        assert _same(a.ablated_gap >= 0, f.ablated_gap >= 0)

@@ -1,0 +1,1000 @@
+"""Compiled kernels of the factored pass (numba): what rows share is enclosed once.
+
+The kernels of :mod:`verifier.arithmetic.kernels` enclose each query row from scratch.
+Most of a row is the same across the queries of one template structure: the words, the
+positions, the attention pattern, and whatever an entity contributes regardless of which
+entity it is. The factored pass (:mod:`verifier.passes.factored`) therefore writes the
+residual of row i as two sums of the forward pass's terms,
+
+    r_i = s_c + o_i,
+
+the *shared part* s_c, a pure function of the row's cohort c (its key: the words, and
+each entity's attention class), and the row's *own part* o_i (the terms its entities
+bring by themselves). Every linear map is applied to the two parts separately; they are
+combined only where the pass is not linear: a neuron's ReLU, the softmax, the gate's
+comparisons. What is shared is enclosed once per cohort, or once per (cohort, expert),
+and a row costs only what its own part touches.
+
+**Arithmetic.** The enclosures are those of :mod:`verifier.arithmetic.kernels`, with the
+same accumulators, Lemma 1 and Lemma 2 (that module's docstring). Grouping the terms of
+a sum differently is covered by both lemmas: the float sum of n terms computed along
+*any* summation tree errs by at most γ_{n−1} times the sum of their magnitudes, and a sum
+of non-negative numbers rounded upward is at least their exact sum however it is
+grouped. A part already enclosed as [m ± ρ] enters a later sum as one interval term
+(midpoint m, radius ρ, magnitude |m|), exactly as the plain pass adds U·r to a logit.
+Where a grouping raises the number of terms in a rounding bound (the gate: a residual
+coordinate may now come once from each part) the larger count is used. Two identities
+are used, both exact: an expert's output is linear in the activities, so the shared
+output plus, for each neuron the row touches, (its activity with the row) − (its
+activity without it) times its column of W_2 is the output; and a sum over the logits
+of a cohort minus the sum over some of them is the sum over the rest (each bound
+rounded outward, and clamped at 0, where the exact value lies).
+
+Only the exact pass is factored here, for gate mode "top1" (c_i = 1); the deployed pass
+of a format and the scaled gate run the plain kernels.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from verifier.arithmetic.constants import FLOOR, U
+from verifier.arithmetic.kernels import (_add, _insert3, _touch, down, entry_radius, exp_lower, exp_upper, gamma,
+                                         mul_interval, prod_terms, sum_factor, up, upp)
+
+
+@njit(cache=True)
+def _grow(a, need):
+    """``a`` with room for at least ``need`` entries (doubled), its contents kept."""
+    if need <= a.size:
+        return a
+    out = np.empty(max(2 * a.size, need), a.dtype)
+    out[:a.size] = a
+    return out
+
+
+# --- the residual, in parts ------------------------------------------------------------------------
+
+
+@njit(cache=True)
+def residual_part(ids, own, diverse, shared, attention, E, P, OE, OP, heads, scratch, stamp0):
+    """One part of r = E[x_p] + P[p] + Σ_m Σ_j a_mj·(W_O W_V h_j) for every row of ``ids``, as
+    CSR (ptr, idx, mid, rad): with ``shared`` the shared part, else the own part.
+
+    The terms are those of :func:`verifier.arithmetic.kernels.residual`, in its order, and
+    each goes to exactly one part: a row's own part holds E[x_p] when x_p is one of the
+    row's own tokens (``own[i, p]``: an entity) and, for each position j holding an own
+    token, its value row in every head m whose entity value rows differ (``diverse[m]``);
+    the shared part holds every other term (P[p], the positional value rows, the words',
+    and the entities' value rows in the heads where every entity has the same one). So
+    r = shared + own term by term, and each part's entries are enclosed as the plain
+    kernel encloses a sum of terms (a column's radius from its own terms only).
+    """
+    att, am, ar = attention
+    E_ptr, E_idx, E_val = E
+    P_ptr, P_idx, P_val = P
+    OE_ptr, OE_idx, OE_mid, OE_rad = OE
+    OP_ptr, OP_idx, OP_mid, OP_rad = OP
+    H, v_row, npos = heads
+    acc, touched = scratch
+    n, p1 = ids.shape
+    p = p1 - 1
+    out_ptr = np.zeros(n + 1, np.int64)
+    out_idx = np.empty(max(8 * n, 16), np.int64)
+    out_mid = np.empty(out_idx.size)
+    out_rad = np.empty(out_idx.size)
+    e = 0
+    for i in range(n):
+        s = stamp0 + i
+        nt = 0
+        if own[i, p] != shared:
+            t = ids[i, p]
+            for q in range(E_ptr[t], E_ptr[t + 1]):
+                col = E_idx[q]
+                nt = _touch(col, acc, s, touched, nt)
+                _add(col, E_val[q], 0.0, abs(E_val[q]), acc)
+        if shared:
+            for q in range(P_ptr[p], P_ptr[p + 1]):
+                col = P_idx[q]
+                nt = _touch(col, acc, s, touched, nt)
+                _add(col, P_val[q], 0.0, abs(P_val[q]), acc)
+        a_row = att[i]
+        for m in range(H):
+            for j in range(p1):
+                wm = am[a_row, m, j]
+                wr = ar[a_row, m, j]
+                if wm == 0.0 and wr == 0.0:
+                    continue
+                if (own[i, j] and diverse[m]) != shared:
+                    tok = v_row[m, ids[i, j]]
+                    for q in range(OE_ptr[tok], OE_ptr[tok + 1]):
+                        col = OE_idx[q]
+                        nt = _touch(col, acc, s, touched, nt)
+                        pm, pr = mul_interval(wm, wr, OE_mid[q], OE_rad[q])
+                        _add(col, pm, pr, abs(pm), acc)
+                if shared:
+                    pos = m * npos + j
+                    for q in range(OP_ptr[pos], OP_ptr[pos + 1]):
+                        col = OP_idx[q]
+                        nt = _touch(col, acc, s, touched, nt)
+                        pm, pr = mul_interval(wm, wr, OP_mid[q], OP_rad[q])
+                        _add(col, pm, pr, abs(pm), acc)
+        if e + nt > out_idx.size:
+            out_idx = _grow(out_idx, e + nt)
+            out_mid = _grow(out_mid, e + nt)
+            out_rad = _grow(out_rad, e + nt)
+        for u in range(nt):
+            col = touched[u]
+            m_ = acc[col, 1]
+            n_ = int(acc[col, 4])
+            r_ = entry_radius(acc[col, 2], acc[col, 3], n_) if n_ > 1 else acc[col, 2]
+            if not (np.isfinite(m_) and np.isfinite(r_)):
+                r_ = np.inf
+            out_idx[e] = col
+            out_mid[e] = m_
+            out_rad[e] = r_
+            e += 1
+        out_ptr[i + 1] = e
+    return out_ptr, out_idx[:e], out_mid[:e], out_rad[:e]
+
+
+# --- the gate ----------------------------------------------------------------------------------------
+
+
+@njit(cache=True)
+def gate_parts(S, O, cohort, order, WG, colmax, bG, max_terms, gmid, gstamp, gtouched, stamp0, G_out, want_scores):
+    """The gate's decisions per row from the two parts of its residual: winner, certified
+    margin, radius, top three, and the experts that may win, as
+    :func:`verifier.arithmetic.kernels.gate` returns them (the candidates with the row of
+    each, in the order the rows are visited: ``order``, rows grouped by cohort).
+
+    **Scores.** g_k = W_G·s_c + W_G·o_i + b_G[k]. Per cohort, once: the partial sums
+    h_k over the shared part's entries, the values v_k = h_k + b_G[k] (b_G[k] where no
+    entry reaches k), the experts sorted by decreasing v_k (ties: smaller k first) and
+    the shared entries' share of the radius. A row continues the partial sums of the
+    experts its own entries reach. The midpoint of g_k is then a float sum of at most
+    2n products (n = ``max_terms``, the most entries of a row of W_G: each part meets a
+    row of W_G at most n times) and the bias, so with γ = γ_{2n+1}
+    |g_k − G_k| <= Σ (xr + γ|xm|)·|W_G[k, j]| + 2(2n + 1)·η + u·|G_k|, the sum over the
+    entries of both parts, bounded as the plain kernel bounds it (by the column maxima
+    c_j, Lemma 1 for the sum of the rounded-up shares). Every other step (top three,
+    margin, candidates) is the plain kernel's.
+    """
+    S_ptr, S_idx, S_mid, S_rad = S
+    O_ptr, O_idx, O_mid, O_rad = O
+    WG_ptr, WG_idx, WG_val = WG
+    n = O_ptr.size - 1
+    K = bG.size
+    g = gamma(2 * max_terms + 1)
+    e_out = np.empty(n, np.int64)
+    margin = np.empty(n)
+    rad = np.empty(n)
+    top = np.full((n, 3), -1, np.int64)
+    top_lo = np.full((n, 3), -np.inf)
+    top_hi = np.full((n, 3), np.inf)
+    cap = 2 * n + 16
+    cand = np.empty(cap, np.int64)
+    cand_row = np.empty(cap, np.int64)
+    nc = 0
+    best3 = np.empty(3, np.int64)
+    bval = np.empty(3)
+    h = np.zeros(K)
+    c_touch = np.zeros(K, np.bool_)
+    c_val = np.empty(K)
+    c_order = np.empty(K, np.int64)
+    cur = -1
+    Sc = 0.0
+    cnt_c = 0
+    big_c = 0.0
+    bad_c = False
+    for u0 in range(n):
+        i = order[u0]
+        c = cohort[i]
+        s = stamp0 + i
+        if c != cur:                                   # the cohort's shared sums, once
+            cur = c
+            Sc = 0.0
+            cnt_c = 0
+            bad_c = False
+            for k in range(K):
+                h[k] = 0.0
+                c_touch[k] = False
+            for e in range(S_ptr[c], S_ptr[c + 1]):
+                j = S_idx[e]
+                xm = S_mid[e]
+                xr = S_rad[e]
+                if not (np.isfinite(xm) and np.isfinite(xr)):
+                    bad_c = True
+                cj = colmax[j]
+                if cj > 0.0:
+                    Sc = upp(Sc + upp(upp(xr + upp(g * abs(xm))) * cj))
+                    cnt_c += 1
+                    for q in range(WG_ptr[j], WG_ptr[j + 1]):
+                        k = WG_idx[q]
+                        c_touch[k] = True
+                        h[k] += xm * WG_val[q]
+            big_c = 0.0
+            for k in range(K):
+                if c_touch[k]:
+                    v = h[k] + bG[k]
+                    if not np.isfinite(v):
+                        bad_c = True
+                    big_c = max(big_c, abs(v))
+                    c_val[k] = v
+                else:
+                    c_val[k] = bG[k]
+            srt = np.argsort(-c_val, kind="mergesort")   # stable: ties keep the smaller expert first
+            for t in range(K):
+                c_order[t] = srt[t]
+        # the row's own entries continue the partial sums of the experts they reach
+        S_ = Sc
+        cnt = cnt_c
+        bad = bad_c
+        nt = 0
+        for e in range(O_ptr[i], O_ptr[i + 1]):
+            j = O_idx[e]
+            xm = O_mid[e]
+            xr = O_rad[e]
+            if not (np.isfinite(xm) and np.isfinite(xr)):
+                bad = True
+            cj = colmax[j]
+            if cj > 0.0:
+                S_ = upp(S_ + upp(upp(xr + upp(g * abs(xm))) * cj))
+                cnt += 1
+                for q in range(WG_ptr[j], WG_ptr[j + 1]):
+                    k = WG_idx[q]
+                    if gstamp[k] != s:
+                        gstamp[k] = s
+                        gmid[k] = h[k] if c_touch[k] else 0.0
+                        gtouched[nt] = k
+                        nt += 1
+                    gmid[k] += xm * WG_val[q]
+        big = big_c
+        for u in range(nt):
+            k = gtouched[u]
+            gmid[k] += bG[k]
+            if not np.isfinite(gmid[k]):
+                bad = True
+            big = max(big, abs(gmid[k]))
+        r = upp(upp(sum_factor(cnt + 1) * S_) + 2.0 * (2 * max_terms + 1) * FLOOR)
+        r = up(r + up(U * big))
+        if bad or not np.isfinite(r):
+            r = np.inf
+        rad[i] = r
+        # the three largest midpoints: the row's own experts, then the cohort's order
+        for t in range(3):
+            best3[t] = -1
+            bval[t] = -np.inf
+        for u in range(nt):
+            k = gtouched[u]
+            _insert3(best3, bval, k, gmid[k])
+        taken = 0
+        for u in range(K):
+            if taken == 3:
+                break
+            k = c_order[u]
+            if gstamp[k] == s:
+                continue
+            taken += 1
+            _insert3(best3, bval, k, c_val[k])
+        win = best3[0]
+        e_out[i] = win
+        for t in range(3):
+            k = best3[t]
+            if k < 0:
+                continue
+            top[i, t] = k
+            rk = r if (gstamp[k] == s or c_touch[k]) else 0.0       # an untouched score is exactly b_G
+            if np.isfinite(rk):
+                top_lo[i, t] = down(bval[t] - rk)
+                top_hi[i, t] = up(bval[t] + rk)
+        rw = r if (gstamp[win] == s or c_touch[win]) else 0.0
+        if not np.isfinite(r):
+            margin[i] = -np.inf
+        elif K == 1:
+            margin[i] = np.inf
+        else:
+            k2 = best3[1]
+            r2 = r if (gstamp[k2] == s or c_touch[k2]) else 0.0
+            margin[i] = down(down(bval[0] - bval[1]) - up(rw + r2))
+        # the experts that may win: upper end >= the winner's lower end (all of them if undecided)
+        if nc + K > cap:
+            cap = max(2 * cap, nc + K)
+            cand = _grow(cand, cap)
+            cand_row = _grow(cand_row, cap)
+        cand[nc] = win
+        cand_row[nc] = i
+        nc += 1
+        if np.isfinite(r):
+            floor_e = down(bval[0] - rw)
+            for u in range(nt):
+                k = gtouched[u]
+                if k != win and up(gmid[k] + r) >= floor_e:
+                    cand[nc] = k
+                    cand_row[nc] = i
+                    nc += 1
+            for u in range(K):
+                k = c_order[u]
+                v = c_val[k]
+                reach = up(v + r)
+                if reach < floor_e:
+                    break
+                if k == win or gstamp[k] == s:
+                    continue
+                if (reach if c_touch[k] else v) >= floor_e:
+                    cand[nc] = k
+                    cand_row[nc] = i
+                    nc += 1
+        if want_scores:
+            for k in range(K):
+                G_out[i, k] = c_val[k]
+            for u in range(nt):
+                G_out[i, gtouched[u]] = gmid[gtouched[u]]
+    return e_out, margin, rad, top, top_lo, top_hi, cand_row[:nc], cand[:nc]
+
+
+# --- a cohort's logits, and the error from them and a row's ----------------------------------------
+
+
+#: A cohort table of at most this many logits is summed again for each row (as the plain
+#: kernel sums), rather than subtracting a row's tokens from the table's sum: a difference
+#: of two rounded sums is only as precise as the larger one, which costs digits when the
+#: table holds the row's dominant valid token.
+DIRECT = 64
+
+
+@njit(cache=True)
+def _cohort_table(nL, Ltouched, Lacc, table, sg):
+    """The shared logits in the accumulator (``nL`` tokens of ``Ltouched``, mid in column 1
+    and radius in column 2) as a cohort's table: per token its enclosure and the bounds of
+    e^(z − M_c) for M_c the largest midpoint; the (unrounded) float sums of those bounds;
+    the tokens by decreasing midpoint (ties: smaller token first) and by decreasing lower
+    end. Each token t is marked ``cstamp[t] = sg`` with its position ``cpos[t]``. Returns
+    (M_c, sum of lower bounds, sum of upper bounds, bad: a non-finite enclosure)."""
+    tok, mid, rad, elo, ehi, by_mid, by_lo, cpos, cstamp = table
+    M = -np.inf
+    bad = False
+    for u in range(nL):
+        t = Ltouched[u]
+        tok[u] = t
+        mid[u] = Lacc[t, 1]
+        rad[u] = Lacc[t, 2]
+        cpos[t] = u
+        cstamp[t] = sg
+        if not (np.isfinite(mid[u]) and np.isfinite(rad[u])):
+            bad = True
+        M = max(M, mid[u])
+    s_lo = 0.0
+    s_hi = 0.0
+    if bad or nL == 0:
+        return M, s_lo, s_hi, bad
+    for u in range(nL):
+        elo[u] = exp_lower(down(down(mid[u] - rad[u]) - M))
+        ehi[u] = exp_upper(up(up(mid[u] + rad[u]) - M))
+        s_lo += elo[u]
+        s_hi += ehi[u]
+    by_tok = np.argsort(tok[:nL])                      # tokens are distinct: a total order
+    key = np.empty(nL)
+    for u in range(nL):
+        key[u] = -mid[by_tok[u]]
+    srt = np.argsort(key, kind="mergesort")
+    for u in range(nL):
+        by_mid[u] = by_tok[srt[u]]
+    for u in range(nL):
+        key[u] = -down(mid[by_tok[u]] - rad[by_tok[u]])
+    srt = np.argsort(key, kind="mergesort")
+    for u in range(nL):
+        by_lo[u] = by_tok[srt[u]]
+    return M, s_lo, s_hi, bad
+
+
+@njit(cache=True)
+def _error_parts(nt, Ltouched, Lacc, s, table, cohort, V, vptr_lo, vptr_hi, valid, vstamp, sv):
+    """Enclosure of 1 − P(valid), the argmax token (−1: a zero logit), and an enclosure of
+    ρ = e^(0 − M)/Σ_t e^(z_t − M) (as :func:`verifier.arithmetic.kernels._error` returns
+    them) for a row whose logits are the cohort's (``table``, ``cohort`` = (number of
+    tokens, M_c, the float sums of the bounds, the table's stamp)) except at the ``nt`` row
+    tokens of ``Ltouched`` (stamp ``s`` in column 0, the row's enclosure of the whole logit
+    in columns 1 and 2); every other token has logit exactly 0. Valid tokens are marked
+    with ``sv`` in ``vstamp``.
+
+    With M the shift (the largest midpoint of the row's logits, and 0 when a token has
+    logit 0) and Q the row tokens together with the valid tokens of the table: the
+    invalid mass is e^(M_c − M)·(Σ_table − Σ_{Q ∩ table}) (every other table token is
+    invalid and not a row token) plus the invalid tokens of Q plus the zero-logit invalid
+    ones; the valid mass is that of the valid tokens of Q plus the zero-logit valid ones.
+    Each float sum of k bounds is widened by c_{k+1} (upward) or 1 − γ_{k+1} (downward),
+    the difference rounded outward and clamped at 0, and the ratio bounded as in the
+    plain kernel (the error is increasing in the invalid mass, decreasing in the valid).
+    A table of at most ``DIRECT`` tokens, or of at most twice as many as the row has valid
+    tokens (their lookups cost as much), is not subtracted from: its tokens the row did not
+    change are summed with the row's, exactly as the plain kernel sums its logits."""
+    tok, mid, rad, elo, ehi, by_mid, by_lo, cpos, cstamp = table
+    nL, M_c, c_lo, c_hi, sg = cohort
+    n_valid = 0
+    for q in range(vptr_lo, vptr_hi):
+        if vstamp[valid[q]] != sv:
+            vstamp[valid[q]] = sv
+            n_valid += 1
+    new = 0                                            # row tokens that are not the table's
+    best = -np.inf
+    arg = -1
+    bad = False
+    for u in range(nt):
+        t = Ltouched[u]
+        m_, r_ = Lacc[t, 1], Lacc[t, 2]
+        if not (np.isfinite(m_) and np.isfinite(r_)):
+            bad = True
+        if cstamp[t] != sg:
+            new += 1
+        if m_ > best or (m_ == best and t < arg):
+            best = m_
+            arg = t
+    for u in range(nL):                                # the table's largest that the row did not change
+        t = tok[by_mid[u]]
+        if Lacc[t, 0] == s:
+            continue
+        m_ = mid[by_mid[u]]
+        if m_ > best or (m_ == best and t < arg):
+            best = m_
+            arg = t
+        break
+    zeros = V - nL - new
+    M = max(M_c, best)
+    if zeros > 0:
+        M = max(M, 0.0)
+    if bad or not np.isfinite(M):
+        return 0.0, 1.0, arg, np.nan, np.nan
+    if zeros > 0 and best < 0.0:
+        arg = -1
+    inv_lo = 0.0
+    inv_hi = 0.0
+    val_lo = 0.0
+    val_hi = 0.0
+    sub_lo = 0.0
+    sub_hi = 0.0
+    nsub = 0
+    nq = 0
+    touched_valid = 0
+    for u in range(nt):
+        t = Ltouched[u]
+        lo = down(down(Lacc[t, 1] - Lacc[t, 2]) - M)
+        hi = up(up(Lacc[t, 1] + Lacc[t, 2]) - M)
+        nq += 1
+        if vstamp[t] == sv:
+            touched_valid += 1
+            val_lo += exp_lower(lo)
+            val_hi += exp_upper(hi)
+        else:
+            inv_lo += exp_lower(lo)
+            inv_hi += exp_upper(hi)
+        if cstamp[t] == sg:
+            sub_lo += elo[cpos[t]]
+            sub_hi += ehi[cpos[t]]
+            nsub += 1
+    rest_lo = 0.0
+    rest_hi = 0.0
+    if nL <= DIRECT or 2 * (vptr_hi - vptr_lo) >= nL:
+        # a short table, or one the row's valid tokens would cover for the most part: its
+        # tokens the row did not change are summed here, as the plain kernel sums them
+        for u in range(nL):
+            t = tok[u]
+            if Lacc[t, 0] == s:
+                continue
+            lo = down(down(mid[u] - rad[u]) - M)
+            hi = up(up(mid[u] + rad[u]) - M)
+            nq += 1
+            if vstamp[t] == sv:
+                touched_valid += 1
+                val_lo += exp_lower(lo)
+                val_hi += exp_upper(hi)
+            else:
+                inv_lo += exp_lower(lo)
+                inv_hi += exp_upper(hi)
+    else:
+        for q in range(vptr_lo, vptr_hi):              # valid tokens of the table the row did not change
+            t = valid[q]
+            if vstamp[t] != sv:
+                continue                               # seen already
+            vstamp[t] = sv + 0.5                       # still valid (no stamp is a half-integer)
+            if cstamp[t] != sg or Lacc[t, 0] == s:
+                continue
+            w = cpos[t]
+            nq += 1
+            touched_valid += 1
+            val_lo += exp_lower(down(down(mid[w] - rad[w]) - M))
+            val_hi += exp_upper(up(up(mid[w] + rad[w]) - M))
+            sub_lo += elo[w]
+            sub_hi += ehi[w]
+            nsub += 1
+        # Σ over the table's other tokens, relative to M_c: the table's sum minus Q's share
+        s_hi = up(sum_factor(nL + 1) * c_hi)
+        s_lo = down(down(1.0 - gamma(nL + 1)) * c_lo)
+        q_hi = up(sum_factor(nsub + 1) * sub_hi)
+        q_lo = down(down(1.0 - gamma(nsub + 1)) * sub_lo)
+        rest_hi = max(up(s_hi - q_lo), 0.0)
+        rest_lo = max(down(s_lo - q_hi), 0.0)
+        if M_c != M:                                   # e^(z − M) = e^(z − M_c)·e^(M_c − M)
+            rest_hi = up(rest_hi * exp_upper(up(M_c - M)))
+            rest_lo = down(rest_lo * exp_lower(down(M_c - M)))
+    c = sum_factor(nq + 1)
+    dd = down(1.0 - gamma(nq + 1))
+    z_lo = exp_lower(down(-M))
+    z_hi = exp_upper(up(-M))
+    zero_valid = n_valid - touched_valid
+    zero_invalid = zeros - zero_valid
+    inv_hi = up(up(up(c * inv_hi) + up(zero_invalid * z_hi)) + rest_hi)
+    val_hi = up(up(c * val_hi) + up(zero_valid * z_hi))
+    inv_lo = down(down(down(dd * inv_lo) + down(zero_invalid * z_lo)) + rest_lo)
+    val_lo = down(down(dd * val_lo) + down(zero_valid * z_lo))
+    err_hi = up(inv_hi / down(inv_hi + val_lo))
+    err_lo = down(inv_lo / up(inv_lo + val_hi))
+    if not (err_hi <= 1.0):
+        err_hi = 1.0
+    if not (err_lo >= 0.0):
+        err_lo = 0.0
+    rho_hi = up(z_hi / down(inv_lo + val_lo))
+    rho_lo = down(z_lo / up(inv_hi + val_hi))
+    if not (rho_hi <= 1.0):
+        rho_hi = 1.0
+    if not (rho_lo >= 0.0):
+        rho_lo = 0.0
+    return err_lo, err_hi, arg, rho_lo, rho_hi
+
+
+# --- experts -----------------------------------------------------------------------------------------
+
+
+@njit(cache=True)
+def _first_of(W1T_ptr, W1T_idx, j, lo_n):
+    """The first entry of W_1^T row j at or after neuron ``lo_n`` (rows sorted by neuron)."""
+    a0 = W1T_ptr[j]
+    a1 = W1T_ptr[j + 1]
+    return a0 + np.searchsorted(W1T_idx[a0:a1], lo_n)
+
+
+@njit(cache=True)
+def _activity(zm, zr):
+    """ReLU of [zm ± zr] as (mid, rad, on): on is False where it is exactly 0."""
+    a_lo = max(down(zm - zr), 0.0)
+    a_hi = max(up(zm + zr), 0.0)
+    if a_hi == 0.0:
+        return 0.0, 0.0, False
+    if a_lo == a_hi:
+        return a_lo, 0.0, True
+    am = 0.5 * a_lo + 0.5 * a_hi
+    return am, max(up(a_hi - am), up(am - a_lo)), True
+
+
+@njit(cache=True)
+def experts_parts(pairs, cohort, S, O, Ls, Lo, W1T, first, W2T, UT, V, valid, scratch, stamp0, watch, active):
+    """For each pair (row ``rows[q]``, expert ``experts_of[q]``), the pairs grouped by
+    (cohort, expert): error enclosure, argmax token and the zero-logit probability ρ, as
+    :func:`verifier.arithmetic.kernels.experts` gives them for gate mode "top1".
+
+    **Per (cohort c, expert k), once.** z^c = W_1·s_c over the neurons s_c reaches (each an
+    accumulated sum of products, enclosed [zc ± ρc], before the bias); their activity
+    a^c = ReLU(z^c + b_1) (the plain kernel's rounding of the bias) and that of the
+    positive-bias neurons s_c does not reach (a^c = b_1); the output W_2·a^c over those
+    neurons, and the shared logits U·s_c + U·W_2·a^c, each an enclosed sum of its terms.
+
+    **Per pair.** The own part o_i reaches a set N of neurons: z = [zc ± ρc] (one interval
+    term, where s_c reaches the neuron too) + the products of o_i + b_1, and its activity
+    a. The output is W_2·a^c + Σ_{g ∈ N} W_2[:, g]·(a_g − a^c_g), an identity (a^c_g = 0
+    for a neuron that is off without the row). The row's logits: U·o_i and U times that
+    correction, plus the shared logit as one interval term, at every token they reach;
+    every other token keeps the shared logit (:func:`_error_parts`).
+
+    ``scratch`` = (z accumulator and touched list, per neuron the shared z and activity
+    (zc mid and radius, a mid and radius, on), the row's z accumulator and touched list,
+    y accumulator and touched list, logit accumulator and touched list, valid stamps, the
+    cohort table (:func:`_cohort_table`) and the watched shared neurons). Returns per pair
+    (err_lo, err_hi, argmax, rho_lo, rho_hi); ``active`` as the plain kernel fills it.
+    """
+    rows, experts_of = pairs
+    S_ptr, S_idx, S_mid, S_rad = S
+    O_ptr, O_idx, O_mid, O_rad = O
+    Ls_ptr, Ls_idx, Ls_mid, Ls_rad, Ls_mag = Ls
+    Lo_ptr, Lo_idx, Lo_mid, Lo_rad, Lo_mag = Lo
+    W1T_ptr, W1T_idx, W1T_val = W1T
+    off, b1, pos_ptr, pos_idx = first
+    W2T_ptr, W2T_idx, W2T_val = W2T
+    UT_ptr, UT_idx, UT_val = UT
+    valid_ptr, valid = valid
+    (zacc, ztouched, zc_mid, zc_rad, ac_mid, ac_rad, ac_on, zacc2, ztouched2, yacc, ytouched, Lacc, Ltouched,
+     vstamp, table, cw) = scratch
+    P = rows.size
+    err_lo = np.empty(P)
+    err_hi = np.empty(P)
+    rho_lo = np.empty(P)
+    rho_hi = np.empty(P)
+    pred = np.empty(P, np.int64)
+    watching = watch.size > 0
+    R_act = active.shape[1] - 1
+    cur_c = -1
+    cur_k = -1
+    sg = 0.0
+    n_groups = 0
+    bad_c = False
+    nzc = 0
+    ncw = 0
+    meta = (0, -np.inf, 0.0, 0.0, 0.0)
+    for q in range(P):
+        i = rows[q]
+        k = experts_of[q]
+        c = cohort[i]
+        s = stamp0 + q
+        lo_n, hi_n = off[k], off[k + 1]
+        if c != cur_c or k != cur_k:
+            # ---- the shared part of (c, k), once -------------------------------------------------
+            cur_c, cur_k = c, k
+            sg = stamp0 + P + n_groups
+            n_groups += 1
+            bad_c = False
+            nzc = 0
+            for e in range(S_ptr[c], S_ptr[c + 1]):
+                j = S_idx[e]
+                xm = S_mid[e]
+                xr = S_rad[e]
+                if not (np.isfinite(xm) and np.isfinite(xr)):
+                    bad_c = True
+                for t in range(_first_of(W1T_ptr, W1T_idx, j, lo_n), W1T_ptr[j + 1]):
+                    g = W1T_idx[t]
+                    if g >= hi_n:
+                        break
+                    loc = g - lo_n
+                    nzc = _touch(loc, zacc, sg, ztouched, nzc)
+                    m, a, b = prod_terms(xm, xr, W1T_val[t])
+                    _add(loc, m, a, b, zacc)
+            ny = 0
+            ncw = 0
+            for u in range(nzc):
+                loc = ztouched[u]
+                g = lo_n + loc
+                zc_mid[loc] = zacc[loc, 1]
+                zc_rad[loc] = entry_radius(zacc[loc, 2], zacc[loc, 3], int(zacc[loc, 4]))
+                zm = zc_mid[loc] + b1[g]
+                zr = upp(zc_rad[loc] + upp(U * abs(zm)))
+                if not (np.isfinite(zm) and np.isfinite(zr)):
+                    bad_c = True
+                    ac_on[loc] = False
+                    continue
+                ac_mid[loc], ac_rad[loc], ac_on[loc] = _activity(zm, zr)
+                if not ac_on[loc]:
+                    continue
+                if watching and watch[g]:
+                    cw[ncw] = g
+                    ncw += 1
+                for t in range(W2T_ptr[g], W2T_ptr[g + 1]):
+                    j = W2T_idx[t]
+                    ny = _touch(j, yacc, sg, ytouched, ny)
+                    m, a, b = prod_terms(ac_mid[loc], ac_rad[loc], W2T_val[t])
+                    _add(j, m, a, b, yacc)
+            for t in range(pos_ptr[k], pos_ptr[k + 1]):
+                g = pos_idx[t]
+                if zacc[g - lo_n, 0] == sg:
+                    continue                           # reached: handled above
+                if watching and watch[g]:
+                    cw[ncw] = g
+                    ncw += 1
+                for u in range(W2T_ptr[g], W2T_ptr[g + 1]):
+                    j = W2T_idx[u]
+                    ny = _touch(j, yacc, sg, ytouched, ny)
+                    m, a, b = prod_terms(b1[g], 0.0, W2T_val[u])
+                    _add(j, m, a, b, yacc)
+            nL = 0
+            for e in range(Ls_ptr[c], Ls_ptr[c + 1]):
+                t = Ls_idx[e]
+                nL = _touch(t, Lacc, sg, Ltouched, nL)
+                _add(t, Ls_mid[e], Ls_rad[e], abs(Ls_mid[e]), Lacc)
+            for u in range(ny):
+                j = ytouched[u]
+                om = yacc[j, 1]
+                orad = entry_radius(yacc[j, 2], yacc[j, 3], int(yacc[j, 4]))
+                if not (np.isfinite(om) and np.isfinite(orad)):
+                    bad_c = True
+                for t in range(UT_ptr[j], UT_ptr[j + 1]):
+                    tok = UT_idx[t]
+                    nL = _touch(tok, Lacc, sg, Ltouched, nL)
+                    m, a, b = prod_terms(om, orad, UT_val[t])
+                    _add(tok, m, a, b, Lacc)
+            for u in range(nL):
+                t = Ltouched[u]
+                Lacc[t, 2] = entry_radius(Lacc[t, 2], Lacc[t, 3], int(Lacc[t, 4]))
+            M_c, c_lo, c_hi, tbad = _cohort_table(nL, Ltouched, Lacc, table, sg)
+            bad_c = bad_c or tbad
+            meta = (nL, M_c, c_lo, c_hi, sg)
+        # ---- the pair's own part ---------------------------------------------------------------
+        bad = bad_c
+        nz = 0
+        for e in range(O_ptr[i], O_ptr[i + 1]):
+            j = O_idx[e]
+            xm = O_mid[e]
+            xr = O_rad[e]
+            if not (np.isfinite(xm) and np.isfinite(xr)):
+                bad = True
+            for t in range(_first_of(W1T_ptr, W1T_idx, j, lo_n), W1T_ptr[j + 1]):
+                g = W1T_idx[t]
+                if g >= hi_n:
+                    break
+                loc = g - lo_n
+                nz = _touch(loc, zacc2, s, ztouched2, nz)
+                m, a, b = prod_terms(xm, xr, W1T_val[t])
+                _add(loc, m, a, b, zacc2)
+        ny = 0
+        n_act = 0
+        for u in range(nz):
+            loc = ztouched2[u]
+            g = lo_n + loc
+            mid_ = zacc2[loc, 1]
+            A = zacc2[loc, 2]
+            B = zacc2[loc, 3]
+            cnt = int(zacc2[loc, 4])
+            reached = zacc[loc, 0] == sg
+            if reached:                                # the shared z as one interval term
+                mid_ += zc_mid[loc]
+                A = upp(A + zc_rad[loc])
+                B = upp(B + abs(zc_mid[loc]))
+                cnt += 1
+            zm = mid_ + b1[g]
+            zr = upp(entry_radius(A, B, cnt) + upp(U * abs(zm)))
+            if not (np.isfinite(zm) and np.isfinite(zr)):
+                bad = True
+                continue
+            am, ar, on = _activity(zm, zr)
+            if on and watching and watch[g]:
+                if n_act < R_act:
+                    active[q, n_act] = g
+                n_act += 1
+            if reached:
+                cm_, cr_, con = ac_mid[loc], ac_rad[loc], ac_on[loc]
+            else:
+                cm_, cr_, con = b1[g], 0.0, b1[g] > 0.0
+            for t in range(W2T_ptr[g], W2T_ptr[g + 1]):
+                j = W2T_idx[t]
+                w = W2T_val[t]
+                if on:
+                    ny = _touch(j, yacc, s, ytouched, ny)
+                    m, a, b = prod_terms(am, ar, w)
+                    _add(j, m, a, b, yacc)
+                if con:
+                    ny = _touch(j, yacc, s, ytouched, ny)
+                    m, a, b = prod_terms(cm_, cr_, -w)
+                    _add(j, m, a, b, yacc)
+        if watching:                                   # the shared neurons the row left as they were
+            for u in range(ncw):
+                g = cw[u]
+                if zacc2[g - lo_n, 0] == s:
+                    continue
+                if n_act < R_act:
+                    active[q, n_act] = g
+                n_act += 1
+        active[q, R_act] = n_act
+        if bad:
+            err_lo[q], err_hi[q], pred[q], rho_lo[q], rho_hi[q] = 0.0, 1.0, -1, np.nan, np.nan
+            continue
+        nt = 0
+        for e in range(Lo_ptr[i], Lo_ptr[i + 1]):
+            t = Lo_idx[e]
+            nt = _touch(t, Lacc, s, Ltouched, nt)
+            _add(t, Lo_mid[e], Lo_rad[e], abs(Lo_mid[e]), Lacc)
+        for u in range(ny):
+            j = ytouched[u]
+            om = yacc[j, 1]
+            orad = entry_radius(yacc[j, 2], yacc[j, 3], int(yacc[j, 4]))
+            if not (np.isfinite(om) and np.isfinite(orad)):
+                bad = True
+            for t in range(UT_ptr[j], UT_ptr[j + 1]):
+                tok = UT_idx[t]
+                nt = _touch(tok, Lacc, s, Ltouched, nt)
+                m, a, b = prod_terms(om, orad, UT_val[t])
+                _add(tok, m, a, b, Lacc)
+        if bad:
+            err_lo[q], err_hi[q], pred[q], rho_lo[q], rho_hi[q] = 0.0, 1.0, -1, np.nan, np.nan
+            continue
+        tbl_tok, tbl_mid, tbl_rad, tbl_elo, tbl_ehi, tbl_by_mid, tbl_by_lo, cpos, cstamp = table
+        for u in range(nt):
+            t = Ltouched[u]
+            if cstamp[t] == sg:                        # the shared logit as one interval term
+                w = cpos[t]
+                _add(t, tbl_mid[w], tbl_rad[w], abs(tbl_mid[w]), Lacc)
+            Lacc[t, 2] = entry_radius(Lacc[t, 2], Lacc[t, 3], int(Lacc[t, 4]))   # column 2 becomes the radius
+        err_lo[q], err_hi[q], pred[q], rho_lo[q], rho_hi[q] = _error_parts(
+            nt, Ltouched, Lacc, s, table, meta, V, valid_ptr[i], valid_ptr[i + 1], valid, vstamp, s)
+    return err_lo, err_hi, pred, rho_lo, rho_hi
+
+
+# --- ablation --------------------------------------------------------------------------------------------
+
+
+@njit(cache=True)
+def _pair_gap_parts(c, i, t, o, S, O, Urows, ut, uo, ustamp, s):
+    """:func:`verifier.arithmetic.kernels._pair_gap` for a residual in two parts: a lower
+    bound of z_t − z_o = Σ_j (U_tj − U_oj)·(s_cj + o_ij), the entries of both parts as
+    separate terms (a coordinate in both parts contributes two products)."""
+    S_ptr, S_idx, S_mid, S_rad = S
+    O_ptr, O_idx, O_mid, O_rad = O
+    U_ptr, U_idx, U_val = Urows
+    width = ut.size
+    for q in range(U_ptr[t], U_ptr[t + 1]):
+        if U_idx[q] < width:
+            ut[U_idx[q]] = U_val[q]
+            ustamp[U_idx[q], 0] = s
+    for q in range(U_ptr[o], U_ptr[o + 1]):
+        if U_idx[q] < width:
+            uo[U_idx[q]] = U_val[q]
+            ustamp[U_idx[q], 1] = s
+    mid = 0.0
+    A = 0.0
+    B = 0.0
+    n = 0
+    for part in range(2):
+        ptr, idx, rm, rr, row = (S_ptr, S_idx, S_mid, S_rad, c) if part == 0 else (O_ptr, O_idx, O_mid, O_rad, i)
+        for e in range(ptr[row], ptr[row + 1]):
+            j = idx[e]
+            a = ut[j] if ustamp[j, 0] == s else 0.0
+            b = uo[j] if ustamp[j, 1] == s else 0.0
+            if a == b:
+                continue
+            d = a - b
+            bb = d - a                                 # TwoSum: d + err = a − b exactly
+            err = (a - (d - bb)) + (-b - bb)
+            if err != 0.0 or not np.isfinite(d):
+                return -np.inf
+            m, ta, tb = prod_terms(rm[e], rr[e], d)
+            mid += m
+            A = upp(A + ta)
+            B = upp(B + tb)
+            n += 1
+    if n == 0:
+        return 0.0
+    r = entry_radius(A, B, n)
+    if not (np.isfinite(mid) and np.isfinite(r)):
+        return -np.inf
+    return down(mid - r)
+
+
+@njit(cache=True)
+def ablated_parts(rows, cohort, Ls, Lo, V, valid_ptr, valid, Lacc, Ltouched, vstamp, table, stamp0, target, S, O,
+                  Urows):
+    """The ablated quantities of :func:`verifier.arithmetic.kernels.ablated` (exact pass)
+    for ``rows`` (grouped by cohort), from the logits U·r = U·s_c + U·o_i: the error
+    enclosure and ρ (:func:`_error_parts` over the cohort's table of U·s_c and the row's
+    tokens), and for a row with a target o the lower bound of max_{t != o} z_t − z_o
+    (the largest lower end among the other tokens, a token of logit 0 counting 0, minus
+    the upper end of z_o; where negative, also the direct comparison of the largest
+    other token with o, :func:`_pair_gap_parts`), the count of other tokens of logit
+    exactly 0, and a lower end of 1 − P(o) for o alone. A token in both parts has the
+    logit [m_s ± ρ_s] + [m_o ± ρ_o], two interval terms. Stamps: ``stamp0 + q`` and
+    ``stamp0 + P + q`` per row, ``stamp0 + 2P + g`` per cohort."""
+    Ls_ptr, Ls_idx, Ls_mid, Ls_rad, Ls_mag = Ls
+    Lo_ptr, Lo_idx, Lo_mid, Lo_rad, Lo_mag = Lo
+    tok, mid, rad, elo, ehi, by_mid, by_lo, cpos, cstamp = table
+    P = rows.size
+    err_lo = np.empty(P)
+    err_hi = np.empty(P)
+    rho_lo = np.empty(P)
+    rho_hi = np.empty(P)
+    gap = np.full(P, np.nan)
+    zeros = np.full(P, -1, np.int64)
+    obj_lo = np.full(P, np.nan)
+    only = np.empty(1, np.int64)
+    width = 0
+    for part in range(2):
+        idx = S[1] if part == 0 else O[1]
+        for q in range(idx.size):
+            if idx[q] + 1 > width:
+                width = idx[q] + 1
+    ut = np.zeros(width)
+    uo = np.zeros(width)
+    ustamp = np.full((width, 2), -1.0)
+    cur = -1
+    n_groups = 0
+    meta = (0, -np.inf, 0.0, 0.0, 0.0)
+    bad_c = False
+    sg = 0.0
+    for q in range(P):
+        i = rows[q]
+        c = cohort[i]
+        s = stamp0 + q
+        if c != cur:
+            cur = c
+            sg = stamp0 + 2 * P + n_groups
+            n_groups += 1
+            nL = 0
+            for e in range(Ls_ptr[c], Ls_ptr[c + 1]):
+                t = Ls_idx[e]
+                nL = _touch(t, Lacc, sg, Ltouched, nL)
+                Lacc[t, 1] = Ls_mid[e]
+                Lacc[t, 2] = Ls_rad[e]
+            M_c, c_lo, c_hi, bad_c = _cohort_table(nL, Ltouched, Lacc, table, sg)
+            meta = (nL, M_c, c_lo, c_hi, sg)
+        nL = meta[0]
+        nt = 0
+        for e in range(Lo_ptr[i], Lo_ptr[i + 1]):
+            t = Lo_idx[e]
+            nt = _touch(t, Lacc, s, Ltouched, nt)
+            if cstamp[t] == sg:
+                w = cpos[t]
+                Lacc[t, 1] = Lo_mid[e] + mid[w]
+                Lacc[t, 2] = entry_radius(upp(Lo_rad[e] + rad[w]), upp(abs(Lo_mid[e]) + abs(mid[w])), 2)
+            else:
+                Lacc[t, 1] = Lo_mid[e]
+                Lacc[t, 2] = Lo_rad[e]
+        if bad_c:
+            err_lo[q], err_hi[q], rho_lo[q], rho_hi[q] = 0.0, 1.0, np.nan, np.nan
+            if target[i] >= 0:
+                gap[q], zeros[q], obj_lo[q] = -np.inf, V - nL - nt, 0.0
+            continue
+        lo, hi, _, r_lo, r_hi = _error_parts(nt, Ltouched, Lacc, s, table, meta, V, valid_ptr[i], valid_ptr[i + 1],
+                                             valid, vstamp, s)
+        err_lo[q], err_hi[q], rho_lo[q], rho_hi[q] = lo, hi, r_lo, r_hi
+        o = target[i]
+        if o < 0:
+            continue
+        # L2: the largest lower end among the tokens other than o, against the upper end of z_o
+        hi_o = 0.0
+        o_touched = False
+        best = -np.inf
+        best_m = -np.inf
+        best_t = -1
+        finite = True
+        new = 0
+        for u in range(nt):
+            t = Ltouched[u]
+            m_, r_ = Lacc[t, 1], Lacc[t, 2]
+            if cstamp[t] != sg:
+                new += 1
+            if not (np.isfinite(m_) and np.isfinite(r_)):
+                finite = False
+            if t == o:
+                hi_o = up(m_ + r_)
+                o_touched = True
+            else:
+                best = max(best, down(m_ - r_))
+                if m_ > best_m or (m_ == best_m and t < best_t):
+                    best_m = m_
+                    best_t = t
+        if not o_touched and cstamp[o] == sg:
+            hi_o = up(mid[cpos[o]] + rad[cpos[o]])
+            o_touched = True
+        for u in range(nL):
+            t = tok[by_lo[u]]
+            if t == o or Lacc[t, 0] == s:
+                continue
+            best = max(best, down(mid[by_lo[u]] - rad[by_lo[u]]))
+            break
+        for u in range(nL):
+            t = tok[by_mid[u]]
+            if t == o or Lacc[t, 0] == s:
+                continue
+            if mid[by_mid[u]] > best_m or (mid[by_mid[u]] == best_m and t < best_t):
+                best_m = mid[by_mid[u]]
+                best_t = t
+            break
+        zero = V - nL - new - (0 if o_touched else 1)
+        zeros[q] = zero
+        if not finite:
+            gap[q] = -np.inf
+        else:
+            if zero > 0 and best < 0.0:
+                best = 0.0
+            if not np.isfinite(best):
+                gap[q] = -np.inf
+            elif best >= hi_o:                         # the exact difference is >= 0: a tie is certified
+                gap[q] = max(down(best - hi_o), 0.0)
+            else:
+                gap[q] = down(best - hi_o)
+            if not (gap[q] >= 0.0) and best_t >= 0:
+                pg = _pair_gap_parts(c, i, best_t, o, S, O, Urows, ut, uo, ustamp, float(s))
+                if pg > gap[q]:
+                    gap[q] = pg
+        # L1: 1 − P(o) for o alone
+        only[0] = o
+        v_lo, v_hi = valid_ptr[i], valid_ptr[i + 1]
+        if v_hi - v_lo == 1 and valid[v_lo] == o:
+            obj_lo[q] = lo
+        else:
+            obj_lo[q] = _error_parts(nt, Ltouched, Lacc, s, table, meta, V, 0, 1, only, vstamp, s + P)[0]
+    return err_lo, err_hi, rho_lo, rho_hi, gap, zeros, obj_lo

@@ -1,0 +1,319 @@
+"""The factored pass: the exact certified pass, with what query rows share enclosed once.
+
+The queries of one template structure differ only in their entities: "the capital of
+France is" and "the capital of Italy is" have the same words at the same positions, the
+same attention pattern (every entity of an attention class looks alike to the heads'
+queries and keys), and in most heads the same values (a structure head reads "an entity
+is here", not which one). Only a few terms of such a row are its own: its last token's
+embedding when that is an entity, and its entities' value rows in the heads where
+entities differ (the subject head's "which entity"). So the residual is written
+
+    r_i = s_c + o_i,
+
+the *shared part* s_c of the row's **cohort** c and the row's **own part** o_i, where
+
+* the **split** (:class:`Split`) says which terms are own: an entity token's E row (at
+  the last position) and its value rows in the *diverse* heads, those in which two
+  entities of the task set have different value rows (decided exactly on the
+  embeddings: every entity's E row agrees on the coordinates W_V reads, or not);
+* the **cohort key** of a row is its tokens with each entity replaced by its attention
+  class (the class of bitwise-equal query/key projections, :class:`Prepared`): rows with
+  one key have bitwise the same attention enclosures and the same shared terms, so s_c
+  (every term of the row but its own, in the plain pass's order) is a function of the
+  key alone, enclosed once per cohort.
+
+The kernels (:mod:`verifier.arithmetic.factored`) carry the two parts through the gate,
+the experts and the softmax, enclosing once per cohort (or per cohort and expert) what
+the rows share and per row what its own part touches; their docstrings give the
+arguments. A row's result depends on the row, the weights and the split only, never on
+which other rows share its batch, so it is the same in every batch, on every shard cut
+(a cut gets the full weights' split: :meth:`Split.cut`) and in a re-certification.
+
+The enclosures are not bitwise those of the plain pass (:mod:`verifier.passes.forward`):
+the same exact terms are summed along other trees, with the rounding bounds those
+trees need. Both contain the exact values. The plain pass still runs the deployed pass
+of a floating-point format, the scaled gate ("top1-scaled"), and :func:`verifier.checks.certify`.
+The argmax token of a row is the largest logit midpoint, ties going to the smaller token.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import scipy.sparse as sp
+
+from layout import Weights
+from verifier.arithmetic import interval as I
+from verifier.arithmetic import kernels as K_
+from verifier.arithmetic import factored as F_
+from verifier.passes.batches import take_csr
+from verifier.passes.forward import (ACTIVE_SLOTS, LOGITS_PER_RUN, BatchResult, Prepared, _row_runs, _unique_rows,
+                                     attention)
+
+
+@dataclass(frozen=True)
+class Split:
+    """Which terms of a query row are its own (the rest are its cohort's).
+
+    ``entity``: per token of the weights (BOS included, last), whether it is an entity of
+    the task set; ``diverse``: per head, whether two entities have different value rows
+    there (then each entity's value row in that head is its row's own term)."""
+
+    entity: np.ndarray
+    diverse: tuple[bool, ...]
+
+    @staticmethod
+    def of(weights: Weights, entities: np.ndarray) -> "Split":
+        """The split for the entity tokens ``entities`` (weights' token ids)."""
+        V1 = weights.E.shape[0]
+        mask = np.zeros(V1, bool)
+        entities = np.unique(np.asarray(entities, np.int64))
+        mask[entities] = True
+        return Split(mask, diverse_heads(weights, entities))
+
+    def cut(self, tokens: np.ndarray) -> "Split":
+        """The split of a cut of the weights whose token i is the full weights' ``tokens[i]``
+        (BOS the cut's last): the same tokens own the same terms (the heads are not renumbered)."""
+        return Split(np.append(self.entity[np.asarray(tokens, np.int64)], False), self.diverse)
+
+
+def diverse_heads(weights: Weights, entities: np.ndarray) -> tuple[bool, ...]:
+    """Per head: do two of the ``entities`` have different value rows?
+
+    *Exactly decided.* A token's value row in head m, W_O W_V E[x] as the pass encloses it
+    (:class:`verifier.passes.forward.Prepared`: a sparse product row by row), depends on
+    the entries of its E row in the coordinates W_V reads and on nothing else: the other
+    entries meet empty rows of W_V^T and form no term. So entities whose E rows agree
+    bitwise there have bitwise equal value rows, and a head where they all agree is not
+    diverse. (Agreeing rows that come from different E rows are counted as different: a
+    head is then called diverse without need, which costs speed, never soundness.)"""
+    E = I.as_csr(weights.E)[np.asarray(entities, np.int64)]
+    E.sort_indices()
+    rows = np.repeat(np.arange(E.shape[0]), np.diff(E.indptr))
+    out = []
+    for h in weights.heads:
+        if E.shape[0] < 2:
+            out.append(False)
+            continue
+        reads = np.diff(sp.csc_matrix(h.W_V).indptr) > 0        # the coordinates W_V reads
+        keep = reads[E.indices]
+        counts = np.bincount(rows[keep], minlength=E.shape[0])
+        if (counts != counts[0]).any():
+            out.append(True)
+            continue
+        c0 = int(counts[0])
+        if c0 == 0:                                            # no entity has a value here
+            out.append(False)
+            continue
+        idx = E.indices[keep].reshape(-1, c0)
+        val = np.ascontiguousarray(E.data[keep], np.float64).reshape(-1, c0)
+        same = (idx == idx[:1]).all() and (val.view(np.int64) == val[:1].view(np.int64)).all()
+        out.append(not bool(same))
+    return tuple(out)
+
+
+class FactoredPass:
+    """The exact certified pass of some weights, factored over cohorts (the pass protocol of
+    :class:`verifier.running.runner.Pass`): built on :class:`Prepared`'s tables, with
+    ``split`` the full weights'. Weights in gate mode "top1-scaled" and the deployed pass
+    run :class:`Prepared`'s plain pass."""
+
+    def __init__(self, prep: Prepared, split: Split) -> None:
+        if prep.deployed is not None:
+            raise ValueError("the factored pass is the exact pass; a deployed format runs the plain one")
+        V1 = prep.weights.E.shape[0]
+        if split.entity.shape != (V1,) or len(split.diverse) != prep.n_heads:
+            raise ValueError("the split does not fit these weights")
+        self.prep = prep
+        self.split = split
+        self.weights = prep.weights
+        self.off = prep.off
+        self.entity = np.ascontiguousarray(split.entity, bool)
+        self.diverse = np.asarray(split.diverse, bool).reshape(-1)
+        self.factored = prep.weights.gate_mode == "top1"
+        self._scratch = None
+
+    @property
+    def watch(self) -> np.ndarray:
+        return self.prep.watch
+
+    @watch.setter
+    def watch(self, mask: np.ndarray) -> None:
+        self.prep.watch = mask
+
+    def run_batch(self, tokens: np.ndarray, valid_ptr: np.ndarray, valid: np.ndarray,
+                  ablate: np.ndarray | None = None, scores: bool = True,
+                  target: np.ndarray | None = None) -> BatchResult:
+        """The certified pass over a batch (as :func:`verifier.passes.forward.run_batch`)."""
+        if not self.factored:
+            return self.prep.run_batch(tokens, valid_ptr, valid, ablate=ablate, scores=scores, target=target)
+        return run_batch(self, tokens, valid_ptr, valid, ablate=ablate, scores=scores, target=target)
+
+    def scratch(self) -> dict:
+        """Work arrays of the factored kernels (allocated once per process, on first use)."""
+        if self._scratch is None:
+            K_.check()
+            w = self.prep.weights
+            d, V, width = max(w.d, 1), max(len(w.vocab), self.prep.vocab_size, 1), max(self.prep.max_width, 1)
+
+            def spa(size):
+                acc = np.zeros((size, 5))
+                acc[:, 0] = -1.0
+                return acc, np.zeros(size, np.int64)
+
+            table = (np.zeros(V, np.int64), np.zeros(V), np.zeros(V), np.zeros(V), np.zeros(V),
+                     np.zeros(V, np.int64), np.zeros(V, np.int64), np.zeros(V, np.int64), np.full(V, -1.0))
+            self._scratch = {"z": spa(width), "z_own": spa(width), "y": spa(d), "L": spa(V),
+                             "shared_z": (np.zeros(width), np.zeros(width), np.zeros(width), np.zeros(width),
+                                          np.zeros(width, bool)),
+                             "v": np.full(V, -1.0), "table": table, "watched": np.zeros(width, np.int64)}
+        return self._scratch
+
+
+def cohorts(fp: FactoredPass, ids: np.ndarray, qk_class: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(first row of each cohort, cohort of each row) for rows ``ids`` (BOS included): the
+    key is the row's tokens with each entity replaced by −1 − its attention class."""
+    key = np.where(fp.entity[ids], -1 - qk_class[ids].astype(np.int64), ids)
+    return _unique_rows(key)
+
+
+def run_batch(fp: FactoredPass, tokens: np.ndarray, valid_ptr: np.ndarray, valid: np.ndarray,
+              ablate: np.ndarray | None = None, scores: bool = True, target: np.ndarray | None = None) -> BatchResult:
+    """The factored certified pass of a batch (n x p token ids, weights' ids; BOS is added):
+    the arguments and the result of :func:`verifier.passes.forward.run_batch`."""
+    prep = fp.prep
+    w = prep.weights
+    tokens = np.asarray(tokens, np.int64)
+    if tokens.ndim == 1:
+        tokens = tokens[None, :]
+    n = tokens.shape[0]
+    V = prep.vocab_size
+    vptr = np.asarray(valid_ptr, np.int64)
+    vals = np.asarray(valid, np.int64)
+    target = np.full(n, -1, np.int64) if target is None else np.ascontiguousarray(target, np.int64)
+    # the kernels index per-token arrays by these ids, unchecked: each must be a token
+    if (tokens.size and (tokens.min() < 0 or tokens.max() > V)) or (vals.size and (vals.min() < 0 or vals.max() >= V)) \
+            or (target.size and target.max() >= V) or target.size != n \
+            or vptr.size != n + 1 or (n and (vptr[0] != 0 or vptr[-1] != vals.size or (np.diff(vptr) < 0).any())):
+        raise ValueError("tokens (BOS included), valid next tokens and targets must be token ids of the weights, "
+                         "the valid ones in a CSR of one row per query")
+    if tokens.size and tokens.max() >= w.E.shape[0]:
+        raise ValueError("a query token has no row of E in these weights")
+    ablate = np.ones(n, bool) if ablate is None else np.asarray(ablate, bool)
+    ids = np.ascontiguousarray(np.concatenate([np.full((n, 1), w.bos, np.int64), tokens], axis=1))
+    own = np.ascontiguousarray(fp.entity[ids])
+    att, am, ar = attention(prep, ids)
+    first, cohort = cohorts(fp, ids, prep.qk_class)
+    cohort = np.ascontiguousarray(cohort, np.int64)
+    sc = fp.scratch()
+    H = prep.n_heads
+    heads = (H, prep.v_row, w.P.shape[0])
+    E, P = prep.E_arrays, prep.P_arrays
+    OE = (prep.OE.indptr, prep.OE.indices, prep.OE.mid, prep.OE.rad)
+    OP = (prep.OP.indptr, prep.OP.indices, prep.OP.mid, prep.OP.rad)
+    with np.errstate(invalid="ignore", over="ignore"):
+        S = F_.residual_part(np.ascontiguousarray(ids[first]), np.ascontiguousarray(own[first]), fp.diverse, True,
+                             (np.ascontiguousarray(att[first]), am, ar), E, P, OE, OP, heads, sc["y"],
+                             prep.stamps(first.size))
+        O = F_.residual_part(ids, own, fp.diverse, False, (att, am, ar), E, P, OE, OP, heads, sc["y"], prep.stamps(n))
+    order = np.argsort(cohort, kind="stable")
+    K = len(w.experts)
+    G = np.empty((n, K)) if scores else np.empty((1, 1))
+    gmid, gstamp, gtouched = prep.scratch()["g"]
+    with np.errstate(invalid="ignore", over="ignore"):
+        e, margin, Grad, top, top_lo, top_hi, cand_row, cand = F_.gate_parts(
+            S, O, cohort, order, prep.WGT_arrays, prep.wg_colmax, np.asarray(w.b_G, np.float64), prep.wg_max_terms,
+            gmid, gstamp, gtouched, prep.stamps(n), G, scores)
+    by_row = np.argsort(cand_row, kind="stable")
+    cand = cand[by_row]
+    cand_ptr = np.zeros(n + 1, np.int64)
+    np.cumsum(np.bincount(cand_row, minlength=n), out=cand_ptr[1:])
+    pair_rows = np.repeat(np.arange(n, dtype=np.int64), np.diff(cand_ptr))
+
+    err_lo, err_hi = np.full(n, np.inf), np.full(n, -np.inf)
+    rho_lo, rho_hi = np.full(n, np.inf), np.full(n, -np.inf)
+    predicted = np.full(n, -1, np.int64)
+    ab_lo, ab_hi = np.full(n, np.nan), np.full(n, np.nan)
+    ab_rho_lo, ab_rho_hi = np.full(n, np.nan), np.full(n, np.nan)
+    ab_gap, ab_zeros = np.full(n, np.nan), np.full(n, -1, np.int64)
+    ab_obj = np.full(n, np.nan)
+    R_ACT = ACTIVE_SLOTS
+    active = np.full((n, R_ACT + 1), -1, np.int64)
+    active[:, R_ACT] = 0
+    UT = prep.UT_arrays
+    # Rows in runs (in cohort order) whose logits stay within a bound, so that memory is
+    # bounded for any unembedding; each run with the shared logits of its cohorts.
+    bound_o = K_.logits_bound(O[0], O[1], UT[0])
+    bound_s = K_.logits_bound(S[0], S[1], UT[0])
+    for a, b in _row_runs(bound_o[order] + bound_s[cohort[order]], LOGITS_PER_RUN):
+        rows = order[a:b]
+        c0, c1 = int(cohort[rows[0]]), int(cohort[rows[-1]]) + 1
+        local_c = np.ascontiguousarray(cohort[rows] - c0)
+        Sr = _rows(S, np.arange(c0, c1))
+        Or = _rows(O, rows)
+        vp, vv = take_csr(vptr, vals, rows)
+        tg = np.ascontiguousarray(target[rows])
+        with np.errstate(invalid="ignore", over="ignore"):
+            Ls = _logits(prep, sc, Sr, bound_s[c0:c1])
+            Lo = _logits(prep, sc, Or, bound_o[rows])
+            # pairs of the run's rows, grouped by (cohort, expert)
+            at = np.full(n, -1, np.int64)
+            at[rows] = np.arange(rows.size)
+            sel = np.flatnonzero(at[pair_rows] >= 0)
+            p_rows = at[pair_rows[sel]]
+            p_exp = cand[sel].astype(np.int64)
+            grp = np.lexsort((p_exp, local_c[p_rows]))
+            q_rows, q_exp = np.ascontiguousarray(p_rows[grp]), np.ascontiguousarray(p_exp[grp])
+            act = np.full((q_rows.size, R_ACT + 1), -1, np.int64)
+            act[:, R_ACT] = 0
+            lo, hi, pred, r_lo, r_hi = F_.experts_parts(
+                (q_rows, q_exp), local_c, Sr, Or, Ls, Lo, prep.W1T, (prep.off, prep.b1, prep.pos_ptr, prep.pos_idx),
+                prep.W2T, UT, V, (vp, vv),
+                (*sc["z"], *sc["shared_z"], *sc["z_own"], *sc["y"], *sc["L"], sc["v"], sc["table"], sc["watched"]),
+                prep.stamps(2 * q_rows.size), prep.watch, act)
+            rows_sel = rows[q_rows]
+            np.minimum.at(err_lo, rows_sel, lo)
+            np.maximum.at(err_hi, rows_sel, hi)
+            np.fmin.at(rho_lo, rows_sel, r_lo)
+            np.fmax.at(rho_hi, rows_sel, r_hi)
+            bad_rho = ~(np.isfinite(r_lo) & np.isfinite(r_hi))
+            rho_lo[rows_sel[bad_rho]] = np.nan              # any candidate without a ρ: none for the row
+            routed = q_exp == e[rows_sel]
+            predicted[rows_sel[routed]] = pred[routed]
+            active[rows_sel[routed]] = act[routed]
+            ab = np.flatnonzero(ablate[rows])               # run-local rows, in cohort order
+            if ab.size:
+                sc_L = sc["L"]
+                res = F_.ablated_parts(ab.astype(np.int64), local_c, Ls, Lo, V, vp, vv, sc_L[0], sc_L[1], sc["v"],
+                                       sc["table"], prep.stamps(3 * ab.size), tg, Sr, Or, prep.U_arrays)
+                g_rows = rows[ab]
+                (ab_lo[g_rows], ab_hi[g_rows], ab_rho_lo[g_rows], ab_rho_hi[g_rows], ab_gap[g_rows], ab_zeros[g_rows],
+                 ab_obj[g_rows]) = res
+    undecided = ~np.isfinite(Grad)                          # the gate cannot say which expert wins
+    err_lo[undecided], err_hi[undecided] = 0.0, 1.0
+    rho_lo[undecided | ~np.isfinite(rho_lo)] = np.nan
+    rho_hi[np.isnan(rho_lo)] = np.nan
+    Gm = G if scores else None
+    return BatchResult(e, margin, ~(margin > 0), Gm, Grad, err_lo, err_hi, ab_lo, ab_hi, predicted,
+                       (top, top_lo, top_hi), (cand_ptr, cand), rho_lo, rho_hi, ab_rho_lo, ab_rho_hi, active, ab_gap,
+                       ab_zeros, ab_obj)
+
+
+def _rows(X: tuple, idx: np.ndarray) -> tuple:
+    """Rows ``idx`` of a CSR part (ptr, idx, mid, rad), in that order."""
+    ptr, cols, mid, rad = X
+    if idx.size == ptr.size - 1 and np.array_equal(idx, np.arange(idx.size)):
+        return X
+    counts = ptr[idx + 1] - ptr[idx]
+    new = np.zeros(idx.size + 1, np.int64)
+    np.cumsum(counts, out=new[1:])
+    pos = np.repeat(ptr[idx] - new[:-1], counts) + np.arange(int(new[-1]))
+    return new, np.ascontiguousarray(cols[pos]), np.ascontiguousarray(mid[pos]), np.ascontiguousarray(rad[pos])
+
+
+def _logits(prep: Prepared, sc: dict, X: tuple, bound: np.ndarray) -> tuple:
+    """U·X for the rows of a part (:func:`verifier.arithmetic.kernels.logits`)."""
+    UT = prep.UT_arrays
+    return K_.logits(X[0], X[1], X[2], X[3], UT[0], UT[1], UT[2], *sc["L"], prep.stamps(X[0].size - 1),
+                     max(int(bound.sum()), 1))
