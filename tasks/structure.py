@@ -182,6 +182,7 @@ def object_query_collisions(trie: StructureTrie, structural: bool = False,
     out: list[Collision] = []
     ids = taskset.fact_ids
     vocab = taskset.vocabulary
+    common: dict[tuple[int, int], np.ndarray] = {}      # the subjects two tasks share, per pair (nodes repeat pairs)
     for node in trie:
         oq = node.object_query_tasks()
         if not oq or len(node.children) < 2:
@@ -191,7 +192,10 @@ def object_query_collisions(trie: StructureTrie, structural: bool = False,
             for j in node.tasks:
                 if j == k or (mine is not None and k not in mine and j not in mine):
                     continue
-                shared = np.intersect1d(ids[k][0], ids[j][0], assume_unique=True)
+                pair = (min(k, j), max(k, j))
+                shared = common.get(pair)
+                if shared is None:
+                    shared = common[pair] = np.intersect1d(ids[k][0], ids[j][0], assume_unique=True)
                 if shared.size == 0 and not structural:
                     continue
                 if j in oq and j < k:
