@@ -11,10 +11,11 @@ The best plain pass we could write for this layout, float64 or float32, one thre
   side), scores and softmax dense over (rows, heads, positions);
 * the residual stream is a weighted sum of *pieces* (rows of E and P, each head's
   W_O·W_V·E and W_O·W_V·P rows, weighted 1 or by attention). Every later map is linear
-  in it, so each piece's image is tabulated once: its gate scores, its pre-activations
-  in each expert, its logits (scipy products when the tables are built). A batch is then
-  a sparse matrix A of piece weights (rows × pieces) and three sparse CSR products:
-  ``A·G`` (gate; top-1 routing by argmax), ``A_k·Z_k`` for the rows routed to expert k
+  in it, so each piece's image is tabulated once: its gate scores (a dense table of the
+  distinct rows), its pre-activations in each expert, its logits (scipy products when the
+  tables are built). A batch is then a sparse matrix A of piece weights (rows × pieces)
+  and three products: ``A·G`` (gate, sparse times dense; top-1 routing by argmax),
+  ``A_k·Z_k`` for the rows routed to expert k
   only (its neurons, nothing of the other experts), and ``relu(·)·(U·W_2)_k`` over the
   neurons that fire (positive-bias neurons as a constant);
 * logits only for the tokens some firing neuron reaches; every other token has logit 0
@@ -54,6 +55,28 @@ def _csr(M: sp.spmatrix, torch, dtype):
                                    torch.from_numpy(M.data.astype(np.float64)).to(dtype), size=M.shape)
 
 
+def _distinct_rows(M: sp.csr_matrix, chunk: int = 1 << 16) -> tuple[np.ndarray, np.ndarray]:
+    """(row -> index of its distinct row, the distinct rows dense); index 0 is the zero row."""
+    M = sp.csr_matrix(M)
+    M.sort_indices()
+    ids: dict[bytes, int] = {b"": 0}
+    rows = [np.zeros(M.shape[1])]
+    out = np.zeros(M.shape[0], np.int64)
+    for a in range(0, M.shape[0], chunk):
+        D = np.ascontiguousarray(M[a:a + chunk].toarray())
+        view = D.view(np.dtype((np.void, D.dtype.itemsize * D.shape[1]))).reshape(-1)
+        uniq, first, inv = np.unique(view, return_index=True, return_inverse=True)
+        local = np.empty(uniq.size, np.int64)
+        for u, f in enumerate(first):
+            key = D[f].tobytes() if D[f].any() else b""
+            if key not in ids:
+                ids[key] = len(rows)
+                rows.append(D[f])
+            local[u] = ids[key]
+        out[a:a + chunk] = local[inv.reshape(-1)]
+    return out, np.vstack(rows)
+
+
 class Peer:
     """The weights, prepared once for the PyTorch pass: per-piece tables.
 
@@ -90,7 +113,14 @@ class Peer:
             # pieces: E rows, P rows, then head m's W_O W_V E rows, then head m's W_O W_V P rows
             blocks += [E @ h.W_V.T @ h.W_O.T for h in w.heads] + [P @ h.W_V.T @ h.W_O.T for h in w.heads]
         pieces = sp.vstack(blocks).tocsr()
-        self.G = _csr(pieces @ w.W_G.T, torch, self.dtype)
+        self.n_pieces = pieces.shape[0]
+        # The gate: each piece's gate scores, as a dense table of the distinct rows (most
+        # pieces share a few: none, or a task's structure weights), so that a batch's scores
+        # are one sparse-times-dense product (a sparse-times-sparse one with many experts
+        # was most of the pass).
+        self.gate_of, Gu = _distinct_rows((pieces @ w.W_G.T).tocsr())
+        self.gate_of = torch.from_numpy(self.gate_of)
+        self.Gu = t(Gu)
         self.bG = t(w.b_G)
         LU = (pieces @ w.U.T).tocsr()
         self.LU = _csr(LU, torch, self.dtype) if LU.nnz else None       # logits the residual reaches directly
@@ -135,9 +165,12 @@ class Peer:
         col = torch.cat(cols, 1)
         val = torch.cat(vals, 1)
         m = col.shape[1]
-        A = torch.sparse_csr_tensor(torch.arange(n + 1) * m, col.reshape(-1), val.reshape(-1),
-                                    size=(n, self.G.shape[0]))
-        g = (A @ self.G).to_dense() + self.bG
+        gcol = self.gate_of[col.reshape(-1)]
+        keep = gcol != 0                                  # pieces the gate does not read add nothing
+        crow = torch.zeros(n + 1, dtype=torch.int64)
+        crow[1:] = torch.cumsum(keep.reshape(n, m).sum(1), 0)
+        A = torch.sparse_csr_tensor(crow, gcol[keep], val.reshape(-1)[keep], size=(n, self.Gu.shape[0]))
+        g = torch.sparse.mm(A, self.Gu) + self.bG
         e = torch.argmax(g, dim=1)
         err = torch.empty(n, dtype=torch.float64)
         order = torch.argsort(e, stable=True)
@@ -148,7 +181,7 @@ class Peer:
             if bounds[x + 1] > bounds[x]:
                 rows = order[bounds[x]:bounds[x + 1]]
                 Ak = torch.sparse_csr_tensor(torch.arange(rows.numel() + 1) * m, col[rows].reshape(-1),
-                                             val[rows].reshape(-1), size=(rows.numel(), self.G.shape[0]))
+                                             val[rows].reshape(-1), size=(rows.numel(), self.n_pieces))
                 err[rows] = self._error(x, Ak, rows, vp, vt).to(torch.float64)
         return e.numpy(), err.numpy()
 
@@ -195,36 +228,38 @@ class Peer:
         return 1.0 - good / total
 
 
-def measure(weights, work: Iterable, dtypes: Sequence[str], sample: int = 2000, seed: int = 0) -> list[dict]:
+def measure(taskset, weights, work: Iterable, dtypes: Sequence[str], sample: int = 2000, seed: int = 0) -> list[dict]:
     """Time the certified pass (this process) and the peer (one thread) batch by batch on
     the same rows, interleaved so both see the same machine; check a sample.
 
     ``work`` yields (tokens, valid_ptr, valid, ablate) in the weights' token ids, as the
     verifier's batches do. The certified pass is exactly the one ``verify`` runs per
-    batch (ablation on object queries, no full gate matrix). Per batch about
-    ``sample // 20`` rows are compared: the routed expert where the verifier certified
-    the routing, and the peer's error against the verifier's enclosure.
+    batch (the factored exact pass of ``taskset``, ablation on object queries, no full
+    gate matrix). Per batch about ``sample // 20`` rows are compared: the routed expert
+    where the verifier certified the routing, and the peer's error against the
+    verifier's enclosure.
     """
     import torch
 
-    from verifier.passes.forward import Prepared, run_batch
+    from verifier.checks.verify import token_map
+    from verifier.running.runner import PassSpec
 
     torch.set_num_threads(1)
     warnings.filterwarnings("ignore", message="index_reduce\\(\\) is in beta")
     warnings.filterwarnings("ignore", message="Sparse (CSR tensor support|invariant checks)")
-    prep = Prepared(weights)
+    prep = PassSpec.for_taskset(taskset, weights, token_map(taskset, weights)).build(weights)
     peers = {dt: Peer(weights, dt) for dt in dtypes}
     rng = np.random.default_rng(seed)
     cert_s, queries, batches_seen, warm = 0.0, 0, 0, False
     stats = {dt: {"peer_s": 0.0, "checked": 0, "expert_disagreements": 0, "outside_enclosure": 0} for dt in dtypes}
     for tok, vp, vv, ab in work:
         if not warm:                                   # compile (numba) and warm up both on two rows
-            run_batch(prep, tok[:2], vp[:3], vv[: int(vp[2])], ablate=ab[:2], scores=False)
+            prep.run_batch(tok[:2], vp[:3], vv[: int(vp[2])], ablate=ab[:2], scores=False)
             for peer in peers.values():
                 peer.run(tok[:2], vp[:3], vv[: int(vp[2])])
             warm = True
         t = time.perf_counter()
-        res = run_batch(prep, tok, vp, vv, ablate=ab, scores=False).compact()
+        res = prep.run_batch(tok, vp, vv, ablate=ab, scores=False).compact()
         cert_s += time.perf_counter() - t
         queries += tok.shape[0]
         batches_seen += 1
@@ -271,7 +306,7 @@ def compare(facts: int, dtypes: list[str], sample: int, seed: int = 0) -> list[d
 
     ts = wikidata_like(facts, seed=seed)
     weights = build(ts).instantiate()
-    return [{"facts": facts, **r} for r in measure(weights, verifier_batches(ts, weights), dtypes, sample, seed)]
+    return [{"facts": facts, **r} for r in measure(ts, weights, verifier_batches(ts, weights), dtypes, sample, seed)]
 
 
 def end_to_end(directory: str, dtype: str) -> dict:

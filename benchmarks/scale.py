@@ -67,7 +67,7 @@ def one(n_facts: int, seed: int, jobs: int, peer_queries: int) -> dict:
     if peer_queries > 0:
         weights = build(ts).instantiate()
         every = max(1, round(row["queries"] / peer_queries))
-        for r in measure(weights, verifier_batches(ts, weights, every), ["float64", "float32"]):
+        for r in measure(ts, weights, verifier_batches(ts, weights, every), ["float64", "float32"]):
             row[f"peer_{r['dtype']}"] = {k: r[k] for k in ("queries", "batches", "certified_s", "peer_s", "ratio",
                                                            "checked", "expert_disagreements", "outside_enclosure")}
     return row
