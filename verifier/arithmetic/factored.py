@@ -36,12 +36,67 @@ of a format and the scaled gate run the plain kernels.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from numba import njit
 
 from verifier.arithmetic.constants import FLOOR, U
-from verifier.arithmetic.kernels import (_add, _insert3, _touch, down, entry_radius, exp_lower, exp_upper, gamma,
-                                         mul_interval, prod_terms, sum_factor, up, upp)
+from verifier.arithmetic.kernels import (FACTOR, GAMMA1, TABLE, _add, _insert3, _touch, down, entry_radius, exp_lower,
+                                         exp_upper, gamma, mul_interval, prod_terms, sum_factor, up, upp)
+
+#: down(1 − γ_{n+1}) for n < TABLE, rounded exactly as ``down(1.0 - gamma(n + 1))`` is.
+SHRINK = np.nextafter(1.0 - GAMMA1, -np.inf)
+#: Slots of the memo of exp bounds (a power of two).
+MEMO = 256
+
+
+@njit(cache=True)
+def _factor(n):
+    """c_n = sum_factor(n), from the table where it holds it."""
+    return FACTOR[n] if n < TABLE else sum_factor(n)
+
+
+@njit(cache=True)
+def _shrink(n):
+    """down(1 − γ_{n+1}), from the table where it holds it."""
+    return SHRINK[n] if n < TABLE else down(1.0 - gamma(n + 1))
+
+
+@njit(cache=True)
+def _slot(x):
+    m, e = math.frexp(x)
+    return (int(m * 1073741824.0) ^ (e * 40503)) & (MEMO - 1)
+
+
+@njit(cache=True)
+def _exp_lo(x, memo):
+    """exp_lower(x), remembered (``memo`` rows 0, 1: arguments, values): the rows of one
+    cohort evaluate the same arguments. A remembered value is the function's for that
+    argument, so nothing changes but the time."""
+    if not (abs(x) < 1e300):
+        return exp_lower(x)
+    h = _slot(x)
+    if memo[0, h] == x:
+        return memo[1, h]
+    v = exp_lower(x)
+    memo[0, h] = x
+    memo[1, h] = v
+    return v
+
+
+@njit(cache=True)
+def _exp_hi(x, memo):
+    """exp_upper(x), remembered (``memo`` rows 2, 3)."""
+    if not (abs(x) < 1e300):
+        return exp_upper(x)
+    h = _slot(x)
+    if memo[2, h] == x:
+        return memo[3, h]
+    v = exp_upper(x)
+    memo[2, h] = x
+    memo[3, h] = v
+    return v
 
 
 @njit(cache=True)
@@ -84,6 +139,9 @@ def residual_part(ids, own, diverse, shared, attention, E, P, OE, OP, heads, scr
     out_idx = np.empty(max(8 * n, 16), np.int64)
     out_mid = np.empty(out_idx.size)
     out_rad = np.empty(out_idx.size)
+    div_heads = np.flatnonzero(diverse)
+    n_div = div_heads.size
+    own_pos = np.empty(p1, np.int64)
     e = 0
     for i in range(n):
         s = stamp0 + i
@@ -100,20 +158,40 @@ def residual_part(ids, own, diverse, shared, attention, E, P, OE, OP, heads, scr
                 nt = _touch(col, acc, s, touched, nt)
                 _add(col, P_val[q], 0.0, abs(P_val[q]), acc)
         a_row = att[i]
-        for m in range(H):
+        if not shared:                                 # own terms: the own positions of the diverse heads only
+            n_own = 0
             for j in range(p1):
-                wm = am[a_row, m, j]
-                wr = ar[a_row, m, j]
-                if wm == 0.0 and wr == 0.0:
-                    continue
-                if (own[i, j] and diverse[m]) != shared:
+                if own[i, j]:
+                    own_pos[n_own] = j
+                    n_own += 1
+            for h in range(n_div):
+                m = div_heads[h]
+                for u in range(n_own):
+                    j = own_pos[u]
+                    wm = am[a_row, m, j]
+                    wr = ar[a_row, m, j]
+                    if wm == 0.0 and wr == 0.0:
+                        continue
                     tok = v_row[m, ids[i, j]]
                     for q in range(OE_ptr[tok], OE_ptr[tok + 1]):
                         col = OE_idx[q]
                         nt = _touch(col, acc, s, touched, nt)
                         pm, pr = mul_interval(wm, wr, OE_mid[q], OE_rad[q])
                         _add(col, pm, pr, abs(pm), acc)
-                if shared:
+        else:
+            for m in range(H):
+                for j in range(p1):
+                    wm = am[a_row, m, j]
+                    wr = ar[a_row, m, j]
+                    if wm == 0.0 and wr == 0.0:
+                        continue
+                    if not (own[i, j] and diverse[m]):
+                        tok = v_row[m, ids[i, j]]
+                        for q in range(OE_ptr[tok], OE_ptr[tok + 1]):
+                            col = OE_idx[q]
+                            nt = _touch(col, acc, s, touched, nt)
+                            pm, pr = mul_interval(wm, wr, OE_mid[q], OE_rad[q])
+                            _add(col, pm, pr, abs(pm), acc)
                     pos = m * npos + j
                     for q in range(OP_ptr[pos], OP_ptr[pos + 1]):
                         col = OP_idx[q]
@@ -390,7 +468,7 @@ def _cohort_table(nL, Ltouched, Lacc, table, sg):
 
 
 @njit(cache=True)
-def _error_parts(nt, Ltouched, Lacc, s, table, cohort, V, vptr_lo, vptr_hi, valid, vstamp, sv):
+def _error_parts(nt, Ltouched, Lacc, s, table, cohort, V, vptr_lo, vptr_hi, valid, vstamp, sv, memo):
     """Enclosure of 1 − P(valid), the argmax token (−1: a zero logit), and an enclosure of
     ρ = e^(0 − M)/Σ_t e^(z_t − M) (as :func:`verifier.arithmetic.kernels._error` returns
     them) for a row whose logits are the cohort's (``table``, ``cohort`` = (number of
@@ -464,11 +542,11 @@ def _error_parts(nt, Ltouched, Lacc, s, table, cohort, V, vptr_lo, vptr_hi, vali
         nq += 1
         if vstamp[t] == sv:
             touched_valid += 1
-            val_lo += exp_lower(lo)
-            val_hi += exp_upper(hi)
+            val_lo += _exp_lo(lo, memo)
+            val_hi += _exp_hi(hi, memo)
         else:
-            inv_lo += exp_lower(lo)
-            inv_hi += exp_upper(hi)
+            inv_lo += _exp_lo(lo, memo)
+            inv_hi += _exp_hi(hi, memo)
         if cstamp[t] == sg:
             sub_lo += elo[cpos[t]]
             sub_hi += ehi[cpos[t]]
@@ -487,11 +565,11 @@ def _error_parts(nt, Ltouched, Lacc, s, table, cohort, V, vptr_lo, vptr_hi, vali
             nq += 1
             if vstamp[t] == sv:
                 touched_valid += 1
-                val_lo += exp_lower(lo)
-                val_hi += exp_upper(hi)
+                val_lo += _exp_lo(lo, memo)
+                val_hi += _exp_hi(hi, memo)
             else:
-                inv_lo += exp_lower(lo)
-                inv_hi += exp_upper(hi)
+                inv_lo += _exp_lo(lo, memo)
+                inv_hi += _exp_hi(hi, memo)
     else:
         for q in range(vptr_lo, vptr_hi):              # valid tokens of the table the row did not change
             t = valid[q]
@@ -503,25 +581,25 @@ def _error_parts(nt, Ltouched, Lacc, s, table, cohort, V, vptr_lo, vptr_hi, vali
             w = cpos[t]
             nq += 1
             touched_valid += 1
-            val_lo += exp_lower(down(down(mid[w] - rad[w]) - M))
-            val_hi += exp_upper(up(up(mid[w] + rad[w]) - M))
+            val_lo += _exp_lo(down(down(mid[w] - rad[w]) - M), memo)
+            val_hi += _exp_hi(up(up(mid[w] + rad[w]) - M), memo)
             sub_lo += elo[w]
             sub_hi += ehi[w]
             nsub += 1
         # Σ over the table's other tokens, relative to M_c: the table's sum minus Q's share
-        s_hi = up(sum_factor(nL + 1) * c_hi)
-        s_lo = down(down(1.0 - gamma(nL + 1)) * c_lo)
-        q_hi = up(sum_factor(nsub + 1) * sub_hi)
-        q_lo = down(down(1.0 - gamma(nsub + 1)) * sub_lo)
+        s_hi = up(_factor(nL + 1) * c_hi)
+        s_lo = down(_shrink(nL) * c_lo)
+        q_hi = up(_factor(nsub + 1) * sub_hi)
+        q_lo = down(_shrink(nsub) * sub_lo)
         rest_hi = max(up(s_hi - q_lo), 0.0)
         rest_lo = max(down(s_lo - q_hi), 0.0)
         if M_c != M:                                   # e^(z − M) = e^(z − M_c)·e^(M_c − M)
-            rest_hi = up(rest_hi * exp_upper(up(M_c - M)))
-            rest_lo = down(rest_lo * exp_lower(down(M_c - M)))
-    c = sum_factor(nq + 1)
-    dd = down(1.0 - gamma(nq + 1))
-    z_lo = exp_lower(down(-M))
-    z_hi = exp_upper(up(-M))
+            rest_hi = up(rest_hi * _exp_hi(up(M_c - M), memo))
+            rest_lo = down(rest_lo * _exp_lo(down(M_c - M), memo))
+    c = _factor(nq + 1)
+    dd = _shrink(nq)
+    z_lo = _exp_lo(down(-M), memo)
+    z_hi = _exp_hi(up(-M), memo)
     zero_valid = n_valid - touched_valid
     zero_invalid = zeros - zero_valid
     inv_hi = up(up(up(c * inv_hi) + up(zero_invalid * z_hi)) + rest_hi)
@@ -589,7 +667,8 @@ def experts_parts(pairs, cohort, S, O, Ls, Lo, W1T, first, W2T, UT, V, valid, sc
     ``scratch`` = (z accumulator and touched list, per neuron the shared z and activity
     (zc mid and radius, a mid and radius, on), the row's z accumulator and touched list,
     y accumulator and touched list, logit accumulator and touched list, valid stamps, the
-    cohort table (:func:`_cohort_table`) and the watched shared neurons). Returns per pair
+    cohort table (:func:`_cohort_table`), the watched shared neurons and the exp memo).
+    Returns per pair
     (err_lo, err_hi, argmax, rho_lo, rho_hi); ``active`` as the plain kernel fills it.
     """
     rows, experts_of = pairs
@@ -603,7 +682,7 @@ def experts_parts(pairs, cohort, S, O, Ls, Lo, W1T, first, W2T, UT, V, valid, sc
     UT_ptr, UT_idx, UT_val = UT
     valid_ptr, valid = valid
     (zacc, ztouched, zc_mid, zc_rad, ac_mid, ac_rad, ac_on, zacc2, ztouched2, yacc, ytouched, Lacc, Ltouched,
-     vstamp, table, cw) = scratch
+     vstamp, table, cw, memo) = scratch
     P = rows.size
     err_lo = np.empty(P)
     err_hi = np.empty(P)
@@ -801,7 +880,7 @@ def experts_parts(pairs, cohort, S, O, Ls, Lo, W1T, first, W2T, UT, V, valid, sc
                 _add(t, tbl_mid[w], tbl_rad[w], abs(tbl_mid[w]), Lacc)
             Lacc[t, 2] = entry_radius(Lacc[t, 2], Lacc[t, 3], int(Lacc[t, 4]))   # column 2 becomes the radius
         err_lo[q], err_hi[q], pred[q], rho_lo[q], rho_hi[q] = _error_parts(
-            nt, Ltouched, Lacc, s, table, meta, V, valid_ptr[i], valid_ptr[i + 1], valid, vstamp, s)
+            nt, Ltouched, Lacc, s, table, meta, V, valid_ptr[i], valid_ptr[i + 1], valid, vstamp, s, memo)
     return err_lo, err_hi, pred, rho_lo, rho_hi
 
 
@@ -856,8 +935,8 @@ def _pair_gap_parts(c, i, t, o, S, O, Urows, ut, uo, ustamp, s):
 
 
 @njit(cache=True)
-def ablated_parts(rows, cohort, Ls, Lo, V, valid_ptr, valid, Lacc, Ltouched, vstamp, table, stamp0, target, S, O,
-                  Urows):
+def ablated_parts(rows, cohort, Ls, Lo, V, valid_ptr, valid, Lacc, Ltouched, vstamp, table, memo, stamp0, target, S,
+                  O, Urows):
     """The ablated quantities of :func:`verifier.arithmetic.kernels.ablated` (exact pass)
     for ``rows`` (grouped by cohort), from the logits U·r = U·s_c + U·o_i: the error
     enclosure and ρ (:func:`_error_parts` over the cohort's table of U·s_c and the row's
@@ -928,7 +1007,7 @@ def ablated_parts(rows, cohort, Ls, Lo, V, valid_ptr, valid, Lacc, Ltouched, vst
                 gap[q], zeros[q], obj_lo[q] = -np.inf, V - nL - nt, 0.0
             continue
         lo, hi, _, r_lo, r_hi = _error_parts(nt, Ltouched, Lacc, s, table, meta, V, valid_ptr[i], valid_ptr[i + 1],
-                                             valid, vstamp, s)
+                                             valid, vstamp, s, memo)
         err_lo[q], err_hi[q], rho_lo[q], rho_hi[q] = lo, hi, r_lo, r_hi
         o = target[i]
         if o < 0:
@@ -996,5 +1075,5 @@ def ablated_parts(rows, cohort, Ls, Lo, V, valid_ptr, valid, Lacc, Ltouched, vst
         if v_hi - v_lo == 1 and valid[v_lo] == o:
             obj_lo[q] = lo
         else:
-            obj_lo[q] = _error_parts(nt, Ltouched, Lacc, s, table, meta, V, 0, 1, only, vstamp, s + P)[0]
+            obj_lo[q] = _error_parts(nt, Ltouched, Lacc, s, table, meta, V, 0, 1, only, vstamp, s + P, memo)[0]
     return err_lo, err_hi, rho_lo, rho_hi, gap, zeros, obj_lo

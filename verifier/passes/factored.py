@@ -167,7 +167,8 @@ class FactoredPass:
             self._scratch = {"z": spa(width), "z_own": spa(width), "y": spa(d), "L": spa(V),
                              "shared_z": (np.zeros(width), np.zeros(width), np.zeros(width), np.zeros(width),
                                           np.zeros(width, bool)),
-                             "v": np.full(V, -1.0), "table": table, "watched": np.zeros(width, np.int64)}
+                             "v": np.full(V, -1.0), "table": table, "watched": np.zeros(width, np.int64),
+                             "memo": np.full((4, F_.MEMO), np.nan)}
         return self._scratch
 
 
@@ -270,7 +271,8 @@ def run_batch(fp: FactoredPass, tokens: np.ndarray, valid_ptr: np.ndarray, valid
             lo, hi, pred, r_lo, r_hi = F_.experts_parts(
                 (q_rows, q_exp), local_c, Sr, Or, Ls, Lo, prep.W1T, (prep.off, prep.b1, prep.pos_ptr, prep.pos_idx),
                 prep.W2T, UT, V, (vp, vv),
-                (*sc["z"], *sc["shared_z"], *sc["z_own"], *sc["y"], *sc["L"], sc["v"], sc["table"], sc["watched"]),
+                (*sc["z"], *sc["shared_z"], *sc["z_own"], *sc["y"], *sc["L"], sc["v"], sc["table"], sc["watched"],
+                 sc["memo"]),
                 prep.stamps(2 * q_rows.size), prep.watch, act)
             rows_sel = rows[q_rows]
             np.minimum.at(err_lo, rows_sel, lo)
@@ -286,7 +288,7 @@ def run_batch(fp: FactoredPass, tokens: np.ndarray, valid_ptr: np.ndarray, valid
             if ab.size:
                 sc_L = sc["L"]
                 res = F_.ablated_parts(ab.astype(np.int64), local_c, Ls, Lo, V, vp, vv, sc_L[0], sc_L[1], sc["v"],
-                                       sc["table"], prep.stamps(3 * ab.size), tg, Sr, Or, prep.U_arrays)
+                                       sc["table"], sc["memo"], prep.stamps(3 * ab.size), tg, Sr, Or, prep.U_arrays)
                 g_rows = rows[ab]
                 (ab_lo[g_rows], ab_hi[g_rows], ab_rho_lo[g_rows], ab_rho_hi[g_rows], ab_gap[g_rows], ab_zeros[g_rows],
                  ab_obj[g_rows]) = res
