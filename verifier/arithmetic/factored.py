@@ -41,14 +41,39 @@ import math
 import numpy as np
 from numba import njit
 
-from verifier.arithmetic.constants import FLOOR, U
+from verifier.arithmetic.constants import FLOOR, STEP, U
 from verifier.arithmetic.kernels import (FACTOR, GAMMA1, TABLE, _add, _insert3, _touch, down, entry_radius, exp_lower,
-                                         exp_upper, gamma, mul_interval, prod_terms, sum_factor, up, upp)
+                                         exp_upper, gamma, mul_interval, prod_terms, sum_factor, upp)
+
+#: 1 − 2^-52: a negative number times it moves toward zero by at least one unit in the last place.
+STEP_DOWN = 1.0 - 2.0 ** -52
+LARGEST = np.finfo(np.float64).max
 
 #: down(1 − γ_{n+1}) for n < TABLE, rounded exactly as ``down(1.0 - gamma(n + 1))`` is.
 SHRINK = np.nextafter(1.0 - GAMMA1, -np.inf)
 #: Slots of the memo of exp bounds (a power of two).
 MEMO = 256
+
+
+@njit(cache=True)
+def _up(x):
+    """An upward step, at least nextafter(x, +∞), in two flops (nextafter is a library call
+    of some 13 ns). For x >= 0 it is :func:`verifier.arithmetic.kernels.upp`. For x < 0, with
+    y = −x in [2^e, 2^(e+1)): the exact y·2^-52 is at least the gap below y, so fl(x·(1 − 2^-52))
+    lies at or above −(the float below y) = nextafter(x, +∞) (a subnormal or zero product
+    stays x, and the floor 2^-1022 then exceeds the smallest step); adding the floor never
+    lowers a value. −∞ gives −(the largest float), as nextafter does; NaN stays NaN."""
+    if x >= 0.0:
+        return x * STEP + FLOOR
+    if x != -np.inf:
+        return x * STEP_DOWN + FLOOR
+    return -LARGEST
+
+
+@njit(cache=True)
+def _down(x):
+    """A downward step, at most nextafter(x, −∞): −_up(−x)."""
+    return -_up(-x)
 
 
 @njit(cache=True)
@@ -335,8 +360,8 @@ def gate_parts(S, O, cohort, order, WG, colmax, bG, max_terms, gmid, gstamp, gto
             if not np.isfinite(gmid[k]):
                 bad = True
             big = max(big, abs(gmid[k]))
-        r = upp(upp(sum_factor(cnt + 1) * S_) + 2.0 * (2 * max_terms + 1) * FLOOR)
-        r = up(r + up(U * big))
+        r = upp(upp(_factor(cnt + 1) * S_) + 2.0 * (2 * max_terms + 1) * FLOOR)
+        r = _up(r + _up(U * big))
         if bad or not np.isfinite(r):
             r = np.inf
         rad[i] = r
@@ -365,8 +390,8 @@ def gate_parts(S, O, cohort, order, WG, colmax, bG, max_terms, gmid, gstamp, gto
             top[i, t] = k
             rk = r if (gstamp[k] == s or c_touch[k]) else 0.0       # an untouched score is exactly b_G
             if np.isfinite(rk):
-                top_lo[i, t] = down(bval[t] - rk)
-                top_hi[i, t] = up(bval[t] + rk)
+                top_lo[i, t] = _down(bval[t] - rk)
+                top_hi[i, t] = _up(bval[t] + rk)
         rw = r if (gstamp[win] == s or c_touch[win]) else 0.0
         if not np.isfinite(r):
             margin[i] = -np.inf
@@ -375,7 +400,7 @@ def gate_parts(S, O, cohort, order, WG, colmax, bG, max_terms, gmid, gstamp, gto
         else:
             k2 = best3[1]
             r2 = r if (gstamp[k2] == s or c_touch[k2]) else 0.0
-            margin[i] = down(down(bval[0] - bval[1]) - up(rw + r2))
+            margin[i] = _down(_down(bval[0] - bval[1]) - _up(rw + r2))
         # the experts that may win: upper end >= the winner's lower end (all of them if undecided)
         if nc + K > cap:
             cap = max(2 * cap, nc + K)
@@ -385,17 +410,17 @@ def gate_parts(S, O, cohort, order, WG, colmax, bG, max_terms, gmid, gstamp, gto
         cand_row[nc] = i
         nc += 1
         if np.isfinite(r):
-            floor_e = down(bval[0] - rw)
+            floor_e = _down(bval[0] - rw)
             for u in range(nt):
                 k = gtouched[u]
-                if k != win and up(gmid[k] + r) >= floor_e:
+                if k != win and _up(gmid[k] + r) >= floor_e:
                     cand[nc] = k
                     cand_row[nc] = i
                     nc += 1
             for u in range(K):
                 k = c_order[u]
                 v = c_val[k]
-                reach = up(v + r)
+                reach = _up(v + r)
                 if reach < floor_e:
                     break
                 if k == win or gstamp[k] == s:
@@ -448,8 +473,8 @@ def _cohort_table(nL, Ltouched, Lacc, table, sg):
     if bad or nL == 0:
         return M, s_lo, s_hi, bad
     for u in range(nL):
-        elo[u] = exp_lower(down(down(mid[u] - rad[u]) - M))
-        ehi[u] = exp_upper(up(up(mid[u] + rad[u]) - M))
+        elo[u] = exp_lower(_down(_down(mid[u] - rad[u]) - M))
+        ehi[u] = exp_upper(_up(_up(mid[u] + rad[u]) - M))
         s_lo += elo[u]
         s_hi += ehi[u]
     by_tok = np.argsort(tok[:nL])                      # tokens are distinct: a total order
@@ -460,7 +485,7 @@ def _cohort_table(nL, Ltouched, Lacc, table, sg):
     for u in range(nL):
         by_mid[u] = by_tok[srt[u]]
     for u in range(nL):
-        key[u] = -down(mid[by_tok[u]] - rad[by_tok[u]])
+        key[u] = -_down(mid[by_tok[u]] - rad[by_tok[u]])
     srt = np.argsort(key, kind="mergesort")
     for u in range(nL):
         by_lo[u] = by_tok[srt[u]]
@@ -537,8 +562,8 @@ def _error_parts(nt, Ltouched, Lacc, s, table, cohort, V, vptr_lo, vptr_hi, vali
     touched_valid = 0
     for u in range(nt):
         t = Ltouched[u]
-        lo = down(down(Lacc[t, 1] - Lacc[t, 2]) - M)
-        hi = up(up(Lacc[t, 1] + Lacc[t, 2]) - M)
+        lo = _down(_down(Lacc[t, 1] - Lacc[t, 2]) - M)
+        hi = _up(_up(Lacc[t, 1] + Lacc[t, 2]) - M)
         nq += 1
         if vstamp[t] == sv:
             touched_valid += 1
@@ -560,8 +585,8 @@ def _error_parts(nt, Ltouched, Lacc, s, table, cohort, V, vptr_lo, vptr_hi, vali
             t = tok[u]
             if Lacc[t, 0] == s:
                 continue
-            lo = down(down(mid[u] - rad[u]) - M)
-            hi = up(up(mid[u] + rad[u]) - M)
+            lo = _down(_down(mid[u] - rad[u]) - M)
+            hi = _up(_up(mid[u] + rad[u]) - M)
             nq += 1
             if vstamp[t] == sv:
                 touched_valid += 1
@@ -581,39 +606,39 @@ def _error_parts(nt, Ltouched, Lacc, s, table, cohort, V, vptr_lo, vptr_hi, vali
             w = cpos[t]
             nq += 1
             touched_valid += 1
-            val_lo += _exp_lo(down(down(mid[w] - rad[w]) - M), memo)
-            val_hi += _exp_hi(up(up(mid[w] + rad[w]) - M), memo)
+            val_lo += _exp_lo(_down(_down(mid[w] - rad[w]) - M), memo)
+            val_hi += _exp_hi(_up(_up(mid[w] + rad[w]) - M), memo)
             sub_lo += elo[w]
             sub_hi += ehi[w]
             nsub += 1
         # Σ over the table's other tokens, relative to M_c: the table's sum minus Q's share
-        s_hi = up(_factor(nL + 1) * c_hi)
-        s_lo = down(_shrink(nL) * c_lo)
-        q_hi = up(_factor(nsub + 1) * sub_hi)
-        q_lo = down(_shrink(nsub) * sub_lo)
-        rest_hi = max(up(s_hi - q_lo), 0.0)
-        rest_lo = max(down(s_lo - q_hi), 0.0)
+        s_hi = _up(_factor(nL + 1) * c_hi)
+        s_lo = _down(_shrink(nL) * c_lo)
+        q_hi = _up(_factor(nsub + 1) * sub_hi)
+        q_lo = _down(_shrink(nsub) * sub_lo)
+        rest_hi = max(_up(s_hi - q_lo), 0.0)
+        rest_lo = max(_down(s_lo - q_hi), 0.0)
         if M_c != M:                                   # e^(z − M) = e^(z − M_c)·e^(M_c − M)
-            rest_hi = up(rest_hi * _exp_hi(up(M_c - M), memo))
-            rest_lo = down(rest_lo * _exp_lo(down(M_c - M), memo))
+            rest_hi = _up(rest_hi * _exp_hi(_up(M_c - M), memo))
+            rest_lo = _down(rest_lo * _exp_lo(_down(M_c - M), memo))
     c = _factor(nq + 1)
     dd = _shrink(nq)
-    z_lo = _exp_lo(down(-M), memo)
-    z_hi = _exp_hi(up(-M), memo)
+    z_lo = _exp_lo(_down(-M), memo)
+    z_hi = _exp_hi(_up(-M), memo)
     zero_valid = n_valid - touched_valid
     zero_invalid = zeros - zero_valid
-    inv_hi = up(up(up(c * inv_hi) + up(zero_invalid * z_hi)) + rest_hi)
-    val_hi = up(up(c * val_hi) + up(zero_valid * z_hi))
-    inv_lo = down(down(down(dd * inv_lo) + down(zero_invalid * z_lo)) + rest_lo)
-    val_lo = down(down(dd * val_lo) + down(zero_valid * z_lo))
-    err_hi = up(inv_hi / down(inv_hi + val_lo))
-    err_lo = down(inv_lo / up(inv_lo + val_hi))
+    inv_hi = _up(_up(_up(c * inv_hi) + _up(zero_invalid * z_hi)) + rest_hi)
+    val_hi = _up(_up(c * val_hi) + _up(zero_valid * z_hi))
+    inv_lo = _down(_down(_down(dd * inv_lo) + _down(zero_invalid * z_lo)) + rest_lo)
+    val_lo = _down(_down(dd * val_lo) + _down(zero_valid * z_lo))
+    err_hi = _up(inv_hi / _down(inv_hi + val_lo))
+    err_lo = _down(inv_lo / _up(inv_lo + val_hi))
     if not (err_hi <= 1.0):
         err_hi = 1.0
     if not (err_lo >= 0.0):
         err_lo = 0.0
-    rho_hi = up(z_hi / down(inv_lo + val_lo))
-    rho_lo = down(z_lo / up(inv_hi + val_hi))
+    rho_hi = _up(z_hi / _down(inv_lo + val_lo))
+    rho_lo = _down(z_lo / _up(inv_hi + val_hi))
     if not (rho_hi <= 1.0):
         rho_hi = 1.0
     if not (rho_lo >= 0.0):
@@ -635,14 +660,14 @@ def _first_of(W1T_ptr, W1T_idx, j, lo_n):
 @njit(cache=True)
 def _activity(zm, zr):
     """ReLU of [zm ± zr] as (mid, rad, on): on is False where it is exactly 0."""
-    a_lo = max(down(zm - zr), 0.0)
-    a_hi = max(up(zm + zr), 0.0)
+    a_lo = max(_down(zm - zr), 0.0)
+    a_hi = max(_up(zm + zr), 0.0)
     if a_hi == 0.0:
         return 0.0, 0.0, False
     if a_lo == a_hi:
         return a_lo, 0.0, True
     am = 0.5 * a_lo + 0.5 * a_hi
-    return am, max(up(a_hi - am), up(am - a_lo)), True
+    return am, max(_up(a_hi - am), _up(am - a_lo)), True
 
 
 @njit(cache=True)
@@ -931,7 +956,7 @@ def _pair_gap_parts(c, i, t, o, S, O, Urows, ut, uo, ustamp, s):
     r = entry_radius(A, B, n)
     if not (np.isfinite(mid) and np.isfinite(r)):
         return -np.inf
-    return down(mid - r)
+    return _down(mid - r)
 
 
 @njit(cache=True)
@@ -1028,21 +1053,21 @@ def ablated_parts(rows, cohort, Ls, Lo, V, valid_ptr, valid, Lacc, Ltouched, vst
             if not (np.isfinite(m_) and np.isfinite(r_)):
                 finite = False
             if t == o:
-                hi_o = up(m_ + r_)
+                hi_o = _up(m_ + r_)
                 o_touched = True
             else:
-                best = max(best, down(m_ - r_))
+                best = max(best, _down(m_ - r_))
                 if m_ > best_m or (m_ == best_m and t < best_t):
                     best_m = m_
                     best_t = t
         if not o_touched and cstamp[o] == sg:
-            hi_o = up(mid[cpos[o]] + rad[cpos[o]])
+            hi_o = _up(mid[cpos[o]] + rad[cpos[o]])
             o_touched = True
         for u in range(nL):
             t = tok[by_lo[u]]
             if t == o or Lacc[t, 0] == s:
                 continue
-            best = max(best, down(mid[by_lo[u]] - rad[by_lo[u]]))
+            best = max(best, _down(mid[by_lo[u]] - rad[by_lo[u]]))
             break
         for u in range(nL):
             t = tok[by_mid[u]]
@@ -1062,9 +1087,9 @@ def ablated_parts(rows, cohort, Ls, Lo, V, valid_ptr, valid, Lacc, Ltouched, vst
             if not np.isfinite(best):
                 gap[q] = -np.inf
             elif best >= hi_o:                         # the exact difference is >= 0: a tie is certified
-                gap[q] = max(down(best - hi_o), 0.0)
+                gap[q] = max(_down(best - hi_o), 0.0)
             else:
-                gap[q] = down(best - hi_o)
+                gap[q] = _down(best - hi_o)
             if not (gap[q] >= 0.0) and best_t >= 0:
                 pg = _pair_gap_parts(c, i, best_t, o, S, O, Urows, ut, uo, ustamp, float(s))
                 if pg > gap[q]:

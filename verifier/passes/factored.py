@@ -172,11 +172,47 @@ class FactoredPass:
         return self._scratch
 
 
+#: Odd multipliers of the cohort keys' hash (any fixed values: the hash is only a first sort).
+_MIX = np.array([0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9, 0xD6E8FEB86659FD93],
+                dtype=np.uint64).view(np.int64)
+
+
 def cohorts(fp: FactoredPass, ids: np.ndarray, qk_class: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(first row of each cohort, cohort of each row) for rows ``ids`` (BOS included): the
-    key is the row's tokens with each entity replaced by −1 − its attention class."""
+    key is the row's tokens with each entity replaced by −1 − its attention class.
+
+    Rows are grouped by a 64-bit hash of their key first, then every row is compared with
+    its group's first row entry by entry; should two different keys share a hash (never
+    seen), the rows are grouped by their keys themselves. So a cohort holds exactly the
+    rows of one key."""
     key = np.where(fp.entity[ids], -1 - qk_class[ids].astype(np.int64), ids)
+    mix = np.resize(_MIX, key.shape[1]) * (np.arange(key.shape[1], dtype=np.int64) * 2 + 1)
+    with np.errstate(over="ignore"):
+        h = (key * mix).sum(axis=1)                     # wraps around: a hash, not a number
+    _, first, inv = np.unique(h, return_index=True, return_inverse=True)
+    inv = inv.reshape(-1)
+    if np.array_equal(key, key[first[inv]]):
+        return first, inv
     return _unique_rows(key)
+
+
+def _reduce_pairs(n: int, rows: np.ndarray, values: tuple, single: bool) -> tuple:
+    """Per row, (min of lower ends, max of upper ends, fmin, fmax) over its pairs' values
+    (err_lo, err_hi, rho_lo, rho_hi): one pair per row is assigned directly."""
+    err_lo, err_hi = np.full(n, np.inf), np.full(n, -np.inf)
+    rho_lo, rho_hi = np.full(n, np.inf), np.full(n, -np.inf)
+    lo, hi, r_lo, r_hi = values
+    bad_rho = ~(np.isfinite(r_lo) & np.isfinite(r_hi))
+    if single:
+        err_lo[rows], err_hi[rows] = lo, hi
+        rho_lo[rows], rho_hi[rows] = np.where(bad_rho, np.nan, r_lo), r_hi
+    else:
+        np.minimum.at(err_lo, rows, lo)
+        np.maximum.at(err_hi, rows, hi)
+        np.fmin.at(rho_lo, rows, r_lo)
+        np.fmax.at(rho_hi, rows, r_hi)
+        rho_lo[rows[bad_rho]] = np.nan                      # any candidate without a ρ: none for the row
+    return err_lo, err_hi, rho_lo, rho_hi
 
 
 def run_batch(fp: FactoredPass, tokens: np.ndarray, valid_ptr: np.ndarray, valid: np.ndarray,
@@ -204,9 +240,11 @@ def run_batch(fp: FactoredPass, tokens: np.ndarray, valid_ptr: np.ndarray, valid
     ablate = np.ones(n, bool) if ablate is None else np.asarray(ablate, bool)
     ids = np.ascontiguousarray(np.concatenate([np.full((n, 1), w.bos, np.int64), tokens], axis=1))
     own = np.ascontiguousarray(fp.entity[ids])
-    att, am, ar = attention(prep, ids)
     first, cohort = cohorts(fp, ids, prep.qk_class)
     cohort = np.ascontiguousarray(cohort, np.int64)
+    # a cohort's rows have one attention class per position, hence one attention row
+    att_c, am, ar = attention(prep, np.ascontiguousarray(ids[first]))
+    att = np.ascontiguousarray(att_c[cohort])
     sc = fp.scratch()
     H = prep.n_heads
     heads = (H, prep.v_row, w.P.shape[0])
@@ -215,7 +253,7 @@ def run_batch(fp: FactoredPass, tokens: np.ndarray, valid_ptr: np.ndarray, valid
     OP = (prep.OP.indptr, prep.OP.indices, prep.OP.mid, prep.OP.rad)
     with np.errstate(invalid="ignore", over="ignore"):
         S = F_.residual_part(np.ascontiguousarray(ids[first]), np.ascontiguousarray(own[first]), fp.diverse, True,
-                             (np.ascontiguousarray(att[first]), am, ar), E, P, OE, OP, heads, sc["y"],
+                             (np.ascontiguousarray(att_c), am, ar), E, P, OE, OP, heads, sc["y"],
                              prep.stamps(first.size))
         O = F_.residual_part(ids, own, fp.diverse, False, (att, am, ar), E, P, OE, OP, heads, sc["y"], prep.stamps(n))
     order = np.argsort(cohort, kind="stable")
@@ -226,14 +264,16 @@ def run_batch(fp: FactoredPass, tokens: np.ndarray, valid_ptr: np.ndarray, valid
         e, margin, Grad, top, top_lo, top_hi, cand_row, cand = F_.gate_parts(
             S, O, cohort, order, prep.WGT_arrays, prep.wg_colmax, np.asarray(w.b_G, np.float64), prep.wg_max_terms,
             gmid, gstamp, gtouched, prep.stamps(n), G, scores)
-    by_row = np.argsort(cand_row, kind="stable")
-    cand = cand[by_row]
+    per_row = np.bincount(cand_row, minlength=n)
+    single = n == 0 or per_row.max() == 1
     cand_ptr = np.zeros(n + 1, np.int64)
-    np.cumsum(np.bincount(cand_row, minlength=n), out=cand_ptr[1:])
-    pair_rows = np.repeat(np.arange(n, dtype=np.int64), np.diff(cand_ptr))
+    np.cumsum(per_row, out=cand_ptr[1:])
+    by_row = np.argsort(cand_row, kind="stable")
+    cands = (cand_ptr, cand[by_row])
+    # the pairs (row, candidate expert), grouped by (cohort, expert)
+    grp = np.lexsort((cand, cohort[cand_row]))
+    p_rows, p_exp = np.ascontiguousarray(cand_row[grp]), np.ascontiguousarray(cand[grp], np.int64)
 
-    err_lo, err_hi = np.full(n, np.inf), np.full(n, -np.inf)
-    rho_lo, rho_hi = np.full(n, np.inf), np.full(n, -np.inf)
     predicted = np.full(n, -1, np.int64)
     ab_lo, ab_hi = np.full(n, np.nan), np.full(n, np.nan)
     ab_rho_lo, ab_rho_hi = np.full(n, np.nan), np.full(n, np.nan)
@@ -243,62 +283,66 @@ def run_batch(fp: FactoredPass, tokens: np.ndarray, valid_ptr: np.ndarray, valid
     active = np.full((n, R_ACT + 1), -1, np.int64)
     active[:, R_ACT] = 0
     UT = prep.UT_arrays
-    # Rows in runs (in cohort order) whose logits stay within a bound, so that memory is
-    # bounded for any unembedding; each run with the shared logits of its cohorts.
+    expert_args = (prep.W1T, (prep.off, prep.b1, prep.pos_ptr, prep.pos_idx), prep.W2T, UT, V)
+    scratch = (*sc["z"], *sc["shared_z"], *sc["z_own"], *sc["y"], *sc["L"], sc["v"], sc["table"], sc["watched"],
+               sc["memo"])
+    ab_sorted = order[ablate[order]]                        # ablated rows, grouped by cohort
     bound_o = K_.logits_bound(O[0], O[1], UT[0])
     bound_s = K_.logits_bound(S[0], S[1], UT[0])
-    for a, b in _row_runs(bound_o[order] + bound_s[cohort[order]], LOGITS_PER_RUN):
-        rows = order[a:b]
-        c0, c1 = int(cohort[rows[0]]), int(cohort[rows[-1]]) + 1
-        local_c = np.ascontiguousarray(cohort[rows] - c0)
-        Sr = _rows(S, np.arange(c0, c1))
-        Or = _rows(O, rows)
-        vp, vv = take_csr(vptr, vals, rows)
-        tg = np.ascontiguousarray(target[rows])
+    if int(bound_o.sum()) + int(bound_s.sum()) <= LOGITS_PER_RUN:
+        runs = [(np.arange(n), 0, first.size, p_rows, p_exp, ab_sorted)]
+    else:
+        # Rows in runs (in cohort order) whose logits stay within a bound, so that memory is
+        # bounded for any unembedding; each run with the shared logits of its cohorts.
+        runs = []
+        for a, b in _row_runs(bound_o[order] + bound_s[cohort[order]], LOGITS_PER_RUN):
+            rows = order[a:b]
+            in_run = np.zeros(n, bool)
+            in_run[rows] = True
+            sel = in_run[p_rows]
+            runs.append((rows, int(cohort[rows[0]]), int(cohort[rows[-1]]) + 1, p_rows[sel], p_exp[sel],
+                         ab_sorted[in_run[ab_sorted]]))
+    out_pairs = []
+    for rows, c0, c1, q_rows, q_exp, ab_rows in runs:
+        whole = rows.size == n
+        # the run's rows renumbered from 0 (the whole batch: as they are)
+        local = None if whole else np.full(n, -1, np.int64)
+        if local is not None:
+            local[rows] = np.arange(rows.size)
+        Sr = S if whole else _rows(S, np.arange(c0, c1))
+        Or = O if whole else _rows(O, rows)
+        vp, vv = (vptr, vals) if whole else take_csr(vptr, vals, rows)
+        coh = cohort if whole else np.ascontiguousarray(cohort[rows] - c0)
+        tg = target if whole else np.ascontiguousarray(target[rows])
+        lr = q_rows if whole else np.ascontiguousarray(local[q_rows])
         with np.errstate(invalid="ignore", over="ignore"):
             Ls = _logits(prep, sc, Sr, bound_s[c0:c1])
-            Lo = _logits(prep, sc, Or, bound_o[rows])
-            # pairs of the run's rows, grouped by (cohort, expert)
-            at = np.full(n, -1, np.int64)
-            at[rows] = np.arange(rows.size)
-            sel = np.flatnonzero(at[pair_rows] >= 0)
-            p_rows = at[pair_rows[sel]]
-            p_exp = cand[sel].astype(np.int64)
-            grp = np.lexsort((p_exp, local_c[p_rows]))
-            q_rows, q_exp = np.ascontiguousarray(p_rows[grp]), np.ascontiguousarray(p_exp[grp])
+            Lo = _logits(prep, sc, Or, bound_o[rows] if not whole else bound_o)
             act = np.full((q_rows.size, R_ACT + 1), -1, np.int64)
             act[:, R_ACT] = 0
-            lo, hi, pred, r_lo, r_hi = F_.experts_parts(
-                (q_rows, q_exp), local_c, Sr, Or, Ls, Lo, prep.W1T, (prep.off, prep.b1, prep.pos_ptr, prep.pos_idx),
-                prep.W2T, UT, V, (vp, vv),
-                (*sc["z"], *sc["shared_z"], *sc["z_own"], *sc["y"], *sc["L"], sc["v"], sc["table"], sc["watched"],
-                 sc["memo"]),
-                prep.stamps(2 * q_rows.size), prep.watch, act)
-            rows_sel = rows[q_rows]
-            np.minimum.at(err_lo, rows_sel, lo)
-            np.maximum.at(err_hi, rows_sel, hi)
-            np.fmin.at(rho_lo, rows_sel, r_lo)
-            np.fmax.at(rho_hi, rows_sel, r_hi)
-            bad_rho = ~(np.isfinite(r_lo) & np.isfinite(r_hi))
-            rho_lo[rows_sel[bad_rho]] = np.nan              # any candidate without a ρ: none for the row
-            routed = q_exp == e[rows_sel]
-            predicted[rows_sel[routed]] = pred[routed]
-            active[rows_sel[routed]] = act[routed]
-            ab = np.flatnonzero(ablate[rows])               # run-local rows, in cohort order
-            if ab.size:
+            lo, hi, pred, r_lo, r_hi = F_.experts_parts((lr, q_exp), coh, Sr, Or, Ls, Lo, *expert_args, (vp, vv),
+                                                        scratch, prep.stamps(2 * q_rows.size), prep.watch, act)
+            out_pairs.append((q_rows, q_exp, lo, hi, pred, r_lo, r_hi, act))
+            if ab_rows.size:
+                la = ab_rows if whole else np.ascontiguousarray(local[ab_rows])
                 sc_L = sc["L"]
-                res = F_.ablated_parts(ab.astype(np.int64), local_c, Ls, Lo, V, vp, vv, sc_L[0], sc_L[1], sc["v"],
-                                       sc["table"], sc["memo"], prep.stamps(3 * ab.size), tg, Sr, Or, prep.U_arrays)
-                g_rows = rows[ab]
-                (ab_lo[g_rows], ab_hi[g_rows], ab_rho_lo[g_rows], ab_rho_hi[g_rows], ab_gap[g_rows], ab_zeros[g_rows],
-                 ab_obj[g_rows]) = res
+                res = F_.ablated_parts(la, coh, Ls, Lo, V, vp, vv, sc_L[0], sc_L[1], sc["v"], sc["table"], sc["memo"],
+                                       prep.stamps(3 * ab_rows.size), tg, Sr, Or, prep.U_arrays)
+                (ab_lo[ab_rows], ab_hi[ab_rows], ab_rho_lo[ab_rows], ab_rho_hi[ab_rows], ab_gap[ab_rows],
+                 ab_zeros[ab_rows], ab_obj[ab_rows]) = res
+    q_rows, q_exp, lo, hi, pred, r_lo, r_hi, act = (np.concatenate(x) for x in zip(*out_pairs)) if len(out_pairs) > 1 \
+        else out_pairs[0]
+    err_lo, err_hi, rho_lo, rho_hi = _reduce_pairs(n, q_rows, (lo, hi, r_lo, r_hi), single)
+    routed = q_exp == e[q_rows]
+    predicted[q_rows[routed]] = pred[routed]
+    active[q_rows[routed]] = act[routed]
     undecided = ~np.isfinite(Grad)                          # the gate cannot say which expert wins
     err_lo[undecided], err_hi[undecided] = 0.0, 1.0
     rho_lo[undecided | ~np.isfinite(rho_lo)] = np.nan
     rho_hi[np.isnan(rho_lo)] = np.nan
     Gm = G if scores else None
     return BatchResult(e, margin, ~(margin > 0), Gm, Grad, err_lo, err_hi, ab_lo, ab_hi, predicted,
-                       (top, top_lo, top_hi), (cand_ptr, cand), rho_lo, rho_hi, ab_rho_lo, ab_rho_hi, active, ab_gap,
+                       (top, top_lo, top_hi), cands, rho_lo, rho_hi, ab_rho_lo, ab_rho_hi, active, ab_gap,
                        ab_zeros, ab_obj)
 
 
