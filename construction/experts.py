@@ -249,6 +249,43 @@ def _same_neurons(a: SymExpert, b: SymExpert, to_b: np.ndarray | None) -> bool:
     return bool(np.array_equal(mapped, b.W_1.cols.offset("subj") + np.asarray(lb.items.ids, np.int64)))
 
 
+def _sorted_minor(indptr: np.ndarray, indices: np.ndarray) -> bool:
+    """Whether every row (CSR) or column (CSC) lists strictly increasing minor indices."""
+    if indices.size < 2:
+        return True
+    starts = np.zeros(indices.size, bool)
+    starts[indptr[:-1][np.diff(indptr) > 0]] = True
+    return bool(np.all((np.diff(indices) > 0) | starts[1:]))
+
+
+def _same_matrix(xa, xb, rows: np.ndarray | None, cols: np.ndarray | None) -> bool:
+    """Whether ``xa`` with its rows and columns mapped (``rows``, ``cols``: a's index -> b's,
+    None: the same) has exactly the entries of ``xb``.
+
+    Fast where the map applies to the minor index of a compressed format both share (W_1
+    by rows with its columns mapped, W_2 by columns with its rows mapped) and both list
+    their minor indices strictly increasing (after the map, for a): the two matrices then
+    hold the same entries exactly when their pointers, their (mapped) minor indices and
+    their values are equal array for array, as both lists are the entries in one order
+    (by major, then minor index), without duplicates. Else by sorting the entries
+    (:func:`_canonical`)."""
+    fmt = xa.format
+    minor, major = (cols, rows) if fmt == "csr" else (rows, cols)
+    if fmt in ("csr", "csc") and xb.format == fmt and major is None:
+        if not np.array_equal(xa.indptr, xb.indptr):
+            return False
+        mapped = xa.indices.astype(np.int64) if minor is None else minor[xa.indices]
+        if (mapped < 0).any():
+            return False
+        if _sorted_minor(xa.indptr, mapped) and _sorted_minor(xb.indptr, xb.indices):
+            return bool(np.array_equal(mapped, xb.indices) and np.array_equal(xa.data, xb.data))
+    ra, ka, va = _canonical(xa, rows, cols)
+    rb, kb, vb = _canonical(xb, None, None)
+    if (ra < 0).any() or (ka < 0).any():
+        return False
+    return bool(np.array_equal(ra, rb) and np.array_equal(ka, kb) and np.array_equal(va, vb))
+
+
 def same_expert(a: SymExpert, b: SymExpert, to_b: np.ndarray | None = None) -> bool:
     """Exactly the same labelled weights (labels compared, not indices); vectorised.
 
@@ -266,10 +303,6 @@ def same_expert(a: SymExpert, b: SymExpert, to_b: np.ndarray | None = None) -> b
         for (ca, xa), (cb, xb) in zip(ma.terms, mb.terms):
             if ca != cb:
                 return False
-            ra, ka, va = _canonical(xa, rows, cols)
-            rb, kb, vb = _canonical(xb, None, None)
-            if (ra < 0).any() or (ka < 0).any():
-                return False
-            if not (np.array_equal(ra, rb) and np.array_equal(ka, kb) and np.array_equal(va, vb)):
+            if not _same_matrix(xa, xb, rows, cols):
                 return False
     return True

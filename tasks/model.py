@@ -585,12 +585,13 @@ class TaskSet:
         vocab = self.vocabulary
         W = vocab.n_words
         s, o = self.fact_ids[k]
-        ids = np.unique(np.concatenate([s, o]))            # the task's entity ids, sorted
+        ids = self.entity_rows([k]) + W                     # the task's entity ids, sorted
         words = tuple(sorted({w for t in task.templates for w in t.words}))
-        names = vocab.entities
-        entities = tuple(names[i] for i in (ids - W).tolist())
-        new_s = np.searchsorted(ids, s).astype(np.int64) + len(words)
-        new_o = np.searchsorted(ids, o).astype(np.int64) + len(words)
+        entities = tuple(map(vocab.entities.__getitem__, (ids - W).tolist()))
+        rank = np.empty(len(vocab), np.int64)               # an entity id's rank among the task's (a lookup)
+        rank[ids] = np.arange(ids.size)
+        new_s = rank[s] + len(words)
+        new_o = rank[o] + len(words)
         new_s.setflags(write=False)
         new_o.setflags(write=False)
         out = TaskSet.trusted((task,), words, entities, ((new_s, new_o),))
@@ -624,9 +625,11 @@ class TaskSet:
         words = tuple(sorted({w for k in keep for t in self.tasks[k].templates for w in t.words}))
         ids = self.entity_rows(keep) + W                    # kept entity ids, sorted
         entities = tuple(map(vocab.entities.__getitem__, (ids - W).tolist()))
+        rank = np.empty(len(vocab), np.int64)               # a kept entity id's rank among them (a lookup)
+        rank[ids] = np.arange(ids.size)
         fact_ids = []
         for k in keep:
-            s, o = (np.searchsorted(ids, a).astype(np.int64) + len(words) for a in self.fact_ids[k])
+            s, o = (rank[a] + len(words) for a in self.fact_ids[k])
             s.setflags(write=False)
             o.setflags(write=False)
             fact_ids.append((s, o))
