@@ -266,3 +266,25 @@ def test_the_modularity_check_tells_a_renamed_subject_apart(capitals_set, capita
     swapped = dataclasses.replace(capitals_model, experts=(build(other).experts[0],) + capitals_model.experts[1:])
     isolated, _ = isolation(capitals_set, swapped)
     assert isolated == (False, True, True)
+
+
+def test_the_fast_comparison_of_matrices_falls_back_where_a_map_reorders():
+    """``_same_matrix`` compares arrays directly only where both matrices list their (mapped)
+    minor indices in order; a map that reorders the columns gives the same answer by
+    sorting the entries, and any changed value or position is told apart either way."""
+    from construction.experts import _same_matrix
+
+    a = sp.csr_matrix(np.array([[1.0, 0, 2.0, 0], [0, 3.0, 0, 4.0]]))
+    for cols in (np.array([0, 1, 2, 3]), np.array([3, 2, 1, 0]), np.array([1, 0, 3, 2])):
+        b = sp.csr_matrix((a.shape[0], 4))
+        b = sp.coo_matrix((a.tocoo().data, (a.tocoo().row, cols[a.tocoo().col])), shape=(2, 4)).tocsr()
+        assert _same_matrix(a, b, None, cols)
+        changed = b.copy()
+        changed.data[0] += 1.0
+        assert not _same_matrix(a, changed, None, cols)
+        assert not _same_matrix(a, b, None, np.roll(cols, 1))
+    # a tall matrix by columns, its rows mapped (W_2)
+    t = sp.csc_matrix(np.array([[1.0, 0], [0, 2.0], [5.0, 0]]))
+    rows = np.array([2, 0, 1])
+    u = sp.coo_matrix((t.tocoo().data, (rows[t.tocoo().row], t.tocoo().col)), shape=(3, 2)).tocsc()
+    assert _same_matrix(t, u, rows, None) and not _same_matrix(t, u, np.array([0, 1, 2]), None)
