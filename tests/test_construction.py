@@ -276,7 +276,6 @@ def test_the_fast_comparison_of_matrices_falls_back_where_a_map_reorders():
 
     a = sp.csr_matrix(np.array([[1.0, 0, 2.0, 0], [0, 3.0, 0, 4.0]]))
     for cols in (np.array([0, 1, 2, 3]), np.array([3, 2, 1, 0]), np.array([1, 0, 3, 2])):
-        b = sp.csr_matrix((a.shape[0], 4))
         b = sp.coo_matrix((a.tocoo().data, (a.tocoo().row, cols[a.tocoo().col])), shape=(2, 4)).tocsr()
         assert _same_matrix(a, b, None, cols)
         changed = b.copy()
