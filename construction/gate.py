@@ -182,8 +182,21 @@ def _patterns(group) -> dict[tuple[int, ...], int]:
     uniq, first = np.unique(tasks, return_index=True)
     for k, i in zip(uniq.tolist(), single[first].tolist()):
         out[(k,)] = int(group.subjects[i])
-    for i in np.flatnonzero(counts != 1):
-        out.setdefault(tuple(group.allowed_of(i).tolist()), int(group.subjects[i]))
+    multi = np.flatnonzero(counts != 1)
+    if multi.size:                         # each distinct allowed set once, with its first row
+        width = max(int(counts[multi].max()), 1)
+        pad = np.full((multi.size, width), -1, np.int64)
+        take = np.repeat(np.arange(multi.size), counts[multi])
+        at = np.arange(take.size) - np.repeat(np.cumsum(counts[multi]) - counts[multi], counts[multi])
+        pad[take, at] = group.allowed[np.repeat(group.allowed_ptr[multi], counts[multi]) + at]
+        # rows grouped by a hash, each then compared with its group's first (exact; should two
+        # sets share a hash, every row is taken one by one)
+        with np.errstate(over="ignore"):
+            h = (pad * (np.arange(width, dtype=np.int64) * 40503 + 1000003)).sum(axis=1)
+        _, first_row, inv = np.unique(h, return_index=True, return_inverse=True)
+        rows = first_row if np.array_equal(pad, pad[first_row[inv.reshape(-1)]]) else np.arange(multi.size)
+        for r in np.sort(rows).tolist():
+            out.setdefault(tuple(t for t in pad[r].tolist() if t >= 0), int(group.subjects[multi[r]]))
     return out
 
 

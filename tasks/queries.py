@@ -186,22 +186,24 @@ def build_group(taskset: TaskSet, trie: StructureTrie, node: Node, part: Part | 
         inverse = inverse.reshape(-1)
         q_obj = np.full(q_subj.size, -1, np.int64)
     n = q_subj.size
-    allowed_ptr, allowed = _csr(inverse, task, n)
-
-    # Valid next tokens: each consistent task's word children, and D_k(s) where ⋆2 follows.
-    v_rows, v_vals = [], []
-    oq = np.zeros(n, dtype=bool)
-    for i, k in enumerate(tasks):
-        rows_k = inverse[offsets[i]:offsets[i + 1]]
-        words = _words(node.children[k])
-        if words.size:
-            v_rows.append(np.repeat(rows_k, words.size))
-            v_vals.append(np.tile(words, rows_k.size))
-        if OBJ in node.children[k]:
-            v_rows.append(rows_k)
-            v_vals.append(obj[offsets[i]:offsets[i + 1]])
-            oq[rows_k] = True
-    valid_ptr, valid = _csr(np.concatenate(v_rows), np.concatenate(v_vals), n)
+    if len(tasks) == 1 and np.array_equal(inverse, np.arange(n)):
+        allowed_ptr, allowed, valid_ptr, valid, oq = _one_task(node, tasks[0], obj, n)
+    else:
+        allowed_ptr, allowed = _csr(inverse, task, n)
+        # Valid next tokens: each consistent task's word children, and D_k(s) where ⋆2 follows.
+        v_rows, v_vals = [], []
+        oq = np.zeros(n, dtype=bool)
+        for i, k in enumerate(tasks):
+            rows_k = inverse[offsets[i]:offsets[i + 1]]
+            words = _words(node.children[k])
+            if words.size:
+                v_rows.append(np.repeat(rows_k, words.size))
+                v_vals.append(np.tile(words, rows_k.size))
+            if OBJ in node.children[k]:
+                v_rows.append(rows_k)
+                v_vals.append(obj[offsets[i]:offsets[i + 1]])
+                oq[rows_k] = True
+        valid_ptr, valid = _csr(np.concatenate(v_rows), np.concatenate(v_vals), n)
 
     counts = np.diff(allowed_ptr)
     first = allowed[allowed_ptr[:-1]]
@@ -215,6 +217,23 @@ def build_group(taskset: TaskSet, trie: StructureTrie, node: Node, part: Part | 
         allowed_ptr, allowed, valid_ptr, valid, oq, determined.astype(np.int64),
         first.astype(np.int64), witness_template,
     )
+
+
+def _one_task(node: Node, k: int, obj: np.ndarray, n: int):
+    """(allowed_ptr, allowed, valid_ptr, valid, object_query) of a group whose rows are the
+    facts of one task k in order (row i: its i-th fact): the CSRs :func:`_csr` builds,
+    without sorting. Every row is consistent with k alone; its valid next tokens are k's
+    word children (sorted, distinct) and, where ⋆2 follows, the fact's object, an entity,
+    whose id is above every word's: each row is sorted and distinct already."""
+    words = _words(node.children[k])
+    has_object = OBJ in node.children[k]
+    per = words.size + int(has_object)
+    valid = np.empty((n, per), np.int64)
+    valid[:, :words.size] = words
+    if has_object:
+        valid[:, per - 1] = obj
+    return (np.arange(n + 1, dtype=np.int64), np.full(n, k, np.int64), np.arange(n + 1, dtype=np.int64) * per,
+            valid.reshape(-1), np.full(n, has_object))
 
 
 def query_groups(taskset: TaskSet, trie: StructureTrie | None = None) -> Iterator[QueryGroup]:
