@@ -189,21 +189,7 @@ def build_group(taskset: TaskSet, trie: StructureTrie, node: Node, part: Part | 
     if len(tasks) == 1 and np.array_equal(inverse, np.arange(n)):
         allowed_ptr, allowed, valid_ptr, valid, oq = _one_task(node, tasks[0], obj, n)
     else:
-        allowed_ptr, allowed = _csr(inverse, task, n)
-        # Valid next tokens: each consistent task's word children, and D_k(s) where ⋆2 follows.
-        v_rows, v_vals = [], []
-        oq = np.zeros(n, dtype=bool)
-        for i, k in enumerate(tasks):
-            rows_k = inverse[offsets[i]:offsets[i + 1]]
-            words = _words(node.children[k])
-            if words.size:
-                v_rows.append(np.repeat(rows_k, words.size))
-                v_vals.append(np.tile(words, rows_k.size))
-            if OBJ in node.children[k]:
-                v_rows.append(rows_k)
-                v_vals.append(obj[offsets[i]:offsets[i + 1]])
-                oq[rows_k] = True
-        valid_ptr, valid = _csr(np.concatenate(v_rows), np.concatenate(v_vals), n)
+        allowed_ptr, allowed, valid_ptr, valid, oq = _rows_of_tasks(node, inverse, offsets, task, obj, n)
 
     counts = np.diff(allowed_ptr)
     first = allowed[allowed_ptr[:-1]]
@@ -219,12 +205,35 @@ def build_group(taskset: TaskSet, trie: StructureTrie, node: Node, part: Part | 
     )
 
 
+def _rows_of_tasks(node: Node, inverse: np.ndarray, offsets: np.ndarray, task: np.ndarray, obj: np.ndarray, n: int):
+    """(allowed_ptr, allowed, valid_ptr, valid, object_query) of a group from its (query
+    row, task) pairs: ``inverse`` the row of each pair, the pairs of ``node.tasks[i]`` at
+    ``offsets[i]`` .. ``offsets[i + 1]``, ``task`` and ``obj`` their task and object."""
+    allowed_ptr, allowed = _csr(inverse, task, n)
+    # Valid next tokens: each consistent task's word children, and D_k(s) where ⋆2 follows.
+    v_rows, v_vals = [], []
+    oq = np.zeros(n, dtype=bool)
+    for i, k in enumerate(node.tasks):
+        rows_k = inverse[offsets[i]:offsets[i + 1]]
+        words = _words(node.children[k])
+        if words.size:
+            v_rows.append(np.repeat(rows_k, words.size))
+            v_vals.append(np.tile(words, rows_k.size))
+        if OBJ in node.children[k]:
+            v_rows.append(rows_k)
+            v_vals.append(obj[offsets[i]:offsets[i + 1]])
+            oq[rows_k] = True
+    valid_ptr, valid = _csr(np.concatenate(v_rows), np.concatenate(v_vals), n)
+    return allowed_ptr, allowed, valid_ptr, valid, oq
+
+
 def _one_task(node: Node, k: int, obj: np.ndarray, n: int):
     """(allowed_ptr, allowed, valid_ptr, valid, object_query) of a group whose rows are the
     facts of one task k in order (row i: its i-th fact): the CSRs :func:`_csr` builds,
     without sorting. Every row is consistent with k alone; its valid next tokens are k's
     word children (sorted, distinct) and, where ⋆2 follows, the fact's object, an entity,
-    whose id is above every word's: each row is sorted and distinct already."""
+    whose id is above every word's: each row is sorted and distinct already (the same arrays
+    as :func:`_rows_of_tasks`: tests/test_structure.py)."""
     words = _words(node.children[k])
     has_object = OBJ in node.children[k]
     per = words.size + int(has_object)

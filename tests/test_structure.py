@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from hypothesis import HealthCheck, given, settings
+from budget import examples
+
 from tasks.model import Task, TaskSet
+from tasks.strategies import task_sets
 from tasks.structure import StructureTrie, conflict_graph, object_query_collisions, open_tasks
 
 
@@ -105,3 +109,29 @@ def test_verify_in_parts_reports_the_same(monkeypatch):
     monkeypatch.setattr(B, "GROUP_ROWS", 5)
     assert summary() == whole
     assert whole[0] == "not certified" and whole[3] > 0
+
+
+@settings(max_examples=examples(40), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(task_sets())
+def test_a_group_of_one_task_is_built_as_the_general_construction(ts):
+    """Where one task passes through a node, its group's CSRs of consistent tasks and valid
+    next tokens are made without sorting (``_one_task``); they are the arrays the general
+    construction from (row, task) pairs gives, row for row."""
+    import numpy as np
+
+    from tasks.queries import _one_task, _rows_of_tasks
+
+    trie = StructureTrie(ts)
+    seen = 0
+    for node in trie:
+        if not node.has_subject or len(node.tasks) != 1:
+            continue
+        k = node.tasks[0]
+        s, o = ts.fact_ids[k]
+        n = s.size
+        fast = _one_task(node, k, o, n)
+        general = _rows_of_tasks(node, np.arange(n), np.array([0, n]), np.full(n, k, np.int64), o, n)
+        for a, b in zip(fast, general):
+            assert np.array_equal(a, b)
+        seen += 1
+    assert seen
