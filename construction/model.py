@@ -80,8 +80,11 @@ class SymbolicModel:
         the closed form is a proven bound on every query's error."""
         return bound.unproven_conditions(self.taskset.L, self.beta, self.gate.beta_condition())
 
-    def instantiate(self, beta: Fraction | None = None, gamma: Fraction | None = None) -> Weights:
-        """Numeric weights in the verifier's layout (exact for dyadic β and γ)."""
+    def instantiate(self, beta: Fraction | None = None, gamma: Fraction | None = None, *,
+                    labels: bool = True) -> Weights:
+        """Numeric weights in the verifier's layout (exact for dyadic β and γ). ``labels``:
+        name the residual directions and neurons (up to 200,000 of each; for reading and for
+        files: no check, digest or output depends on them)."""
         values = {BETA: float(self.beta if beta is None else beta), GAMMA: float(self.gamma if gamma is None else gamma)}
         num = lambda m: m.numeric(values)  # noqa: E731
         vec = lambda m: np.asarray(m.numeric(values).toarray()).reshape(-1)  # noqa: E731
@@ -94,8 +97,9 @@ class SymbolicModel:
             U=num(self.U),
             expert_tasks=self.taskset.names,
             gate_mode="top1",
-            residual_labels=tuple(self.residual.labels()) if self.residual.dim <= 200_000 else None,
-            neuron_labels=tuple(tuple(e.neurons.blocks[0].labels) for e in self.experts) if sum(self.widths) <= 200_000 else None,
+            residual_labels=tuple(self.residual.labels()) if labels and self.residual.dim <= 200_000 else None,
+            neuron_labels=tuple(tuple(e.neurons.blocks[0].labels) for e in self.experts)
+            if labels and sum(self.widths) <= 200_000 else None,
             parameters={"beta": str(self.beta if beta is None else beta), "gamma": str(self.gamma if gamma is None else gamma),
                         "epsilon": self.epsilon, "gate": self.gate.method},
         )

@@ -35,7 +35,7 @@ def check_built(taskset: TaskSet, model: SymbolicModel, *, weights: Weights | No
     numeric weights share its coefficient-1 matrices).
     """
     start = time.perf_counter()
-    weights = weights if weights is not None else model.instantiate()
+    weights = weights if weights is not None else model.instantiate(labels=False)   # (the report names none)
     epsilon = model.epsilon
     executor = executor if executor is not None else LocalPool(jobs)
     ev = evidence(taskset, model, check_isolation=isolation, map_fn=executor.map)
