@@ -452,10 +452,10 @@ def _cohort_table(nL, Ltouched, Lacc, table, sg):
     """The shared logits in the accumulator (``nL`` tokens of ``Ltouched``, mid in column 1
     and radius in column 2) as a cohort's table: per token its enclosure and the bounds of
     e^(z − M_c) for M_c the largest midpoint; the (unrounded) float sums of those bounds;
-    the tokens by decreasing midpoint (ties: smaller token first) and by decreasing lower
-    end. Each token t is marked ``cstamp[t] = sg`` with its position ``cpos[t]``. Returns
-    (M_c, sum of lower bounds, sum of upper bounds, bad: a non-finite enclosure)."""
-    tok, mid, rad, elo, ehi, by_mid, by_lo, cpos, cstamp = table
+    the tokens by decreasing midpoint (ties: smaller token first), by decreasing lower end,
+    and in increasing order with their positions (for :func:`_position`). Returns (M_c, sum
+    of lower bounds, sum of upper bounds, bad: a non-finite enclosure)."""
+    tok, mid, rad, elo, ehi, by_mid, by_lo, srt_tok, srt_pos = table
     M = -np.inf
     bad = False
     for u in range(nL):
@@ -463,11 +463,13 @@ def _cohort_table(nL, Ltouched, Lacc, table, sg):
         tok[u] = t
         mid[u] = Lacc[t, 1]
         rad[u] = Lacc[t, 2]
-        cpos[t] = u
-        cstamp[t] = sg
         if not (np.isfinite(mid[u]) and np.isfinite(rad[u])):
             bad = True
         M = max(M, mid[u])
+    by_tok = np.argsort(tok[:nL])                      # tokens are distinct: a total order
+    for u in range(nL):
+        srt_tok[u] = tok[by_tok[u]]
+        srt_pos[u] = by_tok[u]
     s_lo = 0.0
     s_hi = 0.0
     if bad or nL == 0:
@@ -477,7 +479,6 @@ def _cohort_table(nL, Ltouched, Lacc, table, sg):
         ehi[u] = exp_upper(_up(_up(mid[u] + rad[u]) - M))
         s_lo += elo[u]
         s_hi += ehi[u]
-    by_tok = np.argsort(tok[:nL])                      # tokens are distinct: a total order
     key = np.empty(nL)
     for u in range(nL):
         key[u] = -mid[by_tok[u]]
@@ -493,14 +494,59 @@ def _cohort_table(nL, Ltouched, Lacc, table, sg):
 
 
 @njit(cache=True)
+def _position(t, nL, table):
+    """Token t's position in a cohort's table, −1 if it is not there (binary search in the
+    table's sorted tokens: a row looks up a few tokens in a table that stays in cache)."""
+    srt_tok, srt_pos = table[7], table[8]
+    lo = 0
+    hi = nL
+    while lo < hi:
+        m = (lo + hi) >> 1
+        if srt_tok[m] < t:
+            lo = m + 1
+        else:
+            hi = m
+    if lo < nL and srt_tok[lo] == t:
+        return srt_pos[lo]
+    return -1
+
+
+#: A row with at most this many valid next tokens has them looked up by scanning its list
+#: (in the plain kernel's stamps otherwise).
+SMALL_VALID = 8
+
+
+@njit(cache=True)
+def _is_valid(t, small, valid, lo, hi, vstamp, sv):
+    """Whether token t is one of the row's valid next tokens ``valid[lo:hi]`` (``small``: by
+    scanning them; else by the stamps ``vstamp[t] == sv`` or ``sv + 0.5`` set beforehand)."""
+    if small:
+        for q in range(lo, hi):
+            if valid[q] == t:
+                return True
+        return False
+    return vstamp[t] == sv or vstamp[t] == sv + 0.5
+
+
+@njit(cache=True)
+def _first_time(valid, lo, q):
+    """Whether ``valid[q]`` does not occur in ``valid[lo:q]``."""
+    for r in range(lo, q):
+        if valid[r] == valid[q]:
+            return False
+    return True
+
+
+@njit(cache=True)
 def _error_parts(nt, Ltouched, Lacc, s, table, cohort, V, vptr_lo, vptr_hi, valid, vstamp, sv, memo):
     """Enclosure of 1 − P(valid), the argmax token (−1: a zero logit), and an enclosure of
     ρ = e^(0 − M)/Σ_t e^(z_t − M) (as :func:`verifier.arithmetic.kernels._error` returns
     them) for a row whose logits are the cohort's (``table``, ``cohort`` = (number of
     tokens, M_c, the float sums of the bounds, the table's stamp)) except at the ``nt`` row
     tokens of ``Ltouched`` (stamp ``s`` in column 0, the row's enclosure of the whole logit
-    in columns 1 and 2); every other token has logit exactly 0. Valid tokens are marked
-    with ``sv`` in ``vstamp``.
+    in columns 1 and 2, its position in the table in column 4, −1 if none); every other
+    token has logit exactly 0. The row's valid tokens ``valid[vptr_lo:vptr_hi]`` are
+    looked up by scanning when few, else marked with ``sv`` in ``vstamp``.
 
     With M the shift (the largest midpoint of the row's logits, and 0 when a token has
     logit 0) and Q the row tokens together with the valid tokens of the table: the
@@ -513,11 +559,15 @@ def _error_parts(nt, Ltouched, Lacc, s, table, cohort, V, vptr_lo, vptr_hi, vali
     A table of at most ``DIRECT`` tokens, or of at most twice as many as the row has valid
     tokens (their lookups cost as much), is not subtracted from: its tokens the row did not
     change are summed with the row's, exactly as the plain kernel sums its logits."""
-    tok, mid, rad, elo, ehi, by_mid, by_lo, cpos, cstamp = table
+    tok, mid, rad, elo, ehi, by_mid = table[0], table[1], table[2], table[3], table[4], table[5]
     nL, M_c, c_lo, c_hi, sg = cohort
+    small = vptr_hi - vptr_lo <= SMALL_VALID
     n_valid = 0
     for q in range(vptr_lo, vptr_hi):
-        if vstamp[valid[q]] != sv:
+        if small:
+            if _first_time(valid, vptr_lo, q):
+                n_valid += 1
+        elif vstamp[valid[q]] != sv:
             vstamp[valid[q]] = sv
             n_valid += 1
     new = 0                                            # row tokens that are not the table's
@@ -529,7 +579,7 @@ def _error_parts(nt, Ltouched, Lacc, s, table, cohort, V, vptr_lo, vptr_hi, vali
         m_, r_ = Lacc[t, 1], Lacc[t, 2]
         if not (np.isfinite(m_) and np.isfinite(r_)):
             bad = True
-        if cstamp[t] != sg:
+        if Lacc[t, 4] < 0.0:
             new += 1
         if m_ > best or (m_ == best and t < arg):
             best = m_
@@ -565,16 +615,17 @@ def _error_parts(nt, Ltouched, Lacc, s, table, cohort, V, vptr_lo, vptr_hi, vali
         lo = _down(_down(Lacc[t, 1] - Lacc[t, 2]) - M)
         hi = _up(_up(Lacc[t, 1] + Lacc[t, 2]) - M)
         nq += 1
-        if vstamp[t] == sv:
+        if _is_valid(t, small, valid, vptr_lo, vptr_hi, vstamp, sv):
             touched_valid += 1
             val_lo += _exp_lo(lo, memo)
             val_hi += _exp_hi(hi, memo)
         else:
             inv_lo += _exp_lo(lo, memo)
             inv_hi += _exp_hi(hi, memo)
-        if cstamp[t] == sg:
-            sub_lo += elo[cpos[t]]
-            sub_hi += ehi[cpos[t]]
+        w = int(Lacc[t, 4])
+        if w >= 0:
+            sub_lo += elo[w]
+            sub_hi += ehi[w]
             nsub += 1
     rest_lo = 0.0
     rest_hi = 0.0
@@ -588,7 +639,7 @@ def _error_parts(nt, Ltouched, Lacc, s, table, cohort, V, vptr_lo, vptr_hi, vali
             lo = _down(_down(mid[u] - rad[u]) - M)
             hi = _up(_up(mid[u] + rad[u]) - M)
             nq += 1
-            if vstamp[t] == sv:
+            if _is_valid(t, small, valid, vptr_lo, vptr_hi, vstamp, sv):
                 touched_valid += 1
                 val_lo += _exp_lo(lo, memo)
                 val_hi += _exp_hi(hi, memo)
@@ -598,12 +649,18 @@ def _error_parts(nt, Ltouched, Lacc, s, table, cohort, V, vptr_lo, vptr_hi, vali
     else:
         for q in range(vptr_lo, vptr_hi):              # valid tokens of the table the row did not change
             t = valid[q]
-            if vstamp[t] != sv:
+            if small:
+                if not _first_time(valid, vptr_lo, q):
+                    continue                           # seen already
+            elif vstamp[t] != sv:
                 continue                               # seen already
-            vstamp[t] = sv + 0.5                       # still valid (no stamp is a half-integer)
-            if cstamp[t] != sg or Lacc[t, 0] == s:
+            else:
+                vstamp[t] = sv + 0.5                   # still valid (no stamp is a half-integer)
+            if Lacc[t, 0] == s:
                 continue
-            w = cpos[t]
+            w = _position(t, nL, table)
+            if w < 0:
+                continue
             nq += 1
             touched_valid += 1
             val_lo += _exp_lo(_down(_down(mid[w] - rad[w]) - M), memo)
@@ -652,9 +709,15 @@ def _error_parts(nt, Ltouched, Lacc, s, table, cohort, V, vptr_lo, vptr_hi, vali
 @njit(cache=True)
 def _first_of(W1T_ptr, W1T_idx, j, lo_n):
     """The first entry of W_1^T row j at or after neuron ``lo_n`` (rows sorted by neuron)."""
-    a0 = W1T_ptr[j]
-    a1 = W1T_ptr[j + 1]
-    return a0 + np.searchsorted(W1T_idx[a0:a1], lo_n)
+    lo = W1T_ptr[j]
+    hi = W1T_ptr[j + 1]
+    while lo < hi:
+        m = (lo + hi) >> 1
+        if W1T_idx[m] < lo_n:
+            lo = m + 1
+        else:
+            hi = m
+    return lo
 
 
 @njit(cache=True)
@@ -897,13 +960,14 @@ def experts_parts(pairs, cohort, S, O, Ls, Lo, W1T, first, W2T, UT, V, valid, sc
         if bad:
             err_lo[q], err_hi[q], pred[q], rho_lo[q], rho_hi[q] = 0.0, 1.0, -1, np.nan, np.nan
             continue
-        tbl_tok, tbl_mid, tbl_rad, tbl_elo, tbl_ehi, tbl_by_mid, tbl_by_lo, cpos, cstamp = table
+        tbl_mid, tbl_rad = table[1], table[2]
         for u in range(nt):
             t = Ltouched[u]
-            if cstamp[t] == sg:                        # the shared logit as one interval term
-                w = cpos[t]
+            w = _position(t, meta[0], table)
+            if w >= 0:                                 # the shared logit as one interval term
                 _add(t, tbl_mid[w], tbl_rad[w], abs(tbl_mid[w]), Lacc)
             Lacc[t, 2] = entry_radius(Lacc[t, 2], Lacc[t, 3], int(Lacc[t, 4]))   # column 2 becomes the radius
+            Lacc[t, 4] = w                             # column 4 becomes the table position
         err_lo[q], err_hi[q], pred[q], rho_lo[q], rho_hi[q] = _error_parts(
             nt, Ltouched, Lacc, s, table, meta, V, valid_ptr[i], valid_ptr[i + 1], valid, vstamp, s, memo)
     return err_lo, err_hi, pred, rho_lo, rho_hi
@@ -974,7 +1038,7 @@ def ablated_parts(rows, cohort, Ls, Lo, V, valid_ptr, valid, Lacc, Ltouched, vst
     ``stamp0 + P + q`` per row, ``stamp0 + 2P + g`` per cohort."""
     Ls_ptr, Ls_idx, Ls_mid, Ls_rad, Ls_mag = Ls
     Lo_ptr, Lo_idx, Lo_mid, Lo_rad, Lo_mag = Lo
-    tok, mid, rad, elo, ehi, by_mid, by_lo, cpos, cstamp = table
+    tok, mid, rad, by_mid, by_lo = table[0], table[1], table[2], table[5], table[6]
     P = rows.size
     err_lo = np.empty(P)
     err_hi = np.empty(P)
@@ -1019,13 +1083,14 @@ def ablated_parts(rows, cohort, Ls, Lo, V, valid_ptr, valid, Lacc, Ltouched, vst
         for e in range(Lo_ptr[i], Lo_ptr[i + 1]):
             t = Lo_idx[e]
             nt = _touch(t, Lacc, s, Ltouched, nt)
-            if cstamp[t] == sg:
-                w = cpos[t]
+            w = _position(t, nL, table)
+            if w >= 0:
                 Lacc[t, 1] = Lo_mid[e] + mid[w]
                 Lacc[t, 2] = entry_radius(upp(Lo_rad[e] + rad[w]), upp(abs(Lo_mid[e]) + abs(mid[w])), 2)
             else:
                 Lacc[t, 1] = Lo_mid[e]
                 Lacc[t, 2] = Lo_rad[e]
+            Lacc[t, 4] = w
         if bad_c:
             err_lo[q], err_hi[q], rho_lo[q], rho_hi[q] = 0.0, 1.0, np.nan, np.nan
             if target[i] >= 0:
@@ -1048,7 +1113,7 @@ def ablated_parts(rows, cohort, Ls, Lo, V, valid_ptr, valid, Lacc, Ltouched, vst
         for u in range(nt):
             t = Ltouched[u]
             m_, r_ = Lacc[t, 1], Lacc[t, 2]
-            if cstamp[t] != sg:
+            if Lacc[t, 4] < 0.0:
                 new += 1
             if not (np.isfinite(m_) and np.isfinite(r_)):
                 finite = False
@@ -1060,8 +1125,9 @@ def ablated_parts(rows, cohort, Ls, Lo, V, valid_ptr, valid, Lacc, Ltouched, vst
                 if m_ > best_m or (m_ == best_m and t < best_t):
                     best_m = m_
                     best_t = t
-        if not o_touched and cstamp[o] == sg:
-            hi_o = _up(mid[cpos[o]] + rad[cpos[o]])
+        w_o = _position(o, nL, table) if not o_touched else -1
+        if w_o >= 0:
+            hi_o = _up(mid[w_o] + rad[w_o])
             o_touched = True
         for u in range(nL):
             t = tok[by_lo[u]]

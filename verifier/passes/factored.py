@@ -162,8 +162,10 @@ class FactoredPass:
                 acc[:, 0] = -1.0
                 return acc, np.zeros(size, np.int64)
 
+            # a cohort's logit table (verifier.arithmetic.factored._cohort_table): tokens, mid, rad,
+            # exp bounds, by midpoint, by lower end, sorted tokens and their positions
             table = (np.zeros(V, np.int64), np.zeros(V), np.zeros(V), np.zeros(V), np.zeros(V),
-                     np.zeros(V, np.int64), np.zeros(V, np.int64), np.zeros(V, np.int64), np.full(V, -1.0))
+                     np.zeros(V, np.int64), np.zeros(V, np.int64), np.zeros(V, np.int64), np.zeros(V, np.int64))
             self._scratch = {"z": spa(width), "z_own": spa(width), "y": spa(d), "L": spa(V),
                              "shared_z": (np.zeros(width), np.zeros(width), np.zeros(width), np.zeros(width),
                                           np.zeros(width, bool)),
