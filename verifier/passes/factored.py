@@ -166,7 +166,9 @@ class FactoredPass:
             # exp bounds, by midpoint, by lower end, sorted tokens and their positions
             table = (np.zeros(V, np.int64), np.zeros(V), np.zeros(V), np.zeros(V), np.zeros(V),
                      np.zeros(V, np.int64), np.zeros(V, np.int64), np.zeros(V, np.int64), np.zeros(V, np.int64))
+            K = len(w.experts)
             self._scratch = {"z": spa(width), "z_own": spa(width), "y": spa(d), "L": spa(V),
+                             "g": (np.zeros(K), np.full(K, -1.0), np.zeros(K, np.int64)),
                              "shared_z": (np.zeros(width), np.zeros(width), np.zeros(width), np.zeros(width),
                                           np.zeros(width, bool)),
                              "v": np.full(V, -1.0), "table": table, "watched": np.zeros(width, np.int64),
@@ -261,7 +263,7 @@ def run_batch(fp: FactoredPass, tokens: np.ndarray, valid_ptr: np.ndarray, valid
     order = np.argsort(cohort, kind="stable")
     K = len(w.experts)
     G = np.empty((n, K)) if scores else np.empty((1, 1))
-    gmid, gstamp, gtouched = prep.scratch()["g"]
+    gmid, gstamp, gtouched = sc["g"]
     with np.errstate(invalid="ignore", over="ignore"):
         e, margin, Grad, top, top_lo, top_hi, cand_row, cand = F_.gate_parts(
             S, O, cohort, order, prep.WGT_arrays, prep.wg_colmax, np.asarray(w.b_G, np.float64), prep.wg_max_terms,
