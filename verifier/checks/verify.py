@@ -62,7 +62,7 @@ from verifier.checks.classes import ClassRecorder
 from verifier.checks.localization import l1_thresholds, localization, object_lows, p_upper, row_gaps
 from verifier.passes.floating import Deployment
 from verifier.running.parallel import Executor, LocalPool
-from verifier.running.runner import PassSpec, Runner, require_allowed
+from verifier.running.runner import PassSpec, Runner, require_allowed, verify_batch
 from layout import Weights
 from layout.digest import weights_digest
 
@@ -291,10 +291,20 @@ def verify(
             report.enumerated += len(batch)
             yield batch
 
-    for batch, res in runner.run(sent(batches(taskset, trie, chunk))):
-        state.record(batch, res)
-        if classes is not None:
-            classes.record(batch, res)
+    stream = sent(batches(taskset, trie, chunk))
+    if executor.shares_memory and classes is None:
+        # each batch's share of the records is computed where the batch ran (only a small
+        # summary comes back), so that the workers, not this process, do the per-row work
+        shares = executor.map(_tallied, (runner.full(), state.rules), stream)
+    else:
+        shares = ((batch, res) for batch, res in runner.run(stream))
+    for batch, got in shares:
+        if isinstance(got, BatchTally):
+            state.add(got)
+        else:
+            state.record(batch, got)
+            if classes is not None:
+                classes.record(batch, got)
         report.deferred = runner.deferred
         done += len(batch)
         report.queries = done
@@ -325,113 +335,175 @@ class Names:
         return Names(weights.vocab, weights.expert_tasks)           # the weights' own sequences, not copied
 
 
+@dataclass(frozen=True)
+class TallyRules:
+    """What deciding and describing a batch's queries needs (small, or shared by a fork):
+    per expert the task it serves, ε, per task L1's threshold and |O_k|, the vocabulary
+    size for L1's exact argument (None: a deployed pass), the task names and the weights'
+    names."""
+
+    serves: np.ndarray
+    epsilon: float
+    l1_thr: np.ndarray
+    n_objects: np.ndarray
+    exact_vocab: int | None
+    task_names: tuple[str, ...]
+    names: Names
+
+
+@dataclass
+class BatchTally:
+    """What one batch adds to the per-task records (:func:`tally`): counts, extremes, its
+    worst query per task and its counterexamples, each category in row order (up to
+    ``MAX_COUNTEREXAMPLES`` each; the merge keeps the first of all batches in order)."""
+
+    n: int
+    counts: dict[str, np.ndarray]          # per task: queries, misrouted, over ε, object queries, L1/L2/...
+    lows: dict[str, np.ndarray]            # per task: smallest ablated lower end, object lower end, gap, margin
+    worst: list[tuple[int, float, float, tuple[int, int, int], int]]   # (task, err_hi, err_lo, ref, index)
+    routing: tuple[np.ndarray, np.ndarray, np.ndarray]                  # (task, expert, count) of determined rows
+    foreign: int
+    pending: tuple[list, list, list]       # routing, error, entanglement counterexamples
+
+
+def tally(rules: TallyRules, b, res) -> BatchTally:
+    """The records' share of batch ``b`` with results ``res``: a pure function, so it can
+    run where the batch ran and only its small summary travel (:meth:`Tally.add`)."""
+    n, K = len(b), len(rules.task_names)
+    eps = rules.epsilon
+    rows = np.arange(n)
+    e = res.expert
+    served = rules.serves[e]
+    counts = np.diff(b.allowed_ptr)
+    pr = np.repeat(rows, counts)
+    pt = b.allowed
+    member = np.zeros(n, bool)                   # the routed expert serves a consistent task
+    member[pr[np.repeat(served, counts) == pt]] = True
+    route_ok = (~res.ambiguous) & (served >= 0) & member
+    err_bad = ~(res.err_hi < eps)
+    det = b.determined
+    has = det >= 0
+    pairs, hits = np.unique(np.stack([det[has], e[has]]), axis=1, return_counts=True) if has.any() \
+        else (np.zeros((2, 0), np.int64), np.zeros(0, np.int64))
+    foreign = int(np.count_nonzero(has & (served != det) & (served >= 0)))
+    # worst error per task, with the first row (in row order) that attains it
+    e_hi = res.err_hi[pr]
+    worst = np.full(K, -np.inf)
+    np.fmax.at(worst, pt, e_hi)
+    at_max = np.flatnonzero(e_hi == worst[pt])
+    first_at = np.full(K, pr.size, np.int64)
+    np.minimum.at(first_at, pt[at_max], at_max)
+    top_tasks = np.flatnonzero(first_at < pr.size)
+    top_rows = pr[first_at[top_tasks]]
+    # smallest certified margin over determined, well-routed queries
+    ok_det = has & route_ok
+    margins = np.full(K, np.inf)
+    np.minimum.at(margins, det[ok_det], res.margin[ok_det])
+    oq = b.object_query & has
+    b_ok, l1, l2, loc = localization(res, det, oq, eps, rules.l1_thr, rules.exact_vocab)
+    ab_low = np.full(K, np.inf)
+    np.minimum.at(ab_low, det[oq], np.where(np.isnan(res.ablated_lo[oq]), -np.inf, res.ablated_lo[oq]))
+    obj = object_lows(res, n)
+    obj_low = np.full(K, np.inf)
+    np.minimum.at(obj_low, det[oq], np.where(np.isnan(obj[oq]), -np.inf, obj[oq]))
+    gap = row_gaps(res, n)
+    gaps = np.full(K, np.inf)
+    np.minimum.at(gaps, det[oq], gap[oq])
+    out_counts = {"queries": np.bincount(pt, minlength=K), "misrouted": np.bincount(pt[~route_ok[pr]], minlength=K),
+                  "over_epsilon": np.bincount(pt[err_bad[pr]], minlength=K),
+                  "object_queries": np.bincount(det[oq], minlength=K), "ablation_broken": np.bincount(det[b_ok], minlength=K),
+                  "l1_held": np.bincount(det[l1], minlength=K), "l2_held": np.bincount(det[l2], minlength=K),
+                  "localized": np.bincount(det[loc], minlength=K)}
+    lows = {"min_ablated_lower": ab_low, "min_object_lower": obj_low, "min_gap": gaps, "min_margin": margins}
+    worst_rows = [(int(k), float(res.err_hi[i]), float(res.err_lo[i]), _ref(b, i), int(b.index[i]))
+                  for i, k in zip(top_rows.tolist(), top_tasks.tolist())]
+    names = rules.task_names
+    routing_cx = []
+    for i in np.flatnonzero(~route_ok)[:MAX_COUNTEREXAMPLES]:
+        k = int(e[i])
+        routing_cx.append(("routing", _ref(b, i), int(b.index[i]), {
+            "routed_expert": k, "routed_task": names[served[i]] if served[i] >= 0 else None,
+            "margin": float(res.margin[i]), "gate_scores": _top_gate(res, i, rules.names.expert_tasks)}))
+    error_cx = []
+    for i in np.flatnonzero(err_bad)[:MAX_COUNTEREXAMPLES]:
+        pred = res.predicted[i]
+        error_cx.append(("error", _ref(b, i), int(b.index[i]), {
+            "routed_expert": int(e[i]), "routed_task": names[served[i]] if served[i] >= 0 else None, "error_lower": float(res.err_lo[i]), "error_upper": float(res.err_hi[i]),
+            "epsilon": eps, "predicted": rules.names.vocab[pred] if pred >= 0 else "(a zero-logit token)"}))
+    entangled_cx = []
+    for i in np.flatnonzero(oq & ~loc)[:MAX_COUNTEREXAMPLES]:
+        k = int(det[i])
+        failed = [name for name, ok in (("ablation", b_ok[i]), ("L1", l1[i]), ("L2", l2[i])) if not ok]
+        entangled_cx.append(("entanglement", _ref(b, i), int(b.index[i]), {
+            "routed_expert": int(e[i]), "routed_task": names[served[i]] if served[i] >= 0 else None,
+            "ablated_error_lower": float(res.ablated_lo[i]), "epsilon": eps,
+            "p_ablated_upper": p_upper(obj[i]), "objects": int(rules.n_objects[k]),
+            "uniform_bound": 1.0 / int(rules.n_objects[k]) if rules.n_objects[k] else None,
+            "l2_gap": float(gap[i]), "failed": failed,
+            "why": "with its expert's output removed the model still answers this object query: "
+                   "the knowledge is not (only) in that expert"}))
+    return BatchTally(n, out_counts, lows, worst_rows, (pairs[0], pairs[1], hits), foreign,
+                      (routing_cx, error_cx, entangled_cx))
+
+
+def _tallied(state: tuple, batch) -> BatchTally:
+    """A work unit: the certified pass over one batch (``state`` = (the full weights'
+    :class:`verifier.running.runner.Shard`, the :class:`TallyRules`)) and its share of the records."""
+    shard, rules = state
+    return tally(rules, batch, verify_batch(shard, batch))
+
+
+def _ref(b, i: int) -> tuple[int, int, int]:
+    """(node, lo, hi): the group part holding row i of batch b."""
+    return int(b.node[i]), int(b.part[i, 0]), int(b.part[i, 1])
+
+
 class Tally:
-    """Accumulates per-task results over batches, vectorised; describes failures at the end."""
+    """Accumulates per-task results over batches (each batch's share computed by
+    :func:`tally`, here or where the batch ran); describes failures at the end."""
 
     def __init__(self, taskset, trie, report: Report, expert_task_index: np.ndarray, epsilon: float,
                  names: Names, *, exact: bool) -> None:
         self.taskset, self.trie, self.report, self.names = taskset, trie, report, names
+        n_objects, l1_thr = l1_thresholds(taskset)
         #: the exact pass decides L1 at its bound exactly (verifier.checks.localization); a deployed one cannot
-        self.exact_vocab = len(names.vocab) if exact else None
-        self.serves = expert_task_index
+        self.rules = TallyRules(expert_task_index, epsilon, l1_thr, n_objects, len(names.vocab) if exact else None,
+                                taskset.names, names)
         self.epsilon = epsilon
         K = len(taskset.tasks)
         self.worst = np.full(K, -1.0)
         self.worst_ref: list[tuple[tuple[int, int, int], int] | None] = [None] * K    # (part, index)
-        self.n_objects, self.l1_thr = l1_thresholds(taskset)
         self.pending: list[tuple[str, tuple[int, int, int], int, dict]] = []  # (check, part, index, numbers)
 
     def record(self, b, res) -> None:
-        n, K = len(b), len(self.taskset.tasks)
-        rep, eps = self.report, self.epsilon
-        rows = np.arange(n)
-        e = res.expert
-        served = self.serves[e]
-        counts = np.diff(b.allowed_ptr)
-        pr = np.repeat(rows, counts)
-        pt = b.allowed
-        member = np.zeros(n, bool)                   # the routed expert serves a consistent task
-        member[pr[np.repeat(served, counts) == pt]] = True
-        route_ok = (~res.ambiguous) & (served >= 0) & member
-        err_bad = ~(res.err_hi < eps)
-        det = b.determined
-        has = det >= 0
-        np.add.at(rep.routing_matrix, (det[has], e[has]), 1)
-        rep.foreign += int(np.count_nonzero(has & (served != det) & (served >= 0)))
-        q = np.bincount(pt, minlength=K)
-        bad_r = np.bincount(pt[~route_ok[pr]], minlength=K)
-        bad_e = np.bincount(pt[err_bad[pr]], minlength=K)
-        # worst error per task, with the first row (in row order) that attains it
-        e_hi = res.err_hi[pr]
-        worst = np.full(K, -np.inf)
-        np.fmax.at(worst, pt, e_hi)
-        at_max = np.flatnonzero(e_hi == worst[pt])
-        first_at = np.full(K, pr.size, np.int64)
-        np.minimum.at(first_at, pt[at_max], at_max)
-        top_tasks = np.flatnonzero(first_at < pr.size)
-        top_rows = pr[first_at[top_tasks]]
-        # smallest certified margin over determined, well-routed queries
-        ok_det = has & route_ok
-        margins = np.full(K, np.inf)
-        np.minimum.at(margins, det[ok_det], res.margin[ok_det])
-        oq = b.object_query & has
-        oq_count = np.bincount(det[oq], minlength=K)
-        b_ok, l1, l2, loc = localization(res, det, oq, eps, self.l1_thr, self.exact_vocab)
-        broken = np.bincount(det[b_ok], minlength=K)
-        n_l1, n_l2, n_loc = (np.bincount(det[m], minlength=K) for m in (l1, l2, loc))
-        ab_low = np.full(K, np.inf)
-        np.minimum.at(ab_low, det[oq], np.where(np.isnan(res.ablated_lo[oq]), -np.inf, res.ablated_lo[oq]))
-        obj = object_lows(res, n)
-        obj_low = np.full(K, np.inf)
-        np.minimum.at(obj_low, det[oq], np.where(np.isnan(obj[oq]), -np.inf, obj[oq]))
-        gaps = np.full(K, np.inf)
-        np.minimum.at(gaps, det[oq], row_gaps(res, n)[oq])
-        for k in np.flatnonzero(q):
-            r = rep.tasks[k]
-            r.queries += int(q[k]); r.misrouted += int(bad_r[k]); r.over_epsilon += int(bad_e[k])
-            r.object_queries += int(oq_count[k]); r.ablation_broken += int(broken[k])
-            r.l1_held += int(n_l1[k]); r.l2_held += int(n_l2[k]); r.localized += int(n_loc[k])
-            r.min_ablated_lower = min(r.min_ablated_lower, float(ab_low[k]))
-            r.min_object_lower = min(r.min_object_lower, float(obj_low[k]))
-            r.min_gap = min(r.min_gap, float(gaps[k]))
-            r.min_margin = min(r.min_margin, float(margins[k]))
-        for i, k in zip(top_rows, top_tasks):
-            if res.err_hi[i] > self.worst[k]:
-                self.worst[k] = res.err_hi[i]
-                rec = rep.tasks[k]
-                rec.worst_error, rec.worst_error_lower = float(res.err_hi[i]), float(res.err_lo[i])
-                self.worst_ref[k] = (self._ref(b, i), int(b.index[i]))
-        room = MAX_COUNTEREXAMPLES - len(self.pending)
-        names = self.taskset.names
-        for i in np.flatnonzero(~route_ok)[:max(room, 0)]:
-            k = int(e[i])
-            self.pending.append(("routing", self._ref(b, i), int(b.index[i]), {
-                "routed_expert": k, "routed_task": names[served[i]] if served[i] >= 0 else None,
-                "margin": float(res.margin[i]), "gate_scores": _top_gate(res, i, self.names.expert_tasks)}))
-        room = MAX_COUNTEREXAMPLES - len(self.pending)
-        for i in np.flatnonzero(err_bad)[:max(room, 0)]:
-            pred = res.predicted[i]
-            self.pending.append(("error", self._ref(b, i), int(b.index[i]), {
-                "routed_expert": int(e[i]), "routed_task": names[served[i]] if served[i] >= 0 else None, "error_lower": float(res.err_lo[i]), "error_upper": float(res.err_hi[i]),
-                "epsilon": eps, "predicted": self.names.vocab[pred] if pred >= 0 else "(a zero-logit token)"}))
-        room = MAX_COUNTEREXAMPLES - len(self.pending)
-        gap = row_gaps(res, n)
-        for i in np.flatnonzero(oq & ~loc)[:max(room, 0)]:
-            k = int(det[i])
-            failed = [name for name, ok in (("ablation", b_ok[i]), ("L1", l1[i]), ("L2", l2[i])) if not ok]
-            self.pending.append(("entanglement", self._ref(b, i), int(b.index[i]), {
-                "routed_expert": int(e[i]), "routed_task": names[served[i]] if served[i] >= 0 else None,
-                "ablated_error_lower": float(res.ablated_lo[i]), "epsilon": eps,
-                "p_ablated_upper": p_upper(obj[i]), "objects": int(self.n_objects[k]),
-                "uniform_bound": 1.0 / int(self.n_objects[k]) if self.n_objects[k] else None,
-                "l2_gap": float(gap[i]), "failed": failed,
-                "why": "with its expert's output removed the model still answers this object query: "
-                       "the knowledge is not (only) in that expert"}))
+        self.add(tally(self.rules, b, res))
 
-    @staticmethod
-    def _ref(b, i: int) -> tuple[int, int, int]:
-        """(node, lo, hi): the group part holding row i of batch b."""
-        return int(b.node[i]), int(b.part[i, 0]), int(b.part[i, 1])
+    def add(self, t: BatchTally) -> None:
+        """Merge one batch's share (batches in order: the first of equal worst errors, and
+        the first counterexamples of each category, as the rows come)."""
+        rep = self.report
+        np.add.at(rep.routing_matrix, (t.routing[0], t.routing[1]), t.routing[2])
+        rep.foreign += t.foreign
+        c, lo = t.counts, t.lows
+        for k in np.flatnonzero(c["queries"]):
+            r = rep.tasks[k]
+            r.queries += int(c["queries"][k]); r.misrouted += int(c["misrouted"][k])
+            r.over_epsilon += int(c["over_epsilon"][k])
+            r.object_queries += int(c["object_queries"][k]); r.ablation_broken += int(c["ablation_broken"][k])
+            r.l1_held += int(c["l1_held"][k]); r.l2_held += int(c["l2_held"][k]); r.localized += int(c["localized"][k])
+            r.min_ablated_lower = min(r.min_ablated_lower, float(lo["min_ablated_lower"][k]))
+            r.min_object_lower = min(r.min_object_lower, float(lo["min_object_lower"][k]))
+            r.min_gap = min(r.min_gap, float(lo["min_gap"][k]))
+            r.min_margin = min(r.min_margin, float(lo["min_margin"][k]))
+        for k, hi, low, ref, index in t.worst:
+            if hi > self.worst[k]:
+                self.worst[k] = hi
+                rec = rep.tasks[k]
+                rec.worst_error, rec.worst_error_lower = hi, low
+                self.worst_ref[k] = (ref, index)
+        for found in t.pending:
+            room = MAX_COUNTEREXAMPLES - len(self.pending)
+            self.pending.extend(found[:max(room, 0)])
 
     def finish(self) -> None:
         """Describe the worst query of each task and the counterexamples, building each
