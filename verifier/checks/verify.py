@@ -383,8 +383,11 @@ def tally(rules: TallyRules, b, res) -> BatchTally:
     err_bad = ~(res.err_hi < eps)
     det = b.determined
     has = det >= 0
-    pairs, hits = np.unique(np.stack([det[has], e[has]]), axis=1, return_counts=True) if has.any() \
-        else (np.zeros((2, 0), np.int64), np.zeros(0, np.int64))
+    # the distinct (determined task, routed expert) pairs, by one integer key (a sort of
+    # integers, not of rows): key = task·(K_exp + 1) + (expert + 1), in the same order
+    span = rules.serves.size + 1
+    keys, hits = np.unique(det[has].astype(np.int64) * span + (e[has].astype(np.int64) + 1), return_counts=True)
+    pairs = np.stack([keys // span, keys % span - 1])
     foreign = int(np.count_nonzero(has & (served != det) & (served >= 0)))
     # worst error per task, with the first row (in row order) that attains it
     e_hi = res.err_hi[pr]
