@@ -19,7 +19,10 @@ back. Before forking, every existing object is moved out of the garbage collecto
 reach (``gc.freeze``): a collection in a worker would otherwise write to the header of
 every container object it inherited (the task set's millions of tuples and strings'
 containers), copying each page that holds one, so that each worker ends up with a
-private copy of the parent's Python objects. At most ``2 × jobs`` batches are in flight, so memory stays bounded whatever the
+private copy of the parent's Python objects. Before that, the C heap's free pages go back
+to the system (:func:`return_free_heap`): building the tables leaves freed temporaries
+that the allocator keeps resident, and that would otherwise stay resident in the parent
+for the whole pass (some 230 MB at 1M facts, 37% of the process). At most ``2 × jobs`` batches are in flight, so memory stays bounded whatever the
 number of queries. With ``jobs <= 1`` (or where fork is unavailable) it runs inline.
 
 :func:`in_background` runs one function in a forked child while the caller goes on (a
@@ -29,6 +32,7 @@ answer is the function's whatever happens to the child.
 
 from __future__ import annotations
 
+import ctypes
 import gc
 import multiprocessing
 import os
@@ -83,6 +87,8 @@ def ordered_map(fn: Callable[[T], R], items: Iterable[T], jobs: int = 1) -> Iter
             yield item, fn(item)
         return
     _FN = fn
+    gc.collect()
+    return_free_heap()
     gc.freeze()
     try:
         with multiprocessing.get_context("fork").Pool(jobs) as pool:
@@ -100,6 +106,19 @@ def ordered_map(fn: Callable[[T], R], items: Iterable[T], jobs: int = 1) -> Iter
         gc.unfreeze()
 
 
+def return_free_heap() -> None:
+    """Give the C heap's free pages back to the system (glibc's ``malloc_trim``; elsewhere
+    nothing). Freed memory the allocator keeps counts in the process's resident size until
+    it is reused; a forked child shares it and so inherits its cost."""
+    try:
+        libc = ctypes.CDLL(None)
+        trim = libc.malloc_trim
+    except (OSError, AttributeError):
+        return
+    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+    trim(0)
+
+
 def in_background(fn: Callable[[], R], fork: bool = True) -> Callable[[], R]:
     """Start ``fn()`` in a forked child (it sees this process's memory as it is now, and
     sends back only its pickled result) and return a function that waits for the result.
@@ -111,6 +130,7 @@ def in_background(fn: Callable[[], R], fork: bool = True) -> Callable[[], R]:
     if not fork or "fork" not in multiprocessing.get_all_start_methods():
         return fn
     read, write = os.pipe()
+    return_free_heap()
     pid = os.fork()
     if pid == 0:                                   # the child: compute, send, and leave at once
         try:
