@@ -1193,7 +1193,7 @@ def _pair_gap(i, t, o, R, Urows, ut, uo, ustamp, s):
 
 
 @njit(cache=True)
-def ablated(rows, L, V, valid_ptr, valid, Lacc, Ltouched, vstamp, stamp0, deployed, target, R, Urows):
+def ablated(rows, L, V, valid_ptr, valid, Lacc, Ltouched, vstamp, stamp0, deployed, target, R, Urows, u_scratch):
     """The error enclosure of softmax(U·r) (the routed expert's output removed) for ``rows``,
     from the logits of :func:`logits`, and its zero-logit probability ρ (:func:`_error`). In
     the deployed pass (``deployed`` as :func:`experts` takes it) the logits U·r̂ carry their
@@ -1211,7 +1211,10 @@ def ablated(rows, L, V, valid_ptr, valid, Lacc, Ltouched, vstamp, stamp0, deploy
     not the valid set's): the same error enclosure with the valid set {o}, from the same
     logits and stamps ``stamp0 + P + q`` (``2P`` stamps are reserved), so the enclosure's
     argument is the one above; where the valid set is {o} already it is the error's lower
-    end itself (NaN where there is no target)."""
+    end itself (NaN where there is no target).
+
+    ``u_scratch``: (ut, uo, ustamp), work arrays of :func:`_pair_gap` over the residual
+    coordinates (stamp 0: no row's), kept by the caller across calls."""
     L_ptr, L_idx, L_mid, L_rad, L_mag = L
     on, fp, sm, rs_z, rs_2, rs_l, l1r, lmag = deployed
     P = rows.size
@@ -1223,13 +1226,7 @@ def ablated(rows, L, V, valid_ptr, valid, Lacc, Ltouched, vstamp, stamp0, deploy
     zeros = np.full(P, -1, np.int64)
     obj_lo = np.full(P, np.nan)
     only = np.empty(1, np.int64)                 # the valid set {o}
-    width = 0                                    # residual coordinates the rows reach
-    for q in range(R[1].size):
-        if R[1][q] + 1 > width:
-            width = R[1][q] + 1
-    ut = np.zeros(width)
-    uo = np.zeros(width)
-    ustamp = np.full((width, 2), -1.0)
+    ut, uo, ustamp = u_scratch
     for q in range(P):
         i = rows[q]
         s = stamp0 + q

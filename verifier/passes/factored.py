@@ -157,10 +157,8 @@ class FactoredPass:
             w = self.prep.weights
             d, V, width = max(w.d, 1), max(len(w.vocab), self.prep.vocab_size, 1), max(self.prep.max_width, 1)
 
-            def spa(size):
-                acc = np.zeros((size, 5))
-                acc[:, 0] = -1.0
-                return acc, np.zeros(size, np.int64)
+            def spa(size):                       # stamp 0: no row's (Prepared.stamps starts at 1)
+                return np.zeros((size, 5)), np.zeros(size, np.int64)
 
             # a cohort's logit table (verifier.arithmetic.factored._cohort_table): tokens, mid, rad,
             # exp bounds, by midpoint, by lower end, sorted tokens and their positions
@@ -171,8 +169,9 @@ class FactoredPass:
                              "g": (np.zeros(K), np.full(K, -1.0), np.zeros(K, np.int64)),
                              "shared_z": (np.zeros(width), np.zeros(width), np.zeros(width), np.zeros(width),
                                           np.zeros(width, bool)),
-                             "v": np.full(V, -1.0), "table": table, "watched": np.zeros(width, np.int64),
-                             "memo": np.full((4, F_.MEMO), np.nan)}
+                             "v": np.zeros(V), "table": table, "watched": np.zeros(width, np.int64),
+                             "memo": np.full((4, F_.MEMO), np.nan),
+                             "u": (np.zeros(d), np.zeros(d), np.zeros((d, 2)))}
         return self._scratch
 
 
@@ -331,7 +330,7 @@ def run_batch(fp: FactoredPass, tokens: np.ndarray, valid_ptr: np.ndarray, valid
                 la = ab_rows if whole else np.ascontiguousarray(local[ab_rows])
                 sc_L = sc["L"]
                 res = F_.ablated_parts(la, coh, Ls, Lo, V, vp, vv, sc_L[0], sc_L[1], sc["v"], sc["table"], sc["memo"],
-                                       prep.stamps(3 * ab_rows.size), tg, Sr, Or, prep.U_arrays)
+                                       prep.stamps(3 * ab_rows.size), tg, Sr, Or, prep.U_arrays, sc["u"])
                 (ab_lo[ab_rows], ab_hi[ab_rows], ab_rho_lo[ab_rows], ab_rho_hi[ab_rows], ab_gap[ab_rows],
                  ab_zeros[ab_rows], ab_obj[ab_rows]) = res
     q_rows, q_exp, lo, hi, pred, r_lo, r_hi, act = (np.concatenate(x) for x in zip(*out_pairs)) if len(out_pairs) > 1 \
