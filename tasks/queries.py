@@ -178,12 +178,10 @@ def build_group(taskset: TaskSet, trie: StructureTrie, node: Node, part: Part | 
     task = np.concatenate(task_parts)
     if with_object:
         base = int(taskset.vocabulary.size) + 1
-        uniq, inverse = np.unique(subj * base + obj, return_inverse=True)   # (subject, object) as one integer
-        inverse = inverse.reshape(-1)
+        uniq, inverse = _distinct(subj * base + obj)          # (subject, object) as one integer
         q_subj, q_obj = uniq // base, uniq % base
     else:
-        q_subj, inverse = np.unique(subj, return_inverse=True)
-        inverse = inverse.reshape(-1)
+        q_subj, inverse = _distinct(subj)
         q_obj = np.full(q_subj.size, -1, np.int64)
     n = q_subj.size
     if len(tasks) == 1 and np.array_equal(inverse, np.arange(n)):
@@ -203,6 +201,16 @@ def build_group(taskset: TaskSet, trie: StructureTrie, node: Node, part: Part | 
         allowed_ptr, allowed, valid_ptr, valid, oq, determined.astype(np.int64),
         first.astype(np.int64), witness_template,
     )
+
+
+def _distinct(key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(key, return_inverse=True)``, without the sort where ``key`` is already
+    strictly increasing (one task's keys are: its subjects are distinct and sorted), which
+    the comparison of neighbours decides exactly."""
+    if key.size < 2 or bool((key[1:] > key[:-1]).all()):
+        return key, np.arange(key.size)
+    uniq, inverse = np.unique(key, return_inverse=True)
+    return uniq, inverse.reshape(-1)
 
 
 def _rows_of_tasks(node: Node, inverse: np.ndarray, offsets: np.ndarray, task: np.ndarray, obj: np.ndarray, n: int):

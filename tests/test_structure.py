@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from budget import examples
 
 from tasks.model import Task, TaskSet
@@ -135,3 +136,17 @@ def test_a_group_of_one_task_is_built_as_the_general_construction(ts):
             assert np.array_equal(a, b)
         seen += 1
     assert seen
+
+
+@given(st.lists(st.integers(-5, 40), max_size=30), st.booleans())
+def test_distinct_keys_are_numpys_unique(values, increasing):
+    """The group's query keys: the shortcut for strictly increasing keys gives what np.unique does."""
+    import numpy as np
+
+    from tasks.queries import _distinct
+
+    key = np.array(sorted(set(values)) if increasing else values, np.int64)
+    uniq, inverse = _distinct(key)
+    want, want_inv = np.unique(key, return_inverse=True)
+    assert np.array_equal(uniq, want) and np.array_equal(inverse, want_inv.reshape(-1))
+    assert np.array_equal(uniq[inverse], key)
