@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -296,6 +297,11 @@ def verify(
         # each batch's share of the records is computed where the batch ran (only a small
         # summary comes back), so that the workers, not this process, do the per-row work
         shares = executor.map(_tallied, (runner.full(), state.rules), stream)
+    elif classes is None:
+        # on a cluster a batch is cut by shards: each unit's share is computed where it ran,
+        # and the shares of one batch combine into the batch's own
+        shares = ((batch, BatchTally.combine(len(batch), got))
+                  for batch, got in runner.run_reduced(stream, partial(tally, state.rules)))
     else:
         shares = ((batch, res) for batch, res in runner.run(stream))
     for batch, got in shares:
@@ -337,10 +343,11 @@ class Names:
 
 @dataclass(frozen=True)
 class TallyRules:
-    """What deciding and describing a batch's queries needs (small, or shared by a fork):
-    per expert the task it serves, ε, per task L1's threshold and |O_k|, the vocabulary
-    size for L1's exact argument (None: a deployed pass), the task names and the weights'
-    names."""
+    """What deciding and describing a batch's queries needs, all of it small (it travels
+    with every work unit of a cluster): per expert the task it serves, ε, per task L1's
+    threshold and |O_k|, the vocabulary size for L1's exact argument (None: a deployed
+    pass), the task names and each expert's task. Tokens are named later, by
+    :meth:`Tally.add` (the vocabulary is not small)."""
 
     serves: np.ndarray
     epsilon: float
@@ -348,14 +355,17 @@ class TallyRules:
     n_objects: np.ndarray
     exact_vocab: int | None
     task_names: tuple[str, ...]
-    names: Names
+    expert_tasks: tuple[str, ...]
 
 
 @dataclass
 class BatchTally:
-    """What one batch adds to the per-task records (:func:`tally`): counts, extremes, its
-    worst query per task and its counterexamples, each category in row order (up to
-    ``MAX_COUNTEREXAMPLES`` each; the merge keeps the first of all batches in order)."""
+    """What one batch (or some of its rows) adds to the per-task records (:func:`tally`):
+    counts, extremes, its worst query per task and its counterexamples, each category in
+    row order (up to ``MAX_COUNTEREXAMPLES`` each; :meth:`Tally.add` keeps the first of all
+    batches in order). ``worst_at`` and ``pending_at`` hold the batch row of each worst
+    query and counterexample, so that shares of row subsets combine into the batch's own
+    (:meth:`combine`)."""
 
     n: int
     counts: dict[str, np.ndarray]          # per task: queries, misrouted, over ε, object queries, L1/L2/...
@@ -364,12 +374,59 @@ class BatchTally:
     routing: tuple[np.ndarray, np.ndarray, np.ndarray]                  # (task, expert, count) of determined rows
     foreign: int
     pending: tuple[list, list, list]       # routing, error, entanglement counterexamples
+    worst_at: list[int]                    # batch row of each entry of worst
+    pending_at: tuple[list, list, list]    # batch row of each counterexample
+
+    @staticmethod
+    def combine(n: int, shares: "Sequence[BatchTally]") -> "BatchTally":
+        """The share of a whole batch of ``n`` rows from the shares of a partition of its
+        rows, equal to :func:`tally` of the whole batch, field by field (up to the order of
+        the routing triples, which are summed).
+
+        Proof sketch. Counts and routing triples are sums over rows; the lows are minima
+        (``np.minimum``, NaN-propagating like the whole batch's ``minimum.at``), and both
+        are associative over a partition. The worst query of task k is the first row in
+        batch order of the largest error: the largest of the shares' largest, then the
+        smallest batch row among the shares attaining it. Each category's counterexamples
+        are the first ``MAX_COUNTEREXAMPLES`` flagged rows in batch order; every share
+        holds its own first ones (its rows in increasing batch order), and the first of the
+        union are among those, so sorting the shares' entries by batch row and keeping the
+        first ``MAX_COUNTEREXAMPLES`` gives the whole batch's."""
+        if sum(t.n for t in shares) != n:
+            raise RuntimeError(f"work units returned {sum(t.n for t in shares)} rows for a batch of {n}")
+        if len(shares) == 1:
+            return shares[0]
+        first = shares[0]
+        counts = {key: sum(t.counts[key] for t in shares) for key in first.counts}
+        lows = {key: np.minimum.reduce([t.lows[key] for t in shares]) for key in first.lows}
+        best: dict[int, tuple[float, int, tuple]] = {}
+        for t in shares:
+            for entry, row in zip(t.worst, t.worst_at):
+                k, hi = entry[0], entry[1]
+                held = best.get(k)
+                if held is None or hi > held[0] or (hi == held[0] and row < held[1]):
+                    best[k] = (hi, row, entry)
+        ks = sorted(best)
+        routing = tuple(np.concatenate([t.routing[i] for t in shares]) for i in range(3))
+        pending, pending_at = [], []
+        for c in range(3):
+            found = sorted(((row, j, entry) for j, t in enumerate(shares)
+                            for entry, row in zip(t.pending[c], t.pending_at[c])), key=lambda x: x[0])
+            found = found[:MAX_COUNTEREXAMPLES]
+            pending.append([entry for _, _, entry in found])
+            pending_at.append([row for row, _, _ in found])
+        return BatchTally(n, counts, lows, [best[k][2] for k in ks], routing, sum(t.foreign for t in shares),
+                          tuple(pending), [best[k][1] for k in ks], tuple(pending_at))
 
 
-def tally(rules: TallyRules, b, res) -> BatchTally:
+def tally(rules: TallyRules, b, res, rows: np.ndarray | None = None) -> BatchTally:
     """The records' share of batch ``b`` with results ``res``: a pure function, so it can
-    run where the batch ran and only its small summary travel (:meth:`Tally.add`)."""
+    run where the batch ran and only its small summary travel (:meth:`Tally.add`).
+    ``rows``: the rows of a larger batch that ``b`` holds (increasing; default: b is the
+    whole batch), recorded with the worst queries and counterexamples so that the shares
+    of a partition combine exactly (:meth:`BatchTally.combine`)."""
     n, K = len(b), len(rules.task_names)
+    at = np.arange(n) if rows is None else np.asarray(rows, np.int64)
     eps = rules.epsilon
     rows = np.arange(n)
     e = res.expert
@@ -422,19 +479,21 @@ def tally(rules: TallyRules, b, res) -> BatchTally:
                   for i, k in zip(top_rows.tolist(), top_tasks.tolist())]
     names = rules.task_names
     routing_cx = []
-    for i in np.flatnonzero(~route_ok)[:MAX_COUNTEREXAMPLES]:
+    routing_rows = np.flatnonzero(~route_ok)[:MAX_COUNTEREXAMPLES]
+    for i in routing_rows:
         k = int(e[i])
         routing_cx.append(("routing", _ref(b, i), int(b.index[i]), {
             "routed_expert": k, "routed_task": names[served[i]] if served[i] >= 0 else None,
-            "margin": float(res.margin[i]), "gate_scores": _top_gate(res, i, rules.names.expert_tasks)}))
+            "margin": float(res.margin[i]), "gate_scores": _top_gate(res, i, rules.expert_tasks)}))
     error_cx = []
-    for i in np.flatnonzero(err_bad)[:MAX_COUNTEREXAMPLES]:
-        pred = res.predicted[i]
-        error_cx.append(("error", _ref(b, i), int(b.index[i]), {
+    error_rows = np.flatnonzero(err_bad)[:MAX_COUNTEREXAMPLES]
+    for i in error_rows:
+        error_cx.append(("error", _ref(b, i), int(b.index[i]), {      # "predicted": a token id (Tally.add names it)
             "routed_expert": int(e[i]), "routed_task": names[served[i]] if served[i] >= 0 else None, "error_lower": float(res.err_lo[i]), "error_upper": float(res.err_hi[i]),
-            "epsilon": eps, "predicted": rules.names.vocab[pred] if pred >= 0 else "(a zero-logit token)"}))
+            "epsilon": eps, "predicted": int(res.predicted[i])}))
+    entangled_rows = np.flatnonzero(oq & ~loc)[:MAX_COUNTEREXAMPLES]
     entangled_cx = []
-    for i in np.flatnonzero(oq & ~loc)[:MAX_COUNTEREXAMPLES]:
+    for i in entangled_rows:
         k = int(det[i])
         failed = [name for name, ok in (("ablation", b_ok[i]), ("L1", l1[i]), ("L2", l2[i])) if not ok]
         entangled_cx.append(("entanglement", _ref(b, i), int(b.index[i]), {
@@ -446,7 +505,8 @@ def tally(rules: TallyRules, b, res) -> BatchTally:
             "why": "with its expert's output removed the model still answers this object query: "
                    "the knowledge is not (only) in that expert"}))
     return BatchTally(n, out_counts, lows, worst_rows, (pairs[0], pairs[1], hits), foreign,
-                      (routing_cx, error_cx, entangled_cx))
+                      (routing_cx, error_cx, entangled_cx), at[top_rows].tolist(),
+                      tuple(at[r].tolist() for r in (routing_rows, error_rows, entangled_rows)))
 
 
 def _tallied(state: tuple, batch) -> BatchTally:
@@ -471,7 +531,7 @@ class Tally:
         n_objects, l1_thr = l1_thresholds(taskset)
         #: the exact pass decides L1 at its bound exactly (verifier.checks.localization); a deployed one cannot
         self.rules = TallyRules(expert_task_index, epsilon, l1_thr, n_objects, len(names.vocab) if exact else None,
-                                taskset.names, names)
+                                tuple(taskset.names), tuple(names.expert_tasks))
         self.epsilon = epsilon
         K = len(taskset.tasks)
         self.worst = np.full(K, -1.0)
@@ -504,9 +564,14 @@ class Tally:
                 rec = rep.tasks[k]
                 rec.worst_error, rec.worst_error_lower = hi, low
                 self.worst_ref[k] = (ref, index)
+        vocab = self.names.vocab
         for found in t.pending:
             room = MAX_COUNTEREXAMPLES - len(self.pending)
-            self.pending.extend(found[:max(room, 0)])
+            for check, ref, index, numbers in found[:max(room, 0)]:
+                if check == "error":
+                    pred = numbers["predicted"]
+                    numbers = {**numbers, "predicted": vocab[pred] if pred >= 0 else "(a zero-logit token)"}
+                self.pending.append((check, ref, index, numbers))
 
     def finish(self) -> None:
         """Describe the worst query of each task and the counterexamples, building each

@@ -29,7 +29,8 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, replace
-from typing import Any, Iterable, Iterator, Protocol
+from functools import partial
+from typing import Any, Callable, Iterable, Iterator, Protocol
 
 import numpy as np
 import scipy.sparse as sp
@@ -292,6 +293,25 @@ def verify_shard_batch(part: ShardPart, payload) -> tuple[BatchResult, np.ndarra
     return res.compact(), outside
 
 
+#: ``reduce(batch, result, rows)``: what a row subset of a batch (``rows``, increasing) adds
+#: to a verification's records, computed where the rows ran (:meth:`Runner.run_reduced`)
+Reduce = Callable[[Any, BatchResult, np.ndarray], Any]
+
+
+def reduce_shard_batch(reduce: Reduce, part: ShardPart, payload) -> tuple[Any, np.ndarray]:
+    """:func:`verify_shard_batch`, then ``reduce`` of the rows the part holds (None if it
+    holds none), and which rows must run again over the full weights: a work unit whose
+    result is small (the reduction, a mask), whatever the batch's size."""
+    batch, outside, rows = payload
+    res, outside = verify_shard_batch(part, (batch, outside))
+    keep = np.flatnonzero(~outside)
+    if not keep.size:
+        return None, outside
+    if keep.size < len(batch):
+        batch, res = batch.take(keep), res.take(keep)
+    return reduce(batch, res, rows[keep]), outside
+
+
 def merge(n: int, pieces: list[tuple[np.ndarray, BatchResult]]) -> BatchResult:
     """One compact result of n rows from results of row subsets ``(rows, result)``."""
     first = pieces[0][1]
@@ -387,7 +407,15 @@ class Runner:
         """Every batch on one cut of the weights, here (a re-certification's cone)."""
         return self._cut_run(((b, [(0, np.arange(len(b)))]) for b in batches), lambda key: part, Inline())
 
-    def _on_shards(self, stream: Iterable) -> Iterator[tuple[Any, BatchResult]]:
+    def run_reduced(self, stream: Iterable, reduce: Reduce) -> Iterator[tuple[Any, list]]:
+        """Every batch over shards of tasks on a cluster, each unit's rows reduced where they
+        ran (``reduce``, a picklable function; it travels with every unit), so that only the
+        reductions come back. Rows reaching outside their part run again here over the full
+        weights and are reduced here. Yields ``(batch, reductions)``, the reductions of a
+        partition of the batch's rows, in order of batches."""
+        return self._on_shards(stream, reduce)
+
+    def _on_shards(self, stream: Iterable, reduce: Reduce | None = None) -> Iterator[tuple[Any, Any]]:
         from verifier.running.shards import Plan
 
         plan = Plan.make(self.taskset, self.weights, self.tmap, self.executor.shards)
@@ -398,7 +426,38 @@ class Runner:
                 parts[s] = self.part(plan.experts[s], plan.tokens[s])
             return parts[s]
 
-        return self._cut_run(((b, plan.split(b)) for b in stream), part, self.executor)
+        split = ((b, plan.split(b)) for b in stream)
+        if reduce is None:
+            return self._cut_run(split, part, self.executor)
+        return self._cut_reduce(split, part, self.executor, reduce)
+
+    def _cut_reduce(self, split_stream, part, executor, reduce: Reduce) -> Iterator[tuple[Any, list]]:
+        """As :meth:`_cut_run`, each unit reduced where it ran (:meth:`run_reduced`)."""
+        queue: deque = deque()
+        tmap = self.tmap
+
+        def items():
+            for batch, split in split_stream:
+                queue.append((batch, split))
+                for key, rows in split:
+                    piece, outside = part(key).localize(batch.take(rows) if rows.size != len(batch) else batch, tmap)
+                    yield key, (piece, outside, rows)
+
+        results = executor.map_keyed(partial(reduce_shard_batch, reduce), part, items())
+        while (got := next(results, None)) is not None:
+            batch, split = queue.popleft()
+            shares, redo = [], []
+            for k, (key, rows) in enumerate(split):
+                share, outside = (got if not k else next(results))[1]
+                if share is not None:
+                    shares.append(share)
+                redo.append(rows[outside])
+            redo_rows = np.sort(np.concatenate(redo))
+            if redo_rows.size:
+                self.deferred += int(redo_rows.size)
+                sub = batch.take(redo_rows)
+                shares.append(reduce(sub, verify_batch(self.full(), sub), redo_rows))
+            yield batch, shares
 
     def _cut_run(self, split_stream, part, executor) -> Iterator[tuple[Any, BatchResult]]:
         """Cut, run, defer, merge: each batch's rows go to their parts (``split_stream`` yields
