@@ -8,14 +8,16 @@
   when first needed and scattered to *one* worker (the one holding the fewest bytes of
   this run's shards per thread), and each work unit (a batch's rows of that shard) refers
   to its shard by future and runs on that worker, so a worker holds only the shards it
-  serves, builds each shard's tables once, and a unit ships only its rows;
+  serves, builds each shard's tables once, and a unit ships only its rows; what comes
+  back is the rows' share of the report's records (computed on the worker,
+  :meth:`verifier.running.runner.Runner.run_reduced`), not every row's enclosures;
 * :meth:`DaskExecutor.map` (the evidence phase's leave-one-out rebuilds): the same with a
   single part, the shared state (task set and experts), scattered to one worker; a
   worker that runs a unit fetches it from a holder.
 
 At most ``window`` units per worker thread are in flight and results are taken in the
-order they were submitted, so the client holds a bounded number of compact results and
-the report is the one a local run gives (a unit is a pure function of its part and
+order they were submitted, so the client holds a bounded number of results and the
+report is the one a local run gives (a unit is a pure function of its part and
 payload, so running it again gives the same result).
 
 **Why the units of a shard are pinned to its holder.** Left to itself, the scheduler
