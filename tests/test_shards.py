@@ -7,6 +7,9 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from budget import examples
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from construction.model import build
 from tasks.io import load_tasks
@@ -125,3 +128,13 @@ def test_a_deferred_row_reaches_the_kernels_with_ids_of_the_part():
         run_batch(full, np.array([[0, 1]]), np.array([0, 1]), np.array([V]))
     with pytest.raises(ValueError):
         run_batch(full, np.array([[0, 1]]), np.array([0, 1]), np.array([0]), target=np.array([V]))
+
+
+@settings(max_examples=examples(200), deadline=None)
+@given(st.lists(st.integers(0, 300), max_size=60), st.booleans())
+def test_distinct_ids_is_np_unique(ids, increasing):
+    from verifier.running.shards import distinct_ids
+
+    a = np.array(sorted(set(ids)) if increasing else ids, np.int64)
+    got = distinct_ids(a)
+    assert got.dtype == np.int64 and np.array_equal(got, np.unique(a))

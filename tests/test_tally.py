@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import numpy as np
+from budget import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -62,7 +63,7 @@ def _equal(a: BatchTally, b: BatchTally) -> None:
     assert ma == mb
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(st.data())
 def test_shares_of_a_partition_combine_into_the_whole_batch(data):
     items, base = SETTING

@@ -175,7 +175,7 @@ class ShardPart:
         ``inputs``): every token the part numbers, valid next tokens included (only their
         rows of U are needed); ``watched``: per expert of the full weights, the neurons
         whose activity is recorded."""
-        from verifier.running.shards import compact, restrict
+        from verifier.running.shards import compact, distinct_ids, restrict
 
         experts = np.asarray(experts, np.int64)
         inputs = np.asarray(inputs, np.int64)
@@ -191,7 +191,7 @@ class ShardPart:
                                                             neurons.astype(np.int64)))
         self.weights = comp.weights
         self.tokens = comp.tokens                      # compact token id -> full id (sorted)
-        self.embedded = np.unique(inputs)              # query tokens the part can hold
+        self.embedded = distinct_ids(inputs)           # query tokens the part can hold
         self.vocab_size = comp.vocab_size
         self.has_expert = np.zeros(len(comp.weights.experts), bool)
         self.has_expert[experts] = True

@@ -51,6 +51,20 @@ from layout import Expert, Head, Weights
 from tasks.model import TaskSet
 
 
+def distinct_ids(ids: np.ndarray) -> np.ndarray:
+    """``np.unique`` of non-negative integer ids (sorted, each once), by marking them in a
+    table over 0..max instead of sorting; ids already strictly increasing come back as
+    they are."""
+    ids = np.asarray(ids, np.int64)
+    if ids.size < 2 or bool(np.all(ids[1:] > ids[:-1])):
+        return ids
+    if ids.min() < 0:
+        return np.unique(ids)
+    seen = np.zeros(int(ids.max()) + 1, bool)
+    seen[ids] = True
+    return np.flatnonzero(seen)
+
+
 def _keep(m: sp.spmatrix, rows: np.ndarray | None = None, cols: np.ndarray | None = None):
     """``m`` (CSR or CSC, canonical) with only the entries whose row is in the mask ``rows``
     and column in the mask ``cols``; the order of the kept entries, the format and the
@@ -215,7 +229,7 @@ def compact(restricted: Weights, tokens: np.ndarray) -> Compact:
     E_rows = np.append(kept, w.bos)
     heads = tuple(Head(c(h.W_Q), c(h.W_K), c(h.W_V), r(h.W_O)) for h in w.heads)
     experts = tuple(Expert(c(e.W_1), e.b_1, r(e.W_2)) for e in w.experts)
-    out = w.replace(vocab=tuple(w.vocab[i] for i in kept), E=c(w.E, E_rows), P=c(w.P), heads=heads,
+    out = w.replace(vocab=tuple([w.vocab[i] for i in kept.tolist()]), E=c(w.E, E_rows), P=c(w.P), heads=heads,
                     W_G=c(w.W_G), experts=experts, U=c(w.U, kept), residual_labels=None, neuron_labels=None)
     return Compact(out, kept, cols, V)
 
@@ -252,7 +266,7 @@ class Plan:
             for k in members:
                 subj, obj = taskset.fact_ids[k]
                 ents += [subj, obj]
-            tokens.append(np.unique(tmap[np.concatenate(ents)]))
+            tokens.append(distinct_ids(tmap[np.concatenate(ents)]))
             experts.append(np.array(sorted(expert_of[taskset.tasks[k].name] for k in members
                                            if taskset.tasks[k].name in expert_of), np.int64))
         return Plan(shard, tuple(tokens), tuple(experts))
