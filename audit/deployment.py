@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Iterator
 
 #: the key prefixes of the work units of each phase of ``check``
-EVIDENCE, PASS = "changed_experts", "reduce_shard_batch"
+EVIDENCE, PASS = "changed_experts", "reduce_shard_group"
 
 
 class PhaseMissed(RuntimeError):

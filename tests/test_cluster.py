@@ -314,3 +314,50 @@ def test_sharded_pass_equals_full_pass_on_every_mutant(name):
         seen_deferred |= sharded.deferred > 0
     if name == "generated":
         assert seen_deferred   # some mutant misroutes across shards, and the deferral path ran
+
+
+class _CountedShards(_SerialShards):
+    """:class:`_SerialShards` that counts the pieces each unit carries."""
+
+    def __init__(self, shards: int, unit_rows: int) -> None:
+        super().__init__(shards)
+        self.unit_rows, self.units = unit_rows, []
+
+    def map_keyed(self, fn, part, items):
+        def counted():
+            for key, payload in items:
+                self.units.append(len(payload))
+                yield key, payload
+        return super().map_keyed(fn, part, counted())
+
+
+@pytest.mark.parametrize("unit_rows", [1, 3000, 10 ** 9], ids=["one piece", "a few pieces", "held back at most"])
+def test_units_of_several_batches_change_nothing(unit_rows, monkeypatch):
+    """A cluster unit carries the pieces of several batches of one part (DaskExecutor.unit_rows):
+    the report is the local one, for weights that certify, for weights with many
+    counterexamples and for a mutant whose rows are deferred to the full weights."""
+    from audit.campaign import mutate
+    from audit.operators import OPERATORS
+
+    import dataclasses
+
+    import verifier.checks.verify as checks
+
+    monkeypatch.setattr(checks, "CHUNK", 1000)           # batches of 1000 rows: 14 of them
+    ts = wikidata_like(1000, seed=2)
+    model = build(ts)
+    weights = model.instantiate()
+    misrouted = mutate(OPERATORS["tie_expert"], weights, np.random.default_rng(0))[0]   # rows deferred
+    got = []
+    for w in (weights, dataclasses.replace(weights, U=weights.U * 0.25), misrouted):
+        local = verify(ts, w, model.epsilon, executor=LocalPool(1))
+        serial = _CountedShards(3, unit_rows)
+        sharded = verify(ts, w, model.epsilon, executor=serial)
+        assert _comparable(sharded) == _comparable(local)
+        got.append(sharded)
+    from verifier.running.runner import GROUP_WAIT
+
+    most = max(serial.units)
+    assert most == 1 if unit_rows == 1 else 1 < most <= GROUP_WAIT + 1
+    assert got[0].certified and not got[1].certified and len(got[1].counterexamples) == 20   # (the most kept)
+    assert got[2].deferred > 0

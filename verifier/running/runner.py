@@ -293,6 +293,9 @@ def verify_shard_batch(part: ShardPart, payload) -> tuple[BatchResult, np.ndarra
     return res.compact(), outside
 
 
+#: Batches a cluster unit's group of pieces may hold back before it is sent unfilled (:meth:`Runner._cut_reduce`).
+GROUP_WAIT = 8
+
 #: ``reduce(batch, result, rows)``: what a row subset of a batch (``rows``, increasing) adds
 #: to a verification's records, computed where the rows ran (:meth:`Runner.run_reduced`)
 Reduce = Callable[[Any, BatchResult, np.ndarray], Any]
@@ -310,6 +313,12 @@ def reduce_shard_batch(reduce: Reduce, part: ShardPart, payload) -> tuple[Any, n
     if keep.size < len(batch):
         batch, res = batch.take(keep), res.take(keep)
     return reduce(batch, res, rows[keep]), outside
+
+
+def reduce_shard_group(reduce: Reduce, part: ShardPart, pieces: list) -> list[tuple[int, tuple[Any, np.ndarray]]]:
+    """:func:`reduce_shard_batch` of each ``(number, payload)`` of a unit carrying several
+    pieces of one part, each run as a batch of its own: ``[(number, (share, outside))]``."""
+    return [(n, reduce_shard_batch(reduce, part, payload)) for n, payload in pieces]
 
 
 def merge(n: int, pieces: list[tuple[np.ndarray, BatchResult]]) -> BatchResult:
@@ -432,32 +441,54 @@ class Runner:
         return self._cut_reduce(split, part, self.executor, reduce)
 
     def _cut_reduce(self, split_stream, part, executor, reduce: Reduce) -> Iterator[tuple[Any, list]]:
-        """As :meth:`_cut_run`, each unit reduced where it ran (:meth:`run_reduced`)."""
-        queue: deque = deque()
+        """As :meth:`_cut_run`, each piece reduced where it ran (:meth:`run_reduced`). A unit
+        carries the pieces of several batches for one part, about ``executor.unit_rows``
+        rows (each piece still runs as a batch of its own, so its results do not depend on
+        the grouping): a unit costs round trips between the client, the scheduler and a
+        worker whatever its size. Pieces are numbered as they are cut; a batch is yielded
+        once the shares of all its pieces are back, in order of batches."""
+        queue: deque = deque()                 # (batch, split, number of its first piece)
         tmap = self.tmap
+        target = max(int(getattr(executor, "unit_rows", 0) or 0), 1)
+        got: dict[int, tuple[Any, np.ndarray]] = {}
 
         def items():
-            for batch, split in split_stream:
-                queue.append((batch, split))
+            open_: dict[object, tuple[list, int, int]] = {}   # part -> (pieces, rows, first batch) not yet sent
+            n = 0
+            for b, (batch, split) in enumerate(split_stream):
+                queue.append((batch, split, n))
                 for key, rows in split:
                     piece, outside = part(key).localize(batch.take(rows) if rows.size != len(batch) else batch, tmap)
-                    yield key, (piece, outside, rows)
+                    pieces, size, since = open_.pop(key, ([], 0, b))
+                    pieces.append((n, (piece, outside, rows)))
+                    n += 1
+                    open_[key] = (pieces, size + rows.size, since)
+                # sent when full, or when it holds back a batch GROUP_WAIT batches old (so
+                # that a part with few rows does not keep every later batch waiting here)
+                for key in [k for k, (_, size, since) in open_.items() if size >= target or b - since >= GROUP_WAIT]:
+                    yield key, open_.pop(key)[0]
+            for key, (pieces, _, _) in open_.items():
+                yield key, pieces
 
-        results = executor.map_keyed(partial(reduce_shard_batch, reduce), part, items())
-        while (got := next(results, None)) is not None:
-            batch, split = queue.popleft()
-            shares, redo = [], []
-            for k, (key, rows) in enumerate(split):
-                share, outside = (got if not k else next(results))[1]
-                if share is not None:
-                    shares.append(share)
-                redo.append(rows[outside])
-            redo_rows = np.sort(np.concatenate(redo))
-            if redo_rows.size:
-                self.deferred += int(redo_rows.size)
-                sub = batch.take(redo_rows)
-                shares.append(reduce(sub, verify_batch(self.full(), sub), redo_rows))
-            yield batch, shares
+        results = executor.map_keyed(partial(reduce_shard_group, reduce), part, items())
+        for _, returned in results:
+            got.update(returned)
+            while queue and all(queue[0][2] + k in got for k in range(len(queue[0][1]))):
+                batch, split, first = queue.popleft()
+                shares, redo = [], []
+                for k, (_, rows) in enumerate(split):
+                    share, outside = got.pop(first + k)
+                    if share is not None:
+                        shares.append(share)
+                    redo.append(rows[outside])
+                redo_rows = np.sort(np.concatenate(redo))
+                if redo_rows.size:
+                    self.deferred += int(redo_rows.size)
+                    sub = batch.take(redo_rows)
+                    shares.append(reduce(sub, verify_batch(self.full(), sub), redo_rows))
+                yield batch, shares
+        # a batch still queued here has a piece whose unit returned nothing: it is never
+        # yielded, so its queries are not counted as recorded and the report is not certified
 
     def _cut_run(self, split_stream, part, executor) -> Iterator[tuple[Any, BatchResult]]:
         """Cut, run, defer, merge: each batch's rows go to their parts (``split_stream`` yields
