@@ -298,7 +298,12 @@ class _Run:
             self.parts[key] = self._scatter(self.part(key), 0)
         copy = self.parts[key]
         pinned = {} if copy.holder is None else {"workers": [copy.holder], "allow_other_workers": False}
-        future = self.client.submit(self.fn, copy.future, payload, pure=False, **pinned)
+        import dask
+
+        # a unit's payload is its rows (UNIT_ROWS of them, some megabytes), sent with the
+        # task on purpose: Dask's warning about large graphs is not for this
+        with dask.config.set({"distributed.admin.large-graph-warning-threshold": "1GiB"}):
+            future = self.client.submit(self.fn, copy.future, payload, pure=False, **pinned)
         return _Unit(key, payload, future, copy.generation, resubmitted)
 
     def _scatter(self, value, generation: int) -> _Copy:
