@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import time
 from pathlib import Path
 
 import numpy as np
@@ -21,11 +22,11 @@ from budget import FULL, part
 
 distributed = pytest.importorskip("distributed")
 
-from workflow.check import check_built# noqa: E402
+from workflow.check import check_built  # noqa: E402
 from cli.main import main  # noqa: E402
 from construction.model import build  # noqa: E402
 from tasks.synthetic import wikidata_like  # noqa: E402
-from verifier.running.cluster import ClusterError, DaskExecutor  # noqa: E402
+from verifier.running.cluster import ClusterError, DaskExecutor, _Liveness  # noqa: E402
 from verifier.running.parallel import LocalPool  # noqa: E402
 from verifier.checks.report import report_json  # noqa: E402
 from verifier.checks.verify import verify  # noqa: E402
@@ -168,6 +169,50 @@ def test_no_worker_ends_the_run_with_one_line():
             with pytest.raises(ClusterError, match="no Dask worker has been running for 1 s") as info:
                 list(DaskExecutor(c, timeout=1).map(lambda shared, item: item, None, [1, 2]))
     assert "\n" not in str(info.value)
+
+
+class _Scheduler:
+    """A stand-in for a client whose scheduler answers ``answer`` (an exception: raised),
+    the client still counting itself as running (as one does for a while after its
+    scheduler was killed)."""
+
+    status = "running"
+
+    def __init__(self, answer) -> None:
+        self.answer = answer
+        self.scheduler = type("rpc", (), {"ncores_running": None, "ncores": None})()
+
+    def sync(self, rpc, callback_timeout):
+        if isinstance(self.answer, BaseException):
+            raise self.answer
+        return self.answer
+
+
+@pytest.mark.parametrize("answer, message", [
+    ({}, "no Dask worker has been running for 0.2 s"),
+    (TimeoutError(), "the connection to the Dask scheduler was lost (it has not answered for 0.2 s)"),
+    (OSError("connection refused"), "the connection to the Dask scheduler was lost (it has not answered for 0.2 s)"),
+])
+def test_the_liveness_bound_names_what_stopped(answer, message):
+    """Out of time, the run names the scheduler when the scheduler stopped answering and
+    the workers when it answered that none is running, whichever the client noticed
+    first; until then a check returns the (no) running workers."""
+    liveness = _Liveness(_Scheduler(answer), timeout=0.2)
+    assert liveness.check() == {}
+    time.sleep(0.25)
+    with pytest.raises(ClusterError) as info:
+        liveness.check()
+    assert str(info.value).startswith(message) and "no report was produced" in str(info.value)
+
+
+def test_a_scheduler_that_answers_again_keeps_the_run():
+    client = _Scheduler(TimeoutError())
+    liveness = _Liveness(client, timeout=0.2)
+    time.sleep(0.25)
+    client.answer = {"tcp://w": 1}
+    assert liveness.check() == {"tcp://w": 1}
+    client.answer = {}
+    assert liveness.check() == {}                       # workers seen just now: within the bound
 
 
 class _Lossy:

@@ -127,8 +127,8 @@ def _failed(exc: BaseException) -> ClusterError:
                         fix="check the workers (memory, logs) and run again")
 
 
-def _scheduler_lost() -> ClusterError:
-    return ClusterError(f"the connection to the Dask scheduler was lost; {NO_REPORT}",
+def _scheduler_lost(detail: str = "") -> ClusterError:
+    return ClusterError(f"the connection to the Dask scheduler was lost{detail}; {NO_REPORT}",
                         fix="check the scheduler (its log, the network) and run again")
 
 
@@ -229,12 +229,15 @@ class _Liveness:
     ``timeout`` seconds have passed with no unit completed (:meth:`progressed`) and no
     running worker seen. The scheduler is given ``timeout`` seconds to answer (a busy
     scheduler on a loaded machine may take seconds); no answer counts as no worker, so a
-    scheduler that stops answering also ends the run."""
+    scheduler that stops answering also ends the run, and the error then names the
+    scheduler rather than the workers (a killed scheduler's client may still count as
+    running while its requests time out: which of the two the error names rests on
+    whether the scheduler answered, not on which of the client's threads saw it first)."""
 
     def __init__(self, client, timeout: float) -> None:
         self.client, self.timeout = client, timeout
         self.poll = max(0.05, min(1.0, timeout / 4))
-        self.since = time.monotonic()
+        self.since = self.answered = time.monotonic()
 
     def progressed(self) -> None:
         self.since = time.monotonic()
@@ -254,9 +257,11 @@ class _Liveness:
         if self.client.status != "running":
             raise _scheduler_lost()
         try:
-            return dict(self.client.sync(rpc, callback_timeout=self.timeout))
+            answer = dict(self.client.sync(rpc, callback_timeout=self.timeout))
         except (OSError, TimeoutError):
             return {}
+        self.answered = time.monotonic()
+        return answer
 
     def check(self) -> dict[str, int]:
         """The running workers (address -> threads); raises when there have been none for
@@ -265,6 +270,8 @@ class _Liveness:
         if workers:
             self.since = time.monotonic()
         elif time.monotonic() - self.since > self.timeout:
+            if self.client.status != "running" or time.monotonic() - self.answered > self.timeout:
+                raise _scheduler_lost(f" (it has not answered for {self.timeout:g} s)")
             raise ClusterError(f"no Dask worker has been running for {self.timeout:g} s and no work unit completed; "
                                f"{NO_REPORT}", fix="start workers (dask worker SCHEDULER-ADDRESS) and run again, "
                                                   "or give them longer with --cluster-timeout SECONDS")
