@@ -18,6 +18,8 @@ from pathlib import Path
 import mpmath
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from budget import examples
 
 from tasks.errors import TaskError
@@ -286,3 +288,42 @@ def test_script_runs_and_writes_json(tmp_path, capsys):
     data = json.loads(out.read_text())
     assert data["mutants"] == len(data["outcomes"]) > 30
     assert sum(op["false_passes"] for op in data["operators"]) == 0
+
+
+def _listed_pair(w, rng):
+    """swap_facts's choice as it was written first: every differing pair listed."""
+    from audit.operators import _neurons, _pick
+
+    pairs = [(k, i, j) for k, i in _neurons(w, "fact:") for k2, j in _neurons(w, "fact:")
+             if k2 == k and j > i and (w.experts[k].W_2[:, i] != w.experts[k].W_2[:, j]).nnz]
+    return _pick(rng, pairs)
+
+
+@settings(max_examples=examples(60), deadline=None)
+@given(st.data())
+def test_swap_facts_chooses_as_listing_every_pair_would(capitals_model, data):
+    """The counted choice of two differing W_2 columns equals the listed one for the same
+    seed, on columns drawn from few values (ties), stored zeros, -0.0 and NaN."""
+    import dataclasses
+
+    import scipy.sparse as sp
+    from audit.operators import NotApplicable, _pick_differing_pair, _neurons
+
+    w = capitals_model.instantiate()
+    experts = list(w.experts)
+    for k, e in enumerate(experts):
+        d, n = e.W_2.shape
+        cells = data.draw(st.lists(st.sampled_from([0.0, -0.0, 1.0, 2.0, float("nan")]), min_size=n * 3, max_size=n * 3))
+        rows = data.draw(st.lists(st.integers(0, min(d, 3) - 1), min_size=n * 3, max_size=n * 3))
+        cols = np.repeat(np.arange(n), 3)
+        W_2 = sp.coo_matrix((cells, (rows, cols)), shape=(d, n)).tocsr()   # duplicates summed, zeros stored
+        experts[k] = dataclasses.replace(e, W_2=W_2)
+    w = dataclasses.replace(w, experts=tuple(experts))
+    seed = data.draw(st.integers(0, 2**32 - 1))
+    try:
+        want = _listed_pair(w, np.random.default_rng(seed))
+    except NotApplicable:
+        with pytest.raises(NotApplicable):
+            _pick_differing_pair(w, np.random.default_rng(seed), _neurons(w, "fact:"))
+        return
+    assert _pick_differing_pair(w, np.random.default_rng(seed), _neurons(w, "fact:")) == want
