@@ -10,8 +10,9 @@ generator), the model is built once, then verified by :func:`verifier.checks.ver
 with ``--jobs`` local processes and on a ``LocalCluster`` of as many single-threaded
 workers. Columns: time of each certified pass (building the shards, scattering and
 running the units, recording; the cluster's timed on the same workers a second time,
-the first run on fresh workers, which import the verifier and load the compiled kernels,
-in a column of its own); overhead = cluster ÷ local; the shards and the queries rerun
+the first run on fresh workers in a column of its own: they import the verifier and load
+the compiled kernels, in the warm-up the executor submits to each as it is made, here just
+before the run, where `check --scheduler` makes it before building the model); overhead = cluster ÷ local; the shards and the queries rerun
 over the full weights; the size of the full weights and of the largest (compact) shard
 (sum of the arrays' bytes); each worker's peak resident set (``ru_maxrss`` read on the
 worker); whether the three JSON reports are equal (timings aside). Nothing is
@@ -60,6 +61,7 @@ def one(n: int, seed: int, workers: int, runs: int = 1) -> dict:
     from verifier.checks.report import report_json
     from verifier.running.shards import Plan, compact, restrict
     from verifier.checks.verify import token_map, verify
+    from workflow.warming import warm_up
 
     warm = wikidata_like(2_000, seed=seed)          # load the compiled kernels before anything is timed
     verify(warm, build(warm).instantiate(), 0.01, executor=LocalPool(workers))
@@ -74,8 +76,8 @@ def one(n: int, seed: int, workers: int, runs: int = 1) -> dict:
         local = verify(ts, weights, eps, executor=LocalPool(workers))          # no cluster running meanwhile
         local_s.append(time.perf_counter() - start)
         with local_cluster(workers) as cluster, distributed.Client(cluster) as client:
-            executor = DaskExecutor(client)
             start = time.perf_counter()
+            executor = DaskExecutor(client, warm_up=warm_up)         # as `check --scheduler` connects
             cold = verify(ts, weights, eps, executor=executor)       # fresh workers: imports, compiled kernels
             cold_s.append(time.perf_counter() - start)
             start = time.perf_counter()
@@ -138,7 +140,8 @@ def main(argv=None) -> int:
         "query whose candidate experts lie outside its shard. One machine shows the overhead of that path, not a "
         "speed-up. The local pool forks from a parent that has loaded the compiled kernels (a warm-up on 2,000 "
         "facts); the cluster's workers are timed twice: the first run on fresh workers (which import the verifier "
-        "and load the kernels inside it) and again on the same workers (the overhead column), in interleaved rounds "
+        "and load the kernels inside it, in the warm-up the executor submits to each worker as it is made, "
+        "here at the start of the timed run) and again on the same workers (the overhead column), in interleaved rounds "
         "(the local pool with no cluster running, then a new cluster), medians of the rounds.",
     ])
     write_block("cluster", text, Path(args.out))

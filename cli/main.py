@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import sys
@@ -293,8 +294,10 @@ def _build_for(args, taskset, deployment, executor=None):
 
 
 @contextlib.contextmanager
-def _executor(args):
-    """Where the work units run: ``--jobs`` local processes, or the Dask cluster of ``--scheduler``."""
+def _executor(args, deployment=None):
+    """Where the work units run: ``--jobs`` local processes, or the Dask cluster of
+    ``--scheduler`` (its workers warmed up for ``deployment`` as the client connects:
+    workflow.warming)."""
     from verifier.running.parallel import LocalPool
 
     if args.scheduler is None:
@@ -305,9 +308,10 @@ def _executor(args):
     if args.jobs != 1:
         raise TaskError("--jobs and --scheduler exclude each other", fix="size the cluster instead (local:N, or its workers)")
     from verifier.running.cluster import NO_WORKER_TIMEOUT, connect
+    from workflow.warming import warm_up
 
     timeout = args.cluster_timeout if args.cluster_timeout is not None else NO_WORKER_TIMEOUT
-    with connect(args.scheduler, timeout) as executor:
+    with connect(args.scheduler, timeout, functools.partial(warm_up, deployment)) as executor:
         yield executor
 
 
@@ -342,7 +346,7 @@ def cmd_check(args) -> int:
     if args.certificate or args.since:
         return _check_certificate(args, deployment, progress)
     taskset = _load(args)
-    with _executor(args) as executor:
+    with _executor(args, deployment) as executor:
         if args.weights:
             weights = layout.load(args.weights)
             epsilon = args.epsilon or taskset.epsilon or 0.01

@@ -124,6 +124,28 @@ def test_the_units_of_a_part_run_where_it_was_scattered(client):
     assert sorted(uses for _, uses in results) == list(range(1, 41))
 
 
+def test_the_warm_up_runs_once_on_each_worker_and_decides_nothing(client, capitals_set, capitals_model):
+    """The executor submits its warm-up once to each worker as it is made; a warm-up that
+    fails leaves the report what it is without one."""
+
+    def pid() -> int:
+        import os
+
+        return os.getpid()
+
+    def fails() -> None:
+        raise RuntimeError("this warm-up fails")
+
+    warming = DaskExecutor(client, warm_up=pid)._warming
+    assert sorted(f.result(timeout=60) for f in warming) == sorted(client.run(pid).values())
+    weights, eps = capitals_model.instantiate(), capitals_model.epsilon
+    failing = DaskExecutor(client, warm_up=fails)
+    report = verify(capitals_set, weights, eps, executor=failing)
+    assert {f.exception(timeout=60).args[0] for f in failing._warming} == {"this warm-up fails"}
+    assert report.certified
+    assert _comparable(report) == _comparable(verify(capitals_set, weights, eps, executor=LocalPool(1)))
+
+
 def test_a_retired_holder_changes_nothing(big):
     """A worker retired mid-run (its data moved to the other): the units pinned to it could
     run nowhere, so they are submitted again on a copy of their shard scattered to a

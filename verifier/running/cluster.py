@@ -75,7 +75,10 @@ results were recorded, and certifies only when they agree.
 
 :func:`connect` opens a client from the command line's ``--scheduler`` value:
 ``local:N`` starts a ``LocalCluster`` of N single-threaded worker processes on this
-machine; anything else is a scheduler address such as ``tcp://10.0.0.5:8786``.
+machine; anything else is a scheduler address such as ``tcp://10.0.0.5:8786``. Given a
+``warm_up`` function, the executor submits it once to each worker as it is made (the
+command line's loads the project and the compiled kernels there while the client builds
+the model); nothing waits for it or reads it.
 """
 
 from __future__ import annotations
@@ -142,15 +145,32 @@ class DaskExecutor:
     one worker. ``window``: units in flight per worker thread. ``timeout``: seconds a run
     may go without a completed unit while no worker is running before it stops.
     ``unit_rows``: about how many rows of the certified pass one unit carries
-    (:data:`UNIT_ROWS`)."""
+    (:data:`UNIT_ROWS`). ``warm_up``: a function of no arguments submitted once to each
+    worker the scheduler has now (:meth:`_warm`)."""
 
     shares_memory = False
 
     def __init__(self, client, window: int = WINDOW, shards: int | None = None, retries: int = 3,
-                 timeout: float = NO_WORKER_TIMEOUT, unit_rows: int = UNIT_ROWS) -> None:
+                 timeout: float = NO_WORKER_TIMEOUT, unit_rows: int = UNIT_ROWS,
+                 warm_up: Callable[[], object] | None = None) -> None:
         self.client, self.window, self.retries, self.timeout = client, window, retries, timeout
         self.unit_rows = unit_rows
         self._shards = shards
+        self._warming = self._warm(warm_up) if warm_up is not None else []
+
+    def _warm(self, fn: Callable[[], object]) -> list:
+        """``fn()`` submitted once to each worker the scheduler has now and not waited for,
+        so that a fresh worker does what a first unit would otherwise do inside the run
+        (import the verifier, load the compiled kernels) while the client is still busy
+        building the model and the shards. Nothing depends on it: its futures are kept,
+        never read, and dropped with the executor; a failure or a lost worker changes no
+        report; a worker that joins later warms up on its first unit, as without it; a
+        scheduler that does not answer leaves the run to find that out itself."""
+        try:
+            workers = sorted(self.client.nthreads(callback_timeout=self.timeout))
+        except (OSError, TimeoutError):
+            return []
+        return [self.client.submit(fn, pure=False, workers=[w], allow_other_workers=True) for w in workers]
 
     @property
     def shards(self) -> int:
@@ -463,9 +483,10 @@ def _quiet_logs() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def connect(spec: str, timeout: float = NO_WORKER_TIMEOUT) -> Iterator[DaskExecutor]:
+def connect(spec: str, timeout: float = NO_WORKER_TIMEOUT,
+            warm_up: Callable[[], object] | None = None) -> Iterator[DaskExecutor]:
     """An executor on the cluster named by ``spec`` (``local:N`` or a scheduler address);
-    ``timeout``: see :class:`DaskExecutor`. A remote scheduler is given
+    ``timeout``, ``warm_up``: see :class:`DaskExecutor`. A remote scheduler is given
     ``min(CONNECT_TIMEOUT, timeout)`` to answer, first and after a lost connection."""
     import dask.utils
 
@@ -480,7 +501,7 @@ def connect(spec: str, timeout: float = NO_WORKER_TIMEOUT) -> Iterator[DaskExecu
                 raise TaskError(f"--scheduler {spec}: the number of local workers must be a positive integer",
                                 fix="write e.g. --scheduler local:2")
             with local_cluster(n) as cluster, distributed.Client(cluster) as client:
-                yield DaskExecutor(client, timeout=timeout)
+                yield DaskExecutor(client, timeout=timeout, warm_up=warm_up)
             return
         try:
             client = distributed.Client(spec, timeout=min(dask.utils.parse_timedelta(CONNECT_TIMEOUT), timeout))
@@ -489,4 +510,4 @@ def connect(spec: str, timeout: float = NO_WORKER_TIMEOUT) -> Iterator[DaskExecu
                             fix="start one with `dask scheduler` and give its address, e.g. tcp://HOST:8786, "
                                 "or use --scheduler local:N") from None
         with client:
-            yield DaskExecutor(client, timeout=timeout)
+            yield DaskExecutor(client, timeout=timeout, warm_up=warm_up)
