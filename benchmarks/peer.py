@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 import warnings
@@ -370,12 +371,16 @@ def paired(facts: int, runs: int, work: Path, seed: int = 0) -> tuple[list[dict]
     subprocess.run([sys.executable, "-m", "verifier", "build", str(work / "tasks.yaml"), "-o", str(work / "weights.npz"),
                     "--quiet"], check=True)
     cmds = _commands(str(work))
+    # Python's default: modules' bytecode cached on first import (the warm-up round), as on a
+    # user's machine; an environment that turns it off would time compiling the project's
+    # sources in every process instead (about 0.2 s of each command's start-up here)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     times: dict[str, list[float]] = {k: [] for k in cmds}
     phases: dict[str, dict] = {}
     for r in range(runs + 1):
         for name, cmd in cmds.items():
             t = time.perf_counter()
-            out = subprocess.run(cmd, capture_output=True, text=True)
+            out = subprocess.run(cmd, capture_output=True, text=True, env=env)
             wall = time.perf_counter() - t
             if out.returncode not in (0, 1):
                 raise RuntimeError(f"{cmd}: exit {out.returncode}: {out.stderr[-2000:]}")
@@ -411,7 +416,8 @@ def peer_block(rows: list[dict], command: str) -> str:
                        f"{c['outside_enclosure']} |")
     out += ["", "Each process is timed whole (interpreter start-up, imports, reading the files included), one core "
             "each (`--jobs 1`, one torch thread), the commands in turn within each round so that the machine's drift "
-            "falls on all alike; the median of the rounds. The peer reads the tasks and the weights, enumerates the "
+            "falls on all alike, after a warm-up round that also leaves the modules' bytecode cached (Python's default, "
+            "whatever this shell's PYTHONDONTWRITEBYTECODE); the median of the rounds. The peer reads the tasks and the weights, enumerates the "
             "queries batched by prefix length, builds its tables and runs every query (docstring of "
             "`benchmarks/peer.py`); `check --weights` verifies the same weights (every query, every check); the whole "
             "`check` also builds the model and its evidence (closed form, modularity rebuilds). The rows compared are "
