@@ -353,8 +353,10 @@ def cmd_check(args) -> int:
             report = verify(taskset, weights, epsilon, source=args.weights, progress=progress, executor=executor,
                             deployment=deployment)
         else:
-            model, notes, verified = _build_for(args, taskset, deployment, executor)
-            report = check_built(taskset, model, isolation=not args.no_isolation, progress=progress,
+            built = list(_build_for(args, taskset, deployment, executor))
+            notes, verified = built[1], built[2]
+            # the model handed over, not kept here: check_built releases it before the pass
+            report = check_built(taskset, built.pop(0), isolation=not args.no_isolation, progress=progress,
                                  executor=executor, deployment=deployment, verified=verified)
             report.notes.extend(notes)
     if args.json:

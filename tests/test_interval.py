@@ -132,6 +132,29 @@ def test_matmul_encloses_and_absent_is_exactly_zero(X, B, R, data):
                 assert abs(centre - _F(m)) + spread <= _F(r), (i, k)
 
 
+def _same_interval(A: I.SparseInterval, B: I.SparseInterval) -> bool:
+    """Bit for bit: the same shape, pattern, midpoints and radii."""
+    return (A.shape == B.shape and np.array_equal(A.indptr, B.indptr) and np.array_equal(A.indices, B.indices)
+            and np.array_equal(A.mid.view(np.int64), B.mid.view(np.int64))
+            and np.array_equal(A.rad.view(np.int64), B.rad.view(np.int64)))
+
+
+@SETTINGS
+@given(sparse(4, 9), sparse(3, 9), sparse(4, 9, -1074, -900), st.sampled_from(["csr", "csc"]))
+def test_a_thin_product_is_the_csr_product_bit_for_bit(X, W, R, fmt):
+    """X @ W^T with W^T kept by the rows it holds (interval.Thin, nothing of size d) gives
+    the product with W^T as CSR exactly: X's entries in columns W^T does not read are
+    dropped, which forms no term; radii on X too (they enter the product's radius)."""
+    W = W.asformat(fmt)
+    rad = np.abs(R.toarray())[np.repeat(np.arange(4), np.diff(X.indptr)), X.indices]
+    Xi = I.SparseInterval(X.shape, X.indptr.astype(np.int64), X.indices.astype(np.int64), X.data.copy(), rad)
+    thin = I.Thin.transpose_of(W)
+    assert thin.rows.size == np.count_nonzero(np.diff(sp.csc_matrix(W).indptr))
+    with np.errstate(all="ignore"):
+        assert _same_interval(I.matmul(Xi, thin), I.matmul(Xi, W.T.tocsr()))
+        assert _same_interval(I.matmul(Xi, thin.abs()), I.matmul(Xi, abs(W.T.tocsr())))
+
+
 @SETTINGS
 @given(sparse(2, 5), sparse(5, 4))
 def test_structural_pattern_keeps_underflowed_entries(X, B):

@@ -499,7 +499,53 @@ def _align(pattern: sp.csr_matrix, M: sp.csr_matrix) -> np.ndarray:
     return out
 
 
-def matmul(X: SparseInterval, B: sp.csr_matrix, absB: sp.csr_matrix | None = None) -> SparseInterval:
+@dataclass(frozen=True)
+class Thin:
+    """An exact sparse matrix B kept by the rows that hold an entry: row ``rows[r]`` of B
+    is row r of ``M``, every other row is empty. For a transposed weight matrix that reads
+    few of the d residual directions (a head's W_Q^T: d rows, a handful of entries) it
+    holds nothing of size d, where a CSR matrix holds a row pointer of d + 1 entries."""
+
+    shape: tuple[int, int]
+    rows: np.ndarray            # (u,) sorted row ids of B with an entry
+    M: sp.csr_matrix            # (u, shape[1]) those rows, canonical
+    absM: sp.csr_matrix         # |M|, on M's pattern
+
+    @staticmethod
+    def transpose_of(W: sp.spmatrix) -> "Thin":
+        """B = W^T for a canonical CSR or CSC W (no arithmetic: entries are moved)."""
+        Wc = sp.csc_matrix(W)                      # column j of W is row j of B
+        Wc.sort_indices()
+        counts = np.diff(Wc.indptr)
+        rows = np.flatnonzero(counts).astype(np.int64)
+        ptr = np.zeros(rows.size + 1, np.int64)
+        np.cumsum(counts[rows], out=ptr[1:])
+        M = sp.csr_matrix((Wc.data, Wc.indices, ptr), shape=(rows.size, W.shape[0]))
+        if M.nnz != W.nnz:
+            raise ValueError("transposing changed the number of stored entries")
+        return Thin((W.shape[1], W.shape[0]), rows, M, abs(M))
+
+    @property
+    def nnz(self) -> int:
+        return int(self.M.nnz)
+
+    def abs(self) -> "Thin":
+        """|B|."""
+        return Thin(self.shape, self.rows, self.absM, self.absM)
+
+    def restrict(self, X: SparseInterval) -> SparseInterval:
+        """X with its columns renumbered to ``rows`` (column rows[r] becomes r) and its
+        entries in other columns dropped, each row's entries in their order. Such an entry
+        meets an empty row of B and forms no term of X @ B."""
+        pos = np.searchsorted(self.rows, X.indices)
+        hit = pos < self.rows.size
+        hit[hit] = self.rows[pos[hit]] == X.indices[hit]
+        ptr = np.zeros(X.shape[0] + 1, np.int64)
+        np.cumsum(np.bincount(X.row_ids()[hit], minlength=X.shape[0]), out=ptr[1:])
+        return SparseInterval((X.shape[0], self.rows.size), ptr, pos[hit], X.mid[hit], X.rad[hit])
+
+
+def matmul(X: SparseInterval, B: "sp.csr_matrix | Thin", absB: sp.csr_matrix | None = None) -> SparseInterval:
     """X @ B for an exact sparse B: structural pattern, radius by Lemma 2 (module docstring).
 
     ``absB`` may pass |B| precomputed. The rounding bound of row i uses n_i, the most
@@ -507,7 +553,17 @@ def matmul(X: SparseInterval, B: sp.csr_matrix, absB: sp.csr_matrix | None = Non
     row and B only, never on which other rows are multiplied with it (so a product of a
     subset of rows, or of B restricted to the columns the rows reach, gives the same
     radii: :mod:`verifier.running.shards` relies on it).
+
+    B may be :class:`Thin`: X is then restricted to the rows B holds
+    (:meth:`Thin.restrict`) and multiplied by them. The result is bit for bit the same:
+    the dropped entries form no term, so the term counts, the pattern and every sum (each
+    row's terms taken in the order of its entries, which is kept) are unchanged.
     """
+    if isinstance(B, Thin):
+        if X.shape[1] != B.shape[0]:
+            raise ValueError("shapes do not match")
+        out = matmul(B.restrict(X), B.M, B.absM)
+        return SparseInterval((X.shape[0], B.shape[1]), out.indptr, out.indices, out.mid, out.rad)
     B = sp.csr_matrix(B)
     shape = (X.shape[0], B.shape[1])
     if X.nnz == 0 or B.nnz == 0:

@@ -184,9 +184,11 @@ class Prepared:
         d, V1, H = weights.d, weights.E.shape[0], len(weights.heads)
         self.n_heads = H
         P = I.exact(weights.P)
-        WQ = [h.W_Q.T.tocsr() for h in weights.heads]
-        WK = [h.W_K.T.tocsr() for h in weights.heads]
-        WV = [h.W_V.T.tocsr() for h in weights.heads]
+        # W_Q^T, W_K^T, W_V^T (d rows) kept by the rows they read (interval.Thin): nothing of
+        # size d per head; W_O^T has a row per value direction, few
+        WQ = [I.Thin.transpose_of(h.W_Q) for h in weights.heads]
+        WK = [I.Thin.transpose_of(h.W_K) for h in weights.heads]
+        WV = [I.Thin.transpose_of(h.W_V) for h in weights.heads]
         WO = [h.W_O.T.tocsr() for h in weights.heads]
         # Query and key projections of every head side by side: head m owns columns
         # starts[m] .. starts[m] + widths[m].
@@ -202,8 +204,9 @@ class Prepared:
             return tuple(np.concatenate([x[i] for x in pair], axis=1) for pair in (q, k) for i in (0, 1))
 
         deployed = deployment is not None
-        absWQ, absWK = [abs(W) for W in WQ], [abs(W) for W in WK]
-        absWV, absWO = [abs(W) for W in WV], [abs(W) for W in WO]
+        # |W| for the deployed pass's magnitudes only
+        absWQ, absWK = ([W.abs() for W in WQ], [W.abs() for W in WK]) if deployed else ([], [])
+        absWV, absWO = ([W.abs() for W in WV], [abs(W) for W in WO]) if deployed else ([], [])
 
         def magnitudes(rows: sp.csr_matrix) -> tuple:
             """The deployed pass's class columns of E rows: |W_Q||E[x]|, |W_K||E[x]| (the heads
