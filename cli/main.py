@@ -348,10 +348,10 @@ def cmd_check(args) -> int:
     taskset = _load(args)
     with _executor(args, deployment) as executor:
         if args.weights:
-            weights = layout.load(args.weights)
             epsilon = args.epsilon or taskset.epsilon or 0.01
-            report = verify(taskset, weights, epsilon, source=args.weights, progress=progress, executor=executor,
-                            deployment=deployment)
+            # the weights handed over, not kept here: verify lets them go once its pass has its tables
+            report = verify(taskset, layout.load(args.weights), epsilon, source=args.weights, progress=progress,
+                            executor=executor, deployment=deployment)
         else:
             built = list(_build_for(args, taskset, deployment, executor))
             notes, verified = built[1], built[2]

@@ -206,6 +206,30 @@ def vector_problem(v: Any, n: int) -> str | None:
     return None
 
 
+class Released:
+    """Where a matrix (or vector) of :meth:`Weights.frame` was: its shape, format and number
+    of stored entries, and nothing else. Reading its entries raises, so code that needs them
+    fails loudly instead of computing on an empty matrix."""
+
+    __slots__ = ("shape", "format", "nnz")
+
+    def __init__(self, m: Any) -> None:
+        self.shape = tuple(m.shape)
+        self.format = getattr(m, "format", None)
+        self.nnz = int(m.nnz) if sp.issparse(m) else int(np.asarray(m).size)
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    def __getattr__(self, name: str):
+        raise AttributeError(f"'{name}' of a released weight matrix: the pass keeps tables of its own and "
+                             f"not the weights' entries")
+
+    def __array__(self, *args, **kwargs):
+        raise TypeError("a released weight matrix has no entries")
+
+
 @dataclass(frozen=True)
 class Weights:
     vocab: tuple[str, ...]
@@ -243,6 +267,19 @@ class Weights:
                 if kept in self.__dict__:
                     object.__setattr__(out, kept, self.__dict__[kept])
         return out
+
+    def frame(self) -> "Weights":
+        """These weights without the entries of their matrices and vectors (:class:`Released`
+        in their place; ``b_G`` kept): the sizes, the vocabulary, BOS, the gate's biases and
+        mode, each expert's width and task. What a pass that has built tables of its own
+        still reads; holding it instead of the weights lets the weights' memory go once
+        nothing else holds them."""
+        gone = Released
+        return self.replace(
+            E=gone(self.E), P=gone(self.P), W_G=gone(self.W_G), U=gone(self.U),
+            heads=tuple(Head(gone(h.W_Q), gone(h.W_K), gone(h.W_V), gone(h.W_O)) for h in self.heads),
+            experts=tuple(Expert(gone(e.W_1), gone(e.b_1), gone(e.W_2)) for e in self.experts),
+            residual_labels=None, neuron_labels=None)
 
     def _vocab_checked(self) -> tuple[bool, bool]:
         """(every token a str, no token twice), computed once per vocabulary tuple: a tuple

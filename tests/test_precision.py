@@ -206,7 +206,9 @@ def test_pass_uses_weights_rounded_to_the_format(capitals):
     for name in ("float32", "bfloat16"):
         fp = FloatPass(w, Deployment.named(name))
         assert np.array_equal(fp.weights.b_G, FORMATS[name].round(w.b_G)) and not np.array_equal(fp.weights.b_G, w.b_G)
-        assert np.array_equal(fp.weights.U.toarray(), FORMATS[name].round(w.U.toarray()))
+        ptr, idx, val = fp.UT_arrays                            # the unembedding the pass reads, by direction
+        UT = sp.csr_matrix((val, idx, ptr), shape=(w.d, len(w.vocab)))
+        assert np.array_equal(UT.T.toarray(), FORMATS[name].round(w.U.toarray()))
 
 
 def test_check_precision_cli(tmp_path, capsys):

@@ -54,14 +54,14 @@ def test_enclosures_contain_the_exact_values(capitals_set, weights, hot, monkeyp
     import verifier.passes.forward as F
 
     monkeypatch.setattr(F, "HOT_READERS", hot)
-    weights = F.Prepared(weights)
-    assert (weights.wg_hot.sum() > 0) == (hot <= 2)
+    prep = F.Prepared(weights)
+    assert (prep.wg_hot.sum() > 0) == (hot <= 2)
     vocab = capitals_set.vocabulary
     checked = 0
     for g in query_groups(capitals_set):
-        res = run_batch(weights, group_tokens(g), g.valid_ptr, g.valid)
+        res = run_batch(prep, group_tokens(g), g.valid_ptr, g.valid)
         for i in range(len(g)):
-            ex = exact_forward(weights.weights, list(g.prefix_ids(i, vocab)), set(g.valid_of(i).tolist()))
+            ex = exact_forward(weights, list(g.prefix_ids(i, vocab)), set(g.valid_of(i).tolist()))
             assert ex["expert"] == res.expert[i]
             assert mpmath.mpf(res.err_lo[i]) <= ex["error"] <= mpmath.mpf(res.err_hi[i])
             for k, gk in enumerate(ex["gates"]):

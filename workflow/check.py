@@ -32,10 +32,15 @@ def check_built(taskset: TaskSet, model: SymbolicModel, *, weights: Weights | No
 
     The construction's evidence is gathered first, so that the symbolic model can be
     released before the verification (at scale it is the larger part of memory; the
-    numeric weights share its coefficient-1 matrices).
+    numeric weights share its coefficient-1 matrices), and the weights are handed over to
+    the verification, which lets them go once its pass has built its tables (the caller
+    hands the model over in turn: ``check_built(taskset, build(taskset))``).
     """
     start = time.perf_counter()
-    weights = weights if weights is not None else model.instantiate(labels=False)   # (the report names none)
+    # held, not named: handed over to verify, which lets them go once the pass has its
+    # tables (weights a caller passed in stay the caller's)
+    held = [weights if weights is not None else model.instantiate(labels=False)]   # (the report names none)
+    del weights
     epsilon = model.epsilon
     executor = executor if executor is not None else LocalPool(jobs)
     ev = evidence(taskset, model, check_isolation=isolation, map_fn=executor.map)
@@ -43,7 +48,7 @@ def check_built(taskset: TaskSet, model: SymbolicModel, *, weights: Weights | No
     if verified is not None and classes is None:
         report = verified
     else:
-        report = verify(taskset, weights, epsilon, source=source, progress=progress, executor=executor,
+        report = verify(taskset, held.pop(), epsilon, source=source, progress=progress, executor=executor,
                         deployment=deployment, classes=classes)
     notes = list(ev.notes)
     if deployment is not None:

@@ -248,6 +248,10 @@ def verify(
     ``classes`` (:class:`verifier.checks.classes.ClassRecorder`, exact pass on local processes
     only): also aggregate every batch into query classes, for a saved certificate; the
     recorder's ``watch`` mask says which neurons' possible activity to record.
+
+    On local processes nothing here holds ``weights`` once the pass has built its tables
+    (:meth:`verifier.running.runner.Runner.release`): a caller that hands them over
+    (``verify(taskset, load(path), ...)``) lets their memory go for the pass.
     """
     start = time.perf_counter()
     tmap = fitting(taskset, weights, source)
@@ -281,9 +285,11 @@ def verify(
     runner = Runner(weights, tmap, spec, executor, taskset=taskset,
                     watched=None if classes is None else [classes.watch[a:b] for a, b in
                                                           zip(classes.off[:-1], classes.off[1:])])
+    naming, widths = Names.of(weights), [e.width for e in weights.experts]
     if executor.shares_memory:
-        runner.prepare()                     # built once, before any worker starts
-    state = Tally(taskset, trie, report, expert_task_index, epsilon, Names.of(weights), exact=deployment is None)
+        runner.release()                     # built once, before any worker starts; the weights let go
+    del weights                              # (a caller that handed them over holds none either)
+    state = Tally(taskset, trie, report, expert_task_index, epsilon, naming, exact=deployment is None)
     chunk = max(1_000, min(CHUNK, 20_000_000 // max(K_exp, 1)))
     done = 0
 
@@ -322,8 +328,8 @@ def verify(
     # Size: every expert that receives a task's determined queries counts, not only the named one.
     for k, r in enumerate(records):
         for e in np.flatnonzero(report.routing_matrix[k]):
-            if weights.experts[e].width > (r.width or 0):
-                r.width, r.expert = weights.experts[e].width, int(e)
+            if widths[e] > (r.width or 0):
+                r.width, r.expert = widths[e], int(e)
     report.measured_worst = max((r.worst_error for r in records), default=0.0)
     report.seconds = report.verify_seconds = time.perf_counter() - start
     return report

@@ -329,6 +329,10 @@ class Prepared:
         # never touched: at 20M facts the residual accumulator alone is 0.7 GB per process).
         self._stamp = 1
         self.deployed = Deployed(self, weights, deployment, absWQ, absWK, absWV, absWO, stages) if deployed else None
+        # From here on the pass reads its tables: it keeps the weights' frame (sizes, BOS,
+        # b_G, the mode), not their matrices, so that at scale the weights' memory can go
+        # once the caller lets them go (verifier.checks.verify)
+        self.weights = weights.frame()
 
     def run_batch(self, tokens: np.ndarray, valid_ptr: np.ndarray, valid: np.ndarray,
                   ablate: np.ndarray | None = None, scores: bool = True,

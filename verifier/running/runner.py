@@ -144,7 +144,15 @@ class Shard:
             self._pass = self.spec.build(self.weights, self.watch)
         return self._pass
 
+    def release(self) -> None:
+        """Build the pass and drop the weights: the pass reads its own tables from here on
+        (it keeps only the weights' frame, :meth:`layout.Weights.frame`)."""
+        self.prepared()
+        self.weights = None
+
     def __getstate__(self) -> dict:
+        if self.weights is None:
+            raise RuntimeError("a shard whose weights were released runs where it is; it cannot be sent")
         return {"weights": self.weights, "tmap": self.tmap, "spec": self.spec, "watch": self.watch, "_pass": None}
 
 
@@ -399,10 +407,23 @@ class Runner:
         """Build the full weights' pass now (before local workers fork, so they share it)."""
         return self.full().prepared()
 
+    def release(self) -> None:
+        """Build the full weights' pass now and let the weights go (the runner then holds
+        only that pass's tables): for a runner that runs on local processes over the full
+        weights, which never cuts them. At scale the weights are as large as a good part
+        of the tables, and nothing reads them once the tables are built."""
+        self.full().release()
+        self.weights = None
+
+    def _weights(self) -> Weights:
+        if self.weights is None:
+            raise RuntimeError("this runner released its weights (Runner.release): it cannot cut them")
+        return self.weights
+
     def part(self, experts: np.ndarray, inputs: np.ndarray, tokens: np.ndarray | None = None) -> ShardPart:
         """The weights cut to ``experts`` and the query tokens ``inputs`` (full ids; ``tokens``:
         as :class:`ShardPart` takes them)."""
-        return ShardPart(self.weights, experts, inputs, replace(self.spec, gate_terms=self.gate_terms), self.watched,
+        return ShardPart(self._weights(), experts, inputs, replace(self.spec, gate_terms=self.gate_terms), self.watched,
                          tokens)
 
     def run(self, stream: Iterable) -> Iterator[tuple[Any, BatchResult]]:
@@ -427,7 +448,7 @@ class Runner:
     def _on_shards(self, stream: Iterable, reduce: Reduce | None = None) -> Iterator[tuple[Any, Any]]:
         from verifier.running.shards import Plan
 
-        plan = Plan.make(self.taskset, self.weights, self.tmap, self.executor.shards)
+        plan = Plan.make(self.taskset, self._weights(), self.tmap, self.executor.shards)
         parts: dict[int, ShardPart] = {}
 
         def part(s: int) -> ShardPart:
