@@ -13,7 +13,10 @@ deciding as the plain pass does.
 * a row's result is **the same in every batch** (bitwise, whichever rows share it), and
   on a compact shard (tests/test_shards.py runs its bitwise test for both passes);
 * on built models the factored pass **decides as the plain pass**: the same winner,
-  candidates, certified routing and error verdicts, enclosures equal to rounding.
+  candidates, certified routing and error verdicts, enclosures equal to rounding;
+* its **compact accumulators** (kernels._at) give each column of a row one slot, in the
+  order first touched, and know exactly which columns the current row has, whatever
+  earlier rows left in them.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
 from budget import examples
 
 from adversaries import ORACLE, WORD_AND_OBJECT, adversarial, entities_moved, inside
@@ -244,3 +248,31 @@ def test_the_factored_pass_decides_as_the_plain_pass(ts):
             assert np.allclose(x, y, rtol=1e-9, atol=1e-9, equal_nan=True), field
         assert _same(a.ablated_zeros, f.ablated_zeros)
         assert _same(a.ablated_gap >= 0, f.ablated_gap >= 0)
+
+
+@settings(max_examples=examples(200), deadline=None)
+@given(st.lists(st.tuples(st.lists(st.integers(0, 9), max_size=14), st.lists(st.integers(0, 9), max_size=6)),
+                min_size=1, max_size=12))
+def test_compact_accumulator_slots_are_a_rows_columns_in_order(rows):
+    """Rows of touches (each row a new stamp) and, after each row, lookups: every touch
+    gets the column's slot among the row's columns in order of first touch, a lookup finds
+    exactly the row's columns, and a column an earlier row left behind is never taken for
+    the current row's (the stale slot maps of earlier rows are the case that matters)."""
+    from verifier.arithmetic.kernels import _at, _slot_of
+
+    n = 10
+    acc, touched, where = np.zeros((n, 5)), np.zeros(n, np.int64), np.zeros(n, np.int32)
+    for r, (cols, asks) in enumerate(rows):
+        s = float(r + 1)                                   # stamps start at 1 and are never reused
+        mine: dict[int, int] = {}
+        nt = 0
+        for col in cols:
+            sl, nt = _at(col, acc, s, touched, nt, where)
+            assert sl == mine.setdefault(col, len(mine)) and nt == len(mine)
+            acc[sl, 1] += 1.0                              # the row's own sums stay in their slots
+        for col in range(n):
+            assert _slot_of(col, acc, s, touched, where) == mine.get(col, -1)
+        for col in asks:
+            assert _slot_of(col, acc, s, touched, where) == mine.get(col, -1)
+        for col, sl in mine.items():
+            assert touched[sl] == col and acc[sl, 1] == cols.count(col)

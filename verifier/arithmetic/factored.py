@@ -16,12 +16,15 @@ comparisons. What is shared is enclosed once per cohort, or once per (cohort, ex
 and a row costs only what its own part touches.
 
 **Arithmetic.** The enclosures are those of :mod:`verifier.arithmetic.kernels`, with the
-same accumulators, Lemma 1 and Lemma 2 (that module's docstring). Grouping the terms of
-a sum differently is covered by both lemmas: the float sum of n terms computed along
-*any* summation tree errs by at most γ_{n−1} times the sum of their magnitudes, and a sum
-of non-negative numbers rounded upward is at least their exact sum however it is
-grouped. A part already enclosed as [m ± ρ] enters a later sum as one interval term
-(midpoint m, radius ρ, magnitude |m|), exactly as the plain pass adds U·r to a logit.
+same accumulated sums (kept compactly: a row's columns take slots in the order it touches
+them, :func:`verifier.arithmetic.kernels._at`, so that a worker's accumulators hold what
+one row touches, not a row per residual column), Lemma 1 and Lemma 2 (that module's
+docstring). Grouping the terms of a sum differently is covered by both lemmas: the float
+sum of n terms computed along *any* summation tree errs by at most γ_{n−1} times the sum
+of their magnitudes, and a sum of non-negative numbers rounded upward is at least their
+exact sum however it is grouped. A part already enclosed as [m ± ρ] enters a later sum
+as one interval term (midpoint m, radius ρ, magnitude |m|), exactly as the plain pass
+adds U·r to a logit.
 Where a grouping raises the number of terms in a rounding bound (the gate: a residual
 coordinate may now come once from each part) the larger count is used. Two identities
 are used, both exact: an expert's output is linear in the activities, so the shared
@@ -42,8 +45,8 @@ import numpy as np
 from numba import njit
 
 from verifier.arithmetic.constants import FLOOR, STEP, U
-from verifier.arithmetic.kernels import (FACTOR, GAMMA1, TABLE, _add, _insert3, _touch, down, entry_radius, exp_lower,
-                                         exp_upper, gamma, mul_interval, prod_terms, sum_factor, upp)
+from verifier.arithmetic.kernels import (FACTOR, GAMMA1, TABLE, _add, _at, _insert3, _slot_of, down, entry_radius,
+                                         exp_lower, exp_upper, gamma, mul_interval, prod_terms, sum_factor, upp)
 
 #: 1 − 2^-52: a negative number times it moves toward zero by at least one unit in the last place.
 STEP_DOWN = 1.0 - 2.0 ** -52
@@ -150,6 +153,7 @@ def residual_part(ids, own, diverse, shared, attention, E, P, OE, OP, heads, scr
     and the entities' value rows in the heads where every entity has the same one). So
     r = shared + own term by term, and each part's entries are enclosed as the plain
     kernel encloses a sum of terms (a column's radius from its own terms only).
+    ``scratch`` = a compact accumulator (acc, touched, where: :func:`_at`).
     """
     att, am, ar = attention
     E_ptr, E_idx, E_val = E
@@ -157,7 +161,7 @@ def residual_part(ids, own, diverse, shared, attention, E, P, OE, OP, heads, scr
     OE_ptr, OE_idx, OE_mid, OE_rad = OE
     OP_ptr, OP_idx, OP_mid, OP_rad = OP
     H, v_row, npos = heads
-    acc, touched = scratch
+    acc, touched, where = scratch
     n, p1 = ids.shape
     p = p1 - 1
     out_ptr = np.zeros(n + 1, np.int64)
@@ -175,13 +179,13 @@ def residual_part(ids, own, diverse, shared, attention, E, P, OE, OP, heads, scr
             t = ids[i, p]
             for q in range(E_ptr[t], E_ptr[t + 1]):
                 col = E_idx[q]
-                nt = _touch(col, acc, s, touched, nt)
-                _add(col, E_val[q], 0.0, abs(E_val[q]), acc)
+                sl, nt = _at(col, acc, s, touched, nt, where)
+                _add(sl, E_val[q], 0.0, abs(E_val[q]), acc)
         if shared:
             for q in range(P_ptr[p], P_ptr[p + 1]):
                 col = P_idx[q]
-                nt = _touch(col, acc, s, touched, nt)
-                _add(col, P_val[q], 0.0, abs(P_val[q]), acc)
+                sl, nt = _at(col, acc, s, touched, nt, where)
+                _add(sl, P_val[q], 0.0, abs(P_val[q]), acc)
         a_row = att[i]
         if not shared:                                 # own terms: the own positions of the diverse heads only
             n_own = 0
@@ -200,9 +204,9 @@ def residual_part(ids, own, diverse, shared, attention, E, P, OE, OP, heads, scr
                     tok = v_row[m, ids[i, j]]
                     for q in range(OE_ptr[tok], OE_ptr[tok + 1]):
                         col = OE_idx[q]
-                        nt = _touch(col, acc, s, touched, nt)
+                        sl, nt = _at(col, acc, s, touched, nt, where)
                         pm, pr = mul_interval(wm, wr, OE_mid[q], OE_rad[q])
-                        _add(col, pm, pr, abs(pm), acc)
+                        _add(sl, pm, pr, abs(pm), acc)
         else:
             for m in range(H):
                 for j in range(p1):
@@ -214,24 +218,24 @@ def residual_part(ids, own, diverse, shared, attention, E, P, OE, OP, heads, scr
                         tok = v_row[m, ids[i, j]]
                         for q in range(OE_ptr[tok], OE_ptr[tok + 1]):
                             col = OE_idx[q]
-                            nt = _touch(col, acc, s, touched, nt)
+                            sl, nt = _at(col, acc, s, touched, nt, where)
                             pm, pr = mul_interval(wm, wr, OE_mid[q], OE_rad[q])
-                            _add(col, pm, pr, abs(pm), acc)
+                            _add(sl, pm, pr, abs(pm), acc)
                     pos = m * npos + j
                     for q in range(OP_ptr[pos], OP_ptr[pos + 1]):
                         col = OP_idx[q]
-                        nt = _touch(col, acc, s, touched, nt)
+                        sl, nt = _at(col, acc, s, touched, nt, where)
                         pm, pr = mul_interval(wm, wr, OP_mid[q], OP_rad[q])
-                        _add(col, pm, pr, abs(pm), acc)
+                        _add(sl, pm, pr, abs(pm), acc)
         if e + nt > out_idx.size:
             out_idx = _grow(out_idx, e + nt)
             out_mid = _grow(out_mid, e + nt)
             out_rad = _grow(out_rad, e + nt)
         for u in range(nt):
             col = touched[u]
-            m_ = acc[col, 1]
-            n_ = int(acc[col, 4])
-            r_ = entry_radius(acc[col, 2], acc[col, 3], n_) if n_ > 1 else acc[col, 2]
+            m_ = acc[u, 1]
+            n_ = int(acc[u, 4])
+            r_ = entry_radius(acc[u, 2], acc[u, 3], n_) if n_ > 1 else acc[u, 2]
             if not (np.isfinite(m_) and np.isfinite(r_)):
                 r_ = np.inf
             out_idx[e] = col
@@ -449,20 +453,20 @@ DIRECT = 64
 
 @njit(cache=True)
 def _cohort_table(nL, Ltouched, Lacc, table, sg):
-    """The shared logits in the accumulator (``nL`` tokens of ``Ltouched``, mid in column 1
-    and radius in column 2) as a cohort's table: per token its enclosure and the bounds of
-    e^(z − M_c) for M_c the largest midpoint; the (unrounded) float sums of those bounds;
-    the tokens by decreasing midpoint (ties: smaller token first), by decreasing lower end,
-    and in increasing order with their positions (for :func:`_position`). Returns (M_c, sum
-    of lower bounds, sum of upper bounds, bad: a non-finite enclosure)."""
+    """The shared logits in the compact accumulator (its first ``nL`` slots, tokens in
+    ``Ltouched``, mid in column 1 and radius in column 2) as a cohort's table: per token
+    its enclosure and the bounds of e^(z − M_c) for M_c the largest midpoint; the
+    (unrounded) float sums of those bounds; the tokens by decreasing midpoint (ties:
+    smaller token first), by decreasing lower end, and in increasing order with their
+    positions (for :func:`_position`). Returns (M_c, sum of lower bounds, sum of upper
+    bounds, bad: a non-finite enclosure)."""
     tok, mid, rad, elo, ehi, by_mid, by_lo, srt_tok, srt_pos = table
     M = -np.inf
     bad = False
     for u in range(nL):
-        t = Ltouched[u]
-        tok[u] = t
-        mid[u] = Lacc[t, 1]
-        rad[u] = Lacc[t, 2]
+        tok[u] = Ltouched[u]
+        mid[u] = Lacc[u, 1]
+        rad[u] = Lacc[u, 2]
         if not (np.isfinite(mid[u]) and np.isfinite(rad[u])):
             bad = True
         M = max(M, mid[u])
@@ -538,14 +542,15 @@ def _first_time(valid, lo, q):
 
 
 @njit(cache=True)
-def _error_parts(nt, Ltouched, Lacc, s, table, cohort, V, vptr_lo, vptr_hi, valid, vstamp, sv, memo):
+def _error_parts(nt, Ltouched, Lacc, Lwhere, s, table, cohort, V, vptr_lo, vptr_hi, valid, vstamp, sv, memo):
     """Enclosure of 1 − P(valid), the argmax token (−1: a zero logit), and an enclosure of
     ρ = e^(0 − M)/Σ_t e^(z_t − M) (as :func:`verifier.arithmetic.kernels._error` returns
     them) for a row whose logits are the cohort's (``table``, ``cohort`` = (number of
     tokens, M_c, the float sums of the bounds, the table's stamp)) except at the ``nt`` row
-    tokens of ``Ltouched`` (stamp ``s`` in column 0, the row's enclosure of the whole logit
-    in columns 1 and 2, its position in the table in column 4, −1 if none); every other
-    token has logit exactly 0. The row's valid tokens ``valid[vptr_lo:vptr_hi]`` are
+    tokens of ``Ltouched``, the first slots of the compact accumulator ``Lacc`` (slot map
+    ``Lwhere``; stamp ``s`` in column 0, the row's enclosure of the whole logit in columns
+    1 and 2, its position in the table in column 4, −1 if none); every other token has
+    logit exactly 0. The row's valid tokens ``valid[vptr_lo:vptr_hi]`` are
     looked up by scanning when few, else marked with ``sv`` in ``vstamp``.
 
     With M the shift (the largest midpoint of the row's logits, and 0 when a token has
@@ -576,17 +581,17 @@ def _error_parts(nt, Ltouched, Lacc, s, table, cohort, V, vptr_lo, vptr_hi, vali
     bad = False
     for u in range(nt):
         t = Ltouched[u]
-        m_, r_ = Lacc[t, 1], Lacc[t, 2]
+        m_, r_ = Lacc[u, 1], Lacc[u, 2]
         if not (np.isfinite(m_) and np.isfinite(r_)):
             bad = True
-        if Lacc[t, 4] < 0.0:
+        if Lacc[u, 4] < 0.0:
             new += 1
         if m_ > best or (m_ == best and t < arg):
             best = m_
             arg = t
     for u in range(nL):                                # the table's largest that the row did not change
         t = tok[by_mid[u]]
-        if Lacc[t, 0] == s:
+        if _slot_of(t, Lacc, s, Ltouched, Lwhere) >= 0:
             continue
         m_ = mid[by_mid[u]]
         if m_ > best or (m_ == best and t < arg):
@@ -612,8 +617,8 @@ def _error_parts(nt, Ltouched, Lacc, s, table, cohort, V, vptr_lo, vptr_hi, vali
     touched_valid = 0
     for u in range(nt):
         t = Ltouched[u]
-        lo = _down(_down(Lacc[t, 1] - Lacc[t, 2]) - M)
-        hi = _up(_up(Lacc[t, 1] + Lacc[t, 2]) - M)
+        lo = _down(_down(Lacc[u, 1] - Lacc[u, 2]) - M)
+        hi = _up(_up(Lacc[u, 1] + Lacc[u, 2]) - M)
         nq += 1
         if _is_valid(t, small, valid, vptr_lo, vptr_hi, vstamp, sv):
             touched_valid += 1
@@ -622,7 +627,7 @@ def _error_parts(nt, Ltouched, Lacc, s, table, cohort, V, vptr_lo, vptr_hi, vali
         else:
             inv_lo += _exp_lo(lo, memo)
             inv_hi += _exp_hi(hi, memo)
-        w = int(Lacc[t, 4])
+        w = int(Lacc[u, 4])
         if w >= 0:
             sub_lo += elo[w]
             sub_hi += ehi[w]
@@ -634,7 +639,7 @@ def _error_parts(nt, Ltouched, Lacc, s, table, cohort, V, vptr_lo, vptr_hi, vali
         # tokens the row did not change are summed here, as the plain kernel sums them
         for u in range(nL):
             t = tok[u]
-            if Lacc[t, 0] == s:
+            if _slot_of(t, Lacc, s, Ltouched, Lwhere) >= 0:
                 continue
             lo = _down(_down(mid[u] - rad[u]) - M)
             hi = _up(_up(mid[u] + rad[u]) - M)
@@ -656,7 +661,7 @@ def _error_parts(nt, Ltouched, Lacc, s, table, cohort, V, vptr_lo, vptr_hi, vali
                 continue                               # seen already
             else:
                 vstamp[t] = sv + 0.5                   # still valid (no stamp is a half-integer)
-            if Lacc[t, 0] == s:
+            if _slot_of(t, Lacc, s, Ltouched, Lwhere) >= 0:
                 continue
             w = _position(t, nL, table)
             if w < 0:
@@ -752,10 +757,11 @@ def experts_parts(pairs, cohort, S, O, Ls, Lo, W1T, first, W2T, UT, V, valid, sc
     correction, plus the shared logit as one interval term, at every token they reach;
     every other token keeps the shared logit (:func:`_error_parts`).
 
-    ``scratch`` = (z accumulator and touched list, per neuron the shared z and activity
-    (zc mid and radius, a mid and radius, on), the row's z accumulator and touched list,
-    y accumulator and touched list, logit accumulator and touched list, valid stamps, the
-    cohort table (:func:`_cohort_table`), the watched shared neurons and the exp memo).
+    ``scratch`` = (the shared z's compact accumulator (acc, touched, where: :func:`_at`),
+    per slot of it the shared z and activity (zc mid and radius, a mid and radius, on), the
+    row's z accumulator, the y accumulator, the logit accumulator (each compact), valid
+    stamps, the cohort table (:func:`_cohort_table`), the watched shared neurons and the
+    exp memo).
     Returns per pair
     (err_lo, err_hi, argmax, rho_lo, rho_hi); ``active`` as the plain kernel fills it.
     """
@@ -769,8 +775,8 @@ def experts_parts(pairs, cohort, S, O, Ls, Lo, W1T, first, W2T, UT, V, valid, sc
     W2T_ptr, W2T_idx, W2T_val = W2T
     UT_ptr, UT_idx, UT_val = UT
     valid_ptr, valid = valid
-    (zacc, ztouched, zc_mid, zc_rad, ac_mid, ac_rad, ac_on, zacc2, ztouched2, yacc, ytouched, Lacc, Ltouched,
-     vstamp, table, cw, memo) = scratch
+    (zacc, ztouched, zwhere, zc_mid, zc_rad, ac_mid, ac_rad, ac_on, zacc2, ztouched2, zwhere2, yacc, ytouched, ywhere,
+     Lacc, Ltouched, Lwhere, vstamp, table, cw, memo) = scratch
     P = rows.size
     err_lo = np.empty(P)
     err_hi = np.empty(P)
@@ -810,65 +816,58 @@ def experts_parts(pairs, cohort, S, O, Ls, Lo, W1T, first, W2T, UT, V, valid, sc
                     g = W1T_idx[t]
                     if g >= hi_n:
                         break
-                    loc = g - lo_n
-                    nzc = _touch(loc, zacc, sg, ztouched, nzc)
+                    sl, nzc = _at(g - lo_n, zacc, sg, ztouched, nzc, zwhere)
                     m, a, b = prod_terms(xm, xr, W1T_val[t])
-                    _add(loc, m, a, b, zacc)
+                    _add(sl, m, a, b, zacc)
             ny = 0
             ncw = 0
             for u in range(nzc):
-                loc = ztouched[u]
-                g = lo_n + loc
-                zc_mid[loc] = zacc[loc, 1]
-                zc_rad[loc] = entry_radius(zacc[loc, 2], zacc[loc, 3], int(zacc[loc, 4]))
-                zm = zc_mid[loc] + b1[g]
-                zr = upp(zc_rad[loc] + upp(U * abs(zm)))
+                g = lo_n + ztouched[u]
+                zc_mid[u] = zacc[u, 1]
+                zc_rad[u] = entry_radius(zacc[u, 2], zacc[u, 3], int(zacc[u, 4]))
+                zm = zc_mid[u] + b1[g]
+                zr = upp(zc_rad[u] + upp(U * abs(zm)))
                 if not (np.isfinite(zm) and np.isfinite(zr)):
                     bad_c = True
-                    ac_on[loc] = False
+                    ac_on[u] = False
                     continue
-                ac_mid[loc], ac_rad[loc], ac_on[loc] = _activity(zm, zr)
-                if not ac_on[loc]:
+                ac_mid[u], ac_rad[u], ac_on[u] = _activity(zm, zr)
+                if not ac_on[u]:
                     continue
                 if watching and watch[g]:
                     cw[ncw] = g
                     ncw += 1
                 for t in range(W2T_ptr[g], W2T_ptr[g + 1]):
-                    j = W2T_idx[t]
-                    ny = _touch(j, yacc, sg, ytouched, ny)
-                    m, a, b = prod_terms(ac_mid[loc], ac_rad[loc], W2T_val[t])
-                    _add(j, m, a, b, yacc)
+                    sl, ny = _at(W2T_idx[t], yacc, sg, ytouched, ny, ywhere)
+                    m, a, b = prod_terms(ac_mid[u], ac_rad[u], W2T_val[t])
+                    _add(sl, m, a, b, yacc)
             for t in range(pos_ptr[k], pos_ptr[k + 1]):
                 g = pos_idx[t]
-                if zacc[g - lo_n, 0] == sg:
+                if _slot_of(g - lo_n, zacc, sg, ztouched, zwhere) >= 0:
                     continue                           # reached: handled above
                 if watching and watch[g]:
                     cw[ncw] = g
                     ncw += 1
                 for u in range(W2T_ptr[g], W2T_ptr[g + 1]):
-                    j = W2T_idx[u]
-                    ny = _touch(j, yacc, sg, ytouched, ny)
+                    sl, ny = _at(W2T_idx[u], yacc, sg, ytouched, ny, ywhere)
                     m, a, b = prod_terms(b1[g], 0.0, W2T_val[u])
-                    _add(j, m, a, b, yacc)
+                    _add(sl, m, a, b, yacc)
             nL = 0
             for e in range(Ls_ptr[c], Ls_ptr[c + 1]):
-                t = Ls_idx[e]
-                nL = _touch(t, Lacc, sg, Ltouched, nL)
-                _add(t, Ls_mid[e], Ls_rad[e], abs(Ls_mid[e]), Lacc)
+                sl, nL = _at(Ls_idx[e], Lacc, sg, Ltouched, nL, Lwhere)
+                _add(sl, Ls_mid[e], Ls_rad[e], abs(Ls_mid[e]), Lacc)
             for u in range(ny):
                 j = ytouched[u]
-                om = yacc[j, 1]
-                orad = entry_radius(yacc[j, 2], yacc[j, 3], int(yacc[j, 4]))
+                om = yacc[u, 1]
+                orad = entry_radius(yacc[u, 2], yacc[u, 3], int(yacc[u, 4]))
                 if not (np.isfinite(om) and np.isfinite(orad)):
                     bad_c = True
                 for t in range(UT_ptr[j], UT_ptr[j + 1]):
-                    tok = UT_idx[t]
-                    nL = _touch(tok, Lacc, sg, Ltouched, nL)
+                    sl, nL = _at(UT_idx[t], Lacc, sg, Ltouched, nL, Lwhere)
                     m, a, b = prod_terms(om, orad, UT_val[t])
-                    _add(tok, m, a, b, Lacc)
+                    _add(sl, m, a, b, Lacc)
             for u in range(nL):
-                t = Ltouched[u]
-                Lacc[t, 2] = entry_radius(Lacc[t, 2], Lacc[t, 3], int(Lacc[t, 4]))
+                Lacc[u, 2] = entry_radius(Lacc[u, 2], Lacc[u, 3], int(Lacc[u, 4]))
             M_c, c_lo, c_hi, tbad = _cohort_table(nL, Ltouched, Lacc, table, sg)
             bad_c = bad_c or tbad
             meta = (nL, M_c, c_lo, c_hi, sg)
@@ -885,24 +884,24 @@ def experts_parts(pairs, cohort, S, O, Ls, Lo, W1T, first, W2T, UT, V, valid, sc
                 g = W1T_idx[t]
                 if g >= hi_n:
                     break
-                loc = g - lo_n
-                nz = _touch(loc, zacc2, s, ztouched2, nz)
+                sl, nz = _at(g - lo_n, zacc2, s, ztouched2, nz, zwhere2)
                 m, a, b = prod_terms(xm, xr, W1T_val[t])
-                _add(loc, m, a, b, zacc2)
+                _add(sl, m, a, b, zacc2)
         ny = 0
         n_act = 0
         for u in range(nz):
             loc = ztouched2[u]
             g = lo_n + loc
-            mid_ = zacc2[loc, 1]
-            A = zacc2[loc, 2]
-            B = zacc2[loc, 3]
-            cnt = int(zacc2[loc, 4])
-            reached = zacc[loc, 0] == sg
+            mid_ = zacc2[u, 1]
+            A = zacc2[u, 2]
+            B = zacc2[u, 3]
+            cnt = int(zacc2[u, 4])
+            uc = _slot_of(loc, zacc, sg, ztouched, zwhere)   # the neuron's slot in the shared z, −1: not reached
+            reached = uc >= 0
             if reached:                                # the shared z as one interval term
-                mid_ += zc_mid[loc]
-                A = upp(A + zc_rad[loc])
-                B = upp(B + abs(zc_mid[loc]))
+                mid_ += zc_mid[uc]
+                A = upp(A + zc_rad[uc])
+                B = upp(B + abs(zc_mid[uc]))
                 cnt += 1
             zm = mid_ + b1[g]
             zr = upp(entry_radius(A, B, cnt) + upp(U * abs(zm)))
@@ -915,24 +914,24 @@ def experts_parts(pairs, cohort, S, O, Ls, Lo, W1T, first, W2T, UT, V, valid, sc
                     active[q, n_act] = g
                 n_act += 1
             if reached:
-                cm_, cr_, con = ac_mid[loc], ac_rad[loc], ac_on[loc]
+                cm_, cr_, con = ac_mid[uc], ac_rad[uc], ac_on[uc]
             else:
                 cm_, cr_, con = b1[g], 0.0, b1[g] > 0.0
             for t in range(W2T_ptr[g], W2T_ptr[g + 1]):
                 j = W2T_idx[t]
                 w = W2T_val[t]
                 if on:
-                    ny = _touch(j, yacc, s, ytouched, ny)
+                    sl, ny = _at(j, yacc, s, ytouched, ny, ywhere)
                     m, a, b = prod_terms(am, ar, w)
-                    _add(j, m, a, b, yacc)
+                    _add(sl, m, a, b, yacc)
                 if con:
-                    ny = _touch(j, yacc, s, ytouched, ny)
+                    sl, ny = _at(j, yacc, s, ytouched, ny, ywhere)
                     m, a, b = prod_terms(cm_, cr_, -w)
-                    _add(j, m, a, b, yacc)
+                    _add(sl, m, a, b, yacc)
         if watching:                                   # the shared neurons the row left as they were
             for u in range(ncw):
                 g = cw[u]
-                if zacc2[g - lo_n, 0] == s:
+                if _slot_of(g - lo_n, zacc2, s, ztouched2, zwhere2) >= 0:
                     continue
                 if n_act < R_act:
                     active[q, n_act] = g
@@ -943,33 +942,30 @@ def experts_parts(pairs, cohort, S, O, Ls, Lo, W1T, first, W2T, UT, V, valid, sc
             continue
         nt = 0
         for e in range(Lo_ptr[i], Lo_ptr[i + 1]):
-            t = Lo_idx[e]
-            nt = _touch(t, Lacc, s, Ltouched, nt)
-            _add(t, Lo_mid[e], Lo_rad[e], abs(Lo_mid[e]), Lacc)
+            sl, nt = _at(Lo_idx[e], Lacc, s, Ltouched, nt, Lwhere)
+            _add(sl, Lo_mid[e], Lo_rad[e], abs(Lo_mid[e]), Lacc)
         for u in range(ny):
             j = ytouched[u]
-            om = yacc[j, 1]
-            orad = entry_radius(yacc[j, 2], yacc[j, 3], int(yacc[j, 4]))
+            om = yacc[u, 1]
+            orad = entry_radius(yacc[u, 2], yacc[u, 3], int(yacc[u, 4]))
             if not (np.isfinite(om) and np.isfinite(orad)):
                 bad = True
             for t in range(UT_ptr[j], UT_ptr[j + 1]):
-                tok = UT_idx[t]
-                nt = _touch(tok, Lacc, s, Ltouched, nt)
+                sl, nt = _at(UT_idx[t], Lacc, s, Ltouched, nt, Lwhere)
                 m, a, b = prod_terms(om, orad, UT_val[t])
-                _add(tok, m, a, b, Lacc)
+                _add(sl, m, a, b, Lacc)
         if bad:
             err_lo[q], err_hi[q], pred[q], rho_lo[q], rho_hi[q] = 0.0, 1.0, -1, np.nan, np.nan
             continue
         tbl_mid, tbl_rad = table[1], table[2]
         for u in range(nt):
-            t = Ltouched[u]
-            w = _position(t, meta[0], table)
+            w = _position(Ltouched[u], meta[0], table)
             if w >= 0:                                 # the shared logit as one interval term
-                _add(t, tbl_mid[w], tbl_rad[w], abs(tbl_mid[w]), Lacc)
-            Lacc[t, 2] = entry_radius(Lacc[t, 2], Lacc[t, 3], int(Lacc[t, 4]))   # column 2 becomes the radius
-            Lacc[t, 4] = w                             # column 4 becomes the table position
+                _add(u, tbl_mid[w], tbl_rad[w], abs(tbl_mid[w]), Lacc)
+            Lacc[u, 2] = entry_radius(Lacc[u, 2], Lacc[u, 3], int(Lacc[u, 4]))   # column 2 becomes the radius
+            Lacc[u, 4] = w                             # column 4 becomes the table position
         err_lo[q], err_hi[q], pred[q], rho_lo[q], rho_hi[q] = _error_parts(
-            nt, Ltouched, Lacc, s, table, meta, V, valid_ptr[i], valid_ptr[i + 1], valid, vstamp, s, memo)
+            nt, Ltouched, Lacc, Lwhere, s, table, meta, V, valid_ptr[i], valid_ptr[i + 1], valid, vstamp, s, memo)
     return err_lo, err_hi, pred, rho_lo, rho_hi
 
 
@@ -1024,7 +1020,7 @@ def _pair_gap_parts(c, i, t, o, S, O, Urows, ut, uo, ustamp, s):
 
 
 @njit(cache=True)
-def ablated_parts(rows, cohort, Ls, Lo, V, valid_ptr, valid, Lacc, Ltouched, vstamp, table, memo, stamp0, target, S,
+def ablated_parts(rows, cohort, Ls, Lo, V, valid_ptr, valid, L_scratch, vstamp, table, memo, stamp0, target, S,
                   O, Urows, u_scratch):
     """The ablated quantities of :func:`verifier.arithmetic.kernels.ablated` (exact pass)
     for ``rows`` (grouped by cohort), from the logits U·r = U·s_c + U·o_i: the error
@@ -1035,7 +1031,8 @@ def ablated_parts(rows, cohort, Ls, Lo, V, valid_ptr, valid, Lacc, Ltouched, vst
     other token with o, :func:`_pair_gap_parts`), the count of other tokens of logit
     exactly 0, and a lower end of 1 − P(o) for o alone. A token in both parts has the
     logit [m_s ± ρ_s] + [m_o ± ρ_o], two interval terms. Stamps: ``stamp0 + q`` and
-    ``stamp0 + P + q`` per row, ``stamp0 + 2P + g`` per cohort. ``u_scratch``: the work
+    ``stamp0 + P + q`` per row, ``stamp0 + 2P + g`` per cohort. ``L_scratch``: the logits'
+    compact accumulator (acc, touched, where: :func:`_at`). ``u_scratch``: the work
     arrays (ut, uo, ustamp) of :func:`_pair_gap_parts`, over the residual coordinates
     (stamp 0: no row's), kept by the caller: allocating them per call cost a pass over d
     coordinates per batch (at 20M facts, d = 15M: most of the ablation's time)."""
@@ -1052,6 +1049,7 @@ def ablated_parts(rows, cohort, Ls, Lo, V, valid_ptr, valid, Lacc, Ltouched, vst
     obj_lo = np.full(P, np.nan)
     only = np.empty(1, np.int64)
     ut, uo, ustamp = u_scratch
+    Lacc, Ltouched, Lwhere = L_scratch
     cur = -1
     n_groups = 0
     meta = (0, -np.inf, 0.0, 0.0, 0.0)
@@ -1067,32 +1065,31 @@ def ablated_parts(rows, cohort, Ls, Lo, V, valid_ptr, valid, Lacc, Ltouched, vst
             n_groups += 1
             nL = 0
             for e in range(Ls_ptr[c], Ls_ptr[c + 1]):
-                t = Ls_idx[e]
-                nL = _touch(t, Lacc, sg, Ltouched, nL)
-                Lacc[t, 1] = Ls_mid[e]
-                Lacc[t, 2] = Ls_rad[e]
+                sl, nL = _at(Ls_idx[e], Lacc, sg, Ltouched, nL, Lwhere)
+                Lacc[sl, 1] = Ls_mid[e]
+                Lacc[sl, 2] = Ls_rad[e]
             M_c, c_lo, c_hi, bad_c = _cohort_table(nL, Ltouched, Lacc, table, sg)
             meta = (nL, M_c, c_lo, c_hi, sg)
         nL = meta[0]
         nt = 0
         for e in range(Lo_ptr[i], Lo_ptr[i + 1]):
             t = Lo_idx[e]
-            nt = _touch(t, Lacc, s, Ltouched, nt)
+            sl, nt = _at(t, Lacc, s, Ltouched, nt, Lwhere)
             w = _position(t, nL, table)
             if w >= 0:
-                Lacc[t, 1] = Lo_mid[e] + mid[w]
-                Lacc[t, 2] = entry_radius(upp(Lo_rad[e] + rad[w]), upp(abs(Lo_mid[e]) + abs(mid[w])), 2)
+                Lacc[sl, 1] = Lo_mid[e] + mid[w]
+                Lacc[sl, 2] = entry_radius(upp(Lo_rad[e] + rad[w]), upp(abs(Lo_mid[e]) + abs(mid[w])), 2)
             else:
-                Lacc[t, 1] = Lo_mid[e]
-                Lacc[t, 2] = Lo_rad[e]
-            Lacc[t, 4] = w
+                Lacc[sl, 1] = Lo_mid[e]
+                Lacc[sl, 2] = Lo_rad[e]
+            Lacc[sl, 4] = w
         if bad_c:
             err_lo[q], err_hi[q], rho_lo[q], rho_hi[q] = 0.0, 1.0, np.nan, np.nan
             if target[i] >= 0:
                 gap[q], zeros[q], obj_lo[q] = -np.inf, V - nL - nt, 0.0
             continue
-        lo, hi, _, r_lo, r_hi = _error_parts(nt, Ltouched, Lacc, s, table, meta, V, valid_ptr[i], valid_ptr[i + 1],
-                                             valid, vstamp, s, memo)
+        lo, hi, _, r_lo, r_hi = _error_parts(nt, Ltouched, Lacc, Lwhere, s, table, meta, V, valid_ptr[i],
+                                             valid_ptr[i + 1], valid, vstamp, s, memo)
         err_lo[q], err_hi[q], rho_lo[q], rho_hi[q] = lo, hi, r_lo, r_hi
         o = target[i]
         if o < 0:
@@ -1107,8 +1104,8 @@ def ablated_parts(rows, cohort, Ls, Lo, V, valid_ptr, valid, Lacc, Ltouched, vst
         new = 0
         for u in range(nt):
             t = Ltouched[u]
-            m_, r_ = Lacc[t, 1], Lacc[t, 2]
-            if Lacc[t, 4] < 0.0:
+            m_, r_ = Lacc[u, 1], Lacc[u, 2]
+            if Lacc[u, 4] < 0.0:
                 new += 1
             if not (np.isfinite(m_) and np.isfinite(r_)):
                 finite = False
@@ -1126,13 +1123,13 @@ def ablated_parts(rows, cohort, Ls, Lo, V, valid_ptr, valid, Lacc, Ltouched, vst
             o_touched = True
         for u in range(nL):
             t = tok[by_lo[u]]
-            if t == o or Lacc[t, 0] == s:
+            if t == o or _slot_of(t, Lacc, s, Ltouched, Lwhere) >= 0:
                 continue
             best = max(best, _down(mid[by_lo[u]] - rad[by_lo[u]]))
             break
         for u in range(nL):
             t = tok[by_mid[u]]
-            if t == o or Lacc[t, 0] == s:
+            if t == o or _slot_of(t, Lacc, s, Ltouched, Lwhere) >= 0:
                 continue
             if mid[by_mid[u]] > best_m or (mid[by_mid[u]] == best_m and t < best_t):
                 best_m = mid[by_mid[u]]
@@ -1161,5 +1158,5 @@ def ablated_parts(rows, cohort, Ls, Lo, V, valid_ptr, valid, Lacc, Ltouched, vst
         if v_hi - v_lo == 1 and valid[v_lo] == o:
             obj_lo[q] = lo
         else:
-            obj_lo[q] = _error_parts(nt, Ltouched, Lacc, s, table, meta, V, 0, 1, only, vstamp, s + P, memo)[0]
+            obj_lo[q] = _error_parts(nt, Ltouched, Lacc, Lwhere, s, table, meta, V, 0, 1, only, vstamp, s + P, memo)[0]
     return err_lo, err_hi, rho_lo, rho_hi, gap, zeros, obj_lo

@@ -210,6 +210,51 @@ def _add(col, m, a, b, acc):
     acc[col, 4] += 1.0
 
 
+# --- compact accumulators --------------------------------------------------------------------------
+#
+# A sparse accumulator sums, for one row (one stamp), the terms of each column the row
+# touches: (stamp, mid, A, B, count) per column. The plain kernels keep that row at the
+# column's own index, so over a whole pass every column a row ever reached holds a
+# resident row of 40 bytes (at 20M facts, d = 15M residual columns: 600 MB per worker).
+# Here a row's columns take slots in the order they are first touched: slot u of ``acc``
+# and ``touched[u]`` (its column) for u < nt, and ``where[col]`` (int32) remembers the last
+# slot given to col. Only the first slots of ``acc`` are ever written (as many as a row
+# touches at most), and ``where`` costs 4 bytes per column. The sums are the same
+# operations in the same order: only where they are kept changes.
+
+
+@njit(cache=True)
+def _at(col, acc, s, touched, nt, where):
+    """(slot of column ``col`` for stamp ``s``, count of slots): the slot ``where[col]`` if it
+    is col's for this stamp, else the next free one, started (a new slot nt).
+
+    *Why a remembered slot is col's exactly when it carries stamp s and lists col:* slots
+    of stamp s are given one per column, in order, each recording its column in
+    ``touched`` and s in ``acc[u, 0]``; a slot carrying s was therefore given during
+    stamp s, and to the column it lists. Any other slot (an older stamp's, or one given
+    to another column since) fails one of the two tests. Stamps are never reused."""
+    u = where[col]
+    if acc[u, 0] == s and touched[u] == col:
+        return u, nt
+    where[col] = nt
+    acc[nt, 0] = s
+    acc[nt, 1] = 0.0
+    acc[nt, 2] = 0.0
+    acc[nt, 3] = 0.0
+    acc[nt, 4] = 0.0
+    touched[nt] = col
+    return nt, nt + 1
+
+
+@njit(cache=True)
+def _slot_of(col, acc, s, touched, where):
+    """Column ``col``'s slot for stamp ``s``, or −1 if it has none (:func:`_at`)."""
+    u = where[col]
+    if acc[u, 0] == s and touched[u] == col:
+        return u
+    return -1
+
+
 # --- the residual --------------------------------------------------------------------------------
 
 
@@ -681,14 +726,15 @@ def logits_bound(R_ptr, R_idx, UT_ptr):
 
 
 @njit(cache=True)
-def logits(R_ptr, R_idx, R_mid, R_rad, UT_ptr, UT_idx, UT_val, Lacc, Ltouched, stamp0, capacity):
+def logits(R_ptr, R_idx, R_mid, R_rad, UT_ptr, UT_idx, UT_val, Lacc, Ltouched, Lwhere, stamp0, capacity):
     """U·r for every row, as CSR (ptr, idx, mid, rad, mag): the logits without any expert's
     output, and per logit an upper bound of Σ_j |U_tj|·(|r_j| + rad_j) (the magnitude the
     deployed pass's rounding is relative to).
 
     By linearity U·y = U·r + U·(c·W_2·a): these enclose the first part once per row, for
     the ablation and for every expert that may win. A token no entry of r reaches is
-    absent (its logit from r is exactly 0).
+    absent (its logit from r is exactly 0). The sums are kept in a compact accumulator
+    (``Lacc``, ``Ltouched``, ``Lwhere``: :func:`_at`).
     """
     n = R_ptr.size - 1
     out_ptr = np.zeros(n + 1, np.int64)
@@ -703,17 +749,15 @@ def logits(R_ptr, R_idx, R_mid, R_rad, UT_ptr, UT_idx, UT_val, Lacc, Ltouched, s
         for e in range(R_ptr[i], R_ptr[i + 1]):
             j = R_idx[e]
             for q in range(UT_ptr[j], UT_ptr[j + 1]):
-                t = UT_idx[q]
-                nt = _touch(t, Lacc, s, Ltouched, nt)
+                sl, nt = _at(UT_idx[q], Lacc, s, Ltouched, nt, Lwhere)
                 m, a, b = prod_terms(R_mid[e], R_rad[e], UT_val[q])
-                _add(t, m, a, b, Lacc)
+                _add(sl, m, a, b, Lacc)
         for u in range(nt):
-            t = Ltouched[u]
-            r = entry_radius(Lacc[t, 2], Lacc[t, 3], int(Lacc[t, 4]))
-            out_idx[e_out] = t
-            out_mid[e_out] = Lacc[t, 1]
-            out_rad[e_out] = r if np.isfinite(Lacc[t, 1]) and np.isfinite(r) else np.inf
-            out_mag[e_out] = upp(Lacc[t, 2] + Lacc[t, 3])         # >= Σ_j |U_tj|·|r̂_j| (the deployed pass's)
+            r = entry_radius(Lacc[u, 2], Lacc[u, 3], int(Lacc[u, 4]))
+            out_idx[e_out] = Ltouched[u]
+            out_mid[e_out] = Lacc[u, 1]
+            out_rad[e_out] = r if np.isfinite(Lacc[u, 1]) and np.isfinite(r) else np.inf
+            out_mag[e_out] = upp(Lacc[u, 2] + Lacc[u, 3])         # >= Σ_j |U_tj|·|r̂_j| (the deployed pass's)
             e_out += 1
         out_ptr[i + 1] = e_out
     return out_ptr, out_idx[:e_out], out_mid[:e_out], out_rad[:e_out], out_mag[:e_out]

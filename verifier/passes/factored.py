@@ -157,8 +157,13 @@ class FactoredPass:
             w = self.prep.weights
             d, V, width = max(w.d, 1), max(len(w.vocab), self.prep.vocab_size, 1), max(self.prep.max_width, 1)
 
-            def spa(size):                       # stamp 0: no row's (Prepared.stamps starts at 1)
-                return np.zeros((size, 5)), np.zeros(size, np.int64)
+            def spa(size):
+                """A compact accumulator over ``size`` columns (kernels._at): (acc, touched, where).
+                Only its first slots are written (np.zeros: untouched pages cost nothing) and
+                ``where`` is 4 bytes per column. Stamp 0 is no row's (Prepared.stamps starts at 1)."""
+                if size >= 2 ** 31:
+                    raise ValueError(f"{size} columns: the accumulators' slot maps hold 32-bit slots")
+                return np.zeros((size, 5)), np.zeros(size, np.int64), np.zeros(size, np.int32)
 
             # a cohort's logit table (verifier.arithmetic.factored._cohort_table): tokens, mid, rad,
             # exp bounds, by midpoint, by lower end, sorted tokens and their positions
@@ -167,6 +172,7 @@ class FactoredPass:
             K = len(w.experts)
             self._scratch = {"z": spa(width), "z_own": spa(width), "y": spa(d), "L": spa(V),
                              "g": (np.zeros(K), np.full(K, -1.0), np.zeros(K, np.int64)),
+                             # per slot of "z": the shared z and activity
                              "shared_z": (np.zeros(width), np.zeros(width), np.zeros(width), np.zeros(width),
                                           np.zeros(width, bool)),
                              "v": np.zeros(V), "table": table, "watched": np.zeros(width, np.int64),
@@ -329,7 +335,7 @@ def run_batch(fp: FactoredPass, tokens: np.ndarray, valid_ptr: np.ndarray, valid
             if ab_rows.size:
                 la = ab_rows if whole else np.ascontiguousarray(local[ab_rows])
                 sc_L = sc["L"]
-                res = F_.ablated_parts(la, coh, Ls, Lo, V, vp, vv, sc_L[0], sc_L[1], sc["v"], sc["table"], sc["memo"],
+                res = F_.ablated_parts(la, coh, Ls, Lo, V, vp, vv, sc_L, sc["v"], sc["table"], sc["memo"],
                                        prep.stamps(3 * ab_rows.size), tg, Sr, Or, prep.U_arrays, sc["u"])
                 (ab_lo[ab_rows], ab_hi[ab_rows], ab_rho_lo[ab_rows], ab_rho_hi[ab_rows], ab_gap[ab_rows],
                  ab_zeros[ab_rows], ab_obj[ab_rows]) = res

@@ -353,6 +353,9 @@ class Prepared:
 
             K = len(self.weights.experts)
             self._scratch = {"z": spa(w), "y": spa(max(d, 1)), "L": spa(max(V, 1)),
+                             # the slot map of kernels.logits, which keeps its sums compactly in "L"
+                             # (kernels._at; stamps are never reused, so the two layouts share it safely)
+                             "Lw": np.zeros(max(V, 1), np.int32),
                              "m": np.zeros((max(d, 1), 2)), "lm": np.zeros(max(self.vocab_size, V, 1)),
                              "g": (np.zeros(K), np.full(K, -1.0), np.zeros(K, np.int64)),
                              "v": np.zeros(max(V, 1)),
@@ -749,7 +752,7 @@ def run_batch(prep: Prepared | Weights, tokens: np.ndarray, valid_ptr: np.ndarra
         Rc = R if (a, b) == (0, n) else R.rows(np.arange(a, b))
         vp, vv = take_csr(vptr, vals, np.arange(a, b))
         with np.errstate(invalid="ignore", over="ignore"):
-            L = K_.logits(Rc.indptr, Rc.indices, Rc.mid, Rc.rad, UT_ptr, UT_idx, UT_val, *sc["L"],
+            L = K_.logits(Rc.indptr, Rc.indices, Rc.mid, Rc.rad, UT_ptr, UT_idx, UT_val, *sc["L"], sc["Lw"],
                           prep.stamps(b - a), max(int(bound[a:b].sum()), 1))
             deployed = _experts_deployed(prep, Rc, sc)
             sel = (pair_rows >= a) & (pair_rows < b)
