@@ -293,6 +293,16 @@ def _build_for(args, taskset, deployment, executor=None):
                    f"{deployment.fmt.name} certificate held ({tried})"], verified
 
 
+def _before_forking(jobs: int) -> None:
+    """This process will fork ``jobs`` > 1 workers: from here on each large allocation is a
+    mapping of its own (:func:`verifier.running.parallel.map_large_allocations`), so that
+    the construction's freed blocks do not stay in a heap the workers inherit."""
+    from verifier.running.parallel import available_jobs, map_large_allocations
+
+    if available_jobs(jobs) > 1:
+        map_large_allocations()
+
+
 @contextlib.contextmanager
 def _executor(args, deployment=None):
     """Where the work units run: ``--jobs`` local processes, or the Dask cluster of
@@ -303,6 +313,7 @@ def _executor(args, deployment=None):
     if args.scheduler is None:
         if args.cluster_timeout is not None:
             raise TaskError("--cluster-timeout needs --scheduler", fix="drop it, or run on a cluster with --scheduler")
+        _before_forking(args.jobs)
         yield LocalPool(args.jobs)
         return
     if args.jobs != 1:
@@ -416,6 +427,7 @@ def _check_certificate(args, deployment, progress) -> int:
         read_as = input_signature(args.tasks)
         old, taskset, cache = load_since(args.tasks, args.since)
         read = time.perf_counter() - start
+        _before_forking(args.jobs)
         report, _ = check_since(taskset, args.since, args.certificate, old=old, cache=cache,
                                 isolation=not args.no_isolation, jobs=args.jobs, progress=progress,
                                 source=args.tasks, tasks_path=args.tasks, read_as=read_as)
@@ -425,6 +437,7 @@ def _check_certificate(args, deployment, progress) -> int:
 
         read_as = input_signature(args.tasks)
         taskset = _load(args)
+        _before_forking(args.jobs)
         model, choice = build_for_certificate(taskset, epsilon=args.epsilon, beta=args.beta, gamma=args.gamma)
         report = check_and_save(taskset, model, args.certificate, isolation=not args.no_isolation, jobs=args.jobs,
                                 progress=progress, source=args.tasks, tasks_path=args.tasks, read_as=read_as,
@@ -453,6 +466,7 @@ def cmd_watch(args) -> int:
     require_replaceable(directory)                      # before the first check, and again at each save
     if args.json not in (None, "-"):
         _output_path(args.json, _inputs(args))          # refused before the first check, not after it
+    _before_forking(args.jobs)
     watcher = Watcher(args.tasks, directory, jobs=args.jobs, isolation=not args.no_isolation)
     if not args.quiet and args.json != "-":
         print(f"watching {args.tasks} and its facts files; certificate in {directory} (Ctrl-C stops)", flush=True)

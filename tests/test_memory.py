@@ -79,3 +79,58 @@ def test_the_pass_holds_no_weights_once_its_tables_are_built(monkeypatch, capsys
     assert main(["check", str(example), "--weights", str(npz), "--quiet"]) == 0
     assert len(made) == 1 and seen and all(s == [True] for s in seen)
     assert "CERTIFIED" in capsys.readouterr().out
+
+
+def _rss_after_free(call: bool) -> tuple[int, int]:
+    """In a fresh interpreter: (RSS growth while a 4 MB array lives, RSS growth once it is
+    freed), after a 16 MB array was freed (which raises glibc's own mapping threshold)."""
+    import json
+    import subprocess
+    import sys
+
+    code = f"""
+import json, numpy as np
+from verifier.running.parallel import map_large_allocations
+if {call}:
+    map_large_allocations()
+def rss():
+    return int(open('/proc/self/statm').read().split()[1]) * 4096
+a = np.ones(2 << 20); del a          # 16 MB, mapped and freed
+base = rss()
+b = np.ones(1 << 19)                 # 4 MB
+live = rss() - base
+del b
+print(json.dumps([live, rss() - base]))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    return tuple(json.loads(out.stdout))
+
+
+def test_large_allocations_go_back_to_the_system_when_freed():
+    """After map_large_allocations() a freed 4 MB array leaves the process's resident
+    memory; with glibc's default it stays in the heap (the test shows both, so it fails
+    if the call stops doing anything)."""
+    import ctypes
+    import sys
+
+    import pytest
+
+    if not sys.platform.startswith("linux") or not hasattr(ctypes.CDLL(None), "mallopt"):
+        pytest.skip("glibc's mallopt only")
+    live, kept = _rss_after_free(call=True)
+    assert live >= 3 << 20 and kept < 1 << 20
+    live, kept = _rss_after_free(call=False)
+    assert live >= 3 << 20 and kept >= 3 << 20
+
+
+def test_check_maps_large_allocations_only_when_it_forks(monkeypatch, capsys):
+    import verifier.running.parallel as parallel
+
+    calls = []
+    monkeypatch.setattr(parallel, "map_large_allocations", lambda: calls.append(1))
+    example = str(ROOT / "examples" / "capitals.yaml")
+    assert main(["check", example, "--quiet", "--no-isolation"]) == 0
+    assert calls == []
+    assert main(["check", example, "--quiet", "--no-isolation", "--jobs", "2"]) == 0
+    assert calls == [1]
+    capsys.readouterr()
