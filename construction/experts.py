@@ -124,14 +124,17 @@ def build_expert(taskset: TaskSet, k: int, residual: Space) -> SymExpert:
     r1, c1, v1, b = [], [], [], []
     r2, c2, v2 = [], [], []             # per template node: numpy pieces (a node may cover every subject)
     next_off = residual.offset("next")
+    # Entries are listed in the matrices' own order (a row's or column's indices
+    # increasing), so SymMatrix.build takes them as they are: pos comes before the slot
+    # blocks in the residual, and words before entities among the tokens.
     for n, (sigma, words, subj_follows) in enumerate(nodes):
         p = len(sigma)
+        r1.append(n); c1.append(residual.index("pos", p)); v1.append(2.0)
         for m, sym in enumerate(sigma, start=1):
             r1.append(n); c1.append(residual.index(f"slot{m}", sym)); v1.append(2.0)
-        r1.append(n); c1.append(residual.index("pos", p)); v1.append(2.0)
         b.append(-(2.0 * p + 1.0))
         # "next" is labelled by the vocabulary's tokens in id order
-        nxt = np.asarray([next_off + vocab.id(w) for w in words], np.int64)
+        nxt = np.sort(np.asarray([next_off + vocab.id(w) for w in words], np.int64))
         if subj_follows:
             nxt = np.concatenate([nxt, next_off + np.asarray(subj_ids, np.int64)])
         r2.append(nxt); c2.append(np.full(nxt.size, n, np.int64)); v2.append(np.full(nxt.size, 2.0))

@@ -39,14 +39,19 @@ class SymMatrix:
 
     @staticmethod
     def build(rows: Space, cols: Space, entries, coefficient: sympy.Expr = sympy.Integer(1)) -> "SymMatrix":
-        """From (row, col, value) triples; ``value`` a float that is an exact binary fraction."""
+        """From (row, col, value) triples; ``value`` a float that is an exact binary fraction.
+        Repeated (row, col) entries are summed and zero entries dropped."""
         r, c, v = (np.asarray(a) for a in entries) if entries else (np.zeros(0, int), np.zeros(0, int), np.zeros(0))
-        coo = sp.coo_matrix((v.astype(np.float64), (r.astype(np.int64), c.astype(np.int64))), shape=(rows.dim, cols.dim))
+        r, c, v = r.astype(np.int64), c.astype(np.int64), v.astype(np.float64)
         # a tall matrix (W_2, W_O: residual rows) is stored by columns, so its offsets
         # grow with its few columns, not with the residual width
-        m = coo.tocsc() if rows.dim > cols.dim else coo.tocsr()
-        m.sum_duplicates()
-        m.eliminate_zeros()
+        tall = rows.dim > cols.dim
+        m = _in_order(c, r, v, (rows.dim, cols.dim), tall) if tall else _in_order(r, c, v, (rows.dim, cols.dim), tall)
+        if m is None:
+            coo = sp.coo_matrix((v, (r, c)), shape=(rows.dim, cols.dim))
+            m = coo.tocsc() if tall else coo.tocsr()
+            m.sum_duplicates()
+            m.eliminate_zeros()
         return SymMatrix(rows, cols, ((sympy.sympify(coefficient), m),))
 
     @property
@@ -126,6 +131,25 @@ class SymMatrix:
 
     def describe(self, i: int, j: int) -> str:
         return f"[{self.rows.label(i)}, {self.cols.label(j)}] = {self.entry(i, j)}"
+
+
+def _in_order(major: np.ndarray, minor: np.ndarray, values: np.ndarray, shape: tuple[int, int],
+              by_columns: bool) -> sp.spmatrix | None:
+    """The CSR (CSC when ``by_columns``) matrix of entries given already in its order: major
+    index non-decreasing, minor index strictly increasing within a major index, no zero
+    value. Such entries are the canonical arrays themselves (nothing to sum, sort or drop),
+    so this is the matrix the general path (COO, sum duplicates, drop zeros) builds, array
+    for array. None when the entries are not in that order."""
+    n_major = shape[1] if by_columns else shape[0]
+    if major.size and (np.any(major[1:] < major[:-1]) or major[0] < 0 or major[-1] >= n_major
+                       or minor.min() < 0 or minor.max() >= (shape[0] if by_columns else shape[1])):
+        return None
+    same = major[1:] == major[:-1]
+    if np.any(same & (minor[1:] <= minor[:-1])) or np.any(values == 0):
+        return None
+    indptr = np.zeros(n_major + 1, np.int64)
+    np.cumsum(np.bincount(major, minlength=n_major), out=indptr[1:])
+    return (sp.csc_matrix if by_columns else sp.csr_matrix)((values, minor, indptr), shape=shape)
 
 
 def vector_space(n: int, name: str = "index") -> Space:

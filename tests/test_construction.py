@@ -287,3 +287,33 @@ def test_the_fast_comparison_of_matrices_falls_back_where_a_map_reorders():
     rows = np.array([2, 0, 1])
     u = sp.coo_matrix((t.tocoo().data, (rows[t.tocoo().row], t.tocoo().col)), shape=(3, 2)).tocsc()
     assert _same_matrix(t, u, rows, None) and not _same_matrix(t, u, np.array([0, 1, 2]), None)
+
+
+@settings(max_examples=examples(200), deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 5), st.integers(0, 6), st.sampled_from([0.0, 1.0, -2.0, 0.5])),
+                max_size=30), st.booleans(), st.booleans())
+def test_matrices_built_from_ordered_entries_are_the_general_builds(entries, tall, ordered):
+    """SymMatrix.build takes entries already in a matrix's own order as its arrays; any
+    entries (repeated, zero, unordered) give, array for array, what summing duplicates and
+    dropping zeros of a COO matrix gives."""
+    from construction.bases import Space, block
+    from construction.symbolic import SymMatrix
+
+    rows, cols = (Space.of(block("r", range(7))), Space.of(block("c", range(6)))) if tall else \
+        (Space.of(block("r", range(6))), Space.of(block("c", range(7))))
+    r, c, v = (np.array([e[i] for e in entries], dtype=float if i == 2 else np.int64) for i in range(3))
+    if tall:
+        r, c = c, r
+    if ordered:                                   # the matrix's own order, each entry once, none zero
+        key = (c * 10 + r) if tall else (r * 10 + c)
+        _, first = np.unique(key, return_index=True)
+        keep = first[v[first] != 0]
+        r, c, v = r[keep], c[keep], v[keep]
+    got = SymMatrix.build(rows, cols, (r, c, v)).terms[0][1]
+    coo = sp.coo_matrix((v, (r, c)), shape=(rows.dim, cols.dim))
+    want = coo.tocsc() if tall else coo.tocsr()
+    want.sum_duplicates()
+    want.eliminate_zeros()
+    assert got.format == want.format and got.shape == want.shape
+    for a, b in ((got.indptr, want.indptr), (got.indices, want.indices), (got.data, want.data)):
+        assert a.dtype == b.dtype and np.array_equal(a, b)
