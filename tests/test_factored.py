@@ -276,3 +276,28 @@ def test_compact_accumulator_slots_are_a_rows_columns_in_order(rows):
             assert _slot_of(col, acc, s, touched, where) == mine.get(col, -1)
         for col, sl in mine.items():
             assert touched[sl] == col and acc[sl, 1] == cols.count(col)
+
+
+def test_work_arrays_let_go_after_a_batch_that_spills_change_no_result(monkeypatch):
+    """A batch whose accumulators pass SPILL slots lets the work arrays go (they are made
+    anew for the next batch), and every batch's results are bitwise those of a pass that
+    keeps them."""
+    import verifier.passes.factored as F
+
+    ts = wikidata_like(600, n_tasks=5, seed=3)
+    w = build(ts).instantiate()
+    tmap = token_map(ts, w)
+    keep, trim = FactoredPass(Prepared(w), _split(ts, w)), FactoredPass(Prepared(w), _split(ts, w))
+    released = 0
+    for b in batches(ts, chunk=5000):
+        args = (tmap[b.tokens], b.valid_ptr, tmap[b.valid])
+        target = np.where(b.target >= 0, tmap[np.maximum(b.target, 0)], -1)
+        monkeypatch.setattr(F, "SPILL", 10 ** 9)
+        want = keep.run_batch(*args, target=target)
+        assert keep._scratch is not None
+        monkeypatch.setattr(F, "SPILL", 3)
+        got = trim.run_batch(*args, target=target)
+        released += trim._scratch is None
+        for field in FIELDS:
+            assert _same(getattr(got, field), getattr(want, field)), (b.p, field)
+    assert released > 0

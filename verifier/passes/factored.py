@@ -180,6 +180,26 @@ class FactoredPass:
                              "u": (np.zeros(d), np.zeros(d), np.zeros((d, 2)))}
         return self._scratch
 
+    def trim_scratch(self) -> None:
+        """Let the work arrays go when a batch used more than ``SPILL`` slots of an
+        accumulator: only a cohort that reaches a whole task's subjects (the query before
+        its subject, whose valid next tokens are all of them) does, and its slots, its
+        logit table and their pages would otherwise stay resident in the worker for the
+        rest of the pass. The next batch allocates them anew, as untouched zeros. Nothing
+        kept there outlives a batch (stamps are never reused; the exp memo is a cache)."""
+        sc = self._scratch
+        if sc is None:
+            return
+        for key in ("y", "L", "z", "z_own"):
+            acc = sc[key][0]
+            if acc.shape[0] > SPILL and acc[SPILL, 0] != 0.0:
+                self._scratch = None
+                return
+
+
+#: Slots of an accumulator beyond which a batch's work arrays are let go afterwards
+#: (FactoredPass.trim_scratch): 1M slots, 40 MB of one accumulator.
+SPILL = 1 << 20
 
 #: Odd multipliers of the cohort keys' hash (any fixed values: the hash is only a first sort).
 _MIX = np.array([0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9, 0xD6E8FEB86659FD93],
@@ -350,6 +370,7 @@ def run_batch(fp: FactoredPass, tokens: np.ndarray, valid_ptr: np.ndarray, valid
     rho_lo[undecided | ~np.isfinite(rho_lo)] = np.nan
     rho_hi[np.isnan(rho_lo)] = np.nan
     Gm = G if scores else None
+    fp.trim_scratch()
     return BatchResult(e, margin, ~(margin > 0), Gm, Grad, err_lo, err_hi, ab_lo, ab_hi, predicted,
                        (top, top_lo, top_hi), cands, rho_lo, rho_hi, ab_rho_lo, ab_rho_hi, active, ab_gap,
                        ab_zeros, ab_obj)
