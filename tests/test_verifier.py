@@ -11,6 +11,9 @@ import mpmath
 import numpy as np
 import pytest
 import scipy.sparse as sp
+from budget import examples
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tasks.queries import query_groups
 import layout
@@ -88,6 +91,41 @@ def test_token_chunks_change_nothing(capitals_set, weights, monkeypatch):
         b = run_batch(chunked, group_tokens(g), g.valid_ptr, g.valid)
         for field in ("expert", "margin", "err_lo", "err_hi", "ablated_lo", "ablated_hi", "gate_mid", "gate_rad"):
             assert np.array_equal(getattr(a, field), getattr(b, field), equal_nan=True), field
+
+
+@settings(max_examples=examples(100), deadline=None)
+@given(st.integers(0, 2 ** 32 - 1), st.integers(1, 12), st.integers(1, 4))
+def test_per_distinct_rows_is_the_product_of_every_row(seed, n, kinds):
+    """forward._by_distinct computes a product once per distinct row where the matrix reads
+    it: rows that differ only in columns it does not read share a result, and that result
+    is, bit for bit, the product of each of them (radii included: they depend on the terms)."""
+    import verifier.passes.forward as F
+    from verifier.arithmetic import interval as I
+
+    rng = np.random.default_rng(seed)
+    d, w = 9, 3
+    W = sp.random(w, d, density=0.3, random_state=rng, format="csr")
+    W.data = np.ldexp(rng.integers(1, 64, W.nnz).astype(float), rng.integers(-1080, 900, W.nnz))
+    base = sp.random(kinds, d, density=0.5, random_state=rng, format="csr")
+    base.data = np.ldexp(rng.integers(-64, 64, base.nnz).astype(float), rng.integers(-1080, 900, base.nnz))
+    base = sp.vstack([base, base.multiply(2.0)]).tocsr()    # rows of one pattern, other values
+    kinds *= 2
+    X = sp.lil_matrix(base[rng.integers(0, kinds, n)])
+    unread = np.flatnonzero(np.diff(sp.csc_matrix(W).indptr) == 0)
+    for i in range(n):                                  # noise where W^T reads nothing
+        for j in unread[: rng.integers(0, unread.size + 1)]:
+            X[i, j] = float(rng.integers(1, 9))
+    X = sp.csr_matrix(X)
+    X.sort_indices()
+    thin = I.Thin.transpose_of(W)
+    with np.errstate(all="ignore"):
+        f = lambda M: I.matmul(I.exact(M), thin)  # noqa: E731
+        part, which = F._by_distinct(X, thin.rows, f)
+        got, want = part.rows(which), f(X)
+    assert np.array_equal(got.indptr, want.indptr) and np.array_equal(got.indices, want.indices)
+    assert np.array_equal(got.mid.view(np.int64), want.mid.view(np.int64))
+    assert np.array_equal(got.rad.view(np.int64), want.rad.view(np.int64))
+    assert part.shape[0] <= kinds and which.size == n             # the rows read alike are computed once
 
 
 # --- every check fails on a model that violates it -------------------------------------------

@@ -238,10 +238,17 @@ class Prepared:
         else:
             todo, E_todo = np.arange(V1), E
         n = todo.size
+        # the residual directions the query and key maps read (a token's projections are a
+        # function of its embedding there: computed once per distinct such part, _by_distinct)
+        qk_read = np.unique(np.concatenate([W.rows for W in WQ + WK] + [np.zeros(0, np.int64)]))
         for a in range(0, n if H else 0, TOKEN_CHUNK):
             b = min(a + TOKEN_CHUNK, n)
-            X = I.exact(E_todo[a:b])
-            table = np.ascontiguousarray(np.concatenate(qk(X) + (magnitudes(E_todo[a:b]) if deployed else ()), axis=1))
+            if deployed:                    # (the magnitudes read the whole row: ||E[x]||_1)
+                table = np.concatenate(qk(I.exact(E_todo[a:b])) + magnitudes(E_todo[a:b]), axis=1)
+            else:
+                part, which = _by_distinct(E_todo[a:b], qk_read, lambda X: np.concatenate(qk(I.exact(X)), axis=1))
+                table = part[which]
+            table = np.ascontiguousarray(table)
             first, inv = _unique_rows(table)
             keys = [table[f].tobytes() for f in first]
             qk_class[todo[a:b]] = qk_table.add(keys, lambda new: table[first[new]])[inv]
@@ -250,9 +257,16 @@ class Prepared:
             # product costs time in the number of output columns (d) per call, so a call
             # per chunk of tokens would cost d per chunk. Each output row depends on its
             # own input row only, so the rows are those a product per chunk gives.
-            O_all = I.matmul(I.matmul(I.exact(E_todo), WV[m]), WO[m]) if n else None
-            # the deployed pass's |W_O||W_V||E[x]| on the same (structural) pattern
-            M_all = I.matmul(I.matmul(I.exact(abs(E_todo)), absWV[m]), absWO[m]) if n and deployed else None
+            # (each value row is a function of the token's embedding where W_V reads it alone:
+            # computed once per distinct such part, _by_distinct)
+            O_all = M_all = None
+            if n:
+                part, which = _by_distinct(E_todo, WV[m].rows, lambda X: I.matmul(I.matmul(I.exact(X), WV[m]), WO[m]))
+                O_all = part.rows(which)
+            if n and deployed:              # the deployed pass's |W_O||W_V||E[x]| on the same (structural) pattern
+                part, which = _by_distinct(E_todo, WV[m].rows,
+                                           lambda X: I.matmul(I.matmul(I.exact(abs(X)), absWV[m]), absWO[m]))
+                M_all = part.rows(which)
             for a in range(0, n, TOKEN_CHUNK):
                 b = min(a + TOKEN_CHUNK, n)
                 whole = (a, b) == (0, n)
@@ -479,6 +493,33 @@ def _sparse_row_classes(M: SparseInterval, max_nnz: int = 8) -> np.ndarray:
     table[rows, width + pos] = M.mid
     table[rows, 2 * width + pos] = M.rad
     return _dense_row_classes(table)
+
+
+def _by_distinct(X: sp.csr_matrix, read: np.ndarray, f):
+    """``f`` over the rows of X computed once per distinct row part: (f of the distinct
+    rows, the distinct row of each row), so that f(X)'s row i is ``out[which[i]]``.
+
+    ``f`` must be row-local and read only the columns ``read`` (sorted): each of its output
+    rows a function of the same input row's entries in those columns, as a product by a
+    matrix whose other rows are empty is (interval.matmul: a row's pattern, sums and radii
+    depend on that row's terms alone, and an entry in a column the matrix does not read
+    forms no term). Rows equal (bitwise) in those columns then have bitwise equal outputs,
+    and a distinct row stands for all of them. Rows with many entries there are not
+    compared (each stands for itself)."""
+    X = I.as_csr(X)
+    pos = np.searchsorted(read, X.indices)
+    hit = pos < read.size
+    hit[hit] = read[pos[hit]] == X.indices[hit]
+    rows = np.repeat(np.arange(X.shape[0], dtype=np.int64), np.diff(X.indptr))[hit]
+    ptr = np.zeros(X.shape[0] + 1, np.int64)
+    np.cumsum(np.bincount(rows, minlength=X.shape[0]), out=ptr[1:])
+    part = SparseInterval((X.shape[0], read.size), ptr, pos[hit].astype(np.int64), X.data[hit].astype(np.float64),
+                          np.zeros(int(hit.sum())))
+    _, first, which = np.unique(_sparse_row_classes(part), return_index=True, return_inverse=True)
+    order = np.argsort(first, kind="stable")            # distinct rows in order of first appearance
+    rank = np.empty(order.size, np.int64)
+    rank[order] = np.arange(order.size)
+    return f(X[first[order]]), rank[which.reshape(-1)]
 
 
 def _unique_rows(*arrays: np.ndarray):
