@@ -128,6 +128,33 @@ def test_per_distinct_rows_is_the_product_of_every_row(seed, n, kinds):
     assert part.shape[0] <= kinds and which.size == n             # the rows read alike are computed once
 
 
+@settings(max_examples=examples(100), deadline=None)
+@given(st.integers(0, 2 ** 32 - 1), st.sampled_from(["int32", "int64", "float64"]), st.booleans())
+def test_distinct_rows_are_exactly_the_equal_rows(seed, dtype, collide):
+    """forward._unique_rows groups rows by a hash first and then compares them: its groups
+    are exactly the rows of one value (bitwise: 0.0 and -0.0 differ), also when every hash
+    collides (the multipliers made 0) and the rows are grouped by their bytes instead."""
+    import verifier.passes.forward as F
+
+    rng = np.random.default_rng(seed)
+    base = rng.integers(-3, 3, (4, 3)).astype(dtype)
+    if dtype == "float64":
+        base[0, 0], base[1, 0] = 0.0, -0.0
+    rows = base[rng.integers(0, 4, 20)]
+    mix = F._MIX
+    try:
+        if collide:
+            F._MIX = np.zeros_like(mix)
+        first, inv = F._unique_rows(rows[:, :1], rows[:, 1:])
+    finally:
+        F._MIX = mix
+    bits = rows.view(np.int64) if dtype == "float64" else rows.astype(np.int64)
+    assert np.array_equal(bits, bits[first[inv]])                      # each row is its group's row
+    distinct = {r.tobytes() for r in bits}
+    assert len(first) == len(distinct) == len({bits[f].tobytes() for f in first})
+    assert all(inv[f] == k for k, f in enumerate(first))
+
+
 # --- every check fails on a model that violates it -------------------------------------------
 
 

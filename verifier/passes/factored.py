@@ -201,28 +201,12 @@ class FactoredPass:
 #: (FactoredPass.trim_scratch): 1M slots, 40 MB of one accumulator.
 SPILL = 1 << 20
 
-#: Odd multipliers of the cohort keys' hash (any fixed values: the hash is only a first sort).
-_MIX = np.array([0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9, 0xD6E8FEB86659FD93],
-                dtype=np.uint64).view(np.int64)
-
-
 def cohorts(fp: FactoredPass, ids: np.ndarray, qk_class: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(first row of each cohort, cohort of each row) for rows ``ids`` (BOS included): the
-    key is the row's tokens with each entity replaced by −1 − its attention class.
-
-    Rows are grouped by a 64-bit hash of their key first, then every row is compared with
-    its group's first row entry by entry; should two different keys share a hash (never
-    seen), the rows are grouped by their keys themselves. So a cohort holds exactly the
-    rows of one key."""
-    key = np.where(fp.entity[ids], -1 - qk_class[ids].astype(np.int64), ids)
-    mix = np.resize(_MIX, key.shape[1]) * (np.arange(key.shape[1], dtype=np.int64) * 2 + 1)
-    with np.errstate(over="ignore"):
-        h = (key * mix).sum(axis=1)                     # wraps around: a hash, not a number
-    _, first, inv = np.unique(h, return_index=True, return_inverse=True)
-    inv = inv.reshape(-1)
-    if np.array_equal(key, key[first[inv]]):
-        return first, inv
-    return _unique_rows(key)
+    key is the row's tokens with each entity replaced by −1 − its attention class; the
+    rows of one key, exactly (grouped by a hash first, then compared entry by entry:
+    :func:`verifier.passes.forward._unique_rows`)."""
+    return _unique_rows(np.where(fp.entity[ids], -1 - qk_class[ids].astype(np.int64), ids))
 
 
 def _reduce_pairs(n: int, rows: np.ndarray, values: tuple, single: bool) -> tuple:

@@ -475,8 +475,7 @@ def _dense_row_classes(X: np.ndarray) -> np.ndarray:
     X = np.ascontiguousarray(X)
     if X.shape[1] == 0:
         return np.zeros(X.shape[0], np.int64)
-    view = X.view(np.dtype((np.void, X.dtype.itemsize * X.shape[1]))).reshape(-1)
-    return np.unique(view, return_inverse=True)[1].reshape(-1).astype(np.int64)
+    return _unique_rows(X)[1].astype(np.int64)
 
 
 def _sparse_row_classes(M: SparseInterval, max_nnz: int = 8) -> np.ndarray:
@@ -522,9 +521,30 @@ def _by_distinct(X: sp.csr_matrix, read: np.ndarray, f):
     return f(X[first[order]]), rank[which.reshape(-1)]
 
 
+#: Odd multipliers of the row hash of :func:`_unique_rows` (any fixed values: the hash only
+#: groups rows first).
+_MIX = np.array([0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9, 0xD6E8FEB86659FD93],
+                dtype=np.uint64).view(np.int64)
+
+
 def _unique_rows(*arrays: np.ndarray):
-    """Distinct rows of the column-stacked arrays: (first index of each, inverse)."""
+    """Distinct rows (bitwise) of the column-stacked arrays: (first index of each, inverse).
+
+    Rows of integers or of float64 (read as their bits) are grouped by a 64-bit hash first,
+    then every row is compared with its group's first row entry by entry; should two
+    different rows share a hash (never seen), they are grouped by their bytes instead
+    (sorting them, as for any other type). So a group holds exactly the rows of one value.
+    The distinct rows come in the order of their hashes."""
     stacked = np.ascontiguousarray(np.concatenate(arrays, axis=1))
+    if stacked.dtype == np.float64 or np.issubdtype(stacked.dtype, np.integer):
+        key = stacked.view(np.int64) if stacked.dtype == np.float64 else stacked.astype(np.int64)
+        mix = np.resize(_MIX, key.shape[1]) * (np.arange(key.shape[1], dtype=np.int64) * 2 + 1)
+        with np.errstate(over="ignore"):
+            h = (key * mix).sum(axis=1)                 # wraps around: a hash, not a number
+        _, first, inv = np.unique(h, return_index=True, return_inverse=True)
+        inv = inv.reshape(-1)
+        if np.array_equal(key, key[first[inv]]):
+            return first, inv
     view = stacked.view(np.dtype((np.void, stacked.dtype.itemsize * stacked.shape[1]))).reshape(-1)
     _, first, inv = np.unique(view, return_index=True, return_inverse=True)
     return first, inv.reshape(-1)
