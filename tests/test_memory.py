@@ -134,3 +134,22 @@ def test_check_maps_large_allocations_only_when_it_forks(monkeypatch, capsys):
     assert main(["check", example, "--quiet", "--no-isolation", "--jobs", "2"]) == 0
     assert calls == [1]
     capsys.readouterr()
+
+
+def test_a_frame_keeps_the_sizes_and_refuses_the_entries(capitals_model):
+    """Weights.frame: what a pass reads after building its tables (sizes, BOS, the gate's
+    biases, each expert's width) is there; a matrix's entries are not, and asking for them
+    raises instead of giving an empty matrix."""
+    import numpy as np
+    import pytest
+
+    w = capitals_model.instantiate()
+    f = w.frame()
+    assert (f.d, f.bos, f.n_positions, f.gate_mode, f.vocab) == (w.d, w.bos, w.n_positions, w.gate_mode, w.vocab)
+    assert [e.width for e in f.experts] == [e.width for e in w.experts] and np.array_equal(f.b_G, w.b_G)
+    assert f.E.shape == w.E.shape and f.E.nnz == w.E.nnz and f.U.shape == w.U.shape
+    for get in (lambda: f.E.data, lambda: f.U.toarray(), lambda: f.experts[0].W_2.indices, lambda: f.heads[0].W_Q.T):
+        with pytest.raises(AttributeError, match="released"):
+            get()
+    with pytest.raises(TypeError):
+        np.asarray(f.W_G)
