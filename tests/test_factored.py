@@ -185,6 +185,21 @@ def test_a_wrong_split_misses_exact_values_and_the_right_one_does_not(capitals):
     assert _contained(ts, moved, FactoredPass(Prepared(moved), wrong), "wrong split")
 
 
+def test_heads_that_read_nothing_for_queries_and_keys_are_enclosed(capitals):
+    """Every head's W_Q and W_K with no rows (attention uniform over the prefix): all tokens
+    fall in one query/key class, and both passes still contain the exact values."""
+    from layout.weights import Head
+
+    ts, w = capitals
+    blind = w.replace(heads=tuple(Head(sp.csr_matrix((0, w.d)), sp.csr_matrix((0, w.d)), h.W_V, h.W_O)
+                                  for h in w.heads))
+    with np.errstate(all="ignore"):
+        plain, factored = Prepared(blind), FactoredPass(Prepared(blind), _split(ts, blind))
+    assert len(np.unique(plain.qk_class)) == 1
+    assert _contained(ts, blind, plain, "plain") == []
+    assert _contained(ts, blind, factored, "factored") == []
+
+
 FIELDS = ("expert", "margin", "ambiguous", "err_lo", "err_hi", "ablated_lo", "ablated_hi", "predicted", "rho_lo",
           "rho_hi", "ablated_rho_lo", "ablated_rho_hi", "active", "ablated_gap", "ablated_zeros", "ablated_object_lo",
           "gate_rad")

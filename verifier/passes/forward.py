@@ -365,6 +365,8 @@ class Prepared:
                 """(accumulator rows: stamp, mid, A, B, count; the touched columns)."""
                 return np.zeros((size, 5)), np.zeros(size, np.int64)      # stamp 0: no row's
 
+            if V >= 2 ** 31:
+                raise ValueError(f"{V} tokens: the logits' slot map holds 32-bit slots")
             K = len(self.weights.experts)
             self._scratch = {"z": spa(w), "y": spa(max(d, 1)), "L": spa(max(V, 1)),
                              # the slot map of kernels.logits, which keeps its sums compactly in "L"
