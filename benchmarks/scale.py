@@ -50,13 +50,12 @@ def one(n_facts: int, seed: int, jobs: int, peer_queries: int) -> dict:
     from workflow.check import check_built
     from construction.model import build
     from tasks.synthetic import wikidata_like
-    from verifier.running.parallel import available_jobs, map_large_allocations
+    from verifier.running.parallel import before_forking
 
     with PeakSampler() as mem:
         t0 = time.perf_counter()
         ts = wikidata_like(n_facts, seed=seed)
-        if available_jobs(jobs) > 1:
-            map_large_allocations()                         # as `check --jobs N` does before building
+        before_forking(jobs)                                # as `check --jobs N` does before building
         t1 = time.perf_counter()
         report = check_built(ts, build(ts), jobs=jobs)     # as the CLI: the model is released inside
         t2 = time.perf_counter()

@@ -293,27 +293,17 @@ def _build_for(args, taskset, deployment, executor=None):
                    f"{deployment.fmt.name} certificate held ({tried})"], verified
 
 
-def _before_forking(jobs: int) -> None:
-    """This process will fork ``jobs`` > 1 workers: from here on each large allocation is a
-    mapping of its own (:func:`verifier.running.parallel.map_large_allocations`), so that
-    the construction's freed blocks do not stay in a heap the workers inherit."""
-    from verifier.running.parallel import available_jobs, map_large_allocations
-
-    if available_jobs(jobs) > 1:
-        map_large_allocations()
-
-
 @contextlib.contextmanager
 def _executor(args, deployment=None):
     """Where the work units run: ``--jobs`` local processes, or the Dask cluster of
     ``--scheduler`` (its workers warmed up for ``deployment`` as the client connects:
     workflow.warming)."""
-    from verifier.running.parallel import LocalPool
+    from verifier.running.parallel import LocalPool, before_forking
 
     if args.scheduler is None:
         if args.cluster_timeout is not None:
             raise TaskError("--cluster-timeout needs --scheduler", fix="drop it, or run on a cluster with --scheduler")
-        _before_forking(args.jobs)
+        before_forking(args.jobs)
         yield LocalPool(args.jobs)
         return
     if args.jobs != 1:
@@ -400,6 +390,7 @@ def _check_certificate(args, deployment, progress) -> int:
     from tasks.io import input_signature
     from verifier.certificates.certificate import require_replaceable
     from verifier.checks.report import dumps, summary
+    from verifier.running.parallel import before_forking
     from verifier.running.runner import COMBINATIONS
 
     for flag, bad in (("--weights", args.weights), ("--cluster-timeout", getattr(args, "cluster_timeout", None))):
@@ -427,7 +418,7 @@ def _check_certificate(args, deployment, progress) -> int:
         read_as = input_signature(args.tasks)
         old, taskset, cache = load_since(args.tasks, args.since)
         read = time.perf_counter() - start
-        _before_forking(args.jobs)
+        before_forking(args.jobs)
         report, _ = check_since(taskset, args.since, args.certificate, old=old, cache=cache,
                                 isolation=not args.no_isolation, jobs=args.jobs, progress=progress,
                                 source=args.tasks, tasks_path=args.tasks, read_as=read_as)
@@ -437,7 +428,7 @@ def _check_certificate(args, deployment, progress) -> int:
 
         read_as = input_signature(args.tasks)
         taskset = _load(args)
-        _before_forking(args.jobs)
+        before_forking(args.jobs)
         model, choice = build_for_certificate(taskset, epsilon=args.epsilon, beta=args.beta, gamma=args.gamma)
         report = check_and_save(taskset, model, args.certificate, isolation=not args.no_isolation, jobs=args.jobs,
                                 progress=progress, source=args.tasks, tasks_path=args.tasks, read_as=read_as,
@@ -454,6 +445,7 @@ def cmd_watch(args) -> int:
     from workflow.watching import Watcher, one_line, watch
     from verifier.certificates.certificate import require_replaceable
     from verifier.checks.report import dumps, report_json
+    from verifier.running.parallel import before_forking
 
     if args.max_checks is not None and args.max_checks < 1:
         raise TaskError("--max-checks must be at least 1", fix="give a positive number, or leave it out")
@@ -466,7 +458,7 @@ def cmd_watch(args) -> int:
     require_replaceable(directory)                      # before the first check, and again at each save
     if args.json not in (None, "-"):
         _output_path(args.json, _inputs(args))          # refused before the first check, not after it
-    _before_forking(args.jobs)
+    before_forking(args.jobs)
     watcher = Watcher(args.tasks, directory, jobs=args.jobs, isolation=not args.no_isolation)
     if not args.quiet and args.json != "-":
         print(f"watching {args.tasks} and its facts files; certificate in {directory} (Ctrl-C stops)", flush=True)

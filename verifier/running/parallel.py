@@ -133,6 +133,14 @@ def map_large_allocations() -> None:
     mallopt(M_MMAP_THRESHOLD, MAPPED_FROM)
 
 
+def before_forking(jobs: int) -> None:
+    """Called by a process that will fork ``jobs`` workers, before it builds what they
+    share: maps large allocations (:func:`map_large_allocations`) when more than one
+    worker will run; a single process keeps glibc's default."""
+    if available_jobs(jobs) > 1:
+        map_large_allocations()
+
+
 def return_free_heap() -> None:
     """Give the C heap's free pages back to the system (glibc's ``malloc_trim``; elsewhere
     nothing). Freed memory the allocator keeps counts in the process's resident size until
