@@ -192,14 +192,20 @@ def _touch(col, acc, s, touched, nt):
     integers below 2^53, exact in float64.
     """
     if acc[col, 0] != s:
-        acc[col, 0] = s
-        acc[col, 1] = 0.0
-        acc[col, 2] = 0.0
-        acc[col, 3] = 0.0
-        acc[col, 4] = 0.0
+        _start(acc, col, s)
         touched[nt] = col
         nt += 1
     return nt
+
+
+@njit(cache=True)
+def _start(acc, u, s):
+    """Accumulator row ``u`` begun for stamp ``s``: no terms yet."""
+    acc[u, 0] = s
+    acc[u, 1] = 0.0
+    acc[u, 2] = 0.0
+    acc[u, 3] = 0.0
+    acc[u, 4] = 0.0
 
 
 @njit(cache=True)
@@ -237,11 +243,7 @@ def _at(col, acc, s, touched, nt, where):
     if acc[u, 0] == s and touched[u] == col:
         return u, nt
     where[col] = nt
-    acc[nt, 0] = s
-    acc[nt, 1] = 0.0
-    acc[nt, 2] = 0.0
-    acc[nt, 3] = 0.0
-    acc[nt, 4] = 0.0
+    _start(acc, nt, s)
     touched[nt] = col
     return nt, nt + 1
 
