@@ -24,7 +24,7 @@ from typing import Callable, Iterable, Iterator, TypeVar
 
 import numpy as np
 
-from construction.experts import alone_column_map, build_expert, column_map, same_expert, subset_column_map
+from construction.experts import alone_column_map, column_map, expert_entries, same_as_built, subset_column_map
 from construction.residual import residual_space
 from tasks.model import TaskSet
 
@@ -72,7 +72,7 @@ def changed_experts(shared, j: int) -> list[str]:
     for k_new, task in enumerate(rest.tasks):
         k = taskset.index(task.name)
         to_b = to_full if experts[k].W_1.cols is residual else column_map(space, experts[k].W_1.cols)
-        if not same_expert(build_expert(rest, k_new, space), experts[k], to_b):
+        if not same_as_built(expert_entries(rest, k_new, space), experts[k], to_b):
             out.append(task.name)
     return out
 
@@ -82,9 +82,9 @@ def isolation(taskset: TaskSet, model, map_fn: MapFn = serial_map) -> tuple[tupl
     isolated = []
     for k in range(len(taskset.tasks)):
         alone = taskset.alone(k)                 # TaskSet((task,)), from this set's arrays
-        by_itself = build_expert(alone, 0, residual_space(alone))
-        to_full = alone_column_map(taskset, k, alone, by_itself.W_1.cols, model.experts[k].W_1.cols)
-        isolated.append(same_expert(by_itself, model.experts[k], to_full))
+        by_itself = expert_entries(alone, 0, residual_space(alone))
+        to_full = alone_column_map(taskset, k, alone, by_itself.residual, model.experts[k].W_1.cols)
+        isolated.append(same_as_built(by_itself, model.experts[k], to_full))
     K = len(taskset.tasks)
     if K < 2:
         return tuple(isolated), ()

@@ -52,7 +52,7 @@ import numpy as np
 
 from construction.bases import Prefixed, Space, block
 from construction.residual import ENTITY_SYMBOL
-from construction.symbolic import SymMatrix
+from construction.symbolic import ONE, SymMatrix
 from tasks.model import SUBJECT, Slot, Task, TaskSet
 
 
@@ -110,7 +110,30 @@ class EntityNames(Sequence):
         return map(self.entities.__getitem__, self.ids.tolist())
 
 
+@dataclass(frozen=True)
+class ExpertEntries:
+    """Expert k's weights as :func:`expert_entries` lists them, before they are matrices:
+    each matrix a (row, column, value) triple of arrays, W_1 by rows (a row's columns
+    increasing), b_1 by neuron, W_2 by columns (a column's rows increasing), the order of
+    the matrices :func:`build_expert` makes of them (:meth:`expert`)."""
+    task: str
+    neurons: Space
+    residual: Space
+    W_1: tuple[np.ndarray, np.ndarray, np.ndarray]
+    b_1: tuple[np.ndarray, np.ndarray, np.ndarray]
+    W_2: tuple[np.ndarray, np.ndarray, np.ndarray]
+
+    def expert(self) -> SymExpert:
+        bias = Space.of(block("bias"))
+        return SymExpert(self.task, self.neurons, SymMatrix.build(self.neurons, self.residual, self.W_1),
+                         SymMatrix.build(self.neurons, bias, self.b_1), SymMatrix.build(self.residual, self.neurons, self.W_2))
+
+
 def build_expert(taskset: TaskSet, k: int, residual: Space) -> SymExpert:
+    return expert_entries(taskset, k, residual).expert()
+
+
+def expert_entries(taskset: TaskSet, k: int, residual: Space) -> ExpertEntries:
     task = taskset.tasks[k]
     vocab = taskset.vocabulary
     nodes = template_nodes(task)
@@ -140,19 +163,14 @@ def build_expert(taskset: TaskSet, k: int, residual: Space) -> SymExpert:
         r2.append(nxt); c2.append(np.full(nxt.size, n, np.int64)); v2.append(np.full(nxt.size, 2.0))
 
     rows = np.arange(n_t, n_t + n_d)
-    W_1 = SymMatrix.build(neurons, residual, (
-        np.concatenate([np.asarray(r1, np.int64), rows]),
-        np.concatenate([np.asarray(c1, np.int64), residual.offset("subj") + (subj_ids - W)]),
-        np.concatenate([np.asarray(v1), np.full(n_d, 2.0)]),
-    ))
-    bias = np.concatenate([np.asarray(b), np.full(n_d, -1.0)])
-    b_1 = SymMatrix.build(neurons, Space.of(block("bias")), (np.arange(n_t + n_d), np.zeros(n_t + n_d, np.int64), bias))
-    W_2 = SymMatrix.build(residual, neurons, (
-        np.concatenate([*r2, next_off + obj_ids]),
-        np.concatenate([*c2, rows]),
-        np.concatenate([*v2, np.ones(n_d)]),
-    ))
-    return SymExpert(task.name, neurons, W_1, b_1, W_2)
+    W_1 = (np.concatenate([np.asarray(r1, np.int64), rows]),
+           np.concatenate([np.asarray(c1, np.int64), residual.offset("subj") + (subj_ids - W)]).astype(np.int64),
+           np.concatenate([np.asarray(v1, np.float64), np.full(n_d, 2.0)]))
+    b_1 = (np.arange(n_t + n_d), np.zeros(n_t + n_d, np.int64), np.concatenate([np.asarray(b, np.float64), np.full(n_d, -1.0)]))
+    W_2 = (np.concatenate([*r2, next_off + obj_ids]).astype(np.int64),
+           np.concatenate([*c2, rows]).astype(np.int64),
+           np.concatenate([*v2, np.ones(n_d)]).astype(np.float64))
+    return ExpertEntries(task.name, neurons, residual, W_1, b_1, W_2)
 
 
 def labelled_entries(expert: SymExpert) -> dict[tuple[str, str, str], str]:
@@ -229,7 +247,7 @@ def _canonical(m, rows: np.ndarray | None, cols: np.ndarray | None):
     return r[order], c[order], coo.data[order]
 
 
-def _same_neurons(a: SymExpert, b: SymExpert, to_b: np.ndarray | None) -> bool:
+def _same_neurons(a: SymExpert | ExpertEntries, b: SymExpert, to_b: np.ndarray | None) -> bool:
     """Whether the two experts' neurons have the same labels, in order.
 
     Fast where both are labelled as :func:`build_expert` labels them (template labels, then
@@ -239,17 +257,19 @@ def _same_neurons(a: SymExpert, b: SymExpert, to_b: np.ndarray | None) -> bool:
     same name exactly when ``to_b`` takes a's coordinate to b's (``to_b`` pairs coordinates
     of equal labels, and a block's labels are distinct). Else label by label."""
     la, lb = a.neurons.blocks[0].labels, b.neurons.blocks[0].labels
+    ra = a.residual if isinstance(a, ExpertEntries) else a.W_1.cols
+    rb = b.W_1.cols
     fast = (to_b is not None and isinstance(la, Prefixed) and isinstance(lb, Prefixed)
             and isinstance(la.items, EntityNames) and isinstance(lb.items, EntityNames)
-            and a.W_1.cols.has_block("subj") and b.W_1.cols.has_block("subj")
-            and la.items.entities is a.W_1.cols.block("subj").labels
-            and lb.items.entities is b.W_1.cols.block("subj").labels)
+            and ra.has_block("subj") and rb.has_block("subj")
+            and la.items.entities is ra.block("subj").labels
+            and lb.items.entities is rb.block("subj").labels)
     if not fast:
         return la == lb
     if la.prefix != lb.prefix or tuple(la.head) != tuple(lb.head) or len(la.items) != len(lb.items):
         return False
-    mapped = to_b[a.W_1.cols.offset("subj") + np.asarray(la.items.ids, np.int64)]
-    return bool(np.array_equal(mapped, b.W_1.cols.offset("subj") + np.asarray(lb.items.ids, np.int64)))
+    mapped = to_b[ra.offset("subj") + np.asarray(la.items.ids, np.int64)]
+    return bool(np.array_equal(mapped, rb.offset("subj") + np.asarray(lb.items.ids, np.int64)))
 
 
 def _sorted_minor(indptr: np.ndarray, indices: np.ndarray) -> bool:
@@ -309,3 +329,43 @@ def same_expert(a: SymExpert, b: SymExpert, to_b: np.ndarray | None = None) -> b
             if not _same_matrix(xa, xb, rows, cols):
                 return False
     return True
+
+
+def _listed_as(entries: tuple[np.ndarray, np.ndarray, np.ndarray], m: SymMatrix, rows: np.ndarray | None,
+               cols: np.ndarray | None) -> bool:
+    """Whether ``SymMatrix.build(m.rows', m.cols', entries)`` (rows and columns mapped by
+    ``rows``, ``cols``: index -> m's, None: the same) would be ``m``, decided from the
+    entries as listed: True only where ``m`` is one matrix with coefficient 1 and the
+    entries, none zero, are its stored entries one for one, in its storage order (by
+    major index, then as stored), with the major index unmapped. Then the two are the same
+    matrix: each is the sum of the same entries (a map pairs distinct coordinates with
+    distinct coordinates), and build keeps entries listed in order as they are. False
+    says nothing (the entries may be listed in another order)."""
+    if len(m.terms) != 1 or m.terms[0][0] != ONE:
+        return False
+    x = m.terms[0][1]
+    r, c, v = entries
+    if x.format == "csr":
+        major, minor, major_map, minor_map = r, c, rows, cols
+    elif x.format == "csc":
+        major, minor, major_map, minor_map = c, r, cols, rows
+    else:
+        return False
+    if major_map is not None or v.size != x.indices.size or x.indptr[-1] != v.size or not np.all(v != 0):
+        return False
+    mapped = minor if minor_map is None else minor_map[minor]
+    stored_major = np.repeat(np.arange(x.indptr.size - 1), np.diff(x.indptr))
+    return bool(np.array_equal(major, stored_major) and np.array_equal(mapped, x.indices)
+                and np.array_equal(v, x.data))
+
+
+def same_as_built(a: ExpertEntries, b: SymExpert, to_b: np.ndarray | None = None) -> bool:
+    """``same_expert(a.expert(), b, to_b)``, without making a's matrices where its entries
+    are listed as b stores them (:func:`_listed_as`; the case of an unchanged expert, as
+    :func:`expert_entries` lists entries in storage order); else by making them."""
+    if to_b is None:
+        to_b = column_map(a.residual, b.W_1.cols)
+    if (a.task == b.task and _same_neurons(a, b, to_b) and _listed_as(a.W_1, b.W_1, None, to_b)
+            and _listed_as(a.b_1, b.b_1, None, None) and _listed_as(a.W_2, b.W_2, to_b, None)):
+        return True
+    return same_expert(a.expert(), b, to_b)

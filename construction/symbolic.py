@@ -25,6 +25,9 @@ import sympy
 from construction.bases import Space
 
 
+ONE = sympy.Integer(1)
+
+
 def rational(x: float) -> sympy.Rational:
     """The exact rational value of a float (binary fraction)."""
     f = Fraction(float(x))
@@ -38,7 +41,7 @@ class SymMatrix:
     terms: tuple[tuple[sympy.Expr, sp.spmatrix], ...]   # CSR, or CSC for tall matrices
 
     @staticmethod
-    def build(rows: Space, cols: Space, entries, coefficient: sympy.Expr = sympy.Integer(1)) -> "SymMatrix":
+    def build(rows: Space, cols: Space, entries, coefficient: sympy.Expr = ONE) -> "SymMatrix":
         """From (row, col, value) triples; ``value`` a float that is an exact binary fraction.
         Repeated (row, col) entries are summed and zero entries dropped."""
         r, c, v = (np.asarray(a) for a in entries) if entries else (np.zeros(0, int), np.zeros(0, int), np.zeros(0))

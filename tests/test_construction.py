@@ -16,10 +16,11 @@ from hypothesis import strategies as st
 from budget import examples
 
 from construction import bound
-from construction.experts import build_expert, labelled_entries, same_expert
+from construction.experts import build_expert, expert_entries, labelled_entries, same_as_built, same_expert
 from construction.gate import RoutingError, build_gate
 from construction.model import build
 from construction.params import BETA, GAMMA
+from construction.symbolic import ONE
 from construction.residual import residual_space
 from tasks.model import Task, TaskSet
 from tasks.queries import iter_queries
@@ -242,9 +243,11 @@ def test_without_from_arrays_is_the_validated_task_set(ts, data):
                                 full.residual)
     for k_new, task in enumerate(rest.tasks):
         mine = build_expert(rest, k_new, space)
+        listed = expert_entries(rest, k_new, space)
         for other in full.experts:                   # its own expert (equal) and the others (different)
             expected = labelled_entries(mine) == labelled_entries(other) and mine.task == other.task
             assert same_expert(mine, other, to_full) == expected
+            assert same_as_built(listed, other, to_full) == expected
             assert expected == (other.task == task.name)
 
 
@@ -317,3 +320,63 @@ def test_matrices_built_from_ordered_entries_are_the_general_builds(entries, tal
     assert got.format == want.format and got.shape == want.shape
     for a, b in ((got.indptr, want.indptr), (got.indices, want.indices), (got.data, want.data)):
         assert a.dtype == b.dtype and np.array_equal(a, b)
+
+
+@settings(max_examples=examples(25), deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
+@given(task_sets(max_tasks=3, max_templates=2, max_facts=5, max_template_length=5), st.data())
+def test_entries_compared_as_listed_decide_as_the_built_expert(ts, data):
+    """``same_as_built`` (an expert's entries compared with a built expert's arrays as
+    listed, without making its matrices) decides as ``same_expert`` of the built expert:
+    for the unchanged expert, and for entries listed in another order, with a changed
+    value, a moved entry, a zero entry or a duplicated entry, where it must fall back to
+    building the matrices (or tell them apart)."""
+    from construction.experts import alone_column_map
+
+    full = build(ts)
+    k = data.draw(st.integers(0, len(ts.tasks) - 1))
+    alone = ts.alone(k)
+    src = residual_space(alone)
+    to_full = alone_column_map(ts, k, alone, src, full.residual)
+    listed = expert_entries(alone, 0, src)
+    target = full.experts[k]
+    assert same_as_built(listed, target, to_full) and same_expert(listed.expert(), target, to_full)
+    for name in ("W_1", "b_1", "W_2"):
+        r0, c0, v0 = getattr(listed, name)
+        i = data.draw(st.integers(0, v0.size - 1))
+        for how in ("reversed", "value", "moved", "major", "zero", "split"):
+            r, c, v = r0.copy(), c0.copy(), v0.copy()
+            if how == "reversed":
+                r, c, v = r[::-1], c[::-1], v[::-1]
+            elif how == "value":
+                v[i] += 1.0
+            elif how == "moved":                     # one entry to the next row (b_1, W_2) or column (W_1)
+                if name == "W_1":
+                    c[i] = (c[i] + 1) % src.dim
+                else:
+                    r[i] = (r[i] + 1) % (src.dim if name == "W_2" else listed.neurons.dim)
+            elif how == "major":                     # one entry to the next neuron (its minor index kept)
+                if name == "W_1":
+                    r[i] = (r[i] + 1) % listed.neurons.dim
+                elif name == "W_2":
+                    c[i] = (c[i] + 1) % listed.neurons.dim
+            elif how == "zero":                      # an extra zero entry: the same matrix
+                r, c, v = np.append(r, r[i]), np.append(c, c[i]), np.append(v, 0.0)
+            else:                                    # an entry listed as two halves: the same matrix
+                r, c = np.insert(r, i, r[i]), np.insert(c, i, c[i])
+                v = np.insert(v, i, v[i] / 2)
+                v[i + 1] = v[i + 1] / 2
+            changed = dataclasses.replace(listed, **{name: (r, c, v)})
+            decided = same_as_built(changed, target, to_full)
+            assert decided == same_expert(changed.expert(), target, to_full), (name, how)
+            assert decided == (how in ("reversed", "zero", "split")) or how in ("moved", "major"), (name, how)
+    # a built expert storing an explicit zero is not the one whose entries list that zero
+    # (build drops it): the comparison as listed does not take the two for one another
+    r, c, v = listed.W_1
+    stored = target.W_1.terms[0][1].copy()
+    if stored.format == "csr" and stored.nnz:
+        stored.data[0] = 0.0
+        zeroed = dataclasses.replace(target, W_1=dataclasses.replace(target.W_1, terms=((ONE, stored),)))
+        v = v.copy()
+        v[0] = 0.0
+        changed = dataclasses.replace(listed, W_1=(r, c, v))
+        assert not same_as_built(changed, zeroed, to_full) and not same_expert(changed.expert(), zeroed, to_full)
