@@ -61,13 +61,14 @@ def subject_leak(beta=BETA):
 
 
 def error_bound(L: int, V: int, beta=BETA, gamma=GAMMA) -> sympy.Expr:
-    """ε(β, γ) as a sympy expression (see the module docstring)."""
+    """ε(β, γ) as a sympy expression (see the module docstring): the maximum of the two
+    cases as written (sympy does not try to order them; its printer sorts the two)."""
     d = leak(L, beta)
     c_T = 1 - 2 * (L - 1) * d
     c_D = 1 - 2 * subject_leak(beta)
     word = (sympy.exp(gamma) + V - 2) / (sympy.exp(2 * gamma * c_T) + sympy.exp(gamma) + V - 2)
     obj = sympy.Integer(V - 1) / (sympy.exp(gamma * c_D) + V - 1)
-    return sympy.Max(word, obj)
+    return sympy.Max(word, obj, evaluate=False)
 
 
 def _interval_context() -> MPIntervalContext:

@@ -482,3 +482,30 @@ def test_a_task_hash_from_the_fact_ids_is_the_hash_of_its_sorted_facts(data):
     ts = data.draw(task_sets(max_tasks=4, max_templates=2, max_facts=8))
     for task in ts.tasks:
         assert task_hash(task, ts) == task_hash(task)
+
+
+@settings(max_examples=examples(20), deadline=None, suppress_health_check=list(HealthCheck))
+@given(seed=st.integers(0, 2 ** 32 - 1))
+def test_entity_ids_by_dict_and_by_binary_search_agree(monkeypatch, seed):
+    """Many names are looked up in the entity dict up to ``DICT_ENTITIES`` entities, else by
+    binary search in the sorted string array: both give the same ids (code point order,
+    as ``sorted`` gives it, for names of any characters and lengths), and both refuse a
+    name that is not an entity."""
+    import random
+
+    import tasks.model
+
+    rnd = random.Random(seed)
+    alphabet = "aAzZ09_-é\u00ffǅ\u0301\u4e2d\U0001f600\U0010fffd"
+    names = {"".join(rnd.choice(alphabet) for _ in range(rnd.randint(1, 5))) for _ in range(1500)}
+    entities = tuple(sorted(names))
+    wanted = list(entities)
+    rnd.shuffle(wanted)
+    got = {}
+    for limit in (10 ** 9, 0):
+        monkeypatch.setattr(tasks.model, "DICT_ENTITIES", limit)
+        vocab = tasks.model.Vocabulary(("a", "b"), entities)
+        got[limit] = vocab.entity_ids(wanted).tolist()
+        with pytest.raises(KeyError):
+            vocab.entity_ids(wanted[:999] + ["\x00not an entity"])
+    assert got[0] == got[10 ** 9] == [2 + entities.index(n) for n in wanted]
