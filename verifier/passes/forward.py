@@ -252,6 +252,7 @@ class Prepared:
             first, inv = _unique_rows(table)
             keys = [table[f].tobytes() for f in first]
             qk_class[todo[a:b]] = qk_table.add(keys, lambda new: table[first[new]])[inv]
+        last = (None, None)                              # the last distinct rows found, and the columns they read
         for m in range(H):
             # Every token's value row W_O W_V E[x] in one product per head: scipy's sparse
             # product costs time in the number of output columns (d) per call, so a call
@@ -259,13 +260,17 @@ class Prepared:
             # own input row only, so the rows are those a product per chunk gives.
             # (each value row is a function of the token's embedding where W_V reads it alone:
             # computed once per distinct such part, _by_distinct)
+            # (heads whose W_V reads the same columns share the distinct rows: found once)
             O_all = M_all = None
             if n:
-                part, which = _by_distinct(E_todo, WV[m].rows, lambda X: I.matmul(I.matmul(I.exact(X), WV[m]), WO[m]))
+                read = WV[m].rows
+                if last[0] is None or not np.array_equal(last[0], read):
+                    last = (read, _distinct_rows(E_todo, read))
+                part, which = _by_distinct(E_todo, read, lambda X: I.matmul(I.matmul(I.exact(X), WV[m]), WO[m]), last[1])
                 O_all = part.rows(which)
             if n and deployed:              # the deployed pass's |W_O||W_V||E[x]| on the same (structural) pattern
                 part, which = _by_distinct(E_todo, WV[m].rows,
-                                           lambda X: I.matmul(I.matmul(I.exact(abs(X)), absWV[m]), absWO[m]))
+                                           lambda X: I.matmul(I.matmul(I.exact(abs(X)), absWV[m]), absWO[m]), last[1])
                 M_all = part.rows(which)
             for a in range(0, n, TOKEN_CHUNK):
                 b = min(a + TOKEN_CHUNK, n)
@@ -290,6 +295,7 @@ class Prepared:
                     if deployed:
                         vm_table.add(keys, mrows.rows)
             del O_all, M_all
+        del last
         if n < V1:
             stand_in = todo[np.flatnonzero(empty[todo])[0]]
             qk_class[empty] = qk_class[stand_in]
@@ -496,7 +502,7 @@ def _sparse_row_classes(M: SparseInterval, max_nnz: int = 8) -> np.ndarray:
     return _dense_row_classes(table)
 
 
-def _by_distinct(X: sp.csr_matrix, read: np.ndarray, f):
+def _by_distinct(X: sp.csr_matrix, read: np.ndarray, f, distinct: tuple[np.ndarray, np.ndarray] | None = None):
     """``f`` over the rows of X computed once per distinct row part: (f of the distinct
     rows, the distinct row of each row), so that f(X)'s row i is ``out[which[i]]``.
 
@@ -506,7 +512,16 @@ def _by_distinct(X: sp.csr_matrix, read: np.ndarray, f):
     depend on that row's terms alone, and an entry in a column the matrix does not read
     forms no term). Rows equal (bitwise) in those columns then have bitwise equal outputs,
     and a distinct row stands for all of them. Rows with many entries there are not
-    compared (each stands for itself)."""
+    compared (each stands for itself). ``distinct``: :func:`_distinct_rows` of (X, read),
+    if already found (several maps reading the same columns of the same rows)."""
+    X = I.as_csr(X)
+    first, which = _distinct_rows(X, read) if distinct is None else distinct
+    return f(X[first]), which
+
+
+def _distinct_rows(X: sp.csr_matrix, read: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(a row of each distinct part of X's rows in the columns ``read``, in order of first
+    appearance; for each row, the index of its part among them): :func:`_by_distinct`."""
     X = I.as_csr(X)
     pos = np.searchsorted(read, X.indices)
     hit = pos < read.size
@@ -520,7 +535,7 @@ def _by_distinct(X: sp.csr_matrix, read: np.ndarray, f):
     order = np.argsort(first, kind="stable")            # distinct rows in order of first appearance
     rank = np.empty(order.size, np.int64)
     rank[order] = np.arange(order.size)
-    return f(X[first[order]]), rank[which.reshape(-1)]
+    return first[order], rank[which.reshape(-1)]
 
 
 #: Odd multipliers of the row hash of :func:`_unique_rows` (any fixed values: the hash only
