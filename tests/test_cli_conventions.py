@@ -386,3 +386,39 @@ def test_the_readme_gate_example_is_what_the_tool_prints(capsys):
     ts = load_tasks(EXAMPLE)
     capital = ts.tasks[ts.index("capital")]
     assert sorted(named) == sorted(" ".join(map(str, t.parts[:t.object_index])) for t in capital.templates)
+
+
+def test_every_command_settles_the_heap_its_loading_made():
+    """``python -m verifier`` loads a command's modules with the cyclic collector off; each
+    command turns it on again (freezing what the loading made) before its work, so no
+    command runs with the collector off; called with it on, ``settle`` changes nothing."""
+    import gc
+
+    from cli import main as M
+
+    for name, fn in M.COMMANDS.items():
+        assert "settle" in fn.__code__.co_names, name
+    assert gc.isenabled()
+    before = gc.get_freeze_count()
+    M.settle()
+    assert gc.isenabled() and gc.get_freeze_count() == before
+
+
+def test_the_command_line_turns_the_collector_on_again(tmp_path):
+    """Run as ``python -m verifier``, the collector is off while modules load and on, with
+    the loaded objects frozen, once the command runs: the check's work sees it on."""
+    script = tmp_path / "probe.py"
+    script.write_text(
+        "import gc, runpy, sys\n"
+        "import workflow.check as W\n"
+        "real = W.check_built\n"
+        "def probe(*a, **k):\n"
+        "    print('collector', gc.isenabled(), gc.get_freeze_count() > 0, file=sys.stderr)\n"
+        "    return real(*a, **k)\n"
+        "W.check_built = probe\n"
+        "sys.argv = ['verifier', 'check', sys.argv[1], '--quiet', '--json', '-']\n"
+        "runpy.run_module('verifier', run_name='__main__')\n")
+    out = subprocess.run([sys.executable, str(script), str(ROOT / "examples" / "capitals.yaml")], capture_output=True,
+                         text=True, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    assert "collector True True" in out.stderr

@@ -1,5 +1,8 @@
+import gc
 import sys
 
-from cli.main import main  # the command line is the composition root (cli)
+gc.disable()  # while the command's modules load: cli.main.settle freezes them and turns it on again
+
+from cli.main import main  # noqa: E402  (the command line is the composition root: cli)
 
 sys.exit(main())
