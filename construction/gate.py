@@ -200,22 +200,37 @@ def _patterns(group) -> dict[tuple[int, ...], int]:
     return out
 
 
+def node_patterns(taskset: TaskSet, trie: StructureTrie, node) -> dict[tuple[int, ...], int]:
+    """The distinct allowed sets of the queries whose prefix has structure ``node``, each
+    with the subject of the first query that has it (-1: the queries have none), in the
+    order :func:`tasks.queries.build_group` gives the queries (parts in subject order).
+
+    A node one task passes through needs no queries: each of its queries is consistent
+    with that task alone, and the first has the task's smallest subject (the queries come
+    by subject, and a task has at least one fact), or none before ⋆1. Otherwise from the
+    queries, a large group a part at a time."""
+    if len(node.tasks) == 1:
+        k = node.tasks[0]
+        return {(k,): int(taskset.fact_ids[k][0][0]) if node.has_subject else -1}
+    patterns: dict[tuple[int, ...], int] = {}
+    for part in group_parts(taskset, node, GROUP_ROWS):
+        for pattern, s in _patterns(build_group(taskset, trie, node, part)).items():
+            patterns.setdefault(pattern, s)
+    return patterns
+
+
 def routing_cells(taskset: TaskSet, trie: StructureTrie) -> Cells:
     K = len(taskset.tasks)
     node_tasks = np.zeros((len(trie.nodes), K), bool)
     node_ids, winners, determined, entity, subjects, sets = [], [], [], [], [], []
     for node in trie:
         node_tasks[node.id, list(node.tasks)] = True
-        patterns: dict[tuple[int, ...], int] = {}
-        for part in group_parts(taskset, node, GROUP_ROWS):    # a large group a part at a time
-            group = build_group(taskset, trie, node, part)
-            for pattern, s in _patterns(group).items():
-                patterns.setdefault(pattern, s)
+        patterns = node_patterns(taskset, trie, node)
         for pattern in sorted(patterns):
             node_ids.append(node.id)
             winners.append(pattern[0])
             determined.append(len(pattern) == 1)
-            entity.append(group.kind != "plain")
+            entity.append(node.has_subject)                    # the queries hold an entity
             subjects.append(patterns[pattern])
             sets.append(pattern)
     ptr = np.zeros(len(sets) + 1, np.int64)

@@ -380,3 +380,23 @@ def test_entries_compared_as_listed_decide_as_the_built_expert(ts, data):
         v[0] = 0.0
         changed = dataclasses.replace(listed, W_1=(r, c, v))
         assert not same_as_built(changed, zeroed, to_full) and not same_expert(changed.expert(), zeroed, to_full)
+
+
+@settings(max_examples=examples(60), deadline=None, suppress_health_check=list(HealthCheck))
+@given(task_sets(min_tasks=1, max_tasks=4, max_templates=3, max_facts=8, allow_structural_collisions=True))
+def test_routing_patterns_of_a_node_are_those_of_its_queries(ts):
+    """``node_patterns`` (the gate's cells of a node) are the distinct allowed sets of the
+    node's queries with the subject of the first query of each, built and read query by
+    query in parts of any size: for a node of one task without building the queries, and
+    for a node of several tasks from parts of ``GROUP_ROWS``."""
+    from construction.gate import _patterns, node_patterns
+    from tasks.queries import build_group, group_parts
+
+    trie = StructureTrie(ts)
+    for node in trie:
+        for size in (1, 3, 10 ** 6):
+            general: dict = {}
+            for part in group_parts(ts, node, size):
+                for pattern, s in _patterns(build_group(ts, trie, node, part)).items():
+                    general.setdefault(pattern, s)
+            assert node_patterns(ts, trie, node) == general, (node.symbols, size)
