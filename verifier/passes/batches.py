@@ -100,10 +100,10 @@ def object_targets(valid_ptr: np.ndarray, valid: np.ndarray, object_query: np.nd
     return out
 
 
-def _rows(g: QueryGroup, part: Part | None, idx: np.ndarray) -> dict:
+def _rows(g: QueryGroup, part: Part | None, idx: np.ndarray, tokens: np.ndarray | None = None) -> dict:
     vp, vv = take_csr(g.valid_ptr, g.valid, idx)
     ap, av = take_csr(g.allowed_ptr, g.allowed, idx)
-    return {"tokens": group_tokens(g)[idx], "valid": (vp, vv), "allowed": (ap, av), "determined": g.determined[idx],
+    return {"tokens": (group_tokens(g) if tokens is None else tokens)[idx], "valid": (vp, vv), "allowed": (ap, av), "determined": g.determined[idx],
             "object_query": g.object_query[idx], "node": np.full(idx.size, g.node.id, np.int64),
             "part": np.tile(np.asarray(part if part is not None else (-1, -1), np.int64), (idx.size, 1)), "index": idx,
             "target": object_targets(vp, vv, g.object_query[idx], g.determined[idx])}
@@ -139,8 +139,10 @@ def batches(taskset: TaskSet, trie: StructureTrie | None = None, chunk: int = 20
 
 
 def _part_rows(g: QueryGroup, part: Part | None):
-    """Rows of group ``g`` (idx -> their arrays), each naming the group's part."""
-    return lambda idx: _rows(g, part, idx)
+    """Rows of group ``g`` (idx -> their arrays), each naming the group's part (the group's
+    tokens made once for all its chunks)."""
+    tokens = group_tokens(g)
+    return lambda idx: _rows(g, part, idx, tokens)
 
 
 def _chunked(p: int, groups: Iterator, chunk: int) -> Iterator[Batch]:

@@ -557,7 +557,7 @@ def _unique_rows(*arrays: np.ndarray):
         key = stacked.view(np.int64) if stacked.dtype == np.float64 else stacked.astype(np.int64)
         mix = np.resize(_MIX, key.shape[1]) * (np.arange(key.shape[1], dtype=np.int64) * 2 + 1)
         with np.errstate(over="ignore"):
-            h = (key * mix).sum(axis=1)                 # wraps around: a hash, not a number
+            h = key @ mix                               # Σ_j key·mix mod 2^64 (wraps around): a hash, not a number
         _, first, inv = np.unique(h, return_index=True, return_inverse=True)
         inv = inv.reshape(-1)
         if np.array_equal(key, key[first[inv]]):
