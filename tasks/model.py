@@ -100,22 +100,6 @@ def check_name(text: object, what: str) -> str:
     return name
 
 
-#: Whitespace at either end of a field, in fields joined by NUL: ``\s`` is what
-#: ``str.isspace`` (and so ``str.strip``) calls whitespace.
-_EDGE_SPACE = re.compile(r"(?:\A|\x00)\s|\s(?:\x00|\Z)")
-
-
-def stripped(fields: list[str]) -> list[str]:
-    """``[f.strip() for f in fields]``: ``fields`` itself when no field has whitespace at
-    either end, found by one search of the fields joined by NUL (a field's first character
-    follows the start or a NUL, its last precedes one or the end, whatever the fields
-    hold; a NUL inside a field can only make the search find something to strip where
-    there is nothing, and then every field is stripped)."""
-    if _EDGE_SPACE.search("\x00".join(fields)) is None:
-        return fields
-    return [f.strip() for f in fields]
-
-
 def plain_names(names: Sequence[str]) -> bool:
     """True when :func:`check_name` accepts every one of ``names`` (each already stripped)
     and returns it unchanged: checked in bulk, for facts files of millions of lines. (A space

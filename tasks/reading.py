@@ -17,7 +17,7 @@ from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 from tasks.errors import TaskError
 from tasks.facts_files import facts_file_bytes, facts_key, iter_facts_file, read_plain
 from tasks.messages import one_line, quoted, show_name, suggest_key, where_line
-from tasks.model import Facts, Sources, Task, TaskSet, Template, check_name, plain_names, stripped
+from tasks.model import Facts, Sources, Task, TaskSet, Template, check_name, plain_names
 from tasks.structure import check_routable
 from tasks.yaml_nodes import FLOAT, IMPLICIT, INT, MAP, MAX_DEPTH, MERGE, NULL, SEQ, STR, LineMap, compose, decode, describe, line_of, read_bytes
 
@@ -396,7 +396,7 @@ class _Builder:
                 return None
             raw_s += got[0]
             raw_o += got[1]
-        subjects, objects = stripped(raw_s), stripped(raw_o)
+        subjects, objects = [x.strip() for x in raw_s], [x.strip() for x in raw_o]
         if not subjects or not plain_names(subjects) or not plain_names(objects):
             return None
         pairs = dict(zip(subjects, objects))

@@ -509,24 +509,3 @@ def test_entity_ids_by_dict_and_by_binary_search_agree(monkeypatch, seed):
         with pytest.raises(KeyError):
             vocab.entity_ids(wanted[:999] + ["\x00not an entity"])
     assert got[0] == got[10 ** 9] == [2 + entities.index(n) for n in wanted]
-
-
-def test_whitespace_is_what_strip_strips():
-    """``stripped`` finds the fields to strip with the regular expression ``\\s``: for every
-    code point, ``\\s`` matches it exactly when ``str.strip`` removes it."""
-    import re
-
-    space = re.compile(r"\s")
-    for c in map(chr, range(0x110000)):
-        assert (space.fullmatch(c) is not None) == (c.strip() == ""), hex(ord(c))
-
-
-@settings(max_examples=examples(200), deadline=None, suppress_health_check=list(HealthCheck))
-@given(st.lists(st.text(st.sampled_from(["a", "é", " ", "\t", "\x00", "\u00a0", "\u2028", "\x1f", "\u200b", "\n"]),
-                        max_size=4), max_size=6))
-def test_stripped_is_strip_field_by_field(fields):
-    """``stripped`` gives ``[f.strip() for f in fields]`` for fields of any characters
-    (whitespace of several kinds at either end or inside, NUL, empty fields)."""
-    from tasks.model import stripped
-
-    assert stripped(fields) == [f.strip() for f in fields]
