@@ -555,3 +555,35 @@ def test_l1_passes_a_model_that_predicts_the_word_and_fails_one_that_predicts_th
     found = [c for c in obj.counterexamples if c["check"] == "entanglement"]
     assert found and all(c["subject"] == "Ann" and "L1" in c["failed"] for c in found)
     assert all(c["p_ablated_upper"] > c["uniform_bound"] for c in found)
+
+
+@settings(max_examples=examples(60), deadline=None)
+@given(st.integers(0, 2 ** 32 - 1), st.integers(1, 6), st.integers(1, 40), st.booleans())
+def test_row_classes_of_repeated_rows_are_their_originals(seed, kinds, n, collide):
+    """The classes of rows each a copy of some row of ``part`` (every row of part copied at
+    least once) are the classes of part's rows they copy: the same ids, also when every
+    hash collides (the rows then ranked by their bytes); None for wide rows."""
+    import verifier.passes.forward as F
+    from verifier.arithmetic.interval import SparseInterval
+
+    rng = np.random.default_rng(seed)
+    width = int(rng.integers(1, 6))
+    base = sp.random(kinds, 7, density=0.4, random_state=rng, format="csr")
+    base.data = rng.choice([0.0, -0.0, 1.0, 2.5, np.ldexp(1.0, -1074)], base.nnz)
+    base = sp.csr_matrix(base[:, :width] if width < 7 else base)
+    base.sort_indices()
+    part = SparseInterval(base.shape, base.indptr.astype(np.int64), base.indices.astype(np.int64),
+                          base.data.astype(np.float64), np.abs(base.data) * 0.5)
+    which = np.concatenate([np.arange(kinds), rng.integers(0, kinds, n)])
+    rng.shuffle(which)
+    mix = F._MIX
+    try:
+        if collide:
+            F._MIX = np.zeros_like(mix)
+        want = F._sparse_row_classes(part.rows(which))
+        got = F._repeated_row_classes(part, which)
+        wide = F._repeated_row_classes(part, which, max_nnz=0)
+    finally:
+        F._MIX = mix
+    assert got is not None and np.array_equal(got, want)
+    assert wide is None or int(np.diff(part.indptr).max(initial=0)) == 0

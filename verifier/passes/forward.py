@@ -261,13 +261,14 @@ class Prepared:
             # (each value row is a function of the token's embedding where W_V reads it alone:
             # computed once per distinct such part, _by_distinct)
             # (heads whose W_V reads the same columns share the distinct rows: found once)
-            O_all = M_all = None
+            O_all = M_all = O_classes = None
             if n:
                 read = WV[m].rows
                 if last[0] is None or not np.array_equal(last[0], read):
                     last = (read, _distinct_rows(E_todo, read))
                 part, which = _by_distinct(E_todo, read, lambda X: I.matmul(I.matmul(I.exact(X), WV[m]), WO[m]), last[1])
                 O_all = part.rows(which)
+                O_classes = _repeated_row_classes(part, which)
             if n and deployed:              # the deployed pass's |W_O||W_V||E[x]| on the same (structural) pattern
                 part, which = _by_distinct(E_todo, WV[m].rows,
                                            lambda X: I.matmul(I.matmul(I.exact(abs(X)), absWV[m]), absWO[m]), last[1])
@@ -277,7 +278,7 @@ class Prepared:
                 whole = (a, b) == (0, n)
                 O = O_all.rows(np.arange(a, b)) if not whole else O_all
                 M = (M_all.rows(np.arange(a, b)) if not whole else M_all) if deployed else None
-                cls = _sparse_row_classes(O)
+                cls = O_classes if whole and O_classes is not None else _sparse_row_classes(O)
                 if deployed:
                     cls = _unique_rows(cls[:, None], _sparse_row_classes(M)[:, None])[1]
                 first, inv = np.unique(cls, return_index=True, return_inverse=True)[1:]
@@ -500,6 +501,21 @@ def _sparse_row_classes(M: SparseInterval, max_nnz: int = 8) -> np.ndarray:
     table[rows, width + pos] = M.mid
     table[rows, 2 * width + pos] = M.rad
     return _dense_row_classes(table)
+
+
+def _repeated_row_classes(part: SparseInterval, which: np.ndarray, max_nnz: int = 8) -> np.ndarray | None:
+    """``_sparse_row_classes(part.rows(which))`` from ``part``'s rows alone, where every row
+    of ``part`` is some row ``which`` takes (as :func:`_by_distinct` gives them); None
+    where the rows are wide (their classes are then the rows themselves).
+
+    Why the same ids: the rows taken are copies of part's, so their widest row is part's
+    and each row's table row (:func:`_sparse_row_classes`) and hash are those of the part
+    row it copies; the set of distinct rows is part's, so the sorted distinct hashes, and
+    whether two different rows share one, are too. A row's class, its hash's rank among
+    them (or, after a shared hash, its bytes' rank), is then its part row's class."""
+    if int(np.diff(part.indptr).max(initial=0)) > max_nnz:
+        return None
+    return _sparse_row_classes(part, max_nnz)[which]
 
 
 def _by_distinct(X: sp.csr_matrix, read: np.ndarray, f, distinct: tuple[np.ndarray, np.ndarray] | None = None):
