@@ -453,11 +453,10 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "RESULTS.md"), help="markdown file to write")
     p.add_argument("--end-to-end", metavar="DIR", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    if not args.end_to_end:
-        gc.enable()
     if args.end_to_end:
         print(json.dumps(end_to_end(args.end_to_end, args.dtype[0])))
         return 0
+    gc.enable()
     rows = []
     for facts in args.facts:
         compared = compare(facts, args.dtype, args.sample)

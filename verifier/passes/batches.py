@@ -100,10 +100,12 @@ def object_targets(valid_ptr: np.ndarray, valid: np.ndarray, object_query: np.nd
     return out
 
 
-def _rows(g: QueryGroup, part: Part | None, idx: np.ndarray, tokens: np.ndarray | None = None) -> dict:
+def _rows(g: QueryGroup, part: Part | None, idx: np.ndarray, tokens: np.ndarray) -> dict:
+    """Rows ``idx`` of group ``g`` as a batch's arrays (``tokens``: :func:`group_tokens` of g,
+    made once for all its chunks)."""
     vp, vv = take_csr(g.valid_ptr, g.valid, idx)
     ap, av = take_csr(g.allowed_ptr, g.allowed, idx)
-    return {"tokens": (group_tokens(g) if tokens is None else tokens)[idx], "valid": (vp, vv), "allowed": (ap, av), "determined": g.determined[idx],
+    return {"tokens": tokens[idx], "valid": (vp, vv), "allowed": (ap, av), "determined": g.determined[idx],
             "object_query": g.object_query[idx], "node": np.full(idx.size, g.node.id, np.int64),
             "part": np.tile(np.asarray(part if part is not None else (-1, -1), np.int64), (idx.size, 1)), "index": idx,
             "target": object_targets(vp, vv, g.object_query[idx], g.determined[idx])}
@@ -139,8 +141,7 @@ def batches(taskset: TaskSet, trie: StructureTrie | None = None, chunk: int = 20
 
 
 def _part_rows(g: QueryGroup, part: Part | None):
-    """Rows of group ``g`` (idx -> their arrays), each naming the group's part (the group's
-    tokens made once for all its chunks)."""
+    """Rows of group ``g`` (idx -> their arrays), each naming the group's part."""
     tokens = group_tokens(g)
     return lambda idx: _rows(g, part, idx, tokens)
 
@@ -223,8 +224,10 @@ def batches_of_subjects(taskset: TaskSet, trie: StructureTrie, subjects: dict[in
 def _subject_rows(g: QueryGroup, rank: np.ndarray):
     """Rows of group ``g`` (idx -> their arrays), each naming its subject's part (s, s + 1)
     and its index ``rank`` there."""
+    tokens = group_tokens(g)
+
     def make(idx: np.ndarray) -> dict:
-        r = _rows(g, None, idx)
+        r = _rows(g, None, idx, tokens)
         r["part"] = np.stack([g.subjects[idx], g.subjects[idx] + 1], axis=1)
         r["index"] = rank[idx]
         return r
