@@ -137,39 +137,46 @@ def expert_entries(taskset: TaskSet, k: int, residual: Space) -> ExpertEntries:
     task = taskset.tasks[k]
     vocab = taskset.vocabulary
     nodes = template_nodes(task)
-    subj_ids, obj_ids = taskset.fact_ids[k]
+    subj_ids, obj_ids = (np.asarray(a, np.int64) for a in taskset.fact_ids[k])
     n_t, n_d = len(nodes), int(subj_ids.size)
     W = vocab.n_words
     subjects = EntityNames(vocab.entities, subj_ids - W)
     labels = Prefixed(tuple(f"template:{' '.join(sigma)}" for sigma, _, _ in nodes), "fact:", subjects)
     neurons = Space.of(block("neuron", labels))
 
-    r1, c1, v1, b = [], [], [], []
-    r2, c2, v2 = [], [], []             # per template node: numpy pieces (a node may cover every subject)
+    r1, c1, b = [], [], []
+    r2, c2 = [], []                     # W_2's word entries since the last piece, as ints
+    pieces = []                         # W_2 in pieces (rows, columns): one at each node ⋆1 follows
     next_off = residual.offset("next")
     # Entries are listed in the matrices' own order (a row's or column's indices
     # increasing), so SymMatrix.build takes them as they are: pos comes before the slot
-    # blocks in the residual, and words before entities among the tokens.
+    # blocks in the residual, and words before entities among the tokens. Every template
+    # entry of W_1 and W_2 is 2, every fact entry of W_1 is 2 and of W_2 is 1.
     for n, (sigma, words, subj_follows) in enumerate(nodes):
         p = len(sigma)
-        r1.append(n); c1.append(residual.index("pos", p)); v1.append(2.0)
+        r1.append(n); c1.append(residual.index("pos", p))
         for m, sym in enumerate(sigma, start=1):
-            r1.append(n); c1.append(residual.index(f"slot{m}", sym)); v1.append(2.0)
+            r1.append(n); c1.append(residual.index(f"slot{m}", sym))
         b.append(-(2.0 * p + 1.0))
         # "next" is labelled by the vocabulary's tokens in id order
-        nxt = np.sort(np.asarray([next_off + vocab.id(w) for w in words], np.int64))
+        nxt = sorted(next_off + vocab.id(w) for w in words)
+        r2 += nxt
+        c2 += [n] * len(nxt)
         if subj_follows:
-            nxt = np.concatenate([nxt, next_off + np.asarray(subj_ids, np.int64)])
-        r2.append(nxt); c2.append(np.full(nxt.size, n, np.int64)); v2.append(np.full(nxt.size, 2.0))
+            pieces += [(np.asarray(r2, np.int64), np.asarray(c2, np.int64)),
+                       (next_off + subj_ids, np.full(n_d, n, np.int64))]
+            r2, c2 = [], []
+    pieces.append((np.asarray(r2, np.int64), np.asarray(c2, np.int64)))
+    n_template = sum(r.size for r, _ in pieces)
 
     rows = np.arange(n_t, n_t + n_d)
     W_1 = (np.concatenate([np.asarray(r1, np.int64), rows]),
-           np.concatenate([np.asarray(c1, np.int64), residual.offset("subj") + (subj_ids - W)]).astype(np.int64),
-           np.concatenate([np.asarray(v1, np.float64), np.full(n_d, 2.0)]))
+           np.concatenate([np.asarray(c1, np.int64), residual.offset("subj") + (subj_ids - W)]),
+           np.full(len(r1) + n_d, 2.0))
     b_1 = (np.arange(n_t + n_d), np.zeros(n_t + n_d, np.int64), np.concatenate([np.asarray(b, np.float64), np.full(n_d, -1.0)]))
-    W_2 = (np.concatenate([*r2, next_off + obj_ids]).astype(np.int64),
-           np.concatenate([*c2, rows]).astype(np.int64),
-           np.concatenate([*v2, np.ones(n_d)]).astype(np.float64))
+    W_2 = (np.concatenate([r for r, _ in pieces] + [next_off + obj_ids]),
+           np.concatenate([c for _, c in pieces] + [rows]),
+           np.concatenate([np.full(n_template, 2.0), np.ones(n_d)]))
     return ExpertEntries(task.name, neurons, residual, W_1, b_1, W_2)
 
 
