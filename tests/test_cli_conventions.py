@@ -422,3 +422,20 @@ def test_the_command_line_turns_the_collector_on_again(tmp_path):
                          text=True, cwd=ROOT)
     assert out.returncode == 0, out.stderr
     assert "collector True True" in out.stderr
+
+
+def test_checking_given_weights_does_not_load_the_construction(tmp_path):
+    """``check --weights`` verifies weights however they were made: it loads neither the
+    construction nor sympy (its start-up is the verifier's alone); a whole check does."""
+    weights = tmp_path / "w.npz"
+    assert main(["build", str(EXAMPLE), "-o", str(weights), "--quiet"]) == 0
+    probe = ("import runpy, sys\n"
+             "sys.argv = ['verifier', 'check', sys.argv[1], *sys.argv[2:], '--quiet']\n"
+             "try:\n"
+             "    runpy.run_module('verifier', run_name='__main__')\n"
+             "except SystemExit as e:\n"
+             "    print('status', e.code, 'sympy' in sys.modules, 'construction.model' in sys.modules, file=sys.stderr)\n")
+    for extra, loaded in ((["--weights", str(weights)], False), ([], True)):
+        out = subprocess.run([sys.executable, "-c", probe, str(EXAMPLE), *extra], capture_output=True, text=True,
+                             cwd=ROOT)
+        assert f"status 0 {loaded} {loaded}" in out.stderr, (extra, out.stderr)
