@@ -58,7 +58,7 @@ from tasks.errors import TaskError
 from tasks.model import TaskSet
 from tasks.queries import QueryGroup, build_group
 from tasks.structure import StructureTrie, check_routable
-from verifier.passes.batches import batches
+from verifier.passes.batches import BATCH_ROWS, batch_rows, batches
 from verifier.checks.classes import ClassRecorder
 from verifier.checks.localization import l1_thresholds, localization, object_lows, p_upper, row_gaps
 from verifier.passes.floating import Deployment
@@ -67,7 +67,7 @@ from verifier.running.runner import PassSpec, Runner, require_allowed, verify_ba
 from layout import Weights
 from layout.digest import weights_digest
 
-CHUNK = 20_000
+CHUNK = BATCH_ROWS
 MAX_COUNTEREXAMPLES = 20
 
 
@@ -290,7 +290,7 @@ def verify(
         runner.release()                     # built once, before any worker starts; the weights let go
     del weights                              # (a caller that handed them over holds none either)
     state = Tally(taskset, trie, report, expert_task_index, epsilon, naming, exact=deployment is None)
-    chunk = max(1_000, min(CHUNK, 20_000_000 // max(K_exp, 1)))
+    chunk = batch_rows(K_exp, CHUNK)
     done = 0
 
     def sent(stream):

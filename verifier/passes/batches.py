@@ -21,6 +21,15 @@ from tasks.structure import OBJ, SUBJ, StructureTrie
 #: Rows per part of a large structure group (queries built at once).
 GROUP_ROWS = 500_000
 
+#: Rows per batch of the certified pass (:func:`batch_rows`).
+BATCH_ROWS = 20_000
+
+
+def batch_rows(n_experts: int, rows: int = BATCH_ROWS) -> int:
+    """Rows per batch for weights of ``n_experts`` experts: ``rows``, fewer where a batch's
+    gate scores (rows × experts) would pass 20M entries, and at least 1000."""
+    return max(1_000, min(rows, 20_000_000 // max(n_experts, 1)))
+
 
 def take_csr(ptr: np.ndarray, vals: np.ndarray, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Rows ``idx`` of a CSR (ptr, vals), in that order."""
