@@ -541,7 +541,9 @@ def _first_time(valid, lo, q):
     return True
 
 
-@njit(cache=True)
+# inlined where it is called (numba's own inlining: the same operations in the same order). It runs
+# once per (row, expert) pair; inlined, the experts' kernel takes about a tenth less time (100k facts)
+@njit(cache=True, inline="always")
 def _error_parts(nt, Ltouched, Lacc, Lwhere, s, table, cohort, V, vptr_lo, vptr_hi, valid, vstamp, sv, memo):
     """Enclosure of 1 − P(valid), the argmax token (−1: a zero logit), and an enclosure of
     ρ = e^(0 − M)/Σ_t e^(z_t − M) (as :func:`verifier.arithmetic.kernels._error` returns
