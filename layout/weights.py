@@ -287,7 +287,7 @@ class Weights:
         memo = self.__dict__.get("_vocab_memo")
         if memo is None or memo[0] is not self.vocab:
             vocab = self.vocab
-            strings = isinstance(vocab, tuple) and all(issubclass(t, str) for t in set(map(type, vocab)))
+            strings = isinstance(vocab, tuple) and _all_strings(vocab)
             memo = (vocab, strings, strings and len(set(vocab)) == len(vocab))
             object.__setattr__(self, "_vocab_memo", memo)
         return memo[1], memo[2]
@@ -371,12 +371,12 @@ class Weights:
         dup = sorted({t for t in named if named.count(t) > 1})
         need(not dup, f"expert_tasks names task {dup[0]!r} for several experts; an expert serves one task and a task one expert" if dup else "")
         if self.residual_labels is not None:
-            need(len(self.residual_labels) == d and all(isinstance(x, str) for x in self.residual_labels),
+            need(len(self.residual_labels) == d and _all_strings(self.residual_labels),
                  f"residual_labels has {len(self.residual_labels)} entries for d = {d} (one string per residual direction)")
         if self.neuron_labels is not None:
             need(len(self.neuron_labels) == K, f"neuron_labels has {len(self.neuron_labels)} lists for {K} experts")
             for k, (labels, e) in enumerate(zip(self.neuron_labels, self.experts)):
-                need(len(labels) == e.width and all(isinstance(x, str) for x in labels),
+                need(len(labels) == e.width and _all_strings(labels),
                      f"neuron_labels[{k}] has {len(labels)} entries for expert {k} of width {e.width}")
         need(isinstance(self.parameters, dict), "parameters must be a dict")
 
@@ -395,6 +395,12 @@ class Weights:
             yield f"experts.{k}.b_1", e.b_1
             yield f"experts.{k}.W_2", e.W_2
         yield "U", self.U
+
+
+def _all_strings(values) -> bool:
+    """Whether every value is a str (or of a subclass of str): decided per type, not per
+    value (a residual of a million labels has a handful of types)."""
+    return all(issubclass(t, str) for t in set(map(type, values)))
 
 
 def canonical(m: sp.spmatrix) -> sp.csr_matrix:

@@ -162,6 +162,22 @@ def test_weights_whose_vocabulary_is_not_strings_are_refused(capitals_set, bad):
         w.replace(vocab=w.vocab[:-1] + (bad,)).validate()
 
 
+@pytest.mark.parametrize("bad", [b"subj:Paris", 7, None])
+def test_weights_whose_labels_are_not_strings_are_refused(capitals_set, bad):
+    """validate checks the residual's and each expert's neuron labels by type, in bulk, as
+    the vocabulary: one label that is not a str is refused, a str subclass is a str."""
+    from tasks.errors import TaskError
+
+    w = build(capitals_set).instantiate()
+    Name = type("Name", (str,), {})
+    w.replace(residual_labels=tuple(map(Name, w.residual_labels)),
+              neuron_labels=tuple(tuple(map(Name, labels)) for labels in w.neuron_labels)).validate()
+    with pytest.raises(TaskError, match="residual_labels has"):
+        w.replace(residual_labels=w.residual_labels[:-1] + (bad,)).validate()
+    with pytest.raises(TaskError, match=r"neuron_labels\[1\] has"):
+        w.replace(neuron_labels=(w.neuron_labels[0], w.neuron_labels[1][:-1] + (bad,)) + w.neuron_labels[2:]).validate()
+
+
 def test_what_was_checked_of_a_vocabulary_is_not_carried_to_another(capitals_set):
     """validate remembers its vocabulary verdict per tuple object (layout.weights): a copy with
     the same tuple keeps it, a copy with another tuple (a token repeated) is checked anew,
