@@ -42,11 +42,12 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit
+from verifier.arithmetic.compiled import kernel
 
 from verifier.arithmetic.constants import FLOOR, STEP, U
-from verifier.arithmetic.kernels import (FACTOR, GAMMA1, TABLE, _add, _at, _insert3, _slot_of, down, entry_radius,
-                                         exp_lower, exp_upper, gamma, mul_interval, prod_terms, sum_factor, upp)
+from verifier.arithmetic.kernels import (ACC, ATTENTION, B1, B2, CSR, F1, F2, FACTOR, GAMMA1, HEADS, I1, I2, LOGITS, PART,
+                                         TABLE, _add, _at, _insert3, _slot_of, down, entry_radius, exp_lower, exp_upper,
+                                         gamma, mul_interval, prod_terms, sum_factor, upp)
 
 #: 1 − 2^-52: a negative number times it moves toward zero by at least one unit in the last place.
 STEP_DOWN = 1.0 - 2.0 ** -52
@@ -57,8 +58,12 @@ SHRINK = np.nextafter(1.0 - GAMMA1, -np.inf)
 #: Slots of the memo of exp bounds (a power of two).
 MEMO = 256
 
+# The declared types of this module's kernels called from Python (as in verifier.arithmetic.kernels).
+TABLE_ARRAYS = (I1, F1, F1, F1, F1, I1, I1, I1, I1)      # a cohort's logit table (_cohort_table)
+SCRATCH = (*ACC, F1, F1, F1, F1, B1, *ACC, *ACC, *ACC, F1, TABLE_ARRAYS, I1, F2)
 
-@njit(cache=True)
+
+@kernel()
 def _up(x):
     """An upward step, at least nextafter(x, +∞), in two flops (nextafter is a library call
     of some 13 ns). For x >= 0 it is :func:`verifier.arithmetic.kernels.upp`. For x < 0, with
@@ -73,31 +78,31 @@ def _up(x):
     return -LARGEST
 
 
-@njit(cache=True)
+@kernel()
 def _down(x):
     """A downward step, at most nextafter(x, −∞): −_up(−x)."""
     return -_up(-x)
 
 
-@njit(cache=True)
+@kernel()
 def _factor(n):
     """c_n = sum_factor(n), from the table where it holds it."""
     return FACTOR[n] if n < TABLE else sum_factor(n)
 
 
-@njit(cache=True)
+@kernel()
 def _shrink(n):
     """down(1 − γ_{n+1}), from the table where it holds it."""
     return SHRINK[n] if n < TABLE else down(1.0 - gamma(n + 1))
 
 
-@njit(cache=True)
+@kernel()
 def _slot(x):
     m, e = math.frexp(x)
     return (int(m * 1073741824.0) ^ (e * 40503)) & (MEMO - 1)
 
 
-@njit(cache=True)
+@kernel()
 def _exp_lo(x, memo):
     """exp_lower(x), remembered (``memo`` rows 0, 1: arguments, values): the rows of one
     cohort evaluate the same arguments. A remembered value is the function's for that
@@ -113,7 +118,7 @@ def _exp_lo(x, memo):
     return v
 
 
-@njit(cache=True)
+@kernel()
 def _exp_hi(x, memo):
     """exp_upper(x), remembered (``memo`` rows 2, 3)."""
     if not (abs(x) < 1e300):
@@ -127,7 +132,7 @@ def _exp_hi(x, memo):
     return v
 
 
-@njit(cache=True)
+@kernel()
 def _grow(a, need):
     """``a`` with room for at least ``need`` entries (doubled), its contents kept."""
     if need <= a.size:
@@ -140,7 +145,7 @@ def _grow(a, need):
 # --- the residual, in parts ------------------------------------------------------------------------
 
 
-@njit(cache=True)
+@kernel(args=(I2, B2, B1, "bool", ATTENTION, CSR, CSR, PART, PART, HEADS, ACC, "i64"), returns=PART)
 def residual_part(ids, own, diverse, shared, attention, E, P, OE, OP, heads, scratch, stamp0):
     """One part of r = E[x_p] + P[p] + Σ_m Σ_j a_mj·(W_O W_V h_j) for every row of ``ids``, as
     CSR (ptr, idx, mid, rad): with ``shared`` the shared part, else the own part.
@@ -249,7 +254,8 @@ def residual_part(ids, own, diverse, shared, attention, E, P, OE, OP, heads, scr
 # --- the gate ----------------------------------------------------------------------------------------
 
 
-@njit(cache=True)
+@kernel(args=(PART, PART, I1, I1, CSR, F1, F1, "i64", F1, F1, I1, "i64", F2, "bool"),
+        returns=(I1, F1, F1, I2, F2, F2, I1, I1))
 def gate_parts(S, O, cohort, order, WG, colmax, bG, max_terms, gmid, gstamp, gtouched, stamp0, G_out, want_scores):
     """The gate's decisions per row from the two parts of its residual: winner, certified
     margin, radius, top three, and the experts that may win, as
@@ -451,7 +457,7 @@ def gate_parts(S, O, cohort, order, WG, colmax, bG, max_terms, gmid, gstamp, gto
 DIRECT = 64
 
 
-@njit(cache=True)
+@kernel()
 def _cohort_table(nL, Ltouched, Lacc, table, sg):
     """The shared logits in the compact accumulator (its first ``nL`` slots, tokens in
     ``Ltouched``, mid in column 1 and radius in column 2) as a cohort's table: per token
@@ -497,7 +503,7 @@ def _cohort_table(nL, Ltouched, Lacc, table, sg):
     return M, s_lo, s_hi, bad
 
 
-@njit(cache=True)
+@kernel()
 def _position(t, nL, table):
     """Token t's position in a cohort's table, −1 if it is not there (binary search in the
     table's sorted tokens: a row looks up a few tokens in a table that stays in cache)."""
@@ -520,7 +526,7 @@ def _position(t, nL, table):
 SMALL_VALID = 8
 
 
-@njit(cache=True)
+@kernel()
 def _is_valid(t, small, valid, lo, hi, vstamp, sv):
     """Whether token t is one of the row's valid next tokens ``valid[lo:hi]`` (``small``: by
     scanning them; else by the stamps ``vstamp[t] == sv`` or ``sv + 0.5`` set beforehand)."""
@@ -532,7 +538,7 @@ def _is_valid(t, small, valid, lo, hi, vstamp, sv):
     return vstamp[t] == sv or vstamp[t] == sv + 0.5
 
 
-@njit(cache=True)
+@kernel()
 def _first_time(valid, lo, q):
     """Whether ``valid[q]`` does not occur in ``valid[lo:q]``."""
     for r in range(lo, q):
@@ -541,9 +547,7 @@ def _first_time(valid, lo, q):
     return True
 
 
-# inlined where it is called (numba's own inlining: the same operations in the same order). It runs
-# once per (row, expert) pair; inlined, the experts' kernel takes about a tenth less time (100k facts)
-@njit(cache=True, inline="always")
+@kernel()
 def _error_parts(nt, Ltouched, Lacc, Lwhere, s, table, cohort, V, vptr_lo, vptr_hi, valid, vstamp, sv, memo):
     """Enclosure of 1 − P(valid), the argmax token (−1: a zero logit), and an enclosure of
     ρ = e^(0 − M)/Σ_t e^(z_t − M) (as :func:`verifier.arithmetic.kernels._error` returns
@@ -713,7 +717,7 @@ def _error_parts(nt, Ltouched, Lacc, Lwhere, s, table, cohort, V, vptr_lo, vptr_
 # --- experts -----------------------------------------------------------------------------------------
 
 
-@njit(cache=True)
+@kernel()
 def _first_of(W1T_ptr, W1T_idx, j, lo_n):
     """The first entry of W_1^T row j at or after neuron ``lo_n`` (rows sorted by neuron)."""
     lo = W1T_ptr[j]
@@ -727,7 +731,7 @@ def _first_of(W1T_ptr, W1T_idx, j, lo_n):
     return lo
 
 
-@njit(cache=True)
+@kernel()
 def _activity(zm, zr):
     """ReLU of [zm ± zr] as (mid, rad, on): on is False where it is exactly 0."""
     a_lo = max(_down(zm - zr), 0.0)
@@ -740,7 +744,8 @@ def _activity(zm, zr):
     return am, max(_up(a_hi - am), _up(am - a_lo)), True
 
 
-@njit(cache=True)
+@kernel(args=((I1, I1), I1, PART, PART, LOGITS, LOGITS, CSR, (I1, F1, I1, I1), CSR, CSR, "i64", (I1, I1),
+               SCRATCH, "i64", B1, I2), returns=(F1, F1, I1, F1, F1))
 def experts_parts(pairs, cohort, S, O, Ls, Lo, W1T, first, W2T, UT, V, valid, scratch, stamp0, watch, active):
     """For each pair (row ``rows[q]``, expert ``experts_of[q]``), the pairs grouped by
     (cohort, expert): error enclosure, argmax token and the zero-logit probability ρ, as
@@ -974,7 +979,7 @@ def experts_parts(pairs, cohort, S, O, Ls, Lo, W1T, first, W2T, UT, V, valid, sc
 # --- ablation --------------------------------------------------------------------------------------------
 
 
-@njit(cache=True)
+@kernel()
 def _pair_gap_parts(c, i, t, o, S, O, Urows, ut, uo, ustamp, s):
     """:func:`verifier.arithmetic.kernels._pair_gap` for a residual in two parts: a lower
     bound of z_t − z_o = Σ_j (U_tj − U_oj)·(s_cj + o_ij), the entries of both parts as
@@ -1021,7 +1026,8 @@ def _pair_gap_parts(c, i, t, o, S, O, Urows, ut, uo, ustamp, s):
     return _down(mid - r)
 
 
-@njit(cache=True)
+@kernel(args=(I1, I1, LOGITS, LOGITS, "i64", I1, I1, ACC, F1, TABLE_ARRAYS, F2, "i64", I1, PART, PART, CSR,
+               (F1, F1, F2)), returns=(F1, F1, F1, F1, F1, I1, F1))
 def ablated_parts(rows, cohort, Ls, Lo, V, valid_ptr, valid, L_scratch, vstamp, table, memo, stamp0, target, S,
                   O, Urows, u_scratch):
     """The ablated quantities of :func:`verifier.arithmetic.kernels.ablated` (exact pass)

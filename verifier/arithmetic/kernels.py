@@ -43,7 +43,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit
+from verifier.arithmetic.compiled import KERNELS, kernel
 
 from verifier.arithmetic.constants import ETA, EXP_MAX, EXP_MIN, FLOOR, HORNER_ERR, INV_LN2, LN2_HI, LN2_LO, STEP, TINY, U
 from verifier.arithmetic.constants import TAYLOR as _TAYLOR
@@ -55,30 +55,42 @@ KC_EMIN, KC_LARGEST, KC_RHO_H, KC_F_H, KC_K_VALUE, KC_RHO_G, KC_F_G, KC_RHO_Z, K
     KC_F_SC, KC_RHO_Y, KC_F_Y, KC_RHO_L, KC_F_L = range(17)
 
 
-@njit(cache=True)
+# The declared types of the kernels called from Python (verifier.arithmetic.compiled.Spec):
+# each exported ahead of time with exactly these; a call of other types runs just in time.
+I1, I2, F1, F2, F3, B1, B2, J1, J2 = "i64[1]", "i64[2]", "f64[1]", "f64[2]", "f64[3]", "bool[1]", "bool[2]", "i32[1]", "i32[2]"
+CSR = (I1, I1, F1)                  # a sparse matrix: (indptr, indices, values)
+PART = (I1, I1, F1, F1)             # rows of intervals: (indptr, indices, mid, rad)
+LOGITS = (I1, I1, F1, F1, F1)       # logit rows: (indptr, indices, mid, rad, magnitude)
+ATTENTION = (I1, F3, F3)            # (attention class per row, mid, rad)
+HEADS = ("i64", J2, "i64")          # (heads, value row per head and token, positions)
+ACC = (F2, I1, J1)                  # a compact accumulator: (acc, touched, where)
+DEPLOYED = ("bool", F1, F1, F1, F1, F1, F1, F1)   # (deployed?, its stage constants)
+
+
+@kernel(args=("f64",), returns="f64")
 def up(x):
     return np.nextafter(x, np.inf)
 
 
-@njit(cache=True)
+@kernel()
 def down(x):
     return np.nextafter(x, -np.inf)
 
 
-@njit(cache=True)
+@kernel()
 def upp(x):
     """An upward step for x >= 0 (see the module docstring): >= nextafter(x, +inf)."""
     return x * STEP + FLOOR
 
 
-@njit(cache=True)
+@kernel()
 def gamma(n):
     """An upper bound of γ_n = n·u/(1 − n·u) (n < 2^50)."""
     nu = n * U
     return up(up(nu) / down(1.0 - nu))
 
 
-@njit(cache=True)
+@kernel()
 def sum_factor(n):
     """c_n = up(1 + 2γ_n) (Lemma 1)."""
     return up(1.0 + 2.0 * gamma(n))
@@ -101,7 +113,7 @@ def _tables() -> tuple[np.ndarray, np.ndarray]:
 GAMMA1, FACTOR = _tables()
 
 
-@njit(cache=True)
+@kernel()
 def entry_radius(A, B, n):
     """Radius of an entry of n terms from its accumulated A and B (module docstring)."""
     if n == 0:
@@ -114,14 +126,14 @@ def entry_radius(A, B, n):
     return r
 
 
-@njit(cache=True)
+@kernel()
 def prod_terms(xm, xr, w):
     """(mid, A-term, B-term) of the product of an interval [xm ± xr] and an exact float w."""
     aw = abs(w)
     return xm * w, upp(xr * aw), upp(abs(xm) * aw)
 
 
-@njit(cache=True)
+@kernel()
 def mul_interval(am, ar, bm, br):
     """[am ± ar]·[bm ± br]: midpoint fl(am·bm) and a radius that covers the product's rounding."""
     m = am * bm
@@ -135,7 +147,7 @@ def mul_interval(am, ar, bm, br):
 # --- the exponential (the same enclosure as verifier.arithmetic.interval.exp_enclosure) -----------------
 
 
-@njit(cache=True)
+@kernel()
 def _horner(r):
     acc = TAYLOR[14]
     for i in range(13, -1, -1):
@@ -143,7 +155,7 @@ def _horner(r):
     return acc
 
 
-@njit(cache=True)
+@kernel()
 def exp_lower(x):
     """A lower bound of e^x (0 below −740 and for NaN).
 
@@ -163,7 +175,7 @@ def exp_lower(x):
     return max(v, 0.0)
 
 
-@njit(cache=True)
+@kernel()
 def exp_upper(x):
     """An upper bound of e^x (+inf above 709 and for NaN).
 
@@ -184,7 +196,7 @@ def exp_upper(x):
 # --- sparse accumulators ---------------------------------------------------------------------
 
 
-@njit(cache=True)
+@kernel()
 def _touch(col, acc, s, touched, nt):
     """Start column ``col`` of the accumulator for stamp ``s`` if it is new; return the touched count.
 
@@ -198,7 +210,7 @@ def _touch(col, acc, s, touched, nt):
     return nt
 
 
-@njit(cache=True)
+@kernel()
 def _start(acc, u, s):
     """Accumulator row ``u`` begun for stamp ``s``: no terms yet."""
     acc[u, 0] = s
@@ -208,7 +220,7 @@ def _start(acc, u, s):
     acc[u, 4] = 0.0
 
 
-@njit(cache=True)
+@kernel()
 def _add(col, m, a, b, acc):
     acc[col, 1] += m
     acc[col, 2] = upp(acc[col, 2] + a)
@@ -229,7 +241,7 @@ def _add(col, m, a, b, acc):
 # operations in the same order: only where they are kept changes.
 
 
-@njit(cache=True)
+@kernel()
 def _at(col, acc, s, touched, nt, where):
     """(slot of column ``col`` for stamp ``s``, count of slots): the slot ``where[col]`` if it
     is col's for this stamp, else the next free one, started (a new slot nt).
@@ -248,7 +260,7 @@ def _at(col, acc, s, touched, nt, where):
     return nt, nt + 1
 
 
-@njit(cache=True)
+@kernel()
 def _slot_of(col, acc, s, touched, where):
     """Column ``col``'s slot for stamp ``s``, or −1 if it has none (:func:`_at`)."""
     u = where[col]
@@ -260,7 +272,7 @@ def _slot_of(col, acc, s, touched, where):
 # --- the residual --------------------------------------------------------------------------------
 
 
-@njit(cache=True)
+@kernel(args=(I2, I1, I1, I1, I1, "i64", J2, "i64"), returns="i64")
 def residual_bound(ids, E_ptr, P_ptr, OE_ptr, OP_ptr, H, v_row, npos):
     """An upper bound on the number of residual entries of every row (for allocation)."""
     n, p1 = ids.shape
@@ -278,7 +290,7 @@ def residual_bound(ids, E_ptr, P_ptr, OE_ptr, OP_ptr, H, v_row, npos):
     return total
 
 
-@njit(cache=True)
+@kernel()
 def _touch_m(col, acc, s, touched, nt, macc):
     """:func:`_touch`, also starting the deployed pass's magnitude columns of ``col``."""
     if acc[col, 0] != s:
@@ -287,7 +299,8 @@ def _touch_m(col, acc, s, touched, nt, macc):
     return _touch(col, acc, s, touched, nt)
 
 
-@njit(cache=True)
+@kernel(args=(I2, ATTENTION, CSR, CSR, PART, PART, HEADS, (F2, I1), "i64", "i64",
+               ("bool", F1, F2, F1, F1, F1, F1, F1, F1, F1)), returns=PART)
 def residual(ids, attention, E, P, OE, OP, heads, scratch, stamp0, capacity, deployed):
     """r = E[x_p] + P[p] + Σ_m Σ_j a_mj (W_O W_V h_j) for every row, as CSR (ptr, idx, mid, rad).
 
@@ -385,13 +398,13 @@ def residual(ids, attention, E, P, OE, OP, heads, scratch, stamp0, capacity, dep
     return out_ptr, out_idx[:e], out_mid[:e], out_rad[:e]
 
 
-@njit(cache=True)
+@kernel()
 def up1(x):
     """An upper bound of 1 + x (x >= 0)."""
     return upp(1.0 + x)
 
 
-@njit(cache=True)
+@kernel()
 def _deployed_residual(r_, hm, vm, fp, rho_or, f_or, cv, rs_o, extra):
     """A residual entry's radius in the deployed pass (verifier.passes.floating: Stages): the exact
     enclosure of E + P + Σ â·(W_O W_V h) widened by ĥ's rounding (ρ_h·Σ|E|+|P|, plus its
@@ -416,13 +429,13 @@ def _deployed_residual(r_, hm, vm, fp, rho_or, f_or, cv, rs_o, extra):
 GATE_CLASSES = 8
 
 
-@njit(cache=True)
+@kernel()
 def _same_float(a, b):
     """Bitwise equality of two finite-or-not floats (0.0 and −0.0 differ; NaN never equal)."""
     return a == b and (a != 0.0 or math.copysign(1.0, a) == math.copysign(1.0, b))
 
 
-@njit(cache=True)
+@kernel()
 def _insert3(best3, bval, k, v):
     """Keep the three largest (value, −expert) pairs: ties go to the smaller expert."""
     if v > bval[2] or (v == bval[2] and best3[2] >= 0 and k < best3[2]) or best3[2] < 0:
@@ -435,7 +448,8 @@ def _insert3(best3, bval, k, v):
         best3[t] = k
 
 
-@njit(cache=True)
+@kernel(args=(I1, I1, F1, F1, I1, I1, F1, F1, B1, F1, "i64", F1, F1, I1, "i64", F2, "bool", ("bool", F1, "f64")),
+        returns=(I1, F1, F1, I2, F2, F2, I1, I1))
 def gate(R_ptr, R_idx, R_mid, R_rad, WG_ptr, WG_idx, WG_val, colmax, hot, bG, max_terms,
          gmid, gstamp, gtouched, stamp0, G_out, want_scores, deployed):
     """The gate's decisions per row: winner, certified margin, radius, top three, and the
@@ -700,7 +714,7 @@ def gate(R_ptr, R_idx, R_mid, R_rad, WG_ptr, WG_idx, WG_val, colmax, hot, bG, ma
     return e_out, margin, rad, top, top_lo, top_hi, cand_ptr, cand[:nc]
 
 
-@njit(cache=True)
+@kernel()
 def _gate_term(xm, xr, g, rel, on):
     """A residual entry's share of the gate's radius, before its column's largest weight:
     xr + γ|xm| (the verifier's own float64 rounding), and in the deployed pass also the
@@ -713,7 +727,7 @@ def _gate_term(xm, xr, g, rel, on):
 # --- experts, logits and the error ----------------------------------------------------------------
 
 
-@njit(cache=True)
+@kernel(args=(I1, I1, I1), returns=I1)
 def logits_bound(R_ptr, R_idx, UT_ptr):
     """Per row, an upper bound on the number of logits U·r reaches (for allocation and chunking)."""
     n = R_ptr.size - 1
@@ -727,7 +741,7 @@ def logits_bound(R_ptr, R_idx, UT_ptr):
     return out
 
 
-@njit(cache=True)
+@kernel(args=(I1, I1, F1, F1, I1, I1, F1, F2, I1, J1, "i64", "i64"), returns=LOGITS)
 def logits(R_ptr, R_idx, R_mid, R_rad, UT_ptr, UT_idx, UT_val, Lacc, Ltouched, Lwhere, stamp0, capacity):
     """U·r for every row, as CSR (ptr, idx, mid, rad, mag): the logits without any expert's
     output, and per logit an upper bound of Σ_j |U_tj|·(|r_j| + rad_j) (the magnitude the
@@ -765,7 +779,7 @@ def logits(R_ptr, R_idx, R_mid, R_rad, UT_ptr, UT_idx, UT_val, Lacc, Ltouched, L
     return out_ptr, out_idx[:e_out], out_mid[:e_out], out_rad[:e_out], out_mag[:e_out]
 
 
-@njit(cache=True)
+@kernel()
 def _error(nt, Ltouched, Lacc, V, vptr_lo, vptr_hi, valid, vstamp, s):
     """Enclosure (lo, hi) of 1 − P(valid), the argmax token (−1: a zero logit), and an
     enclosure (rho_lo, rho_hi) of ρ = e^(0 − M)/(S_inv + S_val), the probability one token
@@ -842,7 +856,7 @@ def _error(nt, Ltouched, Lacc, V, vptr_lo, vptr_hi, valid, vstamp, s):
 SM_REL, SM_TINY, SM_LO, SM_HI, SM_F_LO, SM_F_HI, SM_TAU = range(7)
 
 
-@njit(cache=True)
+@kernel()
 def _error_deployed(nt, Ltouched, Lacc, V, vptr_lo, vptr_hi, valid, vstamp, s, sm):
     """Enclosure (lo, hi) of 1 − Σ_valid p̂ for the deployed pass (Lemma F2 of
     verifier.passes.floating with the valid tokens' mass, as its softmax constants ``sm`` give
@@ -921,7 +935,8 @@ def _error_deployed(nt, Ltouched, Lacc, V, vptr_lo, vptr_hi, valid, vstamp, s, s
     return err_lo, err_hi, arg
 
 
-@njit(cache=True)
+@kernel(args=((I1, I1), (F1, F1), PART, LOGITS, CSR, (I1, F1, I1, I1), CSR, CSR, "i64", (I1, I1),
+               (F2, I1, F2, I1, F2, I1, F1), "i64", B1, I2, DEPLOYED), returns=(F1, F1, I1, F1, F1, B1))
 def experts(pairs, scale, R, L, W1T, first, W2T, UT, V, valid, scratch, stamp0, watch, active, deployed):
     """For each pair (row ``rows[q]``, expert ``experts_of[q]``) of ``pairs``, with the
     expert's output scaled by [cm ± cr] (``scale``; 1 ± 0 in gate mode "top1"): error
@@ -1117,7 +1132,7 @@ def experts(pairs, scale, R, L, W1T, first, W2T, UT, V, valid, scratch, stamp0, 
     return err_lo, err_hi, pred, rho_lo, rho_hi, undecided
 
 
-@njit(cache=True)
+@kernel()
 def _deployed_stage(rad, mag, rho, floor, daz, largest):
     """``rad`` widened by a stage's rounding (ρ·mag, mag >= the stage's Σ|terms|), its floor
     and its inputs-read-as-zero allowance; ∞ where the value may reach ``largest``."""
@@ -1126,7 +1141,7 @@ def _deployed_stage(rad, mag, rho, floor, daz, largest):
     return upp(rad + upp(upp(rho * mag) + upp(floor + daz)))
 
 
-@njit(cache=True)
+@kernel()
 def _deployed_output(orad, mag, fp, cmax, daz):
     """An expert output coordinate c·(W_2 a) in the deployed pass: the product's rounding
     ρ_o relative to Σ|W_2||c·a| (``mag``), the gate scale's rounding ρ_sc on top, and the
@@ -1136,7 +1151,7 @@ def _deployed_output(orad, mag, fp, cmax, daz):
     return _deployed_stage(orad, mag, rho, absolute, 0.0, fp[KC_LARGEST])
 
 
-@njit(cache=True)
+@kernel()
 def _deployed_logit(rad, mag, fp, rs_l, l1y, with_sum):
     """A logit in the deployed pass: U·ŷ with ŷ = fl(r̂ + ô) (``with_sum``; ŷ = r̂ when the
     expert's output is removed): the output sum's rounding ρ_y and the logits' ρ_l relative
@@ -1148,7 +1163,7 @@ def _deployed_logit(rad, mag, fp, rs_l, l1y, with_sum):
     return _deployed_stage(rad, mag, rho, absolute, 0.0, fp[KC_LARGEST])
 
 
-@njit(cache=True)
+@kernel()
 def _top_gap(nt, Ltouched, Lacc, V, o):
     """A lower bound of max_{t != o} z_t − z_o over the logits in the accumulator (the
     ``nt`` tokens of ``Ltouched``, mid in column 1 and radius in column 2; every other
@@ -1188,7 +1203,7 @@ def _top_gap(nt, Ltouched, Lacc, V, o):
     return down(best - hi_o), zeros
 
 
-@njit(cache=True)
+@kernel()
 def _pair_gap(i, t, o, R, Urows, ut, uo, ustamp, s):
     """A lower bound of z_t − z_o = Σ_j (U_tj − U_oj)·r_j for row i of the residual ``R``
     (CSR: ptr, idx, mid, rad; r_j exactly 0 off its entries), from the difference of the two
@@ -1238,7 +1253,8 @@ def _pair_gap(i, t, o, R, Urows, ut, uo, ustamp, s):
     return down(mid - r)
 
 
-@njit(cache=True)
+@kernel(args=(I1, LOGITS, "i64", I1, I1, F2, I1, F1, "i64", DEPLOYED, I1, PART, CSR, (F1, F1, F2)),
+        returns=(F1, F1, F1, F1, F1, I1, F1))
 def ablated(rows, L, V, valid_ptr, valid, Lacc, Ltouched, vstamp, stamp0, deployed, target, R, Urows, u_scratch):
     """The error enclosure of softmax(U·r) (the routed expert's output removed) for ``rows``,
     from the logits of :func:`logits`, and its zero-logit probability ρ (:func:`_error`). In
@@ -1315,17 +1331,31 @@ def ablated(rows, L, V, valid_ptr, valid, Lacc, Ltouched, vstamp, stamp0, deploy
     return err_lo, err_hi, rho_lo, rho_hi, gap, zeros, obj_lo
 
 
-@njit(cache=True)
+@kernel(args=("f64", "f64"), returns=("f64", "f64"))
 def _probe(a, b):
     return a * b, a + b
 
 
-def check() -> None:
-    """Round to nearest and gradual underflow inside compiled code (see :func:`verifier.arithmetic.interval.check_platform`)."""
-    prod, _ = _probe(2.0 ** -537, 2.0 ** -537)
-    _, tie = _probe(1.0, 2.0 ** -53)
-    _, above = _probe(1.0, 3 * 2.0 ** -54)
-    ok = prod == 2.0 ** -1074 and tie == 1.0 and above == 1.0 + 2.0 ** -52 and up(0.0) == ETA
+def _ieee(form) -> None:
+    """Round to nearest and gradual underflow inside compiled code of one form (``form(k)``
+    gives kernel k's function in it): see :func:`verifier.arithmetic.interval.check_platform`."""
+    probe, step = form(_probe), form(up)
+    prod, _ = probe(2.0 ** -537, 2.0 ** -537)
+    _, tie = probe(1.0, 2.0 ** -53)
+    _, above = probe(1.0, 3 * 2.0 ** -54)
+    ok = prod == 2.0 ** -1074 and tie == 1.0 and above == 1.0 + 2.0 ** -52 and step(0.0) == ETA
     if not ok:
         raise RuntimeError("compiled code does not compute in IEEE-754 binary64 round-to-nearest with gradual "
                            "underflow; certified results would not be proofs")
+
+
+KERNELS.add_probe(_ieee)
+
+
+def check() -> None:
+    """Probe the compiled code this process runs (:func:`_ieee`), in every form it runs in:
+    each form (ahead of time, just in time) is probed when first used, and again here, as
+    the floating-point unit's modes may change during a process (a library loaded later)."""
+    _probe(1.0, 1.0)
+    for form in KERNELS.forms():
+        _ieee(form)

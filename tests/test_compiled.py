@@ -1,0 +1,333 @@
+"""The kernels' two forms (verifier.arithmetic.compiled): ahead of time and just in time.
+
+The ahead-of-time form runs only calls whose arguments match a kernel's declared types,
+exactly as numba types them; it returns bitwise what the JIT form returns; a whole check
+runs without importing numba; and every way of not having the extension (told not to, a
+build that fails, a file that does not load, a probe that fails) runs just in time.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numba  # noqa: F401 - imported once here, before any test sets a cache directory
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from budget import examples
+from verifier.arithmetic import compiled, kernels
+from verifier.arithmetic.compiled import KERNELS, Kernel, Kernels, matches, numba_type
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+# -- the declared types, against numba's own typing -------------------------------------
+
+class Sub(np.ndarray):
+    pass
+
+
+DTYPES = [np.int32, np.int64, np.float64, np.bool_, np.float32, np.int16, np.uint64, np.dtype(">f8")]
+SPECS = ["i64[1]", "i64[2]", "f64[1]", "f64[3]", "bool[1]", "i32[2]", "i64", "f64", "bool",
+         ("i64[1]", "f64[1]"), ("i64", ("f64[2]", "bool"))]
+
+
+@st.composite
+def near(draw, spec, change=None):
+    """A value of the declared type ``spec``, or (``change`` true, or drawn so half the
+    time) one that differs from it in one respect: dtype, byte order, dimensions, layout,
+    writability, subclass, scalar type or range, tuple length or kind."""
+    change = draw(st.booleans()) if change is None else change
+    if isinstance(spec, tuple):
+        how = draw(st.sampled_from(["item", "drop", "add", "list"])) if change else None
+        where = draw(st.integers(0, len(spec) - 1))
+        items = [draw(near(s, how == "item" and i == where)) for i, s in enumerate(spec)]
+        if how == "drop":
+            items.pop()
+        elif how == "add":
+            items.append(np.zeros(1))
+        return items if how == "list" else tuple(items)
+    m = compiled._ARRAY.match(spec)
+    if m is None:
+        good = {"i64": [0, -(2 ** 63), 2 ** 63 - 1, np.int64(3)], "f64": [1.5, np.float64(2.0)],
+                "bool": [True, np.bool_(False)]}[spec]
+        other = [2 ** 63, -(2 ** 63) - 1, 2 ** 70, 1.5, 1, True, np.int32(3), np.float32(2.0), np.uint64(1), None, "x"]
+        return draw(st.sampled_from(other if change else good))
+    dtype, ndim = compiled._DTYPES[m.group(1)], int(m.group(2))
+    how = draw(st.sampled_from(["dtype", "ndim", "F", "strided", "readonly", "subclass"])) if change else None
+    if how == "dtype":
+        dtype = draw(st.sampled_from(DTYPES))
+    if how == "ndim":
+        ndim = draw(st.integers(1, 3))
+    a = np.zeros((3,) * ndim, dtype)
+    if how in ("F", "strided"):
+        a = np.zeros((3,) * ndim + (2,), dtype)[..., 0]
+        a = np.asfortranarray(a) if how == "F" else a
+    if how == "readonly":
+        a.flags.writeable = False
+    return a.view(Sub) if how == "subclass" else a
+
+
+def _numba_accepts(spec, value) -> bool:
+    """Whether numba types ``value`` as exactly ``numba_type(spec)`` (the oracle)."""
+    from numba import typeof
+    try:
+        t = typeof(value)
+    except Exception:                                    # noqa: BLE001 - numba cannot type it at all
+        return False
+    return t == numba_type(spec)
+
+
+@settings(max_examples=examples(600), deadline=None)
+@given(data=st.data())
+def test_a_call_fits_a_declared_type_exactly_when_numba_types_it_so(data):
+    spec = data.draw(st.sampled_from(SPECS))
+    value = data.draw(near(spec))
+    # numba also types an ndarray subclass as an array; the extension is never given one
+    assert matches(spec, value) == (_numba_accepts(spec, value) and not _subclassed(value))
+
+
+def _subclassed(value) -> bool:
+    if isinstance(value, (tuple, list)):
+        return any(map(_subclassed, value))
+    return isinstance(value, np.ndarray) and type(value) is not np.ndarray
+
+
+def test_the_declared_types_reject_what_the_extension_would_misread():
+    a = np.arange(6, dtype=np.int64)
+    assert matches("i64[1]", a)
+    for bad in (a.astype(np.int32), a.astype(np.float64), a[::2], a.reshape(2, 3), a.view(Sub)):
+        assert not matches("i64[1]", bad)
+    ro = a.copy()
+    ro.flags.writeable = False
+    assert not matches("i64[1]", ro)
+    assert not matches("i64", True) and not matches("i64", 2 ** 63) and not matches("i64", 1.0)
+    assert matches("i64", -(2 ** 63)) and matches("i64", np.int64(5))
+    assert not matches("f64", 1) and not matches("bool", 1)
+    assert not matches(("i64[1]",), [a]) and not matches(("i64[1]",), (a, a))
+
+
+def test_every_exported_kernel_declares_types_numba_can_build():
+    exported = KERNELS.exported()
+    names = {k.export_name for k in exported}
+    assert {"kernels___probe", "kernels__experts", "factored__experts_parts", "factored__ablated_parts"} <= names
+    for k in exported:
+        numba_type(k.returns)(*[numba_type(a) for a in k.args])
+
+
+# -- the same numbers in both forms --------------------------------------------------------
+
+def _bits(x):
+    if isinstance(x, tuple):
+        return tuple(_bits(v) for v in x)
+    a = np.asarray(x)
+    return (a.dtype.str, a.shape, a.tobytes())
+
+
+def test_both_forms_return_bitwise_the_same_for_every_call_of_a_check(monkeypatch, capitals_set, capitals_model):
+    """Every exported kernel call of certifying capitals (exact, and deployed in float32 and
+    bfloat16, gate modes top1 and top1-scaled) is run in both forms on copies of its
+    arguments (kernels write into their scratch): the results are the same bits, and so
+    are the arguments afterwards."""
+    import copy
+
+    from verifier.checks.verify import verify
+    from verifier.passes.floating import Deployment
+    from verifier.running.parallel import LocalPool
+
+    kernels.check()
+    if KERNELS.module is False:
+        pytest.skip(f"no compiled extension in this process: {KERNELS.note}")
+    seen = {}
+    original = Kernel.__call__
+
+    def both(self, *args):
+        if self.args is not None and all(map(matches, self.args, args)):
+            a1, a2 = copy.deepcopy(args), copy.deepcopy(args)
+            r1, r2 = self._aot(*a1), self.jit(*a2)
+            assert _bits(r1) == _bits(r2), self.__name__
+            assert _bits(a1) == _bits(a2), self.__name__
+            seen[self.__name__] = seen.get(self.__name__, 0) + 1
+        return original(self, *args)
+
+    monkeypatch.setattr(Kernel, "__call__", both)
+    w = capitals_model.instantiate()
+    for weights in (w, w.replace(gate_mode="top1-scaled")):
+        for dep in (None, Deployment.named("float32"), Deployment.named("bfloat16")):
+            verify(capitals_set, weights, capitals_model.epsilon, executor=LocalPool(1), deployment=dep)
+    assert set(seen) >= {"residual", "gate", "experts", "ablated", "logits", "logits_bound", "residual_part",
+                         "gate_parts", "experts_parts", "ablated_parts"}
+
+
+def test_a_call_that_does_not_fit_runs_just_in_time():
+    kernels.check()
+    rows = np.array([0, 2, 3], np.int64)
+    idx = np.array([0, 1, 1], np.int64)
+    ut = np.array([0, 1, 3], np.int64)
+    expected = kernels.logits_bound(rows, idx, ut)
+    k = kernels.logits_bound
+    saved = k._aot
+
+    def refuse(*args):
+        raise AssertionError("the extension was given arguments of other types")
+
+    k._aot = refuse if saved is not False else False
+    try:
+        got = k(rows.astype(np.int32), idx, ut)            # int32: numba compiles another signature
+        strided = k(np.array([0, 9, 2, 9, 3], np.int64)[::2], idx, ut)
+    finally:
+        k._aot = saved
+    assert np.array_equal(got, expected) and np.array_equal(strided, expected)
+
+
+# -- running without numba -------------------------------------------------------------------
+
+_NO_NUMBA = """
+import sys
+from construction.model import build
+from tasks.io import load_tasks
+from verifier.arithmetic.compiled import KERNELS
+from verifier.checks.verify import verify
+from verifier.passes.floating import Deployment
+from verifier.running.parallel import LocalPool
+from workflow.warming import warm_up
+for dep in (None, Deployment.named("float32")):
+    warm_up(dep)
+ts = load_tasks(sys.argv[1])
+model = build(ts)
+w = model.instantiate()
+for weights in (w, w.replace(gate_mode="top1-scaled")):
+    verify(ts, weights, model.epsilon, executor=LocalPool(1))
+print(KERNELS.module is not False, KERNELS.note, "numba" in sys.modules)
+"""
+
+
+def test_a_check_runs_every_kernel_ahead_of_time_without_numba():
+    out = subprocess.run([sys.executable, "-c", _NO_NUMBA, str(ROOT / "examples" / "capitals.yaml")], cwd=ROOT,
+                         capture_output=True, text=True, check=True).stdout.split()
+    if out[0] == "False":
+        pytest.skip(f"no compiled extension here: {' '.join(out[1:-1])}")
+    assert out[-1] == "False"                           # no call fell back: numba was never imported
+
+
+def test_moe_kernels_jit_runs_just_in_time_and_reports_the_same(tmp_path):
+    env_jit = {"MOE_KERNELS": "jit"}
+    reports = []
+    for env in ({}, env_jit):
+        out = tmp_path / f"r{len(reports)}.json"
+        subprocess.run([sys.executable, "-m", "verifier", "check", "examples/capitals.yaml", "--precision", "float32",
+                        "--json", str(out), "--quiet"], cwd=ROOT, check=True, capture_output=True,
+                       env={**_environ(), **env})
+        r = json.loads(out.read_text())
+        for key in ("seconds", "verify_seconds", "time", "phases"):
+            r.pop(key, None)
+        reports.append(r)
+    assert reports[0] == reports[1]
+
+
+def _environ():
+    import os
+    return dict(os.environ)
+
+
+# -- every way of having no extension ------------------------------------------------------
+
+def _fresh(monkeypatch, tmp_path) -> Kernels:
+    """A registry of the real kernels' functions (probed as kernels.py probes its own), with
+    its own directory for the extension."""
+    reg = Kernels(dirs=[tmp_path])
+    by_name = {k.__name__: Kernel(k.py_func, reg, k.options, k.args, k.returns) for k in KERNELS.kernels}
+    reg.add_probe(lambda form: kernels._ieee(lambda k: form(by_name[k.__name__])))
+    monkeypatch.setattr(reg, "exported", lambda: [k for k in reg.kernels if k.args is not None])
+    return reg
+
+
+def _probe_of(reg: Kernels) -> Kernel:
+    return next(k for k in reg.kernels if k.__name__ == "_probe")
+
+
+def test_a_build_that_fails_leaves_a_note_and_runs_just_in_time(monkeypatch, tmp_path):
+    reg = _fresh(monkeypatch, tmp_path)
+    calls = []
+
+    def failing(name, directory, kernels_):
+        calls.append(name)
+        raise RuntimeError("no C compiler\nlinker said: cc not found")
+
+    monkeypatch.setattr(compiled, "build", failing)
+    assert _probe_of(reg)(1.0, 2.0) == (2.0, 3.0)
+    assert reg.module is False and "cc not found" in reg.note and len(calls) == 1
+    failed = list(tmp_path.glob("moe_kernels_*.failed"))
+    assert len(failed) == 1 and "cc not found" in failed[0].read_text()
+    again = _fresh(monkeypatch, tmp_path)                # a later process reads the note, builds nothing
+    assert _probe_of(again)(1.0, 2.0) == (2.0, 3.0) and len(calls) == 1 and again.module is False
+
+
+def test_an_extension_that_does_not_load_runs_just_in_time(monkeypatch, tmp_path):
+    reg = _fresh(monkeypatch, tmp_path)
+    name = compiled.PREFIX + compiled.source_key()
+    (tmp_path / (name + compiled.extension_suffix())).write_bytes(b"not a shared object")
+    monkeypatch.setattr(compiled, "build", lambda *a: pytest.fail("built over an existing file"))
+    assert _probe_of(reg)(3.0, 4.0) == (12.0, 7.0)
+    assert reg.module is False and "could not be loaded" in reg.note
+
+
+def test_told_to_run_just_in_time_it_builds_and_loads_nothing(monkeypatch, tmp_path):
+    reg = _fresh(monkeypatch, tmp_path)
+    monkeypatch.setenv("MOE_KERNELS", "jit")
+    monkeypatch.setattr(compiled, "build", lambda *a: pytest.fail("built although told not to"))
+    assert _probe_of(reg)(1.0, 1.0) == (1.0, 2.0)
+    assert reg.module is False and list(tmp_path.glob("moe_kernels_*")) == []
+
+
+def test_a_form_that_fails_its_probe_is_not_used(monkeypatch, tmp_path):
+    """A probe that fails drops the extension (its kernels then run just in time), and a JIT
+    form that fails it raises instead of computing; kernels.check refuses such a form too."""
+    reg = _fresh(monkeypatch, tmp_path)
+
+    class Wrong:
+        kernels__up = staticmethod(lambda x: x)           # not an upward step
+        kernels___probe = staticmethod(lambda a, b: (a * b, a + b))
+
+        def __getattr__(self, name):
+            return lambda *a: None
+
+    monkeypatch.setattr(reg, "_load", lambda: Wrong())
+    assert _probe_of(reg)(1.0, 1.0) == (1.0, 2.0)        # ran just in time
+    assert reg.module is False and "probe" in reg.note
+
+    jit = _fresh(monkeypatch, tmp_path)
+    monkeypatch.setenv("MOE_KERNELS", "jit")
+    jit.probes[:] = [lambda form: (_ for _ in ()).throw(RuntimeError("not round to nearest"))]
+    with pytest.raises(RuntimeError, match="round to nearest"):
+        _probe_of(jit)(1.0, 1.0)
+    with pytest.raises(RuntimeError, match="round to nearest"):  # and again: never trusted half-way
+        _probe_of(jit)(1.0, 1.0)
+    with pytest.raises(RuntimeError, match="IEEE"):
+        kernels._ieee(lambda k: (lambda *a: (0.0, 0.0)) if k is kernels._probe else (lambda x: x))
+
+
+def test_the_key_covers_every_source_it_compiles(monkeypatch, tmp_path):
+    import importlib.util
+    key = compiled.source_key()
+    real = importlib.util.find_spec
+    for name in (*compiled.MODULES, "verifier.arithmetic.constants", "verifier.arithmetic.compiled"):
+        spec = real(name)
+        copy = tmp_path / (name + ".py")
+        copy.write_bytes(Path(spec.origin).read_bytes() + b"\n# changed\n")
+
+        def find(n, *a, _name=name, _copy=copy):
+            s = real(n, *a)
+            if n == _name:
+                s = importlib.util.spec_from_file_location(n, _copy)
+            return s
+
+        monkeypatch.setattr(importlib.util, "find_spec", find)
+        assert compiled.source_key() != key, name
+        monkeypatch.setattr(importlib.util, "find_spec", real)
+    assert compiled.source_key() == key

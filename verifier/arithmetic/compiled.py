@@ -1,0 +1,368 @@
+"""How the row kernels run: compiled ahead of time once, with numba's JIT as the fallback.
+
+The kernels (:mod:`.kernels`, :mod:`.factored`) are written for numba's nopython mode.
+Compiled just in time, every process pays numba's start-up before its first kernel call:
+importing numba, building its typing and target registries, loading each kernel from
+numba's on-disk cache (some 0.5 s on the 2-core machine, a fifth of a 100k-fact check).
+So the kernels called from Python are also compiled **ahead of time** into one extension
+module (numba's ``pycc``), once per version of their sources, and a process that finds it
+imports it in milliseconds and never imports numba.
+
+*The same code.* Both forms compile the same Python functions with the same numba and
+LLVM, without fast-math: IEEE binary64 operations in the same order, so each kernel
+returns bitwise the same arrays in either form (a test compares them), and
+:func:`verifier.arithmetic.kernels.check` probes round-to-nearest and gradual underflow
+in each form a process runs (:meth:`Kernels.add_probe`).
+
+*Only where it fits.* An exported kernel has one declared signature (:data:`Spec`: each
+argument's dtype, dimensions and C-contiguous, writable layout, tuples of them, or a
+scalar). The extension's wrappers unbox arguments without checking their types, so every
+call is checked against the signature first (:func:`matches`), exactly as numba's
+``typeof`` would type it; a call that does not fit runs the JIT form instead, which
+compiles for whatever it is given. Helpers (kernels without a signature) always run
+just in time when called from Python; inside compiled code they are compiled in.
+
+*Which module.* The extension's name carries a key: a hash of the kernel modules' and this
+module's sources and of the numba, llvmlite, numpy and Python versions. A changed source
+gives a new key, hence a new build; a module is never used for other sources. It is built
+on first use (under a file lock, written to a temporary name and renamed into place, so a
+concurrent process waits and never loads half a file) into the kernels' ``__pycache__``,
+or a user cache directory when that is not writable (``NUMBA_CACHE_DIR`` when set, as for
+numba's own cache). A build that fails leaves a ``.failed`` note with its reason, and
+every process of that key runs just in time. ``MOE_KERNELS=jit`` runs just in time always.
+Loading the extension runs code from that directory, as numba's cache does: it must be
+no more writable than the package itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib
+import importlib.machinery
+import importlib.metadata
+import importlib.util
+import os
+import re
+import sys
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any, Callable, Union
+
+import numpy as np
+
+#: The modules whose kernels go into the extension (imported by name when it is needed).
+MODULES = ("verifier.arithmetic.kernels", "verifier.arithmetic.factored")
+#: The prefix of the extension's file and module names (followed by the key).
+PREFIX = "moe_kernels_"
+
+#: A kernel argument's declared type: "i64", "f64", "bool" (a Python or numpy scalar of that
+#: type), "i64[2]" (a C-contiguous, writable, aligned int64 array of 2 dimensions: dtypes
+#: i32, i64, f64, bool), or a tuple of specs.
+Spec = Union[str, tuple]
+
+_ARRAY = re.compile(r"^(i32|i64|f64|bool)\[([1-9])\]$")
+_DTYPES = {"i32": np.dtype(np.int32), "i64": np.dtype(np.int64), "f64": np.dtype(np.float64),
+           "bool": np.dtype(np.bool_)}
+_SCALARS = {"i64": (int, np.int64), "f64": (float, np.float64), "bool": (bool, np.bool_)}
+
+
+def matches(spec: Spec, value: Any) -> bool:
+    """Whether ``value`` has exactly the type ``spec`` declares, as numba would type it: an
+    ndarray (not a subclass) of that dtype and dimension that is C-contiguous, writable and
+    aligned; a Python int in int64's range or numpy int64 for "i64" (never a bool); a
+    Python float or numpy float64 for "f64"; a Python or numpy bool for "bool"; a tuple
+    (not a subclass) of the same length whose items match."""
+    if isinstance(spec, tuple):
+        return type(value) is tuple and len(value) == len(spec) and all(map(matches, spec, value))
+    m = _ARRAY.match(spec)
+    if m is not None:
+        if type(value) is not np.ndarray:
+            return False
+        f = value.flags
+        return (value.dtype == _DTYPES[m.group(1)] and value.ndim == int(m.group(2))
+                and f.c_contiguous and f.writeable and f.aligned)
+    kinds = _SCALARS[spec]
+    if type(value) not in kinds:
+        return False
+    return spec != "i64" or type(value) is not int or -2 ** 63 <= value < 2 ** 63
+
+
+def numba_type(spec: Spec):
+    """The numba type a spec declares (imports numba: for the build and for tests)."""
+    from numba.core import types
+    if isinstance(spec, tuple):
+        return types.Tuple([numba_type(s) for s in spec])
+    m = _ARRAY.match(spec)
+    names = {"i32": types.int32, "i64": types.int64, "f64": types.float64, "bool": types.boolean}
+    if m is not None:
+        return types.Array(names[m.group(1)], int(m.group(2)), "C")
+    return names[spec]
+
+
+class Kernel:
+    """A function written for numba's nopython mode, called like one.
+
+    From Python, a call whose arguments match the declared signature ``args`` runs the
+    ahead-of-time form when the process has it; any other call runs numba's JIT form
+    (``numba.njit(cache=True, **options)``, made on first need). Inside compiled code a
+    reference to a kernel is typed as its JIT dispatcher (``_numba_type_``), so kernels
+    call each other as numba functions do."""
+
+    def __init__(self, py_func: Callable, registry: "Kernels", options: dict,
+                 args: tuple | None = None, returns: Spec | None = None) -> None:
+        self.py_func = py_func
+        self.registry = registry
+        self.options = options
+        self.args = args
+        self.returns = returns
+        self.__name__ = py_func.__name__
+        self.__qualname__ = py_func.__qualname__
+        self.__module__ = py_func.__module__
+        self.__doc__ = py_func.__doc__
+        self.__wrapped__ = py_func
+        self._jit = None
+        self._aot = None
+        registry.add(self)
+
+    @property
+    def export_name(self) -> str:
+        return f"{self.__module__.rsplit('.', 1)[-1]}__{self.__name__}"
+
+    def __call__(self, *args):
+        if self.args is not None:
+            aot = self._aot if self._aot is not None else self.registry.ahead_of_time(self)
+            if aot is not False and len(args) == len(self.args) and all(map(matches, self.args, args)):
+                return aot(*args)
+        return self.jit(*args)
+
+    @property
+    def jit(self):
+        """The numba dispatcher of this kernel (numba is imported on first need)."""
+        if self._jit is not None and self.registry.jit_state == "ok":
+            return self._jit
+        return self.registry.just_in_time(self)
+
+    @property
+    def _numba_type_(self):
+        from numba.core import types
+        return types.Dispatcher(self.jit)
+
+    def __repr__(self) -> str:
+        return f"<kernel {self.__module__}.{self.__name__}>"
+
+
+class Kernels:
+    """The kernels of :data:`MODULES` and the forms they run in, for one process.
+
+    ``ahead_of_time(k)`` gives kernel k's exported function, loading (or first building)
+    the extension on the first call; False when there is none. ``just_in_time(k)`` gives
+    its numba dispatcher. A probe (:meth:`add_probe`) is called with each form's way of
+    calling a kernel when that form is first used, and raises when the form cannot be
+    trusted."""
+
+    def __init__(self, dirs: list[Path] | None = None) -> None:
+        self.dirs = dirs              # where the extension may be (None: cache_dirs())
+        self.kernels: list[Kernel] = []
+        self.probes: list[Callable[[Callable[[Kernel], Callable]], None]] = []
+        self.module = None            # the extension; False: none in this process
+        self.jit_state: str | None = None   # None: JIT form not yet probed; "probing"; "ok"
+        self.note: str | None = None  # why there is no extension, when there is none
+        self.lock = threading.RLock()
+
+    def add(self, kernel: Kernel) -> None:
+        self.kernels.append(kernel)
+
+    def add_probe(self, probe: Callable[[Callable[[Kernel], Callable]], None]) -> None:
+        self.probes.append(probe)
+
+    def forms(self) -> list[Callable[[Kernel], Callable]]:
+        """The forms this process has run kernels in, each as ``form(k)`` = k's function."""
+        out = []
+        if self.module not in (None, False):
+            out.append(lambda k: k._aot)
+        if self.jit_state == "ok":
+            out.append(lambda k: k.jit)
+        return out
+
+    def exported(self) -> list[Kernel]:
+        for name in MODULES:
+            importlib.import_module(name)
+        return [k for k in self.kernels if k.args is not None]
+
+    # -- the JIT form ---------------------------------------------------------------
+    def just_in_time(self, kernel: Kernel):
+        """Kernel's numba dispatcher, after the probes passed on the JIT form (once per
+        process; a failing probe raises here, and again at the next attempt)."""
+        with self.lock:
+            if kernel._jit is None:
+                from numba import njit
+                kernel._jit = njit(cache=True, **kernel.options)(kernel.py_func)
+            if self.jit_state is None:
+                self.jit_state = "probing"
+                try:
+                    for probe in self.probes:
+                        probe(lambda k: k.jit)
+                except BaseException:
+                    self.jit_state = None
+                    raise
+                self.jit_state = "ok"
+            return kernel._jit
+
+    # -- the ahead-of-time form -------------------------------------------------------
+    def ahead_of_time(self, kernel: Kernel):
+        """Kernel's exported function (the extension loaded, or built, and probed on the
+        first call), or False when this process has no extension."""
+        with self.lock:
+            if self.module is None:
+                self.module = self._load()
+                if self.module is not False:
+                    for k in self.exported():
+                        k._aot = getattr(self.module, k.export_name)
+                    try:
+                        for probe in self.probes:
+                            probe(lambda k: k._aot)
+                    except RuntimeError as e:
+                        self._drop(f"the compiled extension failed its probe: {e}")
+            if self.module is False:
+                kernel._aot = False
+            return kernel._aot
+
+    def _drop(self, note: str) -> None:
+        self.module = False
+        self.note = note
+        for k in self.kernels:
+            k._aot = False
+
+    def _load(self):
+        """The extension for the current sources (built first if no directory has it), or
+        False with a note saying why there is none."""
+        if os.environ.get("MOE_KERNELS", "") == "jit":
+            return self._fail("MOE_KERNELS=jit")
+        kernels = self.exported()
+        name = PREFIX + source_key()
+        file = name + extension_suffix()
+        where = self.dirs if self.dirs is not None else cache_dirs()
+        for d in where:
+            if (d / file).is_file():
+                return self._import(name, d / file, kernels)
+            if (d / (name + ".failed")).is_file():
+                return self._fail((d / (name + ".failed")).read_text(errors="replace").strip())
+        for d in where:
+            try:
+                d.mkdir(parents=True, exist_ok=True)
+                lock = _Lock(d / (name + ".lock"))
+            except OSError:
+                continue                                  # not writable: the next directory
+            with lock:
+                try:
+                    if not (d / file).is_file():          # a concurrent process may have built it
+                        build(name, d, kernels)
+                except Exception as e:                    # noqa: BLE001 - any build failure: run just in time
+                    last = (str(e).strip().splitlines() or [""])[-1]
+                    reason = f"building the compiled kernels {name} failed ({type(e).__name__}: {last})"
+                    with contextlib.suppress(OSError):
+                        (d / (name + ".failed")).write_text(reason + "\n")
+                    return self._fail(reason)
+            return self._import(name, d / file, kernels)
+        return self._fail("no writable directory for the compiled kernels")
+
+    def _fail(self, note: str):
+        self.note = note
+        return False
+
+    def _import(self, name: str, path: Path, kernels: list[Kernel]):
+        """The extension at ``path``, or False (with a note) when it cannot be loaded or lacks a kernel."""
+        try:
+            spec = importlib.util.spec_from_file_location(name, path)
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+        except (ImportError, OSError) as e:
+            return self._fail(f"{path} could not be loaded: {e}")
+        missing = [k.export_name for k in kernels if not hasattr(module, k.export_name)]
+        return self._fail(f"{path} lacks {', '.join(missing)}") if missing else module
+
+
+def source_key() -> str:
+    """The extension's key: a hash of the kernel modules' and this module's source bytes,
+    the numba, llvmlite and numpy versions, the Python version and the platform."""
+    h = hashlib.sha256()
+    for name in (*MODULES, "verifier.arithmetic.constants", __name__):
+        spec = importlib.util.find_spec(name)
+        h.update(name.encode() + b"\0" + Path(spec.origin).read_bytes() + b"\0")
+    for dist in ("numba", "llvmlite", "numpy"):
+        h.update(f"{dist}={importlib.metadata.version(dist)}\0".encode())
+    h.update(f"{sys.version}\0{sys.platform}\0{extension_suffix()}".encode())
+    return h.hexdigest()[:20]
+
+
+def extension_suffix() -> str:
+    return importlib.machinery.EXTENSION_SUFFIXES[0]
+
+
+def cache_dirs() -> list[Path]:
+    """Where the extension may be: ``NUMBA_CACHE_DIR`` when set, else the kernels'
+    ``__pycache__`` then the user's cache directory."""
+    if os.environ.get("NUMBA_CACHE_DIR"):
+        return [Path(os.environ["NUMBA_CACHE_DIR"])]
+    user = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "moe-knowledge-verifier"
+    return [Path(__file__).resolve().parent / "__pycache__", user]
+
+
+class _Lock:
+    """An exclusive lock on a file, held from ``with`` to its end (fcntl where it exists;
+    elsewhere none). Opening the file raises OSError where the directory is not writable."""
+
+    def __init__(self, path: Path) -> None:
+        self.file = open(path, "a")
+
+    def __enter__(self) -> "_Lock":
+        try:
+            import fcntl
+        except ImportError:                               # pragma: no cover - not POSIX
+            return self
+        fcntl.flock(self.file, fcntl.LOCK_EX)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.file.close()                                 # closing the file releases the lock
+
+
+def build(name: str, directory: Path, kernels: list[Kernel]) -> Path:
+    """Compile ``kernels`` ahead of time into the extension ``name`` in ``directory``
+    (numba.pycc, for the generic CPU of the platform; atomically renamed into place)."""
+    import warnings
+    from numba.core.errors import NumbaPendingDeprecationWarning
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", NumbaPendingDeprecationWarning)
+        from numba.core import types
+        from numba.pycc import CC
+        if sys.stderr.isatty():
+            print(f"compiling the verifier's kernels once ({len(kernels)} of them; about a minute)...",
+                  file=sys.stderr, flush=True)
+        with tempfile.TemporaryDirectory(dir=directory, prefix=".build-") as tmp:
+            cc = CC(name)
+            cc.output_dir = tmp
+            cc.verbose = False
+            for k in kernels:
+                sig = numba_type(k.returns)(*[numba_type(a) for a in k.args]) if k.returns is not None \
+                    else types.none(*[numba_type(a) for a in k.args])
+                cc.export(k.export_name, sig)(k.py_func)
+            cc.compile()
+            built = Path(tmp) / (name + extension_suffix())
+            final = directory / built.name
+            os.replace(built, final)
+    return final
+
+
+def kernel(args: tuple | None = None, returns: Spec | None = None, **options) -> Callable[[Callable], Kernel]:
+    """Decorate a nopython-mode function as a :class:`Kernel` of :data:`KERNELS`; ``args``
+    and ``returns`` declare the signature it is exported with (none: a helper)."""
+    def wrap(f: Callable) -> Kernel:
+        return Kernel(f, KERNELS, options, args, returns)
+    return wrap
+
+
+#: This process's kernels (like numba's own dispatchers, one set per process).
+KERNELS = Kernels()
