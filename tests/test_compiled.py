@@ -270,7 +270,7 @@ def test_a_build_that_fails_leaves_a_note_and_runs_just_in_time(monkeypatch, tmp
 
 def test_an_extension_that_does_not_load_runs_just_in_time(monkeypatch, tmp_path):
     reg = _fresh(monkeypatch, tmp_path)
-    name = compiled.PREFIX + compiled.source_key()
+    name = compiled.PREFIX + reg.key()
     (tmp_path / (name + compiled.extension_suffix())).write_bytes(b"not a shared object")
     monkeypatch.setattr(compiled, "build", lambda *a: pytest.fail("built over an existing file"))
     assert _probe_of(reg)(3.0, 4.0) == (12.0, 7.0)
@@ -290,14 +290,7 @@ def test_a_form_that_fails_its_probe_is_not_used(monkeypatch, tmp_path):
     form that fails it raises instead of computing; kernels.check refuses such a form too."""
     reg = _fresh(monkeypatch, tmp_path)
 
-    class Wrong:
-        kernels__up = staticmethod(lambda x: x)           # not an upward step
-        kernels___probe = staticmethod(lambda a, b: (a * b, a + b))
-
-        def __getattr__(self, name):
-            return lambda *a: None
-
-    monkeypatch.setattr(reg, "_load", lambda: Wrong())
+    monkeypatch.setattr(reg, "_load", lambda: _ExtensionStandIn(step=lambda x: x))   # not an upward step
     assert _probe_of(reg)(1.0, 1.0) == (1.0, 2.0)        # ran just in time
     assert reg.module is False and "probe" in reg.note
 
@@ -312,22 +305,76 @@ def test_a_form_that_fails_its_probe_is_not_used(monkeypatch, tmp_path):
         kernels._ieee(lambda k: (lambda *a: (0.0, 0.0)) if k is kernels._probe else (lambda x: x))
 
 
-def test_the_key_covers_every_source_it_compiles(monkeypatch, tmp_path):
-    import importlib.util
-    key = compiled.source_key()
-    real = importlib.util.find_spec
-    for name in (*compiled.MODULES, "verifier.arithmetic.constants", "verifier.arithmetic.compiled"):
-        spec = real(name)
-        copy = tmp_path / (name + ".py")
-        copy.write_bytes(Path(spec.origin).read_bytes() + b"\n# changed\n")
+def test_the_key_is_of_the_sources_as_imported(monkeypatch, tmp_path):
+    """Each module compiled (and each whose values it freezes in) changes the key; a file
+    changed after the import does not: the key names the code the process runs."""
+    reg = _fresh(monkeypatch, tmp_path)
+    key = reg.key()
+    assert key is not None and set(reg.sources) >= {*compiled.MODULES, *compiled.DEPENDS}
+    real = compiled._source_bytes
+    for name in (*compiled.MODULES, *compiled.DEPENDS):
+        monkeypatch.setattr(compiled, "_source_bytes", lambda n, _name=name: real(n) + (b"#" if n == _name else b""))
+        assert reg.key() == key                           # the process's own code: unchanged
+        assert _fresh(monkeypatch, tmp_path).key() != key, name   # a process importing the changed file
+    monkeypatch.setattr(compiled, "_source_bytes", lambda n: None)
+    assert _fresh(monkeypatch, tmp_path).key() is None
 
-        def find(n, *a, _name=name, _copy=copy):
-            s = real(n, *a)
-            if n == _name:
-                s = importlib.util.spec_from_file_location(n, _copy)
-            return s
 
-        monkeypatch.setattr(importlib.util, "find_spec", find)
-        assert compiled.source_key() != key, name
-        monkeypatch.setattr(importlib.util, "find_spec", real)
-    assert compiled.source_key() == key
+def test_the_jit_form_caches_in_the_keys_directory(monkeypatch, tmp_path):
+    """numba validates a cached function by its own file only; a directory per key keeps a
+    kernel compiled against other versions of its helpers out of use."""
+    reg = _fresh(monkeypatch, tmp_path)
+    probe = _probe_of(reg)
+    assert Path(probe.jit._cache._cache_path).is_relative_to(tmp_path / f"numba-{reg.key()}")
+
+
+def test_no_extension_is_used_before_its_probe_passed(monkeypatch, tmp_path):
+    reg = _fresh(monkeypatch, tmp_path)
+    module = _ExtensionStandIn(step=lambda x: x)          # fails the probe
+    seen = []
+    reg.probes.insert(0, lambda form: seen.append([k._aot for k in reg.kernels if k.args is not None]))
+    monkeypatch.setattr(reg, "_load", lambda: module)
+    _probe_of(reg)(1.0, 1.0)
+    assert seen and all(a is None for a in seen[0])
+
+
+class _ExtensionStandIn:
+    """An extension module's stand-in: every kernel a no-op but ``_probe`` and ``up``."""
+
+    def __init__(self, step):
+        self.kernels__up = step
+        self.kernels___probe = lambda a, b: (a * b, a + b)
+
+    def __getattr__(self, name):
+        return lambda *a: None
+
+
+def test_the_machines_troubles_run_just_in_time_without_a_traceback(monkeypatch, tmp_path):
+    """No locks on the file system, no home directory, a full disk during the build, any
+    other error while loading: the kernels run just in time, and only a failure of the
+    build itself leaves a note."""
+    import fcntl
+
+    reg = _fresh(monkeypatch, tmp_path)
+    monkeypatch.setattr(fcntl, "flock", lambda *a: (_ for _ in ()).throw(OSError(37, "No locks available")))
+    assert _probe_of(reg)(1.0, 2.0) == (2.0, 3.0) and reg.module is False and "no writable" in reg.note
+    monkeypatch.undo()
+
+    reg = _fresh(monkeypatch, tmp_path)
+    monkeypatch.setattr(compiled, "build", lambda *a: (_ for _ in ()).throw(OSError(28, "No space left on device")))
+    assert _probe_of(reg)(1.0, 2.0) == (2.0, 3.0) and "No space" in reg.note
+    assert list(tmp_path.glob("*.failed")) == []
+
+    reg = _fresh(monkeypatch, tmp_path)
+    monkeypatch.setattr(reg, "_load", lambda: {}["unexpected"])
+    assert _probe_of(reg)(1.0, 2.0) == (2.0, 3.0) and "KeyError" in reg.note
+
+    monkeypatch.delenv("NUMBA_CACHE_DIR", raising=False)
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    monkeypatch.setattr(Path, "home", classmethod(lambda cls: (_ for _ in ()).throw(RuntimeError("no home"))))
+    assert compiled.cache_dirs() == [Path(compiled.__file__).resolve().parent / "__pycache__"]
+
+
+def test_an_exported_kernel_takes_no_numba_options():
+    with pytest.raises(TypeError, match="options"):
+        compiled.kernel(args=("f64",), returns="f64", inline="always")

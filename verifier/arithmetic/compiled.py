@@ -22,16 +22,19 @@ call is checked against the signature first (:func:`matches`), exactly as numba'
 compiles for whatever it is given. Helpers (kernels without a signature) always run
 just in time when called from Python; inside compiled code they are compiled in.
 
-*Which module.* The extension's name carries a key: a hash of the kernel modules' and this
-module's sources and of the numba, llvmlite, numpy and Python versions. A changed source
-gives a new key, hence a new build; a module is never used for other sources. It is built
-on first use (under a file lock, written to a temporary name and renamed into place, so a
-concurrent process waits and never loads half a file) into the kernels' ``__pycache__``,
-or a user cache directory when that is not writable (``NUMBA_CACHE_DIR`` when set, as for
-numba's own cache). A build that fails leaves a ``.failed`` note with its reason, and
-every process of that key runs just in time. ``MOE_KERNELS=jit`` runs just in time always.
-Loading the extension runs code from that directory, as numba's cache does: it must be
-no more writable than the package itself.
+*Which module.* The extension's name carries a key: a hash of the kernel modules' sources
+(and :data:`DEPENDS`'), read as the process imports them, and of the numba, llvmlite,
+numpy and Python versions; a module is used only by processes that imported those very
+sources, and the JIT form caches its compilations in a directory of the same key
+(:class:`Kernels`). The extension is built on first use (under a file lock, written to a
+temporary name and renamed into place, so a concurrent process waits and never loads half
+a file) into the kernels' ``__pycache__``, or a user cache directory when that is not
+writable (``NUMBA_CACHE_DIR`` when set, as for numba's own cache), for the platform's
+generic CPU. A build that fails in the toolchain leaves a ``.failed`` note with its
+reason, and every process of that key runs just in time (delete the note to try again);
+so does ``MOE_KERNELS=jit``, and any trouble loading the extension. Extensions of older
+keys are left where they are. Loading the extension runs code from that directory, as
+numba's cache does: it must be no more writable than the package itself.
 """
 
 from __future__ import annotations
@@ -54,6 +57,8 @@ import numpy as np
 
 #: The modules whose kernels go into the extension (imported by name when it is needed).
 MODULES = ("verifier.arithmetic.kernels", "verifier.arithmetic.factored")
+#: Modules whose values the kernels' compiled code freezes in (besides MODULES): in the key.
+DEPENDS = ("verifier.arithmetic.constants", __name__)
 #: The prefix of the extension's file and module names (followed by the key).
 PREFIX = "moe_kernels_"
 
@@ -81,7 +86,7 @@ def matches(spec: Spec, value: Any) -> bool:
         if type(value) is not np.ndarray:
             return False
         f = value.flags
-        return (value.dtype == _DTYPES[m.group(1)] and value.ndim == int(m.group(2))
+        return (value.dtype == _DTYPES[m.group(1)] and value.dtype.fields is None and value.ndim == int(m.group(2))
                 and f.c_contiguous and f.writeable and f.aligned)
     kinds = _SCALARS[spec]
     if type(value) not in kinds:
@@ -160,11 +165,20 @@ class Kernels:
     the extension on the first call; False when there is none. ``just_in_time(k)`` gives
     its numba dispatcher. A probe (:meth:`add_probe`) is called with each form's way of
     calling a kernel when that form is first used, and raises when the form cannot be
-    trusted."""
+    trusted; a form is used only once its probes have passed.
+
+    *What the key is of.* Each module's source bytes are read when its first kernel is
+    made, that is as the process imports it (and those of :data:`DEPENDS` with them), so
+    the key names the code this process runs and compiles, even if a file changes later.
+    The JIT form caches its compilations (numba's ``cache=True``) in a directory of that
+    key too: numba validates a cached function by its own file's time stamp only, so a
+    kernel compiled with the helpers of an older version of another file would otherwise
+    stay in use."""
 
     def __init__(self, dirs: list[Path] | None = None) -> None:
         self.dirs = dirs              # where the extension may be (None: cache_dirs())
         self.kernels: list[Kernel] = []
+        self.sources: dict[str, bytes | None] = {}   # module -> its source bytes as imported
         self.probes: list[Callable[[Callable[[Kernel], Callable]], None]] = []
         self.module = None            # the extension; False: none in this process
         self.jit_state: str | None = None   # None: JIT form not yet probed; "probing"; "ok"
@@ -173,6 +187,9 @@ class Kernels:
 
     def add(self, kernel: Kernel) -> None:
         self.kernels.append(kernel)
+        for name in (kernel.__module__, *DEPENDS):
+            if name not in self.sources:
+                self.sources[name] = _source_bytes(name)
 
     def add_probe(self, probe: Callable[[Callable[[Kernel], Callable]], None]) -> None:
         self.probes.append(probe)
@@ -191,14 +208,32 @@ class Kernels:
             importlib.import_module(name)
         return [k for k in self.kernels if k.args is not None]
 
+    def key(self) -> str | None:
+        """The hash of :data:`MODULES`' and :data:`DEPENDS`' sources as imported, and of the
+        numba, llvmlite, numpy and Python versions and the platform (None: a source could
+        not be read)."""
+        self.exported()
+        h = hashlib.sha256()
+        for name in (*MODULES, *DEPENDS):
+            src = self.sources.get(name)
+            if src is None:
+                return None
+            h.update(name.encode() + b"\0" + src + b"\0")
+        for dist in ("numba", "llvmlite", "numpy"):
+            h.update(f"{dist}={importlib.metadata.version(dist)}\0".encode())
+        h.update(f"{sys.version}\0{sys.platform}\0{extension_suffix()}".encode())
+        return h.hexdigest()[:20]
+
+    def directories(self) -> list[Path]:
+        return self.dirs if self.dirs is not None else cache_dirs()
+
     # -- the JIT form ---------------------------------------------------------------
     def just_in_time(self, kernel: Kernel):
         """Kernel's numba dispatcher, after the probes passed on the JIT form (once per
         process; a failing probe raises here, and again at the next attempt)."""
         with self.lock:
             if kernel._jit is None:
-                from numba import njit
-                kernel._jit = njit(cache=True, **kernel.options)(kernel.py_func)
+                kernel._jit = self._dispatcher(kernel)
             if self.jit_state is None:
                 self.jit_state = "probing"
                 try:
@@ -210,40 +245,65 @@ class Kernels:
                 self.jit_state = "ok"
             return kernel._jit
 
+    def _dispatcher(self, kernel: Kernel):
+        """``numba.njit`` of the kernel, caching in this key's directory (not caching where
+        no directory is writable)."""
+        from numba import njit
+        from numba.core import config
+        where = None
+        key = self.key()
+        if key is not None:
+            for d in self.directories():
+                with contextlib.suppress(OSError):
+                    (d / f"numba-{key}").mkdir(parents=True, exist_ok=True)
+                    if os.access(d / f"numba-{key}", os.W_OK):
+                        where = d / f"numba-{key}"
+                        break
+        if where is None:
+            return njit(cache=False, **kernel.options)(kernel.py_func)
+        saved = config.CACHE_DIR
+        config.CACHE_DIR = str(where)         # read once, as the dispatcher finds its cache
+        try:
+            return njit(cache=True, **kernel.options)(kernel.py_func)
+        finally:
+            config.CACHE_DIR = saved
+
     # -- the ahead-of-time form -------------------------------------------------------
     def ahead_of_time(self, kernel: Kernel):
         """Kernel's exported function (the extension loaded, or built, and probed on the
         first call), or False when this process has no extension."""
         with self.lock:
             if self.module is None:
-                self.module = self._load()
-                if self.module is not False:
-                    for k in self.exported():
-                        k._aot = getattr(self.module, k.export_name)
+                try:
+                    module = self._load()
+                except Exception as e:                    # noqa: BLE001 - whatever the cause: run just in time
+                    module = self._fail(f"the compiled kernels could not be loaded ({type(e).__name__}: {e})")
+                if module is not False:
                     try:
                         for probe in self.probes:
-                            probe(lambda k: k._aot)
+                            probe(lambda k: getattr(module, k.export_name))
                     except RuntimeError as e:
-                        self._drop(f"the compiled extension failed its probe: {e}")
+                        module = self._fail(f"the compiled extension failed its probe: {e}")
+                if module is not False:
+                    for k in self.exported():
+                        k._aot = getattr(module, k.export_name)
+                self.module = module
             if self.module is False:
                 kernel._aot = False
             return kernel._aot
 
-    def _drop(self, note: str) -> None:
-        self.module = False
-        self.note = note
-        for k in self.kernels:
-            k._aot = False
-
     def _load(self):
-        """The extension for the current sources (built first if no directory has it), or
-        False with a note saying why there is none."""
+        """The extension for these sources (built first if no directory has it), or False
+        with a note saying why there is none."""
         if os.environ.get("MOE_KERNELS", "") == "jit":
             return self._fail("MOE_KERNELS=jit")
         kernels = self.exported()
-        name = PREFIX + source_key()
+        key = self.key()
+        if key is None:
+            return self._fail("the kernels' sources could not be read")
+        name = PREFIX + key
         file = name + extension_suffix()
-        where = self.dirs if self.dirs is not None else cache_dirs()
+        where = self.directories()
         for d in where:
             if (d / file).is_file():
                 return self._import(name, d / file, kernels)
@@ -254,17 +314,21 @@ class Kernels:
                 d.mkdir(parents=True, exist_ok=True)
                 lock = _Lock(d / (name + ".lock"))
             except OSError:
-                continue                                  # not writable: the next directory
+                continue                                  # not writable, or no locks there: the next directory
             with lock:
-                try:
-                    if not (d / file).is_file():          # a concurrent process may have built it
+                if (d / (name + ".failed")).is_file():    # a concurrent process's build failed
+                    return self._fail((d / (name + ".failed")).read_text(errors="replace").strip())
+                if not (d / file).is_file():              # a concurrent process may have built it
+                    try:
                         build(name, d, kernels)
-                except Exception as e:                    # noqa: BLE001 - any build failure: run just in time
-                    last = (str(e).strip().splitlines() or [""])[-1]
-                    reason = f"building the compiled kernels {name} failed ({type(e).__name__}: {last})"
-                    with contextlib.suppress(OSError):
-                        (d / (name + ".failed")).write_text(reason + "\n")
-                    return self._fail(reason)
+                    except (OSError, MemoryError) as e:   # the machine's state, not the build's: no note
+                        return self._fail(f"building the compiled kernels {name} failed ({type(e).__name__}: {e})")
+                    except Exception as e:                # noqa: BLE001 - the toolchain's failure: noted
+                        last = (str(e).strip().splitlines() or [""])[-1]
+                        reason = f"building the compiled kernels {name} failed ({type(e).__name__}: {last})"
+                        with contextlib.suppress(OSError):
+                            (d / (name + ".failed")).write_text(reason + "\n")
+                        return self._fail(reason)
             return self._import(name, d / file, kernels)
         return self._fail("no writable directory for the compiled kernels")
 
@@ -284,17 +348,17 @@ class Kernels:
         return self._fail(f"{path} lacks {', '.join(missing)}") if missing else module
 
 
-def source_key() -> str:
-    """The extension's key: a hash of the kernel modules' and this module's source bytes,
-    the numba, llvmlite and numpy versions, the Python version and the platform."""
-    h = hashlib.sha256()
-    for name in (*MODULES, "verifier.arithmetic.constants", __name__):
+def _source_bytes(name: str) -> bytes | None:
+    """The bytes of module ``name``'s source file now (None if it has none or it cannot be read)."""
+    module = sys.modules.get(name)
+    origin = getattr(module, "__file__", None) if module is not None else None
+    if origin is None:
         spec = importlib.util.find_spec(name)
-        h.update(name.encode() + b"\0" + Path(spec.origin).read_bytes() + b"\0")
-    for dist in ("numba", "llvmlite", "numpy"):
-        h.update(f"{dist}={importlib.metadata.version(dist)}\0".encode())
-    h.update(f"{sys.version}\0{sys.platform}\0{extension_suffix()}".encode())
-    return h.hexdigest()[:20]
+        origin = spec.origin if spec is not None else None
+    try:
+        return Path(origin).read_bytes() if origin else None
+    except OSError:
+        return None
 
 
 def extension_suffix() -> str:
@@ -303,26 +367,35 @@ def extension_suffix() -> str:
 
 def cache_dirs() -> list[Path]:
     """Where the extension may be: ``NUMBA_CACHE_DIR`` when set, else the kernels'
-    ``__pycache__`` then the user's cache directory."""
+    ``__pycache__`` then the user's cache directory (when the user has a home)."""
     if os.environ.get("NUMBA_CACHE_DIR"):
         return [Path(os.environ["NUMBA_CACHE_DIR"])]
-    user = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "moe-knowledge-verifier"
-    return [Path(__file__).resolve().parent / "__pycache__", user]
+    out = [Path(__file__).resolve().parent / "__pycache__"]
+    try:
+        out.append(Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "moe-knowledge-verifier")
+    except RuntimeError:                                  # no home directory to be found
+        pass
+    return out
 
 
 class _Lock:
-    """An exclusive lock on a file, held from ``with`` to its end (fcntl where it exists;
-    elsewhere none). Opening the file raises OSError where the directory is not writable."""
+    """An exclusive lock on a file, taken when made and held to the end of ``with`` (fcntl
+    where it exists; elsewhere none). OSError where the directory is not writable or the
+    file system has no locks."""
 
     def __init__(self, path: Path) -> None:
         self.file = open(path, "a")
-
-    def __enter__(self) -> "_Lock":
         try:
             import fcntl
         except ImportError:                               # pragma: no cover - not POSIX
-            return self
-        fcntl.flock(self.file, fcntl.LOCK_EX)
+            return
+        try:
+            fcntl.flock(self.file, fcntl.LOCK_EX)
+        except OSError:
+            self.file.close()
+            raise
+
+    def __enter__(self) -> "_Lock":
         return self
 
     def __exit__(self, *exc) -> None:
@@ -338,7 +411,7 @@ def build(name: str, directory: Path, kernels: list[Kernel]) -> Path:
         warnings.simplefilter("ignore", NumbaPendingDeprecationWarning)
         from numba.core import types
         from numba.pycc import CC
-        if sys.stderr.isatty():
+        if sys.stderr is not None and sys.stderr.isatty():
             print(f"compiling the verifier's kernels once ({len(kernels)} of them; about a minute)...",
                   file=sys.stderr, flush=True)
         with tempfile.TemporaryDirectory(dir=directory, prefix=".build-") as tmp:
@@ -359,6 +432,9 @@ def build(name: str, directory: Path, kernels: list[Kernel]) -> Path:
 def kernel(args: tuple | None = None, returns: Spec | None = None, **options) -> Callable[[Callable], Kernel]:
     """Decorate a nopython-mode function as a :class:`Kernel` of :data:`KERNELS`; ``args``
     and ``returns`` declare the signature it is exported with (none: a helper)."""
+    if args is not None and options:
+        raise TypeError("an exported kernel takes no numba options: the ahead-of-time build would not apply them")
+
     def wrap(f: Callable) -> Kernel:
         return Kernel(f, KERNELS, options, args, returns)
     return wrap
