@@ -111,9 +111,9 @@ class Kernel:
 
     From Python, a call whose arguments match the declared signature ``args`` runs the
     ahead-of-time form when the process has it; any other call runs numba's JIT form
-    (``numba.njit(cache=True, **options)``, made on first need). Inside compiled code a
-    reference to a kernel is typed as its JIT dispatcher (``_numba_type_``), so kernels
-    call each other as numba functions do."""
+    (``numba.njit(**options)``, made on first need, cached per key: :class:`Kernels`).
+    Inside compiled code a reference to a kernel is typed as its JIT dispatcher
+    (``_numba_type_``), so kernels call each other as numba functions do."""
 
     def __init__(self, py_func: Callable, registry: "Kernels", options: dict,
                  args: tuple | None = None, returns: Spec | None = None) -> None:
@@ -211,8 +211,13 @@ class Kernels:
     def key(self) -> str | None:
         """The hash of :data:`MODULES`' and :data:`DEPENDS`' sources as imported, and of the
         numba, llvmlite, numpy and Python versions and the platform (None: a source could
-        not be read)."""
-        self.exported()
+        not be read). Computed once: once every module is in, its sources are fixed."""
+        if "_key" not in self.__dict__:
+            self.exported()
+            self._key = self._hash()
+        return self._key
+
+    def _hash(self) -> str | None:
         h = hashlib.sha256()
         for name in (*MODULES, *DEPENDS):
             src = self.sources.get(name)
@@ -250,15 +255,7 @@ class Kernels:
         no directory is writable)."""
         from numba import njit
         from numba.core import config
-        where = None
-        key = self.key()
-        if key is not None:
-            for d in self.directories():
-                with contextlib.suppress(OSError):
-                    (d / f"numba-{key}").mkdir(parents=True, exist_ok=True)
-                    if os.access(d / f"numba-{key}", os.W_OK):
-                        where = d / f"numba-{key}"
-                        break
+        where = self._jit_cache()
         if where is None:
             return njit(cache=False, **kernel.options)(kernel.py_func)
         saved = config.CACHE_DIR
@@ -267,6 +264,19 @@ class Kernels:
             return njit(cache=True, **kernel.options)(kernel.py_func)
         finally:
             config.CACHE_DIR = saved
+
+    def _jit_cache(self) -> Path | None:
+        """The JIT form's cache directory for this key: the first writable one (found once)."""
+        if "_jit_dir" not in self.__dict__:
+            self._jit_dir = None
+            key = self.key()
+            for d in self.directories() if key is not None else ():
+                with contextlib.suppress(OSError):
+                    (d / f"numba-{key}").mkdir(parents=True, exist_ok=True)
+                    if os.access(d / f"numba-{key}", os.W_OK):
+                        self._jit_dir = d / f"numba-{key}"
+                        break
+        return self._jit_dir
 
     # -- the ahead-of-time form -------------------------------------------------------
     def ahead_of_time(self, kernel: Kernel):
