@@ -632,6 +632,7 @@ def cmd_build(args) -> int:
     model, notes, verified = _build_for(args, taskset, deployment)
     margins = _margins(taskset, model, deployment, verified) if deployment is not None else None
     layout.save(model.instantiate(), out)
+    certified = all(m["certified"] for m in margins or ())
     if args.json:
         data = {"output": args.output, "experts": len(model.experts), "widths": list(model.widths),
                 "beta": str(model.beta), "gamma": str(model.gamma), "epsilon": model.epsilon,
@@ -643,14 +644,17 @@ def cmd_build(args) -> int:
             print(f"note: {note}")
         for m in margins or []:
             print(f"{m['precision']}: worst error {m['worst_error']:.6g}, margin {m['margin']:.3g} below epsilon = "
-                  f"{model.epsilon:g}" + ("" if m["certified"] else " (NOT certified)"))
-    return EXIT_OK
+                  f"{model.epsilon:g}" + ("" if m["certified"] else f" (NOT certified: failing {m['failing']})"))
+    # built for a precision with the parameters pinned, the weights are written as asked and
+    # checked: exit 1 when a certificate does not hold (check --precision shows why, query by query)
+    return EXIT_OK if certified else EXIT_NOT_CERTIFIED
 
 
 def _margins(taskset, model, deployment, verified=None) -> list[dict]:
     """Worst error and margin ε − worst of the built weights, exact and in ``deployment``
     (``verified``: the deployed report build_for already has)."""
     from verifier.checks.verify import verify
+    from workflow.check import failing_checks
 
     weights = model.instantiate()
     out = []
@@ -658,7 +662,8 @@ def _margins(taskset, model, deployment, verified=None) -> list[dict]:
         rep = verified if dep is not None and verified is not None else verify(taskset, weights, model.epsilon,
                                                                                 deployment=dep)
         out.append({"precision": "exact" if dep is None else dep.fmt.name, "worst_error": rep.measured_worst,
-                    "margin": model.epsilon - rep.measured_worst, "certified": rep.certified})
+                    "margin": model.epsilon - rep.measured_worst, "certified": rep.certified,
+                    "failing": failing_checks(rep)})
     return out
 
 
@@ -719,7 +724,13 @@ def _exported(args, taskset):
             from verifier.passes.floating import DEFAULT_ULPS, Deployment
 
             dep = Deployment.named("float32", args.ulps if args.ulps is not None else DEFAULT_ULPS)
-            model, notes, _ = _build_for(args, taskset, dep)
+            model, notes, verified = _build_for(args, taskset, dep)
+            if not verified.certified:          # parameters pinned (else build_for refuses): nothing to export
+                from workflow.check import failing_checks
+
+                raise NotCertified(f"the float32 certificate does not hold at beta = {model.beta}, gamma = "
+                                   f"{model.gamma} (failing: {failing_checks(verified)}); nothing written "
+                                   f"(check --precision float32 with the same parameters shows the counterexamples)")
             certified = (f"built as 'check --precision float32' builds: the float32 certified pass (error, "
                          f"routing, size, entanglement) held at epsilon = {model.epsilon:g} for these weights; "
                          f"check --precision float32 certifies the same sha256")
@@ -748,6 +759,11 @@ def _certified_weights(directory: str, taskset):
                         file=directory, fix="re-certify the edit first (check --since DIR), then export")
     return cert.weights, cert.epsilon, (f"the weights of the certificate in {directory}: plain check certified their "
                                         f"exact forward pass at epsilon = {cert.epsilon:g}")
+
+
+class NotCertified(Exception):
+    """A command verified what it was asked to and the certificate does not hold, so it
+    stops: one line, exit status 1 (not bad input)."""
 
 
 def cmd_explain(args) -> int:
@@ -928,6 +944,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except TaskError as exc:
         print(f"error: {exc}{_refusal_hint(args, exc)}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except NotCertified as exc:
+        print(f"not certified: {exc}", file=sys.stderr)
+        return EXIT_NOT_CERTIFIED
     except RecursionError:
         print("error: input nested too deeply", file=sys.stderr)
         return EXIT_BAD_INPUT

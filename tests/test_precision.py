@@ -4,6 +4,7 @@ arithmetic but wrong in float32 is refused at float32."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -481,4 +482,94 @@ def test_the_bfloat16_refusal_says_which_checks_fail(capsys):
 
     assert main(["check", "examples/capitals.yaml", "--precision", "bfloat16", "--accumulate", "float32"]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "failing: " in err and "routing on 8 queries" in err
+    assert err.count("\n") == 1 and "failing: " in err and "routing on 4 queries" in err
+
+
+# --- pinned parameters: a check of the user's model, not a search ---------------------------
+
+
+@pytest.mark.parametrize("flags", [
+    ["--precision", "float32", "--beta", "9", "--gamma", "3"],
+    ["--precision", "float64", "--beta", "9", "--gamma", "3"],
+    ["--precision", "float32", "--gamma", "3"],
+    ["--precision", "bfloat16", "--beta", "9", "--gamma", "3"],         # below the format's floor: still checked
+])
+def test_pinned_parameters_with_a_precision_are_checked_and_reported(tmp_path, capsys, flags):
+    """A user's review: with --beta/--gamma given, check --precision exited 2 ("no
+    construction target made the certificate hold") with no report. Pinned parameters ask for
+    a check: exit 1, the counterexamples, and the JSON."""
+    from cli.main import main
+
+    out = tmp_path / "r.json"
+    assert main(["check", "examples/capitals.yaml", *flags, "--json", str(out)]) == 1
+    captured = capsys.readouterr()
+    assert "verdict: NOT CERTIFIED" in captured.out and "counterexample [" in captured.out
+    assert "error:" not in captured.err
+    data = json.loads(out.read_text())
+    assert data["certified"] is False and data["counterexamples"] and data["precision"] == flags[1]
+    assert data["parameters"]["gamma"] == "3"
+    if flags[1] == "bfloat16":
+        assert any("the parameters were given, so the model was checked as given" in n for n in data["notes"])
+
+
+def test_the_documented_mixed_precision_run_fails_on_routing_only(tmp_path):
+    """docs/precision.md: pinned at beta = 32, gamma = 100, bfloat16 with float32 sums brings the
+    error below epsilon, and only routing fails: a report, exit 1 (it was exit 2, no report)."""
+    from cli.main import main
+
+    out = tmp_path / "r.json"
+    assert main(["check", "examples/capitals.yaml", "--precision", "bfloat16", "--accumulate", "float32",
+                 "--beta", "32", "--gamma", "100", "--json", str(out), "--quiet"]) == 1
+    data = json.loads(out.read_text())
+    assert all(t["checks"]["error"] for t in data["tasks"]) and data["closed_form"]["measured_worst"] < 0.01
+    assert not all(t["checks"]["routing"] for t in data["tasks"])
+    assert {c["check"] for c in data["counterexamples"]} == {"routing"}
+
+
+def test_pinned_build_and_export_say_not_certified(tmp_path, capsys):
+    """build writes the weights it was asked for and says the certificate does not hold
+    (exit 1); export, whose graph claims a certificate, writes nothing (exit 1, one line)."""
+    from cli.main import main
+
+    w, onnx = tmp_path / "m.npz", tmp_path / "m.onnx"
+    assert main(["build", "examples/capitals.yaml", "-o", str(w), "--precision", "float32", "--beta", "9",
+                 "--gamma", "3"]) == 1
+    out = capsys.readouterr().out
+    assert w.exists() and "float32: worst error" in out and "NOT certified: failing error on 67 queries" in out
+    assert main(["export", "examples/capitals.yaml", "--onnx", str(onnx), "--beta", "9", "--gamma", "3"]) == 1
+    err = capsys.readouterr().err
+    assert not onnx.exists() and err.count("\n") == 1 and err.startswith("not certified: ")
+
+
+def test_free_parameters_still_search_and_refuse_in_one_line(capsys):
+    """Only a search with nothing found is refused (exit 2); the fix names the pinned check."""
+    from cli.main import main
+
+    assert main(["build", "examples/capitals.yaml", "-o", "unused.npz", "--precision", "bfloat16", "--accumulate",
+                 "float32", "--beta", "32"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no construction target made" in err and "pin --beta and --gamma" in err
+
+
+def test_failing_counts_count_each_query_once():
+    """A user's review: 'failing: error on 71 queries' for capitals' 67 queries (a prefix shared
+    by two tasks was counted once per task). Totals count queries once, in the full pass and
+    in the records a certificate's classes give."""
+    from workflow.certificates import check_and_record
+    from workflow.check import failing_checks
+
+    from verifier.checks.classes import records
+
+    ts = load_tasks("examples/capitals.yaml")
+    model = build(ts, beta=9, gamma=3)
+    rep = verify(ts, model.instantiate(), 0.01)
+    assert rep.queries == 67 and sum(t.over_epsilon for t in rep.tasks) > 67     # per task: shared prefixes twice
+    assert rep.over_epsilon_queries == 67 and failing_checks(rep).startswith("error on 67 queries")
+    _, cert = check_and_record(ts, model, isolation=False)
+    got = records(cert.table, ts, len(cert.weights.experts))
+    assert (got.over_epsilon_queries, got.misrouted_queries) == (67, 0)
+    # the documented mixed-precision run misroutes 4 queries, each consistent with capital and continent
+    mixed = verify(ts, build(ts, beta=32, gamma=100).instantiate(), 0.01,
+                   deployment=Deployment.named("bfloat16", accumulate="float32"))
+    assert mixed.misrouted_queries == 4 and sum(t.misrouted for t in mixed.tasks) == 8
+    assert failing_checks(mixed) == "routing on 4 queries"

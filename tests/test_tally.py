@@ -49,7 +49,7 @@ RULES = {"rotated": lambda r: replace(r, serves=np.roll(r.serves, 1), epsilon=1e
 
 
 def _equal(a: BatchTally, b: BatchTally) -> None:
-    assert a.n == b.n and a.foreign == b.foreign
+    assert a.n == b.n and a.foreign == b.foreign and a.distinct == b.distinct
     for key in a.counts:
         assert np.array_equal(a.counts[key], b.counts[key]), key
     for key in a.lows:

@@ -65,16 +65,24 @@ ATTEMPTS = 12
 
 def build_for(taskset: TaskSet, deployment: Deployment, epsilon: float | None = None, beta: float | None = None,
               gamma: float | None = None, *, executor: Executor | None = None) -> tuple[SymbolicModel, list[dict]]:
-    """A model whose certificate holds at ε for every execution in ``deployment``.
+    """A model for ``deployment``: the parameters searched for when they are free, taken as
+    given when the user pins them.
 
     The construction's parameters come from a target error: for the exact model that
     target is ε itself. Rounding adds error, so when the deployed certificate fails the
     construction is asked for a smaller target ε' = ε/2, ε/4, ... (a larger logit scale γ,
     and with it a larger β where the gate needs one), at most :data:`ATTEMPTS` times, until
-    the certificate at ε holds in the format. Returns the model (its ``epsilon`` is ε) and
-    one record per attempt (target, β, γ, worst error, certified). Raises TaskError when
-    no parameters can work: the certificate's own floor for |V| tokens
-    (:func:`verifier.passes.floating.error_floor`) is at least ε, or every target failed.
+    the certificate at ε holds in the format. That search moves γ, so it runs only when γ
+    is free: with ``gamma`` given (the user pinned it) the model is built once, with the
+    parameters given, and verified: the caller gets it with its report whether or not it
+    certifies (a check of the user's model, not a search). Returns the model (its
+    ``epsilon`` is ε) and one record per attempt (target, β, γ, worst error, certified,
+    the failing checks, and the deployed ``report`` of the last one).
+
+    Raises TaskError when a search can find nothing: the certificate's own floor for |V|
+    tokens (:func:`verifier.passes.floating.error_floor`) is at least ε (known before
+    building), or every target failed. With γ pinned neither is a refusal: the floor is a
+    note, and the report says what fails.
     """
     from dataclasses import replace
 
@@ -85,14 +93,15 @@ def build_for(taskset: TaskSet, deployment: Deployment, epsilon: float | None = 
     epsilon = epsilon if epsilon is not None else (taskset.epsilon if taskset.epsilon is not None else 0.01)
     floor = error_floor(taskset.vocabulary.size, deployment)
     name = deployment.fmt.name
-    if floor >= epsilon:
-        raise TaskError(f"no parameters can certify epsilon = {epsilon:g} in {name}: with {taskset.vocabulary.size} "
-                        f"tokens summed in {name} in any order, the output softmax alone leaves an error bound of "
-                        f"at least {floor:.3g} (1 - (1 - kappa)/(1 + gamma_(V-1)), kappa = {deployment.kappa:.3g})",
-                        fix=f"raise epsilon above {floor:.3g}, or deploy in a wider format")
+    pinned = gamma is not None
+    below_floor = (f"no parameters can certify epsilon = {epsilon:g} in {name}: with {taskset.vocabulary.size} "
+                   f"tokens summed in {name} in any order, the output softmax alone leaves an error bound of "
+                   f"at least {floor:.3g} (1 - (1 - kappa)/(1 + gamma_(V-1)), kappa = {deployment.kappa:.3g})")
+    if floor >= epsilon and not pinned:
+        raise TaskError(below_floor, fix=f"raise epsilon above {floor:.3g}, or deploy in a wider format")
     attempts: list[dict] = []
     target = epsilon
-    for _ in range(ATTEMPTS):
+    for _ in range(1 if pinned else ATTEMPTS):
         try:
             model = replace(build(taskset, epsilon=target, beta=beta, gamma=gamma), epsilon=epsilon)
         except TaskError:
@@ -103,27 +112,29 @@ def build_for(taskset: TaskSet, deployment: Deployment, epsilon: float | None = 
         report = verify(taskset, model.instantiate(), epsilon, executor=executor, deployment=deployment)
         attempts.append({"target": target, "beta": str(model.beta), "gamma": str(model.gamma),
                          "worst_error": report.measured_worst, "certified": report.certified,
-                         "failing": _failing_checks(report)})
-        if report.certified:
+                         "failing": failing_checks(report)})
+        if report.certified or pinned:
             attempts[-1]["report"] = report       # the verifier's report of the model returned
+            if not report.certified and floor >= epsilon:
+                report.notes.append(f"{below_floor}: the parameters were given, so the model was checked as given")
             return model, attempts
-        if gamma is not None:
-            break
         target /= 2.0
     shown = attempts if len(attempts) <= 2 else [attempts[0], attempts[-1]]
     tried = (f"{len(attempts)} targets from {attempts[0]['target']:.3g} to {attempts[-1]['target']:.3g}: "
              if len(attempts) > 2 else "") + ", ".join(
         f"{a['target']:.3g} (worst error {a['worst_error']:.3g}; failing: {a['failing']})" for a in shown)
     raise TaskError(f"no construction target made the {name} certificate hold at epsilon = {epsilon:g}; "
-                    f"tried {tried}", fix="raise epsilon, or deploy in a wider format")
+                    f"tried {tried}", fix="raise epsilon, deploy in a wider format, or pin --beta and --gamma "
+                                          "to check one model and see its counterexamples")
 
 
-def _failing_checks(report: Report) -> str:
+def failing_checks(report: Report) -> str:
     """Which checks failed and on how many queries (for build_for's refusal): a worst error
-    below epsilon with routing failing says that routing, not the error, is out of reach."""
+    below epsilon with routing failing says that routing, not the error, is out of reach.
+    A query consistent with several tasks counts once (the report's distinct counts)."""
     tasks = report.tasks
-    parts = [f"{what} on {n:,} queries" for what, n in (("error", sum(t.over_epsilon for t in tasks)),
-                                                         ("routing", sum(t.misrouted for t in tasks))) if n]
+    parts = [f"{what} on {n:,} queries" for what, n in (("error", report.over_epsilon_queries),
+                                                         ("routing", report.misrouted_queries)) if n]
     parts += [f"{what} of {n} tasks" for what, n in
               (("size", sum(not t.size_ok for t in tasks)), ("entanglement", sum(not t.entanglement_ok for t in tasks)))
               if n]

@@ -917,6 +917,7 @@ def _report(taskset: TaskSet, weights: Weights, epsilon: float, table: ClassTabl
     report.weights_sha256 = weights_digest(weights)
     report.routing_matrix = tot.routing
     report.foreign = tot.foreign
+    report.over_epsilon_queries, report.misrouted_queries = tot.over_epsilon_queries, tot.misrouted_queries
     report.counterexamples = list(state.report.counterexamples)
     counts = weights.parameter_counts()
     counts["facts_per_parameter"] = taskset.n_facts / counts["total"] if counts["total"] else None

@@ -372,6 +372,8 @@ class Totals:
     min_ablated_lower: np.ndarray | None = None   # smallest ablated error lower end over object queries
     min_gap: np.ndarray | None = None             # smallest L2 gap over object queries
     min_object_lower: np.ndarray | None = None    # smallest lower end of 1 − P_ablated(o) over them
+    over_epsilon_queries: int = 0                 # queries over ε, misrouted: each once (a class's
+    misrouted_queries: int = 0                    # queries are in each of its consistent tasks' counts)
 
 
 def records(table: ClassTable, taskset: TaskSet, n_experts: int) -> Totals:
@@ -405,6 +407,7 @@ def records(table: ClassTable, taskset: TaskSet, n_experts: int) -> Totals:
     np.add.at(t.routing, (det[d], table.expert[d]), cnt["queries"][d])
     t.foreign = int(cnt["foreign"].sum())
     t.total_queries = int(cnt["queries"].sum())
+    t.over_epsilon_queries, t.misrouted_queries = int(cnt["err_bad"].sum()), int(cnt["route_bad"].sum())
     err_hi, err_lo = table.column("err_hi"), table.column("err_lo")
     # per task, the first of its classes (in table order, which is entry order) with the
     # largest err_hi, as argmax picks it: its first NaN if it has one, else its first entry

@@ -166,6 +166,8 @@ class Report:
     gate: str | None = None
     routing_matrix: np.ndarray | None = None   # tasks x experts, determined queries
     foreign: int = 0                           # determined queries routed to another task's expert
+    over_epsilon_queries: int = 0              # queries whose error is not certified below ε (each once)
+    misrouted_queries: int = 0                 # queries whose routing is not certified (each once)
     seconds: float = 0.0
     verify_seconds: float = 0.0                # of which the certified pass and its checks
     notes: list[str] = field(default_factory=list)
@@ -382,6 +384,9 @@ class BatchTally:
     pending: tuple[list, list, list]       # routing, error, entanglement counterexamples
     worst_at: list[int]                    # batch row of each entry of worst
     pending_at: tuple[list, list, list]    # batch row of each counterexample
+    #: queries over ε and misrouted, each counted once (a row of several consistent tasks
+    #: is in each of their ``counts``, so the per-task counts do not add up to these)
+    distinct: tuple[int, int] = (0, 0)
 
     @staticmethod
     def combine(n: int, shares: "Sequence[BatchTally]") -> "BatchTally":
@@ -389,7 +394,7 @@ class BatchTally:
         rows, equal to :func:`tally` of the whole batch, field by field (up to the order of
         the routing triples, which are summed).
 
-        Proof sketch. Counts and routing triples are sums over rows; the lows are minima
+        Proof sketch. Counts (per task and distinct) and routing triples are sums over rows; the lows are minima
         (``np.minimum``, NaN-propagating like the whole batch's ``minimum.at``), and both
         are associative over a partition. The worst query of task k is the first row in
         batch order of the largest error: the largest of the shares' largest, then the
@@ -422,7 +427,8 @@ class BatchTally:
             pending.append([entry for _, _, entry in found])
             pending_at.append([row for row, _, _ in found])
         return BatchTally(n, counts, lows, [best[k][2] for k in ks], routing, sum(t.foreign for t in shares),
-                          tuple(pending), [best[k][1] for k in ks], tuple(pending_at))
+                          tuple(pending), [best[k][1] for k in ks], tuple(pending_at),
+                          (sum(t.distinct[0] for t in shares), sum(t.distinct[1] for t in shares)))
 
 
 def tally(rules: TallyRules, b, res, rows: np.ndarray | None = None) -> BatchTally:
@@ -512,7 +518,8 @@ def tally(rules: TallyRules, b, res, rows: np.ndarray | None = None) -> BatchTal
                    "the knowledge is not (only) in that expert"}))
     return BatchTally(n, out_counts, lows, worst_rows, (pairs[0], pairs[1], hits), foreign,
                       (routing_cx, error_cx, entangled_cx), at[top_rows].tolist(),
-                      tuple(at[r].tolist() for r in (routing_rows, error_rows, entangled_rows)))
+                      tuple(at[r].tolist() for r in (routing_rows, error_rows, entangled_rows)),
+                      (int(np.count_nonzero(err_bad)), int(np.count_nonzero(~route_ok))))
 
 
 def _tallied(state: tuple, batch) -> BatchTally:
@@ -553,6 +560,8 @@ class Tally:
         rep = self.report
         np.add.at(rep.routing_matrix, (t.routing[0], t.routing[1]), t.routing[2])
         rep.foreign += t.foreign
+        rep.over_epsilon_queries += t.distinct[0]
+        rep.misrouted_queries += t.distinct[1]
         c, lo = t.counts, t.lows
         for k in np.flatnonzero(c["queries"]):
             r = rep.tasks[k]
