@@ -896,9 +896,14 @@ COMMANDS = {"check": cmd_check, "inspect": cmd_inspect, "build": cmd_build, "exp
 
 
 def _refusal_hint(args, exc: TaskError) -> str:
-    """For a task set the construction refuses: where to find the smallest changes."""
+    """For a task set the construction refuses: where to find the smallest changes. Not for
+    a refused edit (tasks.editing.EditRefusal): the file is unchanged, so inspecting it finds
+    nothing wrong; the refusal itself says what the edit would break and how to make it."""
     from construction.gate import RoutingError
+    from tasks.editing import EditRefusal
 
+    if isinstance(exc, EditRefusal):
+        return ""
     if args.command != "inspect" and (isinstance(exc, RoutingError) or "no model can route" in exc.problem):
         return f" ('python -m verifier inspect {args.tasks}' lists the smallest changes that make it constructible)"
     return ""
