@@ -167,7 +167,8 @@ def parser() -> argparse.ArgumentParser:
     common(pl)
     pl.add_argument("--out", required=True, metavar="DIR", help="output directory (created if missing)")
     block_flags(pl, "draw these blocks as heat maps (NAME_<block>.png) instead of verifying")
-    pl.add_argument("--name", help="file name prefix (default: the tasks file's name, or its directory's for tasks.yaml)")
+    pl.add_argument("--name", help="file name prefix, without path separators (default: the tasks file's name, or its "
+                                   "directory's for tasks.yaml); the pictures are written in --out")
     pl.add_argument("--betas", type=_positive, nargs="+", metavar="BETA",
                     help="beta values for the bound-vs-beta picture (default: integers from the chosen beta - 4 to + 3)")
     add_json(pl, "the list of pictures written")
@@ -772,6 +773,7 @@ def cmd_plot(args) -> int:
     from verifier.checks.plots import require_matplotlib
 
     settle()
+    _check_file_prefix(args.name)
     require_matplotlib()
     taskset = _load(args)
     out = os.path.abspath(args.out)
@@ -799,6 +801,19 @@ def cmd_plot(args) -> int:
         for path in paths:
             print(path)
     return EXIT_OK
+
+
+def _check_file_prefix(name: str | None) -> None:
+    """``plot --name``: a file name prefix, so that every picture is written in ``--out``
+    (a separator would put them in another directory: ``../x`` outside ``--out``)."""
+    if name is None:
+        return
+    held = [c for c in dict.fromkeys(("/", os.sep, os.altsep or "/", "\0")) if c in name]
+    if held:
+        shown = ", ".join("NUL" if c == "\0" else repr(c) for c in held)
+        raise TaskError(f"--name {name!r} is not a file name prefix (it holds {shown}): the pictures would be "
+                        f"written in another directory than --out",
+                        fix="give a name without path separators, e.g. --name demo; --out chooses the directory")
 
 
 def _plot_blocks(args, model, out: str, name: str) -> list[str]:
