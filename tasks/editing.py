@@ -342,8 +342,14 @@ def _check_outputs(path: str, outputs: list[tuple[str, bytes]], new: TaskSet, ed
                 source = os.path.join(tmp, f"{i}{os.path.splitext(f)[1]}")
                 with open(source, "wb") as out:
                     out.write(by_path[f])
-            for s, o, _, _ in iter_facts_file(source, edit.task, path, 0):
-                read[s.strip()] = o.strip()
+            try:
+                for s, o, _, _ in iter_facts_file(source, edit.task, path, 0):
+                    read[s.strip()] = o.strip()
+            except TaskError as e:        # named at the file edited, not at the copy read back
+                if source == f:
+                    raise
+                raise EditRefusal(f"after the edit (refused; no file was changed), {e.problem}", file=f,
+                                  line=e.line, fix=e.fix) from None
     if read != dict(new.tasks[new.index(edit.task)].facts.items()):
         raise TaskError("the edited facts files do not read back as the intended facts (an internal check)",
                         file=outputs[0][0] if outputs else path, fix="edit the file by hand")

@@ -130,6 +130,21 @@ def test_an_edit_clashing_with_two_tasks_names_both(tmp_path, capsys):
     assert "'x', added to task 'b', is also a subject of task 'a'" in err and "likewise 'v' with task 'c'" in err
 
 
+def test_an_edit_that_makes_a_facts_file_unreadable_names_the_file(tmp_path, capsys):
+    """The line after the first decides whether a first line of lower-case names is a likely
+    header: removing it is refused, named at the facts file (not at the copy read back)."""
+    (tmp_path / "c.tsv").write_text("language\tcreator\npython\tguido\nJava\tGosling\n", encoding="utf-8")
+    path = tmp_path / "t.yaml"
+    path.write_text("tasks:\n  - name: creator\n    templates: ['*1 was created by *2']\n    facts_file: c.tsv\n",
+                    encoding="utf-8")
+    before = (tmp_path / "c.tsv").read_bytes()
+    assert main(["edit", str(path), "creator", "--remove", "python"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {tmp_path / 'c.tsv'}:1: after the edit (refused; no file was changed), the first "
+                          "line 'language<TAB>creator' looks like a header") and err.count("\n") == 1
+    assert (tmp_path / "c.tsv").read_bytes() == before
+
+
 def test_an_edit_of_a_set_loaded_ill_posed_is_refused_for_the_set():
     """A set already ill-posed (loaded without the check) and an edit that adds no clash:
     the error is about the set itself, not blamed on the edit."""
