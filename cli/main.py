@@ -211,8 +211,12 @@ def parser() -> argparse.ArgumentParser:
 
 
 def _count(text: str) -> int:
-    """A whole number >= 1 (argparse type)."""
-    value = _whole(text)
+    """A whole number >= 1 (argparse type): 0 and a negative number get the same message
+    (a negative one once said '>= 0', as if 0 were accepted)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {value}")
     return value
