@@ -44,7 +44,7 @@ from tasks.files import atomic_files
 from tasks.messages import show_name
 from tasks.model import Facts, Task, TaskSet, check_name
 from tasks.reading import loads_tasks, task_sources
-from tasks.structure import StructureTrie, check_routable, object_query_collisions
+from tasks.structure import Collision, StructureTrie, check_routable, object_query_collisions
 
 
 @dataclass(frozen=True)
@@ -134,7 +134,7 @@ def _refuse_if_ill_posed(before: TaskSet, after: TaskSet, k: int, added: set[str
     collisions = object_query_collisions(trie)
     if not collisions:
         return
-    hit: dict[int, tuple[object, list[str]]] = {}       # per other task: its first collision, the clashing subjects
+    hit: dict[int, tuple[Collision, list[str]]] = {}     # per other task: its first collision, the clashing subjects
     for c in collisions:
         if k not in (c.first[0], c.second[0]):
             continue
