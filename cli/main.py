@@ -167,7 +167,8 @@ def parser() -> argparse.ArgumentParser:
     common(pl)
     pl.add_argument("--out", required=True, metavar="DIR", help="output directory (created if missing)")
     block_flags(pl, "draw these blocks as heat maps (NAME_<block>.png) instead of verifying")
-    pl.add_argument("--name", help="file name prefix (default: the tasks file's name, or its directory's for tasks.yaml)")
+    pl.add_argument("--name", help="file name prefix, without path separators (default: the tasks file's name, or its "
+                                   "directory's for tasks.yaml); the pictures are written in --out")
     pl.add_argument("--betas", type=_positive, nargs="+", metavar="BETA",
                     help="beta values for the bound-vs-beta picture (default: integers from the chosen beta - 4 to + 3)")
     add_json(pl, "the list of pictures written")
@@ -210,8 +211,12 @@ def parser() -> argparse.ArgumentParser:
 
 
 def _count(text: str) -> int:
-    """A whole number >= 1 (argparse type)."""
-    value = _whole(text)
+    """A whole number >= 1 (argparse type): 0 and a negative number get the same message
+    (a negative one once said '>= 0', as if 0 were accepted)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {value}")
     return value
@@ -788,6 +793,7 @@ def cmd_plot(args) -> int:
     from verifier.checks.plots import require_matplotlib
 
     settle()
+    _check_file_prefix(args.name)
     require_matplotlib()
     taskset = _load(args)
     out = os.path.abspath(args.out)
@@ -815,6 +821,19 @@ def cmd_plot(args) -> int:
         for path in paths:
             print(path)
     return EXIT_OK
+
+
+def _check_file_prefix(name: str | None) -> None:
+    """``plot --name``: a file name prefix, so that every picture is written in ``--out``
+    (a separator would put them in another directory: ``../x`` outside ``--out``)."""
+    if name is None:
+        return
+    held = [c for c in dict.fromkeys(("/", os.sep, os.altsep or "/", "\0")) if c in name]
+    if held:
+        shown = ", ".join("NUL" if c == "\0" else repr(c) for c in held)
+        raise TaskError(f"--name {name!r} is not a file name prefix (it holds {shown}): the pictures would be "
+                        f"written in another directory than --out",
+                        fix="give a name without path separators, e.g. --name demo; --out chooses the directory")
 
 
 def _plot_blocks(args, model, out: str, name: str) -> list[str]:
@@ -912,9 +931,14 @@ COMMANDS = {"check": cmd_check, "inspect": cmd_inspect, "build": cmd_build, "exp
 
 
 def _refusal_hint(args, exc: TaskError) -> str:
-    """For a task set the construction refuses: where to find the smallest changes."""
+    """For a task set the construction refuses: where to find the smallest changes. Not for
+    a refused edit (tasks.editing.EditRefusal): the file is unchanged, so inspecting it finds
+    nothing wrong; the refusal itself says what the edit would break and how to make it."""
     from construction.gate import RoutingError
+    from tasks.editing import EditRefusal
 
+    if isinstance(exc, EditRefusal):
+        return ""
     if args.command != "inspect" and (isinstance(exc, RoutingError) or "no model can route" in exc.problem):
         return f" ('python -m verifier inspect {args.tasks}' lists the smallest changes that make it constructible)"
     return ""

@@ -19,6 +19,12 @@ Before anything is written, the edited task set is built and checked like a load
 by two tasks), and each new file's text is read back and must give exactly the intended
 facts. Then every changed file is written to a temporary file and moved into place
 (:func:`tasks.files.atomic_files`): an error leaves every file as it was.
+
+An edit refused because the edited set would be ill-posed (a subject it adds is also a
+subject of another task whose template shares the object-query prefix) is an
+:class:`EditRefusal`: it names the subjects, the two templates and the prefix, and how to
+make the edit (leave the subjects out, remove them from the other task first, or make the
+templates differ). The file is unchanged, so nothing about the file as it is applies.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from __future__ import annotations
 import csv
 import io
 import os
+import shlex
 from dataclasses import dataclass, field
 
 import yaml
@@ -37,7 +44,7 @@ from tasks.files import atomic_files
 from tasks.messages import show_name
 from tasks.model import Facts, Task, TaskSet, check_name
 from tasks.reading import loads_tasks, task_sources
-from tasks.structure import check_routable
+from tasks.structure import Collision, StructureTrie, check_routable, object_query_collisions
 
 
 @dataclass(frozen=True)
@@ -48,6 +55,11 @@ class Edit:
     set: tuple[tuple[str, str], ...] = ()
     remove: tuple[str, ...] = ()
     delete_task: bool = False
+
+
+class EditRefusal(TaskError):
+    """An edit refused for what it would make of the task set; no file was changed, so
+    advice about the file as it is (``inspect``) does not apply."""
 
 
 @dataclass
@@ -65,8 +77,10 @@ def parse_pair(text: str) -> tuple[str, str]:
     return check_name(s, "subject of --set"), check_name(o, "object of --set")
 
 
-def apply(taskset: TaskSet, edit: Edit) -> tuple[TaskSet, list[str]]:
-    """The edited task set, checked, and the changes in words. Raises TaskError."""
+def apply(taskset: TaskSet, edit: Edit, path: str | None = None) -> tuple[TaskSet, list[str]]:
+    """The edited task set, checked, and the changes in words. Raises TaskError (an
+    :class:`EditRefusal` for an edit that would make a routable set ill-posed; ``path``,
+    the tasks file, is named in its fix)."""
     if edit.task not in taskset.names:
         raise TaskError(f"no task is named {show_name(edit.task)}", fix=f"give one of: {', '.join(taskset.names)}")
     k = taskset.index(edit.task)
@@ -108,8 +122,56 @@ def apply(taskset: TaskSet, edit: Edit) -> tuple[TaskSet, list[str]]:
                         fix="keep at least one fact, or remove the task with --delete-task")
     tasks[k] = Task(task.name, task.templates, Facts(facts.items()))
     out = TaskSet(tuple(tasks), taskset.epsilon, taskset.parameters)
-    check_routable(out)
+    _refuse_if_ill_posed(taskset, out, k, set(facts) - set(task.facts.keys()), path)
     return out, changes
+
+
+def _refuse_if_ill_posed(before: TaskSet, after: TaskSet, k: int, added: set[str], path: str | None) -> None:
+    """Raise an :class:`EditRefusal` if subjects ``added`` to task k make ``after`` ill-posed
+    (an object query of two tasks). A set that was ill-posed before the edit gets
+    :func:`tasks.structure.check_routable`'s error about the set itself."""
+    trie = StructureTrie(after)
+    collisions = object_query_collisions(trie)
+    if not collisions:
+        return
+    hit: dict[int, tuple[Collision, list[str]]] = {}     # per other task: its first collision, the clashing subjects
+    for c in collisions:
+        if k not in (c.first[0], c.second[0]):
+            continue
+        other = c.second[0] if c.first[0] == k else c.first[0]
+        clash = sorted(added & set(after.tasks[other].facts.keys()))
+        if clash and other not in hit:
+            hit[other] = (c, clash)
+    if not hit:
+        check_routable(after, trie)      # not the edit's doing: the error about the set as it is
+        return
+    other, (c, clash) = next(iter(hit.items()))
+    mine, theirs = (c.first, c.second) if c.first[0] == k else (c.second, c.first)
+    task, rival = after.tasks[k], after.tasks[other]
+
+    def template(ref: tuple[int, int]) -> str:
+        _, line = before.template_source(*ref)
+        return f"template '{after.tasks[ref[0]].templates[ref[1]]}'" + (f" (line {line})" if line else "")
+
+    shown = [show_name(s) for s in clash[:3]] + ([f"{len(clash) - 3} more"] if len(clash) > 3 else [])
+    names = shown[0] if len(shown) == 1 else f"{', '.join(shown[:-1])} and {shown[-1]}"
+    also = [f"{', '.join(show_name(s) for s in hit[j][1][:3])}{' and more' if len(hit[j][1]) > 3 else ''} with task "
+            f"{show_name(after.tasks[j].name)}" for j in hit if j != other]
+    one = len(clash) == 1
+    prefix = c.structure.replace("⋆1", clash[0])
+    problem = (f"the edit would make the task set ill-posed, so no file was changed: {names}, added to task "
+               f"{show_name(task.name)}, {'is' if one else 'are'} also {'a subject' if one else 'subjects'} of task "
+               f"{show_name(rival.name)}, and {template(mine)} of {show_name(task.name)} and {template(theirs)} of "
+               f"{show_name(rival.name)} share the object-query prefix '{prefix}' (no model could tell which "
+               f"task's object comes next)" + (f"; likewise {'; '.join(also)}" if also else ""))
+    first = "them" if not one else show_name(clash[0])
+    remove = ""
+    if path is not None and len(clash) <= 3:
+        flags = " ".join(f"--remove {shlex.quote(s)}" for s in clash)
+        remove = f" (python -m verifier edit {shlex.quote(path)} {shlex.quote(rival.name)} {flags})"
+    fix = (f"leave {first} out of task {show_name(task.name)}, or remove {'it' if one else 'them'} from task "
+           f"{show_name(rival.name)} first{remove}, or make the two templates differ before ⋆2 in the tasks file")
+    raise EditRefusal(problem, file=path, fix=fix)
 
 
 # --- facts files -----------------------------------------------------------------------------
@@ -228,7 +290,7 @@ def _delete_item(text: str, nodes: list, k: int) -> str:
 def edit_tasks_file(path: str | os.PathLike, taskset: TaskSet, edit: Edit) -> EditResult:
     """Apply ``edit`` to the tasks file at ``path`` (which loads as ``taskset``); see the module docstring."""
     path = os.fspath(path)
-    new, changes = apply(taskset, edit)
+    new, changes = apply(taskset, edit, path)
     text, sources = task_sources(path)
     src = next(s for s in sources if s.name == edit.task)
     outputs: list[tuple[str, bytes]] = []
@@ -280,8 +342,14 @@ def _check_outputs(path: str, outputs: list[tuple[str, bytes]], new: TaskSet, ed
                 source = os.path.join(tmp, f"{i}{os.path.splitext(f)[1]}")
                 with open(source, "wb") as out:
                     out.write(by_path[f])
-            for s, o, _, _ in iter_facts_file(source, edit.task, path, 0):
-                read[s.strip()] = o.strip()
+            try:
+                for s, o, _, _ in iter_facts_file(source, edit.task, path, 0):
+                    read[s.strip()] = o.strip()
+            except TaskError as e:        # named at the file edited, not at the copy read back
+                if source == f:
+                    raise
+                raise EditRefusal(f"after the edit (refused; no file was changed), {e.problem}", file=f,
+                                  line=e.line, fix=e.fix) from None
     if read != dict(new.tasks[new.index(edit.task)].facts.items()):
         raise TaskError("the edited facts files do not read back as the intended facts (an internal check)",
                         file=outputs[0][0] if outputs else path, fix="edit the file by hand")

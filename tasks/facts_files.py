@@ -5,6 +5,15 @@ A file whose name ends in ``.csv`` is read with Python's :mod:`csv` module
 other name is tab-separated with exactly 2 fields per line (no quoting). Files are
 UTF-8 (a byte-order mark is tolerated); blank lines and ``#`` comments are skipped, and
 a first line ``subject<sep>object`` is a header. Every problem names the file and line.
+
+No other first line is a header, and a header with other names must not silently become
+a fact: a first line whose two fields are both lower-case names (:func:`column_names`:
+ASCII a-z, digits, ``_``, ``-`` and spaces, beginning with a letter), such as
+``language<TAB>creator``, above a line with an upper-case letter (``Python<TAB>Guido van
+Rossum``) is refused as a likely header (:func:`header_error`): written as
+``subject<sep>object`` or commented out with ``#`` it is a header; a fact of that form is
+kept by writing the header ``subject<sep>object`` above it. A first line over a line
+without capitals tells nothing apart and stays a fact, as does the only line of a file.
 """
 
 from __future__ import annotations
@@ -13,6 +22,7 @@ import csv
 import io
 import operator
 import os
+import re
 import stat
 from typing import Iterator
 
@@ -77,6 +87,32 @@ def _unreadable(path: str, task: str, e: OSError, yaml_file: str, yaml_line: int
                      fix="check the path")
 
 
+#: A field that reads as a column's name rather than an entity (see the module docstring).
+_COLUMN_NAME = re.compile(r"[a-z][a-z0-9_ -]*")
+
+
+def column_names(fields: list[str]) -> bool:
+    """Whether two fields, stripped, are both lower-case names (module docstring)."""
+    return len(fields) == 2 and all(_COLUMN_NAME.fullmatch(f.strip()) for f in fields)
+
+
+def likely_header(first: list[str], second: list[str]) -> bool:
+    """Whether the first fact line ``first`` (not ``subject<sep>object``) is refused as a
+    header with other names, given the next fact line ``second``: its fields are lower-case
+    names and the next line has an upper-case letter (a name written as names are)."""
+    return column_names(first) and len(second) == 2 and any(c.isupper() for c in second[0] + second[1])
+
+
+def header_error(fields: list[str], path: str, line: int) -> TaskError:
+    """The one line for a first line :func:`likely_header` refuses."""
+    sep = "," if parse_mode(path) == "csv" else "<TAB>"
+    s, o = (f.strip() for f in fields)
+    return TaskError(f"the first line '{s}{sep}{o}' looks like a header naming the columns, but the only header is "
+                     f"'subject{sep}object' (this line would be read as the fact '{s}' -> '{o}')", file=path,
+                     line=line, fix=f"write the header as 'subject{sep}object' or comment it out with '#'; if it is "
+                                    f"a fact, put the header line 'subject{sep}object' above it")
+
+
 def iter_facts_file(path: str, task: str, yaml_file: str, yaml_line: int,
                     data: bytes | None = None) -> Iterator[tuple[str, str, str, int]]:
     """(subject, object, path, line) for every fact of a facts file (see the module doc):
@@ -85,18 +121,30 @@ def iter_facts_file(path: str, task: str, yaml_file: str, yaml_line: int,
         _regular_file(path, task, yaml_file, yaml_line)
     is_csv = parse_mode(path) == "csv"
     header_done = False
+    held: tuple[list[str], int] | None = None     # a first fact line of column names, until the next shows what it is
     for line, text in _file_lines(path, task, yaml_file, yaml_line, data):
         stripped = text.strip()
         if not stripped or stripped.startswith("#"):
             continue
         fields = _split_csv(text, path, line) if is_csv else text.split("\t")
-        if not header_done:
+        first = not header_done
+        if first:
             header_done = True
             if [f.strip() for f in fields] == ["subject", "object"]:
                 continue
         if len(fields) != 2:
             raise _bad_line(fields, text, is_csv, path, line)
+        if first and column_names(fields):
+            held = (fields, line)
+            continue
+        if held is not None:
+            if likely_header(held[0], fields):
+                raise header_error(held[0], path, held[1])
+            yield held[0][0], held[0][1], path, held[1]
+            held = None
         yield fields[0], fields[1], path, line
+    if held is not None:
+        yield held[0][0], held[0][1], path, held[1]
 
 
 def read_plain(path: str, data: bytes | None = None) -> tuple[list[str], list[str]] | None:
@@ -111,7 +159,8 @@ def read_plain(path: str, data: bytes | None = None) -> tuple[list[str], list[st
     sequence never contains the byte 0x0A, so decoding the whole file succeeds exactly when
     every line decodes, and splitting the text at "\\n" gives the same lines. Everything the
     line reader refuses (a UTF-16 mark, a NUL byte, a line longer than the limit, bytes that
-    are not UTF-8, a line without exactly 2 fields) makes this return None instead.
+    are not UTF-8, a line without exactly 2 fields, a likely header) makes this return None
+    instead.
 
     ``data``: the file's bytes, read before (:func:`facts_file_bytes`); else the file is read.
     """
@@ -145,7 +194,7 @@ def read_plain(path: str, data: bytes | None = None) -> tuple[list[str], list[st
     sep = "," if is_csv else "\t"
     subjects: list[str] = []
     objects: list[str] = []
-    header_done = False
+    header_done = headerless = False
     lines = text.split("\n")
     if lines and lines[-1] == "":
         lines.pop()                   # the text after the last line break: no line
@@ -155,6 +204,8 @@ def read_plain(path: str, data: bytes | None = None) -> tuple[list[str], list[st
         fields = sep.join(lines).split(sep)
         first = [x.strip() for x in fields[:2]]
         start = 2 if first == ["subject", "object"] else 0
+        if start == 0 and likely_header(fields[:2], fields[2:4]):
+            return None
         return fields[start::2], fields[start + 1::2]     # a "\r" before a line end: stripped by the caller
     for line in lines:
         line = line.rstrip("\r")     # the line reader strips "\r\n"; only "\r" can remain here
@@ -166,7 +217,10 @@ def read_plain(path: str, data: bytes | None = None) -> tuple[list[str], list[st
             header_done = True
             if [x.strip() for x in fields] == ["subject", "object"]:
                 continue
+            headerless = True
         if len(fields) != 2:
+            return None
+        if headerless and len(subjects) == 1 and likely_header([subjects[0], objects[0]], fields):
             return None
         subjects.append(fields[0])
         objects.append(fields[1])

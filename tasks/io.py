@@ -63,7 +63,9 @@ fields containing commas, exactly 2 columns); any other name (``.tsv``, ``.tab``
 * files are UTF-8 (a byte-order mark is tolerated); lines end in ``\\n`` or ``\\r\\n``;
 * blank lines and lines whose first non-blank character is ``#`` are skipped;
 * the first remaining line is skipped if it is exactly the header
-  ``subject<sep>object``;
+  ``subject<sep>object``; a first line of other lower-case names above a line with an
+  upper-case letter (``language<TAB>creator``) is refused as a likely header, never read
+  as a fact (:mod:`tasks.facts_files`);
 * fields are stripped of surrounding whitespace.
 
 Errors

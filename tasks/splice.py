@@ -18,7 +18,9 @@ least the first line, and the common suffix starts at a line start, so the lines
 file are the prefix's lines, then the middle's, then the suffix's, and the prefix and
 suffix lines (the first line among them) are the same in both. If every middle line of
 ``new`` is in plain form too, ``new`` is in plain form, each of its lines is one fact,
-and the first line is a header in both files or in neither. So the facts of ``new`` are
+and the first line is a header in both files or in neither (a first line of lower-case
+names, which the reader refuses as a likely header or not by the line after it, is read
+in full: None). So the facts of ``new`` are
 those of the common lines, i.e. the old facts without the subjects of the old middle lines
 (each subject is on one line), plus the facts of the new middle lines; and ``new`` has
 no subject twice exactly when the new middle lines' subjects are distinct and none of
@@ -32,7 +34,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tasks.facts_files import MAX_LINE_BYTES, parse_mode
+from tasks.facts_files import MAX_LINE_BYTES, column_names, parse_mode
 from tasks.yaml_nodes import UTF8_BOM, UTF16_BOMS
 
 
@@ -98,11 +100,14 @@ def _fields(middle: bytes, sep: str) -> tuple[list[str], list[str]]:
 def splice(old: bytes, new: bytes, path: str, old_facts: int, max_lines: int | None = None) -> Splice | None:
     """The middle lines of ``new`` against ``old`` (module docstring), or None when the file
     must be read in full: ``old`` not in plain form or with a subject twice (more fact lines
-    than ``old_facts``), an edit that reaches the first line, a new middle line not in
+    than ``old_facts``) or a first line of lower-case names, an edit that reaches the first line, a new middle line not in
     plain form (a comment, a blank line, a quote in a ``.csv``, ...), or middles of more
     than ``max_lines`` lines together (the caller's choice: reading the file costs no more)."""
     if not plain_form(old, path) or fact_lines(old, path) != old_facts:
         return None
+    first = old.split(b"\n", 1)[0].decode("utf-8").split(_separator(path).decode())
+    if [x.strip() for x in first] != ["subject", "object"] and column_names(first):
+        return None                                         # whether it is a likely header depends on the next line
     n = min(len(old), len(new))
     a, b = np.frombuffer(old, np.uint8), np.frombuffer(new, np.uint8)
     differ = np.flatnonzero(a[:n] != b[:n])

@@ -320,6 +320,9 @@ def test_the_command_certifies_soft_prompts(capsys, weights, model):
     (["--token-m", "3", "--max-prompts", "1000", "--no-soft"], "12,719"),
     (["--soft-m", "6"], "--soft-m 6"),
     (["--targets", "0"], "expected a whole number >= 1"),
+    (["--max-prompts", "0"], "argument --max-prompts: expected a whole number >= 1, got 0"),
+    (["--max-prompts", "-5"], "argument --max-prompts: expected a whole number >= 1, got -5"),    # said '>= 0'
+    (["--token-m", "-1"], "argument --token-m: expected a whole number >= 1, got -1"),
     (["--no-soft", "--soft-m", "2"], "--no-soft"),
 ])
 def test_bad_input_is_one_line_and_exit_2(capsys, argv, says):

@@ -282,6 +282,31 @@ def test_check_since_from_the_certificates_weights_does_not_claim_the_gate_condi
     assert data["closed_form"]["bound_proven"] is None          # the gate's condition was not computed again
 
 
+def test_check_since_no_isolation_says_what_was_carried_over_and_what_was_not_checked(tmp_path, capsys):
+    """It said 'isolation: carried over from the certificate for unedited tasks, built alone
+    for edited ones' with nothing built alone, and reported no task's isolation."""
+    path = tmp_path / "capitals.yaml"
+    path.write_text(EXAMPLE.read_text(encoding="utf-8"), encoding="utf-8")
+    cert = tmp_path / "cert"
+    assert main(["check", str(path), "--certificate", str(cert), "--quiet"]) == 0
+    assert main(["edit", str(path), "capital", "--set", "Spain=Madrid", "--quiet"]) == 0
+    capsys.readouterr()
+    assert main(["check", str(path), "--since", str(cert), "--no-isolation", "--json", "-"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["incremental"]["mode"] == "incremental" and data["incremental"]["edited_tasks"] == ["capital"]
+    assert [t["isolated"] for t in data["tasks"]] == [None, True, True]
+    assert [n for n in data["notes"] if n.startswith("isolation")] == [
+        "isolation: carried over from the certificate for the 2 unedited tasks 'continent', 'located'; "
+        "not checked for the edited task 'capital' (--no-isolation)"]
+    # the certificate now holds no check of 'capital': the next --since with isolation builds it alone
+    assert main(["check", str(path), "--since", str(cert), "--json", "-"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert [t["isolated"] for t in data["tasks"]] == [True, True, True]
+    assert [n for n in data["notes"] if n.startswith("isolation")] == [
+        "isolation: carried over from the certificate for the 2 unedited tasks 'continent', 'located'; "
+        "built alone and checked for the unedited task 'capital'"]
+
+
 # --- messages that name the user's path and the real problem ------------------------------------
 
 

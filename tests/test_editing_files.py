@@ -17,6 +17,7 @@ from budget import examples
 from cli.main import main
 from construction.model import build
 from construction.patch import patched_weights
+from tasks.errors import TaskError
 from tasks.io import load_tasks
 from tasks.strategies import task_sets
 
@@ -98,13 +99,71 @@ def test_bad_edits_are_refused_and_nothing_is_written(tmp_path, capsys, flags, p
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
 
 
+ILL_POSED = ("tasks:\n  - name: a\n    templates: ['*1 is in *2']\n    facts: {x: y}\n"
+             "  - name: b\n    templates: ['*1 is in *2']\n    facts: {z: w}\n")
+
+
 def test_an_edit_that_makes_the_set_ill_posed_is_refused(tmp_path, capsys):
+    """The refusal says what the edit would break (the subject, both templates and their
+    lines, the shared prefix) and how to make it; not to inspect the file, which is
+    unchanged and has nothing wrong with it."""
     path = tmp_path / "tasks.yaml"
-    path.write_text("tasks:\n  - name: a\n    templates: ['*1 is in *2']\n    facts: {x: y}\n"
-                    "  - name: b\n    templates: ['*1 is in *2']\n    facts: {z: w}\n", encoding="utf-8")
+    path.write_text(ILL_POSED, encoding="utf-8")
     before = path.read_bytes()
     assert main(["edit", str(path), "b", "--set", "x=q"]) == 2
-    assert "no model can route" in capsys.readouterr().err and path.read_bytes() == before
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and path.read_bytes() == before
+    assert err.startswith(f"error: {path}: the edit would make the task set ill-posed, so no file was changed: 'x', "
+                          "added to task 'b', is also a subject of task 'a'")
+    assert "template '⋆1 is in ⋆2' (line 6) of 'b' and template '⋆1 is in ⋆2' (line 3) of 'a'" in err
+    assert "share the object-query prefix 'x is in'" in err
+    assert f"leave 'x' out of task 'b', or remove it from task 'a' first (python -m verifier edit {path} a --remove x)" in err
+    assert "inspect" not in err
+    assert main(["inspect", str(path), "--quiet"]) == 0       # what the old advice led to: nothing wrong
+
+
+def test_an_edit_clashing_with_two_tasks_names_both(tmp_path, capsys):
+    path = tmp_path / "tasks.yaml"
+    path.write_text(ILL_POSED + "  - name: c\n    templates: ['*1 is in *2']\n    facts: {v: u}\n", encoding="utf-8")
+    assert main(["edit", str(path), "b", "--set", "x=q", "--set", "v=q", "--set", "x2=q"]) == 2
+    err = capsys.readouterr().err
+    assert "'x', added to task 'b', is also a subject of task 'a'" in err and "likewise 'v' with task 'c'" in err
+
+
+def test_an_edit_that_makes_a_facts_file_unreadable_names_the_file(tmp_path, capsys):
+    """The line after the first decides whether a first line of lower-case names is a likely
+    header: removing it is refused, named at the facts file (not at the copy read back)."""
+    (tmp_path / "c.tsv").write_text("language\tcreator\npython\tguido\nJava\tGosling\n", encoding="utf-8")
+    path = tmp_path / "t.yaml"
+    path.write_text("tasks:\n  - name: creator\n    templates: ['*1 was created by *2']\n    facts_file: c.tsv\n",
+                    encoding="utf-8")
+    before = (tmp_path / "c.tsv").read_bytes()
+    assert main(["edit", str(path), "creator", "--remove", "python"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {tmp_path / 'c.tsv'}:1: after the edit (refused; no file was changed), the first "
+                          "line 'language<TAB>creator' looks like a header") and err.count("\n") == 1
+    assert (tmp_path / "c.tsv").read_bytes() == before
+
+
+def test_an_edit_of_a_set_loaded_ill_posed_is_refused_for_the_set():
+    """A set already ill-posed (loaded without the check) and an edit that adds no clash:
+    the error is about the set itself, not blamed on the edit."""
+    from tasks.editing import Edit, EditRefusal, apply
+    from tasks.io import loads_tasks
+
+    taskset = loads_tasks(ILL_POSED.replace("{z: w}", "{x: w}"), routable=False)
+    with pytest.raises(TaskError, match="no model can route") as caught:
+        apply(taskset, Edit("b", set=(("x", "q"),)))
+    assert not isinstance(caught.value, EditRefusal)
+
+
+def test_an_edit_of_a_set_ill_posed_already_points_to_inspect(tmp_path, capsys):
+    """There the file itself is what inspect can help with (it is refused as loaded)."""
+    path = tmp_path / "tasks.yaml"
+    path.write_text(ILL_POSED.replace("{z: w}", "{x: w}"), encoding="utf-8")
+    assert main(["edit", str(path), "b", "--set", "z=q"]) == 2
+    err = capsys.readouterr().err
+    assert "no model can route" in err and f"'python -m verifier inspect {path}' lists the smallest changes" in err
 
 
 def test_check_since_and_the_certificate(tmp_path, capsys):

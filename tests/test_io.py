@@ -120,6 +120,7 @@ BAD_CASES: dict[str, tuple] = {
     "file_only_header.yaml": (5, "empty dictionary (facts file only_header.tsv)"),
     "file_word_clash.yaml": (2, "'is' is the subject of a fact", "clash.tsv"),
     "file_list_empty.yaml": (5, "facts_file list of task 'capital' is empty"),
+    "file_other_header.yaml": (2, "the first line 'language<TAB>creator' looks like a header", "other_header.tsv"),
 }
 
 
@@ -545,6 +546,48 @@ def test_tsv_round_trip_of_a_fact_that_looks_like_the_header(tmp_path):
     dump_tasks(ts, tmp_path / "t.yaml", facts_dir=tmp_path)
     assert (tmp_path / "a.tsv").read_text(encoding="utf-8") == "subject\tobject\nsubject\tobject\nA #b\té\n"
     assert load_tasks(tmp_path / "t.yaml") == ts
+
+
+LIKELY_HEADER = "language{0}creator\nPython{0}Guido van Rossum\nC{0}Dennis Ritchie\n"
+
+
+def _creator_set(tmp_path, facts: str, name: str = "c.tsv") -> Path:
+    (tmp_path / name).write_text(facts, encoding="utf-8")
+    (tmp_path / "t.yaml").write_text(f"tasks:\n  - name: creator\n    templates: [\"*1 was created by *2\"]\n"
+                                     f"    facts_file: {name}\n", encoding="utf-8")
+    return tmp_path / "t.yaml"
+
+
+@pytest.mark.parametrize("name", ["c.tsv", "c.csv"])
+def test_a_header_with_other_names_is_refused_not_read_as_a_fact(tmp_path, name):
+    """'language<TAB>creator' above the facts was read as the fact 'language' -> 'creator',
+    without a word."""
+    sep = "," if name.endswith(".csv") else "\t"
+    path = _creator_set(tmp_path, "\n# creators\n" + LIKELY_HEADER.format(sep), name)
+    with pytest.raises(TaskError) as info:
+        load_tasks(path)
+    shown = "," if sep == "," else "<TAB>"
+    assert str(info.value) == (
+        f"{tmp_path / name}:3: the first line 'language{shown}creator' looks like a header naming the columns, but "
+        f"the only header is 'subject{shown}object' (this line would be read as the fact 'language' -> 'creator'); "
+        f"write the header as 'subject{shown}object' or comment it out with '#'; if it is a fact, put the header "
+        f"line 'subject{shown}object' above it")
+    assert tasks.facts_files.read_plain(str(tmp_path / name)) is None      # the bulk reader leaves it to the line reader
+
+
+@pytest.mark.parametrize("facts,expected", [
+    ("subject\tobject\n" + LIKELY_HEADER.format("\t"),                   # the header above it: a fact
+     {"language": "creator", "Python": "Guido van Rossum", "C": "Dennis Ritchie"}),
+    ("# " + LIKELY_HEADER.format("\t"), {"Python": "Guido van Rossum", "C": "Dennis Ritchie"}),
+    ("python\tguido van rossum\nc\tdennis ritchie\n", {"python": "guido van rossum", "c": "dennis ritchie"}),
+    ("language\tcreator\n", {"language": "creator"}),                        # the only line
+    ("Language\tCreator\nPython\tGuido\n", {"Language": "Creator", "Python": "Guido"}),
+])
+def test_what_is_not_a_likely_header_stays_a_fact(tmp_path, facts, expected):
+    path = _creator_set(tmp_path, facts)
+    assert dict(load_tasks(path).tasks[0].facts) == expected
+    got = tasks.facts_files.read_plain(str(tmp_path / "c.tsv"))
+    assert got is not None and dict(zip(*[[x.strip() for x in f] for f in got])) == expected
 
 
 def test_line_numbers_count_only_real_line_ends():

@@ -38,6 +38,19 @@ def test_plot_name_option(tmp_path, capsys):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["demo_bound_vs_beta.png", "demo_routing.png", "demo_widths.png"]
 
 
+@pytest.mark.parametrize("name", ["../x", "sub/x", "/tmp/x", "a\0b"])
+def test_plot_name_with_a_path_separator_is_refused(tmp_path, capsys, name):
+    """--name ../x wrote the pictures outside --out: a name is a file name prefix."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (tmp_path / "in").mkdir()
+    assert main(["plot", str(EXAMPLE), "--out", str(out), "--name", name.replace("/tmp", str(tmp_path / "in")),
+                 "--betas", "8", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: --name ") and "is not a file name prefix" in err
+    assert [p.name for p in tmp_path.rglob("*") if p.is_file()] == []      # nothing written anywhere
+
+
 def test_beta_sweep_numbers(capitals_set, capitals_model):
     pytest.importorskip("matplotlib")
     from workflow.plots import beta_sweep

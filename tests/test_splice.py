@@ -106,6 +106,17 @@ def test_an_edit_of_one_line_is_spliced_and_the_first_line_is_not():
     assert splice(old, old.replace(b"Tokyo", b"Kyoto"), "c.tsv", 2) is None       # not the facts counted
 
 
+def test_a_first_line_of_lower_case_names_is_read_in_full():
+    """Whether it is a likely header (refused) depends on the line after it: an edit there
+    (a capital written) is read in full, which refuses it, not spliced onto the old facts."""
+    old = b"language\tcreator\npython\tguido\n"
+    assert read_plain("c.tsv", old) is not None
+    new = old.replace(b"python", b"Python")
+    assert read_plain("c.tsv", new) is None
+    assert splice(old, new, "c.tsv", 2) is None
+    assert splice(old, old + b"c\tritchie\n", "c.tsv", 2) is None
+
+
 @pytest.fixture
 def watched(tmp_path):
     from workflow.certificates import check_and_save

@@ -245,6 +245,25 @@ def _pinned_hint(taskset: TaskSet, old, pinned: list[str], epsilon: float) -> st
     return f"{'; '.join(where)}: not changed by --since; {would} (remove the pin, or check --certificate anew)"
 
 
+def isolation_note(how: dict[str, list[str]], edited: set[str]) -> str:
+    """The report's note on how each task's isolation was settled by ``check --since``:
+    ``how`` maps "carried" (from the certificate: an unedited task's unchanged expert),
+    "checked" (built alone now) and "skipped" (isolation off) to task names."""
+    def tasks(names: list[str]) -> str:
+        kind = "edited " if all(n in edited for n in names) else "unedited " if not edited.intersection(names) else ""
+        shown = ", ".join(f"'{n}'" for n in names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+        return f"the {kind}task {shown}" if len(names) == 1 else f"the {len(names)} {kind}tasks {shown}"
+
+    parts = []
+    if how["carried"]:
+        parts.append(f"carried over from the certificate for {tasks(how['carried'])}")
+    if how["checked"]:
+        parts.append(f"built alone and checked for {tasks(how['checked'])}")
+    if how["skipped"]:
+        parts.append(f"not checked for {tasks(how['skipped'])} (--no-isolation)")
+    return "isolation: " + "; ".join(parts)
+
+
 def _recertify_anew(taskset: TaskSet, old, reason: str, *, epsilon: float, model=None, choice=None,
                     isolation: bool = True, jobs: int = 1, progress=None, source: str = "weights", cache=None):
     """A full check of the edited set with parameters chosen for it (the certificate's could
@@ -368,21 +387,26 @@ def _recertify_kept(taskset: TaskSet, *, old, cache=None, isolation: bool = True
         plan = old.plan
     # the construction's evidence: the closed form at the new vocabulary; isolation carried over
     # for the tasks the edit left alone (their experts are unchanged, the diff shows it), checked
-    # again for the edited ones
+    # again for the edited ones (and for unedited ones the certificate holds no check of);
+    # with isolation off, those are not checked (None)
     t0 = time.perf_counter()
     old_iso = {t["name"]: t.get("isolated") for t in old.summary.get("tasks", [])}
     done = isolated_ahead()
-    isolated = []
+    isolated: list[bool | None] = []
+    how: dict[str, list[str]] = {"carried": [], "checked": [], "skipped": []}
     for k, task in enumerate(taskset.tasks):
         if info.mode == "incremental" and task.name not in edited and old_iso.get(task.name):
             isolated.append(True)
+            how["carried"].append(task.name)
         elif isolation:
             isolated.append(done[k] if k in done else isolated_alone(k))
+            how["checked"].append(task.name)
         else:
             isolated.append(None)
-    report.attach(closed_form, bound_value, gate, None if any(x is None for x in isolated) else isolated,
-                  (["isolation: carried over from the certificate for unedited tasks, built alone for edited ones"]
-                   if info.mode == "incremental" else []) + unproven_note(note_beta, unproven), bound_proven)
+            how["skipped"].append(task.name)
+    report.attach(closed_form, bound_value, gate, isolated,
+                  ([isolation_note(how, edited)] if info.mode == "incremental" else [])
+                  + unproven_note(note_beta, unproven), bound_proven)
     report.incremental = info.as_dict()
     if info.diff is not None:
         report.incremental["changed_rows"] = changed_entries(info.diff, new_names)

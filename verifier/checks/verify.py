@@ -188,17 +188,18 @@ class Report:
     def certified(self) -> bool:
         return all(t.certified for t in self.tasks) and self.foreign == 0 and self.complete
 
-    def attach(self, closed_form: str, bound: float, gate: str, isolated: Sequence[bool] | None,
+    def attach(self, closed_form: str, bound: float, gate: str, isolated: Sequence[bool | None] | None,
                notes: Sequence[str] = (), bound_proven: bool | None = None) -> None:
         """Add evidence from whoever built the weights: a closed-form error bound (shown beside
         the measured worst error; ``bound_proven``: whether its side conditions hold, so
         that it bounds every query's error, None if not checked) and, per task, whether its
-        expert is isolated (a ``False`` fails that task's entanglement check)."""
+        expert is isolated (a ``False`` fails that task's entanglement check; None, for
+        every task or for one, not checked)."""
         self.closed_form, self.closed_form_value, self.gate = closed_form, bound, gate
         self.closed_form_proven = bound_proven
         for i, r in enumerate(self.tasks):
             r.closed_form_bound = bound
-            if isolated is not None:
+            if isolated is not None and isolated[i] is not None:
                 r.isolated = bool(isolated[i])
         self.notes.extend(notes)
 
