@@ -523,6 +523,8 @@ def test_numbas_temporaries_are_where_the_build_redirects_them():
 def test_the_lock_timeout_is_set_in_seconds(monkeypatch, setting, seconds):
     monkeypatch.setenv("MOE_KERNELS_LOCK_TIMEOUT", setting)
     assert compiled.lock_timeout() == seconds
+    assert f"A process waits at most {compiled.LOCK_TIMEOUT:g} s for another's build" in (
+        ROOT / "docs" / "verification.md").read_text()                 # the default, as the threat model says
 
 
 def test_a_lock_timeout_that_is_not_seconds_is_refused_in_one_line(tmp_path):
