@@ -191,6 +191,6 @@ def _render_soft(soft: SoftReport, w: Weights, shown: int) -> list[str]:
                      f"prompts, {len(width) - by_token} found by the search) are not certified on the box X +- "
                      f"epsilon/2: over a box this wide the enclosures leave a step undecided (their width, not a "
                      f"proven change of output inside the box); a smaller --prompt-epsilon narrows them")
-    lines.append(f"  every certified soft prompt's centre lies in the bound's support: {'yes' if soft.in_support else 'NO'}"
-                 f" (the centres X only, not the whole boxes X +- epsilon/2)")
+    lines.append(f"  every certified soft prompt's centre lies in the bound's support: "
+                 f"{'yes' if soft.in_support else 'NO'} (the centres X only, not the whole boxes X +- epsilon/2)")
     return lines
