@@ -248,6 +248,38 @@ def test_every_fact_object_of_capitals_is_accessible_by_two_token_prompts(capita
     assert report.union[0] == len({a.tokens for a in report.sequences if len(a.tokens) == 1})
 
 
+def test_a_sequence_is_classed_with_its_prompt(capitals_set, weights, model):
+    """A certified sequence's class is of its prompt and itself together, the best that any
+    prompt of m tokens yielding it gives, and its proof is the first such prompt: 'France' ->
+    'has capital Paris' is a whole sentence of the task set; 'Paris' after three tokens is
+    one too ('France has capital'), though the first three-token prompt that yields it,
+    'a a France', makes none; 'France' -> 'has capital Paris Paris' is in no sentence.
+    Checked against every prompt of up to 3 tokens."""
+    report = A.token_accessibility(model, capitals_set, 3)
+    sentences = A.Sentences.of(capitals_set, weights)
+    text = lambda ids: "|".join(weights.vocab[t] for t in ids)  # noqa: E731
+    by = {(a.m, text(a.tokens)): (a.klass, text(report.class_proof(a).prompt)) for a in report.sequences}
+    assert by[(1, "has|capital|Paris")] == (A.SENTENCE, "France")
+    assert by[(3, "Paris")] == (A.SENTENCE, "France|has|capital")
+    assert by[(1, "has|capital|Paris|Paris")] == (A.OUTSIDE, "France")
+    rank = [A.OUTSIDE, A.PART, A.SENTENCE]
+    V = len(weights.vocab)
+    for m in (1, 2, 3):
+        _, table, _ = A.token_level(model, m)
+        best = {}                                             # every prompt, by hand
+        for i, row in enumerate(table):
+            prompt = tuple(int(t) for t in A.prompts_of(V, m, i, i + 1)[0])
+            for n in range(1, row.shape[0] + 1):
+                if row[n - 1] < 0:
+                    break
+                seq = tuple(int(t) for t in row[:n])
+                klass = sentences.classify(prompt + seq)
+                if seq not in best or rank.index(klass) > rank.index(best[seq][0]):
+                    best[seq] = (klass, text(prompt))
+        here = {k[1]: v for k, v in by.items() if k[0] == m}
+        assert here == {text(seq): v for seq, v in best.items()}
+
+
 def test_too_many_prompts_are_refused_with_the_count(weights):
     with pytest.raises(TaskError) as info:
         A.choose_m(weights, 500, 2)
@@ -286,16 +318,31 @@ def _run(capsys, *argv):
     return code, out, err
 
 
-def test_the_command_reports_json_and_exit_statuses(capsys, weights):
+def test_the_command_reports_json_and_exit_statuses(capsys, capitals_set, weights, model):
     code, out, err = _run(capsys, "--no-soft", "--token-m", "2", "--json", "-", "--quiet")
     assert code == 0 and err == ""
     data = json.loads(out)
     assert data["format"] == "moe-accessibility/1" and data["every_object_accessible"] is True
     assert data["token_prompts"]["m"] == 2 and [lv["prompts"] for lv in data["token_prompts"]["levels"]] == [23, 529]
     assert data["soft_prompts"] is None and data["facts"]["object_accessible"] == data["facts"]["total"] == 13
+    sentences = [tuple(s) for s, *_ in capitals_set.sentences()]
+
+    def klass(tokens: tuple) -> str:                     # the class, read from the task set's sentences alone
+        if tokens in sentences:
+            return A.SENTENCE
+        parts = any(s[a:a + len(tokens)] == tokens for s in sentences for a in range(len(s)))
+        return A.PART if parts else A.OUTSIDE
+
     for seq in data["sequences"]:
-        proof = R.proof_from_json(data["proofs"][seq["proof"]], weights.vocab)
-        assert [weights.vocab[t] for t in proof.tokens[:seq["n"]]] == seq["tokens"]
+        for key in ("proof", "class_proof"):             # each proof yields the sequence, certified again
+            if key in seq:
+                proof = R.proof_from_json(data["proofs"][seq[key]], weights.vocab)
+                assert [weights.vocab[t] for t in proof.tokens[:seq["n"]]] == seq["tokens"]
+                assert A.recheck(model, proof) == len(proof.steps) and len(proof.prompt) == seq["m"]
+        shown = data["proofs"][seq.get("class_proof", seq["proof"])]
+        assert klass(tuple(shown["prompt"] + seq["tokens"])) == seq["class"]
+    assert {s["class"] for s in data["sequences"]} == {A.SENTENCE, A.PART, A.OUTSIDE}
+    assert any("class_proof" in s for s in data["sequences"])
     code, out, _ = _run(capsys, "--no-soft", "--token-m", "1", "--quiet")      # one token never names an object
     assert code == 1 and "NOT every fact's object" in out
 
@@ -314,6 +361,36 @@ def test_the_command_certifies_soft_prompts(capsys, weights, model):
     for t in boxes_:
         proof = R.proof_from_json(data["proofs"][t["proof"]], weights.vocab)
         assert proof.radius == 2.0 ** -11 and A.recheck(model, proof) == len(t["target"])
+
+
+def test_a_box_too_wide_to_certify_what_its_centre_certifies_is_told_apart(capitals_set, weights, model):
+    """'France' -> 'has' is certified at E[France] (radius 0); a search that proposes E[France]
+    for it is certified on the box of radius 2^-11 and not on that of radius 1/4, where the
+    report names the box's width as the cause. A proposal 'found' whose centre does not say
+    its target is no such case, nor is one certified on its box."""
+    ids = {t: i for i, t in enumerate(weights.vocab)}
+    france = weights.E[[ids["France"]]].toarray()[None]
+
+    def propose(targets, m, seed):                          # every target proposed at E[France], "found"
+        return np.repeat(france, len(targets), axis=0), np.ones(len(targets), bool)
+
+    jobs = [((ids["has"],), A.RANDOM), ((ids["Paris"],), A.RANDOM)]
+    narrow = A._search_level(model, propose, 1, jobs, 1, 0, 2.0 ** -11)
+    wide = A._search_level(model, propose, 1, jobs, 1, 0, 0.25)
+    assert [(t.certified, t.centre_only) for t in narrow] == [(True, False), (False, False)]
+    assert [(t.certified, t.centre_only) for t in wide] == [(False, True), (False, False)]
+    tokens = A.token_accessibility(model, capitals_set, 1)
+    for radius, says in ((2.0 ** -11, False), (0.25, True)):
+        boxes_ = A._token_boxes(model, tokens, radius)
+        assert boxes_ and [t.centre_only for t in boxes_] == [not t.certified for t in boxes_]
+        assert all(A.recheck(model, p) == len(p.steps) for p in tokens.proofs)       # each centre: certified
+        soft = A.SoftReport(2 * radius, radius, A.paper_bound(weights, 2 * radius), wide + boxes_, [], None, [], True,
+                            {"per_length": 1, "restarts": 1, "objects_searched": 0, "objects_unreached_by_tokens": 0})
+        lines = R._render_soft(soft, weights, 10)
+        width = [x for x in lines if "certified at the centre of their box" in x]
+        assert len(width) == 1 and "their width, not a proven change" in width[0]
+        assert (f"{len(soft.centre_only)} targets" in width[0]) and (width[0].lstrip().startswith("no box")) == says
+        assert "centres X only" in lines[-1]
 
 
 @pytest.mark.parametrize("argv, says", [

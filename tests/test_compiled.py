@@ -239,7 +239,8 @@ def _environ():
 
 def _fresh(monkeypatch, tmp_path) -> Kernels:
     """A registry of the real kernels' functions (probed as kernels.py probes its own), with
-    its own directory for the extension."""
+    its own directory for the extension (every kernel module imported first, whichever test runs alone)."""
+    KERNELS.exported()
     reg = Kernels(dirs=[tmp_path])
     by_name = {k.__name__: Kernel(k.py_func, reg, k.options, k.args, k.returns) for k in KERNELS.kernels}
     reg.add_probe(lambda form: kernels._ieee(lambda k: form(by_name[k.__name__])))
@@ -378,3 +379,161 @@ def test_the_machines_troubles_run_just_in_time_without_a_traceback(monkeypatch,
 def test_an_exported_kernel_takes_no_numba_options():
     with pytest.raises(TypeError, match="options"):
         compiled.kernel(args=("f64",), returns="f64", inline="always")
+
+
+# -- another process's build: waiting for it, and what a killed one leaves -------------------
+
+_STUCK_BUILDER = """
+import sys, time
+from pathlib import Path
+import numba.pycc
+from verifier.arithmetic import compiled
+
+class Stuck:
+    '''numba's CC, stuck in its compile: makes its temporary directories as numba's does, then waits.'''
+    def __init__(self, name):
+        pass
+    def export(self, name, signature):
+        return lambda f: f
+    def compile(self):
+        from numba.pycc import cc, platform
+        made = [cc.tempfile.mkdtemp(prefix="pycc-build-stuck-"), platform.mkdtemp()]
+        print(*made, flush=True)
+        time.sleep(3600)
+
+numba.pycc.CC = Stuck
+directory, name = Path(sys.argv[1]), sys.argv[2]
+with compiled._Lock(directory / (name + ".lock"), 0):
+    compiled.build(name, directory, [])
+"""
+
+
+class _StuckBuilder:
+    """Another process building the extension ``name`` in ``directory``, holding the lock,
+    stopped mid-build until killed (``made``: numba's temporary directories of its build).
+    A watchdog kills it after a while, so a waiter that never gives up fails instead of hanging."""
+
+    def __init__(self, directory: Path, name: str) -> None:
+        import threading
+        self.proc = subprocess.Popen([sys.executable, "-c", _STUCK_BUILDER, str(directory), name], cwd=ROOT,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.made = [Path(p) for p in self.proc.stdout.readline().split()]
+        assert self.made, self.proc.stderr.read()
+        self.watchdog = threading.Timer(120, self.kill)
+        self.watchdog.start()
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        self.proc.stdout.close()
+        self.proc.stderr.close()
+
+    def __enter__(self) -> "_StuckBuilder":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.watchdog.cancel()
+        self.kill()
+
+
+def test_a_process_waiting_on_a_stuck_build_gives_up_with_one_line_and_runs_just_in_time(monkeypatch, tmp_path,
+                                                                                          capsys):
+    reg = _fresh(monkeypatch, tmp_path)
+    name = compiled.PREFIX + reg.key()
+    monkeypatch.setenv("MOE_KERNELS_LOCK_TIMEOUT", "0.5")
+    monkeypatch.setattr(compiled, "build", lambda *a: pytest.fail("built while another process held the lock"))
+    rows, idx, ut = np.array([0, 2, 3], np.int64), np.array([0, 1, 1], np.int64), np.array([0, 1, 3], np.int64)
+    by_name = {k.__name__: k for k in reg.kernels}
+    with _StuckBuilder(tmp_path, name) as holder:
+        capsys.readouterr()
+        assert _probe_of(reg)(1.0, 2.0) == (2.0, 3.0)
+        assert np.array_equal(by_name["logits_bound"](rows, idx, ut), kernels.logits_bound(rows, idx, ut))
+        lines = capsys.readouterr().err.splitlines()
+        assert reg.module is False and reg.jit_state == "ok"         # ran just in time
+        assert len(lines) == 1, lines
+        assert str(tmp_path / (name + ".lock")) in lines[0] and f"held by process {holder.proc.pid} " in lines[0]
+        assert "just in time" in lines[0] and "MOE_KERNELS_LOCK_TIMEOUT" in lines[0]
+        assert f"process {holder.proc.pid}" in reg.note
+        # numba's own temporaries of the build are in the build's directory, not the system's
+        builds = [p for p in tmp_path.iterdir() if p.name.startswith(".build-")]
+        assert len(builds) == 1 and builds[0].name.startswith(compiled.build_prefix(name))
+        assert all(p.parent == builds[0] for p in holder.made)
+    assert list(tmp_path.glob("*.failed")) == []                    # the next process tries again
+
+
+def test_a_killed_builders_directory_is_removed_and_nothing_else(monkeypatch, tmp_path):
+    """The builder's directory (numba's temporaries inside) is removed by the next process
+    that takes the lock; other keys' build directories, older ones of another form, files and
+    symbolic links with the prefix, and everything else stay."""
+    reg = _fresh(monkeypatch, tmp_path)
+    name = compiled.PREFIX + reg.key()
+    with _StuckBuilder(tmp_path, name) as holder:
+        stale = holder.made[0].parent
+    assert stale.is_dir() and stale.name.startswith(compiled.build_prefix(name))   # killed: left behind
+
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "kept").write_text("x")
+    others = {compiled.build_prefix(compiled.PREFIX + "0" * 20) + "abc": "dir",   # another key's builder
+              ".build-xyz": "dir", "keep": "dir",
+              compiled.build_prefix(name) + "file": "file", "notes.txt": "file",
+              compiled.build_prefix(name) + "link": "link"}
+    for other, kind in others.items():
+        if kind == "dir":
+            (tmp_path / other).mkdir()
+            (tmp_path / other / "inside").write_text("x")
+        elif kind == "file":
+            (tmp_path / other).write_text("x")
+        else:
+            (tmp_path / other).symlink_to(outside, target_is_directory=True)
+    seen = []
+
+    def building(name_, directory, kernels_):
+        seen.append(sorted(p.name for p in directory.iterdir()))
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(compiled, "build", building)
+    assert _probe_of(reg)(1.0, 2.0) == (2.0, 3.0)
+    assert seen and stale.name not in seen[0] and not stale.exists()   # removed before the build
+    for other, kind in others.items():
+        assert (tmp_path / other).exists(), other
+        assert kind != "dir" or (tmp_path / other / "inside").is_file(), other
+    assert (tmp_path / (compiled.build_prefix(name) + "link")).is_symlink() and (outside / "kept").is_file()
+
+
+def test_numbas_temporaries_are_where_the_build_redirects_them():
+    """The build points numba's pycc at its own directory through these two names; a numba
+    that no longer has them would leave its temporaries in the system's directory again."""
+    import tempfile
+    import warnings
+
+    from numba.core.errors import NumbaPendingDeprecationWarning
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", NumbaPendingDeprecationWarning)
+        from numba.pycc import cc, platform
+    assert cc.tempfile is tempfile and platform.mkdtemp is tempfile.mkdtemp
+    with tempfile.TemporaryDirectory() as tmp, compiled._numba_temporaries_in(tmp):
+        assert Path(cc.tempfile.mkdtemp(prefix="p-")).parent == Path(tmp) == Path(platform.mkdtemp()).parent
+        assert cc.tempfile.gettempdir is tempfile.gettempdir
+    assert cc.tempfile is tempfile and platform.mkdtemp is tempfile.mkdtemp
+
+
+@pytest.mark.parametrize("setting,seconds", [("", compiled.LOCK_TIMEOUT), ("0", 0.0), (" 2.5 ", 2.5)])
+def test_the_lock_timeout_is_set_in_seconds(monkeypatch, setting, seconds):
+    monkeypatch.setenv("MOE_KERNELS_LOCK_TIMEOUT", setting)
+    assert compiled.lock_timeout() == seconds
+    assert f"A process waits at most {compiled.LOCK_TIMEOUT:g} s for another's build" in (
+        ROOT / "docs" / "verification.md").read_text()                 # the default, as the threat model says
+
+
+def test_a_lock_timeout_that_is_not_seconds_is_refused_in_one_line(tmp_path):
+    from verifier.arithmetic.compiled import TaskError
+    for bad in ("-1", "nan", "inf", "five"):
+        env = {**_environ(), "MOE_KERNELS_LOCK_TIMEOUT": bad}
+        done = subprocess.run([sys.executable, "-m", "verifier", "check", "examples/capitals.yaml",
+                               "--json", str(tmp_path / "r.json")], cwd=ROOT, capture_output=True, text=True, env=env)
+        assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+        assert done.stderr.startswith(f"error: MOE_KERNELS_LOCK_TIMEOUT={bad!r} is not a number of seconds")
+        assert not (tmp_path / "r.json").exists()
+    assert TaskError is not None

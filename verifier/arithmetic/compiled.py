@@ -35,6 +35,22 @@ reason, and every process of that key runs just in time (delete the note to try 
 so does ``MOE_KERNELS=jit``, and any trouble loading the extension. Extensions of older
 keys are left where they are. Loading the extension runs code from that directory, as
 numba's cache does: it must be no more writable than the package itself.
+
+*Waiting for another's build.* The lock file records the pid of the process holding it.
+A process waits for the lock at most :data:`LOCK_TIMEOUT` seconds
+(``MOE_KERNELS_LOCK_TIMEOUT`` sets another number; 0: not at all): a builder that was
+stopped holds it for ever. Past that it prints one line to stderr naming the lock file and
+the holder's pid, and runs its kernels just in time (leaving no ``.failed`` note: the next
+process waits, or builds, again).
+
+*What a build leaves.* A build works in a directory ``.build-<name>-*`` next to the
+extension (``<name>`` is the extension's, key included), and numba's own temporary files
+of the build (its object files, its test of the C compiler) go inside it too, not to the
+system's temporary directory; it is removed when the build ends. A builder that was
+killed leaves it behind: the next process that takes the lock removes every
+``.build-<name>-*`` directory there, which cannot belong to a live builder, since a builder
+holds that lock for as long as its directory exists. Nothing else is removed: not the
+directories of other keys (their builders hold other locks), nor files, nor symbolic links.
 """
 
 from __future__ import annotations
@@ -45,15 +61,20 @@ import importlib
 import importlib.machinery
 import importlib.metadata
 import importlib.util
+import math
 import os
 import re
+import shutil
 import sys
 import tempfile
 import threading
+import time
 from pathlib import Path
 from typing import Any, Callable, Union
 
 import numpy as np
+
+from tasks.errors import TaskError
 
 #: The modules whose kernels go into the extension (imported by name when it is needed).
 MODULES = ("verifier.arithmetic.kernels", "verifier.arithmetic.factored")
@@ -61,6 +82,9 @@ MODULES = ("verifier.arithmetic.kernels", "verifier.arithmetic.factored")
 DEPENDS = ("verifier.arithmetic.constants", __name__)
 #: The prefix of the extension's file and module names (followed by the key).
 PREFIX = "moe_kernels_"
+#: Seconds a process waits for the lock of another's build before running just in time
+#: (``MOE_KERNELS_LOCK_TIMEOUT`` sets another; a build takes about a minute on 2 cores).
+LOCK_TIMEOUT = 300.0
 
 #: A kernel argument's declared type: "i64", "f64", "bool" (a Python or numpy scalar of that
 #: type), "i64[2]" (a C-contiguous, writable, aligned int64 array of 2 dimensions: dtypes
@@ -286,6 +310,8 @@ class Kernels:
             if self.module is None:
                 try:
                     module = self._load()
+                except TaskError:                         # the user's setting: refused, as bad input is
+                    raise
                 except Exception as e:                    # noqa: BLE001 - whatever the cause: run just in time
                     module = self._fail(f"the compiled kernels could not be loaded ({type(e).__name__}: {e})")
                 if module is not False:
@@ -307,6 +333,7 @@ class Kernels:
         with a note saying why there is none."""
         if os.environ.get("MOE_KERNELS", "") == "jit":
             return self._fail("MOE_KERNELS=jit")
+        timeout = lock_timeout()
         kernels = self.exported()
         key = self.key()
         if key is None:
@@ -322,10 +349,15 @@ class Kernels:
         for d in where:
             try:
                 d.mkdir(parents=True, exist_ok=True)
-                lock = _Lock(d / (name + ".lock"))
+                lock = _Lock(d / (name + ".lock"), timeout)
             except OSError:
                 continue                                  # not writable, or no locks there: the next directory
+            except LockTimeout as e:                      # a builder stopped, or slow: not worth waiting for
+                print(f"note: {e}; this process runs the verifier's kernels just in time (MOE_KERNELS_LOCK_TIMEOUT "
+                      f"sets how many seconds to wait, {LOCK_TIMEOUT:g} unless set)", file=sys.stderr, flush=True)
+                return self._fail(str(e))
             with lock:
+                remove_stale_builds(d, name)              # a killed builder's: none is live while we hold the lock
                 if (d / (name + ".failed")).is_file():    # a concurrent process's build failed
                     return self._fail((d / (name + ".failed")).read_text(errors="replace").strip())
                 if not (d / file).is_file():              # a concurrent process may have built it
@@ -388,28 +420,128 @@ def cache_dirs() -> list[Path]:
     return out
 
 
+def lock_timeout() -> float:
+    """Seconds to wait for the build lock: ``MOE_KERNELS_LOCK_TIMEOUT`` when set, else
+    :data:`LOCK_TIMEOUT` (TaskError: the setting is not a number of seconds)."""
+    text = os.environ.get("MOE_KERNELS_LOCK_TIMEOUT", "").strip()
+    if not text:
+        return LOCK_TIMEOUT
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 <= value < math.inf:
+        raise TaskError(f"MOE_KERNELS_LOCK_TIMEOUT={text!r} is not a number of seconds",
+                        fix=f"set it to how long a process waits for another's build of the compiled kernels "
+                            f"(e.g. {LOCK_TIMEOUT:g}; 0: not at all), or unset it")
+    return value
+
+
+class LockTimeout(Exception):
+    """The lock was held by another process for longer than the timeout (the message says
+    which lock, which process as the file records it, and how long this one waited)."""
+
+    def __init__(self, path: Path, holder: int | None, waited: float) -> None:
+        self.path = path
+        self.holder = holder
+        who = f"process {holder}" if holder is not None else "another process"
+        super().__init__(f"waited {waited:g} s for the lock {path}, held by {who} building the compiled kernels "
+                         f"(or stopped while building them)")
+
+
 class _Lock:
     """An exclusive lock on a file, taken when made and held to the end of ``with`` (fcntl
-    where it exists; elsewhere none). OSError where the directory is not writable or the
-    file system has no locks."""
+    where it exists; elsewhere none). The holder writes its pid into the file. Waits at most
+    ``timeout`` seconds (polling): :class:`LockTimeout` then. OSError where the directory is
+    not writable or the file system has no locks."""
 
-    def __init__(self, path: Path) -> None:
-        self.file = open(path, "a")
+    #: seconds between two attempts while another process holds the lock
+    POLL = 0.25
+
+    def __init__(self, path: Path, timeout: float = LOCK_TIMEOUT) -> None:
+        self.file = open(path, "a+")
         try:
             import fcntl
         except ImportError:                               # pragma: no cover - not POSIX
             return
+        deadline = time.monotonic() + timeout
         try:
-            fcntl.flock(self.file, fcntl.LOCK_EX)
-        except OSError:
+            while True:
+                try:
+                    fcntl.flock(self.file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:                   # held by another open file: another process
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise LockTimeout(path, self._holder(), timeout) from None
+                    time.sleep(min(self.POLL, left))
+        except BaseException:
             self.file.close()
             raise
+        with contextlib.suppress(OSError):                # the pid only informs a waiter
+            self.file.truncate(0)
+            self.file.write(f"{os.getpid()}\n")
+            self.file.flush()
+
+    def _holder(self) -> int | None:
+        """The pid the holder wrote into the file (None: none, or not yet written)."""
+        with contextlib.suppress(OSError, ValueError):
+            self.file.seek(0)
+            return int(self.file.read(32).strip())
+        return None
 
     def __enter__(self) -> "_Lock":
         return self
 
     def __exit__(self, *exc) -> None:
         self.file.close()                                 # closing the file releases the lock
+
+
+def build_prefix(name: str) -> str:
+    """The prefix of the directory a build of the extension ``name`` works in."""
+    return f".build-{name}-"
+
+
+def remove_stale_builds(directory: Path, name: str) -> None:
+    """Remove the directories ``build_prefix(name)*`` in ``directory``, which builders of
+    ``name`` left when they were killed. Call it holding ``name``'s lock only: a builder holds
+    it for as long as its directory exists, so none of them is a live builder's. Only
+    directories (not symbolic links, not files) with that very prefix; whatever cannot be
+    removed stays."""
+    prefix = build_prefix(name)
+    with contextlib.suppress(OSError):
+        with os.scandir(directory) as entries:
+            stale = [e.path for e in entries if e.name.startswith(prefix) and e.is_dir(follow_symlinks=False)]
+        for path in stale:
+            shutil.rmtree(path, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _numba_temporaries_in(directory: str):
+    """Make numba's pycc put its temporary directories in ``directory`` (its object files,
+    and its test of the C compiler, which numba never removes), not in the system's, while
+    the ``with`` lasts. Holds numba's compiler lock throughout, so no other thread compiles
+    with numba meanwhile; an attribute numba no longer has is left alone."""
+    import types as pytypes
+
+    from numba.core.compiler_lock import global_compiler_lock
+    from numba.pycc import cc, platform
+
+    def mkdtemp(suffix=None, prefix=None, dir=None):
+        return tempfile.mkdtemp(suffix, prefix, directory if dir is None else dir)
+
+    shim = pytypes.ModuleType("tempfile")
+    shim.__dict__.update(vars(tempfile))
+    shim.mkdtemp = mkdtemp
+    with global_compiler_lock:
+        saved = [(m, a, getattr(m, a)) for m, a in ((cc, "tempfile"), (platform, "mkdtemp")) if hasattr(m, a)]
+        try:
+            for m, a, _ in saved:
+                setattr(m, a, shim if a == "tempfile" else mkdtemp)
+            yield
+        finally:
+            for m, a, v in saved:
+                setattr(m, a, v)
 
 
 def build(name: str, directory: Path, kernels: list[Kernel]) -> Path:
@@ -424,7 +556,8 @@ def build(name: str, directory: Path, kernels: list[Kernel]) -> Path:
         if sys.stderr is not None and sys.stderr.isatty():
             print(f"compiling the verifier's kernels once ({len(kernels)} of them; about a minute)...",
                   file=sys.stderr, flush=True)
-        with tempfile.TemporaryDirectory(dir=directory, prefix=".build-") as tmp:
+        with tempfile.TemporaryDirectory(dir=directory, prefix=build_prefix(name)) as tmp, \
+                _numba_temporaries_in(tmp):
             cc = CC(name)
             cc.output_dir = tmp
             cc.verbose = False

@@ -33,7 +33,8 @@ widths r_i. Convention here (:func:`support`): r is the largest Euclidean norm o
 embedding row E[v] (v < |V|, BOS excluded), r_i the width of the range of coordinate i
 over those rows and 0; ε is absolute (default 2^-10, as the paper's Table 1). The search
 keeps its prompts in that support (the box of ranges and the ball of radius r), so the
-bound counts every prompt certified here.
+bound counts every prompt certified here; the report checks that the centres X lie there
+(the centres only: a box X ± ε/2 around one may reach beyond).
 """
 
 from __future__ import annotations
@@ -191,11 +192,22 @@ def recheck(weights: Weights | BoxModel, proof: Proof, radius: float | None = No
 
 
 SENTENCE, PART, OUTSIDE = "sentence", "part of a sentence", "not in any sentence"
+#: The classes in order: a sequence's class is the best any of its prompts gives it.
+_RANK = {OUTSIDE: 0, PART: 1, SENTENCE: 2}
 
 
 @dataclass(frozen=True)
 class Sentences:
-    """The task set's sentences as token-id tuples, and every contiguous run of their tokens."""
+    """The task set's sentences as token-id tuples, and every contiguous run of their tokens.
+
+    A certified sequence is classed **with its prompt**: the tokens of a token prompt
+    followed by the sequence form a whole sentence of the task set (``sentence``: e.g.
+    ``France`` → ``has capital Paris``), a contiguous part of one (``part of a sentence``:
+    ``France`` → ``has``), or neither (``not in any sentence``: ``France`` → ``has capital
+    Paris Paris``, a statement the model can be made to say that is not its knowledge).
+    The same sequence may follow several prompts of m tokens; it takes the best class any
+    of them gives it (:meth:`witnesses`), and the report gives the proof of the first prompt
+    that gives it (besides that of its first prompt, when that is another)."""
 
     whole: frozenset
     parts: frozenset
@@ -214,8 +226,30 @@ class Sentences:
 
     def classify(self, tokens: tuple[int, ...]) -> str:
         """A whole sentence, a contiguous part of one, or in none (a statement the model can be
-        made to say that is not a piece of its knowledge)."""
+        made to say that is not a piece of its knowledge); ``tokens``: a prompt's and then
+        its continuation's."""
         return SENTENCE if tokens in self.whole else PART if tokens in self.parts else OUTSIDE
+
+    def witnesses(self, V: int, m: int, table: np.ndarray) -> dict[tuple[int, ...], tuple[str, int]]:
+        """The certified continuations of prompts of m tokens that some prompt makes into a
+        whole sentence or a part of one: continuation -> (its best class, the first prompt in
+        :func:`prompts_of` order that gives it). ``table``: each prompt's certified tokens
+        (|V|^m rows in that order, −1 after the last). Only a prompt that is itself a part of
+        a sentence can give either class, so only those rows are read; every other
+        continuation is in no sentence with any of its prompts."""
+        out: dict[tuple[int, ...], tuple[str, int]] = {}
+        for i, prompt in sorted((prompt_index(V, p), p) for p in self.parts if len(p) == m):
+            row = table[i]
+            for n in range(1, row.shape[0] + 1):
+                if row[n - 1] < 0:
+                    break
+                seq = tuple(int(t) for t in row[:n])
+                klass = self.classify(prompt + seq)
+                if klass == OUTSIDE:
+                    break                         # a longer one is no part of a sentence either
+                if seq not in out or _RANK[klass] > _RANK[out[seq][0]]:
+                    out[seq] = (klass, i)
+        return out
 
 
 # --- token prompts, exhaustively ------------------------------------------------------------------
@@ -438,14 +472,17 @@ def fit_line(xs: list[float], ys: list[float]) -> tuple[float, float] | None:
 @dataclass(frozen=True)
 class Accessible:
     """A certified accessible sequence: the first ``n`` steps of proof ``proof`` (an index into
-    the report's proofs), for prompts of ``m`` vectors, with its class against the task
-    set's sentences (:class:`Sentences`)."""
+    the report's proofs: the first prompt, in :func:`prompts_of` order, that yields it), for
+    prompts of ``m`` vectors, with its class against the task set's sentences, of a prompt
+    and the sequence together (:class:`Sentences`): of the proof's prompt, or where a later
+    prompt gives it a better class, of ``witness``'s (an index into the report's witnesses)."""
 
     m: int
     tokens: tuple[int, ...]
     proof: int
     kind: str                 # "token" or "soft"
     klass: str
+    witness: int | None = None
 
 
 @dataclass
@@ -456,44 +493,67 @@ class TokenReport:
     why: str
     levels: list[TokenLevel]
     union: list[int]                      # per n: distinct sequences over prompts of <= m tokens
-    proofs: list[Proof]
+    proofs: list[Proof]                   # of each sequence's first prompt
     sequences: list[Accessible]
     facts: list[FactAccess]
     seconds: float = 0.0
+    witnesses: list[Proof] = field(default_factory=list)    # of the prompts giving a sequence a better class
+
+    def class_proof(self, a: Accessible) -> Proof:
+        """The proof whose prompt, followed by ``a``'s tokens, has ``a``'s class."""
+        return self.proofs[a.proof] if a.witness is None else self.witnesses[a.witness]
 
 
 def token_accessibility(model: BoxModel, taskset: TaskSet, m: int, why: str = "", progress=None) -> TokenReport:
     """Every prompt of 1..m tokens, continued greedily as far as the positions allow; each
-    distinct certified sequence with the proof of its first prompt (in numeral order), and
-    every fact's object: accessible (with a proof, the fact's own object query when it is
-    one of the prompts and certified) or not by these prompts."""
+    distinct certified sequence with the proof of its first prompt (in numeral order), its
+    class and, where another prompt gives it that class, the first such prompt's proof
+    (:class:`Sentences`); and every fact's object: accessible (with a proof, the fact's own
+    object query when it is one of the prompts and certified) or not by these prompts."""
     start = time.monotonic()
     w = model.weights
     V = model.vocab_size
     sentences = Sentences.of(taskset, w)
-    levels, tables, proofs, sequences = [], {}, [], []
+    levels, tables, proofs, sequences, witnesses = [], {}, [], [], []
     n_top = max_continuation(w, 1)
     union: list[set] = [set() for _ in range(n_top)]
     for k in range(1, m + 1):
         level, tokens, _ = token_level(model, k, progress)
         levels.append(level)
         tables[k] = tokens
+        # each sequence's class: the best that any of its prompts gives it (its first prompt's
+        # when none makes it part of a sentence: in no sentence), with that prompt's proof
+        best = sentences.witnesses(V, k, tokens)
+        chosen = {seq: best.get(seq, (OUTSIDE, i)) for seq, i in level.sequences.items()}
         reps = sorted(set(level.sequences.values()))
-        prompts = prompts_of(V, k, np.array(reps, np.int64))
+        extra = sorted({i for _, i in chosen.values()} - set(reps))
+        prompts = prompts_of(V, k, np.array(reps + extra, np.int64))
         r = run(model, prompts, level.n_max)
-        ids = {}
-        for row, i in enumerate(reps):
-            ids[i] = len(proofs)
-            proofs.append(r.proof(row, tuple(int(t) for t in prompts[row]), None, 0.0))
+        ids, wids = {}, {}
+        for row, i in enumerate(reps + extra):
+            proof = r.proof(row, tuple(int(t) for t in prompts[row]), None, 0.0)
+            if row < len(reps):
+                ids[i] = len(proofs)
+                proofs.append(proof)
+            else:
+                wids[i] = len(witnesses)
+                witnesses.append(proof)
         for seq, i in sorted(level.sequences.items(), key=lambda kv: (len(kv[0]), kv[1])):
-            proof = proofs[ids[i]]
-            if proof.tokens[:len(seq)] != seq:
+            klass, j = chosen[seq]
+            if j != i and j not in wids:                  # another sequence's first prompt gives it its class
+                wids[j] = len(witnesses)
+                witnesses.append(proofs[ids[j]])
+            a = Accessible(k, seq, ids[i], "token", klass, wids[j] if j != i else None)
+            shown = proofs[a.proof] if a.witness is None else witnesses[a.witness]
+            if proofs[a.proof].tokens[:len(seq)] != seq or shown.tokens[:len(seq)] != seq:
                 raise AssertionError("a prompt's certified continuation changed when it ran again")
-            sequences.append(Accessible(k, seq, ids[i], "token", sentences.classify(seq)))
+            if sentences.classify(shown.prompt + seq) != klass:
+                raise AssertionError("a sequence's class is not its prompt's")
+            sequences.append(a)
             union[len(seq) - 1].add(seq)
     facts = _facts_by_tokens(model, taskset, m, tables, proofs, sequences)
     return TokenReport(m, why, levels, [len(u) for u in union], proofs, sequences, facts,
-                       time.monotonic() - start)
+                       time.monotonic() - start, witnesses)
 
 
 def _facts_by_tokens(model: BoxModel, taskset: TaskSet, m: int, tables: dict, proofs: list[Proof],
@@ -535,13 +595,18 @@ RANDOM, OBJECT, TOKEN_BOX = "random", "object", "token prompt box"
 class SoftTarget:
     """A target searched for (or a token prompt's box), with the best certified proof over the
     restarts: the target is certified accessible iff every one of its steps is proven.
-    ``found``: some restart reproduced it greedily in floating point (None: no search)."""
+    ``found``: some restart reproduced it greedily in floating point (None: no search).
+    ``centre_only``: not certified on its box, but certified at the box's centre alone
+    (radius 0: a token prompt's proof, or a found restart's centre run again), so that the
+    box's width is why it is not: over the box the enclosures leave a step undecided, which
+    is no proof that some prompt of the box says something else."""
 
     m: int
     target: tuple[int, ...]
     purpose: str
     found: bool | None
     proof: Proof
+    centre_only: bool = False
 
     @property
     def certified(self) -> bool:
@@ -574,9 +639,14 @@ class SoftReport:
     levels: list[SoftLevel]
     fit: tuple[float, float] | None          # (slope, intercept) of n50 against m, over fit_levels
     fit_levels: list[int]                    # the m whose n50 is not capped by the positions
-    in_support: bool                         # every certified prompt's centres lie in the support
+    in_support: bool                         # every certified prompt's centres (not whole boxes) lie in the support
     settings: dict
     seconds: float = 0.0
+
+    @property
+    def centre_only(self) -> list[SoftTarget]:
+        """The targets certified at the centre of a box but not on it (:class:`SoftTarget`)."""
+        return [t for t in self.targets if t.centre_only]
 
     @property
     def ratio(self) -> dict:
@@ -640,20 +710,27 @@ def _search_level(model: BoxModel, propose, m: int, jobs: list, restarts: int, s
         targets[i, :len(t)] = t
     prompts, found = propose(targets, m, seed)
     prompts = np.asarray(prompts, np.float64)
+    found = np.asarray(found, bool)
     out = []
     by_length: dict[int, list[int]] = {}
     for i, (t, _) in enumerate(jobs * restarts):
         by_length.setdefault(len(t), []).append(i)
     proofs: dict[int, Proof] = {}
+    centre: set[int] = set()               # found, not certified on the box, certified at its centre
     for length, rows in by_length.items():
         rows = np.array(rows)
         r = run(model, None, length, soft=prompts[rows], radius=radius, targets=targets[rows, :length])
         for j, i in enumerate(rows):
             proofs[int(i)] = r.proof(j, None, prompts[i], radius)
+        again = np.array([i for i in rows if found[i] and len(proofs[int(i)].steps) < length], np.int64)
+        if again.size and radius > 0:
+            r0 = run(model, None, length, soft=prompts[again], radius=0.0, targets=targets[again, :length])
+            centre |= {int(i) for j, i in enumerate(again) if r0.certified_length[j] == length}
     for i, (t, purpose) in enumerate(jobs):
         tries = [i + k * len(jobs) for k in range(restarts)]
         best = max(tries, key=lambda x: len(proofs[x].steps))
-        out.append(SoftTarget(m, t, purpose, bool(np.any(np.asarray(found)[tries])), proofs[best]))
+        out.append(SoftTarget(m, t, purpose, bool(np.any(found[tries])), proofs[best],
+                              len(proofs[best].steps) < len(t) and any(x in centre for x in tries)))
     return out
 
 
@@ -672,7 +749,8 @@ def _token_boxes(model: BoxModel, tokens: TokenReport, radius: float) -> list[So
             soft = np.stack([E[list(p.prompt)].toarray() for p in same])
             targets = np.array([p.tokens for p in same], np.int64)
             r = run(model, None, length, soft=soft, radius=radius, targets=targets)
-            out += [SoftTarget(m, p.tokens, TOKEN_BOX, None, r.proof(j, None, soft[j], radius))
+            out += [SoftTarget(m, p.tokens, TOKEN_BOX, None, r.proof(j, None, soft[j], radius),
+                               int(r.certified_length[j]) < length)           # its centre: the token prompt
                     for j, p in enumerate(same)]
     return out
 

@@ -65,6 +65,9 @@ def report_json(analysis: Analysis, source: dict) -> dict:
 
     sequences = [{"m": a.m, "n": len(a.tokens), "tokens": [vocab[t] for t in a.tokens], "text": text(a.tokens),
                   "kind": a.kind, "class": a.klass, "proof": ref(tok.proofs[a.proof], "token")} for a in tok.sequences]
+    for entry, a in zip(sequences, tok.sequences):
+        if a.witness is not None:
+            entry["class_proof"] = None                   # numbered after every other proof (below)
     classes = {c: sum(1 for a in tok.sequences if a.klass == c) for c in (SENTENCE, PART, OUTSIDE)}
     facts = [{"task": f.task, "subject": f.subject, "object": f.object, "accessible": f.proof is not None,
               "kind": f.kind, "own_query": f.own_query,
@@ -96,6 +99,9 @@ def report_json(analysis: Analysis, source: dict) -> dict:
         "proofs": proofs,
         "every_object_accessible": analysis.every_object,
     }
+    for entry, a in zip(sequences, tok.sequences):
+        if a.witness is not None:
+            entry["class_proof"] = ref(tok.witnesses[a.witness], "token")
     return out
 
 
@@ -139,7 +145,7 @@ def render(analysis: Analysis, name: str, shown: int = 10) -> list[str]:
     lines.append(f"  {len(tok.sequences):,} certified (m, sequence) pairs: {counts[SENTENCE]} whole sentences, "
                  f"{counts[PART]} parts of a sentence, {counts[OUTSIDE]} in no sentence of the task set")
     for a in outside[:shown]:
-        lines.append(f"    not knowledge: \"{text(a.tokens)}\" after \"{text(tok.proofs[a.proof].prompt)}\"")
+        lines.append(f"    not knowledge: \"{text(a.tokens)}\" after \"{text(tok.class_proof(a).prompt)}\"")
     n_facts = len(analysis.facts)
     ok = sum(f.proof is not None for f in analysis.facts)
     by_soft = sum(f.kind == "soft" for f in analysis.facts)
@@ -177,5 +183,14 @@ def _render_soft(soft: SoftReport, w: Weights, shown: int) -> list[str]:
     lines.append("  C / measured slope: " + ("undefined (the measured slope is not positive)" if ratio["C"] is None else
                                               f"{ratio['C']:.3g} (anisotropic {ratio['C_anisotropic']:.3g})")
                  + "; the paper: about 5 to 20 on pretrained models")
-    lines.append(f"  every certified soft prompt lies in the bound's support: {'yes' if soft.in_support else 'NO'}")
+    width = soft.centre_only
+    if width:
+        by_token = sum(t.purpose == TOKEN_BOX for t in width)
+        none = "" if any(t.certified for t in soft.targets) else f"no box certifies at epsilon = {soft.epsilon:g}: "
+        lines.append(f"  {none}{len(width)} targets certified at the centre of their box (radius 0: {by_token} token "
+                     f"prompts, {len(width) - by_token} found by the search) are not certified on the box X +- "
+                     f"epsilon/2: over a box this wide the enclosures leave a step undecided (their width, not a "
+                     f"proven change of output inside the box); a smaller --prompt-epsilon narrows them")
+    lines.append(f"  every certified soft prompt's centre lies in the bound's support: "
+                 f"{'yes' if soft.in_support else 'NO'} (the centres X only, not the whole boxes X +- epsilon/2)")
     return lines
