@@ -321,6 +321,68 @@ def test_an_overflow_no_weight_reads_still_makes_the_query_undecided():
     assert np.isnan(_ort_probs(w, [0])).all()
 
 
+def _ort_run(w, prefix):
+    """ONNX Runtime's (probs, routed expert) for one prefix of the exported graph."""
+    ort = pytest.importorskip("onnxruntime")
+    from layout.onnx_graph import to_onnx
+
+    session = ort.InferenceSession(to_onnx(w).SerializeToString(), providers=["CPUExecutionProvider"])
+    probs, expert, _ = session.run(None, {"tokens": np.array([prefix], np.int64)})
+    return probs[0], int(expert[0])
+
+
+#: 1.5·2^127: a float32 number whose double (3·2^127) is beyond float32's largest value
+HALF_OVER = 1.5 * 2.0 ** 127
+
+
+def gate_partial_overflow_model():
+    """Expert 1's gate row reads four residual coordinates holding 1 with +a, +a, −a, −a
+    (a = 1.5·2^127): its score is exactly 0, and expert 0's bias 2^110 wins by 2^110. But a
+    sum that adds a + a first overflows float32 (3·2^127), and the score becomes ∞ (or NaN):
+    such an execution routes to expert 1, whose output makes token 0 improbable."""
+    from audit.differential import dense_model
+
+    d, a = 5, HALF_OVER
+    E = np.zeros((3, d))
+    E[:, :4] = 1.0
+
+    def expert(L):
+        W2 = np.zeros((d, 1))
+        W2[4, 0] = L
+        return np.zeros((1, d)), np.ones(1), W2
+
+    U = np.zeros((2, d))
+    U[0, 4] = 1.0
+    return dense_model(E, np.zeros((2, d)), [], np.array([[0, 0, 0, 0, 0.0], [a, a, -a, -a, 0]]),
+                       np.array([2.0 ** 110, 0.0]), [expert(20.0), expert(-20.0)], U)
+
+
+def test_a_gate_whose_partial_sums_overflow_is_undecided():
+    """The deployed gate was checked for overflow by |score| + radius, which stays near
+    2^110 here, while a partial sum of the same score overflows: float32 (PyTorch, ONNX
+    Runtime) routed to expert 1 with an error near 1 while the certificate claimed expert 0
+    by a margin of 8.7·10^32 and an error below 10^-6. A partial sum is bounded by the
+    terms' magnitudes, which are checked now."""
+    w = gate_partial_overflow_model()
+    with np.errstate(over="ignore"):
+        assert np.float32(HALF_OVER) + np.float32(HALF_OVER) == np.inf   # one order of the sum overflows
+    for fmt in ("float32", "bfloat16"):
+        res = FloatPass(w, Deployment.named(fmt)).run_batch(np.array([[0]]), np.array([0, 1]), np.array([0]))
+        assert res.margin[0] == -np.inf and (res.err_lo[0], res.err_hi[0]) == (0.0, 1.0), fmt
+    exact = verify_rows(w, [[0]], [[0]])
+    assert exact.margin[0] > 2.0 ** 109 and exact.err_hi[0] < 1e-6      # the exact model is fine
+    probs, expert = _ort_run(w, [0])
+    assert expert == 1 and 1.0 - probs[0] > 0.99                         # a real runtime takes that order
+
+
+def verify_rows(w, prefixes, valid_sets):
+    """The exact pass's result for prefixes (weights' ids) with one valid set each."""
+    from verifier.passes.forward import run_batch
+
+    ptr = np.concatenate([[0], np.cumsum([len(v) for v in valid_sets])]).astype(np.int64)
+    return run_batch(w, np.array(prefixes, np.int64), ptr, np.array([t for v in valid_sets for t in v], np.int64))
+
+
 def test_denormals_are_zero_executions_are_covered(capitals):
     """Runtimes that flush subnormal inputs and results to zero (torch.set_flush_denormal)
     are inside the model: a subnormal weight read as 0, then amplified, moves the error
