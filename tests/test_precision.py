@@ -375,6 +375,40 @@ def test_a_gate_whose_partial_sums_overflow_is_undecided():
     assert expert == 1 and 1.0 - probs[0] > 0.99                         # a real runtime takes that order
 
 
+def scaled_output_overflow_model(read: float = 2.0 ** -122):
+    """Gate mode top1-scaled; expert 0 (gate 1 against expert 1's 0: c = e/(1 + e) ≈ 0.73)
+    has two neurons of activity 1 writing 2^127 each into coordinate 1: W_2·a = 2^128
+    overflows float32, c·W_2·a ≈ 0.73·2^128 does not. A runtime computes W_2·a first (the
+    execution model's order: expert output, then gate scale), gets ∞, and c·∞ = ∞."""
+    from audit.differential import dense_model
+
+    d = 2
+    E = np.zeros((3, d))
+    E[:, 0] = 1.0
+    W2 = np.zeros((d, 2))
+    W2[1, :] = 2.0 ** 127
+    U = np.zeros((2, d))
+    U[0, 1] = read
+    return dense_model(E, np.zeros((2, d)), [], np.array([[1.0, 0.0], [0.0, 0.0]]), np.zeros(2),
+                       [(np.zeros((2, d)), np.ones(2), W2), (np.zeros((1, d)), np.zeros(1), np.zeros((d, 1)))], U,
+                       "top1-scaled")
+
+
+def test_an_expert_output_that_overflows_before_its_gate_scale_is_undecided():
+    """The deployed pass checked the scaled output c·W_2·a for overflow, not W_2·a, which a
+    runtime computes first: here every float32 execution (PyTorch, ONNX Runtime, the
+    emulator) outputs NaN while the certificate claimed an error of at most 5.4·10^-7. The unscaled
+    magnitude is checked now."""
+    w = scaled_output_overflow_model()
+    with np.errstate(over="ignore"):
+        assert np.float32(2.0 ** 127) + np.float32(2.0 ** 127) == np.inf
+    res = FloatPass(w, Deployment.named("float32")).run_batch(np.array([[0]]), np.array([0, 1]), np.array([0]))
+    assert res.margin[0] == -np.inf and (res.err_lo[0], res.err_hi[0]) == (0.0, 1.0)
+    p, _ = Deployed(w, FORMATS["float32"], "sequential").run([0])
+    assert np.isnan(p).all()
+    assert np.isnan(_ort_run(w, [0])[0]).all()
+
+
 def verify_rows(w, prefixes, valid_sets):
     """The exact pass's result for prefixes (weights' ids) with one valid set each."""
     from verifier.passes.forward import run_batch

@@ -981,7 +981,12 @@ def experts(pairs, scale, R, L, W1T, first, W2T, UT, V, valid, scratch, stamp0, 
     stage's rounding (relative to the magnitudes the accumulators hold), floor and
     inputs-read-as-zero allowance (verifier.passes.floating: Stages), a magnitude that may reach
     the format's largest value makes the pair undecided, and the error is Lemma F2's
-    (:func:`_error_deployed`; no ρ).
+    (:func:`_error_deployed`; no ρ). With a gate scale (c != 1) a runtime computes W_2·a
+    before multiplying by c (the execution model's order), so each output coordinate's
+    unscaled magnitude Σ|W_2|·a_hi is kept too, in column 5 of ``yacc`` (which must have
+    six columns), and checked the same way: c·W_2·a finite does not make W_2·a finite
+    (c may be as small as 1/K), and an infinite W_2·a gives c·∞ = ∞, or 0·∞ = NaN where a
+    runtime removes the expert by a zero scale.
     """
     rows, experts_of = pairs
     cm, cr = scale
@@ -1010,6 +1015,7 @@ def experts(pairs, scale, R, L, W1T, first, W2T, UT, V, valid, scratch, stamp0, 
         lo_n, hi_n = off[k], off[k + 1]
         bad = False
         scaled = cr[q] != 0.0 or cm[q] != 1.0
+        unscaled = on and scaled                          # W_2·a's own magnitude is checked (column 5)
         # z = W_1 r over the neurons of expert k that row i reaches
         nz = 0
         for e in range(R_ptr[i], R_ptr[i + 1]):
@@ -1063,9 +1069,14 @@ def experts(pairs, scale, R, L, W1T, first, W2T, UT, V, valid, scratch, stamp0, 
                 am, ar = mul_interval(am, ar, cm[q], cr[q])
             for t in range(W2T_ptr[g], W2T_ptr[g + 1]):
                 j = W2T_idx[t]
+                seen = ny
                 ny = _touch(j, yacc, s, ytouched, ny)
                 m, a, b = prod_terms(am, ar, W2T_val[t])
                 _add(j, m, a, b, yacc)
+                if unscaled:
+                    if ny != seen:
+                        yacc[j, 5] = 0.0
+                    yacc[j, 5] = upp(yacc[j, 5] + upp(a_hi * abs(W2T_val[t])))
         for t in range(pos_ptr[k], pos_ptr[k + 1]):
             g = pos_idx[t]
             loc = g - lo_n
@@ -1082,9 +1093,14 @@ def experts(pairs, scale, R, L, W1T, first, W2T, UT, V, valid, scratch, stamp0, 
                 am, ar = mul_interval(am, ar, cm[q], cr[q])
             for u in range(W2T_ptr[g], W2T_ptr[g + 1]):
                 j = W2T_idx[u]
+                seen = ny
                 ny = _touch(j, yacc, s, ytouched, ny)
                 m, a, b = prod_terms(am, ar, W2T_val[u])
                 _add(j, m, a, b, yacc)
+                if unscaled:
+                    if ny != seen:
+                        yacc[j, 5] = 0.0
+                    yacc[j, 5] = upp(yacc[j, 5] + upp(abs(b1[g]) * abs(W2T_val[u])))
         if bad:
             err_lo[q], err_hi[q], pred[q], rho_lo[q], rho_hi[q] = 0.0, 1.0, -1, np.nan, np.nan
             undecided[q] = True
@@ -1109,6 +1125,8 @@ def experts(pairs, scale, R, L, W1T, first, W2T, UT, V, valid, scratch, stamp0, 
                 orad = _deployed_output(orad, upp(yacc[j, 2] + yacc[j, 3]), fp, cmax,
                                         upp(upp(2.0 * fp[KC_EMIN]) * upp(l1a + rs_2[j])))
                 l1o = upp(l1o + upp(abs(om) + orad))
+                if unscaled and not (upp(up1(fp[KC_RHO_O]) * yacc[j, 5]) < fp[KC_LARGEST]):
+                    bad = True                            # W_2·a itself may overflow before the scale
             if not (np.isfinite(om) and np.isfinite(orad)):
                 bad = True
             for t in range(UT_ptr[j], UT_ptr[j + 1]):

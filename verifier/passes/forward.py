@@ -375,7 +375,9 @@ class Prepared:
             if V >= 2 ** 31:
                 raise ValueError(f"{V} tokens: the logits' slot map holds 32-bit slots")
             K = len(self.weights.experts)
-            self._scratch = {"z": spa(w), "y": spa(max(d, 1)), "L": spa(max(V, 1)),
+            # "y" has a sixth column: the deployed pass's unscaled magnitude of an expert output (kernels.experts)
+            self._scratch = {"z": spa(w), "y": (np.zeros((max(d, 1), 6)), np.zeros(max(d, 1), np.int64)),
+                             "L": spa(max(V, 1)),
                              # the slot map of kernels.logits, which keeps its sums compactly in "L"
                              # (kernels._at; stamps are never reused, so the two layouts share it safely)
                              "Lw": np.zeros(max(V, 1), np.int32),
