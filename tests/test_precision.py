@@ -335,26 +335,28 @@ def _ort_run(w, prefix):
 HALF_OVER = 1.5 * 2.0 ** 127
 
 
-def gate_partial_overflow_model():
+def gate_partial_overflow_model(loser_overflows: bool = False):
     """Expert 1's gate row reads four residual coordinates holding 1 with +a, +a, −a, −a
     (a = 1.5·2^127): its score is exactly 0, and expert 0's bias 2^110 wins by 2^110. But a
     sum that adds a + a first overflows float32 (3·2^127), and the score becomes ∞ (or NaN):
-    such an execution routes to expert 1, whose output makes token 0 improbable."""
+    such an execution routes to expert 1, whose output makes token 0 improbable (with
+    ``loser_overflows``: two neurons writing 2^127 each, an output of 2^128, ∞ in float32)."""
     from audit.differential import dense_model
 
     d, a = 5, HALF_OVER
     E = np.zeros((3, d))
     E[:, :4] = 1.0
 
-    def expert(L):
-        W2 = np.zeros((d, 1))
-        W2[4, 0] = L
-        return np.zeros((1, d)), np.ones(1), W2
+    def expert(L, width=1):
+        W2 = np.zeros((d, width))
+        W2[4, :] = L
+        return np.zeros((width, d)), np.ones(width), W2
 
     U = np.zeros((2, d))
     U[0, 4] = 1.0
     return dense_model(E, np.zeros((2, d)), [], np.array([[0, 0, 0, 0, 0.0], [a, a, -a, -a, 0]]),
-                       np.array([2.0 ** 110, 0.0]), [expert(20.0), expert(-20.0)], U)
+                       np.array([2.0 ** 110, 0.0]),
+                       [expert(20.0), expert(2.0 ** 127, 2) if loser_overflows else expert(-20.0)], U)
 
 
 def test_a_gate_whose_partial_sums_overflow_is_undecided():
@@ -373,6 +375,28 @@ def test_a_gate_whose_partial_sums_overflow_is_undecided():
     assert exact.margin[0] > 2.0 ** 109 and exact.err_hi[0] < 1e-6      # the exact model is fine
     probs, expert = _ort_run(w, [0])
     assert expert == 1 and 1.0 - probs[0] > 0.99                         # a real runtime takes that order
+
+
+def test_a_row_whose_gate_decides_nothing_certifies_no_ablation():
+    """The ablated model (execution model, ``ablation``) may remove the routed expert by
+    multiplying its output by 0, exact only for a finite output. Here the gate decides
+    nothing (its partial sums may overflow), so a float32 execution may route to expert 1,
+    whose output overflows: 0·∞ = NaN, and every ablated logit is NaN. The pass had checked
+    only the midpoints' winner (expert 0) and certified the ablation (L2 by a tie of the
+    exact-zero logits, L1's 1 − P(o) at least 1/2); such a row certifies no ablation now."""
+    w = gate_partial_overflow_model(loser_overflows=True)
+    with np.errstate(over="ignore", invalid="ignore"):
+        f = np.float32
+        g1 = f(HALF_OVER) + f(HALF_OVER) - f(HALF_OVER) - f(HALF_OVER)       # expert 1's score, a + a first
+        out = f(2.0 ** 127) + f(2.0 ** 127)                                 # its output
+        assert g1 == np.inf and out == np.inf and np.isnan(f(0.0) + f(0.0) * out)
+    for fmt in ("float32", "bfloat16"):
+        res = FloatPass(w, Deployment.named(fmt)).run_batch(np.array([[0]]), np.array([0, 1]), np.array([0]),
+                                                             target=np.array([0]))
+        assert (res.ablated_lo[0], res.ablated_hi[0]) == (0.0, 1.0), fmt
+        assert res.ablated_gap[0] == -np.inf and res.ablated_object_lo[0] == 0.0, fmt
+    exact = verify_rows(w, [[0]], [[0]], target=[0])
+    assert exact.ablated_gap[0] == 0.0 and exact.ablated_object_lo[0] > 0.49     # the exact pass decides it
 
 
 def scaled_output_overflow_model(read: float = 2.0 ** -122):
@@ -409,12 +433,13 @@ def test_an_expert_output_that_overflows_before_its_gate_scale_is_undecided():
     assert np.isnan(_ort_run(w, [0])[0]).all()
 
 
-def verify_rows(w, prefixes, valid_sets):
+def verify_rows(w, prefixes, valid_sets, target=None):
     """The exact pass's result for prefixes (weights' ids) with one valid set each."""
     from verifier.passes.forward import run_batch
 
     ptr = np.concatenate([[0], np.cumsum([len(v) for v in valid_sets])]).astype(np.int64)
-    return run_batch(w, np.array(prefixes, np.int64), ptr, np.array([t for v in valid_sets for t in v], np.int64))
+    return run_batch(w, np.array(prefixes, np.int64), ptr, np.array([t for v in valid_sets for t in v], np.int64),
+                     target=None if target is None else np.array(target, np.int64))
 
 
 def test_denormals_are_zero_executions_are_covered(capitals):
