@@ -91,7 +91,8 @@ STEPS: tuple[Step, ...] = (
     Step("ablation", "y = r", 0,
          "exact: the model the entanglement check (L1, L2, ablated error) is about, the routed expert removed, "
          "whichever expert that is, its logits the next row's with y = r; removed by not running its branch, by "
-         "selecting exact zeros for its neurons or its output (a mask, `Where`: y = r + 0), or by multiplying its "
+         "selecting exact zeros for its neurons or its output (a mask, `Where`: y = r + 0; a gate scale c applied "
+         "after is finite wherever the gate decides), or by multiplying its "
          "output by 0 or setting its gate scale c to 0, which is exact only where that output is finite (0 · ∞ is "
          "NaN): the pass certifies the output W_2^e ReLU(z) of every expert that may be routed finite in the "
          "format, and a query where one may not be, or whose gate decides nothing, certifies no ablation. Not "
