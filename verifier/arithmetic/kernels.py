@@ -485,8 +485,12 @@ def gate(R_ptr, R_idx, R_mid, R_rad, WG_ptr, WG_idx, WG_val, colmax, hot, bG, ma
     ``deployed`` = (on, constants, the largest row sum of |W_G|): in the deployed pass of a
     format each score also carries the gate's rounding, ρ_g·Σ_j |r̂_j||W_G[k, j]| (bounded
     as the row's radius is, by Σ_j (|xm_j| + xr_j)·c_j) and ρ_g·|b_G[k]|, its floor and its
-    inputs-read-as-zero allowance 2·e_min·(Σ_j |r̂_j| + Σ_j |W_G[k, j]|); a score whose
-    magnitude may reach the format's largest value makes the row undecided.
+    inputs-read-as-zero allowance 2·e_min·(Σ_j |r̂_j| + Σ_j |W_G[k, j]|); a row where a
+    score, or a partial sum of one, may reach the format's largest value is undecided: a
+    runtime sums the terms in any order, so a partial sum is bounded by the terms'
+    magnitudes Σ_j |r̂_j||W_G[k, j]| + |b_G[k]| <= Σ_j (|xm_j| + xr_j)·c_j + max|b_G|, not by
+    the score (terms of opposite signs that cancel in the score can overflow on the way,
+    and the overflowed score routes the query anywhere).
     """
     n = R_ptr.size - 1
     K = bG.size
@@ -527,6 +531,7 @@ def gate(R_ptr, R_idx, R_mid, R_rad, WG_ptr, WG_idx, WG_val, colmax, hot, bG, ma
     c_val = np.empty((C, K))
     c_order = np.empty((C, K), np.int64)
     c_S = np.empty(C)
+    c_M = np.empty(C)
     c_cnt = np.empty(C, np.int64)
     c_big = np.empty(C)
     c_bad = np.zeros(C, np.bool_)
@@ -556,6 +561,7 @@ def gate(R_ptr, R_idx, R_mid, R_rad, WG_ptr, WG_idx, WG_val, colmax, hot, bG, ma
             oldest = (oldest + 1) % C
             h = 0
             S = 0.0
+            Mg = 0.0
             cnt = 0
             bad = False
             for k in range(K):
@@ -574,6 +580,8 @@ def gate(R_ptr, R_idx, R_mid, R_rad, WG_ptr, WG_idx, WG_val, colmax, hot, bG, ma
                 if not (np.isfinite(xm) and np.isfinite(xr)):
                     bad = True
                 S = upp(S + upp(_gate_term(xm, xr, g, rel, on) * colmax[j]))
+                if on:
+                    Mg = upp(Mg + upp(upp(abs(xm) + xr) * colmax[j]))
                 cnt += 1
                 for q in range(WG_ptr[j], WG_ptr[j + 1]):
                     k = WG_idx[q]
@@ -594,11 +602,13 @@ def gate(R_ptr, R_idx, R_mid, R_rad, WG_ptr, WG_idx, WG_val, colmax, hot, bG, ma
                 c_order[grp, u] = order[u]
             c_len[grp] = h
             c_S[grp] = S
+            c_M[grp] = Mg
             c_cnt[grp] = cnt
             c_big[grp] = big
             c_bad[grp] = bad
         # 2. the row's own entries: continue the partial sums of the experts they reach
         S = c_S[grp]
+        Mg = c_M[grp]
         cnt = c_cnt[grp]
         bad = c_bad[grp]
         nt = 0
@@ -613,6 +623,8 @@ def gate(R_ptr, R_idx, R_mid, R_rad, WG_ptr, WG_idx, WG_val, colmax, hot, bG, ma
             cj = colmax[j]
             if cj > 0.0:
                 S = upp(S + upp(_gate_term(xm, xr, g, rel, on) * cj))
+                if on:
+                    Mg = upp(Mg + upp(upp(abs(xm) + xr) * cj))
                 cnt += 1
                 for q in range(WG_ptr[j], WG_ptr[j + 1]):
                     k = WG_idx[q]
@@ -637,6 +649,9 @@ def gate(R_ptr, R_idx, R_mid, R_rad, WG_ptr, WG_idx, WG_val, colmax, hot, bG, ma
                 l1 = upp(l1 + upp(abs(R_mid[e]) + R_rad[e]))
             r = upp(r + upp(upp(rel * bmax) + upp(fp[KC_F_G] + upp(upp(2.0 * fp[KC_EMIN]) * upp(l1 + rs_g)))))
             if not (upp(up1(rel) * upp(big + r)) < fp[KC_LARGEST]):
+                bad = True
+            # every partial sum of every score: at most (1 + ρ_g) times its terms' magnitudes
+            if not (upp(up1(rel) * upp(Mg + bmax)) < fp[KC_LARGEST]):
                 bad = True
         if bad or not np.isfinite(r):
             r = np.inf
@@ -966,7 +981,12 @@ def experts(pairs, scale, R, L, W1T, first, W2T, UT, V, valid, scratch, stamp0, 
     stage's rounding (relative to the magnitudes the accumulators hold), floor and
     inputs-read-as-zero allowance (verifier.passes.floating: Stages), a magnitude that may reach
     the format's largest value makes the pair undecided, and the error is Lemma F2's
-    (:func:`_error_deployed`; no ρ).
+    (:func:`_error_deployed`; no ρ). With a gate scale (c != 1) a runtime computes W_2·a
+    before multiplying by c (the execution model's order), so each output coordinate's
+    unscaled magnitude Σ|W_2|·a_hi is kept too, in column 5 of ``yacc`` (which must have
+    six columns), and checked the same way: c·W_2·a finite does not make W_2·a finite
+    (c may be as small as 1/K), and an infinite W_2·a gives c·∞ = ∞, or 0·∞ = NaN where a
+    runtime removes the expert by a zero scale.
     """
     rows, experts_of = pairs
     cm, cr = scale
@@ -995,6 +1015,7 @@ def experts(pairs, scale, R, L, W1T, first, W2T, UT, V, valid, scratch, stamp0, 
         lo_n, hi_n = off[k], off[k + 1]
         bad = False
         scaled = cr[q] != 0.0 or cm[q] != 1.0
+        unscaled = on and scaled                          # W_2·a's own magnitude is checked (column 5)
         # z = W_1 r over the neurons of expert k that row i reaches
         nz = 0
         for e in range(R_ptr[i], R_ptr[i + 1]):
@@ -1048,9 +1069,14 @@ def experts(pairs, scale, R, L, W1T, first, W2T, UT, V, valid, scratch, stamp0, 
                 am, ar = mul_interval(am, ar, cm[q], cr[q])
             for t in range(W2T_ptr[g], W2T_ptr[g + 1]):
                 j = W2T_idx[t]
+                seen = ny
                 ny = _touch(j, yacc, s, ytouched, ny)
                 m, a, b = prod_terms(am, ar, W2T_val[t])
                 _add(j, m, a, b, yacc)
+                if unscaled:
+                    if ny != seen:
+                        yacc[j, 5] = 0.0
+                    yacc[j, 5] = upp(yacc[j, 5] + upp(a_hi * abs(W2T_val[t])))
         for t in range(pos_ptr[k], pos_ptr[k + 1]):
             g = pos_idx[t]
             loc = g - lo_n
@@ -1067,9 +1093,14 @@ def experts(pairs, scale, R, L, W1T, first, W2T, UT, V, valid, scratch, stamp0, 
                 am, ar = mul_interval(am, ar, cm[q], cr[q])
             for u in range(W2T_ptr[g], W2T_ptr[g + 1]):
                 j = W2T_idx[u]
+                seen = ny
                 ny = _touch(j, yacc, s, ytouched, ny)
                 m, a, b = prod_terms(am, ar, W2T_val[u])
                 _add(j, m, a, b, yacc)
+                if unscaled:
+                    if ny != seen:
+                        yacc[j, 5] = 0.0
+                    yacc[j, 5] = upp(yacc[j, 5] + upp(abs(b1[g]) * abs(W2T_val[u])))
         if bad:
             err_lo[q], err_hi[q], pred[q], rho_lo[q], rho_hi[q] = 0.0, 1.0, -1, np.nan, np.nan
             undecided[q] = True
@@ -1094,6 +1125,8 @@ def experts(pairs, scale, R, L, W1T, first, W2T, UT, V, valid, scratch, stamp0, 
                 orad = _deployed_output(orad, upp(yacc[j, 2] + yacc[j, 3]), fp, cmax,
                                         upp(upp(2.0 * fp[KC_EMIN]) * upp(l1a + rs_2[j])))
                 l1o = upp(l1o + upp(abs(om) + orad))
+                if unscaled and not (upp(up1(fp[KC_RHO_O]) * yacc[j, 5]) < fp[KC_LARGEST]):
+                    bad = True                            # W_2·a itself may overflow before the scale
             if not (np.isfinite(om) and np.isfinite(orad)):
                 bad = True
             for t in range(UT_ptr[j], UT_ptr[j + 1]):
