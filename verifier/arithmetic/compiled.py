@@ -77,7 +77,7 @@ import numpy as np
 from tasks.errors import TaskError
 
 #: The modules whose kernels go into the extension (imported by name when it is needed).
-MODULES = ("verifier.arithmetic.kernels", "verifier.arithmetic.factored")
+MODULES = ("verifier.arithmetic.kernels", "verifier.arithmetic.factored", "verifier.arithmetic.dense")
 #: Modules whose values the kernels' compiled code freezes in (besides MODULES): in the key.
 DEPENDS = ("verifier.arithmetic.constants", __name__)
 #: The prefix of the extension's file and module names (followed by the key).

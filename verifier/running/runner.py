@@ -38,6 +38,7 @@ import scipy.sparse as sp
 from layout import Weights
 from tasks.errors import TaskError
 from verifier.passes.floating import Deployment
+from verifier.passes.dense import DensePass, is_dense
 from verifier.passes.factored import FactoredPass, Split
 from verifier.passes.forward import BatchResult, Prepared
 
@@ -65,6 +66,8 @@ class PassSpec:
     #: the exact pass factored over cohorts (:mod:`verifier.passes.factored`) with the full
     #: weights' split, mapped to a cut's numbering; None: the plain pass
     split: Split | None = None
+    #: the exact pass of dense weights on BLAS (:mod:`verifier.passes.dense`)
+    dense: bool = False
 
     @staticmethod
     def for_taskset(taskset, weights: Weights, tmap: np.ndarray, deployment: Deployment | None = None) -> "PassSpec":
@@ -72,6 +75,8 @@ class PassSpec:
         (the task set's entities own their terms), or the deployed pass of a format."""
         if deployment is not None:
             return PassSpec(deployment)
+        if is_dense(weights):
+            return PassSpec(dense=True)
         return PassSpec(split=Split.of(weights, tmap[taskset.vocabulary.n_words:]))
 
     @property
@@ -81,6 +86,8 @@ class PassSpec:
     def build(self, weights: Weights, watch: np.ndarray | None = None) -> Pass:
         """The pass's tables for ``weights``; ``watch`` (exact pass): the global neurons whose
         possible activity each row records (:class:`verifier.checks.classes.ClassRecorder`)."""
+        if self.dense and self.deployment is None and watch is None:
+            return DensePass(weights, vocab_size=self.vocab_size)
         prep = Prepared(weights, gate_terms=self.gate_terms, vocab_size=self.vocab_size, deployment=self.deployment,
                         stages=self.stages)
         if watch is not None:
