@@ -56,6 +56,14 @@ Symbol = "str | Slot"
 SLOT_SPELLINGS: dict[str, Slot] = {"⋆1": SUBJECT, "⋆2": OBJECT, "*1": SUBJECT, "*2": OBJECT}
 
 
+#: Longest template the tools build, in words (the slots counted): the construction has L − 1
+#: structure heads and every query's residual holds about L·p leak entries, so verification
+#: grows like L³ per sentence; the structure trie holds every prefix (about L²/2 symbols).
+#: The tasks file reader refuses a longer template before any of that work, and
+#: :func:`construction.model.route` one given in Python.
+MAX_TEMPLATE_LENGTH = 1000
+
+
 #: A tab, or a character at which ``str.splitlines`` breaks (inside a stripped name: a second line).
 _TAB_OR_LINE_BREAK = re.compile("[\t\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029]")
 #: NUL or a lone surrogate: not storable in a weights file's string arrays.
@@ -74,6 +82,12 @@ def control_character(text: str) -> str | None:
     """The first control character of ``text`` as ``U+XXXX`` (for a message), or None."""
     m = _CONTROL.search(text)
     return None if m is None else f"U+{ord(m.group()):04X}"
+
+
+def long_template(length: int) -> str:
+    """What is wrong with a template of ``length`` words, longer than :data:`MAX_TEMPLATE_LENGTH`."""
+    return (f"a template of {length} words is longer than the {MAX_TEMPLATE_LENGTH} the construction builds (it "
+            f"needs {length - 1} structure heads, and verification grows like L³ per sentence)")
 
 
 def check_name(text: object, what: str) -> str:
@@ -492,11 +506,11 @@ class TaskSet:
         self._check_words_are_not_entities()
 
     def _check_words_are_not_entities(self) -> None:
-        word_use: dict[str, str] = {}
+        word_use: dict[str, tuple[Template, str]] = {}     # a word -> its first use (the text made if reported)
         for task in self.tasks:
             for t in task.templates:
                 for w in t.words:
-                    word_use.setdefault(w, f"a word of template '{t}' in task '{task.name}'")
+                    word_use.setdefault(w, (t, task.name))
         words = word_use.keys()
         for task in self.tasks:
             if words.isdisjoint(task.facts.subjects) and words.isdisjoint(task.facts.objects):
@@ -504,8 +518,10 @@ class TaskSet:
             for s, o in task.facts.items():                # the first offending fact, in order, for the message
                 for name, role in ((s, "subject"), (o, "object")):
                     if name in word_use:
+                        t, first = word_use[name]
                         raise TaskError(
-                            f"token '{name}' is {word_use[name]} and also the {role} of a fact in task '{task.name}'",
+                            f"token '{name}' is a word of template '{t}' in task '{first}' and also the {role} of a "
+                            f"fact in task '{task.name}'",
                             fix="a token is either a template word or an entity; rename one of them",
                         )
 

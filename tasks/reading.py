@@ -17,7 +17,7 @@ from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 from tasks.errors import TaskError
 from tasks.facts_files import facts_file_bytes, facts_key, iter_facts_file, read_plain
 from tasks.messages import one_line, quoted, show_name, suggest_key, where_line
-from tasks.model import Facts, Sources, Task, TaskSet, Template, check_name, plain_names
+from tasks.model import MAX_TEMPLATE_LENGTH, Facts, Sources, Task, TaskSet, Template, check_name, long_template, plain_names
 from tasks.structure import check_routable
 from tasks.yaml_nodes import FLOAT, IMPLICIT, INT, MAP, MAX_DEPTH, MERGE, NULL, SEQ, STR, LineMap, compose, decode, describe, line_of, read_bytes
 
@@ -282,6 +282,9 @@ class _Builder:
                 template = Template.parse(text)
             except TaskError as e:
                 raise e.located(self.file, line) from None
+            if template.length > MAX_TEMPLATE_LENGTH:     # before any work that grows faster than its length
+                raise self.error(long_template(template.length), line=line,
+                                 fix="split the sentence into shorter templates")
             if template.parts in seen:
                 raise self.error(f"{label} lists template '{template}' twice (lines {seen[template.parts]} and {line})",
                                  line=line, fix="remove the copy")
@@ -289,13 +292,14 @@ class _Builder:
             head.templates.append(template)
             head.template_lines.append(line)
 
-    def word_uses(self, heads: list[_TaskHead]) -> dict[str, tuple[str, str, int]]:
-        """word -> (template text, task name, YAML line) of its first use."""
-        uses: dict[str, tuple[str, str, int]] = {}
+    def word_uses(self, heads: list[_TaskHead]) -> dict[str, tuple[Template, str, int]]:
+        """word -> (template, task name, YAML line) of its first use (the template's text is
+        made only for a message: made per word, it cost a template of n words n² steps)."""
+        uses: dict[str, tuple[Template, str, int]] = {}
         for head in heads:
             for template, line in zip(head.templates, head.template_lines):
                 for w in template.words:
-                    uses.setdefault(w, (str(template), head.name, line))
+                    uses.setdefault(w, (template, head.name, line))
         return uses
 
     # --- facts ----------------------------------------------------------------------------
@@ -329,7 +333,7 @@ class _Builder:
             self._data[full] = facts_file_bytes(full, head.name, self.file, yaml_line)
         return self._data[full]
 
-    def facts(self, head: _TaskHead, words: dict[str, tuple[str, str, int]]) -> Facts:
+    def facts(self, head: _TaskHead, words: dict[str, tuple[Template, str, int]]) -> Facts:
         """The task's dictionary, each fact checked where it was written (or, with a cache, the
         facts read before from facts files of the same bytes).
 
@@ -349,7 +353,7 @@ class _Builder:
         finally:
             self._data.clear()
 
-    def parsed_facts(self, head: _TaskHead, words: dict[str, tuple[str, str, int]]) -> Facts:
+    def parsed_facts(self, head: _TaskHead, words: dict[str, tuple[Template, str, int]]) -> Facts:
         """The task's dictionary, parsed (:meth:`facts`)."""
         plain = self.plain_facts(head, words)
         if plain is not None:
@@ -361,9 +365,9 @@ class _Builder:
             o = self.name(raw_o, "object", file, line)
             for token, role in ((s, "subject"), (o, "object")):
                 if token in words:
-                    text, task, t_line = words[token]
+                    template, task, t_line = words[token]
                     raise TaskError(
-                        f"{show_name(token)} is the {role} of a fact of {label} and also a word of template '{text}' "
+                        f"{show_name(token)} is the {role} of a fact of {label} and also a word of template '{template}' "
                         f"of task {show_name(task)} ({where_line(self.file, t_line, file)})",
                         file=file, line=line, fix="a token is either a template word or an entity; rename one of them",
                     )
@@ -381,7 +385,7 @@ class _Builder:
                              fix="give it at least one fact")
         return Facts(pairs)
 
-    def plain_facts(self, head: _TaskHead, words: dict[str, tuple[str, str, int]]) -> Facts | None:
+    def plain_facts(self, head: _TaskHead, words: dict[str, tuple[Template, str, int]]) -> Facts | None:
         """A task's facts read in bulk when they come only from facts files and nothing in them
         is to be reported: the facts :meth:`facts` would return. None otherwise, and
         :meth:`facts` reads them line by line to name the problem (or the subject written
