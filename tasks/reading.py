@@ -19,7 +19,8 @@ from tasks.facts_files import facts_file_bytes, facts_key, iter_facts_file, read
 from tasks.messages import one_line, quoted, show_name, suggest_key, where_line
 from tasks.model import MAX_TEMPLATE_LENGTH, Facts, Sources, Task, TaskSet, Template, check_name, long_template, plain_names
 from tasks.structure import check_routable
-from tasks.yaml_nodes import FLOAT, IMPLICIT, INT, MAP, MAX_DEPTH, MERGE, NULL, SEQ, STR, LineMap, compose, decode, describe, line_of, read_bytes
+from tasks.yaml_nodes import (FLOAT, IMPLICIT, INT, MAP, MAX_DEPTH, MAX_TASKS_FILE_BYTES, MERGE, NULL, SEQ, STR, LineMap,
+                              check_size, compose, decode, describe, line_of, read_bytes, too_large)
 
 TOP_KEYS = ("epsilon", "parameters", "tasks")
 TASK_KEYS = ("name", "templates", "facts", "facts_file")
@@ -482,7 +483,8 @@ class TaskSource:
 def task_sources(path: str | os.PathLike) -> tuple[str, list[TaskSource]]:
     """(the YAML text, where each task is written) of a tasks file that loads."""
     file = os.fspath(path)
-    data = read_bytes(file, "tasks file")
+    data = read_bytes(file, "tasks file", MAX_TASKS_FILE_BYTES)
+    check_size(data, file)
     text = decode(data, file)
     lines = LineMap(text)
     root = compose(text, file, lines)
@@ -512,9 +514,22 @@ def loads_tasks(text: str | bytes, file: str = "<string>", base_dir: str | None 
     """
     try:
         if isinstance(text, (bytes, bytearray)):
+            check_size(bytes(text), file)
             text = decode(bytes(text), file)
         elif not isinstance(text, str):
             raise TaskError(f"a tasks document must be text, not {type(text).__name__}", file=file)
+        elif len(text) > MAX_TASKS_FILE_BYTES:        # (its UTF-8 form is no shorter: not encoded)
+            raise too_large(f"{len(text):,} characters", file)
+        else:                                          # a lone surrogate counted as 3 bytes, refused later
+            check_size(text.encode("utf-8", "surrogatepass"), file)
+    except TaskError as e:
+        raise one_line(e) from None
+    return _load_text(text, file, base_dir, routable, cache)
+
+
+def _load_text(text: str, file: str, base_dir: str | os.PathLike | None, routable: bool, cache) -> TaskSet:
+    """:func:`loads_tasks` on a text whose size was checked."""
+    try:
         nul = text.find("\x00")
         if nul >= 0:
             raise TaskError("the text contains a NUL character: it looks like binary data, not YAML",
@@ -533,16 +548,17 @@ def load_tasks(path: str | os.PathLike, routable: bool = True, cache=None) -> Ta
     ``cache`` as in :func:`loads_tasks`."""
     file = os.fspath(path)
     try:
-        data = read_bytes(file, "tasks file")
+        data = read_bytes(file, "tasks file", MAX_TASKS_FILE_BYTES)
     except TaskError as e:
         raise one_line(e.located(file)) from None
     if not data:
         raise TaskError("the file is empty: it has no tasks", file=file, fix="add a 'tasks:' list")
     try:
+        check_size(data, file)
         text = decode(data, file)
     except TaskError as e:
         raise one_line(e) from None
-    return loads_tasks(text, file=file, base_dir=os.path.dirname(file), routable=routable, cache=cache)
+    return _load_text(text, file, os.path.dirname(file), routable, cache)
 
 
 def input_files(path: str | os.PathLike) -> list[str]:
@@ -557,8 +573,11 @@ def input_files(path: str | os.PathLike) -> list[str]:
     file = os.path.abspath(os.fspath(path))
     out = [file]
     try:
+        if os.stat(file).st_size > MAX_TASKS_FILE_BYTES:
+            return out                # the loader refuses it without reading it
         with open(file, "rb") as f:
-            data = f.read()
+            data = f.read(MAX_TASKS_FILE_BYTES + 1)
+        check_size(data, file)
         refs = _facts_file_refs(data)
     except Exception:                 # any problem is the loader's to report, with its line
         return out

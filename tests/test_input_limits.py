@@ -1,22 +1,25 @@
 """Refusals that cost less than the work they refuse: every limit of the tasks reader is checked
 before any work that grows faster than the input, and no template's text is made per word.
 
-The limits: templates of at most 1,000 words (tasks.model.MAX_TEMPLATE_LENGTH), checked as each
-is parsed (before the structure trie, which holds every prefix). No test here times anything:
-each asserts *where* the refusal happens (the trie never built, the template's text made a
-bounded number of times) and what it says.
+The limits (tasks.yaml_nodes, tasks.model): a tasks file of at most 4 MiB and lines of at most
+1 MiB, checked on the raw bytes before PyYAML composes anything; templates of at most 1,000
+words, checked as each is parsed (before the structure trie, which holds every prefix).
+No test here times anything: each asserts *where* the refusal happens (the composer or the
+trie never entered, the template's text made a bounded number of times) and what it says.
 """
 
 from __future__ import annotations
 
-import pytest
+import os
 
+import pytest
+import tasks.yaml_nodes
 from cli.main import main
 from tasks.errors import TaskError
-from tasks.io import load_tasks
+from tasks.io import dumps_tasks, input_files, load_tasks, loads_tasks
 from tasks.model import MAX_TEMPLATE_LENGTH, Task, TaskSet, Template
 from tasks.structure import StructureTrie
-from tasks.yaml_nodes import _Loader
+from tasks.yaml_nodes import MAX_TASKS_FILE_BYTES, MAX_TASKS_LINE_BYTES, _Loader
 
 
 def one_line_exit_2(capsys, argv) -> str:
@@ -105,3 +108,85 @@ def test_the_longest_template_accepted_is_read(tmp_path):
     path.write_text(long_set(MAX_TEMPLATE_LENGTH + 1), encoding="utf-8")
     with pytest.raises(TaskError, match=r"t\.yaml:3: a template of 1001 words is longer than the 1000"):
         load_tasks(path)
+
+
+# --- the tasks file: size and lines checked on the bytes, before YAML ---------------------------------
+
+
+def test_a_20_MB_one_line_scalar_is_refused_before_yaml_composes_it(tmp_path, capsys, counted):
+    path = tmp_path / "big.yaml"
+    path.write_text('tasks:\n  - name: big\n    templates: ["x *1 y *2"]\n    facts: {A: "' + "a" * 20_000_000 + '"}\n',
+                    encoding="utf-8")
+    line = one_line_exit_2(capsys, ["check", path])
+    assert line == (f"error: {path}: the file is 20,000,069 bytes, more than the 4,194,304 bytes a tasks file may "
+                    f"have; put large dictionaries in facts files (facts_file: a TSV or CSV file), read in bulk")
+    assert counted["compose"] == 0
+
+
+def test_a_2_MB_line_is_refused_at_its_line_before_yaml_composes_it(tmp_path, capsys, counted):
+    path = tmp_path / "name.yaml"
+    path.write_text('tasks:\n  - name: big\n    templates: ["x *1 y *2"]\n    facts:\n      A: B\n      C: '
+                    + "c" * 2_000_000 + "\n      D: E\n", encoding="utf-8")
+    line = one_line_exit_2(capsys, ["check", path])
+    assert line.startswith(f"error: {path}:6: line is 2,000,009 bytes long, more than the 1,048,576 a line of a "
+                           f"tasks file may have; write one fact per line")
+    assert counted["compose"] == 0
+
+
+@pytest.mark.parametrize("end", ["\n", "\r\n", "\r"])
+def test_the_long_line_is_counted_as_editors_count_lines(monkeypatch, end):
+    monkeypatch.setattr(tasks.yaml_nodes, "MAX_TASKS_LINE_BYTES", 20)
+    lines = ["tasks:", "- name: a", "  templates:", "  - x *1 y *2", "  facts:", "    A: B", "    C: " + "D" * 20]
+    with pytest.raises(TaskError, match=r"^t\.yaml:7: line is 27 bytes long, more than the 20 "):
+        loads_tasks(end.join(lines + [""]), file="t.yaml")
+    assert loads_tasks(end.join(lines[:-1] + [""]), file="t.yaml").tasks[0].facts == {"A": "B"}
+
+
+def test_the_limits_hold_for_text_and_bytes_given_in_python(counted):
+    big = "tasks: []\n" + "#" * MAX_TASKS_FILE_BYTES
+    for text in (big, big.encode(), "é" * (MAX_TASKS_FILE_BYTES // 2 + 1)):
+        with pytest.raises(TaskError, match="more than the 4,194,304 bytes a tasks file may have"):
+            loads_tasks(text, file="t.yaml")
+    with pytest.raises(TaskError, match=r"t\.yaml:2: line is 1,048,577 bytes long"):
+        loads_tasks("tasks:\n#" + "x" * MAX_TASKS_LINE_BYTES + "\n", file="t.yaml")
+    assert counted["compose"] == 0
+
+
+def test_a_file_that_grows_is_read_no_further_than_the_limit(tmp_path, monkeypatch):
+    """The size is checked before the read and the read stops past the limit, so a file that
+    grows between the two is refused all the same, without reading all of it."""
+    path = tmp_path / "t.yaml"
+    path.write_bytes(b"tasks: []\n" + b"#" * (MAX_TASKS_FILE_BYTES + 100))
+    with pytest.raises(TaskError, match=r"t\.yaml: the file is 4,194,414 bytes"):
+        load_tasks(path)
+    real = os.stat(path)
+    small = os.stat_result(tuple(real)[:6] + (10,) + tuple(real)[7:10])      # the size when it was small
+    monkeypatch.setattr(os, "stat", lambda p, *a, **k: small if os.fspath(p) == str(path) else real)
+    assert len(tasks.yaml_nodes.read_bytes(str(path), "tasks file", MAX_TASKS_FILE_BYTES)) == MAX_TASKS_FILE_BYTES + 1
+    with pytest.raises(TaskError, match=r"t\.yaml: the file is 4,194,305 bytes"):
+        load_tasks(path)
+
+
+def test_the_list_of_input_files_does_not_read_a_huge_file(tmp_path, monkeypatch):
+    path = tmp_path / "t.yaml"
+    path.write_bytes(b"tasks:\n  - name: a\n    facts_file: f.tsv\n" + b"#" * MAX_TASKS_FILE_BYTES)
+    opened = []
+    real_open = open
+
+    def spy(file, *args, **kwargs):
+        opened.append(os.fspath(file))
+        return real_open(file, *args, **kwargs)
+
+    monkeypatch.setattr("builtins.open", spy)
+    assert input_files(path) == [str(path)]
+    assert str(path) not in opened
+
+
+def test_a_set_too_large_for_the_reader_is_not_dumped_inline(monkeypatch):
+    ts = TaskSet((Task("a", ("x ⋆1 y ⋆2",), {f"S{i}": f"O{i}" for i in range(100)}),))
+    text = dumps_tasks(ts)
+    monkeypatch.setattr(tasks.yaml_nodes, "MAX_TASKS_FILE_BYTES", len(text.encode()) - 1)
+    with pytest.raises(TaskError, match="the YAML would not be read back: the file is .* bytes.*facts_dir"):
+        dumps_tasks(ts)
+    with pytest.raises(TaskError, match="more than the"):
+        loads_tasks(text)
