@@ -56,6 +56,10 @@ Symbol = "str | Slot"
 SLOT_SPELLINGS: dict[str, Slot] = {"⋆1": SUBJECT, "⋆2": OBJECT, "*1": SUBJECT, "*2": OBJECT}
 
 
+#: Longest name (task name, template word, subject, object) accepted, in characters. Real
+#: labels are far shorter (a Wikidata label holds at most 250); the limit keeps one name
+#: from costing more than the tasks it names (every name is stored and compared whole).
+MAX_NAME_LENGTH = 1000
 #: Longest template the tools build, in words (the slots counted): the construction has L − 1
 #: structure heads and every query's residual holds about L·p leak entries, so verification
 #: grows like L³ per sentence; the structure trie holds every prefix (about L²/2 symbols).
@@ -90,8 +94,15 @@ def long_template(length: int) -> str:
             f"needs {length - 1} structure heads, and verification grows like L³ per sentence)")
 
 
+def too_long(name: str, what: str) -> TaskError:
+    """The error for a name longer than :data:`MAX_NAME_LENGTH` (its start shown, not all of it)."""
+    return TaskError(f"{what} {name[:20]!r}... is {len(name):,} characters long, more than the "
+                     f"{MAX_NAME_LENGTH:,} a name may have", fix="shorten it")
+
+
 def check_name(text: object, what: str) -> str:
-    """A token (word or entity) name: a string, stripped, non-empty, one line, no control character."""
+    """A token (word or entity) name: a string, stripped, non-empty, at most
+    :data:`MAX_NAME_LENGTH` characters, one line, no control character."""
     if not isinstance(text, str):
         raise TaskError(
             f"{what} {text!r} is a {type(text).__name__}, not a string",
@@ -100,6 +111,8 @@ def check_name(text: object, what: str) -> str:
     name = text.strip()
     if not name:
         raise TaskError(f"{what} is empty", fix="give it a name")
+    if len(name) > MAX_NAME_LENGTH:
+        raise too_long(name, what)
     if _TAB_OR_LINE_BREAK.search(name):
         raise TaskError(f"{what} {name!r} contains a tab or line break", fix="remove it")
     if _UNSTORABLE.search(name):
@@ -114,11 +127,15 @@ def check_name(text: object, what: str) -> str:
     return name
 
 
-def plain_names(names: Sequence[str]) -> bool:
+def plain_names(names: Sequence[str], longest: int | None = None) -> bool:
     """True when :func:`check_name` accepts every one of ``names`` (each already stripped)
     and returns it unchanged: checked in bulk, for facts files of millions of lines. (A space
-    joins them: it is none of the refused characters.)"""
+    joins them: it is none of the refused characters.) ``longest``: a bound on the names'
+    lengths that the caller knows (:func:`tasks.facts_files.read_plain` gives fields of at
+    most :data:`MAX_NAME_LENGTH` characters); without it they are measured."""
     if not all(names) or not SLOT_SPELLINGS.keys().isdisjoint(names):
+        return False
+    if (longest if longest is not None else max(map(len, names), default=0)) > MAX_NAME_LENGTH:
         return False
     return _REFUSED.search(" ".join(names)) is None
 
@@ -158,6 +175,8 @@ class Template:
             if not isinstance(p, Slot):
                 if not isinstance(p, str) or not p or any(c.isspace() for c in p):
                     raise TaskError(f"template '{text}' has a bad word {p!r}", fix="words are non-empty and contain no spaces")
+                if len(p) > MAX_NAME_LENGTH:
+                    raise too_long(p, "template word")
                 if p in SLOT_SPELLINGS:
                     raise TaskError(f"template '{text}' has a word {p!r} spelled like a slot marker", fix="use Slot.SUBJECT / Slot.OBJECT for slots")
                 control = control_character(p)

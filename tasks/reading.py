@@ -17,7 +17,8 @@ from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 from tasks.errors import TaskError
 from tasks.facts_files import facts_file_bytes, facts_key, iter_facts_file, read_plain
 from tasks.messages import one_line, quoted, show_name, suggest_key, where_line
-from tasks.model import MAX_TEMPLATE_LENGTH, Facts, Sources, Task, TaskSet, Template, check_name, long_template, plain_names
+from tasks.model import (MAX_NAME_LENGTH, MAX_TEMPLATE_LENGTH, Facts, Sources, Task, TaskSet, Template, check_name,
+                         long_template, plain_names)
 from tasks.structure import check_routable
 from tasks.yaml_nodes import (FLOAT, IMPLICIT, INT, MAP, MAX_DEPTH, MAX_TASKS_FILE_BYTES, MERGE, NULL, SEQ, STR, LineMap,
                               check_size, compose, decode, describe, line_of, read_bytes, too_large)
@@ -402,7 +403,8 @@ class _Builder:
             raw_s += got[0]
             raw_o += got[1]
         subjects, objects = [x.strip() for x in raw_s], [x.strip() for x in raw_o]
-        if not subjects or not plain_names(subjects) or not plain_names(objects):
+        # (read_plain's fields are at most MAX_NAME_LENGTH long, and stripped no longer)
+        if not subjects or not plain_names(subjects, MAX_NAME_LENGTH) or not plain_names(objects, MAX_NAME_LENGTH):
             return None
         pairs = dict(zip(subjects, objects))
         if len(pairs) != len(subjects) or not words.keys().isdisjoint(pairs) or not words.keys().isdisjoint(objects):

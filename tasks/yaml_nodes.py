@@ -46,8 +46,8 @@ MAX_DEPTH = 32
 #: of inline facts; facts at scale belong in facts files, which are read in bulk.
 MAX_TASKS_FILE_BYTES = 4 << 20
 #: Longest line of a tasks file accepted, in bytes (1 MiB, as for a facts file): a fact on
-#: its line holds two names, and a flow-style mapping of tens of thousands of facts fits on
-#: one line.
+#: its line holds two names of at most 1,000 characters (tasks.model.MAX_NAME_LENGTH), and
+#: a flow-style mapping of tens of thousands of facts fits on one line.
 MAX_TASKS_LINE_BYTES = 1 << 20
 
 UTF8_BOM = b"\xef\xbb\xbf"
@@ -84,8 +84,8 @@ def check_size(data: bytes, file: str) -> None:
         line = data.count(b"\n", 0, start) + data.count(b"\r", 0, start) - data.count(b"\r\n", 0, start) + 1
         raise TaskError(f"line is {int(lengths[i]):,} bytes long, more than the {MAX_TASKS_LINE_BYTES:,} a line of a "
                         f"tasks file may have", file=file, line=line,
-                        fix="write one fact per line, or put the facts in a facts file (facts_file: a TSV or "
-                            "CSV file)")
+                        fix="a name has at most 1,000 characters; write one fact per line, or put the facts in a "
+                            "facts file (facts_file: a TSV or CSV file)")
 
 
 def too_large(size: str, file: str) -> TaskError:

@@ -1,9 +1,10 @@
 """Refusals that cost less than the work they refuse: every limit of the tasks reader is checked
 before any work that grows faster than the input, and no template's text is made per word.
 
-The limits (tasks.yaml_nodes, tasks.model): a tasks file of at most 4 MiB and lines of at most
-1 MiB, checked on the raw bytes before PyYAML composes anything; templates of at most 1,000
-words, checked as each is parsed (before the structure trie, which holds every prefix).
+The limits (tasks.yaml_nodes, tasks.model, tasks.facts_files): a tasks file of at most 4 MiB
+and lines of at most 1 MiB, checked on the raw bytes before PyYAML composes anything;
+templates of at most 1,000 words, checked as each is parsed (before the structure trie, which
+holds every prefix); names of at most 1,000 characters; facts-file lines of at most 1 MiB.
 No test here times anything: each asserts *where* the refusal happens (the composer or the
 trie never entered, the template's text made a bounded number of times) and what it says.
 """
@@ -13,11 +14,18 @@ from __future__ import annotations
 import os
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from budget import examples
+
+import tasks.facts_files
+import tasks.model
+import test_facts_bulk
+import tasks.reading
 import tasks.yaml_nodes
 from cli.main import main
 from tasks.errors import TaskError
 from tasks.io import dumps_tasks, input_files, load_tasks, loads_tasks
-from tasks.model import MAX_TEMPLATE_LENGTH, Task, TaskSet, Template
+from tasks.model import MAX_NAME_LENGTH, MAX_TEMPLATE_LENGTH, Task, TaskSet, Template
 from tasks.structure import StructureTrie
 from tasks.yaml_nodes import MAX_TASKS_FILE_BYTES, MAX_TASKS_LINE_BYTES, _Loader
 
@@ -129,7 +137,7 @@ def test_a_2_MB_line_is_refused_at_its_line_before_yaml_composes_it(tmp_path, ca
                     + "c" * 2_000_000 + "\n      D: E\n", encoding="utf-8")
     line = one_line_exit_2(capsys, ["check", path])
     assert line.startswith(f"error: {path}:6: line is 2,000,009 bytes long, more than the 1,048,576 a line of a "
-                           f"tasks file may have; write one fact per line")
+                           f"tasks file may have; a name has at most 1,000 characters")
     assert counted["compose"] == 0
 
 
@@ -190,3 +198,86 @@ def test_a_set_too_large_for_the_reader_is_not_dumped_inline(monkeypatch):
         dumps_tasks(ts)
     with pytest.raises(TaskError, match="more than the"):
         loads_tasks(text)
+
+
+# --- names ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("where, line", [("subject", 5), ("object", 5), ("task", 2), ("word", 3)])
+def test_a_name_longer_than_the_limit_is_refused_at_its_line(tmp_path, capsys, where, line):
+    long = "n" * (MAX_NAME_LENGTH + 1)
+    name, template, s, o = "t", "x *1 y *2", "A", "B"
+    if where == "subject":
+        s = long
+    elif where == "object":
+        o = long
+    elif where == "task":
+        name = long
+    else:
+        template = f"x *1 {long} *2"
+    path = tmp_path / "t.yaml"
+    path.write_text(f'tasks:\n  - name: {name}\n    templates: ["{template}"]\n    facts:\n      {s}: {o}\n',
+                    encoding="utf-8")
+    got = one_line_exit_2(capsys, ["check", path])
+    assert f"{path}:{line}: " in got and "'nnnnnnnnnnnnnnnnnnnn'... is 1,001 characters long, more than the 1,000" in got
+    assert len(got) < 400                            # the name is not printed whole
+
+
+def test_the_longest_name_accepted_is_read(tmp_path):
+    long = "n" * MAX_NAME_LENGTH
+    (tmp_path / "f.tsv").write_text(f"{long}\t{long}x\n", encoding="utf-8")
+    text = f'tasks:\n  - name: {long}\n    templates: ["x *1 {long[:-1]}y *2"]\n    facts:\n      {long}: B\n'
+    ts = loads_tasks(text)
+    assert ts.tasks[0].name == long and ts.tasks[0].facts == {long: "B"}
+    with pytest.raises(TaskError, match=r"f\.tsv:1: object 'n.*is 1,001 characters long"):
+        loads_tasks(text.replace("facts:\n      " + long + ": B", "facts_file: f.tsv"), base_dir=str(tmp_path))
+
+
+@pytest.mark.parametrize("body, line", [
+    ("subject\tobject\nA\tB\nC\t{long}\n", 3),                     # one line of one fact
+    ("A\tB\n# {long}\nC\t {long} \nD\tE\n", 3),                     # a long comment, then the name
+    ("{long}\tB\n", 1),
+])
+def test_a_long_name_in_a_facts_file_is_refused_by_the_bulk_reader_too(tmp_path, capsys, body, line):
+    (tmp_path / "f.tsv").write_text(body.format(long="y" * 500_000), encoding="utf-8")
+    path = tmp_path / "t.yaml"
+    path.write_text("tasks:\n  - name: t\n    templates: [x *1 y *2]\n    facts_file: f.tsv\n", encoding="utf-8")
+    got = one_line_exit_2(capsys, ["check", path])
+    assert f"f.tsv:{line}: " in got and "is 500,000 characters long, more than the 1,000 a name may have" in got
+
+
+def test_a_20_MB_facts_field_is_refused_at_its_line(tmp_path, capsys):
+    (tmp_path / "f.tsv").write_text("subject\tobject\nA\tB\nC\t" + "x" * 20_000_000 + "\nD\tE\n", encoding="utf-8")
+    path = tmp_path / "t.yaml"
+    path.write_text("tasks:\n  - name: t\n    templates: [x *1 y *2]\n    facts_file: f.tsv\n", encoding="utf-8")
+    got = one_line_exit_2(capsys, ["check", path])
+    assert f"{tmp_path / 'f.tsv'}:3: line is longer than 1048576 bytes" in got
+
+
+def test_the_bulk_reader_measures_names_only_where_a_line_is_long(monkeypatch):
+    """Its fields' lengths are measured only in a file with a line longer than a name may be
+    (a field has no more characters than its line has bytes)."""
+    measured = []
+    real_max = max
+
+    def spy(*args, **kwargs):
+        measured.append(1)
+        return real_max(*args, **kwargs)
+
+    monkeypatch.setattr(tasks.facts_files, "max", spy, raising=False)
+    data = b"".join(b"Q%d\tQ%d\n" % (i, 7 * i) for i in range(100_000))
+    subjects, objects = tasks.facts_files.read_plain("f.tsv", data)
+    assert len(subjects) == 100_000 and measured == [1]              # the longest line only
+    measured.clear()
+    assert tasks.facts_files.read_plain("f.tsv", data + b"A\t" + b"b" * (MAX_NAME_LENGTH + 1) + b"\n") is None
+    assert len(measured) == 2                                        # the line, then the fields
+
+
+@settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                   HealthCheck.function_scoped_fixture])
+@given(case=test_facts_bulk.files())
+def test_bulk_reader_agrees_on_the_name_length_limit(monkeypatch, case):
+    """With names of at most 8 characters, the bulk reader gives the line reader's facts or declines."""
+    for module in (tasks.model, tasks.facts_files, tasks.reading):
+        monkeypatch.setattr(module, "MAX_NAME_LENGTH", 8)
+    test_facts_bulk.test_bulk_reader_agrees_with_the_line_reader.hypothesis.inner_test(case)
