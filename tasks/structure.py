@@ -52,19 +52,25 @@ def symbol_code(part: object, vocab) -> int:
 
 @dataclass
 class Node:
-    """One structure σ (a proper template prefix), with the tasks passing through it."""
+    """One structure σ (a proper template prefix), with the tasks passing through it.
+
+    σ is kept as the symbols of the first template that passes through it (``path``, shared
+    by all of that template's nodes) and its length, and made a tuple only when asked for
+    (:attr:`symbols`): the trie of a template of L words holds L nodes, not L²/2 symbols."""
 
     id: int
-    symbols: tuple[int, ...]
+    path: tuple[int, ...]
+    depth: int
     parent: int
     #: task index -> set of next symbols in that task's templates
     children: dict[int, set[int]] = field(default_factory=dict)
     #: task index -> template indices (within the task) passing through σ
     templates: dict[int, list[int]] = field(default_factory=dict)
 
-    @property
-    def depth(self) -> int:
-        return len(self.symbols)
+    @cached_property
+    def symbols(self) -> tuple[int, ...]:
+        """σ's symbols: word ids, ``SUBJ``, ``OBJ``."""
+        return self.path[:self.depth]
 
     @property
     def tasks(self) -> tuple[int, ...]:
@@ -100,7 +106,7 @@ class StructureTrie:
         self.taskset = taskset
         vocab = taskset.vocabulary
         self.nodes: list[Node] = []
-        self._index: dict[tuple[int, ...], int] = {}
+        self._index: dict[tuple[int, int], int] = {}     # (parent id, next symbol) -> node id
         #: (task, template) -> node ids of its proper prefixes, depth 1..|t|-1
         self.paths: dict[tuple[int, int], list[int]] = {}
         for k, task in enumerate(taskset.tasks):
@@ -109,12 +115,12 @@ class StructureTrie:
                 path = []
                 parent = -1
                 for depth in range(1, len(codes)):
-                    key = codes[:depth]
+                    key = (parent, codes[depth - 1])
                     nid = self._index.get(key)
                     if nid is None:
                         nid = len(self.nodes)
                         self._index[key] = nid
-                        self.nodes.append(Node(nid, key, parent))
+                        self.nodes.append(Node(nid, codes, depth, parent))
                     node = self.nodes[nid]
                     node.children.setdefault(k, set()).add(codes[depth])
                     node.templates.setdefault(k, []).append(ti)
@@ -123,8 +129,12 @@ class StructureTrie:
                 self.paths[(k, ti)] = path
 
     def node(self, symbols: tuple[int, ...]) -> Node | None:
-        nid = self._index.get(tuple(symbols))
-        return None if nid is None else self.nodes[nid]
+        nid = -1
+        for c in symbols:
+            nid = self._index.get((nid, c))
+            if nid is None:
+                return None
+        return None if nid < 0 else self.nodes[nid]
 
     def __iter__(self) -> Iterator[Node]:
         return iter(self.nodes)

@@ -253,3 +253,58 @@ def test_thousands_of_tasks_through_one_node_are_not_compared_pair_by_pair(monke
     except TaskError as e:
         assert e.problem.endswith(f"share the object-query prefix 'S r' ({n * (n - 1) // 2 - 1} more such collisions)")
     assert len(calls) <= 1                              # the message's pair
+
+
+def _sliced_trie(ts):
+    """The trie as it was built before (a node per distinct prefix tuple, keyed by it):
+    (symbols, parent, children, templates) per node, in id order, and the paths."""
+    from tasks.structure import symbol_code
+
+    nodes, index, paths = [], {}, {}
+    for k, task in enumerate(ts.tasks):
+        for ti, template in enumerate(task.templates):
+            codes = tuple(symbol_code(p, ts.vocabulary) for p in template.parts)
+            path, parent = [], -1
+            for depth in range(1, len(codes)):
+                key = codes[:depth]
+                if key not in index:
+                    index[key] = len(nodes)
+                    nodes.append((key, parent, {}, {}))
+                nid = index[key]
+                nodes[nid][2].setdefault(k, set()).add(codes[depth])
+                nodes[nid][3].setdefault(k, []).append(ti)
+                path.append(nid)
+                parent = nid
+            paths[(k, ti)] = path
+    return nodes, paths
+
+
+@settings(max_examples=examples(200), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.one_of(_crowded_sets(), task_sets(allow_structural_collisions=True)))
+def test_the_trie_keyed_by_parent_and_symbol_is_the_trie_of_prefixes(ts):
+    trie = StructureTrie(ts)
+    nodes, paths = _sliced_trie(ts)
+    assert [(n.symbols, n.parent, n.children, n.templates) for n in trie] == nodes
+    assert trie.paths == paths
+    assert all(n.depth == len(n.symbols) for n in trie)
+    for n in trie:
+        assert trie.node(n.symbols) is n
+    assert trie.node(()) is None and trie.node((10 ** 9,)) is None
+
+
+def test_a_long_template_costs_the_trie_one_node_per_word_not_its_prefixes():
+    """50 templates of 1,000 words that differ in their first word: 50,000 nodes that share
+    their template's symbols, where the trie held every prefix as a tuple (25 million
+    symbols). The symbols of a node are made when asked for."""
+    words = " ".join(f"w{i}" for i in range(997))
+    ts = TaskSet((Task("t", tuple(f"a{t} {words} ⋆1 ⋆2" for t in range(50)), {"S": "O"}),))
+    trie = StructureTrie(ts)
+    assert len(trie) == 50 * 999
+    assert len({id(n.path) for n in trie}) == 50                 # one tuple per template
+    assert all(len(key) == 2 for key in trie._index)             # (parent, symbol)
+    assert not any("symbols" in vars(n) for n in trie)           # none made while building and checking
+    from tasks.structure import check_routable
+
+    check_routable(ts, trie)
+    assert not any("symbols" in vars(n) for n in trie)
+    assert trie.nodes[-1].symbols == trie.nodes[-1].path[:999]
