@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from construction.gate import RoutingError
 from tasks.errors import TaskError
 from tasks.model import OBJECT, Facts, Task, TaskSet, Template
-from tasks.structure import StructureTrie, object_query_collisions
+from tasks.structure import StructureTrie, count_collisions, object_query_collisions
 
 #: Longest chain of edits tried when no single edit makes the set constructible.
 MAX_CHAIN = 6
@@ -216,7 +216,7 @@ def _badness(ts: TaskSet) -> tuple[int, int]:
     if refusal is None:
         return (0, 0)
     if refusal.kind == "ill-posed":
-        return (1 + len(object_query_collisions(StructureTrie(ts))), 0)
+        return (1 + count_collisions(StructureTrie(ts)), 0)
     return (1, 1)
 
 

@@ -41,6 +41,14 @@ IMPLICIT = {BOOL, INT, FLOAT, NULL, _TAG + "timestamp"}
 
 #: Deepest YAML nesting accepted (the format itself needs 6 levels).
 MAX_DEPTH = 32
+#: Largest tasks file accepted, in bytes (4 MiB: about 100,000 facts written inline). The
+#: YAML is read by PyYAML's pure-Python composer, at about 2 s and 60 MB of memory per MB
+#: of inline facts; facts at scale belong in facts files, which are read in bulk.
+MAX_TASKS_FILE_BYTES = 4 << 20
+#: Longest line of a tasks file accepted, in bytes (1 MiB, as for a facts file): a fact on
+#: its line holds two names of at most 1,000 characters (tasks.model.MAX_NAME_LENGTH), and
+#: a flow-style mapping of tens of thousands of facts fits on one line.
+MAX_TASKS_LINE_BYTES = 1 << 20
 
 UTF8_BOM = b"\xef\xbb\xbf"
 UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")
@@ -54,8 +62,44 @@ def line_of(data: bytes | str, offset: int) -> int:
     return data.count(b"\n" if isinstance(data, bytes) else "\n", 0, offset) + 1
 
 
-def read_bytes(path: str, what: str) -> bytes:
-    """The bytes of a regular file, or a :class:`TaskError` (without location) saying why not."""
+def check_size(data: bytes, file: str) -> None:
+    """Refuse (a located :class:`TaskError`) a tasks file larger than :data:`MAX_TASKS_FILE_BYTES`
+    or with a line longer than :data:`MAX_TASKS_LINE_BYTES`: checked on the raw bytes, before
+    any YAML is parsed, so that neither costs the composer's time (about 0.25 s a megabyte
+    even for one long scalar) nor becomes a name of megabytes. A line ends at \\n or \\r, as
+    :class:`LineMap` counts lines."""
+    if len(data) > MAX_TASKS_FILE_BYTES:
+        raise too_large(f"{len(data):,} bytes", file)
+    if len(data) <= MAX_TASKS_LINE_BYTES:
+        return
+    import numpy as np
+
+    a = np.frombuffer(data, np.uint8)
+    ends = np.flatnonzero((a == 0x0A) | (a == 0x0D))
+    bounds = np.concatenate(([-1], ends, [len(data)]))
+    lengths = np.diff(bounds) - 1                         # the bytes between two line ends
+    i = int(np.argmax(lengths))
+    if lengths[i] > MAX_TASKS_LINE_BYTES:
+        start = int(bounds[i]) + 1
+        line = data.count(b"\n", 0, start) + data.count(b"\r", 0, start) - data.count(b"\r\n", 0, start) + 1
+        raise TaskError(f"line is {int(lengths[i]):,} bytes long, more than the {MAX_TASKS_LINE_BYTES:,} a line of a "
+                        f"tasks file may have", file=file, line=line,
+                        fix="a name has at most 1,000 characters; write one fact per line, or put the facts in a "
+                            "facts file (facts_file: a TSV or CSV file)")
+
+
+def too_large(size: str, file: str) -> TaskError:
+    """The error for a tasks file (or text) of ``size`` ("5,000,000 bytes"), over the limit."""
+    return TaskError(f"the file is {size}, more than the {MAX_TASKS_FILE_BYTES:,} bytes a tasks file may have",
+                     file=file, fix="put large dictionaries in facts files (facts_file: a TSV or CSV file), "
+                                    "read in bulk")
+
+
+def read_bytes(path: str, what: str, limit: int | None = None) -> bytes:
+    """The bytes of a regular file, or a :class:`TaskError` (without location) saying why not.
+    With ``limit``, a file of more bytes is refused before it is read (a located error, as
+    :func:`check_size` gives), and no more than ``limit + 1`` bytes are ever read (a file that
+    grows meanwhile is refused by :func:`check_size`)."""
     try:
         info = os.stat(path)
     except FileNotFoundError:
@@ -68,9 +112,11 @@ def read_bytes(path: str, what: str) -> bytes:
         raise TaskError(f"{what} '{path}' is a directory", fix="give the path of a file")
     if not stat.S_ISREG(info.st_mode):
         raise TaskError(f"{what} '{path}' is not a regular file", fix="give the path of a file")
+    if limit is not None and info.st_size > limit:
+        raise too_large(f"{info.st_size:,} bytes", path)
     try:
         with open(path, "rb") as f:
-            return f.read()
+            return f.read() if limit is None else f.read(limit + 1)
     except PermissionError:
         raise TaskError(f"{what} '{path}' cannot be read: permission denied", fix="check its permissions") from None
     except OSError as e:
