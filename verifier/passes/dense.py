@@ -126,6 +126,7 @@ class DensePass:
         self.scaled = w.gate_mode == "top1-scaled"
         self.bos = w.bos
         self._vstamp = np.zeros(max(len(w.vocab), 1), np.int64)
+        self._blas = None                   # a threadpoolctl controller, made on the first batch
         self.weights = w.frame()
 
     # --- stages ---------------------------------------------------------------------------------
@@ -266,6 +267,16 @@ class DensePass:
             raise ValueError("tokens (BOS included), valid next tokens and targets must be token ids of the weights, "
                              "the valid ones in a CSR of one row per query, within the weights' positions")
         ids = np.ascontiguousarray(np.concatenate([np.full((n, 1), self.bos, np.int64), tokens], axis=1))
+        if self._blas is None:
+            from threadpoolctl import ThreadpoolController
+
+            self._blas = ThreadpoolController()
+        # one BLAS thread: a worker process is one job (--jobs), and a row's products are then
+        # the same sums in the same order whatever else the machine runs
+        with self._blas.limit(limits=1, user_api="blas"):
+            return self._run(n, ids, vptr, vals, ablate, scores, target)
+
+    def _run(self, n, ids, vptr, vals, ablate, scores, target) -> BatchResult:
         rm, rr = self.residual(ids)
         e, margin, gm, gr, top, (cand_ptr, cand) = self.gate(rm, rr)
         pair_rows = np.repeat(np.arange(n, dtype=np.int64), np.diff(cand_ptr))

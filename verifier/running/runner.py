@@ -455,7 +455,19 @@ class Runner:
     def _on_shards(self, stream: Iterable, reduce: Reduce | None = None) -> Iterator[tuple[Any, Any]]:
         from verifier.running.shards import Plan
 
-        plan = Plan.make(self.taskset, self._weights(), self.tmap, self.executor.shards)
+        if self.spec.dense:
+            # dense weights: every row reaches every token, so a part is the whole weights, one
+            # copy per shard, and each batch goes whole to one of them in turn (a batch's rows are
+            # then multiplied together as on local processes: the same BLAS products, the same report)
+            weights = self._weights()
+            n = max(1, int(self.executor.shards))
+            plan = Plan((np.zeros(len(self.taskset.tasks), np.int64)),
+                        (np.arange(len(weights.vocab), dtype=np.int64),) * n,
+                        (np.arange(len(weights.experts), dtype=np.int64),) * n)
+            split = ((b, [(i % n, np.arange(len(b)))]) for i, b in enumerate(stream))
+        else:
+            plan = Plan.make(self.taskset, self._weights(), self.tmap, self.executor.shards)
+            split = ((b, plan.split(b)) for b in stream)
         parts: dict[int, ShardPart] = {}
 
         def part(s: int) -> ShardPart:
@@ -463,7 +475,6 @@ class Runner:
                 parts[s] = self.part(plan.experts[s], plan.tokens[s])
             return parts[s]
 
-        split = ((b, plan.split(b)) for b in stream)
         if reduce is None:
             return self._cut_run(split, part, self.executor)
         return self._cut_reduce(split, part, self.executor, reduce)
