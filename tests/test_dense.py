@@ -200,13 +200,14 @@ def test_the_readout_encloses_error_gap_and_object(seed, rad, scale, lazy):
         for trial in range(3):
             z = Lm[i] + (0 if trial == 0 else rng.uniform(-1, 1, V) * Lr_full[i])
             p = _softmax(mp, [mp.mpf(float(v)) for v in z])
-            err = 1 - mp.fsum(p[t] for t in set(valid[ptr[i]:ptr[i + 1]].tolist()))
+            good = set(valid[ptr[i]:ptr[i + 1]].tolist())
+            err = mp.fsum(p[t] for t in range(V) if t not in good)          # 1 − P(valid), without cancelling
             assert mp.mpf(float(lo[i])) <= err <= mp.mpf(float(hi[i])), (i, trial)
             o = target[i]
             if o >= 0:
                 true_gap = max(mp.mpf(float(z[t])) for t in range(V) if t != o) - mp.mpf(float(z[o]))
                 assert mp.mpf(float(gap[i])) <= true_gap
-                assert mp.mpf(float(obj[i])) <= 1 - p[o]
+                assert mp.mpf(float(obj[i])) <= mp.fsum(p[t] for t in range(V) if t != o)
             else:
                 assert np.isnan(gap[i]) and np.isnan(obj[i])
 
