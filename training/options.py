@@ -1,7 +1,7 @@
 """The command-line flags the training commands share (``training.train``, ``training.sweep``).
 
 Both describe the same model and optimiser, so the flags are declared once here, with
-the defaults of :class:`training.train.TrainConfig`; both parsers follow the project's
+the defaults of :class:`training.loop.TrainConfig`; both parsers follow the project's
 conventions (:mod:`tasks.console`: one-line errors, exit status 2).
 """
 

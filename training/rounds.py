@@ -52,7 +52,7 @@ from training.data import QueryData, query_data
 from training.export import to_weights
 from training.metrics import Localization
 from training.model import MoETransformer
-from training.train import Evaluation, TrainConfig, evaluate, train
+from training.loop import Evaluation, TrainConfig, evaluate, train
 from layout import Weights
 from verifier.checks.verify import Report, verify
 
@@ -269,7 +269,7 @@ def until_certified(taskset: TaskSet, config: TrainConfig, *, epsilon: float | N
     ``time_budget``: seconds of training in all, shared out ahead: the first round may
     use ``first_share`` of it, each later round an equal share of what is left over the
     rounds still allowed; a round's learning-rate schedule is fitted to its share
-    (:func:`training.train._rate`), so it ends decayed rather than cut. ``epsilon``
+    (:func:`training.loop._rate`), so it ends decayed rather than cut. ``epsilon``
     defaults to ``config.epsilon``."""
     if config.objective != "localize":
         raise ValueError("counterexample rounds train toward the certificate: they need the localize objective")

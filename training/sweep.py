@@ -2,7 +2,7 @@
 
 For each number of tasks K the task set is ``tasks.synthetic.wikidata_like`` with
 ``facts_per_task · K`` facts and ``data_seed`` (one fixed set per K; the seeds vary the
-training). Each run trains (:mod:`training.train`), evaluates in float64, exports with
+training). Each run trains (:mod:`training.loop`), evaluates in float64, exports with
 the majority expert -> task mapping, runs the verifier (:func:`verifier.checks.verify.verify`)
 and the verifier's per-query certified pass (:mod:`training.compare`), and records the
 agreement between the two. The hand-built model (:func:`construction.model.build`) of
@@ -141,7 +141,7 @@ def run_one(spec: RunSpec) -> dict[str, Any]:
     from training.data import query_data
     from training.export import to_weights
     from training.metrics import distinct_experts, parameter_counts
-    from training.train import TrainConfig, evaluate, train
+    from training.loop import TrainConfig, evaluate, train
     import layout
     from verifier.checks.verify import verify
 
@@ -231,7 +231,7 @@ def hand_built(n_facts: int, n_tasks: int, data_seed: int, group: str = "grid") 
         import torch
 
         from training.export import from_weights
-        from training.train import evaluate
+        from training.loop import evaluate
 
         ev = evaluate(from_weights(weights, torch.float64), data)
         worst, how = float(ev.localization.probability.max()), "float64"
@@ -716,7 +716,7 @@ def _claims(runs: list[dict], built: dict[int, dict], sets: list[dict], built_se
 # --- driver ------------------------------------------------------------------------------
 
 def parser() -> argparse.ArgumentParser:
-    from training.train import TrainConfig
+    from training.loop import TrainConfig
 
     from tasks.console import Parser, epsilon
     from training.options import add_model_flags, count, seconds, steps
@@ -863,7 +863,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         import torch
 
-        from training.train import TrainConfig
+        from training.loop import TrainConfig
 
         configs = [_parse_config(c) for c in args.configs]
         sets = [_parse_set(s) for s in args.sets]

@@ -3,7 +3,8 @@
 The verifier (:mod:`verifier`) certifies weights without knowing how they were made;
 the construction (:mod:`construction`) knows its closed-form bound and can rebuild each
 expert to check isolation. :func:`check_built` is where both meet; :func:`build_for`
-aims the construction at a floating-point deployment.
+aims the construction at a floating-point deployment (``python -m verifier check`` as a
+whole is :mod:`workflow.checking`).
 """
 
 from __future__ import annotations

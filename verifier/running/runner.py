@@ -126,8 +126,14 @@ COMBINATIONS: dict[tuple[str, str, bool], Refusal | None] = {
 
 def require_allowed(spec: PassSpec, executor, classes: bool) -> None:
     """Raise the table's refusal (TaskError) for this pass, executor and class recording."""
-    where = "local" if executor is None or executor.shares_memory else "cluster"
-    refusal = COMBINATIONS[(spec.kind, where, bool(classes))]
+    require_combination(spec.kind, "local" if executor is None or executor.shares_memory else "cluster", classes)
+
+
+def require_combination(kind: str, where: str, classes: bool) -> None:
+    """Raise the table's refusal (TaskError) for a pass of ``kind`` ("exact", "float") run
+    ``where`` ("local", "cluster"), recording query classes or not: the one place the table
+    is read, also before anything runs (a command refuses its flags up front)."""
+    refusal = COMBINATIONS[(kind, where, bool(classes))]
     if refusal is not None:
         raise TaskError(refusal.why, fix=refusal.fix)
 
