@@ -362,9 +362,9 @@ def evaluate(model: MoETransformer, data: QueryData, dtype: torch.dtype = torch.
 
 def parser() -> argparse.ArgumentParser:
     from tasks.console import Parser, add_json, add_quiet, epsilon
-    from training.options import add_model_flags, add_recipe_flags, count, seconds, steps
+    from training.options import DefaultsFormatter, add_model_flags, add_recipe_flags, count, seconds, steps
 
-    p = Parser(prog="python -m training.train", description=(
+    p = Parser(prog="python -m training.train", formatter_class=DefaultsFormatter, description=(
         "Train a single-layer MoE transformer (the verifier's layout, gate_mode top1-scaled) on every "
         "query of a task set and export it for 'python -m verifier check TASKS --weights OUT'."))
     p.add_argument("tasks", help="the tasks.yaml file")
@@ -376,23 +376,25 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--experts", type=int, help="number of experts (default: one per task)")
     add_model_flags(p, TrainConfig())
     add_recipe_flags(p, TrainConfig())
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, help="torch threads")
+    p.add_argument("--seed", type=int, default=0, help="training seed (initial weights, minibatches)")
+    p.add_argument("--threads", type=int, help="torch threads (default: torch's own setting)")
     p.add_argument("--expert-tasks", choices=("none", "majority", "declared"),
                    help="expert_tasks written to the file: none ('' for every expert; the default except with "
                         "localize), majority (each expert: the task routed to it most), declared (expert i: task "
                         "i, the assignment the task-router and localize losses train; the default with localize)")
     p.add_argument("--until-certified", action="store_true",
-                   help="counterexample rounds (needs --objective localize): after training, check every query "
-                        "with the verifier's certified pass, raise the weights of the failing ones and train "
-                        "again, until the verifier certifies the weights at --epsilon or the rounds or the time "
-                        "budget are spent (exit 1 then; the last weights are written)")
+                   help="counterexample rounds (needs --objective localize): after training, screen every query "
+                        "on the float64 evaluation and, once all pass, run the verifier (its certified pass finds "
+                        "the failing queries if it does not certify); raise the weights of the failing ones and "
+                        "train again, until the verifier certifies the weights at --epsilon or the rounds or the "
+                        "time budget are spent (exit 1 then; the last weights are written)")
     p.add_argument("--max-rounds", type=count, default=5, help="rounds after the first (default 5)")
     p.add_argument("--round-steps", type=steps, help="steps of each later round (default: half of --steps)")
     p.add_argument("--boost", type=float, default=4.0, help="weight factor of a failing query per round (default 4)")
     p.add_argument("--time-budget", type=seconds,
                    help="seconds of training in all rounds at most, shared out ahead (the first round 3/4, the "
-                        "later ones equal parts of the rest); each round's learning-rate decay fits its share")
+                        "later ones equal parts of the rest); each round's learning-rate decay fits its share; the "
+                        "checks between rounds are not counted (default: none, the steps alone end a round)")
     p.add_argument("--epsilon", type=epsilon, default=TrainConfig().epsilon,
                    help="the verifier's target error, for the localize recipe and the rounds (default 0.01)")
     add_json(p, "the evaluation")
