@@ -1,4 +1,5 @@
-"""What a user of ``python -m training.train`` sees: its help.
+"""What a user of ``python -m training.train`` sees: its help, its progress, its last line,
+and what the weights file records of the run.
 
 Skipped when torch (the ``train`` extra) is missing. The runs are a few dozen steps on the
 capitals example (seconds on one core).
@@ -73,3 +74,84 @@ def test_help_formatter_shows_values_verbatim():
     helps = expanded_help(p)
     assert helps == {"--help": "show this help message and exit", "--share": "a share (default 50%)",
                      "--x": "x (default: all of them)", "--flag": "a flag", "--out": "where"}
+
+
+def test_rounds_record_the_run_in_the_weights_and_the_last_line(tasks_file, tmp_path, capsys):
+    """Off a terminal: stderr has the round lines only (no progress bar), stdout the last line,
+    which gives the steps, rounds, training, checks and wall seconds; the weights file records
+    the rounds, the steps in all and the seconds of training and of the checks."""
+    npz, js = tmp_path / "w.npz", tmp_path / "run.json"
+    status = training.main([str(tasks_file), "-o", str(npz), *SMALL, "--until-certified", "--max-rounds", "1",
+                            "--steps", "40", "--round-steps", "10", "--json", str(js)])
+    assert status in (0, 1)
+    out, err = capsys.readouterr()
+    rep = json.loads(js.read_text(encoding="utf-8"))
+    rounds = rep["rounds"]
+    assert err.splitlines() and all(line.startswith(f"round {i}: ") for i, line in enumerate(err.splitlines()))
+    assert len(err.splitlines()) == len(rounds) and "\r" not in err and "%|" not in err
+    [line] = out.splitlines()
+    found = LAST_LINE.search(line)
+    assert found, line
+    steps, n_rounds, train_s, check_s, wall = found.groups()
+    assert int(steps) == sum(r["steps"] for r in rounds) == rep["steps"] and int(n_rounds) == len(rounds)
+    assert float(train_s) == pytest.approx(rep["seconds"], abs=0.051)
+    assert float(check_s) == pytest.approx(rep["check_seconds"], abs=0.051)
+    assert float(wall) == pytest.approx(rep["wall_seconds"], abs=0.051)
+    assert rep["wall_seconds"] >= rep["seconds"] + rep["check_seconds"] - 0.02     # the wall time holds both
+    params = layout.load(str(npz)).parameters
+    assert RUN_KEYS <= set(params)
+    assert params["rounds"] == len(rounds) and params["total_steps"] == rep["steps"]
+    assert params["train_seconds"] == pytest.approx(sum(r["train_seconds"] for r in rounds), abs=0.011)
+    assert params["check_seconds"] == pytest.approx(sum(r["check_seconds"] for r in rounds), abs=0.011)
+    assert params["steps"] == 40 and params["objective"] == "localize"
+
+
+def test_a_run_without_rounds_records_it_too(tasks_file, tmp_path, capsys):
+    npz = tmp_path / "w.npz"
+    assert training.main([str(tasks_file), "-o", str(npz), *SMALL, "--steps", "12"]) == 0
+    out, err = capsys.readouterr()
+    assert err == ""
+    assert re.search(r"; 12 steps, training [\d.]+s, wall [\d.]+s$", out.strip()), out
+    params = layout.load(str(npz)).parameters
+    assert params["rounds"] == 1 and params["total_steps"] == 12 and params["check_seconds"] == 0
+    assert params["train_seconds"] >= 0
+
+
+def test_json_to_stdout(tasks_file, tmp_path, capsys, monkeypatch):
+    """``--json -`` writes the evaluation to stdout, alone (as the verifier's commands do), not
+    to a file named '-'."""
+    monkeypatch.chdir(tmp_path)
+    assert training.main([str(tasks_file), "-o", "w.npz", *SMALL, "--steps", "5", "--json", "-"]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    assert rep["steps"] == 5 and not (tmp_path / "-").exists()
+
+
+def test_progress_on_a_terminal(tasks_file, tmp_path, capsys, monkeypatch):
+    """On a terminal a bar per round shows its steps, the loss and, after its checks, the
+    certified share; with --quiet nothing is printed on stderr."""
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    argv = [str(tasks_file), "-o", str(tmp_path / "w.npz"), *SMALL, "--until-certified", "--max-rounds", "1",
+            "--steps", "30", "--round-steps", "10"]
+    assert training.main(argv) in (0, 1)
+    err = capsys.readouterr().err
+    assert re.search(r"round 0: .*/30 .*step.*loss=", err), err
+    assert re.search(r"round 0: .*certified=[01]\.\d{4}", err), err
+    assert re.search(r"^round 0: 30 steps in ", err, re.M), err                # and the round's line
+    assert training.main([*argv, "--quiet"]) in (0, 1)
+    assert capsys.readouterr().err == ""
+    assert training.main([str(tasks_file), "-o", str(tmp_path / "v.npz"), *SMALL, "--steps", "20"]) == 0
+    assert re.search(r"training: .*/20 .*loss=", capsys.readouterr().err)
+
+
+def test_the_time_limit_logs_the_last_step(capitals_set, monkeypatch):
+    """A run cut by its time limit logs the step it stopped at (the history's last entry is
+    the last step trained), whatever log_every is."""
+    ticks = iter(range(10**6))
+    monkeypatch.setattr(training.time, "perf_counter", lambda: float(next(ticks)))
+    config = training.TrainConfig(objective="router", d=8, n_heads=1, d_head=4, expert_width=4, steps=1000,
+                                  warmup=2, time_limit=30.0, threads=1)
+    seen = []
+    result = training.train(capitals_set, config, log=seen.append, log_every=1000)
+    assert 1 < result.steps < 1000
+    assert [e["step"] for e in result.history] == [0, result.steps - 1] and seen == result.history
+    assert seen[-1]["round"] == 0 and seen[-1]["of"] == 1000 and seen[-1]["time_limit"] == 30.0

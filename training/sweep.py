@@ -168,7 +168,9 @@ def run_one(spec: RunSpec) -> dict[str, Any]:
         result = train(ts, config, data=data, log_every=0)
         model, train_seconds, steps = result.model, result.seconds, result.steps
         ev = evaluate(model, data)
-        weights = to_weights(model, ts, "majority", routing=ev.routing, config=config)
+        weights = to_weights(model, ts, "majority", routing=ev.routing, config=config,
+                             extra={"rounds": 1, "total_steps": steps, "train_seconds": round(train_seconds, 2),
+                                    "check_seconds": 0.0})
     t0 = time.perf_counter()
     if report is None:
         report = verify(ts, weights, spec.epsilon, source=spec.name)
