@@ -155,3 +155,17 @@ def test_the_time_limit_logs_the_last_step(capitals_set, monkeypatch):
     assert 1 < result.steps < 1000
     assert [e["step"] for e in result.history] == [0, result.steps - 1] and seen == result.history
     assert seen[-1]["round"] == 0 and seen[-1]["of"] == 1000 and seen[-1]["time_limit"] == 30.0
+
+
+def test_unwritable_outputs_are_refused_before_training(tasks_file, tmp_path, capsys):
+    """An output path where no file can be written (or the tasks file itself) is one line and
+    exit 2 before any training; the run was trained first and then ended in a traceback."""
+    for argv, said in ((["-o", str(tmp_path / "no" / "w.npz")], "the output directory does not exist"),
+                       (["-o", str(tmp_path / "w.npz"), "--json", str(tmp_path / "no" / "r.json")],
+                        "the output directory does not exist"),
+                       (["-o", str(tmp_path)], "is a directory"),
+                       (["-o", str(tasks_file)], "-o would overwrite the tasks file")):
+        assert training.main([str(tasks_file), *argv, *SMALL, "--steps", "5"]) == 2
+        out, err = capsys.readouterr()
+        assert out == "" and len(err.splitlines()) == 1 and said in err and err.startswith("error: "), err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tasks.yaml"]

@@ -469,9 +469,26 @@ class Progress:
         self.bar = None
 
 
+def _check_outputs(args: argparse.Namespace) -> None:
+    """Refuse (TaskError) an output path where no file can be written, or that is the tasks
+    file, before the task set is read: a training run is not lost to a path it cannot write."""
+    import os
+
+    from tasks.errors import TaskError
+    from tasks.files import check_target
+
+    for flag, path in (("-o", args.output), ("--json", args.json)):
+        if path is None or (flag == "--json" and path == "-"):
+            continue
+        target = check_target(path)
+        if os.path.exists(args.tasks) and os.path.abspath(args.tasks) == target:
+            raise TaskError(f"{flag} would overwrite the tasks file", file=path, fix="choose another output path")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     from tasks.console import EXIT_BAD_INPUT, EXIT_NOT_CERTIFIED
     from tasks.errors import TaskError
+    from tasks.files import write_text_atomic
     from tasks.io import load_tasks
     from training.export import to_weights
     from training.options import model_changes, recipe_changes
@@ -486,6 +503,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: --boost must be at least 1, got {args.boost:g}", file=sys.stderr)
         return EXIT_BAD_INPUT
     try:
+        _check_outputs(args)                # before any training: a path that cannot be written is refused now
         taskset = load_tasks(args.tasks)
     except TaskError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -550,8 +568,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(json.dumps(summary, indent=2))
     else:
         if args.json:
-            with open(args.json, "w", encoding="utf-8") as f:
-                json.dump(summary, f, indent=2)
+            write_text_atomic(args.json, json.dumps(summary, indent=2) + "\n")
         print(line)
     return EXIT_NOT_CERTIFIED if certified is False else 0
 
