@@ -379,6 +379,10 @@ def test_counterexample_round_upweights_the_failing_queries(capitals_set):
     np.testing.assert_array_equal(two.query_weights, np.where(failing, 4.0, 1.0))
     assert two.rounds[0].shares == first.rounds[0].shares
     assert two.weights.parameters["rounds"] == 2 and two.weights.parameters["total_steps"] == 45
+    run = two.run_parameters()      # the saved weights (the sweep's) record the run's seconds too
+    assert run["train_seconds"] == pytest.approx(sum(r.train_seconds for r in two.rounds), abs=0.011)
+    assert run["check_seconds"] == pytest.approx(sum(r.check_seconds for r in two.rounds), abs=0.011)
+    assert {k: two.weights.parameters[k] for k in run} == run
     with pytest.raises(ValueError):
         until_certified(capitals_set, TrainConfig(objective="router"), max_rounds=0)
 

@@ -254,7 +254,11 @@ def train(taskset: TaskSet, config: TrainConfig = TrainConfig(), data: QueryData
     ``model``: continue training this model (a counterexample round) instead of a new one;
     ``query_weights`` (Q,): positive per-query weights (default all 1); ``steps`` and
     ``warmup`` override the config's (a round's own schedule, with a fresh optimiser);
-    ``round_no`` makes a round draw its own minibatches."""
+    ``round_no`` makes a round draw its own minibatches.
+
+    Every ``log_every`` steps, on the last step and on the step the time limit ends, an
+    entry (step, loss and its parts, seconds, and the round, its steps ``of`` and its
+    ``time_limit``) is added to the history and given to ``log``."""
     if config.threads:
         torch.set_num_threads(config.threads)
     data = data or query_data(taskset)
@@ -309,12 +313,14 @@ def train(taskset: TaskSet, config: TrainConfig = TrainConfig(), data: QueryData
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
-        if log_every and (step % log_every == 0 or step == steps - 1):
-            entry = {"step": step, "loss": float(loss.detach()), **parts, "seconds": time.perf_counter() - start}
+        out_of_time = bool(config.time_limit and time.perf_counter() - start > config.time_limit)
+        if log_every and (step % log_every == 0 or step == steps - 1 or out_of_time):
+            entry = {"step": step, "loss": float(loss.detach()), **parts, "seconds": time.perf_counter() - start,
+                     "round": round_no, "of": steps, "time_limit": config.time_limit}
             result.history.append(entry)
             if log:
                 log(entry)
-        if config.time_limit and time.perf_counter() - start > config.time_limit:
+        if out_of_time:
             break
     result.steps = step + 1
     result.seconds = time.perf_counter() - start
