@@ -186,13 +186,19 @@ def product_parts(Xm: np.ndarray, Xr: np.ndarray | None, B: Matrix):
 def product(Xm: np.ndarray, Xr: np.ndarray | None, B: Matrix) -> tuple[np.ndarray, np.ndarray]:
     """The enclosure (mid, rad) of X·B for X = [Xm ± Xr] (``Xr`` None: X exact), Lemma D."""
     mid, S, c, f = product_parts(Xm, Xr, B)
+    return mid, finish(S, B, c, f, mid)
+
+
+def finish(S: np.ndarray, B: Matrix, c: float, f: float, mid: np.ndarray) -> np.ndarray:
+    """Lemma D's radius from :func:`product_parts`' parts: up(up(c·fl(S·|B|)) + f), infinite
+    where the midpoint or the radius is not finite."""
     with np.errstate(invalid="ignore", over="ignore"):
         rad = _times(S, B.absB)
         rad *= c
         rad = up_nonneg(rad)
         rad += f
         rad = up_nonneg(rad)
-    return mid, I.guard(mid, rad)
+    return I.guard(mid, rad)
 
 
 def add_exact(mid: np.ndarray, rad: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -47,6 +47,9 @@ from verifier.passes.forward import BatchResult
 
 #: Logit entries (rows × tokens) computed at a time: bounds the memory of the readout.
 LOGITS_PER_RUN = 2_000_000
+#: The share of a run's logits near their rows' tops above which the readout's radii are
+#: computed by a second product rather than one by one (:meth:`DensePass.readout`).
+LIVE = 0.125
 
 
 def is_dense(weights: Weights) -> bool:
@@ -220,12 +223,16 @@ class DensePass:
         return ym, I.guard(ym, yr)
 
     def readout(self, ym: np.ndarray, yr: np.ndarray, valid_ptr: np.ndarray, valid: np.ndarray,
-                target: np.ndarray, lazy: bool) -> tuple[np.ndarray, ...]:
+                target: np.ndarray) -> tuple[np.ndarray, ...]:
         """Logits U·y and their readout (:func:`verifier.arithmetic.dense.readout`), a run of
         rows at a time: (error lo, error hi, argmax token, L2 gap, lower end of 1 − P(o)).
-        ``lazy``: the logits' radii are finished by the readout where they matter (rows whose
-        tokens mostly lie far below the top: with the expert's output); else by a second
-        product (the ablated rows, whose logits are close together)."""
+
+        The logits' radii are finished by a second product when many tokens of the run lie
+        near its rows' tops (more than :data:`LIVE` of them within :data:`~verifier.arithmetic.dense.SKIP`
+        of the largest midpoint, plus one): then almost every radius is needed. Otherwise the
+        readout finishes only the radii it needs (a trained model's logits with its expert's
+        output: a few tokens near the top, the rest far below). Either way every radius used is
+        Lemma D's; the choice only decides where it is computed."""
         n = ym.shape[0]
         V = self.UT.shape[1]
         step = max(1, LOGITS_PER_RUN // max(V, 1))
@@ -234,12 +241,15 @@ class DensePass:
         for a in range(0, n, step):
             b = min(a + step, n)
             vp, vv = _take_csr(valid_ptr, valid, a, b)
-            if lazy:
-                Lm, S, c, f = D.product_parts(ym[a:b], yr[a:b], self.UT)
-                args = (np.ascontiguousarray(Lm), none, np.ascontiguousarray(S), self.U_abs, self.U_max, c, f)
+            Lm, S, c, f = D.product_parts(ym[a:b], yr[a:b], self.UT)
+            Lm = np.ascontiguousarray(Lm)
+            with np.errstate(invalid="ignore"):
+                live = np.count_nonzero(Lm >= Lm.max(axis=1, initial=-np.inf, keepdims=True) + (D.SKIP - 1.0))
+            if live > LIVE * Lm.size:
+                Lr = D.finish(S, self.UT, c, f, Lm)
+                args = (Lm, np.ascontiguousarray(Lr), none, none, np.zeros(0), 0.0, 0.0)
             else:
-                Lm, Lr = D.product(ym[a:b], yr[a:b], self.UT)
-                args = (np.ascontiguousarray(Lm), np.ascontiguousarray(Lr), none, none, np.zeros(0), 0.0, 0.0)
+                args = (Lm, none, np.ascontiguousarray(S), self.U_abs, self.U_max, c, f)
             got = D.readout(*args, vp, vv, np.ascontiguousarray(target[a:b], np.int64), self._vstamp,
                             D.EXP_LO, D.EXP_HI)
             for o, g in zip(out, got):
@@ -294,7 +304,7 @@ class DensePass:
             ym, yr = self.expert_output(int(k), rm[rows], rr[rows], None if cm is None else cm[sel],
                                         None if cr is None else cr[sel])
             vp, vv = _gather_csr(vptr, vals, rows)
-            lo, hi, pred, _, _ = self.readout(ym, yr, vp, vv, no_target[:rows.size], lazy=True)
+            lo, hi, pred, _, _ = self.readout(ym, yr, vp, vv, no_target[:rows.size])
             np.minimum.at(err_lo, rows, lo)
             np.maximum.at(err_hi, rows, hi)
             routed = e[rows] == k
@@ -307,7 +317,7 @@ class DensePass:
         ab = np.flatnonzero(ablate)
         if ab.size:
             vp, vv = _gather_csr(vptr, vals, ab)
-            lo, hi, _, gap, obj = self.readout(rm[ab], rr[ab], vp, vv, target[ab], lazy=False)
+            lo, hi, _, gap, obj = self.readout(rm[ab], rr[ab], vp, vv, target[ab])
             ab_lo[ab], ab_hi[ab] = lo, hi
             has = target[ab] >= 0
             ab_gap[ab[has]], ab_obj[ab[has]] = gap[has], obj[has]
