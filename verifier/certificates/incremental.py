@@ -433,7 +433,7 @@ def recertify(old: Certificate, taskset: TaskSet, weights: Weights, cor: Corresp
     if T.position or T.tokens[weights.bos]:
         info.mode, info.reason = "full", "a changed weight is reached by a position embedding or by BOS (every query)"
         return None, None, None, info
-    trie = StructureTrie(taskset)
+    trie = taskset.structure
     check_routable(taskset, trie)
     tmap = token_map(taskset, weights, source)
     back = np.full(weights.E.shape[0], -1, np.int64)
@@ -619,7 +619,7 @@ class _Selection:
                  new_of_old_rows: np.ndarray, back: np.ndarray, cls_node: np.ndarray) -> None:
         self.old, self.taskset, self.trie, self.cls_node = old, taskset, trie, cls_node
         self.old_ts = old.taskset
-        self.old_trie = StructureTrie(self.old_ts)
+        self.old_trie = self.old_ts.structure
         by_key = {_key(self.old_trie, n): n for n in self.old_trie}
         self.old_nodes = [by_key.get(k) for k in keys]
         # certificate's task-set id -> new task-set id (-1: gone), and back

@@ -57,7 +57,7 @@ import numpy as np
 from tasks.errors import TaskError
 from tasks.model import TaskSet
 from tasks.queries import QueryGroup, build_group
-from tasks.structure import StructureTrie, check_routable
+from tasks.structure import check_routable
 from verifier.passes.batches import BATCH_ROWS, batch_rows, batches
 from verifier.checks.classes import ClassRecorder
 from verifier.checks.localization import l1_thresholds, localization, object_lows, p_upper, row_gaps
@@ -268,7 +268,7 @@ def verify(
         e = expert_of_task.get(task.name)
         records.append(TaskRecord(task.name, task.n_templates, task.n_facts, taskset.L, taskset.complexity(k),
                                   e, weights.experts[e].width if e is not None else None, objects=int(n_objects[k])))
-    trie = StructureTrie(taskset)
+    trie = taskset.structure
     check_routable(taskset, trie)   # object queries must determine their task (else: bad input)
     # Progress needs only an estimate (an upper bound: subjects counted once per task through
     # each node); the report's count is the exact number of queries processed.
