@@ -69,16 +69,9 @@ def _false_failure_reason(report, oracle_result, weights: Weights) -> str:
     if report is None:
         return "rejected"
     big = max(oracle_result.max_magnitude, 0.0)
-    failed = set()
-    for r in report.tasks:
-        if not r.error_ok:
-            failed.add("error")
-        if not r.routing_ok:
-            failed.add("routing")
-        if not r.size_ok:
-            failed.add("size")
-        if not r.entanglement_ok:
-            failed.add("entanglement")
+    from verifier.checks import catalogue
+
+    failed = {c.name for c in catalogue.CHECKS for r in report.tasks if not r.ok(c)}
     if report.foreign:
         failed.add("routing")
     checks = "+".join(sorted(failed)) or "none"

@@ -157,7 +157,7 @@ def route(taskset: TaskSet, trie: StructureTrie | None = None) -> tuple[Space, G
         err = TaskError(long_template(taskset.L), file=file, line=line, fix="split the sentence into shorter templates")
         err.refs = [(k, t)]  # type: ignore[attr-defined]
         raise err
-    trie = trie if trie is not None else StructureTrie(taskset)
+    trie = trie if trie is not None else taskset.structure
     try:
         check_routable(taskset, trie)
         residual = residual_space(taskset)

@@ -255,7 +255,7 @@ def _one_task(node: Node, k: int, obj: np.ndarray, n: int):
 
 def query_groups(taskset: TaskSet, trie: StructureTrie | None = None) -> Iterator[QueryGroup]:
     """Every query of the task set, one group per structure node."""
-    trie = trie or StructureTrie(taskset)
+    trie = trie or taskset.structure
     for node in trie:
         yield build_group(taskset, trie, node)
 

@@ -305,7 +305,7 @@ def _followed_by(taskset: TaskSet, k: int, ti: int, depth: int, slot: Slot) -> b
 def check_routable(taskset: TaskSet, trie: StructureTrie | None = None, only: list[int] | None = None) -> None:
     """Raise :class:`TaskError` if two tasks share an object-query prefix (data level);
     ``only`` as in :func:`object_query_collisions`."""
-    trie = trie or StructureTrie(taskset)
+    trie = trie or taskset.structure
     found = _collision_codes(trie, only)
     got = next(found, None)                              # the first collision; the others only counted
     if got is not None:
@@ -365,7 +365,7 @@ def conflict_graph(trie: StructureTrie) -> "networkx.Graph":
 
 def open_tasks(taskset: TaskSet, prefix: tuple[str, ...], trie: StructureTrie | None = None) -> tuple[str, ...]:
     """The names of the tasks consistent with a token prefix (data level)."""
-    trie = trie or StructureTrie(taskset)
+    trie = trie or taskset.structure
     vocab = taskset.vocabulary
     codes = []
     entities = []

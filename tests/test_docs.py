@@ -432,3 +432,46 @@ def test_every_command_list_names_every_command():
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     table = readme[readme.index("## Commands"):].split("\n## ")[0]
     assert sorted(re.findall(r"^\| `(\w+)", table, flags=re.M)) == sorted(COMMANDS)
+
+
+#: the project's packages, whose modules and names a document may cite as `package.module.NAME`
+PACKAGES = ("tasks", "layout", "construction", "verifier", "workflow", "cli", "training", "audit", "benchmarks")
+
+
+def cited_names(document: str) -> list[str]:
+    """The dotted names of the project's code a document cites in backticks
+    (`workflow.certificates.VOCABULARY_HEADROOM`); file names (`tasks.yaml`) aside."""
+    names = re.findall(r"`([a-z_]+(?:\.[A-Za-z_][A-Za-z_0-9]*)+)`", document)
+    return [n for n in names if n.split(".")[0] in PACKAGES and n.split(".")[-1] not in ("yaml", "npz", "py", "json")]
+
+
+def _resolves(name: str) -> bool:
+    import importlib
+
+    parts = name.split(".")
+    for i in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:i]))
+        except ImportError:
+            continue
+        for attr in parts[i:]:
+            if not hasattr(obj, attr):
+                return False
+            obj = getattr(obj, attr)
+        return True
+    return False
+
+
+def test_every_module_and_name_a_document_cites_exists():
+    """A document that names a module or a name of the code (`package.module.NAME`) names one
+    that exists: a moved or renamed one leaves no stale pointer."""
+    from documents import documents
+
+    missing = [(path.relative_to(ROOT).as_posix(), name) for path in documents()
+               for name in cited_names(path.read_text(encoding="utf-8")) if not _resolves(name)]
+    assert not missing, missing
+
+
+def test_the_citation_check_finds_a_stale_name():
+    assert cited_names("γ for (`cli.compose.VOCABULARY_HEADROOM`) and `tasks.yaml`") == ["cli.compose.VOCABULARY_HEADROOM"]
+    assert not _resolves("cli.compose.VOCABULARY_HEADROOM") and _resolves("workflow.certificates.VOCABULARY_HEADROOM")

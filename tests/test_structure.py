@@ -308,3 +308,56 @@ def test_a_long_template_costs_the_trie_one_node_per_word_not_its_prefixes():
     check_routable(ts, trie)
     assert not any("symbols" in vars(n) for n in trie)
     assert trie.nodes[-1].symbols == trie.nodes[-1].path[:999]
+
+
+def test_the_task_structure_is_constructed_in_one_place_outside_the_tests():
+    """Every stage takes the trie from ``TaskSet.structure`` (built once per task set), so the
+    only ``StructureTrie(...)`` call of the shipped code is that property's."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root).as_posix()
+        if rel.startswith(("tests/", ".")) or "/." in rel:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None)) == "StructureTrie":
+                found.append(rel)
+    assert found == ["tasks/model.py"], found
+
+
+def test_a_check_builds_each_task_sets_structure_once(capitals_set, monkeypatch):
+    """A whole ``check`` (routing, construction, evidence, verification, certificate) builds the
+    trie of its task set once; the task sets the evidence makes (each task alone, the set
+    without one) are other task sets, each with a trie of its own, built at most once."""
+    from tasks.io import load_tasks
+    from workflow.certificates import check_and_record
+    from construction.model import build
+
+    built: list[int] = []
+    original = StructureTrie.__init__
+
+    def counting(self, taskset):
+        built.append(id(taskset))
+        original(self, taskset)
+
+    monkeypatch.setattr(StructureTrie, "__init__", counting)
+    ts = load_tasks("examples/capitals.yaml")
+    report, _ = check_and_record(ts, build(ts))
+    assert report.certified
+    assert built.count(id(ts)) == 1 and all(built.count(i) == 1 for i in built)
+
+
+def test_an_edited_task_set_has_its_own_structure_and_pickles_without_it(capitals_set):
+    import pickle
+
+    trie = capitals_set.structure
+    assert capitals_set.structure is trie and trie.taskset is capitals_set
+    edited = capitals_set.without(capitals_set.tasks[0].name)
+    assert edited.structure is not trie and len(edited.structure) < len(trie)
+    assert edited.structure.taskset is edited
+    copy = pickle.loads(pickle.dumps(capitals_set))
+    assert "structure" not in copy.__dict__ and copy == capitals_set
+    assert [n.symbols for n in copy.structure] == [n.symbols for n in trie]

@@ -31,5 +31,5 @@ Modules:
 * :mod:`training.sweep`: the experiment grid, writing ``docs/training/``;
 * :mod:`training.plots`: Figure-2-style task x expert heat maps;
 * :mod:`training.cramming`: soft prompts by gradient search, proposed to the verifier's
-  accessibility analysis (:mod:`verifier.checks.accessible`).
+  accessibility analysis (:mod:`verifier.accessibility.accessible`).
 """

@@ -113,7 +113,7 @@ def object_tokens(taskset: TaskSet, group: QueryGroup) -> np.ndarray:
 
 def query_data(taskset: TaskSet, trie: StructureTrie | None = None) -> QueryData:
     """Every query of ``taskset`` (all structure-trie groups, in the verifier's order)."""
-    trie = trie or StructureTrie(taskset)
+    trie = trie or taskset.structure
     vocab = taskset.vocabulary.tokens
     V, L = len(vocab), taskset.L
     bos = V

@@ -103,13 +103,12 @@ def check_and_record(taskset: TaskSet, model: SymbolicModel, *, isolation: bool 
     (cells of about ``cell_queries`` queries, default ``verifier.checks.classes.CELL_QUERIES``):
     (report, certificate), nothing saved. ``choice``: how the model's parameters were set
     (:func:`build_for_certificate`), recorded in the certificate."""
-    from tasks.structure import StructureTrie
     from verifier.certificates.certificate import Certificate, task_hash
     from verifier.checks.classes import CellPlan, ClassRecorder
     from verifier.certificates.locality import watched_neurons
 
     weights = model.instantiate()
-    trie = StructureTrie(taskset)
+    trie = taskset.structure
     plan = CellPlan.of(taskset, trie) if cell_queries is None else CellPlan.of(taskset, trie, cell_queries)
     watched = watched_neurons(weights)
     recorder = ClassRecorder.for_weights(taskset, trie, plan, weights, model.epsilon, watched)

@@ -304,7 +304,6 @@ def _recertify_kept(taskset: TaskSet, *, old, cache=None, isolation: bool = True
     from construction.patch import patched_weights
     from construction.residual import residual_space
     from tasks.compiled import token_map_from
-    from tasks.structure import StructureTrie
     from verifier.certificates.certificate import Certificate
     from verifier.checks.classes import CellPlan, ClassRecorder
     from verifier.certificates.incremental import recertify
@@ -377,7 +376,7 @@ def _recertify_kept(taskset: TaskSet, *, old, cache=None, isolation: bool = True
             isolated_ahead()                 # the child reaped (its answer unused)
         raise
     if report is None:
-        trie = StructureTrie(taskset)
+        trie = taskset.structure
         plan = CellPlan.of(taskset, trie)
         watched = watched_neurons(weights)
         recorder = ClassRecorder.for_weights(taskset, trie, plan, weights, epsilon, watched)

@@ -136,7 +136,7 @@ def batches(taskset: TaskSet, trie: StructureTrie | None = None, chunk: int = 20
     first consistent task, so memory is bounded by one part plus one chunk whatever the
     number of facts.
     """
-    trie = trie or StructureTrie(taskset)
+    trie = trie or taskset.structure
     by_depth: dict[int, list] = {}
     for node in trie:
         by_depth.setdefault(node.depth, []).append(node)
