@@ -51,6 +51,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 import scipy.sparse as sp
+from tasks.structure import structure_of
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -300,7 +301,7 @@ def verifier_batches(taskset, weights, every: int = 1):
     from verifier.passes.batches import batch_rows, batches
 
     tmap = weights.token_ids(taskset.vocabulary.tokens)    # as verify's token map: by exact string
-    for i, b in enumerate(batches(taskset, taskset.structure, batch_rows(len(weights.experts)))):
+    for i, b in enumerate(batches(taskset, structure_of(taskset), batch_rows(len(weights.experts)))):
         if i % every == 0:
             yield tmap[b.tokens], b.valid_ptr, tmap[b.valid], b.object_query & (b.determined >= 0)
 
@@ -323,7 +324,7 @@ def end_to_end(directory: str, dtype: str) -> dict:
 
     from layout.npz import load
     from tasks.io import load_tasks
-    import tasks.structure  # noqa: F401  (TaskSet.structure's, for verifier_batches: loaded with the rest)
+    import tasks.structure  # noqa: F401  (structure_of, for verifier_batches: loaded with the rest)
     from verifier.passes.batches import batches  # noqa: F401  (not the verifier's pass: nothing of numba)
 
     if not gc.isenabled():              # what `python -m verifier` does once its modules are in

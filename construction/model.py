@@ -28,6 +28,7 @@ from tasks.errors import TaskError
 from tasks.model import MAX_TEMPLATE_LENGTH, TaskSet, long_template
 from tasks.structure import StructureTrie, check_routable
 from layout import Expert, Head, Weights
+from tasks.structure import structure_of
 
 DEFAULT_EPSILON = 0.01
 
@@ -157,7 +158,7 @@ def route(taskset: TaskSet, trie: StructureTrie | None = None) -> tuple[Space, G
         err = TaskError(long_template(taskset.L), file=file, line=line, fix="split the sentence into shorter templates")
         err.refs = [(k, t)]  # type: ignore[attr-defined]
         raise err
-    trie = trie if trie is not None else taskset.structure
+    trie = trie if trie is not None else structure_of(taskset)
     try:
         check_routable(taskset, trie)
         residual = residual_space(taskset)

@@ -31,14 +31,11 @@ import re
 from dataclasses import dataclass, field
 from functools import cached_property
 from operator import itemgetter
-from typing import TYPE_CHECKING, Iterable, Iterator, Mapping, Sequence
+from typing import Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
 from tasks.errors import TaskError
-
-if TYPE_CHECKING:
-    from tasks.structure import StructureTrie
 
 
 class Slot(enum.Enum):
@@ -589,23 +586,12 @@ class TaskSet:
         """Per task, (subject ids, object ids) as token ids, sorted by subject id."""
         return tuple(sorted_fact_ids(self.vocabulary, task.facts) for task in self.tasks)
 
-    @cached_property
-    def structure(self) -> "StructureTrie":
-        """The structure trie of the templates (:class:`tasks.structure.StructureTrie`), built
-        once per task set and shared by every stage that walks the prefixes' structures
-        (routability, the gate, the queries, the verifier and its certificates). A task set
-        is immutable, so its trie never goes stale; an edited set is another task set, with
-        its own. Not pickled (:meth:`__getstate__`)."""
-        from tasks.structure import StructureTrie
-
-        return StructureTrie(self)
-
     def __getstate__(self) -> dict:
         """The state pickled (for a worker process or a cluster): everything but the
-        structure trie, which a function of the tasks builds again where it is needed
-        rather than travelling with every copy of the task set."""
+        structure trie (:func:`tasks.structure.structure_of` keeps it with the task set),
+        which is built again where it is needed rather than travelling with every copy."""
         state = dict(self.__dict__)
-        state.pop("structure", None)
+        state.pop("_structure", None)
         return state
 
     def sentences(self) -> Iterator[tuple[tuple[str, ...], int, Template, str]]:

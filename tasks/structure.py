@@ -305,7 +305,7 @@ def _followed_by(taskset: TaskSet, k: int, ti: int, depth: int, slot: Slot) -> b
 def check_routable(taskset: TaskSet, trie: StructureTrie | None = None, only: list[int] | None = None) -> None:
     """Raise :class:`TaskError` if two tasks share an object-query prefix (data level);
     ``only`` as in :func:`object_query_collisions`."""
-    trie = trie or taskset.structure
+    trie = trie or structure_of(taskset)
     found = _collision_codes(trie, only)
     got = next(found, None)                              # the first collision; the others only counted
     if got is not None:
@@ -365,7 +365,7 @@ def conflict_graph(trie: StructureTrie) -> "networkx.Graph":
 
 def open_tasks(taskset: TaskSet, prefix: tuple[str, ...], trie: StructureTrie | None = None) -> tuple[str, ...]:
     """The names of the tasks consistent with a token prefix (data level)."""
-    trie = trie or taskset.structure
+    trie = trie or structure_of(taskset)
     vocab = taskset.vocabulary
     codes = []
     entities = []
@@ -388,3 +388,15 @@ def open_tasks(taskset: TaskSet, prefix: tuple[str, ...], trie: StructureTrie | 
             continue
         names.append(taskset.tasks[k].name)
     return tuple(names)
+
+
+def structure_of(taskset: TaskSet) -> StructureTrie:
+    """The structure trie of ``taskset``'s templates, built once per task set and kept with it
+    (shared by every stage that walks the prefixes' structures: routability, the gate, the
+    queries, the verifier and its certificates). A task set is immutable, so its trie never
+    goes stale; an edited set is another task set, with its own. It is not pickled with the
+    task set (:meth:`tasks.model.TaskSet.__getstate__`)."""
+    trie = taskset.__dict__.get("_structure")
+    if trie is None:
+        trie = taskset.__dict__["_structure"] = StructureTrie(taskset)
+    return trie

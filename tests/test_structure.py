@@ -9,6 +9,7 @@ from budget import examples
 from tasks.model import Task, TaskSet
 from tasks.strategies import task_sets
 from tasks.structure import StructureTrie, conflict_graph, object_query_collisions, open_tasks
+from tasks.structure import structure_of
 
 
 def test_conflict_graph_of_the_example(capitals_set):
@@ -311,8 +312,8 @@ def test_a_long_template_costs_the_trie_one_node_per_word_not_its_prefixes():
 
 
 def test_the_task_structure_is_constructed_in_one_place_outside_the_tests():
-    """Every stage takes the trie from ``TaskSet.structure`` (built once per task set), so the
-    only ``StructureTrie(...)`` call of the shipped code is that property's."""
+    """Every stage takes the trie from :func:`tasks.structure.structure_of` (built once per task
+    set), so the only ``StructureTrie(...)`` call of the shipped code is that function's."""
     import ast
     from pathlib import Path
 
@@ -325,7 +326,7 @@ def test_the_task_structure_is_constructed_in_one_place_outside_the_tests():
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None)) == "StructureTrie":
                 found.append(rel)
-    assert found == ["tasks/model.py"], found
+    assert found == ["tasks/structure.py"], found
 
 
 def test_a_check_builds_each_task_sets_structure_once(capitals_set, monkeypatch):
@@ -353,11 +354,11 @@ def test_a_check_builds_each_task_sets_structure_once(capitals_set, monkeypatch)
 def test_an_edited_task_set_has_its_own_structure_and_pickles_without_it(capitals_set):
     import pickle
 
-    trie = capitals_set.structure
-    assert capitals_set.structure is trie and trie.taskset is capitals_set
+    trie = structure_of(capitals_set)
+    assert structure_of(capitals_set) is trie and trie.taskset is capitals_set
     edited = capitals_set.without(capitals_set.tasks[0].name)
-    assert edited.structure is not trie and len(edited.structure) < len(trie)
-    assert edited.structure.taskset is edited
+    assert structure_of(edited) is not trie and len(structure_of(edited)) < len(trie)
+    assert structure_of(edited).taskset is edited
     copy = pickle.loads(pickle.dumps(capitals_set))
     assert "structure" not in copy.__dict__ and copy == capitals_set
-    assert [n.symbols for n in copy.structure] == [n.symbols for n in trie]
+    assert [n.symbols for n in structure_of(copy)] == [n.symbols for n in trie]

@@ -2,8 +2,8 @@
 
 Token prompts are enumerated exhaustively, soft prompts (free input vectors) are found by
 a search the caller hands in and certified on a box around them; the counting and the
-proofs are :mod:`verifier.checks.accessible`, the report
-:mod:`verifier.checks.accessible_report`. :func:`accessibility` runs both on given
+proofs are :mod:`verifier.accessibility.accessible`, the report
+:mod:`verifier.accessibility.report`. :func:`accessibility` runs both on given
 weights or on the model built; :func:`report_json` and :func:`save_plot` write what it
 found.
 
@@ -20,9 +20,9 @@ from layout import Weights
 from tasks.console import progress_bar
 from tasks.errors import TaskError
 from tasks.model import TaskSet
-from verifier.checks import accessible as A
-from verifier.checks.accessible import Analysis
-from verifier.checks.accessible_report import render  # noqa: F401  (the analysis as accessible prints it)
+from verifier.accessibility import accessible as A
+from verifier.accessibility.accessible import Analysis
+from verifier.accessibility.report import render  # noqa: F401  (the analysis as accessible prints it)
 from verifier.checks.plots import require_matplotlib  # noqa: F401  (before the work, when a picture is asked for)
 from verifier.checks.verify import fitting
 from verifier.passes import boxes
@@ -50,7 +50,7 @@ def accessibility(taskset: TaskSet, prompts: Prompts = Prompts(), *, search: Cal
                   gamma: float | None = None, quiet: bool = True) -> Analysis:
     """The certified accessibility of the weights in the file ``weights`` (else of the model
     built for ``taskset``) within ``prompts``: token prompts, and soft prompts proposed by
-    ``search(weights)`` (a proposer, :func:`verifier.checks.accessible.soft_accessibility`;
+    ``search(weights)`` (a proposer, :func:`verifier.accessibility.accessible.soft_accessibility`;
     None: token prompts only)."""
     import layout
 
@@ -87,7 +87,7 @@ def report_json(analysis: Analysis, tasks: str, weights: str | None = None) -> d
     """The report (every accessible sequence with its proof), naming its sources: the tasks
     file, the weights file (or "built") and the weights' sha256."""
     from layout.digest import weights_digest
-    from verifier.checks.accessible_report import report_json as as_json
+    from verifier.accessibility.report import report_json as as_json
 
     source = {"tasks": tasks, "weights": weights or "built", "weights_sha256": weights_digest(analysis.weights)}
     return as_json(analysis, source)
@@ -95,7 +95,7 @@ def report_json(analysis: Analysis, tasks: str, weights: str | None = None) -> d
 
 def save_plot(analysis: Analysis, name: str, path: str) -> str:
     """Draw accessible length against m, with the bound, to ``path`` (PNG)."""
-    from verifier.checks.accessible_plots import plot_accessibility
+    from verifier.accessibility.plots import plot_accessibility
     from verifier.checks.plots import save_png
 
     return save_png(plot_accessibility(analysis, name), path)

@@ -16,6 +16,7 @@ from construction.model import SymbolicModel
 from tasks.model import TaskSet
 from verifier.checks.verify import Report
 from workflow.check import check_built
+from tasks.structure import structure_of
 
 
 def summary_json(report: Report) -> dict:
@@ -108,7 +109,7 @@ def check_and_record(taskset: TaskSet, model: SymbolicModel, *, isolation: bool 
     from verifier.certificates.locality import watched_neurons
 
     weights = model.instantiate()
-    trie = taskset.structure
+    trie = structure_of(taskset)
     plan = CellPlan.of(taskset, trie) if cell_queries is None else CellPlan.of(taskset, trie, cell_queries)
     watched = watched_neurons(weights)
     recorder = ClassRecorder.for_weights(taskset, trie, plan, weights, model.epsilon, watched)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from typing import Callable
 
+from tasks.structure import structure_of
 from tasks.model import TaskSet
 from verifier.running.parallel import in_background
 from verifier.checks.verify import verify
@@ -376,7 +377,7 @@ def _recertify_kept(taskset: TaskSet, *, old, cache=None, isolation: bool = True
             isolated_ahead()                 # the child reaped (its answer unused)
         raise
     if report is None:
-        trie = taskset.structure
+        trie = structure_of(taskset)
         plan = CellPlan.of(taskset, trie)
         watched = watched_neurons(weights)
         recorder = ClassRecorder.for_weights(taskset, trie, plan, weights, epsilon, watched)

@@ -478,6 +478,27 @@ def attention(ids, QEm, QEr, QPm, QPr, KEm, KEr, KPm, KPr, starts, widths, lo_t,
 # --- the readout: error and localization numbers of dense logit rows -----------------------------
 
 
+@kernel()
+def _gap(best, hi_o):
+    """The L2 gap's lower bound from max_{t != o} lo(z_t) (``best``) and hi(z_o): rounded down,
+    and >= 0 where the floats compare best >= hi(z_o) (the exact difference is then >= 0; a tie
+    counts: :func:`verifier.arithmetic.kernels._top_gap`); −∞ when nothing bounds the maximum."""
+    if not np.isfinite(best):
+        return -np.inf
+    if best >= hi_o:
+        return max(down(best - hi_o), 0.0)
+    return down(best - hi_o)
+
+
+@kernel()
+def _dot_radius(S, Uabs, i, t, c, f):
+    """Lemma D's radius of logit t of row i from its parts: up(up(c·fl(Σ_j S_ij·|U_tj|)) + f)."""
+    acc = 0.0
+    for j in range(S.shape[1]):
+        acc += S[i, j] * Uabs[t, j]
+    return upp(upp(c * acc) + f)
+
+
 @kernel(args=(F2, F2, F2, F2, F1, "f64", "f64", I1, I1, I1, I1, F1, F1), returns=(F1, F1, I1, F1, F1))
 def readout(Lm, Lr, S, Uabs, ub, c, f, valid_ptr, valid, target, vstamp, lo_t, hi_t):
     """Per row i of dense logits z = U·y enclosed as [Lm ± rad] (a row with a non-finite
@@ -566,12 +587,8 @@ def readout(Lm, Lr, S, Uabs, ub, c, f, valid_ptr, valid, target, vstamp, lo_t, h
             m = Lm[i, t]
             if lazy:
                 r = upp(upp(s1 * ub[t]) + f)
-                exact = t == o or up_signed(up_signed(m + r) - M) >= SKIP
-                if exact:
-                    acc = 0.0
-                    for j in range(d):
-                        acc += S[i, j] * Uabs[t, j]
-                    r = upp(upp(c * acc) + f)
+                if t == o or up_signed(up_signed(m + r) - M) >= SKIP:
+                    r = _dot_radius(S, Uabs, i, t, c, f)
             else:
                 r = Lr[i, t]
             xc = m - M
@@ -609,13 +626,181 @@ def readout(Lm, Lr, S, Uabs, ub, c, f, valid_ptr, valid, target, vstamp, lo_t, h
         err_hi[i] = hi_ if hi_ <= 1.0 else 1.0
         err_lo[i] = lo_ if lo_ >= 0.0 else 0.0
         if o >= 0:
-            if not np.isfinite(best):
-                gap[i] = -np.inf
-            elif best >= hi_o:
-                gap[i] = max(down(best - hi_o), 0.0)
-            else:
-                gap[i] = down(best - hi_o)
+            gap[i] = _gap(best, hi_o)
             oth_lo = down(dd * oth_lo)
             lo1 = down(oth_lo / up(oth_lo + eo_hi))
             obj_lo[i] = lo1 if lo1 >= 0.0 else 0.0
     return err_lo, err_hi, pred, gap, obj_lo
+
+
+# --- the readout of a deployed pass (a floating-point format) -------------------------------------
+
+#: Positions in :func:`readout_deployed`'s constants (``cst``): the logits' rounding beyond the
+#: exact pass's radius (the output sum's floor carried by U, the logits' floor, the smallest
+#: normal number of the format, whether the output sum is there, the largest finite value), then
+#: the output softmax's constants in the order of :func:`verifier.passes.floating.softmax_constants`.
+(DC_F_Y, DC_RHO_L, DC_F_L, DC_EMIN, DC_WITH_SUM, DC_LARGEST, DC_RHO, DC_REL, DC_TINY, DC_LO, DC_HI, DC_F_LO,
+ DC_F_HI, DC_TAU) = range(14)
+
+
+@kernel()
+def _absolute(rs, l1y, cst):
+    """A deployed logit's absolute allowance for a token whose row of U sums to ``rs`` (in
+    absolute values): the output sum's floor carried through U (with the logits' rounding),
+    the logits' floor, and the inputs-read-as-zero allowance 2·e_min·(||ŷ||_1 + Σ|U_t|)
+    (:func:`verifier.arithmetic.kernels._deployed_logit`)."""
+    sum_floor = upp(upp(rs * cst[DC_F_Y]) * upp(1.0 + cst[DC_RHO_L])) if cst[DC_WITH_SUM] != 0.0 else 0.0
+    return upp(upp(sum_floor + cst[DC_F_L]) + upp(upp(2.0 * cst[DC_EMIN]) * upp(l1y + rs)))
+
+
+@kernel(args=(F2, F2, F2, F2, F1, "f64", "f64", F2, F1, F1, F1, I1, I1, I1, I1, F1, F1), returns=(F1, F1, I1, F1, F1))
+def readout_deployed(Lm, Lr, S, Uabs, ub, c, f, Mv, rs_l, l1y, cst, valid_ptr, valid, target, vstamp, lo_t, hi_t):
+    """:func:`readout` for every execution in a floating-point format (Lemma F2 of
+    :mod:`verifier.passes.floating` for the output softmax, as
+    :func:`verifier.arithmetic.kernels._error_deployed` encloses it, with no untouched token).
+
+    A logit's radius is Lemma D's for the enclosure of U·ŷ with its inputs S = up(S_y +
+    up(ρ·m)) (``S``, or whole in ``Lr``): S_y the exact pass's parts of ŷ, m = |r̂| + |ô| per
+    coordinate (``Mv``: the magnitudes of the terms a runtime adds), ρ the output sum's and the
+    logits' rounding, so that the radius covers ρ·Σ_j |U_tj|·m_j (the stages' rounding,
+    :func:`verifier.arithmetic.kernels._deployed_logit`) besides the exact pass's; plus the
+    token's absolute allowance (:func:`_absolute`, ``l1y`` the row's ||ŷ||_1 bound, ``rs_l`` the
+    rows of |U| summed). A token whose magnitude (1 + ρ)·Σ_j |U_tj|·m_j may reach the format's
+    largest value makes the row undecided (its bound first from (Σ_j m_j)·max_j |U_tj|, then,
+    where that does not settle it, from the token's own sum). The softmax: M_hi the largest
+    upper end (any upper bound of it is sound: it only widens θ), c the largest midpoint, each
+    exponent widened by θ = rel·(M_hi − lo) + tiny, the exps by the format's factors, the sums
+    A (valid) and B (the rest) by Lemma 1, then the mass's factors and τ. Skipped terms, the L2
+    gap and 1 − P(o) (the valid set {o}) as in :func:`readout`."""
+    n, V = Lm.shape
+    d = S.shape[1]
+    lazy = d > 0
+    err_lo = np.empty(n)
+    err_hi = np.empty(n)
+    pred = np.full(n, -1, np.int64)
+    gap = np.full(n, np.nan)
+    obj_lo = np.full(n, np.nan)
+    cf = sum_factor(V + 2)
+    dd = down(1.0 - gamma(V + 2))
+    rel, tiny, lo_f, hi_f = cst[DC_REL], cst[DC_TINY], cst[DC_LO], cst[DC_HI]
+    f_lo, f_hi, tau = cst[DC_F_LO], cst[DC_F_HI], cst[DC_TAU]
+    rho1 = upp(1.0 + cst[DC_RHO])
+    largest = cst[DC_LARGEST]
+    skip_hi = upp(exp_above(SKIP, hi_t) * hi_f)
+    total_hi = upp(f_hi + tau)
+    for t in range(V):
+        vstamp[t] = -1
+    for i in range(n):
+        for q in range(valid_ptr[i], valid_ptr[i + 1]):
+            vstamp[valid[q]] = i
+        o = target[i]
+        s1 = 0.0
+        s1m = 0.0
+        for j in range(Mv.shape[1]):
+            s1m += Mv[i, j]
+            if lazy:
+                s1 += S[i, j]
+        s1 = upp(c * s1)
+        s1m = upp(c * s1m)
+        bad = not (np.isfinite(s1) and np.isfinite(s1m) and np.isfinite(l1y[i]))
+        Mhi = -np.inf
+        cs = -np.inf
+        arg = -1
+        for t in range(V):
+            m = Lm[i, t]
+            r = upp(upp(s1 * ub[t]) + f) if lazy else Lr[i, t]
+            r = upp(r + _absolute(rs_l[t], l1y[i], cst))
+            if not (np.isfinite(m) and np.isfinite(r)):
+                bad = True
+            if not (upp(rho1 * upp(s1m * ub[t])) < largest):
+                acc = 0.0
+                for j in range(Mv.shape[1]):
+                    acc += Mv[i, j] * Uabs[t, j]
+                if not (upp(rho1 * upp(upp(c * acc) + f)) < largest):
+                    bad = True
+            Mhi = max(Mhi, up_signed(m + r))
+            if m > cs:
+                cs = m
+                arg = t
+        pred[i] = arg
+        if bad or not (np.isfinite(Mhi) and np.isfinite(cs)):
+            err_lo[i], err_hi[i] = 0.0, 1.0
+            if o >= 0:
+                gap[i] = -np.inf
+                obj_lo[i] = 0.0
+            continue
+        A_lo = 0.0
+        A_hi = 0.0
+        B_lo = 0.0
+        B_hi = 0.0
+        oth_lo = 0.0
+        eo_hi = 0.0
+        skip_A = 0
+        skip_B = 0
+        best = -np.inf
+        hi_o = 0.0
+        for t in range(V):
+            m = Lm[i, t]
+            absolute = _absolute(rs_l[t], l1y[i], cst)
+            if lazy:
+                r = upp(upp(upp(s1 * ub[t]) + f) + absolute)
+                lo = down_signed(m - r)
+                theta = upp(upp(rel * up_signed(Mhi - lo)) + tiny)
+                if t == o or up_signed(up_signed(up_signed(m + r) + theta) - cs) >= SKIP:
+                    r = upp(_dot_radius(S, Uabs, i, t, c, f) + absolute)
+            else:
+                r = upp(Lr[i, t] + absolute)
+            lo = down_signed(m - r)
+            hi = up_signed(m + r)
+            theta = upp(upp(rel * up_signed(Mhi - lo)) + tiny)
+            if t == o:
+                hi_o = hi
+            elif o >= 0 and lo > best:
+                best = lo
+            x_hi = up_signed(up_signed(hi + theta) - cs)
+            if x_hi < SKIP and t != o:
+                if vstamp[t] == i:
+                    skip_A += 1
+                else:
+                    skip_B += 1
+                continue
+            e_lo = max(down_nonneg_(exp_below(down_signed(down_signed(lo - theta) - cs), lo_t) * lo_f), 0.0)
+            e_hi = upp(exp_above(x_hi, hi_t) * hi_f)
+            if vstamp[t] == i:
+                A_lo += e_lo
+                A_hi += e_hi
+            else:
+                B_lo += e_lo
+                B_hi += e_hi
+            if t == o:
+                eo_hi = e_hi
+            else:
+                oth_lo += e_lo
+        A_hi = up(up(cf * A_hi) + up(skip_A * skip_hi))
+        B_hi = up(up(cf * B_hi) + up(skip_B * skip_hi))
+        A_lo = down(dd * A_lo)
+        B_lo = down(dd * B_lo)
+        r_lo = down(A_lo / up(A_lo + B_hi))
+        r_hi = up(A_hi / down(A_hi + B_lo))
+        if not (r_lo >= 0.0):
+            r_lo = 0.0
+        if not (r_hi <= 1.0):
+            r_hi = 1.0
+        mass_lo = max(down(down(r_lo * f_lo) - tau), 0.0)
+        mass_hi = min(up(up(r_hi * f_hi) + tau), total_hi)
+        err_lo[i] = down(1.0 - mass_hi)
+        err_hi[i] = min(up(1.0 - mass_lo), 1.0)
+        if o >= 0:
+            gap[i] = _gap(best, hi_o)
+            oth_lo = down(dd * oth_lo)
+            p_hi = up(eo_hi / down(eo_hi + oth_lo))
+            if not (p_hi <= 1.0):
+                p_hi = 1.0
+            obj_lo[i] = down(1.0 - min(up(up(p_hi * f_hi) + tau), total_hi))
+    return err_lo, err_hi, pred, gap, obj_lo
+
+
+@kernel()
+def down_nonneg_(x):
+    """:func:`down_nonneg` of one value (compiled): max(x·(1 − 2^-52) − 2^-1022, 0) for x >= 0."""
+    return max(x * STEP_DOWN - FLOOR, 0.0)

@@ -79,6 +79,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from layout import Weights
+from tasks.structure import structure_of
 from tasks.errors import TaskError
 from tasks.model import TaskSet
 from tasks.queries import build_group
@@ -438,7 +439,7 @@ def recertify(old: Certificate, taskset: TaskSet, weights: Weights, cor: Corresp
     if T.position or T.tokens[weights.bos]:
         info.mode, info.reason = "full", "a changed weight is reached by a position embedding or by BOS (every query)"
         return None, None, None, info
-    trie = taskset.structure
+    trie = structure_of(taskset)
     check_routable(taskset, trie)
     tmap = token_map(taskset, weights, source)
     back = np.full(weights.E.shape[0], -1, np.int64)
@@ -627,7 +628,7 @@ class _Selection:
                  new_of_old_rows: np.ndarray, back: np.ndarray, cls_node: np.ndarray) -> None:
         self.old, self.taskset, self.trie, self.cls_node = old, taskset, trie, cls_node
         self.old_ts = old.taskset
-        self.old_trie = self.old_ts.structure
+        self.old_trie = structure_of(self.old_ts)
         by_key = {_key(self.old_trie, n): n for n in self.old_trie}
         self.old_nodes = [by_key.get(k) for k in keys]
         # certificate's task-set id -> new task-set id (-1: gone), and back

@@ -71,6 +71,7 @@ from verifier.running.parallel import Executor, LocalPool
 from verifier.running.runner import PassSpec, Runner, require_allowed, verify_batch
 from layout import Weights
 from layout.digest import weights_digest
+from tasks.structure import structure_of
 
 CHUNK = BATCH_ROWS
 MAX_COUNTEREXAMPLES = 20
@@ -262,7 +263,7 @@ def verify(
     tmap = fitting(taskset, weights, source)
     names = taskset.names
     expert_task_index = np.array([names.index(t) if t in names else -1 for t in weights.expert_tasks], np.int64)
-    trie = taskset.structure
+    trie = structure_of(taskset)
     check_routable(taskset, trie)   # object queries must determine their task (else: bad input)
     # Progress needs only an estimate (an upper bound: subjects counted once per task through
     # each node); the report's count is the exact number of queries processed.

@@ -180,35 +180,19 @@ class DensePass:
         """The gate scores' enclosures and decisions: (winner, margin, scores mid, scores rad,
         top three (ids, lo, hi), candidates CSR (ptr, experts))."""
         gm, gr = D.product(rm, rr, self.WG)
-        gm, gr = D.add_exact(gm, gr, self.bG)
-        n, K = gm.shape
-        lo, hi = I.lower(gm, gr), I.upper(gm, gr)
-        finite = np.isfinite(gm).all(axis=1) & np.isfinite(gr).all(axis=1)
-        e = np.argmax(gm, axis=1) if K else np.zeros(n, np.int64)
-        rows = np.arange(n)
-        lo_e = lo[rows, e]
-        others = hi.copy()
-        others[rows, e] = -np.inf
-        top_other = others.max(axis=1) if K > 1 else np.full(n, -np.inf)
-        with np.errstate(invalid="ignore"):
-            margin = np.where(top_other == -np.inf, np.inf, I.down(lo_e - top_other))
-        margin = np.where(finite, margin, -np.inf)
-        may = (hi >= lo_e[:, None]) & finite[:, None]
-        may[rows, e] = True
-        cand_ptr = np.concatenate([[0], np.cumsum(may.sum(axis=1))]).astype(np.int64)
-        cand = np.nonzero(may)[1].astype(np.int64)
-        order = np.argsort(-gm, axis=1, kind="stable")[:, :3]
-        top = np.full((n, 3), -1, np.int64)
-        top_lo = np.full((n, 3), -np.inf)
-        top_hi = np.full((n, 3), np.inf)
-        k3 = order.shape[1]
-        top[:, :k3] = order
-        top_lo[:, :k3] = np.take_along_axis(lo, order, axis=1)
-        top_hi[:, :k3] = np.take_along_axis(hi, order, axis=1)
-        return e.astype(np.int64), margin, gm, gr, (top, top_lo, top_hi), (cand_ptr, cand)
+        return decide(*D.add_exact(gm, gr, self.bG))
 
-    def expert_output(self, k: int, rm: np.ndarray, rr: np.ndarray, cm: np.ndarray | None, cr: np.ndarray | None):
-        """y = r + c·W_2 ReLU(W_1 r + b_1) for expert k on rows (rm, rr); c = 1 when ``cm`` is None."""
+    def scale(self, gm: np.ndarray, gr: np.ndarray, rows: np.ndarray, experts: np.ndarray):
+        """The gate scale c = softmax(g)_e of each (row, expert) pair, enclosed (top1-scaled)."""
+        with np.errstate(invalid="ignore", over="ignore"):
+            p_lo, p_hi = I.softmax_bounds(I.lower(gm, gr), I.upper(gm, gr), gm)
+        return I.from_bounds(p_lo[rows, experts], p_hi[rows, experts])
+
+    def expert_output(self, k: int, rm: np.ndarray, rr: np.ndarray, cm: np.ndarray | None, cr: np.ndarray | None,
+                      rows: np.ndarray):
+        """y = r + c·W_2 ReLU(W_1 r + b_1) for expert k on rows (rm, rr); c = 1 when ``cm`` is None.
+        Returns (ym, yr, the rows a runtime may find no finite value for (none here: the exact
+        pass reads a non-finite enclosure as unbounded), what the readout of y needs besides)."""
         W1, b1, W2 = self.experts[k]
         zm, zr = D.add_exact(*D.product(rm, rr, W1), b1)
         am, ar = D.relu(np.ascontiguousarray(zm), np.ascontiguousarray(zr))
@@ -220,10 +204,10 @@ class DensePass:
         with np.errstate(invalid="ignore", over="ignore"):
             ym = rm + om
             yr = D.up_nonneg(D.up_nonneg(rr + orad) + D.up_nonneg(I.U * np.abs(ym)))
-        return ym, I.guard(ym, yr)
+        return ym, I.guard(ym, yr), np.zeros(ym.shape[0], bool), None
 
     def readout(self, ym: np.ndarray, yr: np.ndarray, valid_ptr: np.ndarray, valid: np.ndarray,
-                target: np.ndarray) -> tuple[np.ndarray, ...]:
+                target: np.ndarray, extra=None) -> tuple[np.ndarray, ...]:
         """Logits U·y and their readout (:func:`verifier.arithmetic.dense.readout`), a run of
         rows at a time: (error lo, error hi, argmax token, L2 gap, lower end of 1 − P(o)).
 
@@ -292,24 +276,28 @@ class DensePass:
         pair_rows = np.repeat(np.arange(n, dtype=np.int64), np.diff(cand_ptr))
         cm = cr = None
         if self.scaled:
-            with np.errstate(invalid="ignore", over="ignore"):
-                p_lo, p_hi = I.softmax_bounds(I.lower(gm, gr), I.upper(gm, gr), gm)
-            cm, cr = I.from_bounds(p_lo[pair_rows, cand], p_hi[pair_rows, cand])
+            cm, cr = self.scale(gm, gr, pair_rows, cand)
         err_lo, err_hi = np.full(n, np.inf), np.full(n, -np.inf)
         predicted = np.full(n, -1, np.int64)
         no_target = np.full(pair_rows.size, -1, np.int64)
+        undecided = ~np.isfinite(margin)                # the gate decides nothing
         for k in np.unique(cand):
             sel = np.flatnonzero(cand == k)
             rows = pair_rows[sel]
-            ym, yr = self.expert_output(int(k), rm[rows], rr[rows], None if cm is None else cm[sel],
-                                        None if cr is None else cr[sel])
+            ym, yr, bad, extra = self.expert_output(int(k), rm[rows], rr[rows], None if cm is None else cm[sel],
+                                                    None if cr is None else cr[sel], rows)
             vp, vv = _gather_csr(vptr, vals, rows)
-            lo, hi, pred, _, _ = self.readout(ym, yr, vp, vv, no_target[:rows.size])
+            lo, hi, pred, _, _ = self.readout(ym, yr, vp, vv, no_target[:rows.size], extra)
             np.minimum.at(err_lo, rows, lo)
             np.maximum.at(err_hi, rows, hi)
+            undecided[rows[bad]] = True
             routed = e[rows] == k
             predicted[rows[routed]] = pred[routed]
-        undecided = ~np.isfinite(margin)
+        # a row an expert that may win gives a value a runtime may not compute (the deployed
+        # pass: overflow) decides nothing, its gate included (a dense runtime spreads 0·∞)
+        margin = np.where(undecided & np.isfinite(margin) & ~np.isfinite(gr).all(axis=1), -np.inf, margin)
+        if self.deployed:
+            margin = np.where(undecided, -np.inf, margin)
         err_lo[undecided], err_hi[undecided] = 0.0, 1.0
         ab_lo, ab_hi = np.full(n, np.nan), np.full(n, np.nan)
         ab_gap, ab_obj = np.full(n, np.nan), np.full(n, np.nan)
@@ -317,15 +305,60 @@ class DensePass:
         ab = np.flatnonzero(ablate)
         if ab.size:
             vp, vv = _gather_csr(vptr, vals, ab)
-            lo, hi, _, gap, obj = self.readout(rm[ab], rr[ab], vp, vv, target[ab])
+            lo, hi, _, gap, obj = self.readout(rm[ab], rr[ab], vp, vv, target[ab], self.ablation_extra(rm[ab], rr[ab]))
             ab_lo[ab], ab_hi[ab] = lo, hi
             has = target[ab] >= 0
             ab_gap[ab[has]], ab_obj[ab[has]] = gap[has], obj[has]
+        if self.deployed:                               # (F5): a row whose gate decides nothing ablates nothing
+            sel = undecided & ablate
+            ab_lo[sel], ab_hi[sel] = 0.0, 1.0
+            ab_gap[sel & (target >= 0)] = -np.inf
+            ab_obj[sel & (target >= 0)] = 0.0
         nan = np.full(n, np.nan)
         grad = gr.max(axis=1, initial=0.0) if gr.size else np.zeros(n)
         return BatchResult(e, margin, ~(margin > 0), gm if scores else None, grad, err_lo, err_hi, ab_lo, ab_hi,
                            predicted, top, (cand_ptr, cand), nan, nan.copy(), nan.copy(), nan.copy(), None, ab_gap,
                            np.full(n, -1, np.int64), ab_obj)
+
+    deployed = False
+
+    def ablation_extra(self, rm: np.ndarray, rr: np.ndarray):
+        """What the readout of the ablated logits U·r needs besides r (nothing here)."""
+        return None
+
+
+def decide(gm: np.ndarray, gr: np.ndarray):
+    """The gate's decisions from its scores' enclosures [gm ± gr] (n × K): the winner (the
+    largest midpoint, the first of equal ones), the certified margin (the winner's lower end
+    minus the others' largest upper end, rounded down; +∞ with one expert, −∞ where a score is
+    not finite), the scores, the top three experts with their ends, and as CSR the experts that
+    may win (whose upper end reaches the winner's lower end; the winner alone where nothing is
+    decided)."""
+    n, K = gm.shape
+    lo, hi = I.lower(gm, gr), I.upper(gm, gr)
+    finite = np.isfinite(gm).all(axis=1) & np.isfinite(gr).all(axis=1)
+    e = np.argmax(gm, axis=1) if K else np.zeros(n, np.int64)
+    rows = np.arange(n)
+    lo_e = lo[rows, e]
+    others = hi.copy()
+    others[rows, e] = -np.inf
+    top_other = others.max(axis=1) if K > 1 else np.full(n, -np.inf)
+    with np.errstate(invalid="ignore"):
+        margin = np.where(top_other == -np.inf, np.inf, I.down(lo_e - top_other))
+    margin = np.where(finite, margin, -np.inf)
+    may = (hi >= lo_e[:, None]) & finite[:, None]
+    may[rows, e] = True
+    cand_ptr = np.concatenate([[0], np.cumsum(may.sum(axis=1))]).astype(np.int64)
+    cand = np.nonzero(may)[1].astype(np.int64)
+    order = np.argsort(-gm, axis=1, kind="stable")[:, :3]
+    top = np.full((n, 3), -1, np.int64)
+    top_lo = np.full((n, 3), -np.inf)
+    top_hi = np.full((n, 3), np.inf)
+    k3 = order.shape[1]
+    top[:, :k3] = order
+    top_lo[:, :k3] = np.take_along_axis(lo, order, axis=1)
+    top_hi[:, :k3] = np.take_along_axis(hi, order, axis=1)
+    return e.astype(np.int64), margin, gm, gr, (top, top_lo, top_hi), (cand_ptr, cand)
 
 
 def _take_csr(ptr: np.ndarray, vals: np.ndarray, a: int, b: int) -> tuple[np.ndarray, np.ndarray]:
