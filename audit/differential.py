@@ -1,6 +1,7 @@
 """A differential tester of the floating-point certificates against real runtimes.
 
-``FloatPass(weights, dep).run_batch(...)`` (:mod:`verifier.passes.forward`) claims, for every
+``FloatPass(weights, dep).run_batch(...)`` (:mod:`verifier.passes.forward`; for dense weights
+the dense pass, :class:`verifier.passes.dense.DeployedDensePass`) claims, for every
 execution its execution model covers, per query: the deployed error 1 − Σ_{valid} p̂ lies
 in [err_lo, err_hi], and where ``margin > 0`` the routed expert is ``expert``. This
 module runs small adversarial models through executions that claim to be covered and
@@ -88,6 +89,7 @@ from layout.formats import FORMATS, round_weights
 from layout.weights import GATE_MODES
 from tasks.errors import TaskError
 from verifier.passes.floating import Deployment
+from verifier.passes.dense import DeployedDensePass, is_dense
 from verifier.passes.forward import FloatPass
 from verifier.passes.forward import BatchResult
 
@@ -244,6 +246,33 @@ def random_models(draw) -> Case:
     gate_mode = draw(st.sampled_from(GATE_MODES))
     w = dense_model(a(V + 1, d), a(n_pos, d), heads, a(K, d), a(K), experts, a(V, d), gate_mode)
     return _case(draw, "random", {}, w)
+
+
+def nonzero_entries() -> st.SearchStrategy[float]:
+    """A weight that is never zero: a grid or tie value, or any non-zero float in [−4, 4]."""
+    return st.one_of(grid_values(), st.floats(-4.0, 4.0, allow_nan=False, allow_infinity=False,
+                                              allow_subnormal=False).filter(lambda x: x != 0.0))
+
+
+@st.composite
+def dense_models(draw) -> Case:
+    """Dense weights (every entry non-zero, as trained weights are), which the verifier's dense
+    pass certifies (:mod:`verifier.passes.dense`); values on the grids and at ties among them."""
+    V, d, n_pos = draw(st.integers(2, 10)), draw(st.integers(2, 6)), draw(st.integers(2, 5))
+    H, K = draw(st.integers(0, 3)), draw(st.integers(1, 4))
+    el = nonzero_entries()
+
+    def a(*shape):
+        return draw(arrays(np.float64, shape, elements=el))
+
+    heads = []
+    for _ in range(H):
+        dh, dv = draw(st.integers(1, 3)), draw(st.integers(1, 3))
+        heads.append((a(dh, d), a(dh, d), a(dv, d), a(d, dv)))
+    experts = [(a(width, d), a(width), a(d, width)) for width in (draw(st.integers(1, 3)) for _ in range(K))]
+    gate_mode = draw(st.sampled_from(GATE_MODES))
+    w = dense_model(a(V + 1, d), a(n_pos, d), heads, a(K, d), a(K), experts, a(V, d), gate_mode)
+    return _case(draw, "dense", {}, w)
 
 
 def _empty_expert(d: int):
@@ -528,6 +557,7 @@ def overflowing(draw) -> Case:
 #: Motif name -> strategy of :class:`Case`.
 MOTIFS: dict[str, Callable[[], st.SearchStrategy[Case]]] = {
     "random": random_models,
+    "dense": dense_models,
     "softmax-equal": softmax_equal,
     "attention-equal": attention_equal,
     "residual-heads": residual_heads,
@@ -1091,7 +1121,11 @@ def certificate(case: Case, dep: str) -> BatchResult | None:
     key = ("certificate", dep)
     if key not in case.memo:
         try:
-            fp = FloatPass(case.weights, deployment(dep), "differential case")
+            case.weights.validate("differential case")
+            if is_dense(case.weights):          # the pass the verifier runs on such weights
+                fp = DeployedDensePass(case.weights, deployment=deployment(dep))
+            else:
+                fp = FloatPass(case.weights, deployment(dep), "differential case")
             case.memo[key] = fp.run_batch(case.tokens, case.valid_ptr, case.valid, target=targets(case))
         except TaskError:
             case.memo[key] = None

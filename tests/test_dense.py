@@ -313,3 +313,84 @@ def test_dense_and_plain_passes_agree_on_trained_models(name):
             x, y = getattr(a, field), getattr(b, field)
             assert x == pytest.approx(y, rel=1e-9, abs=1e-12), (a.name, field)
     assert dataclasses.asdict(dense.tasks[0]).keys() == dataclasses.asdict(plain.tasks[0]).keys()
+
+
+# --- the deployed dense pass -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fmt,acc,seed,scaled", [("float32", None, 0, False), ("float32", None, 1, True),
+                                                 ("bfloat16", "float32", 2, True), ("bfloat16", None, 3, False)])
+def test_the_deployed_dense_pass_contains_every_execution(capitals_set, fmt, acc, seed, scaled):
+    """Random dense models: every query's execution in ``fmt`` (the emulator of audit.deployed,
+    in each summation order) has its error within the certified enclosure, its routed expert the
+    certified one where the margin is positive, and without its expert (each way of removing
+    it) its error, 1 − P(o) and top-token gap within the ablation's enclosures."""
+    from fractions import Fraction
+
+    from audit.deployed import ABLATIONS, ORDERS, Deployed
+    from layout.formats import FORMATS
+    from verifier.checks.verify import token_map
+    from verifier.passes.batches import batches
+    from verifier.passes.dense import DeployedDensePass
+    from verifier.passes.floating import Deployment
+
+    w = random_dense_model(capitals_set, seed, d=8, scaled=scaled, scale=0.7)
+    dep = Deployment.named(fmt, accumulate=acc)
+    dp = DeployedDensePass(w, deployment=dep)
+    tmap = token_map(capitals_set, w)
+    decided = 0
+    for b in batches(capitals_set):
+        tokens, valid = tmap[b.tokens], tmap[b.valid]
+        target = np.where(b.target >= 0, tmap[np.maximum(b.target, 0)], -1)
+        res = dp.run_batch(tokens, b.valid_ptr, valid, target=target)
+        for order in ORDERS[:3]:
+            run = Deployed(w, FORMATS[fmt], order, seed, acc=dep.acc)
+            for i in range(len(b)):
+                good = valid[b.valid_ptr[i]:b.valid_ptr[i + 1]]
+                with np.errstate(all="ignore"):
+                    p, e, _ = run.forward(list(tokens[i]))
+                err = 1 - sum(Fraction(float(x)) for x in p[good])
+                if res.margin[i] > 0:
+                    decided += 1
+                    assert e == res.expert[i], (order, i)
+                    assert Fraction(res.err_lo[i]) <= err <= Fraction(res.err_hi[i]), (order, i)
+                if target[i] < 0:
+                    continue
+                for way in ABLATIONS:
+                    with np.errstate(all="ignore"):
+                        pa, _, z = run.forward(list(tokens[i]), ablate=way)
+                    err_a = 1 - sum(Fraction(float(x)) for x in pa[good])
+                    assert Fraction(res.ablated_lo[i]) <= err_a <= Fraction(res.ablated_hi[i]), (order, way, i)
+                    assert Fraction(res.ablated_object_lo[i]) <= 1 - Fraction(float(pa[target[i]])), (order, way, i)
+                    o = target[i]
+                    gap = max(float(z[t]) for t in range(z.size) if t != o) - float(z[o])
+                    assert res.ablated_gap[i] <= gap, (order, way, i)
+    assert decided > 0 or (fmt == "bfloat16" and acc is None)     # all-bfloat16 certifies no routing here
+
+
+@pytest.mark.parametrize("fmt", ["float32", "bfloat16"])
+def test_deployed_dense_and_plain_passes_agree_on_a_trained_model(fmt):
+    """The same decisions (routing certified or not, error below ε or not, each localization
+    part) as the plain deployed pass on a trained model; numbers within the plain pass's own
+    slack (the dense enclosures are per entry, the plain gate's per row)."""
+    import layout
+    from tasks.io import load_tasks
+    from verifier.checks.verify import verify
+    from verifier.passes.floating import Deployment
+    from verifier.running import runner
+
+    ts = load_tasks("docs/training/tasks-K4.yaml")
+    w = layout.load("docs/training/weights/K4-E4-localize-s0.npz")
+    dep = Deployment.named(fmt)
+    dense = verify(ts, w, 0.01, deployment=dep)
+    original = runner.is_dense
+    try:
+        runner.is_dense = lambda weights: False
+        plain = verify(ts, w, 0.01, deployment=dep)
+    finally:
+        runner.is_dense = original
+    assert dense.certified == plain.certified
+    for a, b in zip(dense.tasks, plain.tasks):
+        for c in ("queries", "object_queries", "misrouted", "over_epsilon", "ablation_broken", "l1_held", "l2_held"):
+            assert getattr(a, c) == getattr(b, c), (a.name, c)
+        assert a.worst_error == pytest.approx(b.worst_error, rel=2e-2)

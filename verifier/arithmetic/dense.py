@@ -64,7 +64,7 @@ import scipy.sparse as sp
 from verifier.arithmetic import interval as I
 from verifier.arithmetic.compiled import kernel
 from verifier.arithmetic.constants import FLOOR, STEP, U
-from verifier.arithmetic.kernels import F1, F2, F3, I1, I2, down, exp_lower, exp_upper, gamma, sum_factor, up, upp
+from verifier.arithmetic.kernels import B1, F1, F2, F3, I1, I2, down, exp_lower, exp_upper, gamma, sum_factor, up, upp
 
 #: 1 − 2^-52: x·STEP_DOWN − 2^-1022, clamped at 0, is <= nextafter(x, −∞) for x >= 0 (:func:`down_nonneg`).
 STEP_DOWN = 1.0 - 2.0 ** -52
@@ -212,13 +212,6 @@ def add_exact(mid: np.ndarray, rad: np.ndarray, b: np.ndarray) -> tuple[np.ndarr
         r += rad
         r = up_nonneg(r)
     return m, I.guard(m, r)
-
-
-def relu(mid: np.ndarray, rad: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """ReLU of [mid ± rad] element-wise: [max(lo, 0), max(hi, 0)] in midpoint-radius form
-    (an interval entirely below 0 is exactly 0)."""
-    lo, hi = I.lower(mid, rad), I.upper(mid, rad)
-    return I.from_bounds(np.maximum(lo, 0.0), np.maximum(hi, 0.0))
 
 
 # --- the exponential by table -------------------------------------------------------------------
@@ -653,7 +646,7 @@ def _absolute(rs, l1y, cst):
     return upp(upp(sum_floor + cst[DC_F_L]) + upp(upp(2.0 * cst[DC_EMIN]) * upp(l1y + rs)))
 
 
-@kernel(args=(F2, F2, F2, F2, F1, "f64", "f64", F2, F1, F1, F1, I1, I1, I1, I1, F1, F1), returns=(F1, F1, I1, F1, F1))
+@kernel(args=(F2, F2, F2, F2, F1, "f64", "f64", F2, F1, F1, F1, I1, I1, I1, I1, F1, F1), returns=(F1, F1, I1, F1, F1, B1))
 def readout_deployed(Lm, Lr, S, Uabs, ub, c, f, Mv, rs_l, l1y, cst, valid_ptr, valid, target, vstamp, lo_t, hi_t):
     """:func:`readout` for every execution in a floating-point format (Lemma F2 of
     :mod:`verifier.passes.floating` for the output softmax, as
@@ -671,10 +664,12 @@ def readout_deployed(Lm, Lr, S, Uabs, ub, c, f, Mv, rs_l, l1y, cst, valid_ptr, v
     upper end (any upper bound of it is sound: it only widens θ), c the largest midpoint, each
     exponent widened by θ = rel·(M_hi − lo) + tiny, the exps by the format's factors, the sums
     A (valid) and B (the rest) by Lemma 1, then the mass's factors and τ. Skipped terms, the L2
-    gap and 1 − P(o) (the valid set {o}) as in :func:`readout`."""
+    gap and 1 − P(o) (the valid set {o}) as in :func:`readout`. The last result says which rows
+    decide nothing (a value that may be non-finite or overflow): their error is [0, 1]."""
     n, V = Lm.shape
     d = S.shape[1]
     lazy = d > 0
+    undecided = np.zeros(n, np.bool_)
     err_lo = np.empty(n)
     err_hi = np.empty(n)
     pred = np.full(n, -1, np.int64)
@@ -725,6 +720,7 @@ def readout_deployed(Lm, Lr, S, Uabs, ub, c, f, Mv, rs_l, l1y, cst, valid_ptr, v
         pred[i] = arg
         if bad or not (np.isfinite(Mhi) and np.isfinite(cs)):
             err_lo[i], err_hi[i] = 0.0, 1.0
+            undecided[i] = True
             if o >= 0:
                 gap[i] = -np.inf
                 obj_lo[i] = 0.0
@@ -797,7 +793,7 @@ def readout_deployed(Lm, Lr, S, Uabs, ub, c, f, Mv, rs_l, l1y, cst, valid_ptr, v
             if not (p_hi <= 1.0):
                 p_hi = 1.0
             obj_lo[i] = down(1.0 - min(up(up(p_hi * f_hi) + tau), total_hi))
-    return err_lo, err_hi, pred, gap, obj_lo
+    return err_lo, err_hi, pred, gap, obj_lo, undecided
 
 
 @kernel()

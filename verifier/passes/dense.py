@@ -69,7 +69,9 @@ class DensePass:
     """The dense pass's tables for fixed weights (module docstring); ``run_batch`` is the
     pass protocol (:class:`verifier.running.runner.Pass`)."""
 
-    def __init__(self, weights: Weights, vocab_size: int | None = None) -> None:
+    def __init__(self, weights: Weights, vocab_size: int | None = None, tables: bool = True) -> None:
+        """``tables``: build the attention and residual tables (a deployed pass takes those
+        stages from the plain pass instead: :class:`DeployedDensePass`)."""
         I.check_platform()
         D.check_blas()
         weights.validate()
@@ -78,8 +80,27 @@ class DensePass:
         self.vocab_size = max(len(w.vocab), vocab_size or 0)
         if self.vocab_size != len(w.vocab):
             raise ValueError("the dense pass runs over the weights' whole vocabulary (no compact cut)")
-        H, d = len(w.heads), w.d
-        self.n_heads = H
+        self.n_heads = len(w.heads)
+        self.npos = w.P.shape[0]
+        if tables:
+            self._tables(w)
+        # 4.-7. the gate, the experts, the unembedding
+        self.WG = D.Matrix.of(w.W_G.T)
+        self.bG = np.asarray(w.b_G, np.float64)
+        self.experts = [(D.Matrix.of(e.W_1.T), np.asarray(e.b_1, np.float64), D.Matrix.of(e.W_2.T)) for e in w.experts]
+        self.UT = D.Matrix.of(w.U.T)
+        #: |U| by token and each token's largest |U_tj| (the readout's radii, finished lazily)
+        self.U_abs = np.ascontiguousarray(np.abs(w.U.toarray()))
+        self.U_max = self.U_abs.max(axis=1, initial=0.0)
+        self.scaled = w.gate_mode == "top1-scaled"
+        self.bos = w.bos
+        self._vstamp = np.zeros(max(len(w.vocab), 1), np.int64)
+        self._blas = None                   # a threadpoolctl controller, made on the first batch
+        self.weights = w.frame()
+
+    def _tables(self, w: Weights) -> None:
+        """1. The attention and residual tables (the module docstring)."""
+        H = self.n_heads
         E = D.Matrix.of(w.E).B
         P = D.Matrix.of(w.P).B
         E = E.toarray() if sp.issparse(E) else E
@@ -118,19 +139,6 @@ class DensePass:
         self.oe_off = np.arange(H, dtype=np.int64) * V1
         self.op_off = H * V1 + np.arange(H, dtype=np.int64) * npos
         self.e_off, self.p_off = H * (V1 + npos), H * (V1 + npos) + V1
-        # 4.-7. the gate, the experts, the unembedding
-        self.WG = D.Matrix.of(w.W_G.T)
-        self.bG = np.asarray(w.b_G, np.float64)
-        self.experts = [(D.Matrix.of(e.W_1.T), np.asarray(e.b_1, np.float64), D.Matrix.of(e.W_2.T)) for e in w.experts]
-        self.UT = D.Matrix.of(w.U.T)
-        #: |U| by token and each token's largest |U_tj| (the readout's radii, finished lazily)
-        self.U_abs = np.ascontiguousarray(np.abs(w.U.toarray()))
-        self.U_max = self.U_abs.max(axis=1, initial=0.0)
-        self.scaled = w.gate_mode == "top1-scaled"
-        self.bos = w.bos
-        self._vstamp = np.zeros(max(len(w.vocab), 1), np.int64)
-        self._blas = None                   # a threadpoolctl controller, made on the first batch
-        self.weights = w.frame()
 
     # --- stages ---------------------------------------------------------------------------------
 
@@ -238,7 +246,7 @@ class DensePass:
                             D.EXP_LO, D.EXP_HI)
             for o, g in zip(out, got):
                 o[a:b] = g
-        return tuple(out)
+        return (*out, np.zeros(n, bool))   # the exact pass: a non-finite logit gives [0, 1] only
 
     # --- the pass ---------------------------------------------------------------------------------
 
@@ -287,15 +295,14 @@ class DensePass:
             ym, yr, bad, extra = self.expert_output(int(k), rm[rows], rr[rows], None if cm is None else cm[sel],
                                                     None if cr is None else cr[sel], rows)
             vp, vv = _gather_csr(vptr, vals, rows)
-            lo, hi, pred, _, _ = self.readout(ym, yr, vp, vv, no_target[:rows.size], extra)
+            lo, hi, pred, _, _, unbounded = self.readout(ym, yr, vp, vv, no_target[:rows.size], extra)
             np.minimum.at(err_lo, rows, lo)
             np.maximum.at(err_hi, rows, hi)
-            undecided[rows[bad]] = True
+            undecided[rows[bad | unbounded]] = True
             routed = e[rows] == k
             predicted[rows[routed]] = pred[routed]
         # a row an expert that may win gives a value a runtime may not compute (the deployed
         # pass: overflow) decides nothing, its gate included (a dense runtime spreads 0·∞)
-        margin = np.where(undecided & np.isfinite(margin) & ~np.isfinite(gr).all(axis=1), -np.inf, margin)
         if self.deployed:
             margin = np.where(undecided, -np.inf, margin)
         err_lo[undecided], err_hi[undecided] = 0.0, 1.0
@@ -305,7 +312,7 @@ class DensePass:
         ab = np.flatnonzero(ablate)
         if ab.size:
             vp, vv = _gather_csr(vptr, vals, ab)
-            lo, hi, _, gap, obj = self.readout(rm[ab], rr[ab], vp, vv, target[ab], self.ablation_extra(rm[ab], rr[ab]))
+            lo, hi, _, gap, obj, _ = self.readout(rm[ab], rr[ab], vp, vv, target[ab], self.ablation_extra(rm[ab], rr[ab]))
             ab_lo[ab], ab_hi[ab] = lo, hi
             has = target[ab] >= 0
             ab_gap[ab[has]], ab_obj[ab[has]] = gap[has], obj[has]
@@ -371,3 +378,187 @@ def _gather_csr(ptr: np.ndarray, vals: np.ndarray, rows: np.ndarray) -> tuple[np
 
     p, v = take_csr(ptr, vals, np.asarray(rows, np.int64))
     return np.ascontiguousarray(p, np.int64), np.ascontiguousarray(v, np.int64)
+
+
+class DeployedDensePass(DensePass):
+    """The dense pass of every execution in a floating-point format (:mod:`verifier.passes.floating`).
+
+    Attention and the residual are the plain deployed pass's (its tables and row kernels,
+    :class:`verifier.passes.forward.Prepared` with the deployment: each query's residual is a
+    sparse row of d entries, enclosing r̂ in every execution the execution model allows). From
+    the residual on, every stage is a dense product (Lemma D) widened by the stage's rounding
+    as :class:`verifier.passes.floating.Stages` gives it (the same terms the plain pass's kernels
+    add, :mod:`verifier.arithmetic.kernels`), each magnitude Σ|w|·|x| being one more product of
+    non-negative matrices, or folded into the radius's own (S = up(S_exact + up(ρ·(|xm| + xr))):
+    one product then bounds both the exact pass's rounding and the stage's):
+
+    * **gate**: ρ_g·Σ_j |W_G[k, j]|·|r̂_j| and ρ_g·|b_G[k]|, its floor and the inputs-read-as-zero
+      allowance 2·e_min·(||r̂||_1 + Σ_j |W_G[k, j]|); a score or a partial sum that may reach the
+      format's largest value makes the row undecided;
+    * **experts**: z as the gate (ρ_z, f_z, 2·e_min·(||r̂||_1 + Σ|W_1 row|)); the output c·W_2·a
+      with ρ_o and the gate scale's ρ_sc relative to Σ|W_2|·|c·a| <= |c|_max·Σ|W_2|·a_hi, its
+      floors scaled by |c|, and W_2·a's own magnitude checked before the scale (top1-scaled);
+    * **readout**: the logits of ŷ = fl(r̂ + ô) with the output sum's and the logits' rounding
+      and allowances, and the output softmax by Lemma F2
+      (:func:`verifier.arithmetic.dense.readout_deployed`); the ablated logits U·r̂ likewise without
+      the output sum.
+
+    A pair (row, expert that may win) with a value that may overflow makes its row undecided,
+    margin and ablation included (F4, F5).
+    """
+
+    deployed = True
+
+    def __init__(self, weights: Weights, vocab_size: int | None = None, deployment=None, stages=None) -> None:
+        from layout.formats import round_weights
+        from verifier.passes.floating import row_sums, softmax_constants
+        from verifier.passes.forward import Prepared
+
+        if deployment is None:
+            raise ValueError("a deployed pass needs a deployment")
+        self.dep = deployment
+        self.plain = Prepared(weights, vocab_size=vocab_size, deployment=deployment, stages=stages)
+        self.st = self.plain.deployed.stages
+        w = round_weights(weights, deployment.fmt)
+        super().__init__(w, vocab_size, tables=False)
+        st = self.st
+        self.sm = softmax_constants(self.vocab_size, deployment)
+        self.rs_g = row_sums(w.W_G)
+        self.rs_z = [row_sums(e.W_1) for e in w.experts]
+        self.rs_2 = np.asarray(st.rs_2, np.float64)
+        self.rs_l = np.ascontiguousarray(st.rs_l, np.float64)
+
+    def residual(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The plain deployed pass's residual enclosures, as dense rows (an entry outside a
+        row's pattern is exactly 0)."""
+        from verifier.passes.forward import residual
+
+        R = residual(self.plain, np.ascontiguousarray(ids[:, 1:]))
+        rm, rr = R.dense()
+        with np.errstate(invalid="ignore", over="ignore"):
+            self._l1r = I.up(D.up_nonneg(np.abs(rm) + rr).sum(axis=1) * I.sum_factor(max(rm.shape[1], 1)))
+        return rm, rr
+
+    def _stage(self, Xm, Xr, B: D.Matrix, rho: float):
+        """Lemma D's midpoint and radius of X·B with the stage's relative rounding folded in
+        (module docstring), and an upper bound of the magnitudes Σ|B|·(|Xm| + Xr)."""
+        k = B.terms
+        g, c = I.gamma(k + 1), I.sum_factor(k)
+        with np.errstate(invalid="ignore", over="ignore"):
+            mid = D._times(Xm, B.B)
+            ax = np.abs(Xm)
+            S = D.up_nonneg(D.up_nonneg(I.up(1.0 + rho) * Xr) + D.up_nonneg(I.up(g + rho) * ax))
+            rad = D.up_nonneg(D.up_nonneg(c * D._times(S, B.absB)) + 2.0 * (k + 1) * D.FLOOR)
+            mag = D.up_nonneg(D.up_nonneg(c * D._times(D.up_nonneg(ax + Xr), B.absB)) + 2.0 * (k + 1) * D.FLOOR)
+        return mid, rad, mag
+
+    def gate(self, rm: np.ndarray, rr: np.ndarray):
+        st = self.st
+        rho = st.rho_g
+        mid, rad, mag = self._stage(rm, rr, self.WG, rho)
+        with np.errstate(invalid="ignore", over="ignore"):
+            gm = mid + self.bG
+            b = np.abs(self.bG)
+            gr = D.up_nonneg(rad + D.up_nonneg(I.U * np.abs(gm)))
+            daz = D.up_nonneg(D.up_nonneg(2.0 * st.e_min) * D.up_nonneg(self._l1r[:, None] + self.rs_g[None, :]))
+            gr = D.up_nonneg(gr + D.up_nonneg(D.up_nonneg(rho * b) + D.up_nonneg(st.f_g + daz)))
+            rho1 = I.up(1.0 + rho)
+            bad = ~(D.up_nonneg(rho1 * D.up_nonneg(np.abs(gm) + gr)) < st.largest)
+            bad |= ~(D.up_nonneg(rho1 * D.up_nonneg(mag + b)) < st.largest)   # every partial sum of the score
+        gr = np.where(bad.any(axis=1)[:, None], np.inf, I.guard(gm, gr))
+        return decide(gm, gr)
+
+    def scale(self, gm: np.ndarray, gr: np.ndarray, rows: np.ndarray, experts: np.ndarray):
+        from verifier.passes.floating import softmax as deployed_softmax
+
+        with np.errstate(invalid="ignore", over="ignore"):
+            p_lo, p_hi = deployed_softmax(I.lower(gm, gr), I.upper(gm, gr), gm, self.dep)
+        return I.from_bounds(p_lo[rows, experts], p_hi[rows, experts])
+
+    def expert_output(self, k: int, rm: np.ndarray, rr: np.ndarray, cm: np.ndarray | None, cr: np.ndarray | None,
+                      rows: np.ndarray):
+        st = self.st
+        W1, b1, W2 = self.experts[k]
+        l1r = self._l1r[rows]
+        largest = st.largest
+        with np.errstate(invalid="ignore", over="ignore"):
+            # z = W_1 r̂ + b_1: the product's and the bias's rounding, floor, allowance
+            mid, rad, mag = self._stage(rm, rr, W1, st.rho_z)
+            zm = mid + b1
+            b = np.abs(b1)
+            zr = D.up_nonneg(rad + D.up_nonneg(I.U * np.abs(zm)))
+            daz = D.up_nonneg(D.up_nonneg(2.0 * st.e_min) * D.up_nonneg(l1r[:, None] + self.rs_z[k][None, :]))
+            zr = D.up_nonneg(zr + D.up_nonneg(D.up_nonneg(st.rho_z * b) + D.up_nonneg(st.f_z + daz)))
+            bad = ~(D.up_nonneg(I.up(1.0 + st.rho_z) * D.up_nonneg(mag + b)) < largest).any(axis=1)
+            zr = I.guard(zm, zr)
+            am, ar = D.relu(np.ascontiguousarray(zm), np.ascontiguousarray(zr))
+            a_hi = D.up_nonneg(np.abs(am) + ar)
+            l1a = I.up(a_hi.sum(axis=1) * I.sum_factor(max(a_hi.shape[1], 1)))
+            # o = c·W_2·a: the exact enclosure, then the stages' rounding relative to |c|·Σ|W_2|·a_hi
+            om, orad = D.product(am, ar, W2)
+            k2 = W2.terms
+            unscaled = D.up_nonneg(D.up_nonneg(I.sum_factor(k2) * D._times(a_hi, W2.absB)) + 2.0 * (k2 + 1) * D.FLOOR)
+            if cm is not None:
+                orad = I.mul_rad(cm[:, None], cr[:, None], om, orad)
+                om = cm[:, None] * om
+                cmax = D.up_nonneg(np.abs(cm) + cr)[:, None]
+                bad |= ~(D.up_nonneg(I.up(1.0 + st.rho_o) * unscaled) < largest).any(axis=1)   # W_2·a before c
+            else:
+                cmax = np.ones((om.shape[0], 1))
+            rho_o = I.up(st.rho_o + I.up(st.rho_sc * I.up(1.0 + st.rho_o)))
+            mag_o = D.up_nonneg(cmax * unscaled)
+            daz_o = D.up_nonneg(D.up_nonneg(2.0 * st.e_min) * D.up_nonneg(l1a[:, None] + self.rs_2[None, :]))
+            absolute = D.up_nonneg(D.up_nonneg(D.up_nonneg(cmax * D.up_nonneg(st.f_o + daz_o)) * I.up(1.0 + st.rho_sc))
+                                   + st.f_sc)
+            orad = D.up_nonneg(orad + D.up_nonneg(D.up_nonneg(rho_o * mag_o) + absolute))
+            bad |= ~(D.up_nonneg(I.up(1.0 + rho_o) * mag_o) < largest).any(axis=1)
+            orad = I.guard(om, orad)
+            # ŷ = fl(r̂ + ô), and what its logits' rounding needs: per coordinate |r̂| + |ô|, ||ŷ||_1
+            ym = rm + om
+            yr = I.guard(ym, D.up_nonneg(D.up_nonneg(rr + orad) + D.up_nonneg(I.U * np.abs(ym))))
+            Mv = D.up_nonneg(D.up_nonneg(np.abs(rm) + rr) + D.up_nonneg(np.abs(om) + orad))
+            d = rm.shape[1]
+            l1o = I.up(D.up_nonneg(np.abs(om) + orad).sum(axis=1) * I.sum_factor(max(d, 1)))
+            l1y = D.up_nonneg(D.up_nonneg(I.up(1.0 + st.rho_y) * D.up_nonneg(l1r + l1o)) + 2.0 * d * st.f_y)
+        bad |= ~(np.isfinite(ym).all(axis=1) & np.isfinite(yr).all(axis=1))
+        rho_L = I.up(st.rho_y + I.up(st.rho_l * I.up(1.0 + st.rho_y)))
+        return ym, yr, bad, (Mv, l1y, rho_L, True)
+
+    def ablation_extra(self, rm: np.ndarray, rr: np.ndarray):
+        with np.errstate(invalid="ignore", over="ignore"):
+            Mv = D.up_nonneg(np.abs(rm) + rr)
+            l1 = I.up(Mv.sum(axis=1) * I.sum_factor(max(rm.shape[1], 1)))
+        return (Mv, l1, self.st.rho_l, False)
+
+    def readout(self, ym: np.ndarray, yr: np.ndarray, valid_ptr: np.ndarray, valid: np.ndarray,
+                target: np.ndarray, extra=None) -> tuple[np.ndarray, ...]:
+        """The deployed logits and their readout (:func:`verifier.arithmetic.dense.readout_deployed`):
+        the radius product's inputs carry the stages' rounding, ρ·(|r̂| + |ô|) (``extra``)."""
+        Mv, l1y, rho, with_sum = extra
+        st, sm = self.st, self.sm
+        cst = np.array([st.f_y, st.rho_l, st.f_l, st.e_min, 1.0 if with_sum else 0.0, st.largest, rho, *sm], np.float64)
+        n = ym.shape[0]
+        V = self.UT.shape[1]
+        step = max(1, LOGITS_PER_RUN // max(V, 1))
+        out = [np.empty(n), np.empty(n), np.empty(n, np.int64), np.empty(n), np.empty(n), np.empty(n, bool)]
+        none = np.zeros((0, 0))
+        for a in range(0, n, step):
+            b = min(a + step, n)
+            vp, vv = _take_csr(valid_ptr, valid, a, b)
+            Lm, S, c, f = D.product_parts(ym[a:b], yr[a:b], self.UT)
+            with np.errstate(invalid="ignore", over="ignore"):
+                S = D.up_nonneg(S + D.up_nonneg(rho * Mv[a:b]))
+            Lm = np.ascontiguousarray(Lm)
+            with np.errstate(invalid="ignore"):
+                live = np.count_nonzero(Lm >= Lm.max(axis=1, initial=-np.inf, keepdims=True) + (D.SKIP - 1.0))
+            if live > LIVE * Lm.size:
+                Lr = np.ascontiguousarray(D.finish(S, self.UT, c, f, Lm))
+                args = (Lm, Lr, none, self.U_abs, self.U_max, c, f)
+            else:
+                args = (Lm, none, np.ascontiguousarray(S), self.U_abs, self.U_max, c, f)
+            got = D.readout_deployed(*args, np.ascontiguousarray(Mv[a:b]), self.rs_l,
+                                     np.ascontiguousarray(l1y[a:b], np.float64), cst, vp, vv,
+                                     np.ascontiguousarray(target[a:b], np.int64), self._vstamp, D.EXP_LO, D.EXP_HI)
+            for o, g in zip(out, got):
+                o[a:b] = g
+        return tuple(out)

@@ -38,7 +38,7 @@ import scipy.sparse as sp
 from layout import Weights
 from tasks.errors import TaskError
 from verifier.passes.floating import Deployment
-from verifier.passes.dense import DensePass, is_dense
+from verifier.passes.dense import DensePass, DeployedDensePass, is_dense
 from verifier.passes.factored import FactoredPass, Split
 from verifier.passes.forward import BatchResult, Prepared
 
@@ -73,10 +73,10 @@ class PassSpec:
     def for_taskset(taskset, weights: Weights, tmap: np.ndarray, deployment: Deployment | None = None) -> "PassSpec":
         """The pass that verifies ``taskset``'s queries: the exact pass factored over cohorts
         (the task set's entities own their terms), or the deployed pass of a format."""
+        if is_dense(weights):
+            return PassSpec(deployment, dense=True)
         if deployment is not None:
             return PassSpec(deployment)
-        if is_dense(weights):
-            return PassSpec(dense=True)
         return PassSpec(split=Split.of(weights, tmap[taskset.vocabulary.n_words:]))
 
     @property
@@ -86,7 +86,10 @@ class PassSpec:
     def build(self, weights: Weights, watch: np.ndarray | None = None) -> Pass:
         """The pass's tables for ``weights``; ``watch`` (exact pass): the global neurons whose
         possible activity each row records (:class:`verifier.checks.classes.ClassRecorder`)."""
-        if self.dense and self.deployment is None and watch is None:
+        if self.dense and watch is None:
+            if self.deployment is not None:
+                return DeployedDensePass(weights, vocab_size=self.vocab_size, deployment=self.deployment,
+                                         stages=self.stages)
             return DensePass(weights, vocab_size=self.vocab_size)
         prep = Prepared(weights, gate_terms=self.gate_terms, vocab_size=self.vocab_size, deployment=self.deployment,
                         stages=self.stages)
