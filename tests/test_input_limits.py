@@ -5,6 +5,10 @@ The limits (tasks.yaml_nodes, tasks.model, tasks.facts_files): a tasks file of a
 and lines of at most 1 MiB, checked on the raw bytes before PyYAML composes anything;
 templates of at most 1,000 words, checked as each is parsed (before the structure trie, which
 holds every prefix); names of at most 1,000 characters; facts-file lines of at most 1 MiB.
+Malformed YAML (a syntax error, a tab PyYAML refuses, an alias, nesting too deep, an anchor
+defined twice, a second document) is refused from libyaml's event stream before the
+pure-Python composer starts (tasks.yaml_nodes.scan), with the composer's line and, but for
+libyaml's wording of a syntax error, its message.
 No test here times anything: each asserts *where* the refusal happens (the composer or the
 trie never entered, the template's text made a bounded number of times) and what it says.
 """
@@ -12,9 +16,11 @@ trie never entered, the template's text made a bounded number of times) and what
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from budget import examples
 
 import tasks.facts_files
@@ -198,6 +204,184 @@ def test_a_set_too_large_for_the_reader_is_not_dumped_inline(monkeypatch):
         dumps_tasks(ts)
     with pytest.raises(TaskError, match="more than the"):
         loads_tasks(text)
+
+
+# --- malformed YAML: refused from libyaml's events, before the composer -------------------------------
+
+needs_libyaml = pytest.mark.skipif(tasks.yaml_nodes.CParser is None, reason="PyYAML without libyaml")
+
+#: The facts of a large file: about 3.5 MB, the composer's 6 s and 200 MB.
+BIG = 115_000
+
+#: name -> (what ends the file, the line of the refusal from the first line of that end, a
+#: part of the message). The messages of the YAML syntax errors are libyaml's.
+MALFORMED = {
+    "unclosed quote": ('      Last: "never closed\n', 1, "found unexpected end of stream (while scanning a quoted "
+                       "scalar on line {0})"),
+    "bad indentation": ("     Last: X\n", 0, "did not find expected key (while parsing a block mapping on line 2)"),
+    "tab indenting": ("\tLast: X\n", 0, "found a tab character that violates indentation"),
+    "tab after a colon": ("      Last:\tX\n", 0, "found character '\\t' that cannot start any token (while scanning "
+                          "for the next token); indent with spaces, not tabs"),
+    "tab in a flow list": ("      Last: [a,\tb]\n", 0, "found character '\\t' that cannot start any token"),
+    "alias": ("      Last: *x\n", 0, "alias '*x' is not supported in a tasks file"),
+    "nesting": ("      Last: " + "[" * 40 + "]" * 40 + "\n", 0, "the YAML is nested too deeply (more than 32 levels)"),
+    "anchor twice": ("      A: &a x\n      B: &a y\n", 1, "YAML syntax error: second occurrence (found duplicate "
+                     "anchor 'a'; first occurrence on line {0})"),
+    "two documents": ("---\ntasks: []\n", 0, "the file holds more than one YAML document"),
+    "question mark": ("      Last: [what?, x]\n", 0, "YAML syntax error: expected ',' or ']', but got '?' (while "
+                      "parsing a flow sequence)"),
+    "block scalar": ("      Last: >#c\n        x\n", 0, "expected chomping or indentation indicators, but found '#'"),
+    "alias after tabs in comments": ("".join(f"      C{i}: D{i}  # a\tb\n" for i in range(10_000)) + "      Last: *x\n",
+                                     10_000, "alias '*x' is not supported in a tasks file"),
+}
+
+#: The cases libyaml finds and words (the others have PyYAML's message).
+LIBYAML_WORDS = {"unclosed quote", "bad indentation", "tab indenting"}
+
+
+def malformed(path: Path, end: str, facts: int) -> int:
+    """Write a tasks file of ``facts`` inline facts ended by ``end``; the line ``end`` starts on."""
+    head = 'tasks:\n  - name: big\n    templates: ["x *1 y *2"]\n    facts:\n'
+    path.write_text(head + "".join(f"      Subject{i}: Object{i}\n" for i in range(facts)) + end, encoding="utf-8")
+    return 5 + facts
+
+
+@needs_libyaml
+@pytest.mark.parametrize("case", sorted(MALFORMED))
+def test_a_large_malformed_file_is_refused_before_the_composer_starts(tmp_path, capsys, counted, case):
+    """A 3.5 MB file malformed at its end is refused at its line from libyaml's events; PyYAML's
+    composer, some 2 s and 60 MB a MB, never starts."""
+    end, offset, fragment = MALFORMED[case]
+    path = tmp_path / "big.yaml"
+    first = malformed(path, end, BIG)
+    assert path.stat().st_size > 3_000_000
+    line = one_line_exit_2(capsys, ["check", path])
+    assert line.startswith(f"error: {path}:{first + offset}: "), line
+    assert fragment.format(first) in line, line
+    assert counted["compose"] == 0
+
+
+@needs_libyaml
+@pytest.mark.parametrize("case", sorted(MALFORMED))
+def test_the_scan_refuses_as_the_composer_does(monkeypatch, case):
+    """The same files, small, read without the scan (the composer refuses them as it always
+    did): the same line, and the same message but for libyaml's wording of a syntax error."""
+    end, _, _ = MALFORMED[case]
+    head = 'tasks:\n  - name: t\n    templates: ["x *1 y *2"]\n    facts:\n      A: B\n'
+    with pytest.raises(TaskError) as scanned:
+        loads_tasks(head + end, file="t.yaml")
+    monkeypatch.setattr(tasks.yaml_nodes, "CParser", None)
+    with pytest.raises(TaskError) as composed:
+        loads_tasks(head + end, file="t.yaml")
+    assert scanned.value.line == composed.value.line
+    if case in LIBYAML_WORDS:
+        assert scanned.value.problem.startswith("YAML syntax error") and scanned.value.fix == composed.value.fix
+    else:
+        assert str(scanned.value) == str(composed.value)
+
+
+@needs_libyaml
+@pytest.mark.parametrize("text", [
+    "tasks: " + "[" * 31 + "]" * 31 + "\n",                    # the deepest node at depth 32: read
+    "tasks: " + "[" * 32 + "]" * 32 + "\n",                    # at 33: refused
+    "tasks:\n" + "".join("  " * i + "- \n" for i in range(1, 34)),
+    "a: &x 1\nb: [&y 2, &x 3]\n", "a: !!str &x 1\nb: &x 2\n",  # an anchor twice, with a tag before it
+    "a: 1\n--- \nb: 2\n", "--- a\n...\n",                     # two documents, one
+    "a: 'x\ty'\nb: \"\tz\"\nc: |\n  \tw\nd: *x\n",               # tabs in scalars, then an alias
+    "a: [b, c?]\n", "a: {b: c?d}\n", "a: [b, {c: d?}]\n", "a: [b, c: d?]\n", "a: [?b]\n", "a: &q [x?y]\n",
+    "a: [&p {x: y?z}]\n", "a: [{x: y}: b?c]\n", "a: [[x]: b?c]\n", "a: {[x]: y, z: w?}\n", "[a]: [b?]\n",
+    "a: |2-\n   x\n", "a: >-3 # c\n    x\n", "a: |\t\n x\n",
+    "a: !!python/object/apply:os.sy[stem [x]\n", "%YAML 1.3\n---\na: 1\n", "a: 1\n\ufeffb: *x\n",   # libyaml refuses
+    "a: [?]\nb: *x\n", "\ufeffa: |\n  x\nb: *y\n",
+])
+def test_small_cases_are_refused_as_the_composer_refuses_them(monkeypatch, text):
+    def read():
+        try:
+            return loads_tasks(text, file="t.yaml", routable=False)
+        except TaskError as e:
+            return e.line, str(e)
+
+    scanned = read()
+    monkeypatch.setattr(tasks.yaml_nodes, "CParser", None)
+    assert scanned == read()
+
+
+def test_without_libyaml_the_composer_refuses_as_before(tmp_path, monkeypatch, counted):
+    """Where PyYAML has no libyaml, nothing is scanned: the composer refuses, with PyYAML's
+    wording (the limits of size still hold)."""
+    monkeypatch.setattr(tasks.yaml_nodes, "CParser", None)
+    path = tmp_path / "t.yaml"
+    first = malformed(path, "    templates: [a, b\n", 3)
+    with pytest.raises(TaskError, match=rf"t\.yaml:{first + 1}: YAML syntax error: expected ',' or '\]', but got "
+                                        r"'<stream end>' \(while parsing a flow sequence on line \d+\)"):
+        load_tasks(path)
+    assert counted["compose"] == 1
+
+
+@needs_libyaml
+def test_a_tab_in_a_comment_or_quotes_is_not_refused(counted):
+    """Tabs PyYAML reads: in quotes, in a block scalar, in a comment (after a '#' at the start
+    of a line or after a space)."""
+    text = ('tasks:  # the\ttasks\n  - name: "t"\n    templates: ["x *1 y *2"]   #\tone\n'
+            "# a\tcomment\n    facts: {A: B}\nepsilon: |\n  not\ta number\n")
+    with pytest.raises(TaskError, match=r"^t\.yaml:6: epsilon is the quoted string 'not\\ta number\\n', not a number"):
+        loads_tasks(text, file="t.yaml")
+    assert counted["compose"] == 1
+    ts = loads_tasks(text.replace("epsilon: |\n  not\ta number\n", "epsilon: 0.5 # \t\n"), file="t.yaml")
+    assert ts.epsilon == 0.5 and ts.tasks[0].facts == {"A": "B"}
+
+
+SEEDS = [Path(__file__).parent.parent / "examples" / "capitals.yaml", Path(__file__).parent.parent / "examples" / "located.yaml",
+         Path(__file__).parent / "data" / "good" / "tasks.yaml"]
+#: What one edit inserts: YAML's indicators, white space, quotes, comments, line breaks PyYAML
+#: counts (a byte-order mark inside the text, a tag and a directive left out: libyaml refuses
+#: some that PyYAML reads, see tasks.yaml_nodes.scan).
+PIECES = ["\t", "\t", " ", "  ", "\n", "\r", ":", ": ", "- ", "[", "]", "{", "}", ",", "'", '"', "\\", "#", "# \t",
+          "&a ", "*a", "*1", "---", "---\n", "...", "|", ">", "?", "@", "`", "é", "\x85", "\u2028", "\n  ", "\n    ",
+          "\n\t", "'a\tb'", '"a\\tb"', '"\\q"', "|\n  a\tb\n", "[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[["]
+
+
+@needs_libyaml
+@settings(max_examples=examples(400), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.sampled_from(SEEDS), where=st.floats(0, 1), piece=st.sampled_from(PIECES), how=st.sampled_from(["insert", "replace", "delete"]))
+def test_one_edit_of_a_valid_file_is_read_as_without_the_scan(seed, where, piece, how):
+    """One edit of a valid tasks file: read with and without the scan, the same task set, or
+    refusals at the same line, with the same message but for libyaml's wording of a syntax
+    error. (The scan refuses; it never changes what is read.)"""
+    text = seed.read_text(encoding="utf-8")
+    i = int(where * len(text))
+    text = {"insert": text[:i] + piece + text[i:], "replace": text[:i] + piece + text[i + len(piece):],
+            "delete": text[:i] + text[i + 1 + len(piece) % 3:]}[how]
+
+    def read():
+        try:
+            return loads_tasks(text, file="t.yaml", base_dir=str(seed.parent))
+        except TaskError as e:
+            return e
+
+    scanned = read()
+    real = tasks.yaml_nodes.CParser
+    tasks.yaml_nodes.CParser = None
+    try:
+        composed = read()
+    finally:
+        tasks.yaml_nodes.CParser = real
+    if isinstance(composed, TaskSet):
+        assert scanned == composed
+        return
+    assert isinstance(scanned, TaskError) and scanned.line == composed.line, (str(scanned), str(composed))
+    if not (scanned.problem.startswith("YAML syntax error") and composed.problem.startswith("YAML syntax error")):
+        assert str(scanned) == str(composed)
+
+
+def test_the_scan_leaves_lines_to_the_composer_it_cannot_place(counted):
+    """A tab after a '#' that may not start a comment (after a bracket: it does), and one
+    libyaml had not placed when it met an error, past a quote: the composer decides."""
+    for text, line in (("tasks: []#c\tz\nx: *a\n", 2), ("'a\tb' - c\n", 1)):
+        counted["compose"] = 0
+        with pytest.raises(TaskError) as info:
+            loads_tasks(text, file="t.yaml")
+        assert info.value.line == line and counted["compose"] == 1, str(info.value)
 
 
 # --- names ----------------------------------------------------------------------------------------
