@@ -84,6 +84,7 @@ EXTREMES = {
     "bias-tie": lambda p: p["tie_half_ulps"] == 1 and p["bias_half_ulps"] == 1,
     "attention-equal": lambda p: p["equal_scores"],
     "random": lambda p: True,
+    "dense": lambda p: True,                      # every case dense: test_dense_cases_take_the_dense_pass
     "overflow": lambda p: p["a"] >= 2.0 ** 127 or p["out"] >= 2.0 ** 127,   # doubled: beyond the formats
 }
 
@@ -106,6 +107,20 @@ def test_every_motif_generates_valid_cases_and_reaches_its_extreme(motif):
 
     collect()
     assert any(reached)
+
+
+def test_dense_cases_take_the_dense_pass():
+    """The motif of trained-like weights (every entry non-zero) is verified by the dense pass,
+    which the certificate of each of its cases then is."""
+    from verifier.passes.dense import is_dense
+
+    @settings(max_examples=20, derandomize=True, database=None, deadline=None, phases=[Phase.generate],
+              suppress_health_check=list(HealthCheck))
+    @given(cases(["dense"]))
+    def collect(case):
+        assert is_dense(case.weights)
+
+    collect()
 
 
 def test_flush_denormal_is_restored_and_has_its_effect(runtimes):
