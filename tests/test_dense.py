@@ -17,7 +17,7 @@ import mpmath
 import numpy as np
 import pytest
 import scipy.sparse as sp
-from budget import examples
+from budget import FULL, examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -343,7 +343,7 @@ def test_the_deployed_dense_pass_contains_every_execution(capitals_set, fmt, acc
         tokens, valid = tmap[b.tokens], tmap[b.valid]
         target = np.where(b.target >= 0, tmap[np.maximum(b.target, 0)], -1)
         res = dp.run_batch(tokens, b.valid_ptr, valid, target=target)
-        for order in ORDERS[:3]:
+        for order in ORDERS[:3] if FULL else ORDERS[seed % 3: seed % 3 + 1]:     # all three in the full profile
             run = Deployed(w, FORMATS[fmt], order, seed, acc=dep.acc)
             for i in range(len(b)):
                 good = valid[b.valid_ptr[i]:b.valid_ptr[i + 1]]
