@@ -21,7 +21,8 @@ from tasks.model import (MAX_NAME_LENGTH, MAX_TEMPLATE_LENGTH, Facts, Sources, T
                          long_template, plain_names)
 from tasks.structure import check_routable
 from tasks.yaml_nodes import (FLOAT, IMPLICIT, INT, MAP, MAX_DEPTH, MAX_TASKS_FILE_BYTES, MERGE, NULL, SEQ, STR, LineMap,
-                              check_size, compose, decode, describe, line_of, read_bytes, too_large)
+                              check_size, collector_paused, compose, decode, describe, line_of, read_bytes,
+                              too_large)
 
 TOP_KEYS = ("epsilon", "parameters", "tasks")
 TASK_KEYS = ("name", "templates", "facts", "facts_file")
@@ -55,6 +56,7 @@ class _Builder:
         self._data: dict[str, bytes] = {}   # the facts files of the task being read, each read once
         self._lines = lines
         self._constructor = yaml.constructor.SafeConstructor()
+        self._bulk: tuple[_TaskHead, tuple[list[str], list[str]] | None] | None = None   # (bulk_names)
 
     # --- generic checks ---------------------------------------------------------------
 
@@ -88,12 +90,12 @@ class _Builder:
         hint = "put text that contains ': ' in quotes" if isinstance(node, MappingNode) else "write a single string"
         return self.error(f"{what} is {describe(node)}, not a string", node, fix=hint)
 
-    def name(self, text: str, what: str, file: str, line: int) -> str:
-        """A stripped, valid token name (located error otherwise)."""
+    def name(self, text: str, what: str, file: str, line: int | Node) -> str:
+        """A stripped, valid token name (located error otherwise; ``line`` as :meth:`at` takes it)."""
         try:
             return check_name(text, what)
         except TaskError as e:
-            raise e.located(file, line) from None
+            raise e.located(file, self.at(line)) from None
 
     def mapping(self, node: Node, allowed: tuple[str, ...], where: str) -> dict[str, tuple[Node, Node]]:
         """The keys of a mapping node, each a known, unique string."""
@@ -354,24 +356,33 @@ class _Builder:
             return facts
         finally:
             self._data.clear()
+            self._bulk = None
 
     def parsed_facts(self, head: _TaskHead, words: dict[str, tuple[Template, str, int]]) -> Facts:
-        """The task's dictionary, parsed (:meth:`facts`)."""
+        """The task's dictionary, parsed (:meth:`facts`): in bulk (:meth:`plain_facts`) when
+        nothing in it is to be reported, else fact by fact to name the first problem."""
         plain = self.plain_facts(head, words)
         if plain is not None:
             return plain
+        # Inline names all valid: only a subject given two objects or a word used as a name is
+        # left to find (iter_inline gives them, unstripped).
+        checked = head.facts_node is not None and self.bulk_names(head) is not None
         label = f"task {show_name(head.name)}"
         pairs: dict[str, str] = {}
         for raw_s, raw_o, file, line in self.iter_facts(head):
-            s = self.name(raw_s, "subject", file, line)
-            o = self.name(raw_o, "object", file, line)
+            if checked:
+                s, o = raw_s.strip(), raw_o.strip()
+            else:
+                s = self.name(raw_s, "subject", file, line)
+                o = self.name(raw_o, "object", file, line)
             for token, role in ((s, "subject"), (o, "object")):
                 if token in words:
                     template, task, t_line = words[token]
                     raise TaskError(
                         f"{show_name(token)} is the {role} of a fact of {label} and also a word of template '{template}' "
                         f"of task {show_name(task)} ({where_line(self.file, t_line, file)})",
-                        file=file, line=line, fix="a token is either a template word or an entity; rename one of them",
+                        file=file, line=self.at(line),
+                        fix="a token is either a template word or an entity; rename one of them",
                     )
             old = pairs.setdefault(s, o)
             if old != o:
@@ -379,53 +390,113 @@ class _Builder:
                 raise TaskError(
                     f"subject {show_name(s)} of {label} has two objects: {show_name(old)} "
                     f"({where_line(first_file, first_line, file)}) and {show_name(o)}",
-                    file=file, line=line, fix="a task maps each subject to one object; keep one",
+                    file=file, line=self.at(line), fix="a task maps each subject to one object; keep one",
                 )
         if not pairs:
             where = f"(facts file {', '.join(p for p, _ in head.files)}) " if head.files else ""
             raise self.error(f"{label} has an empty dictionary {where}".rstrip(), line=head.facts_line,
                              fix="give it at least one fact")
-        return Facts(pairs)
+        return Facts.trusted(tuple(pairs), tuple(pairs.values()))    # (every name checked above)
 
     def plain_facts(self, head: _TaskHead, words: dict[str, tuple[Template, str, int]]) -> Facts | None:
-        """A task's facts read in bulk when they come only from facts files and nothing in them
-        is to be reported: the facts :meth:`facts` would return. None otherwise, and
-        :meth:`facts` reads them line by line to name the problem (or the subject written
-        twice, which needs its first line)."""
-        if head.facts_node is not None or not head.files:
+        """A task's facts read in bulk when nothing in them is to be reported (:meth:`bulk_names`,
+        no subject twice, no word as a name): the facts :meth:`facts` would return. None
+        otherwise, and :meth:`parsed_facts` reads them one by one to name the problem (or the
+        subject written twice, which needs its first line)."""
+        names = self.bulk_names(head)
+        if names is None:
             return None
-        raw_s: list[str] = []
-        raw_o: list[str] = []
-        for path, yaml_line in head.files:
-            got = read_plain(self.full_path(path), self.file_data(head, path, yaml_line))
-            if got is None:
-                return None
-            raw_s += got[0]
-            raw_o += got[1]
-        subjects, objects = [x.strip() for x in raw_s], [x.strip() for x in raw_o]
-        # (read_plain's fields are at most MAX_NAME_LENGTH long, and stripped no longer)
-        if not subjects or not plain_names(subjects, MAX_NAME_LENGTH) or not plain_names(objects, MAX_NAME_LENGTH):
-            return None
+        subjects, objects = names
         pairs = dict(zip(subjects, objects))
         if len(pairs) != len(subjects) or not words.keys().isdisjoint(pairs) or not words.keys().isdisjoint(objects):
             return None
         return Facts.trusted(tuple(pairs), tuple(pairs.values()))
 
+    def bulk_names(self, head: _TaskHead) -> tuple[list[str], list[str]] | None:
+        """A task's subjects and objects, stripped, when every one is a valid name (as
+        :meth:`name` checks them one by one), read in bulk: from its facts files
+        (:func:`tasks.facts_files.read_plain`), or written inline (:meth:`inline_names`).
+        None when some fact is to be read one by one. (The last task's answer is kept: asked
+        again when its facts are read one by one.)"""
+        if self._bulk is not None and self._bulk[0] is head:
+            return self._bulk[1]
+        self._bulk = (head, self._bulk_names(head))
+        return self._bulk[1]
+
+    def _bulk_names(self, head: _TaskHead) -> tuple[list[str], list[str]] | None:
+        if head.facts_node is not None:
+            names = self.inline_names(head.facts_node)
+            if names is None:
+                return None
+            subjects, objects = names
+            longest = None
+        elif not head.files:
+            return None
+        else:
+            raw_s: list[str] = []
+            raw_o: list[str] = []
+            for path, yaml_line in head.files:
+                got = read_plain(self.full_path(path), self.file_data(head, path, yaml_line))
+                if got is None:
+                    return None
+                raw_s += got[0]
+                raw_o += got[1]
+            subjects, objects = [x.strip() for x in raw_s], [x.strip() for x in raw_o]
+            longest = MAX_NAME_LENGTH    # (read_plain's fields are at most this long, and stripped no longer)
+        if not subjects or not plain_names(subjects, longest) or not plain_names(objects, longest):
+            return None
+        return subjects, objects
+
+    @staticmethod
+    def inline_names(node: Node) -> tuple[list[str], list[str]] | None:
+        """The stripped subjects and objects of inline facts in which :meth:`iter_inline` finds
+        nothing to refuse (a mapping of strings, or a list of lists of two strings), or
+        None: read without a line per fact, which costs a mark each."""
+        if isinstance(node, MappingNode) and node.tag == MAP:
+            pairs = node.value
+        elif isinstance(node, SequenceNode) and node.tag == SEQ:
+            if not all(isinstance(item, SequenceNode) and len(item.value) == 2 for item in node.value):
+                return None
+            pairs = [item.value for item in node.value]
+        else:
+            return None
+        subjects: list[str] = []
+        objects: list[str] = []
+        for s, o in pairs:
+            if s.tag != STR or o.tag != STR or not isinstance(s, ScalarNode) or not isinstance(o, ScalarNode):
+                return None
+            subjects.append(s.value.strip())
+            objects.append(o.value.strip())
+        return subjects, objects
+
     def first_occurrence(self, head: _TaskHead, subject: str) -> tuple[str, int]:
         for raw_s, _, file, line in self.iter_facts(head):
             if raw_s.strip() == subject:
-                return file, line
+                return file, self.at(line)
         return self.file, head.facts_line  # not reached: the subject was seen before
 
-    def iter_facts(self, head: _TaskHead) -> Iterator[tuple[str, str, str, int]]:
-        """(subject, object, file, line) for every fact of a task, in order, unstripped."""
+    def at(self, line: int | Node) -> int:
+        """A line that :meth:`iter_facts` gives: a line, or the node that starts on it."""
+        return line if isinstance(line, int) else self.line(line)
+
+    def iter_facts(self, head: _TaskHead) -> Iterator[tuple[str, str, str, int | Node]]:
+        """(subject, object, file, line) for every fact of a task, in order, unstripped; for a
+        fact written inline, the node that starts on the line instead of its line (its mark is
+        made only for a message: :meth:`at`)."""
         if head.facts_node is not None:
             yield from self.iter_inline(head)
         for path, yaml_line in head.files:
             yield from iter_facts_file(self.full_path(path), head.name, self.file, yaml_line,
                                        self.file_data(head, path, yaml_line))
 
-    def iter_inline(self, head: _TaskHead) -> Iterator[tuple[str, str, str, int]]:
+    def object_of(self, node: Node, subject: str, label: str) -> str:
+        """The object of a fact written inline (:meth:`string`; what it is named in a message is
+        made only for the message)."""
+        if isinstance(node, ScalarNode) and node.tag == STR:
+            return node.value
+        raise self.not_a_string(node, f"the object of {show_name(subject.strip())} in {label}")
+
+    def iter_inline(self, head: _TaskHead) -> Iterator[tuple[str, str, str, Node]]:
         label = f"task {show_name(head.name)}"
         node = head.facts_node
         assert node is not None
@@ -436,8 +507,7 @@ class _Builder:
                 if key_node.tag == MERGE:
                     raise self.error("merge keys (<<) are not supported", key_node, fix="write the facts out")
                 s = self.string(key_node, f"a subject of {label}")
-                o = self.string(value_node, f"the object of {show_name(s.strip())} in {label}")
-                yield s, o, self.file, self.line(key_node)
+                yield s, self.object_of(value_node, s, label), self.file, key_node
         elif isinstance(node, SequenceNode):
             for item in self.sequence_items(node, f"the facts of {label}"):
                 if not isinstance(item, SequenceNode) or len(item.value) != 2:
@@ -445,8 +515,7 @@ class _Builder:
                     raise self.error(f"a fact of {label} is {size}, not a [subject, object] pair", item,
                                      fix="write each fact as '- [subject, object]'")
                 s = self.string(item.value[0], f"a subject of {label}")
-                o = self.string(item.value[1], f"the object of {show_name(s.strip())} in {label}")
-                yield s, o, self.file, self.line(item)
+                yield s, self.object_of(item.value[1], s, label), self.file, item
         elif isinstance(node, ScalarNode) and node.tag == NULL:
             return
         else:
@@ -537,8 +606,9 @@ def _load_text(text: str, file: str, base_dir: str | os.PathLike | None, routabl
             raise TaskError("the text contains a NUL character: it looks like binary data, not YAML",
                             file=file, line=line_of(text, nul), fix="give the tasks YAML text")
         lines = LineMap(text)
-        root = cache.compose(text, file, lines) if cache is not None else compose(text, file, lines)
-        return _Builder(file, "" if base_dir is None else os.fspath(base_dir), lines, routable, cache).build(root)
+        with collector_paused():
+            root = cache.compose(text, file, lines) if cache is not None else compose(text, file, lines)
+            return _Builder(file, "" if base_dir is None else os.fspath(base_dir), lines, routable, cache).build(root)
     except TaskError as e:
         raise one_line(e) from None
     except RecursionError:

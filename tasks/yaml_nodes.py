@@ -7,22 +7,29 @@ U+2028 and U+2029); syntax errors become one-line :class:`~tasks.errors.TaskErro
 values with a hint. :func:`describe` names a node's YAML type for messages.
 
 Where PyYAML has its libyaml binding, :func:`scan` reads the text's event stream with
-libyaml first (some 20 times faster than the pure-Python parser, in constant memory) and
-refuses there what the composer would refuse (:func:`compose` runs it before the composer):
-so a malformed file costs the C parser's time, not the composer's, whatever its size.
+libyaml (some 20 times faster than the pure-Python parser), refuses there what PyYAML's
+composer would refuse, and builds from the same events the node graph that composer makes
+(:class:`_Tree`: the same nodes, tags, values and marks), so that neither a malformed file
+nor a valid one costs the composer's time, whatever its size. The composer reads only what
+the scan cannot read as PyYAML does (:class:`_Left`), in a file of at most
+:data:`MAX_COMPOSED_BYTES`, and every file where PyYAML has no libyaml.
 """
 
 from __future__ import annotations
 
+import array
 import bisect
+import contextlib
+import gc
 import os
 import re
 import stat
+from dataclasses import dataclass
 
 import yaml
 from yaml.events import (AliasEvent, DocumentStartEvent, MappingEndEvent, MappingStartEvent, ScalarEvent,
                          SequenceEndEvent, SequenceStartEvent, StreamEndEvent)
-from yaml.nodes import MappingNode, Node, SequenceNode
+from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from tasks.errors import TaskError
 
@@ -53,10 +60,16 @@ IMPLICIT = {BOOL, INT, FLOAT, NULL, _TAG + "timestamp"}
 #: Deepest YAML nesting accepted (the format itself needs 6 levels).
 MAX_DEPTH = 32
 #: Largest tasks file accepted, in bytes (4 MiB: about 100,000 facts written inline). A
-#: file is refused for its YAML (:func:`scan`) at libyaml's speed, about 0.1 s a MB, and one
-#: that passes is composed by PyYAML's pure-Python composer, at about 1.6 s and 50 MB of
-#: memory per MB of inline facts; facts at scale belong in facts files, read in bulk.
+#: file is read with libyaml (:func:`scan`), refused for its YAML or composed from its
+#: events, at about 0.13 s and 18 MB of memory per MB of inline facts (PyYAML's pure-Python
+#: composer, without libyaml: about 1.6 s and 50 MB); facts at scale belong in facts files,
+#: read in bulk.
 MAX_TASKS_FILE_BYTES = 4 << 20
+#: Largest tasks file that PyYAML's pure-Python composer reads where PyYAML has libyaml (0.5
+#: MiB, about 0.6 s): one that uses what the two may read differently (:class:`_Left`), which
+#: :func:`scan` leaves to that composer. Where PyYAML has no libyaml, the composer reads every
+#: file, up to :data:`MAX_TASKS_FILE_BYTES`.
+MAX_COMPOSED_BYTES = 1 << 19
 #: Longest line of a tasks file accepted, in bytes (1 MiB, as for a facts file): a fact on
 #: its line holds two names of at most 1,000 characters (tasks.model.MAX_NAME_LENGTH), and
 #: a flow-style mapping of tens of thousands of facts fits on one line.
@@ -226,12 +239,20 @@ def _c_error(e: yaml.MarkedYAMLError, text: str, file: str, shift: int) -> yaml.
     return type(e)(e.context, context_mark, problem, mark)
 
 
-_UNSURE = -2                                 # a tab the scan cannot place: the composer decides
+class _Unsure(Exception):
+    """What the scan cannot tell PyYAML's reading of (``what``, at offset ``at``): it stops,
+    leaving the text to the composer (:class:`_Left`)."""
+
+    def __init__(self, what: str, at: int) -> None:
+        super().__init__(what)
+        self.what, self.at = what, at
+
+
 _BREAK = re.compile("[\r\n\x85\u2028\u2029]")  # PyYAML's line breaks
 _QUOTE = re.compile("['\"]")
 _QUOTE_OR_BLOCK = re.compile("['\"|>]")
 _BLOCK = re.compile("[|>]")
-_QUESTION_END = re.compile(r"\?[,\]}]")
+_QUESTION_END = re.compile(r"\?[ \t\r\n\x85\u2028\u2029]*[,\]}:]")
 _YAML_TAG = re.compile(r"tag:yaml\.org,2002:[a-z]+\Z|!\Z")   # YAML's own tags (!!str), and '!'
 
 
@@ -249,11 +270,147 @@ class _LineStarts:
         return self.start
 
 
-def scan(text: str, file: str, lines: LineMap) -> None:
-    """Refuse, with the error :func:`compose` would give, a text that the composer would
-    refuse, without composing it: read with libyaml's parser, event by event, so that a
-    malformed file costs about 0.1 s a MB and no memory that grows with it. Does nothing
-    where PyYAML has no libyaml (the composer then refuses as before).
+@dataclass(frozen=True)
+class _Left:
+    """What :func:`scan` returns where it stopped, leaving the text to PyYAML's composer: what
+    it could not read as PyYAML does and where (an offset), or None where PyYAML has no libyaml."""
+
+    what: str | None
+    at: int = 0
+
+
+#: A line end as PyYAML's reader counts lines (\r\n once).
+_PY_LINE_END = re.compile("\r\n|[\r\n\x85\u2028\u2029]")
+
+
+class _Marks:
+    """PyYAML's marks of offsets in a text, made when asked for: the line and column that
+    PyYAML's reader counts (its line ends, \r\n once; a byte-order mark at the start of the
+    text is no column), the name it gives a text (no snippet)."""
+
+    __slots__ = ("text", "bom", "starts")
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.bom = text.startswith("\ufeff")
+        self.starts: array.array | None = None       # where each line starts, made on the first call
+
+    def __call__(self, index: int) -> yaml.Mark:
+        if self.starts is None:
+            self.starts = array.array("q", [0])
+            self.starts.extend(m.end() for m in _PY_LINE_END.finditer(self.text))
+        line = bisect.bisect_right(self.starts, index) - 1
+        column = index - self.starts[line] - (1 if self.bom and line == 0 and index > 0 else 0)
+        return yaml.Mark("<unicode string>", index, line, column, None, None)
+
+
+class _Scalar(ScalarNode):
+    """A scalar node of :class:`_Tree`: its marks kept as offsets and made when asked for
+    (two mark objects per node were near half the memory of a large file's node graph)."""
+
+    def __init__(self, tag: str, value: str, style: str | None, start: int, end: int, marks: _Marks) -> None:
+        self.tag, self.value, self.style = tag, value, style
+        self._start, self._end, self._marks = start, end, marks
+
+    @property
+    def start_mark(self) -> yaml.Mark:  # type: ignore[override]
+        return self._marks(self._start)
+
+    @property
+    def end_mark(self) -> yaml.Mark:  # type: ignore[override]
+        return self._marks(self._end)
+
+
+class _Mapping(MappingNode):
+    """A mapping node of :class:`_Tree` (marks as :class:`_Scalar`'s)."""
+
+    def __init__(self, tag: str, flow_style: bool | None, start: int, marks: _Marks) -> None:
+        self.tag, self.value, self.flow_style = tag, [], flow_style
+        self._start, self._end, self._marks = start, start, marks
+
+    start_mark = _Scalar.start_mark
+    end_mark = _Scalar.end_mark
+
+
+class _Sequence(SequenceNode):
+    """A sequence node of :class:`_Tree` (marks as :class:`_Scalar`'s)."""
+
+    __init__ = _Mapping.__init__
+    start_mark = _Scalar.start_mark
+    end_mark = _Scalar.end_mark
+
+
+class _Tree:
+    """The node graph PyYAML's composer makes of an event stream (yaml.composer.Composer, with
+    SafeLoader's resolver), built from libyaml's events as :func:`scan` reads them: the same
+    nodes (of the same kinds), tags, values, styles and flow styles, and marks at the same
+    offsets (libyaml's, past a byte-order mark at the start, which libyaml does not count),
+    with PyYAML's lines and columns (:class:`_Marks`)."""
+
+    def __init__(self, text: str) -> None:
+        self.root: Node | None = None
+        self.marks = _Marks(text)
+        # per collection open: [its value list's append, whether it is a mapping, the key read
+        # (a mapping's, else None), its node]; the innermost (None at the top level)
+        self.open: list[list] = []
+        self.top: list | None = None
+        resolver = yaml.resolver.Resolver()  # SafeLoader's
+        self.resolve = resolver.resolve
+        # its implicit resolvers per first character of a plain scalar ('' for the empty one),
+        # which resolve() tries in turn: read here unless some are for any character or path
+        self.implicit = None if None in resolver.yaml_implicit_resolvers or resolver.yaml_path_resolvers \
+            else resolver.yaml_implicit_resolvers
+
+    def add(self, node: Node) -> None:
+        top = self.top
+        if top is None:
+            self.root = node
+        elif not top[1]:
+            top[0](node)
+        elif top[2] is None:
+            top[2] = node
+        else:
+            top[0]((top[2], node))
+            top[2] = None
+
+    def scalar(self, event: ScalarEvent, style: str | None, start: int, stop: int) -> None:
+        """A scalar (``start`` and ``stop``: its event's marks' offsets in the text)."""
+        tag, value = event.tag, event.value
+        if tag is None or tag == "!":                    # (Composer.compose_scalar_node)
+            # PyYAML's parser reads any scalar tagged '!' as plain (libyaml not an empty one)
+            implicit = (True, False) if tag == "!" else event.implicit
+            if self.implicit is None:
+                tag = self.resolve(ScalarNode, value, implicit)
+            else:
+                tag = STR
+                if implicit[0]:
+                    for resolved, pattern in self.implicit.get(value[:1], ()):
+                        if pattern.match(value):
+                            tag = resolved
+                            break
+        self.add(_Scalar(tag, value, style, start, stop, self.marks))
+
+    def start(self, event, kind: type, start: int, indentless: bool) -> None:
+        """A collection opens (``indentless``: a list whose '-' are in its mapping's keys' column)."""
+        tag = event.tag
+        if tag is None or tag == "!":
+            tag = MAP if kind is _Mapping else SEQ
+        node = kind(tag, None if indentless else event.flow_style, start, self.marks)
+        self.add(node)
+        self.top = [node.value.append, kind is _Mapping, None, node]
+        self.open.append(self.top)
+
+    def end(self, stop: int) -> None:
+        self.open.pop()[3]._end = stop
+        self.top = self.open[-1] if self.open else None
+
+
+def scan(text: str, file: str, lines: LineMap) -> Node | None | _Left:
+    """The node graph PyYAML's composer makes of a text (:class:`_Tree`), or the error it
+    would give, without composing it: read with libyaml's parser, event by event, at about
+    0.13 s a MB (a malformed file's memory does not grow with it). :class:`_Left` where it
+    cannot read the text as PyYAML does, and where PyYAML has no libyaml: the composer reads
+    it, as before.
 
     Refused here, in the order the composer meets them: a character PyYAML does not read
     (PyYAML's own check); a syntax error (libyaml's message, its lines counted as editors
@@ -261,18 +418,20 @@ def scan(text: str, file: str, lines: LineMap) -> None:
     quotes, block scalars and comments (libyaml reads it as white space), a '?' inside a
     plain scalar in a flow collection, a block scalar's first line; an alias (as
     :class:`_Loader`, before it nests); nesting deeper than :data:`MAX_DEPTH`; an anchor
-    defined twice; a second document. A text that passes is read by PyYAML as before: the
-    scan only refuses. Where it cannot tell whether PyYAML refuses a tab (one after a '#'
-    that may not start a comment, or one libyaml had not placed when it met an error after
-    it, past a quote), or where the two may read differently (a byte-order mark inside the
-    text, a tag other than YAML's own such as !!str, a directive, a tab starting a block
-    scalar, '[?]'), it stops and leaves the text to the composer.
+    defined twice; a second document. A text that passes is composed from the same events.
+    Where it cannot tell whether PyYAML refuses a tab (one after a '#' that may not start a
+    comment, or one libyaml had not placed when it met an error after it, past a quote), or
+    where the two may read differently (a byte-order mark inside the text, a tag other than
+    YAML's own such as !foo or !!python/object, what libyaml refuses and PyYAML may read: a
+    directive PyYAML takes, a tab starting a block scalar, '[?]', '{a:, b}'), it stops and
+    leaves the text to the composer (:class:`_Left`: what, and where).
     """
     if CParser is None:
-        return
+        return _Left(None)
     yaml.reader.Reader(text)                 # PyYAML's check of the characters, its ReaderError
-    if text.find("\ufeff", 1) >= 0:
-        return                               # a byte-order mark inside: PyYAML reads it as text, libyaml not
+    bom = text.find("\ufeff", 1)
+    if bom >= 0:                             # PyYAML reads it as text, libyaml not
+        return _Left("a byte-order mark (U+FEFF) inside the text", bom)
     parser = CParser(text)
     shift = 1 if text.startswith("\ufeff") else 0       # libyaml counts from after a byte-order mark
     open_: list[int] = []                    # per collection open: where its '[' or '{' is, -1 (a block one, a
@@ -281,54 +440,59 @@ def scan(text: str, file: str, lines: LineMap) -> None:
     anchors: dict[str, int] = {}             # where each anchor is
     documents = 0
     last = 0                                 # where the last event starts: every token before it was read
+    ended = 0                                # where it ends
     tab = text.find("\t")                   # the first tab not yet placed
     starts = _LineStarts(text)
+    tree = _Tree(text)
     try:
         while True:
             try:
                 event = parser.get_event()
             except yaml.MarkedYAMLError as e:
-                if _libyaml_only(e, text, shift):
-                    return
                 end = e.problem_mark.index + shift if e.problem_mark is not None else len(text)
+                if _libyaml_only(e, text, shift):
+                    return _Left(f"what libyaml refuses ({e.problem}) and PyYAML may read", end)
                 if 0 <= tab < end:           # a tab before the error, perhaps in a token not yet read
                     if e.context_mark is not None and "quoted scalar" in (e.context or ""):
                         end = min(end, e.context_mark.index + shift)     # from there on, in the quoted scalar
-                    if _tabs(text, tab, end, file, starts, unread=last) == _UNSURE:
-                        return
-                raise _c_error(e, text, file, shift) from None
+                    _tabs(text, tab, end, file, starts, unread=last)
+                error = _c_error(e, text, file, shift)
+                raise (_first(error, text, end) if isinstance(e, yaml.parser.ParserError) else error) from None
             start = last = event.start_mark.index + shift
             stop = event.end_mark.index + shift
+            previous, ended = ended, stop    # where the event before ended
             just_opened, opened = opened, -1
             if 0 <= tab < start:             # no quoted or block scalar holds these tabs
                 tab = _tabs(text, tab, start, file, starts, bool(flows))
-                if tab == _UNSURE:
-                    return
             kind = type(event)
             if kind is ScalarEvent or kind is MappingStartEvent or kind is SequenceStartEvent:
                 if event.tag is not None and not _YAML_TAG.match(event.tag):
-                    return                   # a tag of its own: PyYAML's reading of it may differ
+                    return _Left(f"a tag other than YAML's own ({event.tag!r})", start)   # PyYAML's may differ
                 if len(open_) >= MAX_DEPTH:
-                    raise _too_deep(file, lines.line(_mark(text, start, file)))
+                    raise _first(_too_deep(file, lines.line(_mark(text, start, file))), text, stop)
                 anchor = event.anchor
                 if anchor is not None:
                     if anchor in anchors:
-                        raise yaml.composer.ComposerError(
+                        raise _first(yaml.composer.ComposerError(
                             f"found duplicate anchor {anchor!r}; first occurrence",
-                            _mark(text, anchors[anchor], file), "second occurrence", _mark(text, start, file))
+                            _mark(text, anchors[anchor], file), "second occurrence", _mark(text, start, file)),
+                            text, stop)
                     anchors[anchor] = start
                 if kind is ScalarEvent:
-                    block = _BLOCK.search(text, start, stop) if event.style in ("|", ">") else None
-                    if block is not None:            # (its '|' or '>' after an anchor or a tag, which hold neither)
-                        _block_header(text, block.start(), file)
-                    if event.style in ("'", '"', "|", ">"):
+                    style = event.style or None          # (libyaml's plain style is '', PyYAML's None)
+                    if style is not None:
+                        block = _BLOCK.search(text, start, stop) if style in ("|", ">") else None
+                        if block is not None:            # (its '|' or '>' after an anchor or a tag, which hold neither)
+                            _block_header(text, block.start(), file)
                         if 0 <= tab < stop:
                             tab = text.find("\t", stop)
                     elif flows:
                         tab = _flow_question(text, start, stop, flows[-1], tab, file,
                                              anchor is None and event.tag is None, starts)
-                        if tab == _UNSURE:
-                            return
+                    if flows and start == stop and not event.value and style is None and anchor is None \
+                            and event.tag is None:
+                        start = stop = _empty_in_flow(text, previous, start)
+                    tree.scalar(event, style, start, stop)
                 else:
                     if just_opened == start and open_[-1] != -1:
                         open_[-1] = -1       # the one opened here is a pair without braces, this its key
@@ -340,28 +504,87 @@ def scan(text: str, file: str, lines: LineMap) -> None:
                     if bracket != -1:
                         flows.append(bracket)
                     opened = start
+                    # a list whose '-' are in the column of its mapping's keys: PyYAML gives it no flow
+                    # style (None), libyaml a block style; its event ends past the first '-' (else before)
+                    tree.start(event, _Mapping if kind is MappingStartEvent else _Sequence, start,
+                               kind is SequenceStartEvent and event.flow_style is False and text[stop - 1:stop] == "-")
             elif kind is MappingEndEvent or kind is SequenceEndEvent:
                 if open_.pop() != -1:
                     flows.pop()
+                tree.end(stop)
             elif kind is AliasEvent:
-                raise _alias(event.anchor, file, lines.line(_mark(text, start, file)))
+                raise _first(_alias(event.anchor, file, lines.line(_mark(text, start, file))), text, stop)
             elif kind is DocumentStartEvent:
                 documents += 1
                 if documents > 1:
-                    raise yaml.composer.ComposerError("expected a single document in the stream", None,
-                                                      "but found another document", _mark(text, start, file))
+                    raise _first(yaml.composer.ComposerError("expected a single document in the stream", None,
+                                                             "but found another document", _mark(text, start, file)),
+                                 text, stop)
             elif kind is StreamEndEvent:
                 _tabs(text, tab, len(text) + 1, file, starts, False)
-                return
+                return tree.root
+    except _Unsure as e:
+        return _Left(e.what, e.at)
     finally:
         parser.dispose()
 
 
+def _first(error: Exception, text: str, at: int) -> Exception:
+    """A refusal of the parser or the composer at a token that ends at ``at`` (``error``),
+    unless PyYAML's scanner, reading ahead (:func:`_read_ahead`), may meet a tab first
+    (:class:`_Unsure`: whether it reads that far depends on its state)."""
+    tab = text.find("\t", at)
+    if 0 <= tab < _read_ahead(text, at):
+        raise _Unsure("a tab right after what is refused there, which PyYAML may meet first", tab)
+    return error
+
+
+def _read_ahead(text: str, at: int) -> int:
+    """How far a scanner may have read when the parser stopped at a token at ``at``: to the
+    end of the first line after its own that holds a token (not blank, not a comment). Both
+    scanners read on from a token that may begin a key until they know, which they do by
+    the next line; libyaml takes a tab there for white space, PyYAML refuses it, first."""
+    end = _BREAK.search(text, at)
+    while end is not None:
+        following = _BREAK.search(text, end.end())
+        stop = following.start() if following is not None else len(text)
+        line = text[end.end():stop].lstrip(" \t")
+        if line and not line.startswith("#"):
+            return stop
+        end = following
+    return len(text)
+
+
+def _empty_in_flow(text: str, previous: int, at: int) -> int:
+    """Where PyYAML puts an empty scalar of a flow collection that libyaml puts ``at``, the
+    start of the token after it: right after the '?' or ':' that comes before it (the end of
+    that token, where PyYAML puts it), if one does; else ``at`` (as PyYAML: a key without a
+    value, ``{a}``). Only white space, comments and indicators lie between the event
+    before, which ends at ``previous``, and ``at``."""
+    where = at
+    i = previous
+    while i < at:
+        c = text[i]
+        if c == "#":                         # a comment, to the end of its line
+            end = _BREAK.search(text, i, at)
+            if end is None:
+                break
+            i = end.start()
+        elif c in ":?":
+            where = i + 1
+        i += 1
+    return where
+
+
 def _libyaml_only(e: yaml.MarkedYAMLError, text: str, shift: int) -> bool:
     """An error libyaml finds where PyYAML may read on: a tab that starts the first line of a
-    block scalar, a tag, a directive, a '?' right before a flow collection's ',', ']' or '}'
-    (left to the composer)."""
+    block scalar, a tag, a directive, a '?' before a flow collection's ',', ']', '}' or ':'
+    (``[?: c]``, ``[a, ? ]``: PyYAML reads a key), a ':' right before one of ',?[]{}' in a
+    flow collection (PyYAML reads ``{a:, b: c}`` as a key without a value) (left to the
+    composer)."""
     said = f"{e.context or ''} {e.problem or ''}"
+    if e.problem == "found unexpected ':'":
+        return True
     if (e.problem or "").startswith("did not find expected ',' or ") and e.context_mark is not None \
             and e.problem_mark is not None:
         return _QUESTION_END.search(text, e.context_mark.index + shift, e.problem_mark.index + shift + 1) is not None
@@ -413,38 +636,37 @@ def _flow_question(text: str, start: int, end: int, bracket: int, tab: int, file
     """A plain scalar in a flow collection (its '[' or '{' at ``bracket``, -2 if not known),
     from ``start`` to ``end``, ``bare`` if no anchor or tag comes before it: libyaml reads a
     '?' in it as part of it, PyYAML ends it there and refuses the '?' (a key indicator)
-    after it: PyYAML's error, unless a tab before it is refused first. Returns the next tab,
-    or _UNSURE (a '?' after an anchor or a tag, or in a collection whose bracket is not
-    known)."""
+    after it: PyYAML's error, unless a tab before it is refused first. Returns the next tab;
+    :class:`_Unsure` for a '?' after an anchor or a tag, or in a collection whose bracket is
+    not known."""
     question = text.find("?", start + bare, end)
     if question < 0:
         return tab
     if 0 <= tab < question:
         tab = _tabs(text, tab, question, file, starts)          # (in the flow collection)
-        if tab == _UNSURE:
-            return tab
     if bracket < 0 or not bare:
-        return _UNSURE
+        raise _Unsure("a '?' in a plain scalar of a flow collection, after an anchor or a tag or where the "
+                      "collection's bracket is not known", question)
     sequence = text[bracket] == "["
-    raise yaml.parser.ParserError(f"while parsing a flow {'sequence' if sequence else 'mapping'}",
-                                  _mark(text, bracket, file),
-                                  f"expected ',' or '{']' if sequence else '}'}', but got '?'",
-                                  _mark(text, question, file))
+    raise _first(yaml.parser.ParserError(f"while parsing a flow {'sequence' if sequence else 'mapping'}",
+                                         _mark(text, bracket, file),
+                                         f"expected ',' or '{']' if sequence else '}'}', but got '?'",
+                                         _mark(text, question, file)), text, question)
 
 
 def _tabs(text: str, tab: int, end: int, file: str, starts: _LineStarts, flow: bool = True,
           unread: int | None = None) -> int:
     """Place the tabs from ``tab`` to ``end``, none in a quoted or block scalar: PyYAML's error
-    at the first that is not in a comment. Returns the next tab after those (-1: none), or
-    _UNSURE where it cannot tell. ``flow``: whether they may be in a flow collection. With
-    ``unread``: libyaml stopped at an error, and the tokens from ``unread`` on may not have
-    been read, so a tab after a quote or a block scalar's '|' or '>' there is unsure."""
+    at the first that is not in a comment. Returns the next tab after those (-1: none);
+    :class:`_Unsure` where it cannot tell. ``flow``: whether they may be in a flow collection.
+    With ``unread``: libyaml stopped at an error, and the tokens from ``unread`` on may not
+    have been read, so a tab after a quote or a block scalar's '|' or '>' there is unsure."""
     while 0 <= tab < end:
         if unread is not None and _QUOTE_OR_BLOCK.search(text, unread, tab):
-            return _UNSURE
+            raise _Unsure("a tab after a quote or a block scalar's indicator, before a syntax error", tab)
         comment = _comment(text, starts(tab), tab, flow)
         if comment is None:
-            return _UNSURE
+            raise _Unsure("a tab after a '#' that may not begin a comment", tab)
         if not comment:
             raise yaml.scanner.ScannerError("while scanning for the next token", None,
                                             "found character '\\t' that cannot start any token",
@@ -511,11 +733,37 @@ def _marked(e: yaml.MarkedYAMLError, file: str, lines: LineMap) -> TaskError:
                      line=lines.line(mark), fix=_syntax_fix(problem))
 
 
+@contextlib.contextmanager
+def collector_paused():
+    """Python's cyclic garbage collector off while a node graph is made and read (turned on
+    again after, if it was on): the graph holds no cycle, and each full collection on the
+    way would walk all of it again (for a file near the size limit, the collections cost
+    as much as the composition). What cycles the block leaves are collected after."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def compose(text: str, file: str, lines: LineMap) -> Node | None:
-    """The YAML node graph of a document, or a located :class:`TaskError`."""
+    """The YAML node graph of a document, or a located :class:`TaskError`: :func:`scan`'s, or
+    PyYAML's composer's where the scan leaves the text to it (refused above
+    :data:`MAX_COMPOSED_BYTES` where PyYAML has libyaml)."""
     loader: _Loader | None = None
     try:
-        scan(text, file, lines)
+        root = scan(text, file, lines)
+        if not isinstance(root, _Left):
+            return root
+        size = len(text.encode("utf-8", "surrogatepass")) if root.what is not None else 0
+        if size > MAX_COMPOSED_BYTES:
+            raise TaskError(f"{root.what}, which libyaml and PyYAML may read differently: only a tasks file of at "
+                            f"most {MAX_COMPOSED_BYTES:,} bytes may hold it (this one has {size:,})",
+                            file=file, line=lines.line(_mark(text, root.at, file)),
+                            fix="write it otherwise, or make the file smaller: put the facts in facts files "
+                                "(facts_file: a TSV or CSV file)")
         loader = _Loader(text, file, lines)
         return loader.get_single_node()
     except TaskError:

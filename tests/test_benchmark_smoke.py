@@ -100,7 +100,7 @@ def test_refusals_benchmark_small(tmp_path):
                           "--out", str(out)], capture_output=True, text=True, cwd=ROOT, timeout=600)
     assert run.returncode == 0, run.stderr
     rows = [l for l in out.read_text().splitlines() if l.startswith("| ") and "|---" not in l][1:]
-    assert len(rows) == 13 and "Machine:" in out.read_text()
+    assert len(rows) == 16 and "Machine:" in out.read_text()
     refused = [row.split(" | ")[2] for row in rows[1:-1]]
     assert all(r.startswith(("1005: ", "1006: ")) for r in refused), refused
     assert "alias '*x' is not supported" in refused[4] and rows[-1].split(" | ")[2] == "-"

@@ -8,7 +8,9 @@ holds every prefix); names of at most 1,000 characters; facts-file lines of at m
 Malformed YAML (a syntax error, a tab PyYAML refuses, an alias, nesting too deep, an anchor
 defined twice, a second document) is refused from libyaml's event stream before the
 pure-Python composer starts (tasks.yaml_nodes.scan), with the composer's line and, but for
-libyaml's wording of a syntax error, its message.
+libyaml's wording of a syntax error, its message; a text that passes is composed from the
+same events (the composer's node graph: tests/test_yaml_composition.py), so a problem of
+the tasks themselves is found without the composer too.
 No test here times anything: each asserts *where* the refusal happens (the composer or the
 trie never entered, the template's text made a bounded number of times) and what it says.
 """
@@ -33,7 +35,7 @@ from tasks.errors import TaskError
 from tasks.io import dumps_tasks, input_files, load_tasks, loads_tasks
 from tasks.model import MAX_NAME_LENGTH, MAX_TEMPLATE_LENGTH, Task, TaskSet, Template
 from tasks.structure import StructureTrie
-from tasks.yaml_nodes import MAX_TASKS_FILE_BYTES, MAX_TASKS_LINE_BYTES, _Loader
+from tasks.yaml_nodes import MAX_TASKS_FILE_BYTES, MAX_TASKS_LINE_BYTES, _Loader, _Tree
 
 
 def one_line_exit_2(capsys, argv) -> str:
@@ -56,10 +58,11 @@ def long_set(words: int) -> str:
 
 @pytest.fixture
 def counted(monkeypatch):
-    """Counts of the costly steps: a template's text made, a structure trie built, a YAML
-    composer started. Each still runs (a count, not a block)."""
-    calls = {"text": 0, "trie": 0, "compose": 0}
-    text, trie, loader = Template.text, StructureTrie.__init__, _Loader.__init__
+    """Counts of the costly steps: a template's text made, a structure trie built, PyYAML's
+    pure-Python composer started ("compose"), a node graph built from libyaml's events
+    ("libyaml"). Each still runs (a count, not a block)."""
+    calls = {"text": 0, "trie": 0, "compose": 0, "libyaml": 0}
+    text, trie, loader, tree = Template.text, StructureTrie.__init__, _Loader.__init__, _Tree.__init__
 
     def count(name, original):
         def wrapper(*args, **kwargs):
@@ -70,6 +73,7 @@ def counted(monkeypatch):
     monkeypatch.setattr(Template, "text", count("text", text))
     monkeypatch.setattr(StructureTrie, "__init__", count("trie", trie))
     monkeypatch.setattr(_Loader, "__init__", count("compose", loader))
+    monkeypatch.setattr(_Tree, "__init__", count("libyaml", tree))
     return calls
 
 
@@ -261,6 +265,46 @@ def test_a_large_malformed_file_is_refused_before_the_composer_starts(tmp_path, 
     assert counted["compose"] == 0
 
 
+#: name -> (what ends the file, the line of the refusal from the first line of that end, a
+#: part of the message): problems of the tasks themselves, found in the node graph.
+TASK_LEVEL = {
+    "key twice in a task": ("    name: again\n", 0, "key 'name' appears twice in task 'again' (lines 2 and {0})"),
+    "subject with two objects": ("      Subject5: Other\n", 0,
+                                 "subject 'Subject5' of task 'big' has two objects: 'Object5' (line 10) and 'Other'"),
+    "template without its object slot": ('  - name: second\n    templates: ["x *1 y"]\n    facts: {A: B}\n', 1,
+                                         "template 'x ⋆1 y' has no object slot ⋆2"),
+    "a word as a subject": ("      x: Other\n", 0, "'x' is the subject of a fact of task 'big' and also a word of "
+                            "template 'x ⋆1 y ⋆2' of task 'big' (line 3)"),
+    "an object not a string": ("      Last: [a, b]\n", 0, "the object of 'Last' in task 'big' is a list, not a string"),
+}
+
+
+@needs_libyaml
+@pytest.mark.parametrize("case", sorted(TASK_LEVEL))
+def test_a_problem_of_the_tasks_in_a_large_file_is_found_without_the_composer(tmp_path, capsys, counted, case):
+    """A 3.5 MB file whose YAML passes is composed from the same libyaml events that the scan
+    read (tasks.yaml_nodes._Tree), and its inline facts are read in bulk: a problem of the
+    tasks at its end is refused at its line without PyYAML's composer, and the valid file
+    loads without it."""
+    end, offset, fragment = TASK_LEVEL[case]
+    path = tmp_path / "big.yaml"
+    first = malformed(path, end, BIG)
+    assert path.stat().st_size > 3_000_000
+    line = one_line_exit_2(capsys, ["check", path])
+    assert line.startswith(f"error: {path}:{first + offset}: "), line
+    assert fragment.format(first) in line, line
+    assert counted["compose"] == 0 and counted["libyaml"] == 1
+
+
+@needs_libyaml
+def test_a_large_valid_file_loads_without_the_composer(tmp_path, counted):
+    path = tmp_path / "big.yaml"
+    malformed(path, "", BIG)
+    ts = load_tasks(path)
+    assert len(ts.tasks[0].facts) == BIG and ts.tasks[0].facts["Subject7"] == "Object7"
+    assert counted["compose"] == 0 and counted["libyaml"] == 1
+
+
 @needs_libyaml
 @pytest.mark.parametrize("case", sorted(MALFORMED))
 def test_the_scan_refuses_as_the_composer_does(monkeypatch, case):
@@ -326,7 +370,7 @@ def test_a_tab_in_a_comment_or_quotes_is_not_refused(counted):
             "# a\tcomment\n    facts: {A: B}\nepsilon: |\n  not\ta number\n")
     with pytest.raises(TaskError, match=r"^t\.yaml:6: epsilon is the quoted string 'not\\ta number\\n', not a number"):
         loads_tasks(text, file="t.yaml")
-    assert counted["compose"] == 1
+    assert counted["compose"] == 0 and counted["libyaml"] == 1          # read from libyaml's events alone
     ts = loads_tasks(text.replace("epsilon: |\n  not\ta number\n", "epsilon: 0.5 # \t\n"), file="t.yaml")
     assert ts.epsilon == 0.5 and ts.tasks[0].facts == {"A": "B"}
 
