@@ -11,6 +11,8 @@ from cli.common import count, inputs, load, model_flags, output_path, picture_na
 from tasks.console import EXIT_NOT_CERTIFIED, EXIT_OK, add_json, add_quiet, positive
 from tasks.errors import TaskError
 
+#: Where ``--help`` lists the command (:data:`cli.main.COMMANDS`).
+ORDER = 9
 HELP = "which sequences can the model be made to generate? (certified accessibility)"
 DESCRIPTION = ("Count, with proofs, the sequences the model generates greedily: every prompt of "
                "up to m tokens (exhaustive), and soft prompts (m free input vectors) found by "

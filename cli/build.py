@@ -8,6 +8,8 @@ import json
 from cli.common import PRECISIONS, inputs, load, model_flags, output_path, settle, write_text
 from tasks.console import EXIT_NOT_CERTIFIED, EXIT_OK, add_json, add_quiet, positive
 
+#: Where ``--help`` lists the command (:data:`cli.main.COMMANDS`).
+ORDER = 3
 HELP = "export the weights"
 DESCRIPTION = "Build the model and write its weights (.npz, documented layout)."
 

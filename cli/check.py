@@ -11,6 +11,8 @@ from tasks.console import EXIT_NOT_CERTIFIED, EXIT_OK, add_json, add_quiet, coun
 from tasks.console import jobs as _jobs
 from tasks.console import positive
 
+#: Where ``--help`` lists the command (:data:`cli.main.COMMANDS`).
+ORDER = 1
 HELP = "build (or load) the model and verify it"
 DESCRIPTION = "Build the model (or load --weights) and verify every query."
 

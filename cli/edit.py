@@ -9,6 +9,8 @@ from cli.common import load, settle, write_text
 from tasks.console import EXIT_OK, add_json, add_quiet
 from tasks.errors import TaskError
 
+#: Where ``--help`` lists the command (:data:`cli.main.COMMANDS`).
+ORDER = 5
 HELP = "set, change or remove facts of a task in the tasks file"
 DESCRIPTION = ("Edit the tasks file (or the task's facts file) in place: --set adds or changes "
                "a fact, --remove drops one, --delete-task removes the task. The edited set is "

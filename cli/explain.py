@@ -8,6 +8,8 @@ import json
 from cli.common import inputs, load, model_flags, settle, write_text
 from tasks.console import EXIT_OK, add_json, add_quiet
 
+#: Where ``--help`` lists the command (:data:`cli.main.COMMANDS`).
+ORDER = 7
 HELP = "trace one prefix through the model"
 DESCRIPTION = "Show one query's attention, gate, neurons and next tokens."
 

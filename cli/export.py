@@ -8,6 +8,8 @@ import json
 from cli.common import inputs, load, model_flags, output_path, settle, write_text
 from tasks.console import EXIT_OK, add_json, add_quiet, positive
 
+#: Where ``--help`` lists the command (:data:`cli.main.COMMANDS`).
+ORDER = 4
 HELP = "write the certified model as an ONNX graph (float32)"
 DESCRIPTION = ("Write the forward pass as an ONNX graph in float32 (needs the onnx extra): the "
                "model 'check --precision float32' builds and certifies (the same rebuild rule), "

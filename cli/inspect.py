@@ -10,6 +10,8 @@ from cli.common import block_flags, inputs, load, model_flags, settle, write_tex
 from tasks.console import EXIT_BAD_INPUT, EXIT_OK, add_json, add_quiet
 from tasks.errors import TaskError
 
+#: Where ``--help`` lists the command (:data:`cli.main.COMMANDS`).
+ORDER = 2
 HELP = "expert sizes against the bound, parameters, closed-form bound; --block: the symbolic weights"
 DESCRIPTION = ("Show the construction without verifying it. With --block, list a block's symbolic "
                "weights as 'row label <- column label : expression in beta, gamma'. For a task "

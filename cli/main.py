@@ -15,21 +15,35 @@ Exit status: 0 certified (or the command succeeded), 1 not certified, 2 bad inpu
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
+import pkgutil
 import sys
 from typing import Sequence
 
-from cli import accessible, build, check, edit, explain, export, inspect, plot, watch
+import cli
 from cli.common import settle  # noqa: F401  (each command calls it once its modules are loaded)
 from tasks.console import EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_NOT_CERTIFIED, EXIT_OK, Parser
 from tasks.errors import TaskError
 from workflow.errors import NotCertified, unconstructible
 
-#: The commands, in the order ``--help`` lists them: name -> its module (``HELP``,
-#: ``DESCRIPTION``, ``arguments(parser)``, ``run(args) -> exit status``). The one list: the
-#: parser is made from it, and the README's table is tested against it.
-COMMANDS = {"check": check, "inspect": inspect, "build": build, "export": export, "edit": edit, "watch": watch,
-            "explain": explain, "plot": plot, "accessible": accessible}
+
+def _commands() -> dict:
+    """Every module of :mod:`cli` that is a command (it defines ``arguments`` and ``run``),
+    by name, in the order of their ``ORDER``."""
+    found = {}
+    for info in pkgutil.iter_modules(cli.__path__):
+        module = importlib.import_module(f"cli.{info.name}")
+        if callable(getattr(module, "run", None)) and callable(getattr(module, "arguments", None)):
+            found[info.name] = module
+    return dict(sorted(found.items(), key=lambda item: item[1].ORDER))
+
+
+#: The commands, in the order ``--help`` lists them: name -> its module (``ORDER``, ``HELP``,
+#: ``DESCRIPTION``, ``arguments(parser)``, ``run(args) -> exit status``), found among the
+#: modules of :mod:`cli`, so that a new command is its module (and its library in
+#: :mod:`workflow`): the parser is made from this, and the README's table is tested against it.
+COMMANDS = _commands()
 
 
 def parser() -> argparse.ArgumentParser:

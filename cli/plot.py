@@ -10,6 +10,8 @@ from cli.common import block_flags, inputs, model_flags, picture_name, settle, w
 from tasks.console import EXIT_OK, add_json, add_quiet, positive
 from tasks.errors import TaskError
 
+#: Where ``--help`` lists the command (:data:`cli.main.COMMANDS`).
+ORDER = 8
 HELP = "draw routing, widths and bound-vs-beta pictures (PNG)"
 DESCRIPTION = (
     "Build and verify the model, then write NAME_routing.png (task x expert routing), NAME_widths.png (expert "

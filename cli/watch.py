@@ -17,6 +17,8 @@ from tasks.errors import TaskError
 if TYPE_CHECKING:
     from workflow.watching import Outcome
 
+#: Where ``--help`` lists the command (:data:`cli.main.COMMANDS`).
+ORDER = 6
 HELP = "keep the certificate in memory and re-certify each edit as it is saved"
 DESCRIPTION = ("Hold the certificate in DIR in memory (or make it with a full check when DIR "
                "holds none) and watch the tasks file and its facts files: after each change, "
