@@ -20,7 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from budget import examples
-from verifier.arithmetic import compiled, kernels
+from verifier.arithmetic import compiled, kernels, rounding
 from verifier.arithmetic.compiled import KERNELS, Kernel, Kernels, matches, numba_type
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -115,7 +115,7 @@ def test_the_declared_types_reject_what_the_extension_would_misread():
 def test_every_exported_kernel_declares_types_numba_can_build():
     exported = KERNELS.exported()
     names = {k.export_name for k in exported}
-    assert {"kernels___probe", "kernels__experts", "factored__experts_parts", "factored__ablated_parts"} <= names
+    assert {"rounding___probe", "rounding__up", "kernels__experts", "factored__experts_parts", "factored__ablated_parts"} <= names
     for k in exported:
         numba_type(k.returns)(*[numba_type(a) for a in k.args])
 
@@ -140,7 +140,7 @@ def test_both_forms_return_bitwise_the_same_for_every_call_of_a_check(monkeypatc
     from verifier.passes.floating import Deployment
     from verifier.running.parallel import LocalPool
 
-    kernels.check()
+    rounding.check()
     if KERNELS.module is False:
         pytest.skip(f"no compiled extension in this process: {KERNELS.note}")
     seen = {}
@@ -165,7 +165,7 @@ def test_both_forms_return_bitwise_the_same_for_every_call_of_a_check(monkeypatc
 
 
 def test_a_call_that_does_not_fit_runs_just_in_time():
-    kernels.check()
+    rounding.check()
     rows = np.array([0, 2, 3], np.int64)
     idx = np.array([0, 1, 1], np.int64)
     ut = np.array([0, 1, 3], np.int64)
@@ -238,12 +238,12 @@ def _environ():
 # -- every way of having no extension ------------------------------------------------------
 
 def _fresh(monkeypatch, tmp_path) -> Kernels:
-    """A registry of the real kernels' functions (probed as kernels.py probes its own), with
+    """A registry of the real kernels' functions (probed as rounding.py probes its own), with
     its own directory for the extension (every kernel module imported first, whichever test runs alone)."""
     KERNELS.exported()
     reg = Kernels(dirs=[tmp_path])
     by_name = {k.__name__: Kernel(k.py_func, reg, k.options, k.args, k.returns) for k in KERNELS.kernels}
-    reg.add_probe(lambda form: kernels._ieee(lambda k: form(by_name[k.__name__])))
+    reg.add_probe(lambda form: rounding._ieee(lambda k: form(by_name[k.__name__])))
     monkeypatch.setattr(reg, "exported", lambda: [k for k in reg.kernels if k.args is not None])
     return reg
 
@@ -288,7 +288,7 @@ def test_told_to_run_just_in_time_it_builds_and_loads_nothing(monkeypatch, tmp_p
 
 def test_a_form_that_fails_its_probe_is_not_used(monkeypatch, tmp_path):
     """A probe that fails drops the extension (its kernels then run just in time), and a JIT
-    form that fails it raises instead of computing; kernels.check refuses such a form too."""
+    form that fails it raises instead of computing; rounding.check refuses such a form too."""
     reg = _fresh(monkeypatch, tmp_path)
 
     monkeypatch.setattr(reg, "_load", lambda: _ExtensionStandIn(step=lambda x: x))   # not an upward step
@@ -303,7 +303,7 @@ def test_a_form_that_fails_its_probe_is_not_used(monkeypatch, tmp_path):
     with pytest.raises(RuntimeError, match="round to nearest"):  # and again: never trusted half-way
         _probe_of(jit)(1.0, 1.0)
     with pytest.raises(RuntimeError, match="IEEE"):
-        kernels._ieee(lambda k: (lambda *a: (0.0, 0.0)) if k is kernels._probe else (lambda x: x))
+        rounding._ieee(lambda k: (lambda *a: (0.0, 0.0)) if k is rounding._probe else (lambda x: x))
 
 
 def test_the_key_is_of_the_sources_as_imported(monkeypatch, tmp_path):
@@ -343,8 +343,8 @@ class _ExtensionStandIn:
     """An extension module's stand-in: every kernel a no-op but ``_probe`` and ``up``."""
 
     def __init__(self, step):
-        self.kernels__up = step
-        self.kernels___probe = lambda a, b: (a * b, a + b)
+        self.rounding__up = step
+        self.rounding___probe = lambda a, b: (a * b, a + b)
 
     def __getattr__(self, name):
         return lambda *a: None

@@ -289,19 +289,41 @@ def test_kernel_exp_encloses_exp(x):
 @SETTINGS
 @given(floats(-1074, 1000))
 def test_upward_step_is_at_least_nextafter(x):
-    from verifier.arithmetic import kernels as K
+    from verifier.arithmetic import rounding as R
 
     x = abs(x)
-    assert K.upp(x) >= np.nextafter(x, np.inf)
+    assert R.up_nonneg(x) >= np.nextafter(x, np.inf)
+    assert R.up_one_plus(x) >= np.nextafter(1.0 + x, np.inf) or 1.0 + x == np.inf
+
+
+@SETTINGS
+@given(st.one_of(floats(-1074, 1000), st.sampled_from([0.0, -0.0, 5e-324, -5e-324, np.inf, -np.inf, 2.0 ** -1022,
+                                                       -(2.0 ** -1022), np.finfo(float).max, -np.finfo(float).max])))
+def test_signed_steps_are_at_least_nextafter_for_either_sign(x):
+    """The two-flop steps of the factored kernels, on values of either sign: up_signed(x) is at
+    least the next float above x and down_signed(x) at most the one below; for x >= 0
+    up_signed is up_nonneg to the bit."""
+    from verifier.arithmetic import rounding as R
+
+    for v in (x, -x):
+        with np.errstate(over="ignore"):                         # the next float beyond the largest: ±inf
+            above, below = np.nextafter(v, np.inf), np.nextafter(v, -np.inf)
+        assert R.up_signed(v) >= above and R.down_signed(v) <= below
+        if v >= 0:
+            assert R.up_signed(v) == R.up_nonneg(v)
 
 
 def test_kernel_tables_round_up_like_the_functions():
-    from verifier.arithmetic import kernels as K
+    from verifier.arithmetic import rounding as R
 
-    for n in (0, 1, 2, 3, 17, 100, K.TABLE - 1):
+    for n in (0, 1, 2, 3, 17, 100, R.TABLE - 1):
         exact_g = Fraction(n + 1, 2 ** 53) / (1 - Fraction(n + 1, 2 ** 53))
-        assert _F(K.GAMMA1[n]) >= exact_g and K.GAMMA1[n] == K.gamma(n + 1)
-        assert K.FACTOR[n] == K.sum_factor(n)
+        assert _F(R.GAMMA1[n]) >= exact_g and R.GAMMA1[n] == R.gamma(n + 1)
+        assert R.FACTOR[n] == R.sum_factor(n) == R.factor(n)
+        assert R.SHRINK[n] == R.down(1.0 - R.gamma(n + 1)) == R.shrink(n)
+        assert _F(R.SHRINK[n]) <= 1 - exact_g
+    for n in (R.TABLE, R.TABLE + 1, 10 ** 6):                    # beyond the tables: the functions
+        assert R.factor(n) == R.sum_factor(n) and R.shrink(n) == R.down(1.0 - R.gamma(n + 1))
 
 
 def test_kernel_products_enclose():
@@ -318,9 +340,9 @@ def test_kernel_products_enclose():
 
 
 def test_kernel_platform_check():
-    from verifier.arithmetic import kernels as K
+    from verifier.arithmetic import rounding as R
 
-    K.check()
+    R.check()
 
 
 def test_matmul_rows_do_not_depend_on_the_other_rows():
@@ -356,6 +378,7 @@ def test_the_numpy_and_compiled_arithmetic_enclose_alike():
     and upward steps agree bit for bit (so a bound proven for one is the other's)."""
     from verifier.arithmetic import constants as C
     from verifier.arithmetic import kernels as K
+    from verifier.arithmetic import rounding as R
 
     rng = np.random.default_rng(3)
     xs = np.concatenate([rng.uniform(-800, 800, 4000), rng.uniform(-1, 1, 2000) * 2.0 ** -55,
@@ -366,7 +389,7 @@ def test_the_numpy_and_compiled_arithmetic_enclose_alike():
     k_hi = np.array([K.exp_upper(x) for x in xs])
     assert np.array_equal(lo, k_lo) and np.array_equal(hi, k_hi)
     for n in (1, 2, 17, 4095, 4096, 10 ** 6):
-        assert I.gamma(n) == K.gamma(n) and I.sum_factor(n) == K.sum_factor(n)
+        assert I.gamma(n) == R.gamma(n) and I.sum_factor(n) == R.sum_factor(n)
     r = np.abs(rng.normal(size=1000)) * 10.0 ** rng.integers(-300, 300, 1000)
-    assert np.all(np.array([K.upp(x) for x in r]) >= I.up(r))
+    assert np.all(np.array([R.up_nonneg(x) for x in r]) >= I.up(r))
     assert (K.U, K.FLOOR, K.LN2_LO, K.LN2_HI, K.HORNER_ERR) == (I.U, I.FLOOR, I.LN2_LO, I.LN2_HI, I.HORNER_ERR)

@@ -11,7 +11,7 @@ imports it in milliseconds and never imports numba.
 *The same code.* Both forms compile the same Python functions with the same numba and
 LLVM, without fast-math: IEEE binary64 operations in the same order, so each kernel
 returns bitwise the same arrays in either form (a test compares them), and
-:func:`verifier.arithmetic.kernels.check` probes round-to-nearest and gradual underflow
+:func:`verifier.arithmetic.rounding.check` probes round-to-nearest and gradual underflow
 in each form a process runs (:meth:`Kernels.add_probe`).
 
 *Only where it fits.* An exported kernel has one declared signature (:data:`Spec`: each
@@ -77,7 +77,7 @@ import numpy as np
 from tasks.errors import TaskError
 
 #: The modules whose kernels go into the extension (imported by name when it is needed).
-MODULES = ("verifier.arithmetic.kernels", "verifier.arithmetic.factored")
+MODULES = ("verifier.arithmetic.rounding", "verifier.arithmetic.kernels", "verifier.arithmetic.factored")
 #: Modules whose values the kernels' compiled code freezes in (besides MODULES): in the key.
 DEPENDS = ("verifier.arithmetic.constants", __name__)
 #: The prefix of the extension's file and module names (followed by the key).

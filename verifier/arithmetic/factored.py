@@ -44,56 +44,17 @@ import math
 import numpy as np
 from verifier.arithmetic.compiled import kernel
 
-from verifier.arithmetic.constants import FLOOR, STEP, U
-from verifier.arithmetic.kernels import (ACC, ATTENTION, B1, B2, CSR, F1, F2, FACTOR, GAMMA1, HEADS, I1, I2, LOGITS, PART,
-                                         TABLE, _add, _at, _insert3, _slot_of, down, entry_radius, exp_lower, exp_upper,
-                                         gamma, mul_interval, prod_terms, sum_factor, upp)
-
-#: 1 − 2^-52: a negative number times it moves toward zero by at least one unit in the last place.
-STEP_DOWN = 1.0 - 2.0 ** -52
-LARGEST = np.finfo(np.float64).max
-
-#: down(1 − γ_{n+1}) for n < TABLE, rounded exactly as ``down(1.0 - gamma(n + 1))`` is.
-SHRINK = np.nextafter(1.0 - GAMMA1, -np.inf)
+from verifier.arithmetic.constants import FLOOR, U
+from verifier.arithmetic.kernels import (ACC, ATTENTION, B1, B2, CSR, F1, F2, HEADS, I1, I2, LOGITS, PART, _add, _at,
+                                         _insert3, _slot_of, entry_radius, exp_lower, exp_upper, mul_interval,
+                                         prod_terms)
+from verifier.arithmetic.rounding import down_signed, factor, gamma, shrink, up_nonneg, up_signed
 #: Slots of the memo of exp bounds (a power of two).
 MEMO = 256
 
 # The declared types of this module's kernels called from Python (as in verifier.arithmetic.kernels).
 TABLE_ARRAYS = (I1, F1, F1, F1, F1, I1, I1, I1, I1)      # a cohort's logit table (_cohort_table)
 SCRATCH = (*ACC, F1, F1, F1, F1, B1, *ACC, *ACC, *ACC, F1, TABLE_ARRAYS, I1, F2)
-
-
-@kernel()
-def _up(x):
-    """An upward step, at least nextafter(x, +∞), in two flops (nextafter is a library call
-    of some 13 ns). For x >= 0 it is :func:`verifier.arithmetic.kernels.upp`. For x < 0, with
-    y = −x in [2^e, 2^(e+1)): the exact y·2^-52 is at least the gap below y, so fl(x·(1 − 2^-52))
-    lies at or above −(the float below y) = nextafter(x, +∞) (a subnormal or zero product
-    stays x, and the floor 2^-1022 then exceeds the smallest step); adding the floor never
-    lowers a value. −∞ gives −(the largest float), as nextafter does; NaN stays NaN."""
-    if x >= 0.0:
-        return x * STEP + FLOOR
-    if x != -np.inf:
-        return x * STEP_DOWN + FLOOR
-    return -LARGEST
-
-
-@kernel()
-def _down(x):
-    """A downward step, at most nextafter(x, −∞): −_up(−x)."""
-    return -_up(-x)
-
-
-@kernel()
-def _factor(n):
-    """c_n = sum_factor(n), from the table where it holds it."""
-    return FACTOR[n] if n < TABLE else sum_factor(n)
-
-
-@kernel()
-def _shrink(n):
-    """down(1 − γ_{n+1}), from the table where it holds it."""
-    return SHRINK[n] if n < TABLE else down(1.0 - gamma(n + 1))
 
 
 @kernel()
@@ -321,7 +282,7 @@ def gate_parts(S, O, cohort, order, WG, colmax, bG, max_terms, gmid, gstamp, gto
                     bad_c = True
                 cj = colmax[j]
                 if cj > 0.0:
-                    Sc = upp(Sc + upp(upp(xr + upp(g * abs(xm))) * cj))
+                    Sc = up_nonneg(Sc + up_nonneg(up_nonneg(xr + up_nonneg(g * abs(xm))) * cj))
                     cnt_c += 1
                     for q in range(WG_ptr[j], WG_ptr[j + 1]):
                         k = WG_idx[q]
@@ -353,7 +314,7 @@ def gate_parts(S, O, cohort, order, WG, colmax, bG, max_terms, gmid, gstamp, gto
                 bad = True
             cj = colmax[j]
             if cj > 0.0:
-                S_ = upp(S_ + upp(upp(xr + upp(g * abs(xm))) * cj))
+                S_ = up_nonneg(S_ + up_nonneg(up_nonneg(xr + up_nonneg(g * abs(xm))) * cj))
                 cnt += 1
                 for q in range(WG_ptr[j], WG_ptr[j + 1]):
                     k = WG_idx[q]
@@ -370,8 +331,8 @@ def gate_parts(S, O, cohort, order, WG, colmax, bG, max_terms, gmid, gstamp, gto
             if not np.isfinite(gmid[k]):
                 bad = True
             big = max(big, abs(gmid[k]))
-        r = upp(upp(_factor(cnt + 1) * S_) + 2.0 * (2 * max_terms + 1) * FLOOR)
-        r = _up(r + _up(U * big))
+        r = up_nonneg(up_nonneg(factor(cnt + 1) * S_) + 2.0 * (2 * max_terms + 1) * FLOOR)
+        r = up_signed(r + up_signed(U * big))
         if bad or not np.isfinite(r):
             r = np.inf
         rad[i] = r
@@ -400,8 +361,8 @@ def gate_parts(S, O, cohort, order, WG, colmax, bG, max_terms, gmid, gstamp, gto
             top[i, t] = k
             rk = r if (gstamp[k] == s or c_touch[k]) else 0.0       # an untouched score is exactly b_G
             if np.isfinite(rk):
-                top_lo[i, t] = _down(bval[t] - rk)
-                top_hi[i, t] = _up(bval[t] + rk)
+                top_lo[i, t] = down_signed(bval[t] - rk)
+                top_hi[i, t] = up_signed(bval[t] + rk)
         rw = r if (gstamp[win] == s or c_touch[win]) else 0.0
         if not np.isfinite(r):
             margin[i] = -np.inf
@@ -410,7 +371,7 @@ def gate_parts(S, O, cohort, order, WG, colmax, bG, max_terms, gmid, gstamp, gto
         else:
             k2 = best3[1]
             r2 = r if (gstamp[k2] == s or c_touch[k2]) else 0.0
-            margin[i] = _down(_down(bval[0] - bval[1]) - _up(rw + r2))
+            margin[i] = down_signed(down_signed(bval[0] - bval[1]) - up_signed(rw + r2))
         # the experts that may win: upper end >= the winner's lower end (all of them if undecided)
         if nc + K > cap:
             cap = max(2 * cap, nc + K)
@@ -420,17 +381,17 @@ def gate_parts(S, O, cohort, order, WG, colmax, bG, max_terms, gmid, gstamp, gto
         cand_row[nc] = i
         nc += 1
         if np.isfinite(r):
-            floor_e = _down(bval[0] - rw)
+            floor_e = down_signed(bval[0] - rw)
             for u in range(nt):
                 k = gtouched[u]
-                if k != win and _up(gmid[k] + r) >= floor_e:
+                if k != win and up_signed(gmid[k] + r) >= floor_e:
                     cand[nc] = k
                     cand_row[nc] = i
                     nc += 1
             for u in range(K):
                 k = c_order[u]
                 v = c_val[k]
-                reach = _up(v + r)
+                reach = up_signed(v + r)
                 if reach < floor_e:
                     break
                 if k == win or gstamp[k] == s:
@@ -485,8 +446,8 @@ def _cohort_table(nL, Ltouched, Lacc, table, sg):
     if bad or nL == 0:
         return M, s_lo, s_hi, bad
     for u in range(nL):
-        elo[u] = exp_lower(_down(_down(mid[u] - rad[u]) - M))
-        ehi[u] = exp_upper(_up(_up(mid[u] + rad[u]) - M))
+        elo[u] = exp_lower(down_signed(down_signed(mid[u] - rad[u]) - M))
+        ehi[u] = exp_upper(up_signed(up_signed(mid[u] + rad[u]) - M))
         s_lo += elo[u]
         s_hi += ehi[u]
     key = np.empty(nL)
@@ -496,7 +457,7 @@ def _cohort_table(nL, Ltouched, Lacc, table, sg):
     for u in range(nL):
         by_mid[u] = by_tok[srt[u]]
     for u in range(nL):
-        key[u] = -_down(mid[by_tok[u]] - rad[by_tok[u]])
+        key[u] = -down_signed(mid[by_tok[u]] - rad[by_tok[u]])
     srt = np.argsort(key, kind="mergesort")
     for u in range(nL):
         by_lo[u] = by_tok[srt[u]]
@@ -623,8 +584,8 @@ def _error_parts(nt, Ltouched, Lacc, Lwhere, s, table, cohort, V, vptr_lo, vptr_
     touched_valid = 0
     for u in range(nt):
         t = Ltouched[u]
-        lo = _down(_down(Lacc[u, 1] - Lacc[u, 2]) - M)
-        hi = _up(_up(Lacc[u, 1] + Lacc[u, 2]) - M)
+        lo = down_signed(down_signed(Lacc[u, 1] - Lacc[u, 2]) - M)
+        hi = up_signed(up_signed(Lacc[u, 1] + Lacc[u, 2]) - M)
         nq += 1
         if _is_valid(t, small, valid, vptr_lo, vptr_hi, vstamp, sv):
             touched_valid += 1
@@ -647,8 +608,8 @@ def _error_parts(nt, Ltouched, Lacc, Lwhere, s, table, cohort, V, vptr_lo, vptr_
             t = tok[u]
             if _slot_of(t, Lacc, s, Ltouched, Lwhere) >= 0:
                 continue
-            lo = _down(_down(mid[u] - rad[u]) - M)
-            hi = _up(_up(mid[u] + rad[u]) - M)
+            lo = down_signed(down_signed(mid[u] - rad[u]) - M)
+            hi = up_signed(up_signed(mid[u] + rad[u]) - M)
             nq += 1
             if _is_valid(t, small, valid, vptr_lo, vptr_hi, vstamp, sv):
                 touched_valid += 1
@@ -674,39 +635,39 @@ def _error_parts(nt, Ltouched, Lacc, Lwhere, s, table, cohort, V, vptr_lo, vptr_
                 continue
             nq += 1
             touched_valid += 1
-            val_lo += _exp_lo(_down(_down(mid[w] - rad[w]) - M), memo)
-            val_hi += _exp_hi(_up(_up(mid[w] + rad[w]) - M), memo)
+            val_lo += _exp_lo(down_signed(down_signed(mid[w] - rad[w]) - M), memo)
+            val_hi += _exp_hi(up_signed(up_signed(mid[w] + rad[w]) - M), memo)
             sub_lo += elo[w]
             sub_hi += ehi[w]
             nsub += 1
         # Σ over the table's other tokens, relative to M_c: the table's sum minus Q's share
-        s_hi = _up(_factor(nL + 1) * c_hi)
-        s_lo = _down(_shrink(nL) * c_lo)
-        q_hi = _up(_factor(nsub + 1) * sub_hi)
-        q_lo = _down(_shrink(nsub) * sub_lo)
-        rest_hi = max(_up(s_hi - q_lo), 0.0)
-        rest_lo = max(_down(s_lo - q_hi), 0.0)
+        s_hi = up_signed(factor(nL + 1) * c_hi)
+        s_lo = down_signed(shrink(nL) * c_lo)
+        q_hi = up_signed(factor(nsub + 1) * sub_hi)
+        q_lo = down_signed(shrink(nsub) * sub_lo)
+        rest_hi = max(up_signed(s_hi - q_lo), 0.0)
+        rest_lo = max(down_signed(s_lo - q_hi), 0.0)
         if M_c != M:                                   # e^(z − M) = e^(z − M_c)·e^(M_c − M)
-            rest_hi = _up(rest_hi * _exp_hi(_up(M_c - M), memo))
-            rest_lo = _down(rest_lo * _exp_lo(_down(M_c - M), memo))
-    c = _factor(nq + 1)
-    dd = _shrink(nq)
-    z_lo = _exp_lo(_down(-M), memo)
-    z_hi = _exp_hi(_up(-M), memo)
+            rest_hi = up_signed(rest_hi * _exp_hi(up_signed(M_c - M), memo))
+            rest_lo = down_signed(rest_lo * _exp_lo(down_signed(M_c - M), memo))
+    c = factor(nq + 1)
+    dd = shrink(nq)
+    z_lo = _exp_lo(down_signed(-M), memo)
+    z_hi = _exp_hi(up_signed(-M), memo)
     zero_valid = n_valid - touched_valid
     zero_invalid = zeros - zero_valid
-    inv_hi = _up(_up(_up(c * inv_hi) + _up(zero_invalid * z_hi)) + rest_hi)
-    val_hi = _up(_up(c * val_hi) + _up(zero_valid * z_hi))
-    inv_lo = _down(_down(_down(dd * inv_lo) + _down(zero_invalid * z_lo)) + rest_lo)
-    val_lo = _down(_down(dd * val_lo) + _down(zero_valid * z_lo))
-    err_hi = _up(inv_hi / _down(inv_hi + val_lo))
-    err_lo = _down(inv_lo / _up(inv_lo + val_hi))
+    inv_hi = up_signed(up_signed(up_signed(c * inv_hi) + up_signed(zero_invalid * z_hi)) + rest_hi)
+    val_hi = up_signed(up_signed(c * val_hi) + up_signed(zero_valid * z_hi))
+    inv_lo = down_signed(down_signed(down_signed(dd * inv_lo) + down_signed(zero_invalid * z_lo)) + rest_lo)
+    val_lo = down_signed(down_signed(dd * val_lo) + down_signed(zero_valid * z_lo))
+    err_hi = up_signed(inv_hi / down_signed(inv_hi + val_lo))
+    err_lo = down_signed(inv_lo / up_signed(inv_lo + val_hi))
     if not (err_hi <= 1.0):
         err_hi = 1.0
     if not (err_lo >= 0.0):
         err_lo = 0.0
-    rho_hi = _up(z_hi / _down(inv_lo + val_lo))
-    rho_lo = _down(z_lo / _up(inv_hi + val_hi))
+    rho_hi = up_signed(z_hi / down_signed(inv_lo + val_lo))
+    rho_lo = down_signed(z_lo / up_signed(inv_hi + val_hi))
     if not (rho_hi <= 1.0):
         rho_hi = 1.0
     if not (rho_lo >= 0.0):
@@ -734,14 +695,14 @@ def _first_of(W1T_ptr, W1T_idx, j, lo_n):
 @kernel()
 def _activity(zm, zr):
     """ReLU of [zm ± zr] as (mid, rad, on): on is False where it is exactly 0."""
-    a_lo = max(_down(zm - zr), 0.0)
-    a_hi = max(_up(zm + zr), 0.0)
+    a_lo = max(down_signed(zm - zr), 0.0)
+    a_hi = max(up_signed(zm + zr), 0.0)
     if a_hi == 0.0:
         return 0.0, 0.0, False
     if a_lo == a_hi:
         return a_lo, 0.0, True
     am = 0.5 * a_lo + 0.5 * a_hi
-    return am, max(_up(a_hi - am), _up(am - a_lo)), True
+    return am, max(up_signed(a_hi - am), up_signed(am - a_lo)), True
 
 
 @kernel(args=((I1, I1), I1, PART, PART, LOGITS, LOGITS, CSR, (I1, F1, I1, I1), CSR, CSR, "i64", (I1, I1),
@@ -833,7 +794,7 @@ def experts_parts(pairs, cohort, S, O, Ls, Lo, W1T, first, W2T, UT, V, valid, sc
                 zc_mid[u] = zacc[u, 1]
                 zc_rad[u] = entry_radius(zacc[u, 2], zacc[u, 3], int(zacc[u, 4]))
                 zm = zc_mid[u] + b1[g]
-                zr = upp(zc_rad[u] + upp(U * abs(zm)))
+                zr = up_nonneg(zc_rad[u] + up_nonneg(U * abs(zm)))
                 if not (np.isfinite(zm) and np.isfinite(zr)):
                     bad_c = True
                     ac_on[u] = False
@@ -907,11 +868,11 @@ def experts_parts(pairs, cohort, S, O, Ls, Lo, W1T, first, W2T, UT, V, valid, sc
             reached = uc >= 0
             if reached:                                # the shared z as one interval term
                 mid_ += zc_mid[uc]
-                A = upp(A + zc_rad[uc])
-                B = upp(B + abs(zc_mid[uc]))
+                A = up_nonneg(A + zc_rad[uc])
+                B = up_nonneg(B + abs(zc_mid[uc]))
                 cnt += 1
             zm = mid_ + b1[g]
-            zr = upp(entry_radius(A, B, cnt) + upp(U * abs(zm)))
+            zr = up_nonneg(entry_radius(A, B, cnt) + up_nonneg(U * abs(zm)))
             if not (np.isfinite(zm) and np.isfinite(zr)):
                 bad = True
                 continue
@@ -1015,15 +976,15 @@ def _pair_gap_parts(c, i, t, o, S, O, Urows, ut, uo, ustamp, s):
                 return -np.inf
             m, ta, tb = prod_terms(rm[e], rr[e], d)
             mid += m
-            A = upp(A + ta)
-            B = upp(B + tb)
+            A = up_nonneg(A + ta)
+            B = up_nonneg(B + tb)
             n += 1
     if n == 0:
         return 0.0
     r = entry_radius(A, B, n)
     if not (np.isfinite(mid) and np.isfinite(r)):
         return -np.inf
-    return _down(mid - r)
+    return down_signed(mid - r)
 
 
 @kernel(args=(I1, I1, LOGITS, LOGITS, "i64", I1, I1, ACC, F1, TABLE_ARRAYS, F2, "i64", I1, PART, PART, CSR,
@@ -1086,7 +1047,7 @@ def ablated_parts(rows, cohort, Ls, Lo, V, valid_ptr, valid, L_scratch, vstamp, 
             w = _position(t, nL, table)
             if w >= 0:
                 Lacc[sl, 1] = Lo_mid[e] + mid[w]
-                Lacc[sl, 2] = entry_radius(upp(Lo_rad[e] + rad[w]), upp(abs(Lo_mid[e]) + abs(mid[w])), 2)
+                Lacc[sl, 2] = entry_radius(up_nonneg(Lo_rad[e] + rad[w]), up_nonneg(abs(Lo_mid[e]) + abs(mid[w])), 2)
             else:
                 Lacc[sl, 1] = Lo_mid[e]
                 Lacc[sl, 2] = Lo_rad[e]
@@ -1118,22 +1079,22 @@ def ablated_parts(rows, cohort, Ls, Lo, V, valid_ptr, valid, L_scratch, vstamp, 
             if not (np.isfinite(m_) and np.isfinite(r_)):
                 finite = False
             if t == o:
-                hi_o = _up(m_ + r_)
+                hi_o = up_signed(m_ + r_)
                 o_touched = True
             else:
-                best = max(best, _down(m_ - r_))
+                best = max(best, down_signed(m_ - r_))
                 if m_ > best_m or (m_ == best_m and t < best_t):
                     best_m = m_
                     best_t = t
         w_o = _position(o, nL, table) if not o_touched else -1
         if w_o >= 0:
-            hi_o = _up(mid[w_o] + rad[w_o])
+            hi_o = up_signed(mid[w_o] + rad[w_o])
             o_touched = True
         for u in range(nL):
             t = tok[by_lo[u]]
             if t == o or _slot_of(t, Lacc, s, Ltouched, Lwhere) >= 0:
                 continue
-            best = max(best, _down(mid[by_lo[u]] - rad[by_lo[u]]))
+            best = max(best, down_signed(mid[by_lo[u]] - rad[by_lo[u]]))
             break
         for u in range(nL):
             t = tok[by_mid[u]]
@@ -1153,9 +1114,9 @@ def ablated_parts(rows, cohort, Ls, Lo, V, valid_ptr, valid, L_scratch, vstamp, 
             if not np.isfinite(best):
                 gap[q] = -np.inf
             elif best >= hi_o:                         # the exact difference is >= 0: a tie is certified
-                gap[q] = max(_down(best - hi_o), 0.0)
+                gap[q] = max(down_signed(best - hi_o), 0.0)
             else:
-                gap[q] = _down(best - hi_o)
+                gap[q] = down_signed(best - hi_o)
             if not (gap[q] >= 0.0) and best_t >= 0:
                 pg = _pair_gap_parts(c, i, best_t, o, S, O, Urows, ut, uo, ustamp, float(s))
                 if pg > gap[q]:

@@ -23,19 +23,8 @@ true sums are at most c_n times the computed ones (non-negative terms, additions
 only), and by Lemma 2 the midpoint's own error is at most γ_n·ΣB + n·η: the radius
 bounds |exact − mid|. A non-finite mid or radius makes the whole row undecided.
 
-Rounding steps. For a quantity of either sign: ``np.nextafter`` (C's ``nextafter``:
-exact). For a non-negative one (every radius, every sum of radii): :func:`upp`,
-x·(1 + 2^-52) + 2^-1022, which is at least nextafter(x, +∞): for x in [2^e, 2^(e+1))
-the product exceeds x by x·2^-52 >= 2^(e−52) = ulp(x), so rounding to nearest gives at
-least x + ulp(x) (adding a positive number keeps it there); for a subnormal x or 0 the
-product rounds to x and adding 2^-1022 >= η exceeds nextafter; a fused multiply-add
-gives the same. Underflow allowances use 2^-1022 (the smallest normal) instead of η:
-as sound, and radii never become subnormal, whose arithmetic is many times slower. So, applied to
-the float result of one operation, it rounds that operation upward, like nextafter, at
-the cost of two flops instead of a library call.
-Compilation: numba (LLVM) without fast-math, so IEEE semantics are kept;
-:func:`check` verifies round-to-nearest and gradual underflow inside compiled code, as
-:func:`verifier.arithmetic.interval.check_platform` does for numpy and scipy.
+The rounding steps (``up``, ``down``, ``up_nonneg``) and the rounding factors are those of
+:mod:`verifier.arithmetic.rounding`, which also probes the arithmetic of compiled code.
 """
 
 from __future__ import annotations
@@ -43,10 +32,12 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from verifier.arithmetic.compiled import KERNELS, kernel
+from verifier.arithmetic.compiled import kernel
 
-from verifier.arithmetic.constants import ETA, EXP_MAX, EXP_MIN, FLOOR, HORNER_ERR, INV_LN2, LN2_HI, LN2_LO, STEP, TINY, U
+from verifier.arithmetic.constants import EXP_MAX, EXP_MIN, FLOOR, HORNER_ERR, INV_LN2, LN2_HI, LN2_LO, TINY, U
 from verifier.arithmetic.constants import TAYLOR as _TAYLOR
+from verifier.arithmetic.rounding import (FACTOR, GAMMA1, TABLE, down, gamma, sum_factor, up, up_nonneg,
+                                          up_one_plus)
 
 TAYLOR = np.array(_TAYLOR)
 
@@ -67,52 +58,6 @@ ACC = (F2, I1, J1)                  # a compact accumulator: (acc, touched, wher
 DEPLOYED = ("bool", F1, F1, F1, F1, F1, F1, F1)   # (deployed?, its stage constants)
 
 
-@kernel(args=("f64",), returns="f64")
-def up(x):
-    return np.nextafter(x, np.inf)
-
-
-@kernel()
-def down(x):
-    return np.nextafter(x, -np.inf)
-
-
-@kernel()
-def upp(x):
-    """An upward step for x >= 0 (see the module docstring): >= nextafter(x, +inf)."""
-    return x * STEP + FLOOR
-
-
-@kernel()
-def gamma(n):
-    """An upper bound of γ_n = n·u/(1 − n·u) (n < 2^50)."""
-    nu = n * U
-    return up(up(nu) / down(1.0 - nu))
-
-
-@kernel()
-def sum_factor(n):
-    """c_n = up(1 + 2γ_n) (Lemma 1)."""
-    return up(1.0 + 2.0 * gamma(n))
-
-
-TABLE = 4096
-
-
-def _tables() -> tuple[np.ndarray, np.ndarray]:
-    """γ_{n+1} and c_n for n < TABLE, each rounded up exactly as :func:`gamma` and :func:`sum_factor` do."""
-    n = np.arange(TABLE, dtype=np.float64)
-    nu = (n + 1) * U
-    g1 = np.nextafter(np.nextafter(nu, np.inf) / np.nextafter(1.0 - nu, -np.inf), np.inf)
-    nu0 = n * U
-    g0 = np.nextafter(np.nextafter(nu0, np.inf) / np.nextafter(1.0 - nu0, -np.inf), np.inf)
-    c = np.nextafter(1.0 + 2.0 * g0, np.inf)
-    return g1, c
-
-
-GAMMA1, FACTOR = _tables()
-
-
 @kernel()
 def entry_radius(A, B, n):
     """Radius of an entry of n terms from its accumulated A and B (module docstring)."""
@@ -122,7 +67,7 @@ def entry_radius(A, B, n):
         g, c = GAMMA1[n], FACTOR[n]
     else:
         g, c = gamma(n + 1), sum_factor(n)
-    r = upp(upp(c * upp(A + upp(g * B))) + 2.0 * n * FLOOR)
+    r = up_nonneg(up_nonneg(c * up_nonneg(A + up_nonneg(g * B))) + 2.0 * n * FLOOR)
     return r
 
 
@@ -130,15 +75,15 @@ def entry_radius(A, B, n):
 def prod_terms(xm, xr, w):
     """(mid, A-term, B-term) of the product of an interval [xm ± xr] and an exact float w."""
     aw = abs(w)
-    return xm * w, upp(xr * aw), upp(abs(xm) * aw)
+    return xm * w, up_nonneg(xr * aw), up_nonneg(abs(xm) * aw)
 
 
 @kernel()
 def mul_interval(am, ar, bm, br):
     """[am ± ar]·[bm ± br]: midpoint fl(am·bm) and a radius that covers the product's rounding."""
     m = am * bm
-    r = upp(upp(upp(upp(abs(am) * br) + upp(ar * abs(bm))) + upp(ar * br)) + upp(U * abs(m)))
-    r = upp(r + FLOOR)
+    r = up_nonneg(up_nonneg(up_nonneg(up_nonneg(abs(am) * br) + up_nonneg(ar * abs(bm))) + up_nonneg(ar * br)) + up_nonneg(U * abs(m)))
+    r = up_nonneg(r + FLOOR)
     if not (np.isfinite(m) and np.isfinite(r)):
         r = np.inf
     return m, r
@@ -223,8 +168,8 @@ def _start(acc, u, s):
 @kernel()
 def _add(col, m, a, b, acc):
     acc[col, 1] += m
-    acc[col, 2] = upp(acc[col, 2] + a)
-    acc[col, 3] = upp(acc[col, 3] + b)
+    acc[col, 2] = up_nonneg(acc[col, 2] + a)
+    acc[col, 3] = up_nonneg(acc[col, 3] + b)
     acc[col, 4] += 1.0
 
 
@@ -347,13 +292,13 @@ def residual(ids, attention, E, P, OE, OP, heads, scratch, stamp0, capacity, dep
             nt = _touch_m(col, acc, s, touched, nt, macc) if on else _touch(col, acc, s, touched, nt)
             _add(col, E_val[q], 0.0, abs(E_val[q]), acc)
             if on:
-                macc[col, 0] = upp(macc[col, 0] + abs(E_val[q]))
+                macc[col, 0] = up_nonneg(macc[col, 0] + abs(E_val[q]))
         for q in range(P_ptr[p], P_ptr[p + 1]):
             col = P_idx[q]
             nt = _touch_m(col, acc, s, touched, nt, macc) if on else _touch(col, acc, s, touched, nt)
             _add(col, P_val[q], 0.0, abs(P_val[q]), acc)
             if on:
-                macc[col, 0] = upp(macc[col, 0] + abs(P_val[q]))
+                macc[col, 0] = up_nonneg(macc[col, 0] + abs(P_val[q]))
         a_row = att[i]
         for m in range(H):
             for j in range(p1):
@@ -361,7 +306,7 @@ def residual(ids, attention, E, P, OE, OP, heads, scratch, stamp0, capacity, dep
                 wr = ar[a_row, m, j]
                 if wm == 0.0 and wr == 0.0:
                     continue
-                w_hi = upp(abs(wm) + wr)
+                w_hi = up_nonneg(abs(wm) + wr)
                 tok = v_row[m, ids[i, j]]
                 for q in range(OE_ptr[tok], OE_ptr[tok + 1]):
                     col = OE_idx[q]
@@ -369,7 +314,7 @@ def residual(ids, attention, E, P, OE, OP, heads, scratch, stamp0, capacity, dep
                     pm, pr = mul_interval(wm, wr, OE_mid[q], OE_rad[q])
                     _add(col, pm, pr, abs(pm), acc)
                     if on:
-                        macc[col, 1] = upp(macc[col, 1] + upp(w_hi * OE_mag[q]))
+                        macc[col, 1] = up_nonneg(macc[col, 1] + up_nonneg(w_hi * OE_mag[q]))
                 pos = m * npos + j
                 for q in range(OP_ptr[pos], OP_ptr[pos + 1]):
                     col = OP_idx[q]
@@ -377,7 +322,7 @@ def residual(ids, attention, E, P, OE, OP, heads, scratch, stamp0, capacity, dep
                     pm, pr = mul_interval(wm, wr, OP_mid[q], OP_rad[q])
                     _add(col, pm, pr, abs(pm), acc)
                     if on:
-                        macc[col, 1] = upp(macc[col, 1] + upp(w_hi * OP_mag[q]))
+                        macc[col, 1] = up_nonneg(macc[col, 1] + up_nonneg(w_hi * OP_mag[q]))
         # A sum of terms (their products were rounded inside mul_interval): error <= γ_n Σ|mid_t|,
         # radii add; one term is its own midpoint (no addition) with its own radius.
         for u in range(nt):
@@ -387,7 +332,7 @@ def residual(ids, attention, E, P, OE, OP, heads, scratch, stamp0, capacity, dep
             r_ = entry_radius(acc[col, 2], acc[col, 3], n_) if n_ > 1 else acc[col, 2]
             if on:
                 r_ = _deployed_residual(r_, macc[col, 0], macc[col, 1], fp, rho_or[col], f_or[col],
-                                        upp(rs_o[col] * zeta[i]), rs_o[col], row_extra[i])
+                                        up_nonneg(rs_o[col] * zeta[i]), rs_o[col], row_extra[i])
             if not (np.isfinite(m_) and np.isfinite(r_)):
                 r_ = np.inf
             out_idx[e] = col
@@ -399,12 +344,6 @@ def residual(ids, attention, E, P, OE, OP, heads, scratch, stamp0, capacity, dep
 
 
 @kernel()
-def up1(x):
-    """An upper bound of 1 + x (x >= 0)."""
-    return upp(1.0 + x)
-
-
-@kernel()
 def _deployed_residual(r_, hm, vm, fp, rho_or, f_or, cv, rs_o, extra):
     """A residual entry's radius in the deployed pass (verifier.passes.floating: Stages): the exact
     enclosure of E + P + Σ â·(W_O W_V h) widened by ĥ's rounding (ρ_h·Σ|E|+|P|, plus its
@@ -413,11 +352,11 @@ def _deployed_residual(r_, hm, vm, fp, rho_or, f_or, cv, rs_o, extra):
     magnitude, plus its floor and the inputs-read-as-zero allowance); ∞ where a magnitude
     may reach the format's largest value."""
     rh, fh, kv = fp[KC_RHO_H], fp[KC_F_H], fp[KC_K_VALUE]
-    dev = upp(upp(upp(rh * hm) + fh) + upp(upp(kv * vm) + cv))
-    mag = upp(upp(upp(up1(rh) * hm) + fh) + upp(upp(up1(kv) * vm) + cv))
-    daz = upp(upp(2.0 * fp[KC_EMIN]) * rs_o)
-    r_ = upp(r_ + upp(upp(dev + upp(rho_or * mag)) + upp(upp(f_or + daz) + extra)))
-    if not (upp(up1(rho_or) * mag) < fp[KC_LARGEST]):
+    dev = up_nonneg(up_nonneg(up_nonneg(rh * hm) + fh) + up_nonneg(up_nonneg(kv * vm) + cv))
+    mag = up_nonneg(up_nonneg(up_nonneg(up_one_plus(rh) * hm) + fh) + up_nonneg(up_nonneg(up_one_plus(kv) * vm) + cv))
+    daz = up_nonneg(up_nonneg(2.0 * fp[KC_EMIN]) * rs_o)
+    r_ = up_nonneg(r_ + up_nonneg(up_nonneg(dev + up_nonneg(rho_or * mag)) + up_nonneg(up_nonneg(f_or + daz) + extra)))
+    if not (up_nonneg(up_one_plus(rho_or) * mag) < fp[KC_LARGEST]):
         return np.inf
     return r_
 
@@ -573,7 +512,7 @@ def gate(R_ptr, R_idx, R_mid, R_rad, WG_ptr, WG_idx, WG_val, colmax, hot, bG, ma
                 h += 1
                 if not (np.isfinite(xm) and np.isfinite(xr)):
                     bad = True
-                S = upp(S + upp(_gate_term(xm, xr, g, rel, on) * colmax[j]))
+                S = up_nonneg(S + up_nonneg(_gate_term(xm, xr, g, rel, on) * colmax[j]))
                 cnt += 1
                 for q in range(WG_ptr[j], WG_ptr[j + 1]):
                     k = WG_idx[q]
@@ -612,7 +551,7 @@ def gate(R_ptr, R_idx, R_mid, R_rad, WG_ptr, WG_idx, WG_val, colmax, hot, bG, ma
                 continue
             cj = colmax[j]
             if cj > 0.0:
-                S = upp(S + upp(_gate_term(xm, xr, g, rel, on) * cj))
+                S = up_nonneg(S + up_nonneg(_gate_term(xm, xr, g, rel, on) * cj))
                 cnt += 1
                 for q in range(WG_ptr[j], WG_ptr[j + 1]):
                     k = WG_idx[q]
@@ -629,14 +568,14 @@ def gate(R_ptr, R_idx, R_mid, R_rad, WG_ptr, WG_idx, WG_val, colmax, hot, bG, ma
             if not np.isfinite(gmid[k]):
                 bad = True
             big = max(big, abs(gmid[k]))
-        r = upp(upp(sum_factor(cnt + 1) * S) + 2.0 * (max_terms + 1) * FLOOR)
+        r = up_nonneg(up_nonneg(sum_factor(cnt + 1) * S) + 2.0 * (max_terms + 1) * FLOOR)
         r = up(r + up(U * big))
         if on:
             l1 = 0.0
             for e in range(R_ptr[i], R_ptr[i + 1]):
-                l1 = upp(l1 + upp(abs(R_mid[e]) + R_rad[e]))
-            r = upp(r + upp(upp(rel * bmax) + upp(fp[KC_F_G] + upp(upp(2.0 * fp[KC_EMIN]) * upp(l1 + rs_g)))))
-            if not (upp(up1(rel) * upp(big + r)) < fp[KC_LARGEST]):
+                l1 = up_nonneg(l1 + up_nonneg(abs(R_mid[e]) + R_rad[e]))
+            r = up_nonneg(r + up_nonneg(up_nonneg(rel * bmax) + up_nonneg(fp[KC_F_G] + up_nonneg(up_nonneg(2.0 * fp[KC_EMIN]) * up_nonneg(l1 + rs_g)))))
+            if not (up_nonneg(up_one_plus(rel) * up_nonneg(big + r)) < fp[KC_LARGEST]):
                 bad = True
         if bad or not np.isfinite(r):
             r = np.inf
@@ -720,8 +659,8 @@ def _gate_term(xm, xr, g, rel, on):
     xr + γ|xm| (the verifier's own float64 rounding), and in the deployed pass also the
     gate's rounding ρ_g·(|xm| + xr)."""
     if on:
-        return upp(upp(up1(rel) * xr) + upp(upp(g + rel) * abs(xm)))
-    return upp(xr + upp(g * abs(xm)))
+        return up_nonneg(up_nonneg(up_one_plus(rel) * xr) + up_nonneg(up_nonneg(g + rel) * abs(xm)))
+    return up_nonneg(xr + up_nonneg(g * abs(xm)))
 
 
 # --- experts, logits and the error ----------------------------------------------------------------
@@ -773,7 +712,7 @@ def logits(R_ptr, R_idx, R_mid, R_rad, UT_ptr, UT_idx, UT_val, Lacc, Ltouched, L
             out_idx[e_out] = Ltouched[u]
             out_mid[e_out] = Lacc[u, 1]
             out_rad[e_out] = r if np.isfinite(Lacc[u, 1]) and np.isfinite(r) else np.inf
-            out_mag[e_out] = upp(Lacc[u, 2] + Lacc[u, 3])         # >= Σ_j |U_tj|·|r̂_j| (the deployed pass's)
+            out_mag[e_out] = up_nonneg(Lacc[u, 2] + Lacc[u, 3])         # >= Σ_j |U_tj|·|r̂_j| (the deployed pass's)
             e_out += 1
         out_ptr[i + 1] = e_out
     return out_ptr, out_idx[:e_out], out_mid[:e_out], out_rad[:e_out], out_mag[:e_out]
@@ -899,7 +838,7 @@ def _error_deployed(nt, Ltouched, Lacc, V, vptr_lo, vptr_hi, valid, vstamp, s, s
         t = Ltouched[u]
         lo = down(Lacc[t, 1] - Lacc[t, 2])
         hi = up(Lacc[t, 1] + Lacc[t, 2])
-        theta = upp(upp(rel * up(Mhi - lo)) + tiny)
+        theta = up_nonneg(up_nonneg(rel * up(Mhi - lo)) + tiny)
         e_lo = max(down(exp_lower(down(down(lo - theta) - c)) * lo_f), 0.0)
         e_hi = up(exp_upper(up(up(hi + theta) - c)) * hi_f)
         if vstamp[t] == s:
@@ -909,7 +848,7 @@ def _error_deployed(nt, Ltouched, Lacc, V, vptr_lo, vptr_hi, valid, vstamp, s, s
         else:
             B_lo += e_lo
             B_hi += e_hi
-    theta0 = upp(upp(rel * up(Mhi - 0.0)) + tiny)
+    theta0 = up_nonneg(up_nonneg(rel * up(Mhi - 0.0)) + tiny)
     z_lo = max(down(exp_lower(down(down(0.0 - theta0) - c)) * lo_f), 0.0)
     z_hi = up(exp_upper(up(up(0.0 + theta0) - c)) * hi_f)
     zero_valid = n_valid - touched_valid
@@ -1022,10 +961,10 @@ def experts(pairs, scale, R, L, W1T, first, W2T, UT, V, valid, scratch, stamp0, 
             loc = ztouched[u]
             g = lo_n + loc
             zm = zacc[loc, 1] + b1[g]
-            zr = upp(entry_radius(zacc[loc, 2], zacc[loc, 3], int(zacc[loc, 4])) + upp(U * abs(zm)))
+            zr = up_nonneg(entry_radius(zacc[loc, 2], zacc[loc, 3], int(zacc[loc, 4])) + up_nonneg(U * abs(zm)))
             if on:
-                zr = _deployed_stage(zr, upp(upp(zacc[loc, 2] + zacc[loc, 3]) + abs(b1[g])), fp[KC_RHO_Z],
-                                     fp[KC_F_Z], upp(upp(2.0 * fp[KC_EMIN]) * upp(l1r[i] + rs_z[g])), fp[KC_LARGEST])
+                zr = _deployed_stage(zr, up_nonneg(up_nonneg(zacc[loc, 2] + zacc[loc, 3]) + abs(b1[g])), fp[KC_RHO_Z],
+                                     fp[KC_F_Z], up_nonneg(up_nonneg(2.0 * fp[KC_EMIN]) * up_nonneg(l1r[i] + rs_z[g])), fp[KC_LARGEST])
             if not (np.isfinite(zm) and np.isfinite(zr)):
                 bad = True
                 continue
@@ -1033,7 +972,7 @@ def experts(pairs, scale, R, L, W1T, first, W2T, UT, V, valid, scratch, stamp0, 
             a_hi = max(up(zm + zr), 0.0)
             if a_hi == 0.0:
                 continue                                  # exactly 0: the neuron is off
-            l1a = upp(l1a + a_hi)
+            l1a = up_nonneg(l1a + a_hi)
             if watching and watch[g]:
                 c_act = active[q, R_act]
                 if c_act < R_act:
@@ -1062,7 +1001,7 @@ def experts(pairs, scale, R, L, W1T, first, W2T, UT, V, valid, scratch, stamp0, 
                     active[q, c_act] = g
                 active[q, R_act] = c_act + 1
             am, ar = b1[g], 0.0
-            l1a = upp(l1a + abs(am))
+            l1a = up_nonneg(l1a + abs(am))
             if scaled:
                 am, ar = mul_interval(am, ar, cm[q], cr[q])
             for u in range(W2T_ptr[g], W2T_ptr[g + 1]):
@@ -1083,17 +1022,17 @@ def experts(pairs, scale, R, L, W1T, first, W2T, UT, V, valid, scratch, stamp0, 
             nt = _touch(t, Lacc, s, Ltouched, nt)
             _add(t, L_mid[e], L_rad[e], abs(L_mid[e]), Lacc)
             if on:
-                lmag[t] = upp(lmag[t] + L_mag[e])
-        cmax = upp(abs(cm[q]) + cr[q]) if scaled else 1.0
+                lmag[t] = up_nonneg(lmag[t] + L_mag[e])
+        cmax = up_nonneg(abs(cm[q]) + cr[q]) if scaled else 1.0
         l1o = 0.0
         for u in range(ny):
             j = ytouched[u]
             om = yacc[j, 1]
             orad = entry_radius(yacc[j, 2], yacc[j, 3], int(yacc[j, 4]))
             if on:
-                orad = _deployed_output(orad, upp(yacc[j, 2] + yacc[j, 3]), fp, cmax,
-                                        upp(upp(2.0 * fp[KC_EMIN]) * upp(l1a + rs_2[j])))
-                l1o = upp(l1o + upp(abs(om) + orad))
+                orad = _deployed_output(orad, up_nonneg(yacc[j, 2] + yacc[j, 3]), fp, cmax,
+                                        up_nonneg(up_nonneg(2.0 * fp[KC_EMIN]) * up_nonneg(l1a + rs_2[j])))
+                l1o = up_nonneg(l1o + up_nonneg(abs(om) + orad))
             if not (np.isfinite(om) and np.isfinite(orad)):
                 bad = True
             for t in range(UT_ptr[j], UT_ptr[j + 1]):
@@ -1104,7 +1043,7 @@ def experts(pairs, scale, R, L, W1T, first, W2T, UT, V, valid, scratch, stamp0, 
                 m, a, b = prod_terms(om, orad, UT_val[t])
                 _add(tok, m, a, b, Lacc)
                 if on:
-                    lmag[tok] = upp(lmag[tok] + upp(a + b))
+                    lmag[tok] = up_nonneg(lmag[tok] + up_nonneg(a + b))
         if bad:
             err_lo[q], err_hi[q], pred[q], rho_lo[q], rho_hi[q] = 0.0, 1.0, -1, np.nan, np.nan
             undecided[q] = True
@@ -1113,7 +1052,7 @@ def experts(pairs, scale, R, L, W1T, first, W2T, UT, V, valid, scratch, stamp0, 
         # (deployed pass only: in the exact pass fp and l1r are one-element placeholders)
         l1y = 0.0
         if on:
-            l1y = upp(upp(up1(fp[KC_RHO_Y]) * upp(l1r[i] + l1o)) + upp((R_ptr[i + 1] - R_ptr[i] + ny) * fp[KC_F_Y]))
+            l1y = up_nonneg(up_nonneg(up_one_plus(fp[KC_RHO_Y]) * up_nonneg(l1r[i] + l1o)) + up_nonneg((R_ptr[i + 1] - R_ptr[i] + ny) * fp[KC_F_Y]))
         for u in range(nt):
             t = Ltouched[u]
             Lacc[t, 2] = entry_radius(Lacc[t, 2], Lacc[t, 3], int(Lacc[t, 4]))   # column 2 becomes the radius
@@ -1136,9 +1075,9 @@ def experts(pairs, scale, R, L, W1T, first, W2T, UT, V, valid, scratch, stamp0, 
 def _deployed_stage(rad, mag, rho, floor, daz, largest):
     """``rad`` widened by a stage's rounding (ρ·mag, mag >= the stage's Σ|terms|), its floor
     and its inputs-read-as-zero allowance; ∞ where the value may reach ``largest``."""
-    if not (upp(up1(rho) * mag) < largest):
+    if not (up_nonneg(up_one_plus(rho) * mag) < largest):
         return np.inf
-    return upp(rad + upp(upp(rho * mag) + upp(floor + daz)))
+    return up_nonneg(rad + up_nonneg(up_nonneg(rho * mag) + up_nonneg(floor + daz)))
 
 
 @kernel()
@@ -1146,8 +1085,8 @@ def _deployed_output(orad, mag, fp, cmax, daz):
     """An expert output coordinate c·(W_2 a) in the deployed pass: the product's rounding
     ρ_o relative to Σ|W_2||c·a| (``mag``), the gate scale's rounding ρ_sc on top, and the
     product's floor and allowance scaled by |c| (``cmax``)."""
-    rho = upp(fp[KC_RHO_O] + upp(fp[KC_RHO_SC] * up1(fp[KC_RHO_O])))
-    absolute = upp(upp(upp(cmax * upp(fp[KC_F_O] + daz)) * up1(fp[KC_RHO_SC])) + fp[KC_F_SC])
+    rho = up_nonneg(fp[KC_RHO_O] + up_nonneg(fp[KC_RHO_SC] * up_one_plus(fp[KC_RHO_O])))
+    absolute = up_nonneg(up_nonneg(up_nonneg(cmax * up_nonneg(fp[KC_F_O] + daz)) * up_one_plus(fp[KC_RHO_SC])) + fp[KC_F_SC])
     return _deployed_stage(orad, mag, rho, absolute, 0.0, fp[KC_LARGEST])
 
 
@@ -1157,9 +1096,9 @@ def _deployed_logit(rad, mag, fp, rs_l, l1y, with_sum):
     expert's output is removed): the output sum's rounding ρ_y and the logits' ρ_l relative
     to Σ|U_t||r̂| + Σ|U_t||ô| (``mag``), the sum's floor through U (row sum ``rs_l``), the
     logits' floor and allowance."""
-    rho = upp(fp[KC_RHO_Y] + upp(fp[KC_RHO_L] * up1(fp[KC_RHO_Y]))) if with_sum else fp[KC_RHO_L]
-    sum_floor = upp(upp(rs_l * fp[KC_F_Y]) * up1(fp[KC_RHO_L])) if with_sum else 0.0
-    absolute = upp(upp(sum_floor + fp[KC_F_L]) + upp(upp(2.0 * fp[KC_EMIN]) * upp(l1y + rs_l)))
+    rho = up_nonneg(fp[KC_RHO_Y] + up_nonneg(fp[KC_RHO_L] * up_one_plus(fp[KC_RHO_Y]))) if with_sum else fp[KC_RHO_L]
+    sum_floor = up_nonneg(up_nonneg(rs_l * fp[KC_F_Y]) * up_one_plus(fp[KC_RHO_L])) if with_sum else 0.0
+    absolute = up_nonneg(up_nonneg(sum_floor + fp[KC_F_L]) + up_nonneg(up_nonneg(2.0 * fp[KC_EMIN]) * up_nonneg(l1y + rs_l)))
     return _deployed_stage(rad, mag, rho, absolute, 0.0, fp[KC_LARGEST])
 
 
@@ -1242,8 +1181,8 @@ def _pair_gap(i, t, o, R, Urows, ut, uo, ustamp, s):
             return -np.inf
         m, ta, tb = prod_terms(R_mid[e], R_rad[e], d)
         mid += m
-        A = upp(A + ta)
-        B = upp(B + tb)
+        A = up_nonneg(A + ta)
+        B = up_nonneg(B + tb)
         n += 1
     if n == 0:
         return 0.0
@@ -1329,33 +1268,3 @@ def ablated(rows, L, V, valid_ptr, valid, Lacc, Ltouched, vstamp, stamp0, deploy
             else:
                 obj_lo[q] = _error(nt, Ltouched, Lacc, V, 0, 1, only, vstamp, s + P)[0]
     return err_lo, err_hi, rho_lo, rho_hi, gap, zeros, obj_lo
-
-
-@kernel(args=("f64", "f64"), returns=("f64", "f64"))
-def _probe(a, b):
-    return a * b, a + b
-
-
-def _ieee(form) -> None:
-    """Round to nearest and gradual underflow inside compiled code of one form (``form(k)``
-    gives kernel k's function in it): see :func:`verifier.arithmetic.interval.check_platform`."""
-    probe, step = form(_probe), form(up)
-    prod, _ = probe(2.0 ** -537, 2.0 ** -537)
-    _, tie = probe(1.0, 2.0 ** -53)
-    _, above = probe(1.0, 3 * 2.0 ** -54)
-    ok = prod == 2.0 ** -1074 and tie == 1.0 and above == 1.0 + 2.0 ** -52 and step(0.0) == ETA
-    if not ok:
-        raise RuntimeError("compiled code does not compute in IEEE-754 binary64 round-to-nearest with gradual "
-                           "underflow; certified results would not be proofs")
-
-
-KERNELS.add_probe(_ieee)
-
-
-def check() -> None:
-    """Probe the compiled code this process runs (:func:`_ieee`), in every form it runs in:
-    each form (ahead of time, just in time) is probed when first used, and again here, as
-    the floating-point unit's modes may change during a process (a library loaded later)."""
-    _probe(1.0, 1.0)
-    for form in KERNELS.forms():
-        _ieee(form)

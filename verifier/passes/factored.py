@@ -46,6 +46,7 @@ import scipy.sparse as sp
 from layout import Weights
 from verifier.arithmetic import interval as I
 from verifier.arithmetic import kernels as K_
+from verifier.arithmetic import rounding
 from verifier.arithmetic import factored as F_
 from verifier.passes.batches import take_csr
 from verifier.passes.forward import (ACTIVE_SLOTS, LOGITS_PER_RUN, BatchResult, Prepared, _row_runs, _unique_rows,
@@ -153,7 +154,7 @@ class FactoredPass:
     def scratch(self) -> dict:
         """Work arrays of the factored kernels (allocated once per process, on first use)."""
         if self._scratch is None:
-            K_.check()
+            rounding.check()
             w = self.prep.weights
             d, V, width = max(w.d, 1), max(len(w.vocab), self.prep.vocab_size, 1), max(self.prep.max_width, 1)
 

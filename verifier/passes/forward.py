@@ -42,6 +42,7 @@ import scipy.sparse as sp
 from layout import Weights
 from verifier.arithmetic import interval as I
 from verifier.arithmetic import kernels as K_
+from verifier.arithmetic import rounding
 from verifier.arithmetic.interval import SparseInterval, softmax_bounds
 from verifier.passes.batches import take_csr
 from verifier.passes.floating import KERNEL_CONSTANTS, Deployment, softmax_constants
@@ -365,7 +366,7 @@ class Prepared:
     def scratch(self):
         """Sparse-accumulator work arrays (allocated once per process, on first use)."""
         if self._scratch is None:
-            K_.check()
+            rounding.check()
             d, V, w = self.weights.d, len(self.weights.vocab), max(self.max_width, 1)
 
             def spa(size):
