@@ -14,7 +14,7 @@ deciding as the plain pass does.
   on a compact shard (tests/test_shards.py runs its bitwise test for both passes);
 * on built models the factored pass **decides as the plain pass**: the same winner,
   candidates, certified routing and error verdicts, enclosures equal to rounding;
-* its **compact accumulators** (kernels._at) give each column of a row one slot, in the
+* its **compact accumulators** (accumulate.slot) give each column of a row one slot, in the
   order first touched, and know exactly which columns the current row has, whatever
   earlier rows left in them.
 """
@@ -273,7 +273,8 @@ def test_compact_accumulator_slots_are_a_rows_columns_in_order(rows):
     gets the column's slot among the row's columns in order of first touch, a lookup finds
     exactly the row's columns, and a column an earlier row left behind is never taken for
     the current row's (the stale slot maps of earlier rows are the case that matters)."""
-    from verifier.arithmetic.kernels import _at, _slot_of
+    from verifier.arithmetic.accumulate import slot as _at
+    from verifier.arithmetic.accumulate import slot_of as _slot_of
 
     n = 10
     acc, touched, where = np.zeros((n, 5)), np.zeros(n, np.int64), np.zeros(n, np.int32)
@@ -291,6 +292,34 @@ def test_compact_accumulator_slots_are_a_rows_columns_in_order(rows):
             assert _slot_of(col, acc, s, touched, where) == mine.get(col, -1)
         for col, sl in mine.items():
             assert touched[sl] == col and acc[sl, 1] == cols.count(col)
+
+
+@settings(max_examples=examples(100), deadline=None)
+@given(st.lists(st.lists(st.tuples(st.integers(0, 9), st.floats(-1e6, 1e6), st.floats(0, 1e3)), max_size=20),
+                min_size=1, max_size=6))
+def test_dense_and_compact_accumulators_hold_the_same_sums(rows):
+    """The plain pass keeps a row's sums at each column's own index (dense), the factored pass
+    in slots (compact); the kernel functions both run take either (accumulate.place): the same
+    columns in the same order with bitwise the same sums, row after row."""
+    from verifier.arithmetic.accumulate import interval_terms, product_terms
+
+    n = 10
+    dense, d_touched = np.zeros((n, 5)), np.zeros(n, np.int64)
+    compact, c_touched, where = np.zeros((n, 5)), np.zeros(n, np.int64), np.zeros(n, np.int32)
+    for r, terms in enumerate(rows):
+        s = float(r + 1)
+        ptr = np.array([0, len(terms)], np.int64)
+        idx = np.array([c for c, _, _ in terms], np.int64)
+        mid = np.array([m for _, m, _ in terms])
+        rad = np.array([x for _, _, x in terms])
+        nd = interval_terms(ptr, idx, mid, rad, 0, dense, s, d_touched, 0, None)
+        nc = interval_terms(ptr, idx, mid, rad, 0, compact, s, c_touched, 0, where)
+        nd = product_terms(ptr, idx, mid, 0, 1.5, 0.25, dense, s, d_touched, nd, None)
+        nc = product_terms(ptr, idx, mid, 0, 1.5, 0.25, compact, s, c_touched, nc, where)
+        assert nd == nc == len(set(idx.tolist()))
+        assert np.array_equal(d_touched[:nd], c_touched[:nc])
+        for u in range(nc):
+            assert dense[d_touched[u]].tobytes() == compact[u].tobytes()
 
 
 def test_work_arrays_let_go_after_a_batch_that_spills_change_no_result(monkeypatch):

@@ -278,12 +278,28 @@ def test_nonfinite_rows_are_flagged(bad):
 @given(st.one_of(st.floats(-800, 800), st.floats(-1e-15, 1e-15), st.floats(700, 712), st.floats(-750, -730),
                  st.sampled_from([0.0, -0.0, 5e-324, -5e-324, 2.0 ** -60, -(2.0 ** -60), 2.0 ** -59])))
 def test_kernel_exp_encloses_exp(x):
-    from verifier.arithmetic import kernels as K
+    from verifier.arithmetic import exponential as X
 
-    lo, hi = K.exp_lower(x), K.exp_upper(x)
+    lo, hi = X.exp_lower(x), X.exp_upper(x)
     with mpmath.workdps(50):
         e = mpmath.exp(mpmath.mpf(x))
         assert mpmath.mpf(lo) <= e <= mpmath.mpf(hi)
+
+
+def test_remembered_exp_bounds_are_the_bounds():
+    """The memo of exp bounds (the factored softmax's) returns the function's value for every
+    argument, whichever arguments share its slots, and None remembers nothing."""
+    from verifier.arithmetic import exponential as X
+
+    rng = np.random.default_rng(7)
+    xs = np.concatenate([rng.uniform(-50, 5, 3000), rng.choice(rng.uniform(-50, 5, 40), 3000),
+                         [0.0, -0.0, 1e301, -1e301, np.inf, -np.inf, np.nan, 2.0 ** -61]])
+    memo = np.full((4, X.MEMO), np.nan)
+    for x in xs:
+        lo, hi = X.exp_lower(x), X.exp_upper(x)
+        for got, want in ((X.exp_memo(x, memo, -1.0), lo), (X.exp_memo(x, memo, 1.0), hi),
+                          (X.exp_memo(x, None, -1.0), lo), (X.exp_memo(x, None, 1.0), hi)):
+            assert got == want or (math.isnan(got) and math.isnan(want))
 
 
 @SETTINGS
@@ -327,7 +343,7 @@ def test_kernel_tables_round_up_like_the_functions():
 
 
 def test_kernel_products_enclose():
-    from verifier.arithmetic import kernels as K
+    from verifier.arithmetic import accumulate as K
 
     rng = np.random.default_rng(0)
     for _ in range(2000):
@@ -373,11 +389,12 @@ def test_matmul_rows_do_not_depend_on_the_other_rows():
 
 
 def test_the_numpy_and_compiled_arithmetic_enclose_alike():
-    """verifier.arithmetic.interval (numpy) and verifier.arithmetic.kernels (numba) read their constants from one
+    """verifier.arithmetic.interval (numpy) and the compiled kernels (numba) read their constants from one
     module (verifier.arithmetic.constants); on the same inputs their exp enclosures, rounding factors
     and upward steps agree bit for bit (so a bound proven for one is the other's)."""
+    from verifier.arithmetic import accumulate as A
     from verifier.arithmetic import constants as C
-    from verifier.arithmetic import kernels as K
+    from verifier.arithmetic import exponential as X
     from verifier.arithmetic import rounding as R
 
     rng = np.random.default_rng(3)
@@ -385,11 +402,11 @@ def test_the_numpy_and_compiled_arithmetic_enclose_alike():
                          [0.0, -0.0, C.EXP_MIN, C.EXP_MAX, C.EXP_MIN - 1, C.EXP_MAX + 1, 2.0 ** -60, -2.0 ** -60,
                           np.inf, -np.inf, np.nan]])
     lo, hi = I.exp_enclosure(xs, xs)
-    k_lo = np.array([K.exp_lower(x) for x in xs])
-    k_hi = np.array([K.exp_upper(x) for x in xs])
+    k_lo = np.array([X.exp_lower(x) for x in xs])
+    k_hi = np.array([X.exp_upper(x) for x in xs])
     assert np.array_equal(lo, k_lo) and np.array_equal(hi, k_hi)
     for n in (1, 2, 17, 4095, 4096, 10 ** 6):
         assert I.gamma(n) == R.gamma(n) and I.sum_factor(n) == R.sum_factor(n)
     r = np.abs(rng.normal(size=1000)) * 10.0 ** rng.integers(-300, 300, 1000)
     assert np.all(np.array([R.up_nonneg(x) for x in r]) >= I.up(r))
-    assert (K.U, K.FLOOR, K.LN2_LO, K.LN2_HI, K.HORNER_ERR) == (I.U, I.FLOOR, I.LN2_LO, I.LN2_HI, I.HORNER_ERR)
+    assert (A.U, A.FLOOR, X.LN2_LO, X.LN2_HI, X.HORNER_ERR) == (I.U, I.FLOOR, I.LN2_LO, I.LN2_HI, I.HORNER_ERR)

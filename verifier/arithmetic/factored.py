@@ -39,68 +39,19 @@ of a format and the scaled gate run the plain kernels.
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 from verifier.arithmetic.compiled import kernel
 
+from verifier.arithmetic.accumulate import (ACC, ATTENTION, B1, B2, CSR, F1, F2, HEADS, I1, I2, LOGITS, PART, add_term,
+                                            entry_radius, grow, mul_interval, prod_terms, slot, slot_of)
 from verifier.arithmetic.constants import FLOOR, U
-from verifier.arithmetic.kernels import (ACC, ATTENTION, B1, B2, CSR, F1, F2, HEADS, I1, I2, LOGITS, PART, _add, _at,
-                                         _insert3, _slot_of, entry_radius, exp_lower, exp_upper, mul_interval,
-                                         prod_terms)
+from verifier.arithmetic.exponential import exp_lower, exp_memo, exp_upper
+from verifier.arithmetic.kernels import _insert3
 from verifier.arithmetic.rounding import down_signed, factor, gamma, shrink, up_nonneg, up_signed
-#: Slots of the memo of exp bounds (a power of two).
-MEMO = 256
 
 # The declared types of this module's kernels called from Python (as in verifier.arithmetic.kernels).
 TABLE_ARRAYS = (I1, F1, F1, F1, F1, I1, I1, I1, I1)      # a cohort's logit table (_cohort_table)
 SCRATCH = (*ACC, F1, F1, F1, F1, B1, *ACC, *ACC, *ACC, F1, TABLE_ARRAYS, I1, F2)
-
-
-@kernel()
-def _slot(x):
-    m, e = math.frexp(x)
-    return (int(m * 1073741824.0) ^ (e * 40503)) & (MEMO - 1)
-
-
-@kernel()
-def _exp_lo(x, memo):
-    """exp_lower(x), remembered (``memo`` rows 0, 1: arguments, values): the rows of one
-    cohort evaluate the same arguments. A remembered value is the function's for that
-    argument, so nothing changes but the time."""
-    if not (abs(x) < 1e300):
-        return exp_lower(x)
-    h = _slot(x)
-    if memo[0, h] == x:
-        return memo[1, h]
-    v = exp_lower(x)
-    memo[0, h] = x
-    memo[1, h] = v
-    return v
-
-
-@kernel()
-def _exp_hi(x, memo):
-    """exp_upper(x), remembered (``memo`` rows 2, 3)."""
-    if not (abs(x) < 1e300):
-        return exp_upper(x)
-    h = _slot(x)
-    if memo[2, h] == x:
-        return memo[3, h]
-    v = exp_upper(x)
-    memo[2, h] = x
-    memo[3, h] = v
-    return v
-
-
-@kernel()
-def _grow(a, need):
-    """``a`` with room for at least ``need`` entries (doubled), its contents kept."""
-    if need <= a.size:
-        return a
-    out = np.empty(max(2 * a.size, need), a.dtype)
-    out[:a.size] = a
-    return out
 
 
 # --- the residual, in parts ------------------------------------------------------------------------
@@ -145,13 +96,13 @@ def residual_part(ids, own, diverse, shared, attention, E, P, OE, OP, heads, scr
             t = ids[i, p]
             for q in range(E_ptr[t], E_ptr[t + 1]):
                 col = E_idx[q]
-                sl, nt = _at(col, acc, s, touched, nt, where)
-                _add(sl, E_val[q], 0.0, abs(E_val[q]), acc)
+                sl, nt = slot(col, acc, s, touched, nt, where)
+                add_term(sl, E_val[q], 0.0, abs(E_val[q]), acc)
         if shared:
             for q in range(P_ptr[p], P_ptr[p + 1]):
                 col = P_idx[q]
-                sl, nt = _at(col, acc, s, touched, nt, where)
-                _add(sl, P_val[q], 0.0, abs(P_val[q]), acc)
+                sl, nt = slot(col, acc, s, touched, nt, where)
+                add_term(sl, P_val[q], 0.0, abs(P_val[q]), acc)
         a_row = att[i]
         if not shared:                                 # own terms: the own positions of the diverse heads only
             n_own = 0
@@ -170,9 +121,9 @@ def residual_part(ids, own, diverse, shared, attention, E, P, OE, OP, heads, scr
                     tok = v_row[m, ids[i, j]]
                     for q in range(OE_ptr[tok], OE_ptr[tok + 1]):
                         col = OE_idx[q]
-                        sl, nt = _at(col, acc, s, touched, nt, where)
+                        sl, nt = slot(col, acc, s, touched, nt, where)
                         pm, pr = mul_interval(wm, wr, OE_mid[q], OE_rad[q])
-                        _add(sl, pm, pr, abs(pm), acc)
+                        add_term(sl, pm, pr, abs(pm), acc)
         else:
             for m in range(H):
                 for j in range(p1):
@@ -184,19 +135,19 @@ def residual_part(ids, own, diverse, shared, attention, E, P, OE, OP, heads, scr
                         tok = v_row[m, ids[i, j]]
                         for q in range(OE_ptr[tok], OE_ptr[tok + 1]):
                             col = OE_idx[q]
-                            sl, nt = _at(col, acc, s, touched, nt, where)
+                            sl, nt = slot(col, acc, s, touched, nt, where)
                             pm, pr = mul_interval(wm, wr, OE_mid[q], OE_rad[q])
-                            _add(sl, pm, pr, abs(pm), acc)
+                            add_term(sl, pm, pr, abs(pm), acc)
                     pos = m * npos + j
                     for q in range(OP_ptr[pos], OP_ptr[pos + 1]):
                         col = OP_idx[q]
-                        sl, nt = _at(col, acc, s, touched, nt, where)
+                        sl, nt = slot(col, acc, s, touched, nt, where)
                         pm, pr = mul_interval(wm, wr, OP_mid[q], OP_rad[q])
-                        _add(sl, pm, pr, abs(pm), acc)
+                        add_term(sl, pm, pr, abs(pm), acc)
         if e + nt > out_idx.size:
-            out_idx = _grow(out_idx, e + nt)
-            out_mid = _grow(out_mid, e + nt)
-            out_rad = _grow(out_rad, e + nt)
+            out_idx = grow(out_idx, e + nt)
+            out_mid = grow(out_mid, e + nt)
+            out_rad = grow(out_rad, e + nt)
         for u in range(nt):
             col = touched[u]
             m_ = acc[u, 1]
@@ -375,8 +326,8 @@ def gate_parts(S, O, cohort, order, WG, colmax, bG, max_terms, gmid, gstamp, gto
         # the experts that may win: upper end >= the winner's lower end (all of them if undecided)
         if nc + K > cap:
             cap = max(2 * cap, nc + K)
-            cand = _grow(cand, cap)
-            cand_row = _grow(cand_row, cap)
+            cand = grow(cand, cap)
+            cand_row = grow(cand_row, cap)
         cand[nc] = win
         cand_row[nc] = i
         nc += 1
@@ -558,7 +509,7 @@ def _error_parts(nt, Ltouched, Lacc, Lwhere, s, table, cohort, V, vptr_lo, vptr_
             arg = t
     for u in range(nL):                                # the table's largest that the row did not change
         t = tok[by_mid[u]]
-        if _slot_of(t, Lacc, s, Ltouched, Lwhere) >= 0:
+        if slot_of(t, Lacc, s, Ltouched, Lwhere) >= 0:
             continue
         m_ = mid[by_mid[u]]
         if m_ > best or (m_ == best and t < arg):
@@ -589,11 +540,11 @@ def _error_parts(nt, Ltouched, Lacc, Lwhere, s, table, cohort, V, vptr_lo, vptr_
         nq += 1
         if _is_valid(t, small, valid, vptr_lo, vptr_hi, vstamp, sv):
             touched_valid += 1
-            val_lo += _exp_lo(lo, memo)
-            val_hi += _exp_hi(hi, memo)
+            val_lo += exp_memo(lo, memo, -1.0)
+            val_hi += exp_memo(hi, memo, 1.0)
         else:
-            inv_lo += _exp_lo(lo, memo)
-            inv_hi += _exp_hi(hi, memo)
+            inv_lo += exp_memo(lo, memo, -1.0)
+            inv_hi += exp_memo(hi, memo, 1.0)
         w = int(Lacc[u, 4])
         if w >= 0:
             sub_lo += elo[w]
@@ -606,18 +557,18 @@ def _error_parts(nt, Ltouched, Lacc, Lwhere, s, table, cohort, V, vptr_lo, vptr_
         # tokens the row did not change are summed here, as the plain kernel sums them
         for u in range(nL):
             t = tok[u]
-            if _slot_of(t, Lacc, s, Ltouched, Lwhere) >= 0:
+            if slot_of(t, Lacc, s, Ltouched, Lwhere) >= 0:
                 continue
             lo = down_signed(down_signed(mid[u] - rad[u]) - M)
             hi = up_signed(up_signed(mid[u] + rad[u]) - M)
             nq += 1
             if _is_valid(t, small, valid, vptr_lo, vptr_hi, vstamp, sv):
                 touched_valid += 1
-                val_lo += _exp_lo(lo, memo)
-                val_hi += _exp_hi(hi, memo)
+                val_lo += exp_memo(lo, memo, -1.0)
+                val_hi += exp_memo(hi, memo, 1.0)
             else:
-                inv_lo += _exp_lo(lo, memo)
-                inv_hi += _exp_hi(hi, memo)
+                inv_lo += exp_memo(lo, memo, -1.0)
+                inv_hi += exp_memo(hi, memo, 1.0)
     else:
         for q in range(vptr_lo, vptr_hi):              # valid tokens of the table the row did not change
             t = valid[q]
@@ -628,15 +579,15 @@ def _error_parts(nt, Ltouched, Lacc, Lwhere, s, table, cohort, V, vptr_lo, vptr_
                 continue                               # seen already
             else:
                 vstamp[t] = sv + 0.5                   # still valid (no stamp is a half-integer)
-            if _slot_of(t, Lacc, s, Ltouched, Lwhere) >= 0:
+            if slot_of(t, Lacc, s, Ltouched, Lwhere) >= 0:
                 continue
             w = _position(t, nL, table)
             if w < 0:
                 continue
             nq += 1
             touched_valid += 1
-            val_lo += _exp_lo(down_signed(down_signed(mid[w] - rad[w]) - M), memo)
-            val_hi += _exp_hi(up_signed(up_signed(mid[w] + rad[w]) - M), memo)
+            val_lo += exp_memo(down_signed(down_signed(mid[w] - rad[w]) - M), memo, -1.0)
+            val_hi += exp_memo(up_signed(up_signed(mid[w] + rad[w]) - M), memo, 1.0)
             sub_lo += elo[w]
             sub_hi += ehi[w]
             nsub += 1
@@ -648,12 +599,12 @@ def _error_parts(nt, Ltouched, Lacc, Lwhere, s, table, cohort, V, vptr_lo, vptr_
         rest_hi = max(up_signed(s_hi - q_lo), 0.0)
         rest_lo = max(down_signed(s_lo - q_hi), 0.0)
         if M_c != M:                                   # e^(z − M) = e^(z − M_c)·e^(M_c − M)
-            rest_hi = up_signed(rest_hi * _exp_hi(up_signed(M_c - M), memo))
-            rest_lo = down_signed(rest_lo * _exp_lo(down_signed(M_c - M), memo))
+            rest_hi = up_signed(rest_hi * exp_memo(up_signed(M_c - M), memo, 1.0))
+            rest_lo = down_signed(rest_lo * exp_memo(down_signed(M_c - M), memo, -1.0))
     c = factor(nq + 1)
     dd = shrink(nq)
-    z_lo = _exp_lo(down_signed(-M), memo)
-    z_hi = _exp_hi(up_signed(-M), memo)
+    z_lo = exp_memo(down_signed(-M), memo, -1.0)
+    z_hi = exp_memo(up_signed(-M), memo, 1.0)
     zero_valid = n_valid - touched_valid
     zero_invalid = zeros - zero_valid
     inv_hi = up_signed(up_signed(up_signed(c * inv_hi) + up_signed(zero_invalid * z_hi)) + rest_hi)
@@ -784,9 +735,9 @@ def experts_parts(pairs, cohort, S, O, Ls, Lo, W1T, first, W2T, UT, V, valid, sc
                     g = W1T_idx[t]
                     if g >= hi_n:
                         break
-                    sl, nzc = _at(g - lo_n, zacc, sg, ztouched, nzc, zwhere)
+                    sl, nzc = slot(g - lo_n, zacc, sg, ztouched, nzc, zwhere)
                     m, a, b = prod_terms(xm, xr, W1T_val[t])
-                    _add(sl, m, a, b, zacc)
+                    add_term(sl, m, a, b, zacc)
             ny = 0
             ncw = 0
             for u in range(nzc):
@@ -806,24 +757,24 @@ def experts_parts(pairs, cohort, S, O, Ls, Lo, W1T, first, W2T, UT, V, valid, sc
                     cw[ncw] = g
                     ncw += 1
                 for t in range(W2T_ptr[g], W2T_ptr[g + 1]):
-                    sl, ny = _at(W2T_idx[t], yacc, sg, ytouched, ny, ywhere)
+                    sl, ny = slot(W2T_idx[t], yacc, sg, ytouched, ny, ywhere)
                     m, a, b = prod_terms(ac_mid[u], ac_rad[u], W2T_val[t])
-                    _add(sl, m, a, b, yacc)
+                    add_term(sl, m, a, b, yacc)
             for t in range(pos_ptr[k], pos_ptr[k + 1]):
                 g = pos_idx[t]
-                if _slot_of(g - lo_n, zacc, sg, ztouched, zwhere) >= 0:
+                if slot_of(g - lo_n, zacc, sg, ztouched, zwhere) >= 0:
                     continue                           # reached: handled above
                 if watching and watch[g]:
                     cw[ncw] = g
                     ncw += 1
                 for u in range(W2T_ptr[g], W2T_ptr[g + 1]):
-                    sl, ny = _at(W2T_idx[u], yacc, sg, ytouched, ny, ywhere)
+                    sl, ny = slot(W2T_idx[u], yacc, sg, ytouched, ny, ywhere)
                     m, a, b = prod_terms(b1[g], 0.0, W2T_val[u])
-                    _add(sl, m, a, b, yacc)
+                    add_term(sl, m, a, b, yacc)
             nL = 0
             for e in range(Ls_ptr[c], Ls_ptr[c + 1]):
-                sl, nL = _at(Ls_idx[e], Lacc, sg, Ltouched, nL, Lwhere)
-                _add(sl, Ls_mid[e], Ls_rad[e], abs(Ls_mid[e]), Lacc)
+                sl, nL = slot(Ls_idx[e], Lacc, sg, Ltouched, nL, Lwhere)
+                add_term(sl, Ls_mid[e], Ls_rad[e], abs(Ls_mid[e]), Lacc)
             for u in range(ny):
                 j = ytouched[u]
                 om = yacc[u, 1]
@@ -831,9 +782,9 @@ def experts_parts(pairs, cohort, S, O, Ls, Lo, W1T, first, W2T, UT, V, valid, sc
                 if not (np.isfinite(om) and np.isfinite(orad)):
                     bad_c = True
                 for t in range(UT_ptr[j], UT_ptr[j + 1]):
-                    sl, nL = _at(UT_idx[t], Lacc, sg, Ltouched, nL, Lwhere)
+                    sl, nL = slot(UT_idx[t], Lacc, sg, Ltouched, nL, Lwhere)
                     m, a, b = prod_terms(om, orad, UT_val[t])
-                    _add(sl, m, a, b, Lacc)
+                    add_term(sl, m, a, b, Lacc)
             for u in range(nL):
                 Lacc[u, 2] = entry_radius(Lacc[u, 2], Lacc[u, 3], int(Lacc[u, 4]))
             M_c, c_lo, c_hi, tbad = _cohort_table(nL, Ltouched, Lacc, table, sg)
@@ -852,9 +803,9 @@ def experts_parts(pairs, cohort, S, O, Ls, Lo, W1T, first, W2T, UT, V, valid, sc
                 g = W1T_idx[t]
                 if g >= hi_n:
                     break
-                sl, nz = _at(g - lo_n, zacc2, s, ztouched2, nz, zwhere2)
+                sl, nz = slot(g - lo_n, zacc2, s, ztouched2, nz, zwhere2)
                 m, a, b = prod_terms(xm, xr, W1T_val[t])
-                _add(sl, m, a, b, zacc2)
+                add_term(sl, m, a, b, zacc2)
         ny = 0
         n_act = 0
         for u in range(nz):
@@ -864,7 +815,7 @@ def experts_parts(pairs, cohort, S, O, Ls, Lo, W1T, first, W2T, UT, V, valid, sc
             A = zacc2[u, 2]
             B = zacc2[u, 3]
             cnt = int(zacc2[u, 4])
-            uc = _slot_of(loc, zacc, sg, ztouched, zwhere)   # the neuron's slot in the shared z, −1: not reached
+            uc = slot_of(loc, zacc, sg, ztouched, zwhere)   # the neuron's slot in the shared z, −1: not reached
             reached = uc >= 0
             if reached:                                # the shared z as one interval term
                 mid_ += zc_mid[uc]
@@ -889,17 +840,17 @@ def experts_parts(pairs, cohort, S, O, Ls, Lo, W1T, first, W2T, UT, V, valid, sc
                 j = W2T_idx[t]
                 w = W2T_val[t]
                 if on:
-                    sl, ny = _at(j, yacc, s, ytouched, ny, ywhere)
+                    sl, ny = slot(j, yacc, s, ytouched, ny, ywhere)
                     m, a, b = prod_terms(am, ar, w)
-                    _add(sl, m, a, b, yacc)
+                    add_term(sl, m, a, b, yacc)
                 if con:
-                    sl, ny = _at(j, yacc, s, ytouched, ny, ywhere)
+                    sl, ny = slot(j, yacc, s, ytouched, ny, ywhere)
                     m, a, b = prod_terms(cm_, cr_, -w)
-                    _add(sl, m, a, b, yacc)
+                    add_term(sl, m, a, b, yacc)
         if watching:                                   # the shared neurons the row left as they were
             for u in range(ncw):
                 g = cw[u]
-                if _slot_of(g - lo_n, zacc2, s, ztouched2, zwhere2) >= 0:
+                if slot_of(g - lo_n, zacc2, s, ztouched2, zwhere2) >= 0:
                     continue
                 if n_act < R_act:
                     active[q, n_act] = g
@@ -910,8 +861,8 @@ def experts_parts(pairs, cohort, S, O, Ls, Lo, W1T, first, W2T, UT, V, valid, sc
             continue
         nt = 0
         for e in range(Lo_ptr[i], Lo_ptr[i + 1]):
-            sl, nt = _at(Lo_idx[e], Lacc, s, Ltouched, nt, Lwhere)
-            _add(sl, Lo_mid[e], Lo_rad[e], abs(Lo_mid[e]), Lacc)
+            sl, nt = slot(Lo_idx[e], Lacc, s, Ltouched, nt, Lwhere)
+            add_term(sl, Lo_mid[e], Lo_rad[e], abs(Lo_mid[e]), Lacc)
         for u in range(ny):
             j = ytouched[u]
             om = yacc[u, 1]
@@ -919,9 +870,9 @@ def experts_parts(pairs, cohort, S, O, Ls, Lo, W1T, first, W2T, UT, V, valid, sc
             if not (np.isfinite(om) and np.isfinite(orad)):
                 bad = True
             for t in range(UT_ptr[j], UT_ptr[j + 1]):
-                sl, nt = _at(UT_idx[t], Lacc, s, Ltouched, nt, Lwhere)
+                sl, nt = slot(UT_idx[t], Lacc, s, Ltouched, nt, Lwhere)
                 m, a, b = prod_terms(om, orad, UT_val[t])
-                _add(sl, m, a, b, Lacc)
+                add_term(sl, m, a, b, Lacc)
         if bad:
             err_lo[q], err_hi[q], pred[q], rho_lo[q], rho_hi[q] = 0.0, 1.0, -1, np.nan, np.nan
             continue
@@ -929,7 +880,7 @@ def experts_parts(pairs, cohort, S, O, Ls, Lo, W1T, first, W2T, UT, V, valid, sc
         for u in range(nt):
             w = _position(Ltouched[u], meta[0], table)
             if w >= 0:                                 # the shared logit as one interval term
-                _add(u, tbl_mid[w], tbl_rad[w], abs(tbl_mid[w]), Lacc)
+                add_term(u, tbl_mid[w], tbl_rad[w], abs(tbl_mid[w]), Lacc)
             Lacc[u, 2] = entry_radius(Lacc[u, 2], Lacc[u, 3], int(Lacc[u, 4]))   # column 2 becomes the radius
             Lacc[u, 4] = w                             # column 4 becomes the table position
         err_lo[q], err_hi[q], pred[q], rho_lo[q], rho_hi[q] = _error_parts(
@@ -1034,7 +985,7 @@ def ablated_parts(rows, cohort, Ls, Lo, V, valid_ptr, valid, L_scratch, vstamp, 
             n_groups += 1
             nL = 0
             for e in range(Ls_ptr[c], Ls_ptr[c + 1]):
-                sl, nL = _at(Ls_idx[e], Lacc, sg, Ltouched, nL, Lwhere)
+                sl, nL = slot(Ls_idx[e], Lacc, sg, Ltouched, nL, Lwhere)
                 Lacc[sl, 1] = Ls_mid[e]
                 Lacc[sl, 2] = Ls_rad[e]
             M_c, c_lo, c_hi, bad_c = _cohort_table(nL, Ltouched, Lacc, table, sg)
@@ -1043,7 +994,7 @@ def ablated_parts(rows, cohort, Ls, Lo, V, valid_ptr, valid, L_scratch, vstamp, 
         nt = 0
         for e in range(Lo_ptr[i], Lo_ptr[i + 1]):
             t = Lo_idx[e]
-            sl, nt = _at(t, Lacc, s, Ltouched, nt, Lwhere)
+            sl, nt = slot(t, Lacc, s, Ltouched, nt, Lwhere)
             w = _position(t, nL, table)
             if w >= 0:
                 Lacc[sl, 1] = Lo_mid[e] + mid[w]
@@ -1092,13 +1043,13 @@ def ablated_parts(rows, cohort, Ls, Lo, V, valid_ptr, valid, L_scratch, vstamp, 
             o_touched = True
         for u in range(nL):
             t = tok[by_lo[u]]
-            if t == o or _slot_of(t, Lacc, s, Ltouched, Lwhere) >= 0:
+            if t == o or slot_of(t, Lacc, s, Ltouched, Lwhere) >= 0:
                 continue
             best = max(best, down_signed(mid[by_lo[u]] - rad[by_lo[u]]))
             break
         for u in range(nL):
             t = tok[by_mid[u]]
-            if t == o or _slot_of(t, Lacc, s, Ltouched, Lwhere) >= 0:
+            if t == o or slot_of(t, Lacc, s, Ltouched, Lwhere) >= 0:
                 continue
             if mid[by_mid[u]] > best_m or (mid[by_mid[u]] == best_m and t < best_t):
                 best_m = mid[by_mid[u]]

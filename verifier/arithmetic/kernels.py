@@ -34,184 +34,18 @@ import math
 import numpy as np
 from verifier.arithmetic.compiled import kernel
 
-from verifier.arithmetic.constants import EXP_MAX, EXP_MIN, FLOOR, HORNER_ERR, INV_LN2, LN2_HI, LN2_LO, TINY, U
-from verifier.arithmetic.constants import TAYLOR as _TAYLOR
-from verifier.arithmetic.rounding import (FACTOR, GAMMA1, TABLE, down, gamma, sum_factor, up, up_nonneg,
-                                          up_one_plus)
-
-TAYLOR = np.array(_TAYLOR)
+from verifier.arithmetic.accumulate import (ATTENTION, B1, CSR, F1, F2, HEADS, I1, I2, J1, J2, LOGITS, PART, add_term,
+                                            entry_radius, mul_interval, prod_terms, slot, touch)
+from verifier.arithmetic.constants import FLOOR, U
+from verifier.arithmetic.exponential import exp_lower, exp_upper
+from verifier.arithmetic.rounding import down, gamma, sum_factor, up, up_nonneg, up_one_plus
 
 # Positions in the deployed pass's constants array (verifier.passes.floating.KERNEL_CONSTANTS).
 KC_EMIN, KC_LARGEST, KC_RHO_H, KC_F_H, KC_K_VALUE, KC_RHO_G, KC_F_G, KC_RHO_Z, KC_F_Z, KC_RHO_O, KC_F_O, KC_RHO_SC, \
     KC_F_SC, KC_RHO_Y, KC_F_Y, KC_RHO_L, KC_F_L = range(17)
 
 
-# The declared types of the kernels called from Python (verifier.arithmetic.compiled.Spec):
-# each exported ahead of time with exactly these; a call of other types runs just in time.
-I1, I2, F1, F2, F3, B1, B2, J1, J2 = "i64[1]", "i64[2]", "f64[1]", "f64[2]", "f64[3]", "bool[1]", "bool[2]", "i32[1]", "i32[2]"
-CSR = (I1, I1, F1)                  # a sparse matrix: (indptr, indices, values)
-PART = (I1, I1, F1, F1)             # rows of intervals: (indptr, indices, mid, rad)
-LOGITS = (I1, I1, F1, F1, F1)       # logit rows: (indptr, indices, mid, rad, magnitude)
-ATTENTION = (I1, F3, F3)            # (attention class per row, mid, rad)
-HEADS = ("i64", J2, "i64")          # (heads, value row per head and token, positions)
-ACC = (F2, I1, J1)                  # a compact accumulator: (acc, touched, where)
 DEPLOYED = ("bool", F1, F1, F1, F1, F1, F1, F1)   # (deployed?, its stage constants)
-
-
-@kernel()
-def entry_radius(A, B, n):
-    """Radius of an entry of n terms from its accumulated A and B (module docstring)."""
-    if n == 0:
-        return 0.0
-    if n < TABLE:
-        g, c = GAMMA1[n], FACTOR[n]
-    else:
-        g, c = gamma(n + 1), sum_factor(n)
-    r = up_nonneg(up_nonneg(c * up_nonneg(A + up_nonneg(g * B))) + 2.0 * n * FLOOR)
-    return r
-
-
-@kernel()
-def prod_terms(xm, xr, w):
-    """(mid, A-term, B-term) of the product of an interval [xm ± xr] and an exact float w."""
-    aw = abs(w)
-    return xm * w, up_nonneg(xr * aw), up_nonneg(abs(xm) * aw)
-
-
-@kernel()
-def mul_interval(am, ar, bm, br):
-    """[am ± ar]·[bm ± br]: midpoint fl(am·bm) and a radius that covers the product's rounding."""
-    m = am * bm
-    r = up_nonneg(up_nonneg(up_nonneg(up_nonneg(abs(am) * br) + up_nonneg(ar * abs(bm))) + up_nonneg(ar * br)) + up_nonneg(U * abs(m)))
-    r = up_nonneg(r + FLOOR)
-    if not (np.isfinite(m) and np.isfinite(r)):
-        r = np.inf
-    return m, r
-
-
-# --- the exponential (the same enclosure as verifier.arithmetic.interval.exp_enclosure) -----------------
-
-
-@kernel()
-def _horner(r):
-    acc = TAYLOR[14]
-    for i in range(13, -1, -1):
-        acc = acc * r + TAYLOR[i]
-    return acc
-
-
-@kernel()
-def exp_lower(x):
-    """A lower bound of e^x (0 below −740 and for NaN).
-
-    For |x| <= 2^-60: e^x >= 1 + x >= 1 − 2^-60 > 1 − 2^-53 = down(1) (and no subnormal
-    arithmetic in the polynomial).
-    """
-    if not (x >= EXP_MIN):
-        return 0.0
-    if abs(x) <= TINY:
-        return down(1.0)
-    xs = min(x, EXP_MAX)
-    k = np.rint(xs * INV_LN2)
-    kh = k * LN2_HI if k >= 0 else k * LN2_LO          # the largest candidate of k·ln2
-    r_lo = down(down(xs - up(kh)))
-    t = down(_horner(r_lo) - HORNER_ERR)
-    v = down(math.ldexp(t, int(k)))
-    return max(v, 0.0)
-
-
-@kernel()
-def exp_upper(x):
-    """An upper bound of e^x (+inf above 709 and for NaN).
-
-    For |x| <= 2^-60: e^x <= 1 + x + x² < 1 + 2^-59 < 1 + 2^-52 = up(1).
-    """
-    if not (x <= EXP_MAX):
-        return np.inf
-    if abs(x) <= TINY:
-        return up(1.0)
-    xs = max(x, EXP_MIN)
-    k = np.rint(xs * INV_LN2)
-    kl = k * LN2_LO if k >= 0 else k * LN2_HI          # the smallest candidate of k·ln2
-    r_hi = up(up(xs - down(kl)))
-    t = up(_horner(r_hi) + HORNER_ERR)
-    return up(math.ldexp(t, int(k)))
-
-
-# --- sparse accumulators ---------------------------------------------------------------------
-
-
-@kernel()
-def _touch(col, acc, s, touched, nt):
-    """Start column ``col`` of the accumulator for stamp ``s`` if it is new; return the touched count.
-
-    ``acc[col]`` holds (stamp, mid, A, B, count) in one cache line; stamps and counts are
-    integers below 2^53, exact in float64.
-    """
-    if acc[col, 0] != s:
-        _start(acc, col, s)
-        touched[nt] = col
-        nt += 1
-    return nt
-
-
-@kernel()
-def _start(acc, u, s):
-    """Accumulator row ``u`` begun for stamp ``s``: no terms yet."""
-    acc[u, 0] = s
-    acc[u, 1] = 0.0
-    acc[u, 2] = 0.0
-    acc[u, 3] = 0.0
-    acc[u, 4] = 0.0
-
-
-@kernel()
-def _add(col, m, a, b, acc):
-    acc[col, 1] += m
-    acc[col, 2] = up_nonneg(acc[col, 2] + a)
-    acc[col, 3] = up_nonneg(acc[col, 3] + b)
-    acc[col, 4] += 1.0
-
-
-# --- compact accumulators --------------------------------------------------------------------------
-#
-# A sparse accumulator sums, for one row (one stamp), the terms of each column the row
-# touches: (stamp, mid, A, B, count) per column. The plain kernels keep that row at the
-# column's own index, so over a whole pass every column a row ever reached holds a
-# resident row of 40 bytes (at 20M facts, d = 15M residual columns: 600 MB per worker).
-# Here a row's columns take slots in the order they are first touched: slot u of ``acc``
-# and ``touched[u]`` (its column) for u < nt, and ``where[col]`` (int32) remembers the last
-# slot given to col. Only the first slots of ``acc`` are ever written (as many as a row
-# touches at most), and ``where`` costs 4 bytes per column. The sums are the same
-# operations in the same order: only where they are kept changes.
-
-
-@kernel()
-def _at(col, acc, s, touched, nt, where):
-    """(slot of column ``col`` for stamp ``s``, count of slots): the slot ``where[col]`` if it
-    is col's for this stamp, else the next free one, started (a new slot nt).
-
-    *Why a remembered slot is col's exactly when it carries stamp s and lists col:* slots
-    of stamp s are given one per column, in order, each recording its column in
-    ``touched`` and s in ``acc[u, 0]``; a slot carrying s was therefore given during
-    stamp s, and to the column it lists. Any other slot (an older stamp's, or one given
-    to another column since) fails one of the two tests. Stamps are never reused."""
-    u = where[col]
-    if acc[u, 0] == s and touched[u] == col:
-        return u, nt
-    where[col] = nt
-    _start(acc, nt, s)
-    touched[nt] = col
-    return nt, nt + 1
-
-
-@kernel()
-def _slot_of(col, acc, s, touched, where):
-    """Column ``col``'s slot for stamp ``s``, or −1 if it has none (:func:`_at`)."""
-    u = where[col]
-    if acc[u, 0] == s and touched[u] == col:
-        return u
-    return -1
 
 
 # --- the residual --------------------------------------------------------------------------------
@@ -241,7 +75,7 @@ def _touch_m(col, acc, s, touched, nt, macc):
     if acc[col, 0] != s:
         macc[col, 0] = 0.0
         macc[col, 1] = 0.0
-    return _touch(col, acc, s, touched, nt)
+    return touch(col, acc, s, touched, nt)
 
 
 @kernel(args=(I2, ATTENTION, CSR, CSR, PART, PART, HEADS, (F2, I1), "i64", "i64",
@@ -289,14 +123,14 @@ def residual(ids, attention, E, P, OE, OP, heads, scratch, stamp0, capacity, dep
         t = ids[i, p]
         for q in range(E_ptr[t], E_ptr[t + 1]):
             col = E_idx[q]
-            nt = _touch_m(col, acc, s, touched, nt, macc) if on else _touch(col, acc, s, touched, nt)
-            _add(col, E_val[q], 0.0, abs(E_val[q]), acc)
+            nt = _touch_m(col, acc, s, touched, nt, macc) if on else touch(col, acc, s, touched, nt)
+            add_term(col, E_val[q], 0.0, abs(E_val[q]), acc)
             if on:
                 macc[col, 0] = up_nonneg(macc[col, 0] + abs(E_val[q]))
         for q in range(P_ptr[p], P_ptr[p + 1]):
             col = P_idx[q]
-            nt = _touch_m(col, acc, s, touched, nt, macc) if on else _touch(col, acc, s, touched, nt)
-            _add(col, P_val[q], 0.0, abs(P_val[q]), acc)
+            nt = _touch_m(col, acc, s, touched, nt, macc) if on else touch(col, acc, s, touched, nt)
+            add_term(col, P_val[q], 0.0, abs(P_val[q]), acc)
             if on:
                 macc[col, 0] = up_nonneg(macc[col, 0] + abs(P_val[q]))
         a_row = att[i]
@@ -310,17 +144,17 @@ def residual(ids, attention, E, P, OE, OP, heads, scratch, stamp0, capacity, dep
                 tok = v_row[m, ids[i, j]]
                 for q in range(OE_ptr[tok], OE_ptr[tok + 1]):
                     col = OE_idx[q]
-                    nt = _touch_m(col, acc, s, touched, nt, macc) if on else _touch(col, acc, s, touched, nt)
+                    nt = _touch_m(col, acc, s, touched, nt, macc) if on else touch(col, acc, s, touched, nt)
                     pm, pr = mul_interval(wm, wr, OE_mid[q], OE_rad[q])
-                    _add(col, pm, pr, abs(pm), acc)
+                    add_term(col, pm, pr, abs(pm), acc)
                     if on:
                         macc[col, 1] = up_nonneg(macc[col, 1] + up_nonneg(w_hi * OE_mag[q]))
                 pos = m * npos + j
                 for q in range(OP_ptr[pos], OP_ptr[pos + 1]):
                     col = OP_idx[q]
-                    nt = _touch_m(col, acc, s, touched, nt, macc) if on else _touch(col, acc, s, touched, nt)
+                    nt = _touch_m(col, acc, s, touched, nt, macc) if on else touch(col, acc, s, touched, nt)
                     pm, pr = mul_interval(wm, wr, OP_mid[q], OP_rad[q])
-                    _add(col, pm, pr, abs(pm), acc)
+                    add_term(col, pm, pr, abs(pm), acc)
                     if on:
                         macc[col, 1] = up_nonneg(macc[col, 1] + up_nonneg(w_hi * OP_mag[q]))
         # A sum of terms (their products were rounded inside mul_interval): error <= γ_n Σ|mid_t|,
@@ -704,9 +538,9 @@ def logits(R_ptr, R_idx, R_mid, R_rad, UT_ptr, UT_idx, UT_val, Lacc, Ltouched, L
         for e in range(R_ptr[i], R_ptr[i + 1]):
             j = R_idx[e]
             for q in range(UT_ptr[j], UT_ptr[j + 1]):
-                sl, nt = _at(UT_idx[q], Lacc, s, Ltouched, nt, Lwhere)
+                sl, nt = slot(UT_idx[q], Lacc, s, Ltouched, nt, Lwhere)
                 m, a, b = prod_terms(R_mid[e], R_rad[e], UT_val[q])
-                _add(sl, m, a, b, Lacc)
+                add_term(sl, m, a, b, Lacc)
         for u in range(nt):
             r = entry_radius(Lacc[u, 2], Lacc[u, 3], int(Lacc[u, 4]))
             out_idx[e_out] = Ltouched[u]
@@ -951,9 +785,9 @@ def experts(pairs, scale, R, L, W1T, first, W2T, UT, V, valid, scratch, stamp0, 
                 if g >= hi_n:
                     break
                 loc = g - lo_n
-                nz = _touch(loc, zacc, s, ztouched, nz)
+                nz = touch(loc, zacc, s, ztouched, nz)
                 m, a, b = prod_terms(xm, xr, W1T_val[t])
-                _add(loc, m, a, b, zacc)
+                add_term(loc, m, a, b, zacc)
         # o = c·W_2·a: the reached neurons that are on, then the positive-bias neurons not reached
         ny = 0
         l1a = 0.0
@@ -987,9 +821,9 @@ def experts(pairs, scale, R, L, W1T, first, W2T, UT, V, valid, scratch, stamp0, 
                 am, ar = mul_interval(am, ar, cm[q], cr[q])
             for t in range(W2T_ptr[g], W2T_ptr[g + 1]):
                 j = W2T_idx[t]
-                ny = _touch(j, yacc, s, ytouched, ny)
+                ny = touch(j, yacc, s, ytouched, ny)
                 m, a, b = prod_terms(am, ar, W2T_val[t])
-                _add(j, m, a, b, yacc)
+                add_term(j, m, a, b, yacc)
         for t in range(pos_ptr[k], pos_ptr[k + 1]):
             g = pos_idx[t]
             loc = g - lo_n
@@ -1006,9 +840,9 @@ def experts(pairs, scale, R, L, W1T, first, W2T, UT, V, valid, scratch, stamp0, 
                 am, ar = mul_interval(am, ar, cm[q], cr[q])
             for u in range(W2T_ptr[g], W2T_ptr[g + 1]):
                 j = W2T_idx[u]
-                ny = _touch(j, yacc, s, ytouched, ny)
+                ny = touch(j, yacc, s, ytouched, ny)
                 m, a, b = prod_terms(am, ar, W2T_val[u])
-                _add(j, m, a, b, yacc)
+                add_term(j, m, a, b, yacc)
         if bad:
             err_lo[q], err_hi[q], pred[q], rho_lo[q], rho_hi[q] = 0.0, 1.0, -1, np.nan, np.nan
             undecided[q] = True
@@ -1019,8 +853,8 @@ def experts(pairs, scale, R, L, W1T, first, W2T, UT, V, valid, scratch, stamp0, 
             t = L_idx[e]
             if on and Lacc[t, 0] != s:
                 lmag[t] = 0.0
-            nt = _touch(t, Lacc, s, Ltouched, nt)
-            _add(t, L_mid[e], L_rad[e], abs(L_mid[e]), Lacc)
+            nt = touch(t, Lacc, s, Ltouched, nt)
+            add_term(t, L_mid[e], L_rad[e], abs(L_mid[e]), Lacc)
             if on:
                 lmag[t] = up_nonneg(lmag[t] + L_mag[e])
         cmax = up_nonneg(abs(cm[q]) + cr[q]) if scaled else 1.0
@@ -1039,9 +873,9 @@ def experts(pairs, scale, R, L, W1T, first, W2T, UT, V, valid, scratch, stamp0, 
                 tok = UT_idx[t]
                 if on and Lacc[tok, 0] != s:
                     lmag[tok] = 0.0
-                nt = _touch(tok, Lacc, s, Ltouched, nt)
+                nt = touch(tok, Lacc, s, Ltouched, nt)
                 m, a, b = prod_terms(om, orad, UT_val[t])
-                _add(tok, m, a, b, Lacc)
+                add_term(tok, m, a, b, Lacc)
                 if on:
                     lmag[tok] = up_nonneg(lmag[tok] + up_nonneg(a + b))
         if bad:
@@ -1234,7 +1068,7 @@ def ablated(rows, L, V, valid_ptr, valid, Lacc, Ltouched, vstamp, stamp0, deploy
         nt = 0
         for e in range(L_ptr[i], L_ptr[i + 1]):
             t = L_idx[e]
-            nt = _touch(t, Lacc, s, Ltouched, nt)
+            nt = touch(t, Lacc, s, Ltouched, nt)
             Lacc[t, 1] = L_mid[e]
             Lacc[t, 2] = L_rad[e] if not on else _deployed_logit(L_rad[e], L_mag[e], fp, rs_l[t], l1r[i], False)
         if target[i] >= 0:

@@ -46,7 +46,7 @@ import scipy.sparse as sp
 from layout import Weights
 from verifier.arithmetic import interval as I
 from verifier.arithmetic import kernels as K_
-from verifier.arithmetic import rounding
+from verifier.arithmetic import exponential, rounding
 from verifier.arithmetic import factored as F_
 from verifier.passes.batches import take_csr
 from verifier.passes.forward import (ACTIVE_SLOTS, LOGITS_PER_RUN, BatchResult, Prepared, _row_runs, _unique_rows,
@@ -177,7 +177,7 @@ class FactoredPass:
                              "shared_z": (np.zeros(width), np.zeros(width), np.zeros(width), np.zeros(width),
                                           np.zeros(width, bool)),
                              "v": np.zeros(V), "table": table, "watched": np.zeros(width, np.int64),
-                             "memo": np.full((4, F_.MEMO), np.nan),
+                             "memo": np.full((4, exponential.MEMO), np.nan),
                              "u": (np.zeros(d), np.zeros(d), np.zeros((d, 2)))}
         return self._scratch
 
