@@ -120,6 +120,17 @@ def test_every_exported_kernel_declares_types_numba_can_build():
         numba_type(k.returns)(*[numba_type(a) for a in k.args])
 
 
+def test_every_module_with_kernels_is_in_the_key():
+    """The extension's key hashes the sources of MODULES: a kernel defined in any other module
+    would be compiled into the extension without its source in the key (a changed file would
+    load a stale extension)."""
+    KERNELS.exported()
+    assert {k.__module__ for k in KERNELS.kernels} <= set(compiled.MODULES)
+    defining = {f"verifier.arithmetic.{p.stem}" for p in (ROOT / "verifier" / "arithmetic").glob("*.py")
+                if "@kernel(" in p.read_text(encoding="utf-8")}
+    assert defining == set(compiled.MODULES)
+
+
 # -- the same numbers in both forms --------------------------------------------------------
 
 def _bits(x):

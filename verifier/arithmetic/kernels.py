@@ -37,16 +37,9 @@ from verifier.arithmetic.compiled import kernel
 from verifier.arithmetic.accumulate import (ATTENTION, B1, CSR, F1, F2, HEADS, I1, I2, J1, J2, LOGITS, PART, add_term,
                                             entry_radius, mul_interval, prod_terms, slot, touch)
 from verifier.arithmetic.constants import FLOOR, U
+from verifier.arithmetic.deployed import DEPLOYED, KC, SM, widen, widen_logit, widen_output, widen_residual, zero_read
 from verifier.arithmetic.exponential import exp_lower, exp_upper
 from verifier.arithmetic.rounding import down, gamma, sum_factor, up, up_nonneg, up_one_plus
-
-# Positions in the deployed pass's constants array (verifier.passes.floating.KERNEL_CONSTANTS).
-KC_EMIN, KC_LARGEST, KC_RHO_H, KC_F_H, KC_K_VALUE, KC_RHO_G, KC_F_G, KC_RHO_Z, KC_F_Z, KC_RHO_O, KC_F_O, KC_RHO_SC, \
-    KC_F_SC, KC_RHO_Y, KC_F_Y, KC_RHO_L, KC_F_L = range(17)
-
-
-DEPLOYED = ("bool", F1, F1, F1, F1, F1, F1, F1)   # (deployed?, its stage constants)
-
 
 # --- the residual --------------------------------------------------------------------------------
 
@@ -165,7 +158,7 @@ def residual(ids, attention, E, P, OE, OP, heads, scratch, stamp0, capacity, dep
             n_ = int(acc[col, 4])
             r_ = entry_radius(acc[col, 2], acc[col, 3], n_) if n_ > 1 else acc[col, 2]
             if on:
-                r_ = _deployed_residual(r_, macc[col, 0], macc[col, 1], fp, rho_or[col], f_or[col],
+                r_ = widen_residual(r_, macc[col, 0], macc[col, 1], fp, rho_or[col], f_or[col],
                                         up_nonneg(rs_o[col] * zeta[i]), rs_o[col], row_extra[i])
             if not (np.isfinite(m_) and np.isfinite(r_)):
                 r_ = np.inf
@@ -175,24 +168,6 @@ def residual(ids, attention, E, P, OE, OP, heads, scratch, stamp0, capacity, dep
             e += 1
         out_ptr[i + 1] = e
     return out_ptr, out_idx[:e], out_mid[:e], out_rad[:e]
-
-
-@kernel()
-def _deployed_residual(r_, hm, vm, fp, rho_or, f_or, cv, rs_o, extra):
-    """A residual entry's radius in the deployed pass (verifier.passes.floating: Stages): the exact
-    enclosure of E + P + Σ â·(W_O W_V h) widened by ĥ's rounding (ρ_h·Σ|E|+|P|, plus its
-    floor), the value path's (K_value·Σ â_hi·|W_O||W_V||h|, plus the floors ``cv`` carried
-    through W_O) and the head outputs' and residual sum's (ρ_or times every term's
-    magnitude, plus its floor and the inputs-read-as-zero allowance); ∞ where a magnitude
-    may reach the format's largest value."""
-    rh, fh, kv = fp[KC_RHO_H], fp[KC_F_H], fp[KC_K_VALUE]
-    dev = up_nonneg(up_nonneg(up_nonneg(rh * hm) + fh) + up_nonneg(up_nonneg(kv * vm) + cv))
-    mag = up_nonneg(up_nonneg(up_nonneg(up_one_plus(rh) * hm) + fh) + up_nonneg(up_nonneg(up_one_plus(kv) * vm) + cv))
-    daz = up_nonneg(up_nonneg(2.0 * fp[KC_EMIN]) * rs_o)
-    r_ = up_nonneg(r_ + up_nonneg(up_nonneg(dev + up_nonneg(rho_or * mag)) + up_nonneg(up_nonneg(f_or + daz) + extra)))
-    if not (up_nonneg(up_one_plus(rho_or) * mag) < fp[KC_LARGEST]):
-        return np.inf
-    return r_
 
 
 # --- the gate ------------------------------------------------------------------------------------
@@ -265,7 +240,7 @@ def gate(R_ptr, R_idx, R_mid, R_rad, WG_ptr, WG_idx, WG_val, colmax, hot, bG, ma
     K = bG.size
     g = gamma(max_terms + 1)
     on, fp, rs_g = deployed
-    rel = fp[KC_RHO_G] if on else 0.0
+    rel = fp[KC.rho_g] if on else 0.0
     bmax = 0.0
     if on:
         for k in range(K):
@@ -408,8 +383,8 @@ def gate(R_ptr, R_idx, R_mid, R_rad, WG_ptr, WG_idx, WG_val, colmax, hot, bG, ma
             l1 = 0.0
             for e in range(R_ptr[i], R_ptr[i + 1]):
                 l1 = up_nonneg(l1 + up_nonneg(abs(R_mid[e]) + R_rad[e]))
-            r = up_nonneg(r + up_nonneg(up_nonneg(rel * bmax) + up_nonneg(fp[KC_F_G] + up_nonneg(up_nonneg(2.0 * fp[KC_EMIN]) * up_nonneg(l1 + rs_g)))))
-            if not (up_nonneg(up_one_plus(rel) * up_nonneg(big + r)) < fp[KC_LARGEST]):
+            r = up_nonneg(r + up_nonneg(up_nonneg(rel * bmax) + up_nonneg(fp[KC.f_g] + zero_read(fp, up_nonneg(l1 + rs_g)))))
+            if not (up_nonneg(up_one_plus(rel) * up_nonneg(big + r)) < fp[KC.largest]):
                 bad = True
         if bad or not np.isfinite(r):
             r = np.inf
@@ -625,10 +600,6 @@ def _error(nt, Ltouched, Lacc, V, vptr_lo, vptr_hi, valid, vstamp, s):
     return err_lo, err_hi, arg, rho_lo, rho_hi
 
 
-#: Positions in the output softmax's constants (verifier.passes.floating.softmax_constants).
-SM_REL, SM_TINY, SM_LO, SM_HI, SM_F_LO, SM_F_HI, SM_TAU = range(7)
-
-
 @kernel()
 def _error_deployed(nt, Ltouched, Lacc, V, vptr_lo, vptr_hi, valid, vstamp, s, sm):
     """Enclosure (lo, hi) of 1 − Σ_valid p̂ for the deployed pass (Lemma F2 of
@@ -662,7 +633,7 @@ def _error_deployed(nt, Ltouched, Lacc, V, vptr_lo, vptr_hi, valid, vstamp, s, s
         return 0.0, 1.0, arg
     if zeros > 0 and best < 0.0:
         arg = -1
-    rel, tiny, lo_f, hi_f = sm[SM_REL], sm[SM_TINY], sm[SM_LO], sm[SM_HI]
+    rel, tiny, lo_f, hi_f = sm[SM.rel], sm[SM.tiny], sm[SM.lo], sm[SM.hi]
     A_lo = 0.0
     A_hi = 0.0
     B_lo = 0.0
@@ -699,7 +670,7 @@ def _error_deployed(nt, Ltouched, Lacc, V, vptr_lo, vptr_hi, valid, vstamp, s, s
         r_lo = 0.0
     if not (r_hi <= 1.0):
         r_hi = 1.0
-    f_lo, f_hi, tau = sm[SM_F_LO], sm[SM_F_HI], sm[SM_TAU]
+    f_lo, f_hi, tau = sm[SM.f_lo], sm[SM.f_hi], sm[SM.tau]
     mass_lo = max(down(down(r_lo * f_lo) - tau), 0.0)
     total_hi = up(f_hi + tau)
     mass_hi = min(up(up(r_hi * f_hi) + tau), total_hi)
@@ -797,8 +768,8 @@ def experts(pairs, scale, R, L, W1T, first, W2T, UT, V, valid, scratch, stamp0, 
             zm = zacc[loc, 1] + b1[g]
             zr = up_nonneg(entry_radius(zacc[loc, 2], zacc[loc, 3], int(zacc[loc, 4])) + up_nonneg(U * abs(zm)))
             if on:
-                zr = _deployed_stage(zr, up_nonneg(up_nonneg(zacc[loc, 2] + zacc[loc, 3]) + abs(b1[g])), fp[KC_RHO_Z],
-                                     fp[KC_F_Z], up_nonneg(up_nonneg(2.0 * fp[KC_EMIN]) * up_nonneg(l1r[i] + rs_z[g])), fp[KC_LARGEST])
+                zr = widen(zr, up_nonneg(up_nonneg(zacc[loc, 2] + zacc[loc, 3]) + abs(b1[g])), fp[KC.rho_z],
+                                     fp[KC.f_z], zero_read(fp, up_nonneg(l1r[i] + rs_z[g])), fp[KC.largest])
             if not (np.isfinite(zm) and np.isfinite(zr)):
                 bad = True
                 continue
@@ -864,8 +835,8 @@ def experts(pairs, scale, R, L, W1T, first, W2T, UT, V, valid, scratch, stamp0, 
             om = yacc[j, 1]
             orad = entry_radius(yacc[j, 2], yacc[j, 3], int(yacc[j, 4]))
             if on:
-                orad = _deployed_output(orad, up_nonneg(yacc[j, 2] + yacc[j, 3]), fp, cmax,
-                                        up_nonneg(up_nonneg(2.0 * fp[KC_EMIN]) * up_nonneg(l1a + rs_2[j])))
+                orad = widen_output(orad, up_nonneg(yacc[j, 2] + yacc[j, 3]), fp, cmax,
+                                        zero_read(fp, up_nonneg(l1a + rs_2[j])))
                 l1o = up_nonneg(l1o + up_nonneg(abs(om) + orad))
             if not (np.isfinite(om) and np.isfinite(orad)):
                 bad = True
@@ -886,12 +857,12 @@ def experts(pairs, scale, R, L, W1T, first, W2T, UT, V, valid, scratch, stamp0, 
         # (deployed pass only: in the exact pass fp and l1r are one-element placeholders)
         l1y = 0.0
         if on:
-            l1y = up_nonneg(up_nonneg(up_one_plus(fp[KC_RHO_Y]) * up_nonneg(l1r[i] + l1o)) + up_nonneg((R_ptr[i + 1] - R_ptr[i] + ny) * fp[KC_F_Y]))
+            l1y = up_nonneg(up_nonneg(up_one_plus(fp[KC.rho_y]) * up_nonneg(l1r[i] + l1o)) + up_nonneg((R_ptr[i + 1] - R_ptr[i] + ny) * fp[KC.f_y]))
         for u in range(nt):
             t = Ltouched[u]
             Lacc[t, 2] = entry_radius(Lacc[t, 2], Lacc[t, 3], int(Lacc[t, 4]))   # column 2 becomes the radius
             if on:
-                Lacc[t, 2] = _deployed_logit(Lacc[t, 2], lmag[t], fp, rs_l[t], l1y, True)
+                Lacc[t, 2] = widen_logit(Lacc[t, 2], lmag[t], fp, rs_l[t], l1y, True)
         if on:
             for u in range(nt):
                 if not np.isfinite(Lacc[Ltouched[u], 2]):
@@ -903,37 +874,6 @@ def experts(pairs, scale, R, L, W1T, first, W2T, UT, V, valid, scratch, stamp0, 
             err_lo[q], err_hi[q], pred[q], rho_lo[q], rho_hi[q] = _error(nt, Ltouched, Lacc, V, valid_ptr[i],
                                                                          valid_ptr[i + 1], valid, vstamp, s)
     return err_lo, err_hi, pred, rho_lo, rho_hi, undecided
-
-
-@kernel()
-def _deployed_stage(rad, mag, rho, floor, daz, largest):
-    """``rad`` widened by a stage's rounding (ρ·mag, mag >= the stage's Σ|terms|), its floor
-    and its inputs-read-as-zero allowance; ∞ where the value may reach ``largest``."""
-    if not (up_nonneg(up_one_plus(rho) * mag) < largest):
-        return np.inf
-    return up_nonneg(rad + up_nonneg(up_nonneg(rho * mag) + up_nonneg(floor + daz)))
-
-
-@kernel()
-def _deployed_output(orad, mag, fp, cmax, daz):
-    """An expert output coordinate c·(W_2 a) in the deployed pass: the product's rounding
-    ρ_o relative to Σ|W_2||c·a| (``mag``), the gate scale's rounding ρ_sc on top, and the
-    product's floor and allowance scaled by |c| (``cmax``)."""
-    rho = up_nonneg(fp[KC_RHO_O] + up_nonneg(fp[KC_RHO_SC] * up_one_plus(fp[KC_RHO_O])))
-    absolute = up_nonneg(up_nonneg(up_nonneg(cmax * up_nonneg(fp[KC_F_O] + daz)) * up_one_plus(fp[KC_RHO_SC])) + fp[KC_F_SC])
-    return _deployed_stage(orad, mag, rho, absolute, 0.0, fp[KC_LARGEST])
-
-
-@kernel()
-def _deployed_logit(rad, mag, fp, rs_l, l1y, with_sum):
-    """A logit in the deployed pass: U·ŷ with ŷ = fl(r̂ + ô) (``with_sum``; ŷ = r̂ when the
-    expert's output is removed): the output sum's rounding ρ_y and the logits' ρ_l relative
-    to Σ|U_t||r̂| + Σ|U_t||ô| (``mag``), the sum's floor through U (row sum ``rs_l``), the
-    logits' floor and allowance."""
-    rho = up_nonneg(fp[KC_RHO_Y] + up_nonneg(fp[KC_RHO_L] * up_one_plus(fp[KC_RHO_Y]))) if with_sum else fp[KC_RHO_L]
-    sum_floor = up_nonneg(up_nonneg(rs_l * fp[KC_F_Y]) * up_one_plus(fp[KC_RHO_L])) if with_sum else 0.0
-    absolute = up_nonneg(up_nonneg(sum_floor + fp[KC_F_L]) + up_nonneg(up_nonneg(2.0 * fp[KC_EMIN]) * up_nonneg(l1y + rs_l)))
-    return _deployed_stage(rad, mag, rho, absolute, 0.0, fp[KC_LARGEST])
 
 
 @kernel()
@@ -1070,7 +1010,7 @@ def ablated(rows, L, V, valid_ptr, valid, Lacc, Ltouched, vstamp, stamp0, deploy
             t = L_idx[e]
             nt = touch(t, Lacc, s, Ltouched, nt)
             Lacc[t, 1] = L_mid[e]
-            Lacc[t, 2] = L_rad[e] if not on else _deployed_logit(L_rad[e], L_mag[e], fp, rs_l[t], l1r[i], False)
+            Lacc[t, 2] = L_rad[e] if not on else widen_logit(L_rad[e], L_mag[e], fp, rs_l[t], l1r[i], False)
         if target[i] >= 0:
             o = target[i]
             gap[q], zeros[q] = _top_gap(nt, Ltouched, Lacc, V, o)

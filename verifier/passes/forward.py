@@ -45,7 +45,8 @@ from verifier.arithmetic import kernels as K_
 from verifier.arithmetic import rounding
 from verifier.arithmetic.interval import SparseInterval, softmax_bounds
 from verifier.passes.batches import take_csr
-from verifier.passes.floating import KERNEL_CONSTANTS, Deployment, softmax_constants
+from verifier.arithmetic.deployed import KERNEL_CONSTANTS
+from verifier.passes.floating import Deployment, softmax_constants
 from verifier.passes.floating import softmax as deployed_softmax
 from verifier.passes.floating import stages as stages_of
 
