@@ -47,6 +47,7 @@ from layout import Weights
 from verifier.arithmetic import interval as I
 from verifier.arithmetic import kernels as K_
 from verifier.arithmetic import exponential, rounding
+from verifier.arithmetic import residual as residual_k
 from verifier.arithmetic import factored as F_
 from verifier.passes.batches import take_csr
 from verifier.passes.forward import (ACTIVE_SLOTS, LOGITS_PER_RUN, BatchResult, Prepared, _row_runs, _unique_rows,
@@ -266,10 +267,10 @@ def run_batch(fp: FactoredPass, tokens: np.ndarray, valid_ptr: np.ndarray, valid
     OE = (prep.OE.indptr, prep.OE.indices, prep.OE.mid, prep.OE.rad)
     OP = (prep.OP.indptr, prep.OP.indices, prep.OP.mid, prep.OP.rad)
     with np.errstate(invalid="ignore", over="ignore"):
-        S = F_.residual_part(np.ascontiguousarray(ids[first]), np.ascontiguousarray(own[first]), fp.diverse, True,
+        S = residual_k.residual_part(np.ascontiguousarray(ids[first]), np.ascontiguousarray(own[first]), fp.diverse, True,
                              (np.ascontiguousarray(att_c), am, ar), E, P, OE, OP, heads, sc["y"],
                              prep.stamps(first.size))
-        O = F_.residual_part(ids, own, fp.diverse, False, (att, am, ar), E, P, OE, OP, heads, sc["y"], prep.stamps(n))
+        O = residual_k.residual_part(ids, own, fp.diverse, False, (att, am, ar), E, P, OE, OP, heads, sc["y"], prep.stamps(n))
     order = np.argsort(cohort, kind="stable")
     K = len(w.experts)
     G = np.empty((n, K)) if scores else np.empty((1, 1))

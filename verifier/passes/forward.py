@@ -42,6 +42,7 @@ import scipy.sparse as sp
 from layout import Weights
 from verifier.arithmetic import interval as I
 from verifier.arithmetic import kernels as K_
+from verifier.arithmetic import residual as residual_k
 from verifier.arithmetic import rounding
 from verifier.arithmetic.interval import SparseInterval, softmax_bounds
 from verifier.passes.batches import take_csr
@@ -676,11 +677,11 @@ def residual(prep: Prepared, tokens: np.ndarray) -> SparseInterval:
     OE, OP = prep.OE, prep.OP
     npos = w.P.shape[0]
     (Ep, Ei, Ev), (Pp, Pi, Pv) = prep.E_arrays, prep.P_arrays
-    cap = K_.residual_bound(ids, Ep, Pp, OE.indptr, OP.indptr, H, prep.v_row, npos)
+    cap = residual_k.residual_bound(ids, Ep, Pp, OE.indptr, OP.indptr, H, prep.v_row, npos)
     yacc, ytouched = prep.scratch()["y"]
     stamp0 = prep.stamps(n)
     with np.errstate(invalid="ignore", over="ignore"):
-        ptr, idx, mid, rad = K_.residual(ids, (att, am, ar), (Ep, Ei, Ev), (Pp, Pi, Pv),
+        ptr, idx, mid, rad = residual_k.residual(ids, (att, am, ar), (Ep, Ei, Ev), (Pp, Pi, Pv),
                                         (OE.indptr, OE.indices, OE.mid, OE.rad), (OP.indptr, OP.indices, OP.mid, OP.rad),
                                         (H, prep.v_row, npos), (yacc, ytouched), stamp0, max(cap, 1),
                                         _residual_deployed(prep, ids, att, am, ar))
