@@ -338,8 +338,23 @@ def test_kernel_tables_round_up_like_the_functions():
         assert R.FACTOR[n] == R.sum_factor(n) == R.factor(n)
         assert R.SHRINK[n] == R.down(1.0 - R.gamma(n + 1)) == R.shrink(n)
         assert _F(R.SHRINK[n]) <= 1 - exact_g
+    for n in range(R.TABLE):                                  # every entry is the function's, to the bit
+        assert R.factor(n) == R.sum_factor(n) and R.shrink(n) == R.down(1.0 - R.gamma(n + 1))
     for n in (R.TABLE, R.TABLE + 1, 10 ** 6):                    # beyond the tables: the functions
         assert R.factor(n) == R.sum_factor(n) and R.shrink(n) == R.down(1.0 - R.gamma(n + 1))
+
+
+@SETTINGS
+@given(st.one_of(floats(-1074, 1000), st.sampled_from([0.0, -0.0, np.inf, -np.inf, np.nan])))
+def test_a_passes_steps_are_its_own(x):
+    """step_up and step_down are nextafter for the plain pass (quick None) and the two-flop
+    steps for the factored pass (QUICK), to the bit."""
+    from verifier.arithmetic import rounding as R
+
+    for v in (x, -x):
+        for got, want in ((R.step_up(v, None), R.up(v)), (R.step_down(v, None), R.down(v)),
+                          (R.step_up(v, R.QUICK), R.up_signed(v)), (R.step_down(v, R.QUICK), R.down_signed(v))):
+            assert got == want or (math.isnan(got) and math.isnan(want))
 
 
 def test_kernel_products_enclose():

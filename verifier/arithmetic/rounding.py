@@ -25,9 +25,11 @@ sound, and radii never become subnormal, whose arithmetic is many times slower.
 makes a bound; but each pass keeps its own, so that its floats are its own: the plain pass
 (:mod:`verifier.passes.forward`) steps a value of either sign with :func:`up` and
 :func:`down`, the factored pass (:mod:`verifier.passes.factored`) with :func:`up_signed`
-and :func:`down_signed`. A kernel function both passes run takes the steps as arguments
-(``up_`` and ``down_``: numba compiles it once for each pair, each call as direct as a call of
-the step itself).
+and :func:`down_signed`. A kernel function both passes run takes an argument ``quick``:
+None (the plain pass) or :data:`QUICK` (the factored pass), and steps with :func:`step_up`
+and :func:`step_down`. Which step that is, is decided when numba compiles the function for
+the argument's type (None or not), so each pass's compiled code calls its own steps
+directly, with no test at run time.
 
 *Rounding factors.* :func:`gamma` bounds γ_n = n·u/(1 − n·u) and :func:`sum_factor` is
 c_n = up(1 + 2γ_n) (Lemma 1 of :mod:`verifier.arithmetic.interval`); :func:`factor` and
@@ -96,6 +98,29 @@ def up_signed(x):
 def down_signed(x):
     """At least the next float below x, for any x: −up_signed(−x)."""
     return -up_signed(-x)
+
+
+#: The ``quick`` argument that makes :func:`step_up` and :func:`step_down` the two-flop steps
+#: (None: nextafter).
+QUICK = True
+
+
+@kernel()
+def step_up(x, quick):
+    """At least the next float above x: :func:`up` (nextafter) when ``quick`` is None, else
+    :func:`up_signed` (two flops; the module docstring: which steps a kernel takes)."""
+    if quick is None:
+        return up(x)
+    return up_signed(x)
+
+
+@kernel()
+def step_down(x, quick):
+    """At least the next float below x: :func:`down` (nextafter) when ``quick`` is None, else
+    :func:`down_signed` (two flops)."""
+    if quick is None:
+        return down(x)
+    return down_signed(x)
 
 
 # --- rounding factors -----------------------------------------------------------------------------

@@ -47,6 +47,7 @@ from layout import Weights
 from verifier.arithmetic import interval as I
 from verifier.arithmetic import kernels as K_
 from verifier.arithmetic import exponential, rounding
+from verifier.arithmetic import gate as gate_k
 from verifier.arithmetic import residual as residual_k
 from verifier.arithmetic import factored as F_
 from verifier.passes.batches import take_csr
@@ -276,7 +277,7 @@ def run_batch(fp: FactoredPass, tokens: np.ndarray, valid_ptr: np.ndarray, valid
     G = np.empty((n, K)) if scores else np.empty((1, 1))
     gmid, gstamp, gtouched = sc["g"]
     with np.errstate(invalid="ignore", over="ignore"):
-        e, margin, Grad, top, top_lo, top_hi, cand_row, cand = F_.gate_parts(
+        e, margin, Grad, top, top_lo, top_hi, cand_row, cand = gate_k.gate_parts(
             S, O, cohort, order, prep.WGT_arrays, prep.wg_colmax, np.asarray(w.b_G, np.float64), prep.wg_max_terms,
             gmid, gstamp, gtouched, prep.stamps(n), G, scores)
     per_row = np.bincount(cand_row, minlength=n)

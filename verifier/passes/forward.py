@@ -42,6 +42,7 @@ import scipy.sparse as sp
 from layout import Weights
 from verifier.arithmetic import interval as I
 from verifier.arithmetic import kernels as K_
+from verifier.arithmetic import gate as gate_k
 from verifier.arithmetic import residual as residual_k
 from verifier.arithmetic import rounding
 from verifier.arithmetic.interval import SparseInterval, softmax_bounds
@@ -759,7 +760,7 @@ def gate_decisions(prep: Prepared, R: SparseInterval, scores: bool):
     with np.errstate(invalid="ignore", over="ignore"):
         D = prep.deployed
         deployed = (True, D.fp, D.stages.rs_g) if D is not None else (False, np.zeros(1), 0.0)
-        out = K_.gate(R.indptr, R.indices, R.mid, R.rad, *prep.WGT_arrays, prep.wg_colmax, prep.wg_hot,
+        out = gate_k.gate(R.indptr, R.indices, R.mid, R.rad, *prep.WGT_arrays, prep.wg_colmax, prep.wg_hot,
                       np.asarray(prep.weights.b_G, np.float64), prep.wg_max_terms,
                       gmid, gstamp, gtouched, prep.stamps(n), G, scores, deployed)
     return (*out, G if scores else None)
