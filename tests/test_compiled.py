@@ -20,7 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from budget import examples
-from verifier.arithmetic import compiled, kernels, rounding
+from verifier.arithmetic import compiled, logits, rounding
 from verifier.arithmetic.compiled import KERNELS, Kernel, Kernels, matches, numba_type
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -115,7 +115,8 @@ def test_the_declared_types_reject_what_the_extension_would_misread():
 def test_every_exported_kernel_declares_types_numba_can_build():
     exported = KERNELS.exported()
     names = {k.export_name for k in exported}
-    assert {"rounding___probe", "rounding__up", "kernels__experts", "factored__experts_parts", "factored__ablated_parts"} <= names
+    assert {"rounding___probe", "rounding__up", "experts__experts", "experts__experts_parts", "logits__ablated_parts",
+            "residual__residual_part", "gate__gate"} <= names
     for k in exported:
         numba_type(k.returns)(*[numba_type(a) for a in k.args])
 
@@ -180,8 +181,8 @@ def test_a_call_that_does_not_fit_runs_just_in_time():
     rows = np.array([0, 2, 3], np.int64)
     idx = np.array([0, 1, 1], np.int64)
     ut = np.array([0, 1, 3], np.int64)
-    expected = kernels.logits_bound(rows, idx, ut)
-    k = kernels.logits_bound
+    expected = logits.logits_bound(rows, idx, ut)
+    k = logits.logits_bound
     saved = k._aot
 
     def refuse(*args):
@@ -459,7 +460,7 @@ def test_a_process_waiting_on_a_stuck_build_gives_up_with_one_line_and_runs_just
     with _StuckBuilder(tmp_path, name) as holder:
         capsys.readouterr()
         assert _probe_of(reg)(1.0, 2.0) == (2.0, 3.0)
-        assert np.array_equal(by_name["logits_bound"](rows, idx, ut), kernels.logits_bound(rows, idx, ut))
+        assert np.array_equal(by_name["logits_bound"](rows, idx, ut), logits.logits_bound(rows, idx, ut))
         lines = capsys.readouterr().err.splitlines()
         assert reg.module is False and reg.jit_state == "ok"         # ran just in time
         assert len(lines) == 1, lines

@@ -301,7 +301,8 @@ def test_dense_and_compact_accumulators_hold_the_same_sums(rows):
     """The plain pass keeps a row's sums at each column's own index (dense), the factored pass
     in slots (compact); the kernel functions both run take either (accumulate.place): the same
     columns in the same order with bitwise the same sums, row after row."""
-    from verifier.arithmetic.accumulate import interval_terms, product_terms
+    from verifier.arithmetic.accumulate import product_terms
+    from verifier.arithmetic.logits import logit_terms
 
     n = 10
     dense, d_touched = np.zeros((n, 5)), np.zeros(n, np.int64)
@@ -312,8 +313,9 @@ def test_dense_and_compact_accumulators_hold_the_same_sums(rows):
         idx = np.array([c for c, _, _ in terms], np.int64)
         mid = np.array([m for _, m, _ in terms])
         rad = np.array([x for _, _, x in terms])
-        nd = interval_terms(ptr, idx, mid, rad, 0, dense, s, d_touched, 0, None)
-        nc = interval_terms(ptr, idx, mid, rad, 0, compact, s, c_touched, 0, where)
+        rows_ = (ptr, idx, mid, rad, rad)                 # logit rows: (ptr, idx, mid, rad, magnitude)
+        nd = logit_terms(rows_, 0, dense, s, d_touched, 0, None, None)
+        nc = logit_terms(rows_, 0, compact, s, c_touched, 0, where, None)
         nd = product_terms(ptr, idx, mid, 0, 1.5, 0.25, dense, s, d_touched, nd, None)
         nc = product_terms(ptr, idx, mid, 0, 1.5, 0.25, compact, s, c_touched, nc, where)
         assert nd == nc == len(set(idx.tolist()))

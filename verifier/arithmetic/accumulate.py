@@ -38,7 +38,8 @@ list ``touched`` of the columns a query row reached, in the order first touched.
 
 The sums are the same operations in the same order in either layout: only where they are
 kept changes. :func:`place` is either, as its ``where`` says (None: dense), so that one
-kernel function serves both (numba compiles it once for each).
+kernel function serves both (numba compiles it once for each); :func:`row_of` finds a
+column's row in either.
 
 *Rows handed back.* A stage returns its rows as CSR arrays (ptr, idx, mid, rad) made with
 :func:`new_rows`, :func:`put` and :func:`trimmed`; the declared types of the exported
@@ -161,22 +162,21 @@ def slot_of(col, acc, s, touched, where):
 
 
 @kernel()
+def row_of(col, acc, s, touched, where):
+    """Column ``col``'s accumulator row for stamp ``s``, or −1 if it has none: dense when
+    ``where`` is None, else compact (:func:`slot_of`)."""
+    if where is None:
+        return col if acc[col, 0] == s else -1
+    return slot_of(col, acc, s, touched, where)
+
+
+@kernel()
 def place(col, acc, s, touched, nt, where):
     """(accumulator row of column ``col`` for stamp ``s``, touched count), the row started if
     new: dense when ``where`` is None (the row is col's own), else compact (:func:`slot`)."""
     if where is None:
         return col, touch(col, acc, s, touched, nt)
     return slot(col, acc, s, touched, nt, where)
-
-
-@kernel()
-def interval_terms(ptr, idx, mid, rad, row, acc, s, touched, nt, where):
-    """Row ``row`` of enclosed intervals (CSR: ptr, idx, mid, rad) added to the accumulator,
-    each entry as one term (midpoint m, radius ρ, magnitude |m|); returns the touched count."""
-    for e in range(ptr[row], ptr[row + 1]):
-        u, nt = place(idx[e], acc, s, touched, nt, where)
-        add_term(u, mid[e], rad[e], abs(mid[e]), acc)
-    return nt
 
 
 @kernel()

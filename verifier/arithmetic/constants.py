@@ -1,6 +1,6 @@
 """The arithmetic's constants, one definition for the numpy code and the compiled kernels.
 
-:mod:`verifier.arithmetic.interval` (numpy) and :mod:`verifier.arithmetic.kernels` (numba) compute the same
+:mod:`verifier.arithmetic.interval` (numpy) and the compiled kernels (numba) compute the same
 enclosures with the same arithmetic model; every constant either uses is defined here, so
 the two cannot drift apart (``tests/test_interval.py`` checks each constant against exact
 arithmetic, and that the two implementations enclose alike).

@@ -170,6 +170,28 @@ def _summed(acc, u):
     return acc[u, 1], (entry_radius(acc[u, 2], acc[u, 3], n_) if n_ > 1 else acc[u, 2])
 
 
+@kernel()
+def _row(i, ids, attention, E, P, OE, OP, heads, acc, touched, s, out, e, dep):
+    """Row i of :func:`residual` (every term, a dense accumulator) into the rows ``out`` from
+    their entry ``e``; ``dep`` (the deployed pass; None: the exact one) = :func:`residual`'s
+    ``deployed`` but its first. Returns the row's end."""
+    if dep is None:
+        nt = _shared_terms(i, ids, None, None, attention, E, P, OE, OP, heads, acc, s, touched, None, None, None, None)
+    else:
+        nt = _shared_terms(i, ids, None, None, attention, E, P, OE, OP, heads, acc, s, touched, None, dep[1], dep[2],
+                           dep[3])
+    for u in range(nt):
+        col = touched[u]
+        m_, r_ = _summed(acc, col)
+        if dep is not None:
+            fp, macc_, _, _, rho_or, f_or, zeta, rs_o, row_extra = dep
+            r_ = widen_residual(r_, macc_[col, 0], macc_[col, 1], fp, rho_or[col], f_or[col],
+                                up_nonneg(rs_o[col] * zeta[i]), rs_o[col], row_extra[i])
+        e = put(out, e, col, m_, r_)
+    out[0][i + 1] = e
+    return e
+
+
 # --- the kernels -------------------------------------------------------------------------------------
 
 
@@ -196,26 +218,14 @@ def residual(ids, attention, E, P, OE, OP, heads, scratch, stamp0, capacity, dep
     entry whose magnitude may reach the format's largest value makes the row undecided.
     """
     acc, touched = scratch
-    on, fp, macc, OE_mag, OP_mag, rho_or, f_or, zeta, rs_o, row_extra = deployed
     n = ids.shape[0]
     out = new_rows(n, capacity)
     e = 0
     for i in range(n):
-        s = stamp0 + i
-        if on:
-            nt = _shared_terms(i, ids, None, None, attention, E, P, OE, OP, heads, acc, s, touched, None, macc,
-                               OE_mag, OP_mag)
+        if deployed[0]:
+            e = _row(i, ids, attention, E, P, OE, OP, heads, acc, touched, stamp0 + i, out, e, deployed[1:])
         else:
-            nt = _shared_terms(i, ids, None, None, attention, E, P, OE, OP, heads, acc, s, touched, None, None,
-                               OE_mag, OP_mag)
-        for u in range(nt):
-            col = touched[u]
-            m_, r_ = _summed(acc, col)
-            if on:
-                r_ = widen_residual(r_, macc[col, 0], macc[col, 1], fp, rho_or[col], f_or[col],
-                                    up_nonneg(rs_o[col] * zeta[i]), rs_o[col], row_extra[i])
-            e = put(out, e, col, m_, r_)
-        out[0][i + 1] = e
+            e = _row(i, ids, attention, E, P, OE, OP, heads, acc, touched, stamp0 + i, out, e, None)
     return trimmed(out, e)
 
 

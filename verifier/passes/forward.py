@@ -6,21 +6,21 @@ certified margin, and the error 1 − P(valid) of the next-token distribution, f
 model and for the model with the routed expert's output removed (ablation). The
 equations are those of :mod:`layout`; the arithmetic is :mod:`verifier.arithmetic.interval`
 (mid-radius, every radius rounded upward, enclosed exp), carried out per row by the
-compiled kernels of :mod:`verifier.arithmetic.kernels`.
+compiled kernels of :mod:`verifier.arithmetic`, one module per stage.
 
 Stages of :func:`run_batch`:
 
 1. **Attention** (numpy): per head, the score intervals and softmax enclosures, once per
    distinct row of token classes (rows whose tokens have identical projections share
    them); every head and position in the same array operations.
-2. **Residual** (:func:`verifier.arithmetic.kernels.residual`): E[x_p] + P[p] + each head's value
+2. **Residual** (:func:`verifier.arithmetic.residual.residual`): E[x_p] + P[p] + each head's value
    rows scaled by its attention intervals, summed per entry.
-3. **Gate** (:func:`verifier.arithmetic.kernels.gate`): scores and one radius per row; the routed
+3. **Gate** (:func:`verifier.arithmetic.gate.gate`): scores and one radius per row; the routed
    expert, the certified margin, and every expert that may still win.
-4. **Experts and error** (:func:`verifier.arithmetic.kernels.experts`): for each (row, expert that
+4. **Experts and error** (:func:`verifier.arithmetic.experts.experts`): for each (row, expert that
    may win), W_1·r + b_1, ReLU, y = r + c·W_2·a, the logits U·y and the error enclosure;
    the reported enclosure is the worst over the experts that may win.
-5. **Ablation** (:func:`verifier.arithmetic.kernels.ablated`): the error of softmax(U·r), and
+5. **Ablation** (:func:`verifier.arithmetic.logits.ablated`): the error of softmax(U·r), and
    for a row with a target token o (an object query's object) a lower bound of
    max_{t != o} z_t − z_o over z = U·r (the localization check's L2) and a lower end of
    1 − P(o) for o alone (its L1).
@@ -41,8 +41,9 @@ import scipy.sparse as sp
 
 from layout import Weights
 from verifier.arithmetic import interval as I
-from verifier.arithmetic import kernels as K_
+from verifier.arithmetic import experts as experts_k
 from verifier.arithmetic import gate as gate_k
+from verifier.arithmetic import logits as logits_k
 from verifier.arithmetic import residual as residual_k
 from verifier.arithmetic import rounding
 from verifier.arithmetic.interval import SparseInterval, softmax_bounds
@@ -68,7 +69,7 @@ class BatchResult:
     top_gate: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None  # (n, 3) experts, lower, upper ends
     candidates: tuple[np.ndarray, np.ndarray] | None = None  # CSR (ptr, experts): the experts that may win each row
     #: enclosure of the probability one token of logit exactly 0 has, with the routed expert
-    #: (rho) and with it removed (ablated_rho); NaN where not computed (kernels._error)
+    #: (rho) and with it removed (ablated_rho); NaN where not computed (logits.error_enclosure)
     rho_lo: np.ndarray | None = None
     rho_hi: np.ndarray | None = None
     ablated_rho_lo: np.ndarray | None = None
@@ -148,7 +149,7 @@ class _RowTable:
 
 #: Tokens per chunk when the per-token head projections are computed.
 TOKEN_CHUNK = 1 << 16
-#: A residual direction read by at least this many rows of W_G is "hot" (kernels.gate).
+#: A residual direction read by at least this many rows of W_G is "hot" (gate.gate).
 HOT_READERS = 16
 
 
@@ -321,7 +322,7 @@ class Prepared:
         self.P_arrays = _csr_arrays(I.as_csr(weights.P))
         # The gate and the unembedding as CSR arrays over the residual directions.
         self.UT_arrays = _csr_arrays(weights.U.T.tocsr())
-        #: U by token (the ablation's top-token gap compares two rows: kernels._pair_gap)
+        #: U by token (the ablation's top-token gap compares two rows: logits._pair_gap)
         self.U_arrays = _csr_arrays(weights.U) if deployment is None else _csr_arrays(sp.csr_matrix((0, d)))
         self.WGT_arrays = _csr_arrays(weights.W_G.T.tocsr())
         WG = I.as_csr(weights.W_G)
@@ -329,7 +330,7 @@ class Prepared:
         self.wg_colmax = np.zeros(d)
         np.maximum.at(self.wg_colmax, WG.indices, np.abs(WG.data))
         self.wg_max_terms = max(int(np.diff(WG.indptr).max(initial=1)), int(gate_terms))
-        # columns read by many experts: their part of the gate scores is shared by rows (kernels.gate)
+        # columns read by many experts: their part of the gate scores is shared by rows (gate.gate)
         self.wg_hot = np.diff(self.WGT_arrays[0]) >= HOT_READERS
         # All experts side by side for the kernels: neuron g of expert k is global neuron
         # off[k] + g; W_1^T rows list (global neuron, weight) sorted by neuron.
@@ -380,8 +381,8 @@ class Prepared:
                 raise ValueError(f"{V} tokens: the logits' slot map holds 32-bit slots")
             K = len(self.weights.experts)
             self._scratch = {"z": spa(w), "y": spa(max(d, 1)), "L": spa(max(V, 1)),
-                             # the slot map of kernels.logits, which keeps its sums compactly in "L"
-                             # (kernels._at; stamps are never reused, so the two layouts share it safely)
+                             # the slot map of logits.logits, which keeps its sums compactly in "L"
+                             # (accumulate.slot; stamps are never reused, so the two layouts share it safely)
                              "Lw": np.zeros(max(V, 1), np.int32),
                              "m": np.zeros((max(d, 1), 2)), "lm": np.zeros(max(self.vocab_size, V, 1)),
                              "g": (np.zeros(K), np.full(K, -1.0), np.zeros(K, np.int64)),
@@ -668,7 +669,7 @@ def residual(prep: Prepared, tokens: np.ndarray) -> SparseInterval:
     """r at the last position for rows of ``tokens`` (n x p, weights' ids), enclosed.
 
     r = E[x_p] + P[p] + Σ_m (head m's output), each entry a sum of terms with a rounding
-    bound (:func:`verifier.arithmetic.kernels.residual`).
+    bound (:func:`verifier.arithmetic.residual.residual`).
     """
     w = prep.weights
     n, p = tokens.shape
@@ -752,7 +753,7 @@ def _row_runs(bound: np.ndarray, limit: int) -> list[tuple[int, int]]:
 
 
 def gate_decisions(prep: Prepared, R: SparseInterval, scores: bool):
-    """The gate's decisions (:func:`verifier.arithmetic.kernels.gate`): winner, margin, radius per row,
+    """The gate's decisions (:func:`verifier.arithmetic.gate.gate`): winner, margin, radius per row,
     top three, the experts that may win (CSR), and the (n, K) midpoints if ``scores``."""
     n, K = R.shape[0], len(prep.weights.experts)
     G = np.empty((n, K)) if scores else np.empty((1, 1))
@@ -845,19 +846,19 @@ def run_batch(prep: Prepared | Weights, tokens: np.ndarray, valid_ptr: np.ndarra
     undecided_rows = np.zeros(n, bool)
     UT_ptr, UT_idx, UT_val = prep.UT_arrays
     # U·r for a run of rows at a time, so that memory stays bounded for any unembedding
-    bound = K_.logits_bound(R.indptr, R.indices, UT_ptr)
+    bound = logits_k.logits_bound(R.indptr, R.indices, UT_ptr)
     for a, b in _row_runs(bound, LOGITS_PER_RUN):
         Rc = R if (a, b) == (0, n) else R.rows(np.arange(a, b))
         vp, vv = take_csr(vptr, vals, np.arange(a, b))
         with np.errstate(invalid="ignore", over="ignore"):
-            L = K_.logits(Rc.indptr, Rc.indices, Rc.mid, Rc.rad, UT_ptr, UT_idx, UT_val, *sc["L"], sc["Lw"],
+            L = logits_k.logits(Rc.indptr, Rc.indices, Rc.mid, Rc.rad, UT_ptr, UT_idx, UT_val, *sc["L"], sc["Lw"],
                           prep.stamps(b - a), max(int(bound[a:b].sum()), 1))
             deployed = _experts_deployed(prep, Rc, sc)
             sel = (pair_rows >= a) & (pair_rows < b)
             n_sel = int(sel.sum())
             act = np.full((n_sel, R_ACT + 1), -1, np.int64)
             act[:, R_ACT] = 0
-            lo, hi, pred, r_lo, r_hi, pair_bad = K_.experts(
+            lo, hi, pred, r_lo, r_hi, pair_bad = experts_k.experts(
                 ((pair_rows[sel] - a).astype(np.int64), pair_experts[sel].astype(np.int64)),
                 (np.ascontiguousarray(cm[sel]), np.ascontiguousarray(cr[sel])),
                 (Rc.indptr, Rc.indices, Rc.mid, Rc.rad), L, prep.W1T, (prep.off, prep.b1, prep.pos_ptr, prep.pos_idx),
@@ -880,7 +881,7 @@ def run_batch(prep: Prepared | Weights, tokens: np.ndarray, valid_ptr: np.ndarra
             ab = np.flatnonzero(ablate[a:b])
             if ab.size:
                 (ab_lo[a + ab], ab_hi[a + ab], ab_rho_lo[a + ab], ab_rho_hi[a + ab], ab_gap[a + ab],
-                 ab_zeros[a + ab], ab_obj[a + ab]) = K_.ablated(ab.astype(np.int64), L, V, vp, vv, *sc["L"], sc["v"],
+                 ab_zeros[a + ab], ab_obj[a + ab]) = logits_k.ablated(ab.astype(np.int64), L, V, vp, vv, *sc["L"], sc["v"],
                                                                prep.stamps(2 * ab.size), deployed, target[a:b],
                                                 (Rc.indptr, Rc.indices, Rc.mid, Rc.rad), prep.U_arrays, sc["u"])
     undecided = ~np.isfinite(Grad) | undecided_rows     # the gate cannot say which expert wins
