@@ -120,7 +120,7 @@ def diverse_heads(weights: Weights, entities: np.ndarray) -> tuple[bool, ...]:
 
 class FactoredPass:
     """The exact certified pass of some weights, factored over cohorts (the pass protocol of
-    :class:`verifier.running.runner.Pass`): built on :class:`Prepared`'s tables, with
+    :class:`verifier.passes.protocol.Pass`): built on :class:`Prepared`'s tables, with
     ``split`` the full weights'. Weights in gate mode "top1-scaled" and the deployed pass
     run :class:`Prepared`'s plain pass."""
 

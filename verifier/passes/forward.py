@@ -364,7 +364,7 @@ class Prepared:
                   ablate: np.ndarray | None = None, scores: bool = True,
                   target: np.ndarray | None = None) -> "BatchResult":
         """The certified pass over a batch (:func:`run_batch`): the pass protocol of
-        :class:`verifier.running.runner.Pass`, which the deployed pass of a format shares."""
+        :class:`verifier.passes.protocol.Pass`, which the deployed pass of a format shares."""
         return run_batch(self, tokens, valid_ptr, valid, ablate=ablate, scores=scores, target=target)
 
     def scratch(self):
