@@ -1,5 +1,5 @@
 """The cluster workers' warm-up (workflow.warming) loads every compiled kernel a run uses,
-in either form (verifier.arithmetic.compiled): the extension, or numba's JIT dispatchers."""
+in either form (verifier.arithmetic.kernel_forms): the extension, or numba's JIT dispatchers."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ import json, sys
 from construction.model import build
 from tasks.io import load_tasks
 from tasks.synthetic import wikidata_like
-from verifier.arithmetic.compiled import KERNELS
+from verifier.arithmetic.kernel_forms import KERNELS
 from verifier.checks.verify import verify
 from verifier.passes.floating import Deployment
 from verifier.running.parallel import LocalPool

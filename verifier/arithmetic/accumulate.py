@@ -50,11 +50,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from verifier.arithmetic.compiled import kernel
+from verifier.arithmetic.kernel_forms import kernel
 from verifier.arithmetic.constants import FLOOR, U
 from verifier.arithmetic.rounding import FACTOR, GAMMA1, TABLE, gamma, sum_factor, up_nonneg
 
-# The declared types of the kernels called from Python (verifier.arithmetic.compiled.Spec):
+# The declared types of the kernels called from Python (verifier.arithmetic.kernel_forms.Spec):
 # each exported ahead of time with exactly these; a call of other types runs just in time.
 I1, I2, F1, F2, F3, B1, B2, J1, J2 = "i64[1]", "i64[2]", "f64[1]", "f64[2]", "f64[3]", "bool[1]", "bool[2]", "i32[1]", "i32[2]"
 CSR = (I1, I1, F1)                  # a sparse matrix: (indptr, indices, values)

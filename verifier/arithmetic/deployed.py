@@ -19,7 +19,7 @@ from collections import namedtuple
 import numpy as np
 
 from verifier.arithmetic.accumulate import F1
-from verifier.arithmetic.compiled import kernel
+from verifier.arithmetic.kernel_forms import kernel
 from verifier.arithmetic.rounding import up_nonneg, up_one_plus
 
 #: The stages' scalars the kernels receive (``fp``, an array in this order): attributes of

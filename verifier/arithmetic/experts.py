@@ -35,7 +35,7 @@ import numpy as np
 
 from verifier.arithmetic.accumulate import (ACC, B1, CSR, F1, F2, I1, I2, LOGITS, PART, add_term, entry_radius,
                                             lower_bound, mul_interval, place, prod_terms, product_terms, row_of)
-from verifier.arithmetic.compiled import kernel
+from verifier.arithmetic.kernel_forms import kernel
 from verifier.arithmetic.constants import U
 from verifier.arithmetic.deployed import DEPLOYED, KC, widen, widen_logit, zero_read
 from verifier.arithmetic.logits import (TABLE_ARRAYS, cohort_table, error_enclosure, error_enclosure_deployed,

@@ -16,7 +16,7 @@ import math
 
 import numpy as np
 
-from verifier.arithmetic.compiled import kernel
+from verifier.arithmetic.kernel_forms import kernel
 from verifier.arithmetic.constants import EXP_MAX, EXP_MIN, HORNER_ERR, INV_LN2, LN2_HI, LN2_LO, TINY
 from verifier.arithmetic.constants import TAYLOR as _TAYLOR
 from verifier.arithmetic.rounding import down, up

@@ -39,7 +39,7 @@ import math
 import numpy as np
 
 from verifier.arithmetic.accumulate import B1, CSR, F1, F2, I1, I2, PART, grow
-from verifier.arithmetic.compiled import kernel
+from verifier.arithmetic.kernel_forms import kernel
 from verifier.arithmetic.constants import FLOOR, U
 from verifier.arithmetic.deployed import KC, zero_read
 from verifier.arithmetic.rounding import QUICK, factor, gamma, step_down, step_up, up_nonneg, up_one_plus

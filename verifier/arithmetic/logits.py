@@ -37,7 +37,7 @@ import numpy as np
 from verifier.arithmetic.accumulate import (ACC, CSR, F1, F2, I1, J1, LOGITS, PART, add_term, entry_radius,
                                             lower_bound, new_rows, place, prod_terms, product_terms, put, row_of,
                                             trimmed)
-from verifier.arithmetic.compiled import kernel
+from verifier.arithmetic.kernel_forms import kernel
 from verifier.arithmetic.deployed import DEPLOYED, SM, widen_logit, widen_output, zero_read
 from verifier.arithmetic.exponential import exp_memo
 from verifier.arithmetic.rounding import QUICK, factor, shrink, step_down, step_up, up_nonneg

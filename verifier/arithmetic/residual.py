@@ -34,7 +34,7 @@ import numpy as np
 
 from verifier.arithmetic.accumulate import (ACC, ATTENTION, B1, B2, CSR, F1, F2, HEADS, I1, I2, J2, PART, add_term,
                                             entry_radius, mul_interval, new_rows, place, put, room, trimmed)
-from verifier.arithmetic.compiled import kernel
+from verifier.arithmetic.kernel_forms import kernel
 from verifier.arithmetic.deployed import widen_residual
 from verifier.arithmetic.rounding import up_nonneg
 

@@ -38,7 +38,7 @@ with the same operations, so a table's value is the function's to the bit.
 
 *The probe.* Compilation is numba's (LLVM) without fast-math, so IEEE semantics are kept;
 :func:`check` verifies round-to-nearest and gradual underflow inside compiled code, in every
-form a process runs (ahead of time, just in time: :mod:`verifier.arithmetic.compiled`), as
+form a process runs (ahead of time, just in time: :mod:`verifier.arithmetic.kernel_forms`), as
 :func:`verifier.arithmetic.interval.check_platform` does for numpy and scipy.
 """
 
@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from verifier.arithmetic.compiled import KERNELS, kernel
+from verifier.arithmetic.kernel_forms import KERNELS, kernel
 from verifier.arithmetic.constants import ETA, FLOOR, STEP, U
 
 #: 1 − 2^-52: a negative number times it moves toward zero by at least one unit in the last place.

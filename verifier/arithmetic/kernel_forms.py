@@ -1,6 +1,7 @@
-"""How the row kernels run: compiled ahead of time once, with numba's JIT as the fallback.
+"""The kernels' two forms: compiled ahead of time once, with numba's JIT as the fallback.
 
-The kernels (:mod:`.kernels`, :mod:`.factored`) are written for numba's nopython mode.
+The kernels (``@kernel``, this module's decorator: :data:`MODULES` lists the modules that
+define them) are written for numba's nopython mode.
 Compiled just in time, every process pays numba's start-up before its first kernel call:
 importing numba, building its typing and target registries, loading each kernel from
 numba's on-disk cache (some 0.5 s on the 2-core machine, a fifth of a 100k-fact check).
