@@ -56,7 +56,8 @@ from verifier.arithmetic.rounding import FACTOR, GAMMA1, TABLE, gamma, sum_facto
 
 # The declared types of the kernels called from Python (verifier.arithmetic.kernel_forms.Spec):
 # each exported ahead of time with exactly these; a call of other types runs just in time.
-I1, I2, F1, F2, F3, B1, B2, J1, J2 = "i64[1]", "i64[2]", "f64[1]", "f64[2]", "f64[3]", "bool[1]", "bool[2]", "i32[1]", "i32[2]"
+I1, I2, F1, F2, F3 = "i64[1]", "i64[2]", "f64[1]", "f64[2]", "f64[3]"
+B1, B2, J1, J2 = "bool[1]", "bool[2]", "i32[1]", "i32[2]"
 CSR = (I1, I1, F1)                  # a sparse matrix: (indptr, indices, values)
 PART = (I1, I1, F1, F1)             # rows of intervals: (indptr, indices, mid, rad)
 LOGITS = (I1, I1, F1, F1, F1)       # logit rows: (indptr, indices, mid, rad, magnitude)

@@ -383,7 +383,8 @@ def gate(R_ptr, R_idx, R_mid, R_rad, WG_ptr, WG_idx, WG_val, colmax, hot, bG, ma
             l1 = 0.0
             for e in range(R_ptr[i], R_ptr[i + 1]):
                 l1 = up_nonneg(l1 + up_nonneg(abs(R_mid[e]) + R_rad[e]))
-            r = up_nonneg(r + up_nonneg(up_nonneg(rel * bmax) + up_nonneg(fp[KC.f_g] + zero_read(fp, up_nonneg(l1 + rs_g)))))
+            r = up_nonneg(r + up_nonneg(up_nonneg(rel * bmax)
+                                        + up_nonneg(fp[KC.f_g] + zero_read(fp, up_nonneg(l1 + rs_g)))))
             if not (up_nonneg(up_one_plus(rel) * up_nonneg(big + r)) < fp[KC.largest]):
                 bad = True
         if bad or not np.isfinite(r):

@@ -39,8 +39,8 @@ from verifier.arithmetic.accumulate import (ACC, CSR, F1, F2, I1, J1, LOGITS, PA
                                             trimmed)
 from verifier.arithmetic.kernel_forms import kernel
 from verifier.arithmetic.deployed import DEPLOYED, SM, widen_logit, widen_output, zero_read
-from verifier.arithmetic.exponential import exp_memo
-from verifier.arithmetic.rounding import QUICK, factor, shrink, step_down, step_up, up_nonneg
+from verifier.arithmetic.exponential import exp_lower, exp_memo, exp_upper
+from verifier.arithmetic.rounding import QUICK, down, factor, shrink, step_down, step_up, up, up_nonneg
 
 # The declared type of a cohort's logit table (error_enclosure_parts).
 TABLE_ARRAYS = (I1, F1, F1, F1, F1, I1, I1, I1, I1)
@@ -86,6 +86,21 @@ def logits(R_ptr, R_idx, R_mid, R_rad, UT_ptr, UT_idx, UT_val, Lacc, Ltouched, L
 
 
 @kernel()
+def _logit_term(t, m, a, b, mag, Lacc, s, Ltouched, nt, Lwhere, dep):
+    """A term (midpoint m, A-term a, B-term b) of token t's logit into the accumulator; in the
+    deployed pass (``dep``, as :func:`logit_terms` takes it) also ``mag`` into the token's
+    magnitude (0 when the token is new). Returns the touched count."""
+    if dep is not None:
+        if Lacc[t, 0] != s:
+            dep[6][t] = 0.0
+    u, nt = place(t, Lacc, s, Ltouched, nt, Lwhere)
+    add_term(u, m, a, b, Lacc)
+    if dep is not None:
+        dep[6][t] = up_nonneg(dep[6][t] + mag)
+    return nt
+
+
+@kernel()
 def logit_terms(L, row, Lacc, s, Ltouched, nt, Lwhere, dep):
     """Row ``row`` of the logits U·r (:func:`logits`' rows) into a logit accumulator, one
     interval term per token; in the deployed pass (``dep``: the arrays of
@@ -94,14 +109,7 @@ def logit_terms(L, row, Lacc, s, Ltouched, nt, Lwhere, dep):
     Returns the touched count."""
     L_ptr, L_idx, L_mid, L_rad, L_mag = L
     for e in range(L_ptr[row], L_ptr[row + 1]):
-        t = L_idx[e]
-        if dep is not None:
-            if Lacc[t, 0] != s:
-                dep[6][t] = 0.0
-        u, nt = place(t, Lacc, s, Ltouched, nt, Lwhere)
-        add_term(u, L_mid[e], L_rad[e], abs(L_mid[e]), Lacc)
-        if dep is not None:
-            dep[6][t] = up_nonneg(dep[6][t] + L_mag[e])
+        nt = _logit_term(L_idx[e], L_mid[e], L_rad[e], abs(L_mid[e]), L_mag[e], Lacc, s, Ltouched, nt, Lwhere, dep)
     return nt
 
 
@@ -125,20 +133,14 @@ def output_logits(UT, y, ny, Lacc, s, Ltouched, nt, Lwhere, dep, cmax, l1a):
         orad = entry_radius(yacc[v, 2], yacc[v, 3], int(yacc[v, 4]))
         if dep is not None:
             fp, rs_2 = dep[0], dep[3]
-            orad = widen_output(orad, up_nonneg(yacc[v, 2] + yacc[v, 3]), fp, cmax, zero_read(fp, up_nonneg(l1a + rs_2[j])))
+            orad = widen_output(orad, up_nonneg(yacc[v, 2] + yacc[v, 3]), fp, cmax,
+                                zero_read(fp, up_nonneg(l1a + rs_2[j])))
             l1o = up_nonneg(l1o + up_nonneg(abs(om) + orad))
         if not (np.isfinite(om) and np.isfinite(orad)):
             bad = True
         for t in range(UT_ptr[j], UT_ptr[j + 1]):
-            tok = UT_idx[t]
-            if dep is not None:
-                if Lacc[tok, 0] != s:
-                    dep[6][tok] = 0.0
-            w, nt = place(tok, Lacc, s, Ltouched, nt, Lwhere)
             m, a, b = prod_terms(om, orad, UT_val[t])
-            add_term(w, m, a, b, Lacc)
-            if dep is not None:
-                dep[6][tok] = up_nonneg(dep[6][tok] + up_nonneg(a + b))
+            nt = _logit_term(UT_idx[t], m, a, b, up_nonneg(a + b), Lacc, s, Ltouched, nt, Lwhere, dep)
     return nt, bad, l1o
 
 
@@ -278,9 +280,9 @@ def _deployed_exp(lo, hi, Mhi, c, sm):
     """Bounds of a deployed exp of a logit in [lo, hi] (Lemma F2): relative to the common shift
     c, widened by the shift's rounding θ = rel·(M_hi − lo) + tiny and the exp's and its
     stores' factors."""
-    theta = up_nonneg(up_nonneg(sm[SM.rel] * step_up(Mhi - lo, None)) + sm[SM.tiny])
-    e_lo = max(step_down(exp_memo(step_down(step_down(lo - theta, None) - c, None), None, -1.0) * sm[SM.lo], None), 0.0)
-    e_hi = step_up(exp_memo(step_up(step_up(hi + theta, None) - c, None), None, 1.0) * sm[SM.hi], None)
+    theta = up_nonneg(up_nonneg(sm[SM.rel] * up(Mhi - lo)) + sm[SM.tiny])
+    e_lo = max(down(exp_lower(down(down(lo - theta) - c)) * sm[SM.lo]), 0.0)
+    e_hi = up(exp_upper(up(up(hi + theta) - c)) * sm[SM.hi])
     return e_lo, e_hi
 
 
@@ -303,7 +305,7 @@ def error_enclosure_deployed(nt, Ltouched, Lacc, V, vptr_lo, vptr_hi, valid, vst
         m_, r_ = Lacc[t, 1], Lacc[t, 2]
         if not (np.isfinite(m_) and np.isfinite(r_)):
             bad = True
-        Mhi = max(Mhi, step_up(m_ + r_, None))
+        Mhi = max(Mhi, up(m_ + r_))
         c = max(c, m_)
         if m_ > best:
             best = m_
@@ -315,17 +317,16 @@ def error_enclosure_deployed(nt, Ltouched, Lacc, V, vptr_lo, vptr_hi, valid, vst
     sums = (0.0, 0.0, 0.0, 0.0, 0, 0)
     for u in range(nt):
         t = Ltouched[u]
-        e_lo, e_hi = _deployed_exp(step_down(Lacc[t, 1] - Lacc[t, 2], None), step_up(Lacc[t, 1] + Lacc[t, 2], None),
-                                   Mhi, c, sm)
+        e_lo, e_hi = _deployed_exp(down(Lacc[t, 1] - Lacc[t, 2]), up(Lacc[t, 1] + Lacc[t, 2]), Mhi, c, sm)
         sums = _tally(sums, vstamp[t] == s, e_lo, e_hi)
     z_lo, z_hi = _deployed_exp(0.0, 0.0, Mhi, c, sm)
     B_lo, B_hi, A_lo, A_hi = _widened(sums, nt + 1, zeros, n_valid, z_lo, z_hi, None)
     r_lo, r_hi = _ratio(A_lo, A_hi, B_lo, B_hi, None)
     f_lo, f_hi, tau = sm[SM.f_lo], sm[SM.f_hi], sm[SM.tau]
-    mass_lo = max(step_down(step_down(r_lo * f_lo, None) - tau, None), 0.0)
-    total_hi = step_up(f_hi + tau, None)
-    mass_hi = min(step_up(step_up(r_hi * f_hi, None) + tau, None), total_hi)
-    return step_down(1.0 - mass_hi, None), min(step_up(1.0 - mass_lo, None), 1.0), arg
+    mass_lo = max(down(down(r_lo * f_lo) - tau), 0.0)
+    total_hi = up(f_hi + tau)
+    mass_hi = min(up(up(r_hi * f_hi) + tau), total_hi)
+    return down(1.0 - mass_hi), min(up(1.0 - mass_lo), 1.0), arg
 
 
 # --- the factored pass's: a cohort's logits, and the error from them and a row's --------------------------
@@ -590,10 +591,10 @@ def _top_gap(nt, Ltouched, Lacc, V, o):
         if not (np.isfinite(m) and np.isfinite(r)):
             return -np.inf, V - nt
         if t == o:
-            hi_o = step_up(m + r, None)
+            hi_o = up(m + r)
             touched_o = True
         else:
-            lo = step_down(m - r, None)
+            lo = down(m - r)
             if lo > best:
                 best = lo
     zeros = V - nt - (0 if touched_o else 1)
