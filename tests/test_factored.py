@@ -302,7 +302,7 @@ def test_dense_and_compact_accumulators_hold_the_same_sums(rows):
     in slots (compact); the kernel functions both run take either (accumulate.place): the same
     columns in the same order with bitwise the same sums, row after row."""
     from verifier.arithmetic.accumulate import product_terms
-    from verifier.arithmetic.logits import logit_terms
+    from verifier.arithmetic.logits import row_logits
 
     n = 10
     dense, d_touched = np.zeros((n, 5)), np.zeros(n, np.int64)
@@ -314,8 +314,10 @@ def test_dense_and_compact_accumulators_hold_the_same_sums(rows):
         mid = np.array([m for _, m, _ in terms])
         rad = np.array([x for _, _, x in terms])
         rows_ = (ptr, idx, mid, rad, rad)                 # logit rows: (ptr, idx, mid, rad, magnitude)
-        nd = logit_terms(rows_, 0, dense, s, d_touched, 0, None, None)
-        nc = logit_terms(rows_, 0, compact, s, c_touched, 0, where, None)
+        no_y = (np.zeros((1, 5)), np.zeros(1, np.int64), None)
+        UT = (np.zeros(1, np.int64), np.zeros(0, np.int64), np.zeros(0))
+        nd = row_logits(rows_, 0, UT, no_y, 0, dense, s, d_touched, None, None, 1.0, 0.0)[0]
+        nc = row_logits(rows_, 0, UT, no_y, 0, compact, s, c_touched, where, None, 1.0, 0.0)[0]
         nd = product_terms(ptr, idx, mid, 0, 1.5, 0.25, dense, s, d_touched, nd, None)
         nc = product_terms(ptr, idx, mid, 0, 1.5, 0.25, compact, s, c_touched, nc, where)
         assert nd == nc == len(set(idx.tolist()))

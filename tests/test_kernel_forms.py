@@ -9,6 +9,7 @@ build that fails, a file that does not load, a probe that fails) runs just in ti
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -128,7 +129,7 @@ def test_every_module_with_kernels_is_in_the_key():
     KERNELS.exported()
     assert {k.__module__ for k in KERNELS.kernels} <= set(kernel_forms.MODULES)
     defining = {f"verifier.arithmetic.{p.stem}" for p in (ROOT / "verifier" / "arithmetic").glob("*.py")
-                if "@kernel(" in p.read_text(encoding="utf-8")}
+                if re.search(r"^@kernel\(", p.read_text(encoding="utf-8"), re.M)}
     assert defining == set(kernel_forms.MODULES)
 
 
@@ -391,6 +392,44 @@ def test_the_machines_troubles_run_just_in_time_without_a_traceback(monkeypatch,
 def test_an_exported_kernel_takes_no_numba_options():
     with pytest.raises(TypeError, match="options"):
         kernel_forms.kernel(args=("f64",), returns="f64", inline="always")
+    with pytest.raises(TypeError, match="options"):
+        kernel_forms.kernel(args=("f64",), returns="f64", borrows=True)
+
+
+def test_a_borrowing_kernel_can_neither_make_nor_return_an_array(monkeypatch, tmp_path):
+    """A helper compiled without reference counting (``borrows=True``) must not hand its
+    caller an array (the caller would release a reference it was never given): its dispatcher
+    refuses to compile such a signature, called from Python or from compiled code; making an
+    array there does not compile either. One that reads and writes its arrays compiles."""
+    monkeypatch.setenv("MOE_KERNELS", "jit")
+    reg = Kernels(dirs=[tmp_path])
+
+    def returns(a):
+        return a
+
+    def returns_in_a_tuple(a):
+        return 1.0, a[:1]
+
+    def makes(n):
+        return np.empty(n).size
+
+    def writes(a, v):
+        a[0] = v
+        return a.size
+
+    for f, args in ((returns, (np.ones(3),)), (returns_in_a_tuple, (np.ones(3),)), (makes, (3,))):
+        k = Kernel(f, reg, {"_nrt": False})
+        with pytest.raises(Exception, match="borrows|empty"):
+            k(*args)
+    k = Kernel(writes, reg, {"_nrt": False})
+    a = np.zeros(2)
+    assert k(a, 2.5) == 2 and a[0] == 2.5
+    borrower = Kernel(returns, reg, {"_nrt": False})
+
+    def calls(a):
+        return borrower(a).size
+    with pytest.raises(Exception, match="borrows"):
+        Kernel(calls, reg, {})(np.ones(3))
 
 
 # -- another process's build: waiting for it, and what a killed one leaves -------------------

@@ -69,7 +69,7 @@ ACC = (F2, I1, J1)                  # a compact accumulator: (acc, touched, wher
 # --- one entry's sums ----------------------------------------------------------------------------
 
 
-@kernel()
+@kernel(borrows=True)
 def entry_radius(A, B, n):
     """Radius of an entry of n terms from its accumulated A and B (module docstring)."""
     if n == 0:
@@ -82,14 +82,14 @@ def entry_radius(A, B, n):
     return r
 
 
-@kernel()
+@kernel(borrows=True)
 def prod_terms(xm, xr, w):
     """(mid, A-term, B-term) of the product of an interval [xm ± xr] and an exact float w."""
     aw = abs(w)
     return xm * w, up_nonneg(xr * aw), up_nonneg(abs(xm) * aw)
 
 
-@kernel()
+@kernel(borrows=True)
 def mul_interval(am, ar, bm, br):
     """[am ± ar]·[bm ± br]: midpoint fl(am·bm) and a radius that covers the product's rounding."""
     m = am * bm
@@ -104,7 +104,7 @@ def mul_interval(am, ar, bm, br):
 # --- accumulators --------------------------------------------------------------------------------
 
 
-@kernel()
+@kernel(borrows=True)
 def start(acc, u, s):
     """Accumulator row ``u`` begun for stamp ``s``: no terms yet."""
     acc[u, 0] = s
@@ -114,7 +114,7 @@ def start(acc, u, s):
     acc[u, 4] = 0.0
 
 
-@kernel()
+@kernel(borrows=True)
 def add_term(u, m, a, b, acc):
     """A term (midpoint m, A-term a, B-term b) added to accumulator row ``u``."""
     acc[u, 1] += m
@@ -123,7 +123,7 @@ def add_term(u, m, a, b, acc):
     acc[u, 4] += 1.0
 
 
-@kernel()
+@kernel(borrows=True)
 def touch(col, acc, s, touched, nt):
     """Dense: start column ``col``'s row of the accumulator for stamp ``s`` if it is new;
     return the touched count."""
@@ -134,7 +134,7 @@ def touch(col, acc, s, touched, nt):
     return nt
 
 
-@kernel()
+@kernel(borrows=True)
 def slot(col, acc, s, touched, nt, where):
     """Compact: (slot of column ``col`` for stamp ``s``, count of slots): the slot
     ``where[col]`` if it is col's for this stamp, else the next free one, started (a new slot nt).
@@ -153,7 +153,7 @@ def slot(col, acc, s, touched, nt, where):
     return nt, nt + 1
 
 
-@kernel()
+@kernel(borrows=True)
 def slot_of(col, acc, s, touched, where):
     """Compact: column ``col``'s slot for stamp ``s``, or −1 if it has none (:func:`slot`)."""
     u = where[col]
@@ -162,7 +162,7 @@ def slot_of(col, acc, s, touched, where):
     return -1
 
 
-@kernel()
+@kernel(borrows=True)
 def row_of(col, acc, s, touched, where):
     """Column ``col``'s accumulator row for stamp ``s``, or −1 if it has none: dense when
     ``where`` is None, else compact (:func:`slot_of`)."""
@@ -171,7 +171,7 @@ def row_of(col, acc, s, touched, where):
     return slot_of(col, acc, s, touched, where)
 
 
-@kernel()
+@kernel(borrows=True)
 def place(col, acc, s, touched, nt, where):
     """(accumulator row of column ``col`` for stamp ``s``, touched count), the row started if
     new: dense when ``where`` is None (the row is col's own), else compact (:func:`slot`)."""
@@ -180,7 +180,7 @@ def place(col, acc, s, touched, nt, where):
     return slot(col, acc, s, touched, nt, where)
 
 
-@kernel()
+@kernel(borrows=True)
 def product_terms(ptr, idx, val, row, xm, xr, acc, s, touched, nt, where):
     """[xm ± xr] times row ``row`` of an exact matrix (CSR: ptr, idx, val) added to the
     accumulator, a product term per entry; returns the touched count."""
@@ -194,7 +194,7 @@ def product_terms(ptr, idx, val, row, xm, xr, acc, s, touched, nt, where):
 # --- sorted indices --------------------------------------------------------------------------------
 
 
-@kernel()
+@kernel(borrows=True)
 def lower_bound(a, lo, hi, x):
     """The first position in ``a[lo:hi]`` (sorted) holding a value >= x (hi if none)."""
     while lo < hi:
@@ -234,7 +234,7 @@ def room(out, need):
     return ptr, grow(idx, need), grow(mid, need), grow(rad, need)
 
 
-@kernel()
+@kernel(borrows=True)
 def put(out, e, col, m, r):
     """Entry ``e`` of the rows ``out``: column ``col``, [m ± r] (an infinite radius where m or r
     is not finite); returns e + 1."""

@@ -41,7 +41,7 @@ SM = namedtuple("SoftmaxConstantPositions", SOFTMAX_CONSTANTS)(*range(len(SOFTMA
 DEPLOYED = ("bool", F1, F1, F1, F1, F1, F1, F1)
 
 
-@kernel()
+@kernel(borrows=True)
 def zero_read(fp, l1):
     """The allowance for inputs read as zero, 2·e_min·l1, for a stage whose inputs and
     weights sum to at most ``l1`` in magnitude."""
@@ -57,7 +57,7 @@ def widen(rad, mag, rho, floor, daz, largest):
     return up_nonneg(rad + up_nonneg(up_nonneg(rho * mag) + up_nonneg(floor + daz)))
 
 
-@kernel()
+@kernel(borrows=True)
 def widen_residual(r_, hm, vm, fp, rho_or, f_or, cv, rs_o, extra):
     """A residual entry's radius in the deployed pass: the exact enclosure of
     E + P + Σ â·(W_O W_V h) widened by ĥ's rounding (ρ_h·Σ|E|+|P|, plus its floor), the
@@ -75,7 +75,7 @@ def widen_residual(r_, hm, vm, fp, rho_or, f_or, cv, rs_o, extra):
     return r_
 
 
-@kernel()
+@kernel(borrows=True)
 def widen_output(orad, mag, fp, cmax, daz):
     """An expert output coordinate c·(W_2 a) in the deployed pass: the product's rounding
     ρ_o relative to Σ|W_2||c·a| (``mag``), the gate scale's rounding ρ_sc on top, and the
@@ -86,7 +86,7 @@ def widen_output(orad, mag, fp, cmax, daz):
     return widen(orad, mag, rho, absolute, 0.0, fp[KC.largest])
 
 
-@kernel()
+@kernel(borrows=True)
 def widen_logit(rad, mag, fp, rs_l, l1y, with_sum):
     """A logit in the deployed pass: U·ŷ with ŷ = fl(r̂ + ô) (``with_sum``; ŷ = r̂ when the
     expert's output is removed): the output sum's rounding ρ_y and the logits' ρ_l relative

@@ -10,7 +10,7 @@ terms and read y from it (each entry a sum of terms, :mod:`verifier.arithmetic.a
 **The one-layer readout, fused.** The logits are U·y = U·r + U·o: U·r is enclosed once per
 row (:func:`verifier.arithmetic.logits.logits`), shared by the ablation and every expert that
 may win, so the kernels here do not form y: per (row, expert) pair they apply the expert,
-add U·o to the row's U·r (:func:`verifier.arithmetic.logits.output_logits`) and read the
+add U·o to the row's U·r (:func:`verifier.arithmetic.logits.row_logits`) and read the
 output softmax's error from the logits, in one pass over the pair's accumulators.
 
 * :func:`experts` (the plain pass): each pair from scratch, in dense accumulators, stepping
@@ -20,7 +20,7 @@ output softmax's error from the logits, in one pass over the pair's accumulators
 * :func:`experts_parts` (the factored pass): per (cohort, expert) once, the expert applied to
   the cohort's shared part s_c (:func:`expert_output` again, keeping each neuron's z and
   activity) and the shared logits; per pair only what the row's own part o_i changes
-  (:func:`_own_output`), in compact accumulators, with the two-flop steps.
+  (:func:`_own_pairs`), in compact accumulators, with the two-flop steps.
 
 *Layers.* A stack of layers would apply, per layer, residual → gate → experts to its rows
 (:mod:`verifier.arithmetic.residual`, :mod:`verifier.arithmetic.gate`, :func:`expert_output`
@@ -39,7 +39,7 @@ from verifier.arithmetic.kernel_forms import kernel
 from verifier.arithmetic.constants import U
 from verifier.arithmetic.deployed import DEPLOYED, KC, widen, widen_logit, zero_read
 from verifier.arithmetic.logits import (TABLE_ARRAYS, cohort_table, error_enclosure, error_enclosure_deployed,
-                                        error_enclosure_parts, logit_terms, output_logits, position, to_radii)
+                                        error_enclosure_parts, position, row_logits, to_radii)
 from verifier.arithmetic.rounding import QUICK, step_down, step_up, up_nonneg, up_one_plus
 
 # The declared type of the factored kernel's work arrays (experts_parts).
@@ -49,7 +49,7 @@ SCRATCH = (*ACC, F1, F1, F1, F1, B1, *ACC, *ACC, *ACC, F1, TABLE_ARRAYS, I1, F2)
 # --- one expert on one row ---------------------------------------------------------------------------
 
 
-@kernel()
+@kernel(borrows=True)
 def _z_terms(X, row, W1T, lo_n, hi_n, zacc, s, ztouched, nz, zwhere):
     """W_1 x for row ``row`` of residual rows X (CSR: ptr, idx, mid, rad) over the neurons
     lo_n..hi_n − 1 (one expert's; W1T: W_1^T as CSR, each row sorted by neuron), as product
@@ -92,7 +92,7 @@ def _activity(zm, zr, quick):
     return am, max(step_up(a_hi - am, quick), step_up(am - a_lo, quick)), a_hi
 
 
-@kernel()
+@kernel(borrows=True)
 def _record(lst, g):
     """Neuron g appended to ``lst``, whose last entry counts the neurons recorded (more than
     its room: counted, not listed)."""
@@ -103,7 +103,7 @@ def _record(lst, g):
     lst[room] = c + 1
 
 
-@kernel()
+@kernel(borrows=True)
 def expert_output(X, row, k, scale, first, W1T, W2T, z, y, s, watch, rec, keep, dep, quick):
     """Expert k applied to row ``row`` of residual rows X (CSR: ptr, idx, mid, rad): its output
     o = c·W_2·ReLU(W_1 x + b_1) into the y accumulator ``y`` = (acc, touched, where), stamp s,
@@ -180,45 +180,47 @@ def _pair_outputs(P):
 # --- the plain pass ----------------------------------------------------------------------------------
 
 
-@kernel()
-def _fused(i, k, cm, cr, R, L, net, V, valid, scratch, s, watch, rec, dep):
-    """One pair of :func:`experts`: expert k applied to residual row i (:func:`expert_output`),
-    U·o added to the row's U·r, and the error read from the logits. ``dep`` (the deployed
-    pass; None: the exact one): the arrays of :func:`experts`' ``deployed`` but its first
-    (constants, the output softmax's, the row sums of W_1, W_2 and U, each row's Σ|r̂|, the
-    logits' magnitudes). Returns (err_lo, err_hi, argmax, rho_lo, rho_hi, undecided)."""
+@kernel(borrows=True)
+def _fused_pairs(rows, experts_of, cm, cr, R, L, net, V, valid, scratch, stamp0, watch, active, out, dep):
+    """The pairs of :func:`experts` (its arguments), each pair q: expert ``experts_of[q]``
+    applied to residual row ``rows[q]`` (:func:`expert_output`), U·o added to the row's U·r,
+    and the error read from the logits, into row q of ``out``: (err_lo, err_hi, argmax,
+    rho_lo, rho_hi, undecided). ``dep`` (the deployed pass; None: the exact one): the arrays
+    of :func:`experts`' ``deployed`` but its first (constants, the output softmax's, the row
+    sums of W_1, W_2 and U, each row's Σ|r̂|, the logits' magnitudes)."""
     W1T, first, W2T, UT = net
     valid_ptr, valid_ = valid
     zacc, ztouched, yacc, ytouched, Lacc, Ltouched, vstamp = scratch
-    y = (yacc, ytouched, None)
-    ny, bad, l1a = expert_output(R, i, k, (cm, cr), first, W1T, W2T, (zacc, ztouched, None), y, s, watch, rec, None,
-                                 dep, None)
-    if bad:
-        return 0.0, 1.0, -1, np.nan, np.nan, True
-    # logits: U·r (one interval term per token) plus U·o (product terms)
-    nt = logit_terms(L, i, Lacc, s, Ltouched, 0, None, dep)
-    cmax = up_nonneg(abs(cm) + cr) if (cr != 0.0 or cm != 1.0) else 1.0
-    nt, bad, l1o = output_logits(UT, y, ny, Lacc, s, Ltouched, nt, None, dep, cmax, l1a)
-    if bad:
-        return 0.0, 1.0, -1, np.nan, np.nan, True
-    to_radii(Lacc, Ltouched, nt, None)
-    if dep is None:
-        lo, hi, arg, rho_lo, rho_hi = error_enclosure(nt, Ltouched, Lacc, V, valid_ptr[i], valid_ptr[i + 1], valid_,
-                                                      vstamp, s)
-        return lo, hi, arg, rho_lo, rho_hi, False
-    # the output sum y = r + o and its logits: ||ŷ||_1 <= (1 + ρ_y)(||r̂||_1 + ||ô||_1) + (its entries)·floor
-    fp, sm, rs_l, l1r, lmag = dep[0], dep[1], dep[4], dep[5], dep[6]
+    err_lo, err_hi, pred, rho_lo, rho_hi, undecided = out
     R_ptr = R[0]
-    l1y = up_nonneg(up_nonneg(up_one_plus(fp[KC.rho_y]) * up_nonneg(l1r[i] + l1o))
-                    + up_nonneg((R_ptr[i + 1] - R_ptr[i] + ny) * fp[KC.f_y]))
-    undecided = False
-    for u in range(nt):
-        t = Ltouched[u]
-        Lacc[t, 2] = widen_logit(Lacc[t, 2], lmag[t], fp, rs_l[t], l1y, True)
-        if not np.isfinite(Lacc[t, 2]):
-            undecided = True
-    lo, hi, arg = error_enclosure_deployed(nt, Ltouched, Lacc, V, valid_ptr[i], valid_ptr[i + 1], valid_, vstamp, s, sm)
-    return lo, hi, arg, np.nan, np.nan, undecided
+    y = (yacc, ytouched, None)
+    for q in range(rows.size):
+        i, s = rows[q], stamp0 + q
+        ny, bad, l1a = expert_output(R, i, experts_of[q], (cm[q], cr[q]), first, W1T, W2T, (zacc, ztouched, None), y,
+                                     s, watch, active[q], None, dep, None)
+        if not bad:                                    # logits: U·r (interval terms) plus U·o (product terms)
+            cmax = up_nonneg(abs(cm[q]) + cr[q]) if (cr[q] != 0.0 or cm[q] != 1.0) else 1.0
+            nt, bad, l1o = row_logits(L, i, UT, y, ny, Lacc, s, Ltouched, None, dep, cmax, l1a)
+        if bad:
+            err_lo[q], err_hi[q], pred[q], rho_lo[q], rho_hi[q], undecided[q] = 0.0, 1.0, -1, np.nan, np.nan, True
+            continue
+        to_radii(Lacc, Ltouched, nt, None)
+        if dep is None:
+            err_lo[q], err_hi[q], pred[q], rho_lo[q], rho_hi[q] = error_enclosure(
+                nt, Ltouched, Lacc, V, valid_ptr[i], valid_ptr[i + 1], valid_, vstamp, s)
+            continue
+        # the output sum y = r + o and its logits: ||ŷ||_1 <= (1 + ρ_y)(||r̂||_1 + ||ô||_1) + (its entries)·floor
+        fp, sm, rs_l, l1r, lmag = dep[0], dep[1], dep[4], dep[5], dep[6]
+        l1y = up_nonneg(up_nonneg(up_one_plus(fp[KC.rho_y]) * up_nonneg(l1r[i] + l1o))
+                        + up_nonneg((R_ptr[i + 1] - R_ptr[i] + ny) * fp[KC.f_y]))
+        for u in range(nt):
+            t = Ltouched[u]
+            Lacc[t, 2] = widen_logit(Lacc[t, 2], lmag[t], fp, rs_l[t], l1y, True)
+            if not np.isfinite(Lacc[t, 2]):
+                undecided[q] = True
+        err_lo[q], err_hi[q], pred[q] = error_enclosure_deployed(nt, Ltouched, Lacc, V, valid_ptr[i], valid_ptr[i + 1],
+                                                                 valid_, vstamp, s, sm)
+        rho_lo[q], rho_hi[q] = np.nan, np.nan
 
 
 @kernel(args=((I1, I1), (F1, F1), PART, LOGITS, CSR, (I1, F1, I1, I1), CSR, CSR, "i64", (I1, I1),
@@ -253,87 +255,95 @@ def experts(pairs, scale, R, L, W1T, first, W2T, UT, V, valid, scratch, stamp0, 
     """
     rows, experts_of = pairs
     cm, cr = scale
-    on = deployed[0]
     net = (W1T, first, W2T, UT)
-    P = rows.size
-    out = _pair_outputs(P) + (np.zeros(P, np.bool_),)
-    for q in range(P):
-        i, k = rows[q], experts_of[q]
-        if on:
-            r = _fused(i, k, cm[q], cr[q], R, L, net, V, valid, scratch, stamp0 + q, watch, active[q], deployed[1:])
-        else:
-            r = _fused(i, k, cm[q], cr[q], R, L, net, V, valid, scratch, stamp0 + q, watch, active[q], None)
-        out[0][q], out[1][q], out[2][q], out[3][q], out[4][q], out[5][q] = r
+    out = _pair_outputs(rows.size) + (np.zeros(rows.size, np.bool_),)
+    if deployed[0]:
+        _fused_pairs(rows, experts_of, cm, cr, R, L, net, V, valid, scratch, stamp0, watch, active, out, deployed[1:])
+    else:
+        _fused_pairs(rows, experts_of, cm, cr, R, L, net, V, valid, scratch, stamp0, watch, active, out, None)
     return out
 
 
 # --- the factored pass -------------------------------------------------------------------------------
 
 
-@kernel()
-def _own_output(O, i, k, first, W1T, W2T, z_own, shared, y, s, watch, rec):
-    """The expert's output for a row of the factored pass, whose residual is s_c + o_i, from
-    the output for s_c already in the y accumulator's place: the neurons o_i reaches get
-    z = [zc ± ρc] (one interval term, where s_c reaches the neuron too: ``shared`` = (the
-    shared z's compact accumulator (acc, touched, where), its stamp, per slot the shared z and
-    activity, as :func:`expert_output` keeps them)) + the products of o_i + b_1, and their
-    activity a; the output is W_2·a^c + Σ_{g reached by o_i} W_2[:, g]·(a_g − a^c_g), an
-    identity (a^c_g = b_1 for a neuron s_c does not reach, exactly 0 when it is off). Into
-    the y accumulator ``y`` = (acc, touched, where) from an empty one: the correction terms
-    only. Watched neurons that may be on, and the shared part's watched ones the row leaves
-    as they were (listed in ``shared``'s last array), go to ``rec``. Returns (y's touched
-    count, a value not finite)."""
+@kernel(borrows=True)
+def _own_pairs(q0, q1, pairs, O, Lo, net, V, valid, z_own, shared, y, L_scratch, stamp0, watch, active, out):
+    """The pairs q0..q1 − 1 of :func:`experts_parts` (its arguments), one group (cohort c,
+    expert k), each of a row whose residual is s_c + o_i, into row q of ``out``: (err_lo,
+    err_hi, argmax, rho_lo, rho_hi). ``shared`` = (the shared z's compact accumulator (acc,
+    touched, where), its stamp, per slot the shared z and activity (:func:`expert_output`'s
+    ``keep``), the watched shared neurons, the cohort's table, its meta (number of tokens,
+    M_c, the float sums of its bounds, its stamp), whether a shared value is not finite, the
+    exp memo).
+
+    **The output.** The neurons o_i reaches get z = [zc ± ρc] (one interval term, where s_c
+    reaches the neuron too) + the products of o_i + b_1, and their activity a; the output is
+    W_2·a^c + Σ_{g reached by o_i} W_2[:, g]·(a_g − a^c_g), an identity (a^c_g = b_1 for a
+    neuron s_c does not reach, exactly 0 when it is off): into the y accumulator, from an
+    empty one, the correction terms only (the shared output is in the cohort's table).
+    Watched neurons that may be on, and the shared part's watched ones the row leaves as they
+    were, go to ``active[q]``. **The logits**: U·o_i and U times the correction, plus the
+    shared logit as one interval term, at every token they reach; every other token keeps the
+    shared logit (:func:`verifier.arithmetic.logits.error_enclosure_parts`)."""
+    rows, experts_of = pairs
+    W1T, first, W2T, UT = net
+    valid_ptr, valid_ = valid
     off, b1 = first[0], first[1]
     W2T_ptr, W2T_idx, W2T_val = W2T
     zacc2, ztouched2, zwhere2 = z_own
-    zc, sg, keep, cw = shared
+    zc, sg, keep, cw, table, meta, bad_c, memo = shared
     zc_mid, zc_rad, ac_mid, ac_rad, ac_on = keep
     yacc, ytouched, ywhere = y
-    lo_n = off[k]
-    nz, bad = _z_terms(O, i, W1T, lo_n, off[k + 1], zacc2, s, ztouched2, 0, zwhere2)
-    ny = 0
-    for u in range(nz):
-        g = lo_n + ztouched2[u]
-        mid_, A, B, cnt = zacc2[u, 1], zacc2[u, 2], zacc2[u, 3], int(zacc2[u, 4])
-        uc = row_of(ztouched2[u], zc[0], sg, zc[1], zc[2])    # the neuron's slot in the shared z, −1: not reached
-        if uc >= 0:                                    # the shared z as one interval term
-            mid_ += zc_mid[uc]
-            A = up_nonneg(A + zc_rad[uc])
-            B = up_nonneg(B + abs(zc_mid[uc]))
-            cnt += 1
-        zm, zr = _biased(mid_, entry_radius(A, B, cnt), b1[g])
-        if not (np.isfinite(zm) and np.isfinite(zr)):
-            bad = True
-            continue
-        am, ar, a_hi = _activity(zm, zr, QUICK)
-        if a_hi != 0.0 and watch.size > 0 and watch[g]:
-            _record(rec, g)
-        if uc >= 0:
-            cm_, cr_, con = ac_mid[uc], ac_rad[uc], ac_on[uc]
-        else:
-            cm_, cr_, con = b1[g], 0.0, b1[g] > 0.0
-        if a_hi != 0.0:
-            ny = product_terms(W2T_ptr, W2T_idx, W2T_val, g, am, ar, yacc, s, ytouched, ny, ywhere)
-        if con:                                        # −a^c_g·W_2[:, g]: (−cm)·w is cm·(−w) to the bit
-            ny = product_terms(W2T_ptr, W2T_idx, W2T_val, g, -cm_, cr_, yacc, s, ytouched, ny, ywhere)
-    for u in range(cw[cw.size - 1]):                   # the shared neurons the row left as they were
-        if row_of(cw[u] - lo_n, zacc2, s, ztouched2, zwhere2) < 0:
-            _record(rec, cw[u])
-    return ny, bad
-
-
-@kernel()
-def _with_table(Lacc, Ltouched, nt, nL, table):
-    """The row's logits in the compact accumulator completed by the cohort's (``table``, ``nL``
-    tokens): at each of the row's ``nt`` tokens the shared logit added as one interval term,
-    column 2 becomes the radius and column 4 the token's position in the table (−1: none)."""
+    Lacc, Ltouched, Lwhere, vstamp = L_scratch
     tbl_mid, tbl_rad = table[1], table[2]
-    for u in range(nt):
-        w = position(Ltouched[u], nL, table)
-        if w >= 0:                                     # the shared logit as one interval term
-            add_term(u, tbl_mid[w], tbl_rad[w], abs(tbl_mid[w]), Lacc)
-        Lacc[u, 2] = entry_radius(Lacc[u, 2], Lacc[u, 3], int(Lacc[u, 4]))
-        Lacc[u, 4] = w
+    err_lo, err_hi, pred, rho_lo, rho_hi = out
+    k = experts_of[q0]
+    lo_n = off[k]
+    for q in range(q0, q1):
+        i, s = rows[q], stamp0 + q
+        nz, bad = _z_terms(O, i, W1T, lo_n, off[k + 1], zacc2, s, ztouched2, 0, zwhere2)
+        ny = 0
+        for u in range(nz):
+            g = lo_n + ztouched2[u]
+            mid_, A, B, cnt = zacc2[u, 1], zacc2[u, 2], zacc2[u, 3], int(zacc2[u, 4])
+            uc = row_of(ztouched2[u], zc[0], sg, zc[1], zc[2])   # the neuron's slot in the shared z, −1: not reached
+            if uc >= 0:                                # the shared z as one interval term
+                mid_ += zc_mid[uc]
+                A = up_nonneg(A + zc_rad[uc])
+                B = up_nonneg(B + abs(zc_mid[uc]))
+                cnt += 1
+            zm, zr = _biased(mid_, entry_radius(A, B, cnt), b1[g])
+            if not (np.isfinite(zm) and np.isfinite(zr)):
+                bad = True
+                continue
+            am, ar, a_hi = _activity(zm, zr, QUICK)
+            if a_hi != 0.0 and watch.size > 0 and watch[g]:
+                _record(active[q], g)
+            if uc >= 0:
+                cm_, cr_, con = ac_mid[uc], ac_rad[uc], ac_on[uc]
+            else:
+                cm_, cr_, con = b1[g], 0.0, b1[g] > 0.0
+            if a_hi != 0.0:
+                ny = product_terms(W2T_ptr, W2T_idx, W2T_val, g, am, ar, yacc, s, ytouched, ny, ywhere)
+            if con:                                    # −a^c_g·W_2[:, g]: (−cm)·w is cm·(−w) to the bit
+                ny = product_terms(W2T_ptr, W2T_idx, W2T_val, g, -cm_, cr_, yacc, s, ytouched, ny, ywhere)
+        for u in range(cw[cw.size - 1]):               # the shared neurons the row left as they were
+            if row_of(cw[u] - lo_n, zacc2, s, ztouched2, zwhere2) < 0:
+                _record(active[q], cw[u])
+        if not (bad or bad_c):
+            nt, bad, _ = row_logits(Lo, i, UT, y, ny, Lacc, s, Ltouched, Lwhere, None, 1.0, 0.0)
+        if bad or bad_c:
+            err_lo[q], err_hi[q], pred[q], rho_lo[q], rho_hi[q] = 0.0, 1.0, -1, np.nan, np.nan
+            continue
+        for u in range(nt):                            # the cohort's logits completed by the row's
+            w = position(Ltouched[u], meta[0], table)
+            if w >= 0:                                 # the shared logit as one interval term
+                add_term(u, tbl_mid[w], tbl_rad[w], abs(tbl_mid[w]), Lacc)
+            Lacc[u, 2] = entry_radius(Lacc[u, 2], Lacc[u, 3], int(Lacc[u, 4]))   # column 2 becomes the radius
+            Lacc[u, 4] = w                             # column 4 becomes the table position
+        err_lo[q], err_hi[q], pred[q], rho_lo[q], rho_hi[q] = error_enclosure_parts(
+            nt, Ltouched, Lacc, Lwhere, s, table, meta, V, valid_ptr[i], valid_ptr[i + 1], valid_, vstamp, s, memo)
 
 
 @kernel(args=((I1, I1), I1, PART, PART, LOGITS, LOGITS, CSR, (I1, F1, I1, I1), CSR, CSR, "i64", (I1, I1),
@@ -349,10 +359,7 @@ def experts_parts(pairs, cohort, S, O, Ls, Lo, W1T, first, W2T, UT, V, valid, sc
     bias), and the shared logits U·s_c + U·W_2·a^c as a cohort table
     (:func:`verifier.arithmetic.logits.cohort_table`), each an enclosed sum of its terms.
 
-    **Per pair.** The output's correction for the own part o_i (:func:`_own_output`); the
-    row's logits: U·o_i and U times that correction, plus the shared logit as one interval
-    term, at every token they reach; every other token keeps the shared logit
-    (:func:`verifier.arithmetic.logits.error_enclosure_parts`).
+    **Per pair**, only what the row's own part o_i changes (:func:`_own_pairs`).
 
     ``scratch`` = (the shared z's compact accumulator (acc, touched, where), per slot of it
     the shared z and activity (zc mid and radius, a mid and radius, on), the row's z
@@ -362,49 +369,29 @@ def experts_parts(pairs, cohort, S, O, Ls, Lo, W1T, first, W2T, UT, V, valid, sc
     kernel fills it.
     """
     rows, experts_of = pairs
-    valid_ptr, valid = valid
     (zacc, ztouched, zwhere, zc_mid, zc_rad, ac_mid, ac_rad, ac_on, zacc2, ztouched2, zwhere2, yacc, ytouched, ywhere,
      Lacc, Ltouched, Lwhere, vstamp, table, cw, memo) = scratch
-    z, z_own, y = (zacc, ztouched, zwhere), (zacc2, ztouched2, zwhere2), (yacc, ytouched, ywhere)
+    z, y = (zacc, ztouched, zwhere), (yacc, ytouched, ywhere)
     keep = (zc_mid, zc_rad, ac_mid, ac_rad, ac_on)
+    net = (W1T, first, W2T, UT)
     P = rows.size
     out = _pair_outputs(P)
-    err_lo, err_hi, pred, rho_lo, rho_hi = out
-    cur_c = -1
-    cur_k = -1
-    sg = 0.0
     n_groups = 0
-    bad_c = False
-    meta = (0, -np.inf, 0.0, 0.0, 0.0)
-    for q in range(P):
-        i = rows[q]
-        k = experts_of[q]
-        c = cohort[i]
-        s = stamp0 + q
-        if c != cur_c or k != cur_k:
-            # ---- the shared part of (c, k), once -------------------------------------------------
-            cur_c, cur_k = c, k
-            sg = stamp0 + P + n_groups
-            n_groups += 1
-            cw[cw.size - 1] = 0
-            ny, bad_c, _ = expert_output(S, c, k, (1.0, 0.0), first, W1T, W2T, z, y, sg, watch, cw, keep, None, QUICK)
-            nL = logit_terms(Ls, c, Lacc, sg, Ltouched, 0, Lwhere, None)
-            nL, y_bad, _ = output_logits(UT, y, ny, Lacc, sg, Ltouched, nL, Lwhere, None, 1.0, 0.0)
-            to_radii(Lacc, Ltouched, nL, Lwhere)
-            M_c, c_lo, c_hi, t_bad = cohort_table(nL, Ltouched, Lacc, table, sg)
-            bad_c = bad_c or y_bad or t_bad
-            meta = (nL, M_c, c_lo, c_hi, sg)
-        # ---- the pair's own part ---------------------------------------------------------------
-        ny, bad = _own_output(O, i, k, first, W1T, W2T, z_own, (z, sg, keep, cw), y, s, watch, active[q])
-        if bad or bad_c:
-            err_lo[q], err_hi[q], pred[q], rho_lo[q], rho_hi[q] = 0.0, 1.0, -1, np.nan, np.nan
-            continue
-        nt = logit_terms(Lo, i, Lacc, s, Ltouched, 0, Lwhere, None)
-        nt, bad, _ = output_logits(UT, y, ny, Lacc, s, Ltouched, nt, Lwhere, None, 1.0, 0.0)
-        if bad:
-            err_lo[q], err_hi[q], pred[q], rho_lo[q], rho_hi[q] = 0.0, 1.0, -1, np.nan, np.nan
-            continue
-        _with_table(Lacc, Ltouched, nt, meta[0], table)
-        err_lo[q], err_hi[q], pred[q], rho_lo[q], rho_hi[q] = error_enclosure_parts(
-            nt, Ltouched, Lacc, Lwhere, s, table, meta, V, valid_ptr[i], valid_ptr[i + 1], valid, vstamp, s, memo)
+    q0 = 0
+    while q0 < P:                                      # the pairs of one (cohort, expert)
+        c, k = cohort[rows[q0]], experts_of[q0]
+        q1 = q0 + 1
+        while q1 < P and cohort[rows[q1]] == c and experts_of[q1] == k:
+            q1 += 1
+        sg = stamp0 + P + n_groups
+        n_groups += 1
+        cw[cw.size - 1] = 0
+        ny, bad_c, _ = expert_output(S, c, k, (1.0, 0.0), first, W1T, W2T, z, y, sg, watch, cw, keep, None, QUICK)
+        nL, y_bad, _ = row_logits(Ls, c, UT, y, ny, Lacc, sg, Ltouched, Lwhere, None, 1.0, 0.0)
+        to_radii(Lacc, Ltouched, nL, Lwhere)
+        M_c, c_lo, c_hi, t_bad = cohort_table(nL, Ltouched, Lacc, table, sg)
+        shared = (z, float(sg), keep, cw, table, (nL, M_c, c_lo, c_hi, float(sg)), bad_c or y_bad or t_bad, memo)
+        _own_pairs(q0, q1, pairs, O, Lo, net, V, valid, (zacc2, ztouched2, zwhere2), shared, y,
+                   (Lacc, Ltouched, Lwhere, vstamp), stamp0, watch, active, out)
+        q0 = q1
     return out

@@ -82,7 +82,7 @@ def _memo_slot(x):
     return (int(m * 1073741824.0) ^ (e * 40503)) & (MEMO - 1)
 
 
-@kernel()
+@kernel(borrows=True)
 def exp_memo(x, memo, sign):
     """exp_lower(x) (``sign`` −1) or exp_upper(x) (+1), remembered in ``memo`` (a (4, MEMO)
     array: rows 0 and 1 the lower bounds' arguments and values, rows 2 and 3 the upper

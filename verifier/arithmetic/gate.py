@@ -4,7 +4,7 @@
 has score exactly b_G[k] (no term). A touched one has midpoint G_k = fl(Σ_j xm_j W_G[k, j]) +
 b_G[k] and one radius per row: |g_k − G_k| <= Σ_j (xr_j + γ|xm_j|)·|W_G[k, j]| + n·η <=
 Σ_j s_j·c_j + n·η with c_j = max_k |W_G[k, j]| (the row bound; γ = γ_{n+1}, n the most terms
-of a score), plus u·max|G_k| for adding b_G (:func:`_radius`). The bound on the float sum
+of a score), plus u·max|G_k| for adding b_G (:func:`decide_rows`). The bound on the float sum
 holds for *any* order of the additions (each term passes through at most n − 1 of them).
 
 **Classes.** A column read by many experts (a template-word feature) would cost K
@@ -12,9 +12,9 @@ operations per row; rows that share such entries share a *class*: the partial su
 over its entries, the values v_k = h_k + b_G[k] (b_G[k] if no entry reaches k), the experts
 sorted by decreasing v_k (ties: smaller k first, :func:`_class_values`), and the class
 entries' share of the radius sums. A row then adds its own entries to the few experts
-they reach, continuing each partial sum h_k (:func:`row_scores`), so every score is the
-same sum of the same terms in another order, covered by the bound above; the untouched
-experts are read from the sorted list as far as needed (:func:`decision`).
+they reach, continuing each partial sum h_k, so every score is the same sum of the same
+terms in another order, covered by the bound above; the untouched experts are read from
+the sorted list as far as needed (:func:`decide_rows`).
 
 Two kernels, one decision:
 
@@ -26,10 +26,12 @@ Two kernels, one decision:
   its own entries its own part o_i (each part meets a row of W_G at most n times: γ_{2n+1});
   the two-flop steps (:mod:`verifier.arithmetic.rounding`).
 
-*The gate's decision for a residual row* (:func:`row_scores` from its class, :func:`_radius`,
-:func:`decision`) reads the row as CSR (ptr, idx, mid, rad) and nothing of how it was made:
-in a stack of layers each layer's gate decides on its own residual rows with the same
-functions; the one-layer model is a stack of one.
+*The gate's decision for residual rows* (:func:`decide_rows`, for the rows of one class; a
+residual row is a run of one) reads the rows as CSR (ptr, idx, mid, rad) and nothing of how
+they were made: in a stack of layers each layer's gate decides on its own residual rows
+with the same function; the one-layer model is a stack of one. (The rows of a class are
+decided in one call, not one call per row: a call's arguments, some thirty arrays, would
+cost as much as a row's decision.)
 """
 
 from __future__ import annotations
@@ -54,7 +56,7 @@ def _same_float(a, b):
     return a == b and (a != 0.0 or math.copysign(1.0, a) == math.copysign(1.0, b))
 
 
-@kernel()
+@kernel(borrows=True)
 def _insert3(best3, bval, k, v):
     """Keep the three largest (value, −expert) pairs: ties go to the smaller expert."""
     if v > bval[2] or (v == bval[2] and best3[2] >= 0 and k < best3[2]) or best3[2] < 0:
@@ -80,7 +82,7 @@ def _gate_term(xm, xr, g, rel, on):
 # --- a class's partial sums, a row's scores ---------------------------------------------------------
 
 
-@kernel()
+@kernel(borrows=True)
 def _class_sums(WG, j, xm, h, touch):
     """Entry [xm ± ·] of column j added to a class's partial sums h_k (``touch[k]``: some
     entry reaches expert k); ``WG``: W_G^T as CSR (ptr, idx, val)."""
@@ -113,58 +115,7 @@ def _class_values(h, touch, bG, val, order):
     return big, bad
 
 
-@kernel()
-def row_scores(X, row, hot, WG, colmax, g, rel, on, h, touch, bG, scores, s, S, cnt, bad, big):
-    """Row ``row`` of residual rows X (CSR: ptr, idx, mid, rad) continuing its class's partial
-    sums (``h``, ``touch``): the row's entries outside the class (``hot``: the class's
-    columns; None: every entry of X is the row's own) reach a few experts, whose scores
-    (the class's partial sum, the row's terms, then b_G[k]) go to ``scores`` = (gmid,
-    gstamp, gtouched): midpoint, stamp ``s`` of the row, and the list of the experts
-    touched. The radius sum ``S`` (of ``cnt`` shares), ``bad`` (a value not finite) and
-    ``big`` (the largest |score| of a touched expert) continue the class's. Returns
-    (S, cnt, bad, big, number of experts touched)."""
-    ptr, idx, mid, rad = X
-    WG_ptr, WG_idx, WG_val = WG
-    gmid, gstamp, gtouched = scores
-    nt = 0
-    for e in range(ptr[row], ptr[row + 1]):
-        j = idx[e]
-        xm = mid[e]
-        xr = rad[e]
-        if not (np.isfinite(xm) and np.isfinite(xr)):
-            bad = True
-        if hot is not None:
-            if hot[j]:
-                continue
-        if colmax[j] > 0.0:
-            S = up_nonneg(S + up_nonneg(_gate_term(xm, xr, g, rel, on) * colmax[j]))
-            cnt += 1
-            for q in range(WG_ptr[j], WG_ptr[j + 1]):
-                k = WG_idx[q]
-                if gstamp[k] != s:
-                    gstamp[k] = s
-                    gmid[k] = h[k] if touch[k] else 0.0
-                    gtouched[nt] = k
-                    nt += 1
-                gmid[k] += xm * WG_val[q]
-    for u in range(nt):
-        k = gtouched[u]
-        gmid[k] += bG[k]
-        if not np.isfinite(gmid[k]):
-            bad = True
-        big = max(big, abs(gmid[k]))
-    return S, cnt, bad, big, nt
-
-
-@kernel()
-def _radius(S, cnt, terms, big, quick):
-    """The row's one radius: c_{cnt+1}·S (Lemma 1 over the rounded-up shares), 2·``terms``·η
-    (its products' underflow, at most ``terms`` per score) and u·max|G_k| (adding b_G)."""
-    r = up_nonneg(up_nonneg(factor(cnt + 1) * S) + 2.0 * terms * FLOOR)
-    return step_up(r + step_up(U * big, quick), quick)
-
-
-# --- the decision ------------------------------------------------------------------------------------
+# --- a row's decision -------------------------------------------------------------------------------
 
 
 @kernel()
@@ -175,115 +126,184 @@ def _decisions(n):
 
 
 @kernel()
-def decision(i, r, nt, scores, s, c_touch, c_val, c_order, top3, out, cand, nc, quick):
-    """Row i's decision from its scores (``scores`` = (gmid, gstamp, gtouched) for the ``nt``
-    experts the row touched, :func:`row_scores`; every other expert k has its class's value
-    ``c_val[k]``, within the radius where ``c_touch[k]``, exactly otherwise, in decreasing
-    order ``c_order``) and its radius ``r``: the winner (the largest midpoint), the top
-    three (``top3``: work arrays) with their enclosures and the certified margin (lower end
-    of g_e minus the largest upper end of the others; −∞ when a value is not finite) into
-    ``out`` (:func:`_decisions`, row i), and after the ``nc`` candidates in ``cand`` the
-    experts that may win: the winner, then every expert whose upper end reaches the
-    winner's lower end (only the winner when the radius is not finite: the row is then
-    undecided anyway). Returns (cand, nc), ``cand`` grown when needed."""
-    e_out, margin, rad, top, top_lo, top_hi = out
+def decide_rows(rows, X, hot, WG, colmax, bG, g, terms, classes, c, scores, stamp0, top3, out, cand, cand_row, ends,
+                nc, G_out, want_scores, dep, quick):
+    """The gate's decision for each row i of ``rows``, row i of residual rows X (CSR: ptr,
+    idx, mid, rad), all of class ``c`` of ``classes`` (per class: partial sums h, which
+    experts they touch, the values v_k, the experts in decreasing order of v_k, the radius
+    sum S of its ``cnt`` shares, the largest |v_k| touched, a value not finite), into row i
+    of ``out`` (:func:`_decisions`). A residual row's decision is a run of one; the rows of
+    a run share its class's sums, and are decided in one call.
+
+    **Scores.** The row's entries outside the class (``hot``: the class's columns; None:
+    every entry of X is the row's own) continue the partial sums of the experts they reach;
+    their scores (the class's partial sum, the row's terms, then b_G[k]) go to ``scores`` =
+    (gmid, gstamp, gtouched): midpoint, stamp ``stamp0 + i`` of the row, and the list of the
+    experts touched; every other expert k has its class's value v_k, within the radius where
+    the class touches k, exactly b_G[k] otherwise. **Radius**: c_{cnt+1}·S (Lemma 1 over the
+    rounded-up shares), 2·``terms``·η (the products' underflow, at most ``terms`` per score)
+    and u·max|G_k| (adding b_G); in the deployed pass (``dep`` = (constants, ρ_g, max|b_G|,
+    the largest row sum of |W_G|); None: the exact pass) also the gate's rounding of
+    :func:`gate`'s docstring. **Decision**: the winner (the largest midpoint), the top three
+    (``top3``: work arrays) with their enclosures, the certified margin (lower end of g_e
+    minus the largest upper end of the others; −∞ when a value is not finite), and after
+    the ``nc`` candidates in ``cand`` (the row of each in ``cand_row``, the end of each row's
+    at ``ends[i + 1]``, None: not recorded) the experts that may win: the winner, then every expert whose upper end
+    reaches the winner's lower end (only the winner when the radius is not finite: the row
+    is then undecided anyway). With ``want_scores`` every score's midpoint goes to row i of
+    ``G_out``. Returns (the candidates' arrays, grown as needed, and their number)."""
+    ptr, idx, mid, rad = X
+    WG_ptr, WG_idx, WG_val = WG
     gmid, gstamp, gtouched = scores
+    c_h, c_touch, c_val, c_order, c_S, c_cnt, c_big, c_bad = classes
+    e_out, margin, radius, top, top_lo, top_hi = out
     best3, bval = top3
-    K = c_val.size
-    rad[i] = r
-    # the three largest midpoints: the row's own experts, then the class's order
-    for t in range(3):
-        best3[t] = -1
-        bval[t] = -np.inf
-    for u in range(nt):
-        _insert3(best3, bval, gtouched[u], gmid[gtouched[u]])
-    taken = 0
-    for u in range(K):
-        if taken == 3:
-            break
-        k = c_order[u]
-        if gstamp[k] == s:
-            continue
-        taken += 1
-        _insert3(best3, bval, k, c_val[k])
-    win = best3[0]
-    e_out[i] = win
-    for t in range(3):
-        k = best3[t]
-        if k < 0:
-            continue
-        top[i, t] = k
-        rk = r if (gstamp[k] == s or c_touch[k]) else 0.0       # an untouched score is exactly b_G
-        if np.isfinite(rk):
-            top_lo[i, t] = step_down(bval[t] - rk, quick)
-            top_hi[i, t] = step_up(bval[t] + rk, quick)
-    rw = r if (gstamp[win] == s or c_touch[win]) else 0.0
-    if not np.isfinite(r):
-        margin[i] = -np.inf
-    elif K == 1:
-        margin[i] = np.inf
-    else:
-        r2 = r if (gstamp[best3[1]] == s or c_touch[best3[1]]) else 0.0
-        margin[i] = step_down(step_down(bval[0] - bval[1], quick) - step_up(rw + r2, quick), quick)
-    # the experts that may win: upper end >= the winner's lower end
-    if nc + K > cand.size:
-        cand = grow(cand, max(2 * cand.size, nc + K))
-    cand[nc] = win
-    nc += 1
-    if np.isfinite(r):
-        floor_e = step_down(bval[0] - rw, quick)
+    K = bG.size
+    rel, on = 0.0, False
+    if dep is not None:
+        rel, on = dep[1], True
+    for i in rows:
+        s = stamp0 + i
+        if nc + K > cand.size:
+            cand = grow(cand, nc + K)
+            cand_row = grow(cand_row, cand.size)
+        nc0 = nc
+        # the row's own entries continue the partial sums of the experts they reach
+        S, cnt, bad, big = c_S[c], c_cnt[c], c_bad[c], c_big[c]
+        nt = 0
+        for e in range(ptr[i], ptr[i + 1]):
+            j = idx[e]
+            if not (np.isfinite(mid[e]) and np.isfinite(rad[e])):
+                bad = True
+            if hot is not None:
+                if hot[j]:
+                    continue
+            if colmax[j] > 0.0:
+                S = up_nonneg(S + up_nonneg(_gate_term(mid[e], rad[e], g, rel, on) * colmax[j]))
+                cnt += 1
+                for q in range(WG_ptr[j], WG_ptr[j + 1]):
+                    k = WG_idx[q]
+                    if gstamp[k] != s:
+                        gstamp[k] = s
+                        gmid[k] = c_h[c, k] if c_touch[c, k] else 0.0
+                        gtouched[nt] = k
+                        nt += 1
+                    gmid[k] += mid[e] * WG_val[q]
         for u in range(nt):
             k = gtouched[u]
-            if k != win and step_up(gmid[k] + r, quick) >= floor_e:
-                cand[nc] = k
-                nc += 1
-        # in the class's order v_k decreases, so once up(v_k + r) < floor_e no later
-        # expert reaches it (touched: up(v + r); untouched: v <= up(v + r))
+            gmid[k] += bG[k]
+            if not np.isfinite(gmid[k]):
+                bad = True
+            big = max(big, abs(gmid[k]))
+        # the radius
+        r = up_nonneg(up_nonneg(factor(cnt + 1) * S) + 2.0 * terms * FLOOR)
+        r = step_up(r + step_up(U * big, quick), quick)
+        if dep is not None:
+            fp, bmax, rs_g = dep[0], dep[2], dep[3]
+            l1 = 0.0
+            for e in range(ptr[i], ptr[i + 1]):
+                l1 = up_nonneg(l1 + up_nonneg(abs(mid[e]) + rad[e]))
+            r = up_nonneg(r + up_nonneg(up_nonneg(rel * bmax)
+                                        + up_nonneg(fp[KC.f_g] + zero_read(fp, up_nonneg(l1 + rs_g)))))
+            if not (up_nonneg(up_one_plus(rel) * up_nonneg(big + r)) < fp[KC.largest]):
+                bad = True
+        if bad or not np.isfinite(r):
+            r = np.inf
+        radius[i] = r
+        # the three largest midpoints: the row's own experts, then the class's order
+        for t in range(3):
+            best3[t] = -1
+            bval[t] = -np.inf
+        for u in range(nt):
+            _insert3(best3, bval, gtouched[u], gmid[gtouched[u]])
+        taken = 0
         for u in range(K):
-            k = c_order[u]
-            reach = step_up(c_val[k] + r, quick)
-            if reach < floor_e:
+            if taken == 3:
                 break
-            if k == win or gstamp[k] == s:
+            k = c_order[c, u]
+            if gstamp[k] == s:
                 continue
-            if (reach if c_touch[k] else c_val[k]) >= floor_e:
-                cand[nc] = k
-                nc += 1
-    return cand, nc
-
-
-@kernel()
-def _row_midpoints(G_out, i, c_val, nt, scores):
-    """Row i's midpoints of every score into ``G_out``."""
-    gmid, gtouched = scores[0], scores[2]
-    for k in range(c_val.size):
-        G_out[i, k] = c_val[k]
-    for u in range(nt):
-        G_out[i, gtouched[u]] = gmid[gtouched[u]]
+            taken += 1
+            _insert3(best3, bval, k, c_val[c, k])
+        win = best3[0]
+        e_out[i] = win
+        for t in range(3):
+            k = best3[t]
+            if k < 0:
+                continue
+            top[i, t] = k
+            rk = r if (gstamp[k] == s or c_touch[c, k]) else 0.0    # an untouched score is exactly b_G
+            if np.isfinite(rk):
+                top_lo[i, t] = step_down(bval[t] - rk, quick)
+                top_hi[i, t] = step_up(bval[t] + rk, quick)
+        rw = r if (gstamp[win] == s or c_touch[c, win]) else 0.0
+        if not np.isfinite(r):
+            margin[i] = -np.inf
+        elif K == 1:
+            margin[i] = np.inf
+        else:
+            r2 = r if (gstamp[best3[1]] == s or c_touch[c, best3[1]]) else 0.0
+            margin[i] = step_down(step_down(bval[0] - bval[1], quick) - step_up(rw + r2, quick), quick)
+        # the experts that may win: upper end >= the winner's lower end
+        cand[nc] = win
+        nc += 1
+        if np.isfinite(r):
+            floor_e = step_down(bval[0] - rw, quick)
+            for u in range(nt):
+                k = gtouched[u]
+                if k != win and step_up(gmid[k] + r, quick) >= floor_e:
+                    cand[nc] = k
+                    nc += 1
+            # in the class's order v_k decreases, so once up(v_k + r) < floor_e no later
+            # expert reaches it (touched: up(v + r); untouched: v <= up(v + r))
+            for u in range(K):
+                k = c_order[c, u]
+                reach = step_up(c_val[c, k] + r, quick)
+                if reach < floor_e:
+                    break
+                if k == win or gstamp[k] == s:
+                    continue
+                if (reach if c_touch[c, k] else c_val[c, k]) >= floor_e:
+                    cand[nc] = k
+                    nc += 1
+        if want_scores:
+            for k in range(K):
+                G_out[i, k] = c_val[c, k]
+            for u in range(nt):
+                G_out[i, gtouched[u]] = gmid[gtouched[u]]
+        for t in range(nc0, nc):
+            cand_row[t] = i
+        if ends is not None:
+            ends[i + 1] = nc
+    return cand, cand_row, nc
 
 
 # --- the kernels -------------------------------------------------------------------------------------
 
 
-@kernel()
-def _class_of(R, i, hot, classes):
-    """The cached class (:func:`gate`) whose hot entries are row i's, bitwise; −1 if none."""
+@kernel(borrows=True)
+def _in_class(R, i, hot, keys, c):
+    """Whether the hot entries of row i are, bitwise, those of the cached class c (:func:`gate`)."""
     R_ptr, R_idx, R_mid, R_rad = R
-    c_len, c_idx, c_mid, c_rad = classes
-    for c in range(c_len.size):
-        if c_len[c] < 0:
-            continue
-        h = 0
-        same = True
-        for e in range(R_ptr[i], R_ptr[i + 1]):
-            j = R_idx[e]
-            if hot[j]:
-                if h >= c_len[c] or c_idx[c, h] != j or not _same_float(c_mid[c, h], R_mid[e]) \
-                        or not _same_float(c_rad[c, h], R_rad[e]):
-                    same = False
-                    break
-                h += 1
-        if same and h == c_len[c]:
+    c_len, c_idx, c_mid, c_rad = keys
+    if c_len[c] < 0:
+        return False
+    h = 0
+    for e in range(R_ptr[i], R_ptr[i + 1]):
+        j = R_idx[e]
+        if hot[j]:
+            if h >= c_len[c] or c_idx[c, h] != j or not _same_float(c_mid[c, h], R_mid[e]) \
+                    or not _same_float(c_rad[c, h], R_rad[e]):
+                return False
+            h += 1
+    return h == c_len[c]
+
+
+@kernel(borrows=True)
+def _class_of(R, i, hot, keys):
+    """The cached class (:func:`gate`) whose hot entries are row i's, bitwise; −1 if none."""
+    for c in range(keys[0].size):
+        if _in_class(R, i, hot, keys, c):
             return c
     return -1
 
@@ -304,7 +324,7 @@ def gate(R_ptr, R_idx, R_mid, R_rad, WG_ptr, WG_idx, WG_val, colmax, hot, bG, ma
 
     Returns per row: the winner e, the certified margin, the radius, the top three experts
     with their enclosures, and as CSR (``cand_ptr``, ``cand``) the experts that may win
-    (:func:`decision`). With ``want_scores`` the full (n, K) midpoints go to ``G_out``.
+    (:func:`decide_rows`). With ``want_scores`` the full (n, K) midpoints go to ``G_out``.
 
     ``deployed`` = (on, constants, the largest row sum of |W_G|): in the deployed pass of a
     format each score also carries the gate's rounding, ρ_g·Σ_j |r̂_j||W_G[k, j]| (bounded
@@ -327,6 +347,7 @@ def gate(R_ptr, R_idx, R_mid, R_rad, WG_ptr, WG_idx, WG_val, colmax, hot, bG, ma
     out = _decisions(n)
     cand_ptr = np.zeros(n + 1, np.int64)
     cand = np.empty(2 * n + 16, np.int64)
+    cand_row = np.empty(cand.size, np.int64)           # (the rows are cand_ptr's)
     nc = 0
     top3 = (np.empty(3, np.int64), np.empty(3))
     # the class cache: hot entries (key), partial sums, values, order, radius parts
@@ -348,10 +369,12 @@ def gate(R_ptr, R_idx, R_mid, R_rad, WG_ptr, WG_idx, WG_val, colmax, hot, bG, ma
     c_cnt = np.empty(C, np.int64)
     c_big = np.empty(C)
     c_bad = np.zeros(C, np.bool_)
+    classes = (c_h, c_touch, c_val, c_order, c_S, c_cnt, c_big, c_bad)
+    rows = np.arange(n)
     oldest = 0
-    for i in range(n):
-        s = stamp0 + i
-        # 1. this row's class (by its hot entries), built if not cached
+    i = 0
+    while i < n:
+        # this row's class (by its hot entries), built if not cached, and the rows after it of that class
         grp = _class_of(R, i, hot, keys)
         if grp < 0:
             grp = oldest
@@ -375,25 +398,19 @@ def gate(R_ptr, R_idx, R_mid, R_rad, WG_ptr, WG_idx, WG_val, colmax, hot, bG, ma
                 _class_sums(WG, j, R_mid[e], c_h[grp], c_touch[grp])
             c_big[grp], values_bad = _class_values(c_h[grp], c_touch[grp], bG, c_val[grp], c_order[grp])
             c_len[grp], c_S[grp], c_cnt[grp], c_bad[grp] = h, S, cnt, bad or values_bad
-        # 2. the row's own entries: continue the partial sums of the experts they reach
-        S, cnt, bad, big, nt = row_scores(R, i, hot, WG, colmax, g, rel, on, c_h[grp], c_touch[grp], bG, scores, s,
-                                          c_S[grp], c_cnt[grp], c_bad[grp], c_big[grp])
-        r = _radius(S, cnt, max_terms + 1, big, None)
+        end = i + 1
+        while end < n and _in_class(R, end, hot, keys, grp):
+            end += 1
+        run = rows[i:end]
         if on:
-            l1 = 0.0
-            for e in range(R_ptr[i], R_ptr[i + 1]):
-                l1 = up_nonneg(l1 + up_nonneg(abs(R_mid[e]) + R_rad[e]))
-            r = up_nonneg(r + up_nonneg(up_nonneg(rel * bmax)
-                                        + up_nonneg(fp[KC.f_g] + zero_read(fp, up_nonneg(l1 + rs_g)))))
-            if not (up_nonneg(up_one_plus(rel) * up_nonneg(big + r)) < fp[KC.largest]):
-                bad = True
-        if bad or not np.isfinite(r):
-            r = np.inf
-        # 3. the decision
-        cand, nc = decision(i, r, nt, scores, s, c_touch[grp], c_val[grp], c_order[grp], top3, out, cand, nc, None)
-        cand_ptr[i + 1] = nc
-        if want_scores:
-            _row_midpoints(G_out, i, c_val[grp], nt, scores)
+            cand, cand_row, nc = decide_rows(run, R, hot, WG, colmax, bG, g, max_terms + 1, classes, grp, scores,
+                                             stamp0, top3, out, cand, cand_row, cand_ptr, nc, G_out, want_scores,
+                                             (fp, rel, bmax, rs_g), None)
+        else:
+            cand, cand_row, nc = decide_rows(run, R, hot, WG, colmax, bG, g, max_terms + 1, classes, grp, scores,
+                                             stamp0, top3, out, cand, cand_row, cand_ptr, nc, G_out, want_scores,
+                                             None, None)
+        i = end
     return out + (cand_ptr, cand[:nc])
 
 
@@ -413,7 +430,7 @@ def gate_parts(S, O, cohort, order, WG, colmax, bG, max_terms, gmid, gstamp, gto
     |g_k − G_k| <= Σ (xr + γ|xm|)·|W_G[k, j]| + 2(2n + 1)·η + u·|G_k|, the sum over the
     entries of both parts, bounded as the plain kernel bounds it (by the column maxima
     c_j, Lemma 1 for the sum of the rounded-up shares). Every other step (top three,
-    margin, candidates) is the plain kernel's (:func:`decision`).
+    margin, candidates) is the plain kernel's (:func:`decide_rows`).
     """
     S_ptr, S_idx, S_mid, S_rad = S
     scores = (gmid, gstamp, gtouched)
@@ -425,45 +442,33 @@ def gate_parts(S, O, cohort, order, WG, colmax, bG, max_terms, gmid, gstamp, gto
     cand_row = np.empty(cand.size, np.int64)
     nc = 0
     top3 = (np.empty(3, np.int64), np.empty(3))
-    h = np.zeros(K)
-    c_touch = np.zeros(K, np.bool_)
-    c_val = np.empty(K)
-    c_order = np.empty(K, np.int64)
-    cur = -1
-    Sc = 0.0
-    cnt_c = 0
-    big_c = 0.0
-    bad_c = False
-    for u0 in range(n):
-        i = order[u0]
-        c = cohort[i]
-        s = stamp0 + i
-        if c != cur:                                   # the cohort's class, once
-            cur = c
-            Sc = 0.0
-            cnt_c = 0
-            bad_c = False
-            h[:] = 0.0
-            c_touch[:] = False
-            for e in range(S_ptr[c], S_ptr[c + 1]):
-                if not (np.isfinite(S_mid[e]) and np.isfinite(S_rad[e])):
-                    bad_c = True
-                j = S_idx[e]
-                if colmax[j] > 0.0:
-                    Sc = up_nonneg(Sc + up_nonneg(_gate_term(S_mid[e], S_rad[e], g, 0.0, False) * colmax[j]))
-                    cnt_c += 1
-                    _class_sums(WG, j, S_mid[e], h, c_touch)
-            big_c, values_bad = _class_values(h, c_touch, bG, c_val, c_order)
-            bad_c = bad_c or values_bad
-        S_, cnt, bad, big, nt = row_scores(O, i, None, WG, colmax, g, 0.0, False, h, c_touch, bG, scores, s, Sc,
-                                           cnt_c, bad_c, big_c)
-        r = _radius(S_, cnt, 2 * max_terms + 1, big, QUICK)
-        if bad or not np.isfinite(r):
-            r = np.inf
-        nc0 = nc
-        cand, nc = decision(i, r, nt, scores, s, c_touch, c_val, c_order, top3, out, cand, nc, QUICK)
-        cand_row = grow(cand_row, cand.size)
-        cand_row[nc0:nc] = i
-        if want_scores:
-            _row_midpoints(G_out, i, c_val, nt, scores)
+    # one class, the current cohort's (its shared part's entries)
+    classes = (np.zeros((1, K)), np.zeros((1, K), np.bool_), np.empty((1, K)), np.empty((1, K), np.int64),
+               np.zeros(1), np.zeros(1, np.int64), np.zeros(1), np.zeros(1, np.bool_))
+    h, c_touch, c_val, c_order, c_S, c_cnt, c_big, c_bad = classes
+    u0 = 0
+    while u0 < n:                                      # the rows of one cohort, of its class
+        c = cohort[order[u0]]
+        u1 = u0 + 1
+        while u1 < n and cohort[order[u1]] == c:
+            u1 += 1
+        Sc = 0.0
+        cnt_c = 0
+        bad_c = False
+        h[0, :] = 0.0
+        c_touch[0, :] = False
+        for e in range(S_ptr[c], S_ptr[c + 1]):
+            if not (np.isfinite(S_mid[e]) and np.isfinite(S_rad[e])):
+                bad_c = True
+            j = S_idx[e]
+            if colmax[j] > 0.0:
+                Sc = up_nonneg(Sc + up_nonneg(_gate_term(S_mid[e], S_rad[e], g, 0.0, False) * colmax[j]))
+                cnt_c += 1
+                _class_sums(WG, j, S_mid[e], h[0], c_touch[0])
+        c_big[0], values_bad = _class_values(h[0], c_touch[0], bG, c_val[0], c_order[0])
+        c_S[0], c_cnt[0], c_bad[0] = Sc, cnt_c, bad_c or values_bad
+        cand, cand_row, nc = decide_rows(order[u0:u1], O, None, WG, colmax, bG, g, 2 * max_terms + 1, classes, 0,
+                                         scores, stamp0, top3, out, cand, cand_row, None, nc, G_out, want_scores,
+                                         None, QUICK)
+        u0 = u1
     return out + (cand_row[:nc], cand[:nc])

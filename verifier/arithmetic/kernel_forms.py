@@ -15,6 +15,16 @@ returns bitwise the same arrays in either form (a test compares them), and
 :func:`verifier.arithmetic.rounding.check` probes round-to-nearest and gradual underflow
 in each form a process runs (:meth:`Kernels.add_probe`).
 
+*Borrowed arrays.* numba counts the references to every array a function is given, on
+entry and on exit (an atomic operation each, in its runtime library), unless the call is
+inlined. A helper called once per row, per (row, expert) pair or per entry, with a dozen
+arrays, spends more time counting than computing. A helper that only reads and writes the
+elements of arrays its caller holds, and neither makes nor returns an array, says
+``@kernel(borrows=True)``: it is compiled without numba's reference counting (numba's
+``_nrt=False``), the arrays staying alive because its caller holds them for as long as it
+runs. (Making an array there fails to compile; so does returning one, which its caller
+would release without having been given a reference.)
+
 *Only where it fits.* An exported kernel has one declared signature (:data:`Spec`: each
 argument's dtype, dimensions and C-contiguous, writable layout, tuples of them, or a
 scalar). The extension's wrappers unbox arguments without checking their types, so every
@@ -279,18 +289,23 @@ class Kernels:
 
     def _dispatcher(self, kernel: Kernel):
         """``numba.njit`` of the kernel, caching in this key's directory (not caching where
-        no directory is writable)."""
+        no directory is writable); a borrowing kernel's refuses to compile a signature that
+        returns an array (:func:`_refuse_returned_arrays`)."""
         from numba import njit
         from numba.core import config
         where = self._jit_cache()
         if where is None:
-            return njit(cache=False, **kernel.options)(kernel.py_func)
-        saved = config.CACHE_DIR
-        config.CACHE_DIR = str(where)         # read once, as the dispatcher finds its cache
-        try:
-            return njit(cache=True, **kernel.options)(kernel.py_func)
-        finally:
-            config.CACHE_DIR = saved
+            dispatcher = njit(cache=False, **kernel.options)(kernel.py_func)
+        else:
+            saved = config.CACHE_DIR
+            config.CACHE_DIR = str(where)         # read once, as the dispatcher finds its cache
+            try:
+                dispatcher = njit(cache=True, **kernel.options)(kernel.py_func)
+            finally:
+                config.CACHE_DIR = saved
+        if kernel.options.get("_nrt") is False:
+            _refuse_returned_arrays(dispatcher, kernel)
+        return dispatcher
 
     def _jit_cache(self) -> Path | None:
         """The JIT form's cache directory for this key: the first writable one (found once)."""
@@ -391,6 +406,27 @@ class Kernels:
             return self._fail(f"{path} could not be loaded: {e}")
         missing = [k.export_name for k in kernels if not hasattr(module, k.export_name)]
         return self._fail(f"{path} lacks {', '.join(missing)}") if missing else module
+
+
+def _refuse_returned_arrays(dispatcher, kernel: Kernel) -> None:
+    """Make ``dispatcher`` (a borrowing kernel's) refuse every compilation, or cached one,
+    whose result holds an array: compiled without reference counting, it would hand its
+    caller a reference it was never given (the module docstring). Both forms compile a
+    helper through its dispatcher, so neither can build such a kernel."""
+    from numba.core import types
+
+    def holds_array(t) -> bool:
+        if isinstance(t, types.BaseTuple):
+            return any(holds_array(x) for x in t.types)
+        return isinstance(t, (types.Array, types.Optional, types.Buffer))
+
+    add = dispatcher.add_overload
+
+    def checked(cres):
+        if holds_array(cres.signature.return_type):
+            raise TypeError(f"{kernel!r} borrows its arrays (borrows=True) and may not return one: {cres.signature}")
+        add(cres)
+    dispatcher.add_overload = checked
 
 
 def _source_bytes(name: str) -> bytes | None:
@@ -575,11 +611,16 @@ def build(name: str, directory: Path, kernels: list[Kernel]) -> Path:
     return final
 
 
-def kernel(args: tuple | None = None, returns: Spec | None = None, **options) -> Callable[[Callable], Kernel]:
+def kernel(args: tuple | None = None, returns: Spec | None = None, borrows: bool = False,
+           **options) -> Callable[[Callable], Kernel]:
     """Decorate a nopython-mode function as a :class:`Kernel` of :data:`KERNELS`; ``args``
-    and ``returns`` declare the signature it is exported with (none: a helper)."""
-    if args is not None and options:
+    and ``returns`` declare the signature it is exported with (none: a helper). ``borrows``:
+    a helper that only borrows its arrays, compiled without reference counting (the module
+    docstring)."""
+    if args is not None and (options or borrows):
         raise TypeError("an exported kernel takes no numba options: the ahead-of-time build would not apply them")
+    if borrows:
+        options = {**options, "_nrt": False}
 
     def wrap(f: Callable) -> Kernel:
         return Kernel(f, KERNELS, options, args, returns)

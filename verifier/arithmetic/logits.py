@@ -2,9 +2,9 @@
 
 **Logits.** By linearity U·y = U·r + U·o for the layer's output y = r + o (o the routed
 expert's output, :mod:`verifier.arithmetic.experts`): :func:`logits` encloses U·r once per
-residual row, for the ablation and for every expert that may win; :func:`logit_terms` adds
-those enclosures to a row's logit accumulator as interval terms and :func:`output_logits`
-the terms of U·o. A token nothing reaches has logit exactly 0.
+residual row, for the ablation and for every expert that may win; :func:`row_logits` adds
+those enclosures to a row's logit accumulator as interval terms, and the terms of U·o. A
+token nothing reaches has logit exactly 0.
 
 **The error.** 1 − P(valid) from a row's logit enclosures: with M the shift (the largest
 midpoint, and 0 when a token has logit 0) and S the sums of e^(z − M) over the valid and the
@@ -85,10 +85,10 @@ def logits(R_ptr, R_idx, R_mid, R_rad, UT_ptr, UT_idx, UT_val, Lacc, Ltouched, L
     return trimmed(out, e) + (out_mag[:e],)
 
 
-@kernel()
+@kernel(borrows=True)
 def _logit_term(t, m, a, b, mag, Lacc, s, Ltouched, nt, Lwhere, dep):
     """A term (midpoint m, A-term a, B-term b) of token t's logit into the accumulator; in the
-    deployed pass (``dep``, as :func:`logit_terms` takes it) also ``mag`` into the token's
+    deployed pass (``dep``, as :func:`row_logits` takes it) also ``mag`` into the token's
     magnitude (0 when the token is new). Returns the touched count."""
     if dep is not None:
         if Lacc[t, 0] != s:
@@ -100,30 +100,24 @@ def _logit_term(t, m, a, b, mag, Lacc, s, Ltouched, nt, Lwhere, dep):
     return nt
 
 
-@kernel()
-def logit_terms(L, row, Lacc, s, Ltouched, nt, Lwhere, dep):
-    """Row ``row`` of the logits U·r (:func:`logits`' rows) into a logit accumulator, one
-    interval term per token; in the deployed pass (``dep``: the arrays of
-    :func:`verifier.arithmetic.experts.experts`' ``deployed`` but its first; dense
-    accumulators; None: the exact pass) also their magnitudes per token (its last array).
-    Returns the touched count."""
+@kernel(borrows=True)
+def row_logits(L, row, UT, y, ny, Lacc, s, Ltouched, Lwhere, dep, cmax, l1a):
+    """U·y = U·r + U·o for one row into an empty logit accumulator (stamp s): row ``row`` of
+    U·r (:func:`logits`' rows ``L``), one interval term per token, then U·o, each of the ``ny``
+    entries of an expert's output o (the accumulator ``y`` = (acc, touched, where)) enclosed
+    and times its column of U (``UT``: U^T as CSR), as product terms. In the deployed pass
+    (``dep``: the arrays of :func:`verifier.arithmetic.experts.experts`' ``deployed`` but its
+    first; dense accumulators; None: the exact pass) each output entry is widened by its
+    stage's rounding (:func:`verifier.arithmetic.deployed.widen_output`; ``cmax``: |c| of the
+    gate scale, ``l1a``: Σ a_hi of the activities) and each token's magnitude accumulated
+    (its last array). Returns (touched count, a value of o not finite, Σ|ô| in the deployed
+    pass, else 0)."""
     L_ptr, L_idx, L_mid, L_rad, L_mag = L
-    for e in range(L_ptr[row], L_ptr[row + 1]):
-        nt = _logit_term(L_idx[e], L_mid[e], L_rad[e], abs(L_mid[e]), L_mag[e], Lacc, s, Ltouched, nt, Lwhere, dep)
-    return nt
-
-
-@kernel()
-def output_logits(UT, y, ny, Lacc, s, Ltouched, nt, Lwhere, dep, cmax, l1a):
-    """U·o into a logit accumulator: each of the ``ny`` entries of an expert's output o (the
-    accumulator ``y`` = (acc, touched, where)) enclosed, times its column of U (``UT``: U^T
-    as CSR), as product terms. In the deployed pass (``dep`` as :func:`logit_terms` takes it;
-    dense accumulators; None: the exact pass) each output entry is widened by its stage's
-    rounding (:func:`verifier.arithmetic.deployed.widen_output`; ``cmax``: |c| of the gate
-    scale, ``l1a``: Σ a_hi of the activities) and the logits' magnitudes grow. Returns
-    (touched count, a value not finite, Σ|ô| in the deployed pass, else 0)."""
     UT_ptr, UT_idx, UT_val = UT
     yacc, ytouched, ywhere = y
+    nt = 0
+    for e in range(L_ptr[row], L_ptr[row + 1]):
+        nt = _logit_term(L_idx[e], L_mid[e], L_rad[e], abs(L_mid[e]), L_mag[e], Lacc, s, Ltouched, nt, Lwhere, dep)
     bad = False
     l1o = 0.0
     for u in range(ny):
@@ -144,7 +138,7 @@ def output_logits(UT, y, ny, Lacc, s, Ltouched, nt, Lwhere, dep, cmax, l1a):
     return nt, bad, l1o
 
 
-@kernel()
+@kernel(borrows=True)
 def to_radii(Lacc, Ltouched, nt, Lwhere):
     """Column 2 of the accumulator's ``nt`` rows becomes each entry's radius (column 1 its
     midpoint)."""
@@ -156,7 +150,7 @@ def to_radii(Lacc, Ltouched, nt, Lwhere):
 # --- the error -----------------------------------------------------------------------------------------
 
 
-@kernel()
+@kernel(borrows=True)
 def _count_valid(valid, lo, hi, vstamp, sv, small):
     """The number of distinct valid tokens ``valid[lo:hi]``: by scanning them (``small``), else
     marking each with the stamp ``sv`` in ``vstamp``."""
@@ -171,7 +165,7 @@ def _count_valid(valid, lo, hi, vstamp, sv, small):
     return n_valid
 
 
-@kernel()
+@kernel(borrows=True)
 def _exp_terms(m, r, M, memo, quick):
     """Bounds of e^(z − M) for a logit z in [m ± r] (``memo``: exponential.exp_memo's, or None)."""
     lo = step_down(step_down(m - r, quick) - M, quick)
@@ -179,7 +173,7 @@ def _exp_terms(m, r, M, memo, quick):
     return exp_memo(lo, memo, -1.0), exp_memo(hi, memo, 1.0)
 
 
-@kernel()
+@kernel(borrows=True)
 def _zero_terms(M, memo, quick):
     """Bounds of e^(0 − M), a token of logit exactly 0's term."""
     return exp_memo(step_down(-M, quick), memo, -1.0), exp_memo(step_up(-M, quick), memo, 1.0)
@@ -239,7 +233,7 @@ def _error_rho(masses, z_lo, z_hi, quick):
     return err_lo, err_hi, (rho_lo if rho_lo >= 0.0 else 0.0), (rho_hi if rho_hi <= 1.0 else 1.0)
 
 
-@kernel()
+@kernel(borrows=True)
 def error_enclosure(nt, Ltouched, Lacc, V, vptr_lo, vptr_hi, valid, vstamp, s):
     """Enclosure (lo, hi) of 1 − P(valid), the argmax token (−1: a zero logit), and an
     enclosure (rho_lo, rho_hi) of ρ = e^(0 − M)/(S_inv + S_val), the probability one token
@@ -275,7 +269,7 @@ def error_enclosure(nt, Ltouched, Lacc, V, vptr_lo, vptr_hi, valid, vstamp, s):
     return err_lo, err_hi, arg, rho_lo, rho_hi
 
 
-@kernel()
+@kernel(borrows=True)
 def _deployed_exp(lo, hi, Mhi, c, sm):
     """Bounds of a deployed exp of a logit in [lo, hi] (Lemma F2): relative to the common shift
     c, widened by the shift's rounding θ = rel·(M_hi − lo) + tiny and the exp's and its
@@ -286,7 +280,7 @@ def _deployed_exp(lo, hi, Mhi, c, sm):
     return e_lo, e_hi
 
 
-@kernel()
+@kernel(borrows=True)
 def error_enclosure_deployed(nt, Ltouched, Lacc, V, vptr_lo, vptr_hi, valid, vstamp, s, sm):
     """Enclosure (lo, hi) of 1 − Σ_valid p̂ for the deployed pass (Lemma F2 of
     verifier.passes.floating with the valid tokens' mass, as its softmax constants ``sm`` give
@@ -387,7 +381,7 @@ def cohort_table(nL, Ltouched, Lacc, table, sg):
     return M, s_lo, s_hi, bad
 
 
-@kernel()
+@kernel(borrows=True)
 def position(t, nL, table):
     """Token t's position in a cohort's table, −1 if it is not there (binary search in the
     table's sorted tokens: a row looks up a few tokens in a table that stays in cache)."""
@@ -398,7 +392,7 @@ def position(t, nL, table):
     return -1
 
 
-@kernel()
+@kernel(borrows=True)
 def _is_valid(t, small, valid, lo, hi, vstamp, sv):
     """Whether token t is one of the row's valid next tokens ``valid[lo:hi]`` (``small``: by
     scanning them; else by the stamps ``vstamp[t] == sv`` or ``sv + 0.5`` set beforehand)."""
@@ -410,7 +404,7 @@ def _is_valid(t, small, valid, lo, hi, vstamp, sv):
     return vstamp[t] == sv or vstamp[t] == sv + 0.5
 
 
-@kernel()
+@kernel(borrows=True)
 def _first_time(valid, lo, q):
     """Whether ``valid[q]`` does not occur in ``valid[lo:q]``."""
     for r in range(lo, q):
@@ -419,7 +413,7 @@ def _first_time(valid, lo, q):
     return True
 
 
-@kernel()
+@kernel(borrows=True)
 def _in_table(sub, w, elo, ehi):
     """``sub`` = (float sums of table bounds, count) with the table's token at position ``w``
     added (none: −1)."""
@@ -428,7 +422,7 @@ def _in_table(sub, w, elo, ehi):
     return sub
 
 
-@kernel()
+@kernel(borrows=True)
 def _unchanged_valid(q, small, valid, lo, vstamp, sv, Lacc, s, Ltouched, Lwhere, nL, table):
     """The table position of the valid token ``valid[q]`` if the row did not change its logit
     and it is the first time it occurs among ``valid[lo:q + 1]``; −1 otherwise. (A large set
@@ -447,7 +441,7 @@ def _unchanged_valid(q, small, valid, lo, vstamp, sv, Lacc, s, Ltouched, Lwhere,
     return position(t, nL, table)
 
 
-@kernel()
+@kernel(borrows=True)
 def _table_rest(c_lo, c_hi, nL, sub, M_c, M, memo):
     """Σ over a cohort table's tokens outside Q, relative to M: the table's sum (of ``nL``
     tokens, float sums ``c_lo``, ``c_hi`` relative to M_c) minus Q's share (``sub``: the float
@@ -465,7 +459,7 @@ def _table_rest(c_lo, c_hi, nL, sub, M_c, M, memo):
     return rest_lo, rest_hi
 
 
-@kernel()
+@kernel(borrows=True)
 def error_enclosure_parts(nt, Ltouched, Lacc, Lwhere, s, table, cohort, V, vptr_lo, vptr_hi, valid, vstamp, sv, memo):
     """Enclosure of 1 − P(valid), the argmax token (−1: a zero logit), and an enclosure of
     ρ = e^(0 − M)/Σ_t e^(z_t − M) (as :func:`error_enclosure` returns them) for a row whose
@@ -576,7 +570,7 @@ def _gap(best, hi_o, zeros, quick):
     return step_down(best - hi_o, quick)
 
 
-@kernel()
+@kernel(borrows=True)
 def _top_gap(nt, Ltouched, Lacc, V, o):
     """:func:`_gap` over the logits in the dense accumulator (the ``nt`` tokens of
     ``Ltouched``, mid in column 1 and radius in column 2; every other token of the ``V`` has
@@ -601,7 +595,7 @@ def _top_gap(nt, Ltouched, Lacc, V, o):
     return _gap(best, hi_o, zeros, None), zeros
 
 
-@kernel()
+@kernel(borrows=True)
 def _mark(Urows, row, dest, ustamp, side, s):
     """Row ``row`` of U (``Urows``: U as CSR by token) into ``dest``, each coordinate stamped
     ``s`` in column ``side`` of ``ustamp`` (coordinates beyond dest's size meet no residual entry)."""
@@ -612,7 +606,7 @@ def _mark(Urows, row, dest, ustamp, side, s):
             ustamp[U_idx[q], side] = s
 
 
-@kernel()
+@kernel(borrows=True)
 def _pair_terms(X, row, ut, uo, ustamp, s, sums):
     """The terms (U_tj − U_oj)·r_j of row ``row`` of residual rows X (CSR: ptr, idx, mid, rad)
     added to ``sums`` = (mid, A, B, n) as every entry of the pass is summed; a coordinate where
@@ -639,7 +633,7 @@ def _pair_terms(X, row, ut, uo, ustamp, s, sums):
     return (mid, A, B, n), True
 
 
-@kernel()
+@kernel(borrows=True)
 def _pair_gap(X, row, Y, row_y, t, o, Urows, u_scratch, s, quick):
     """A lower bound of z_t − z_o = Σ_j (U_tj − U_oj)·r_j for a residual row r, given as row
     ``row`` of X plus (Y not None: the factored pass's two parts) row ``row_y`` of Y (r_j
@@ -675,17 +669,17 @@ def _ablated_outputs(P):
             np.full(P, np.nan))
 
 
-@kernel()
+@kernel(borrows=True)
 def _alone(valid, lo, hi, o):
     """Whether the valid tokens ``valid[lo:hi]`` are o alone."""
     return hi - lo == 1 and valid[lo] == o
 
 
-@kernel()
+@kernel(borrows=True)
 def _put_logits(L, row, Lacc, s, Ltouched, nt, Lwhere, dep):
     """Row ``row`` of logit rows L (:func:`logits`' form) into the accumulator as they are,
     midpoint in column 1 and radius in column 2; in the deployed pass (``dep`` as
-    :func:`logit_terms` takes it; None: the exact pass) each radius widened by the logits'
+    :func:`row_logits` takes it; None: the exact pass) each radius widened by the logits'
     rounding (there being no output sum: y = r̂). Returns the touched count."""
     L_ptr, L_idx, L_mid, L_rad, L_mag = L
     for e in range(L_ptr[row], L_ptr[row + 1]):
@@ -697,44 +691,47 @@ def _put_logits(L, row, Lacc, s, Ltouched, nt, Lwhere, dep):
     return nt
 
 
-@kernel()
-def _ablated_row(q, i, L, V, valid_ptr, valid, scratch, s, P, o, R, Urows, u_scratch, out, dep):
-    """Row i of :func:`ablated` into row q of ``out`` (:func:`_ablated_outputs`); ``dep`` (the
-    deployed pass; None: the exact one) as :func:`logit_terms` takes it."""
+@kernel(borrows=True)
+def _ablated_rows(rows, L, V, valid_ptr, valid, scratch, stamp0, target, R, Urows, u_scratch, out, dep):
+    """The rows of :func:`ablated` (its arguments) into ``out`` (:func:`_ablated_outputs`);
+    ``dep`` (the deployed pass; None: the exact one) as :func:`row_logits` takes it."""
     Lacc, Ltouched, vstamp, only = scratch
     err_lo, err_hi, rho_lo, rho_hi, gap, zeros, obj_lo = out
-    nt = _put_logits(L, i, Lacc, s, Ltouched, 0, None, dep)
-    if o >= 0:
-        gap[q], zeros[q] = _top_gap(nt, Ltouched, Lacc, V, o)
-        if dep is None and not (gap[q] >= 0.0):
-            best_t = -1                                # the token other than o of the largest midpoint
-            best_m = -np.inf
-            for u in range(nt):
-                t = Ltouched[u]
-                if t != o and Lacc[t, 1] > best_m:
-                    best_m = Lacc[t, 1]
-                    best_t = t
-            if best_t >= 0:
-                pg = _pair_gap(R, i, None, 0, best_t, o, Urows, u_scratch, float(s), None)
-                if pg > gap[q]:
-                    gap[q] = pg
-    if dep is None:
-        lo, hi, _, rho_lo[q], rho_hi[q] = error_enclosure(nt, Ltouched, Lacc, V, valid_ptr[i], valid_ptr[i + 1], valid,
-                                                          vstamp, s)
-    else:
-        lo, hi, _ = error_enclosure_deployed(nt, Ltouched, Lacc, V, valid_ptr[i], valid_ptr[i + 1], valid, vstamp,
-                                             s, dep[1])
-        rho_lo[q], rho_hi[q] = np.nan, np.nan
-    err_lo[q], err_hi[q] = lo, hi
-    if o < 0:
-        return
-    only[0] = o                                        # L1: 1 − P(o) for o alone
-    if _alone(valid, valid_ptr[i], valid_ptr[i + 1], o):
-        obj_lo[q] = lo
-    elif dep is None:
-        obj_lo[q] = error_enclosure(nt, Ltouched, Lacc, V, 0, 1, only, vstamp, s + P)[0]
-    else:
-        obj_lo[q] = error_enclosure_deployed(nt, Ltouched, Lacc, V, 0, 1, only, vstamp, s + P, dep[1])[0]
+    P = rows.size
+    for q in range(P):
+        i, s, o = rows[q], stamp0 + q, target[rows[q]]
+        nt = _put_logits(L, i, Lacc, s, Ltouched, 0, None, dep)
+        if o >= 0:
+            gap[q], zeros[q] = _top_gap(nt, Ltouched, Lacc, V, o)
+            if dep is None and not (gap[q] >= 0.0):
+                best_t = -1                            # the token other than o of the largest midpoint
+                best_m = -np.inf
+                for u in range(nt):
+                    t = Ltouched[u]
+                    if t != o and Lacc[t, 1] > best_m:
+                        best_m = Lacc[t, 1]
+                        best_t = t
+                if best_t >= 0:
+                    pg = _pair_gap(R, i, None, 0, best_t, o, Urows, u_scratch, float(s), None)
+                    if pg > gap[q]:
+                        gap[q] = pg
+        if dep is None:
+            lo, hi, _, rho_lo[q], rho_hi[q] = error_enclosure(nt, Ltouched, Lacc, V, valid_ptr[i], valid_ptr[i + 1],
+                                                              valid, vstamp, s)
+        else:
+            lo, hi, _ = error_enclosure_deployed(nt, Ltouched, Lacc, V, valid_ptr[i], valid_ptr[i + 1], valid, vstamp,
+                                                 s, dep[1])
+            rho_lo[q], rho_hi[q] = np.nan, np.nan
+        err_lo[q], err_hi[q] = lo, hi
+        if o < 0:
+            continue
+        only[0] = o                                    # L1: 1 − P(o) for o alone
+        if _alone(valid, valid_ptr[i], valid_ptr[i + 1], o):
+            obj_lo[q] = lo
+        elif dep is None:
+            obj_lo[q] = error_enclosure(nt, Ltouched, Lacc, V, 0, 1, only, vstamp, s + P)[0]
+        else:
+            obj_lo[q] = error_enclosure_deployed(nt, Ltouched, Lacc, V, 0, 1, only, vstamp, s + P, dep[1])[0]
 
 
 @kernel(args=(I1, LOGITS, "i64", I1, I1, F2, I1, F1, "i64", DEPLOYED, I1, PART, CSR, (F1, F1, F2)),
@@ -765,18 +762,14 @@ def ablated(rows, L, V, valid_ptr, valid, Lacc, Ltouched, vstamp, stamp0, deploy
     P = rows.size
     out = _ablated_outputs(P)
     scratch = (Lacc, Ltouched, vstamp, np.empty(1, np.int64))   # the last: the valid set {o}
-    for q in range(P):
-        i = rows[q]
-        if deployed[0]:
-            _ablated_row(q, i, L, V, valid_ptr, valid, scratch, stamp0 + q, P, target[i], R, Urows, u_scratch, out,
-                         deployed[1:])
-        else:
-            _ablated_row(q, i, L, V, valid_ptr, valid, scratch, stamp0 + q, P, target[i], R, Urows, u_scratch, out,
-                         None)
+    if deployed[0]:
+        _ablated_rows(rows, L, V, valid_ptr, valid, scratch, stamp0, target, R, Urows, u_scratch, out, deployed[1:])
+    else:
+        _ablated_rows(rows, L, V, valid_ptr, valid, scratch, stamp0, target, R, Urows, u_scratch, out, None)
     return out
 
 
-@kernel()
+@kernel(borrows=True)
 def _first_unchanged(order, nL, tok, o, Lacc, s, Ltouched, Lwhere):
     """The first table position in ``order`` whose token is not o and not one the row changed; −1 if none."""
     for u in range(nL):
@@ -786,7 +779,7 @@ def _first_unchanged(order, nL, tok, o, Lacc, s, Ltouched, Lwhere):
     return -1
 
 
-@kernel()
+@kernel(borrows=True)
 def _gap_parts(i, c, o, nt, Lacc, Ltouched, Lwhere, s, table, nL, V, S, O, Urows, u_scratch):
     """:func:`_gap` for a row of the factored pass (its logits the cohort's table but at its
     ``nt`` tokens, :func:`error_enclosure_parts`): the largest lower end among the other

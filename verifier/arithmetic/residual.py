@@ -9,7 +9,7 @@ a sparse accumulator (:mod:`verifier.arithmetic.accumulate`); a sum whose produc
 rounded already errs by at most γ_n·Σ|mid_t| and its radii add, and an entry of one term is
 that term (:func:`_summed`).
 
-Two kernels, one set of terms (:func:`_shared_terms`, :func:`_own_terms`):
+Two kernels, one set of terms (:func:`_shared_terms`, :func:`_exact_terms`, :func:`_value_terms`):
 
 * :func:`residual` (the plain pass, :mod:`verifier.passes.forward`): every term of a row,
   in a dense accumulator; in the deployed pass of a format each entry also accumulates the
@@ -60,7 +60,7 @@ def residual_bound(ids, E_ptr, P_ptr, OE_ptr, OP_ptr, H, v_row, npos):
 # --- a row's terms ---------------------------------------------------------------------------------
 
 
-@kernel()
+@kernel(borrows=True)
 def _place(col, acc, s, touched, nt, where, macc):
     """:func:`verifier.arithmetic.accumulate.place`, also starting the deployed pass's
     magnitude columns of ``col`` when it is new (``macc``: dense accumulators only; None: none)."""
@@ -71,7 +71,7 @@ def _place(col, acc, s, touched, nt, where, macc):
     return place(col, acc, s, touched, nt, where)
 
 
-@kernel()
+@kernel(borrows=True)
 def _exact_terms(X, row, acc, s, touched, nt, where, macc):
     """Row ``row`` of an exact matrix (E or P; CSR ptr, idx, val), each entry a term of no
     radius; with ``macc`` also Σ|entries| per column (magnitude column 0). Returns the
@@ -85,7 +85,7 @@ def _exact_terms(X, row, acc, s, touched, nt, where, macc):
     return nt
 
 
-@kernel()
+@kernel(borrows=True)
 def _value_terms(X, row, wm, wr, acc, s, touched, nt, where, macc, mag):
     """Row ``row`` of value rows (OE or OP; CSR ptr, idx, mid, rad) times the attention weight
     [wm ± wr], each entry a term; with ``macc`` also Σ â_hi·``mag`` per column (magnitude
@@ -102,7 +102,7 @@ def _value_terms(X, row, wm, wr, acc, s, touched, nt, where, macc, mag):
     return nt
 
 
-@kernel()
+@kernel(borrows=True)
 def _shared_terms(i, ids, own, diverse, attention, E, P, OE, OP, heads, acc, s, touched, where, macc, OE_mag,
                   OP_mag):
     """Row i's terms that are not its own, in the order E[x_p], P[p], then per head m and
@@ -131,37 +131,7 @@ def _shared_terms(i, ids, own, diverse, attention, E, P, OE, OP, heads, acc, s, 
     return nt
 
 
-@kernel()
-def _own_terms(i, ids, own, div_heads, attention, E, OE, heads, acc, s, touched, where, own_pos):
-    """Row i's own terms (:func:`_shared_terms` says which), in the same order: E[x_p] when
-    x_p is the row's own, and the value rows of its own positions in the diverse heads
-    ``div_heads`` only (``own_pos``: work array of a position per token). Returns the
-    touched count."""
-    att, am, ar = attention
-    v_row = heads[1]
-    p = ids.shape[1] - 1
-    nt = 0
-    if own[i, p]:
-        nt = _exact_terms(E, ids[i, p], acc, s, touched, nt, where, None)
-    n_own = 0
-    for j in range(p + 1):
-        if own[i, j]:
-            own_pos[n_own] = j
-            n_own += 1
-    a_row = att[i]
-    for h in range(div_heads.size):
-        m = div_heads[h]
-        for u in range(n_own):
-            j = own_pos[u]
-            wm = am[a_row, m, j]
-            wr = ar[a_row, m, j]
-            if wm == 0.0 and wr == 0.0:
-                continue
-            nt = _value_terms(OE, v_row[m, ids[i, j]], wm, wr, acc, s, touched, nt, where, None, None)
-    return nt
-
-
-@kernel()
+@kernel(borrows=True)
 def _summed(acc, u):
     """(mid, radius) of accumulator row ``u``, a sum of terms whose products were rounded
     already: error <= γ_n·Σ|mid_t|, radii add; one term is its own midpoint (no addition)
@@ -170,7 +140,7 @@ def _summed(acc, u):
     return acc[u, 1], (entry_radius(acc[u, 2], acc[u, 3], n_) if n_ > 1 else acc[u, 2])
 
 
-@kernel()
+@kernel(borrows=True)
 def _row(i, ids, attention, E, P, OE, OP, heads, acc, touched, s, out, e, dep):
     """Row i of :func:`residual` (every term, a dense accumulator) into the rows ``out`` from
     their entry ``e``; ``dep`` (the deployed pass; None: the exact one) = :func:`residual`'s
@@ -233,7 +203,8 @@ def residual(ids, attention, E, P, OE, OP, heads, scratch, stamp0, capacity, dep
 def residual_part(ids, own, diverse, shared, attention, E, P, OE, OP, heads, scratch, stamp0):
     """One part of r = E[x_p] + P[p] + Σ_m Σ_j a_mj·(W_O W_V h_j) for every row of ``ids``, as
     CSR (ptr, idx, mid, rad): with ``shared`` the shared part (:func:`_shared_terms`), else
-    the own part (:func:`_own_terms`), the arguments as :func:`residual` takes them.
+    the own part (in the same order, the own positions of the diverse heads only), the
+    arguments as :func:`residual` takes them.
 
     The terms are :func:`residual`'s, in its order, and each goes to exactly one part: a
     row's own part holds E[x_p] when x_p is one of the row's own tokens (``own[i, p]``: an
@@ -246,7 +217,10 @@ def residual_part(ids, own, diverse, shared, attention, E, P, OE, OP, heads, scr
     where: :func:`verifier.arithmetic.accumulate.slot`).
     """
     acc, touched, where = scratch
+    att, am, ar = attention
+    v_row = heads[1]
     n, p1 = ids.shape
+    p = p1 - 1
     out = new_rows(n, max(8 * n, 16))
     div_heads = np.flatnonzero(diverse)
     own_pos = np.empty(p1, np.int64)
@@ -256,9 +230,21 @@ def residual_part(ids, own, diverse, shared, attention, E, P, OE, OP, heads, scr
         if shared:
             nt = _shared_terms(i, ids, own, diverse, attention, E, P, OE, OP, heads, acc, s, touched, where, None,
                                None, None)
-        else:
-            nt = _own_terms(i, ids, own, div_heads, attention, E, OE, heads, acc, s, touched, where, own_pos)
-        out = room(out, e + nt)
+        else:                                          # own terms: E[x_p] if own, own positions of diverse heads
+            nt = _exact_terms(E, ids[i, p], acc, s, touched, 0, where, None) if own[i, p] else 0
+            n_own = 0
+            for j in range(p1):
+                if own[i, j]:
+                    own_pos[n_own] = j
+                    n_own += 1
+            for h in range(div_heads.size):
+                for u in range(n_own):
+                    m, j = div_heads[h], own_pos[u]
+                    wm, wr = am[att[i], m, j], ar[att[i], m, j]
+                    if wm != 0.0 or wr != 0.0:
+                        nt = _value_terms(OE, v_row[m, ids[i, j]], wm, wr, acc, s, touched, nt, where, None, None)
+        if e + nt > out[1].size:
+            out = room(out, e + nt)
         for u in range(nt):
             m_, r_ = _summed(acc, u)
             e = put(out, e, touched[u], m_, r_)
