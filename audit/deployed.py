@@ -28,6 +28,10 @@ besides every product and the softmax outputs, the softmax's shifted scores, its
 and its sum are each stored in the format; the residual is added head by head
 (r = r + W_O^m c_m, each head's product stored, each addition's result stored); and a
 product's bias is added after the product is stored (MatMul, then Add).
+
+``forward(prefix, ablate=...)`` also runs the model with the routed expert removed (the
+localization check's ablated model, y = r) in each way the execution model's ``ablation``
+row names (:data:`ABLATIONS`), and returns the logits too.
 """
 
 from __future__ import annotations
@@ -40,6 +44,9 @@ from layout import Weights
 from layout.formats import Format
 
 ORDERS = ("sequential", "pairwise", "fma", "float64-accumulate")
+#: The ways of removing the routed expert (the execution model's "ablation" row): not run,
+#: its output selected away, its output (or gate scale) multiplied by 0.
+ABLATIONS = ("drop", "select", "zero")
 
 
 def round_to(x, p: int):
@@ -176,18 +183,40 @@ class Deployed:
             r = np.array([self._sum(t) for t in resid_terms])
         return self.store(r)
 
-    def run(self, prefix: list[int]) -> tuple[np.ndarray, int]:
+    def run(self, prefix: list[int], ablate: str | None = None) -> tuple[np.ndarray, int]:
         """(the output distribution p̂ at the last position, the routed expert) for a
-        prefix of token ids (BOS is prepended)."""
+        prefix of token ids (BOS is prepended); ``ablate``: see :meth:`forward`."""
+        p, e, _ = self.forward(prefix, ablate)
+        return p, e
+
+    def forward(self, prefix: list[int], ablate: str | None = None) -> tuple[np.ndarray, int, np.ndarray]:
+        """(p̂, the routed expert, the logits) for a prefix. ``ablate`` removes the routed
+        expert (:data:`ABLATIONS`): "drop" (y = r, the expert not run), "select" (its
+        output replaced by zeros by selection, ``np.where``), "zero" (its output, or in
+        gate mode top1-scaled its gate scale, multiplied by 0: NaN where the output is
+        infinite)."""
+        assert ablate in (None, *ABLATIONS)
+        with np.errstate(over="ignore", invalid="ignore"):      # an overflow is a value here (±inf, NaN)
+            return self._forward(prefix, ablate)
+
+    def _forward(self, prefix: list[int], ablate: str | None) -> tuple[np.ndarray, int, np.ndarray]:
         ids = [self.w.bos] + list(prefix)
         h = [self.store(self.E[t] + self.P[i]) for i, t in enumerate(ids)]
         r = self._residual(h)
         g = self.matvec(self.WG, r, self.bG)
         e = int(np.argmax(g))
-        W1, b1, W2 = self.experts[e]
-        z = np.maximum(self.matvec(W1, r, b1), 0.0)
-        o = self.matvec(W2, z)
-        if self.w.gate_mode == "top1-scaled":
-            o = self.store(self.r(self.softmax(g)[e] * o))
-        y = self.store(r + o)
-        return self.softmax(self.matvec(self.U, y)), e
+        if ablate == "drop":
+            y = r
+        else:
+            W1, b1, W2 = self.experts[e]
+            z = np.maximum(self.matvec(W1, r, b1), 0.0)
+            o = self.matvec(W2, z)
+            if self.w.gate_mode == "top1-scaled":
+                o = self.store(self.r((0.0 if ablate == "zero" else self.softmax(g)[e]) * o))
+            elif ablate == "zero":
+                o = self.store(self.r(0.0 * o))
+            if ablate == "select":
+                o = np.where(np.zeros(o.shape, bool), o, 0.0)
+            y = self.store(r + o)
+        logits = self.matvec(self.U, y)
+        return self.softmax(logits), e, logits

@@ -1,6 +1,7 @@
 """A differential tester of the floating-point certificates against real runtimes.
 
-``FloatPass(weights, dep).run_batch(...)`` (:mod:`verifier.passes.forward`) claims, for every
+``FloatPass(weights, dep).run_batch(...)`` (:mod:`verifier.passes.forward`; for dense weights
+the dense pass, :class:`verifier.passes.dense.DeployedDensePass`) claims, for every
 execution its execution model covers, per query: the deployed error 1 − Σ_{valid} p̂ lies
 in [err_lo, err_hi], and where ``margin > 0`` the routed expert is ``expert``. This
 module runs small adversarial models through executions that claim to be covered and
@@ -13,7 +14,8 @@ checks each claim:
   its search and shrinking move through them): values at rounding ties, many equal
   terms in the output or attention softmax, per-head half-ulp additions to a residual
   coordinate the gate reads, subnormals amplified, huge products that cancel exactly,
-  a product and its bias both at ties (:data:`MOTIFS`);
+  a product and its bias both at ties, gate sums and expert outputs that overflow the
+  format on the way (:data:`MOTIFS`);
 * **runners** (:func:`runners`), each giving per query the output distribution (as
   float64 numbers of the stored outputs) and the routed expert:
 
@@ -29,6 +31,11 @@ checks each claim:
     optimisations or none;
   - the numpy emulator :class:`audit.deployed.Deployed` in a random summation order,
     pure, mixed precision, or mixed precision with every intermediate stored;
+  - **ablated** runners: some of each family with the routed expert removed in each way
+    the execution model's ``ablation`` row covers (:data:`audit.deployed.ABLATIONS`: the
+    expert not run, its output selected away, its output or gate scale multiplied by 0;
+    ONNX Runtime on the exported graph edited so, :func:`ablated_graph`), giving the
+    logits too;
 
 * **the oracle** (:func:`compare`): each runner is paired with the deployments that
   claim to cover it (:data:`COVERS`); for every query whose row is decided (not
@@ -40,7 +47,13 @@ checks each claim:
   - ``error``: the runner routed to a candidate and its error lies outside
     [err_lo, err_hi] (the enclosure is the worst over the candidates, so it holds for
     every candidate; :mod:`tests.test_precision` excuses any expert other than
-    ``expert``, which this check does not need to).
+    ``expert``, which this check does not need to);
+  - for an ablated runner, against the localization check's numbers (the certificate
+    computed with each query's first valid token as its object): ``ablated error``
+    outside [ablated_lo, ablated_hi], ``ablated object`` 1 − p̂(o) below
+    ``ablated_object_lo`` (L1's), ``ablated gap`` max_{t != o} ẑ_t − ẑ_o below
+    ``ablated_gap`` (L2's), on every query whose ablation is decided
+    (:func:`compare_ablated`).
 
 **Causes** (:func:`causes`): a violation by an op-by-op PyTorch variant (or the emulator
 storing its intermediates) is put down to each of its choices whose fused form alone (
@@ -70,12 +83,13 @@ import scipy.sparse as sp
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from audit.deployed import ORDERS, Deployed
+from audit.deployed import ABLATIONS, ORDERS, Deployed
 from layout import Expert, Head, Weights
 from layout.formats import FORMATS, round_weights
 from layout.weights import GATE_MODES
 from tasks.errors import TaskError
 from verifier.passes.floating import Deployment
+from verifier.passes.dense import DeployedDensePass, is_dense
 from verifier.passes.forward import FloatPass
 from verifier.passes.forward import BatchResult
 
@@ -232,6 +246,33 @@ def random_models(draw) -> Case:
     gate_mode = draw(st.sampled_from(GATE_MODES))
     w = dense_model(a(V + 1, d), a(n_pos, d), heads, a(K, d), a(K), experts, a(V, d), gate_mode)
     return _case(draw, "random", {}, w)
+
+
+def nonzero_entries() -> st.SearchStrategy[float]:
+    """A weight that is never zero: a grid or tie value, or any non-zero float in [−4, 4]."""
+    return st.one_of(grid_values(), st.floats(-4.0, 4.0, allow_nan=False, allow_infinity=False,
+                                              allow_subnormal=False).filter(lambda x: x != 0.0))
+
+
+@st.composite
+def dense_models(draw) -> Case:
+    """Dense weights (every entry non-zero, as trained weights are), which the verifier's dense
+    pass certifies (:mod:`verifier.passes.dense`); values on the grids and at ties among them."""
+    V, d, n_pos = draw(st.integers(2, 10)), draw(st.integers(2, 6)), draw(st.integers(2, 5))
+    H, K = draw(st.integers(0, 3)), draw(st.integers(1, 4))
+    el = nonzero_entries()
+
+    def a(*shape):
+        return draw(arrays(np.float64, shape, elements=el))
+
+    heads = []
+    for _ in range(H):
+        dh, dv = draw(st.integers(1, 3)), draw(st.integers(1, 3))
+        heads.append((a(dh, d), a(dh, d), a(dv, d), a(d, dv)))
+    experts = [(a(width, d), a(width), a(d, width)) for width in (draw(st.integers(1, 3)) for _ in range(K))]
+    gate_mode = draw(st.sampled_from(GATE_MODES))
+    w = dense_model(a(V + 1, d), a(n_pos, d), heads, a(K, d), a(K), experts, a(V, d), gate_mode)
+    return _case(draw, "dense", {}, w)
 
 
 def _empty_expert(d: int):
@@ -475,15 +516,55 @@ def cancelling(draw) -> Case:
     return _case(draw, "cancel", kw, cancel_model(**kw))
 
 
+def overflow_model(a: float, gate_gap: float, out: float, read: float, gate_mode: str = "top1",
+                   V: int = 2, loser: float | None = None) -> Weights:
+    """Values near the formats' largest (about 2^128 in float32 and bfloat16 alike).
+    Coordinates 0 to 3 hold 1; expert 1's gate row reads them with +a, +a, −a, −a (its
+    score is exactly 0, but a sum adding a + a first overflows where 2a is beyond the
+    largest value, and routes there), expert 0's bias is ``gate_gap``. Each expert has two
+    neurons of activity 1 writing ``out`` (expert 0) or ``loser`` (expert 1; default −out)
+    into coordinate 4, so W_2·a = 2·out may overflow where out does not (and, in gate mode
+    top1-scaled, c·W_2·a may be finite where W_2·a is not); token 0 reads coordinate 4
+    with ``read``. Removing the expert by multiplying its output by 0 then gives NaN (0·∞)."""
+    d = 5
+    E = np.zeros((V + 1, d))
+    E[:, :4] = 1.0
+
+    def expert(v):
+        W2 = np.zeros((d, 2))
+        W2[4, :] = v
+        return np.zeros((2, d)), np.ones(2), W2
+
+    U = np.zeros((V, d))
+    U[0, 4] = read
+    return dense_model(E, np.zeros((2, d)), [], np.array([[0.0] * d, [a, a, -a, -a, 0.0]]),
+                       np.array([gate_gap, 0.0]), [expert(out), expert(-out if loser is None else loser)], U, gate_mode)
+
+
+@st.composite
+def overflowing(draw) -> Case:
+    """:func:`overflow_model`: a = m·2^k or 0 and out = m·2^k, k in {127, 126, 124, 120}
+    (m·2^127 overflows when doubled), read = 2^-j so that the logit is about 2^(k + 1 − j);
+    valid: token 0."""
+    big = st.builds(lambda m, k: m * 2.0 ** k, st.sampled_from((1.0, 1.5, 1.25)), st.sampled_from((127, 126, 124, 120)))
+    kw = _params(a=draw(st.one_of(big, st.just(0.0))),
+                 gate_gap=draw(st.sampled_from((2.0 ** 110, 1.0, 0.25, 4.0, 2.0 ** 20))), out=draw(big),
+                 read=2.0 ** -draw(st.integers(118, 132)), gate_mode=draw(st.sampled_from(GATE_MODES)),
+                 V=draw(st.integers(2, 3)), loser=draw(st.one_of(st.just(None), big)))
+    return _case(draw, "overflow", kw, overflow_model(**kw), [0], max_rows=1)
+
+
 #: Motif name -> strategy of :class:`Case`.
 MOTIFS: dict[str, Callable[[], st.SearchStrategy[Case]]] = {
     "random": random_models,
+    "dense": dense_models,
     "softmax-equal": softmax_equal,
     "attention-equal": attention_equal,
     "residual-heads": residual_heads,
     "bias-tie": bias_ties,
     "subnormal": subnormals,
     "cancel": cancelling,
+    "overflow": overflowing,
 }
 
 
@@ -503,13 +584,16 @@ def cases(motifs: Iterable[str] | None = None) -> st.SearchStrategy[Case]:
 class Runner:
     """A runtime configuration: ``run(case) -> (probs (n, V) float64, experts (n,))``;
     ``computes`` is "FMT" or "FMT+ACC" (storage and working format), whose
-    :data:`COVERS` entry names the deployments claiming to cover it."""
+    :data:`COVERS` entry names the deployments claiming to cover it. An ablated runner
+    (``ablation``: how it removes the routed expert) returns the logits (n, V) too, and is
+    held to the certificate's ablated claims (:func:`compare_ablated`)."""
 
     name: str
     family: str
     computes: str
-    run: Callable[[Case], tuple[np.ndarray, np.ndarray]]
+    run: Callable[[Case], tuple]
     config: Any = None
+    ablation: str | None = None
 
     @property
     def deployments(self) -> tuple[str, ...]:
@@ -534,7 +618,11 @@ class TorchConfig:
     (matmul, then the bias added) or "addmm"; ``flush``: torch.set_flush_denormal(True);
     ``onednn``: products through oneDNN (PyTorch's default where it applies) or through
     PyTorch's own kernels (oneDNN off: ``torch.backends.mkldnn.flags(enabled=False)``;
-    oneDNN builds a kernel per new shape, about 10 ms, so most variants run without it)."""
+    oneDNN builds a kernel per new shape, about 10 ms, so most variants run without it);
+    ``ablation``: the model with the routed expert removed (:data:`audit.deployed.ABLATIONS`:
+    "drop", y = r; "select", its output replaced by zeros with ``torch.where``; "zero",
+    its output, or its gate scale in gate mode top1-scaled, multiplied by 0), the run then
+    also returning the logits."""
 
     dtype: str
     residual: str = "per-head"
@@ -542,11 +630,12 @@ class TorchConfig:
     bias: str = "add"
     flush: bool = False
     onednn: bool = False
+    ablation: str | None = None
 
     @property
     def name(self) -> str:
         return (f"torch:{self.dtype}:{self.residual}:{self.softmax}:{self.bias}" + (":flush" if self.flush else "")
-                + (":onednn" if self.onednn else ""))
+                + (":onednn" if self.onednn else "") + (f":ablate-{self.ablation}" if self.ablation else ""))
 
     @property
     def computes(self) -> str:
@@ -637,14 +726,16 @@ def _torch_weights(case: Case, dtype: str):
     return case.memo[key]
 
 
-def run_torch(cfg: TorchConfig, case: Case) -> tuple[np.ndarray, np.ndarray]:
+def run_torch(cfg: TorchConfig, case: Case) -> tuple:
     """The layout's forward pass op by op in PyTorch (see :class:`TorchConfig`); weights
-    rounded to the format as deployed (F1); all queries at once (one length, no padding)."""
+    rounded to the format as deployed (F1); all queries at once (one length, no padding).
+    (probs, experts), and the logits too for an ablated configuration."""
     torch = _torch()
     W = _torch_weights(case, cfg.dtype)
     o = _Ops(torch, cfg.dtype == "float32+float64")
     with flush_denormal(cfg.flush), _onednn(cfg.onednn), _one_thread(), torch.no_grad():
-        return _torch_forward(torch, o, cfg, W, torch.from_numpy(_ids(case)), case.weights.gate_mode)
+        probs, experts, logits = _torch_forward(torch, o, cfg, W, torch.from_numpy(_ids(case)), case.weights.gate_mode)
+    return (probs, experts) if cfg.ablation is None else (probs, experts, logits)
 
 
 def _softmax(torch, o: _Ops, cfg: TorchConfig, x):
@@ -685,24 +776,35 @@ def _torch_forward(torch, o: _Ops, cfg: TorchConfig, W: dict, ids, gate_mode: st
         r = o(torch.addmm, last, C, WOc.T) if cfg.residual == "fused" else o(torch.add, last, o(torch.matmul, C, WOc.T))
     g = _affine(torch, o, cfg, r, W["W_G"], W["b_G"])                              # (n, K)
     e = torch.argmax(g, dim=1)
-    out = torch.zeros_like(r)
-    pg = _softmax(torch, o, cfg, g) if gate_mode == "top1-scaled" else None
-    for k in torch.unique(e).tolist():
-        rows = torch.nonzero(e == k, as_tuple=True)[0]
-        W1, b1, W2 = W["experts"][k]
-        z = torch.relu(_affine(torch, o, cfg, r[rows], W1, b1))
-        ok = o(torch.matmul, z, W2.T)
-        if pg is not None:
-            ok = o(torch.mul, ok, pg[rows, k][:, None])
-        out[rows] = ok
-    y = o(torch.add, r, out)
-    probs = _softmax(torch, o, cfg, o(torch.matmul, y, W["U"].T))
-    return probs.to(torch.float64).numpy(), e.numpy().astype(np.int64)
+    if cfg.ablation == "drop":                                                    # the expert not run: y = r
+        y = r
+    else:
+        out = torch.zeros_like(r)
+        pg = _softmax(torch, o, cfg, g) if gate_mode == "top1-scaled" else None
+        for k in torch.unique(e).tolist():
+            rows = torch.nonzero(e == k, as_tuple=True)[0]
+            W1, b1, W2 = W["experts"][k]
+            z = torch.relu(_affine(torch, o, cfg, r[rows], W1, b1))
+            ok = o(torch.matmul, z, W2.T)
+            if pg is not None:                                                    # "zero": the gate scale set to 0
+                ok = o(torch.mul, ok, torch.zeros_like(pg[rows, k][:, None]) if cfg.ablation == "zero"
+                       else pg[rows, k][:, None])
+            elif cfg.ablation == "zero":
+                ok = o(torch.mul, ok, torch.zeros((), dtype=ok.dtype))
+            if cfg.ablation == "select":
+                ok = torch.where(torch.zeros_like(ok, dtype=torch.bool), ok, torch.zeros_like(ok))
+            out[rows] = ok
+        y = o(torch.add, r, out)
+    logits = o(torch.matmul, y, W["U"].T)
+    probs = _softmax(torch, o, cfg, logits)
+    return (probs.to(torch.float64).numpy(), e.numpy().astype(np.int64),
+            logits.to(torch.float64).numpy())
 
 
 def torch_configs() -> list[TorchConfig]:
     """Per dtype: every combination of residual, softmax and bias without oneDNN; two of
-    them (the most op-by-op and the most fused) also with flushing and with oneDNN."""
+    them (the most op-by-op and the most fused) also with flushing and with oneDNN, and
+    with the routed expert removed in each way of :data:`audit.deployed.ABLATIONS`."""
     out = []
     for dt in ("float32", "bfloat16", "float32+float64"):
         out += [TorchConfig(dt, res, sm, b) for res in ("per-head", "concat", "fused") for sm in ("torch", "explicit")
@@ -710,29 +812,84 @@ def torch_configs() -> list[TorchConfig]:
         for extra in ({"flush": True}, {"onednn": True}):
             out += [TorchConfig(dt, "per-head", "explicit", "add", **extra),
                     TorchConfig(dt, "fused", "torch", "addmm", **extra)]
+        for way in ABLATIONS:
+            out += [TorchConfig(dt, "per-head", "explicit", "add", ablation=way),
+                    TorchConfig(dt, "fused", "torch", "addmm", ablation=way)]
     return out
 
 
 # ONNX Runtime
 
-def run_onnxruntime(optimise: bool, case: Case) -> tuple[np.ndarray, np.ndarray]:
+def run_onnxruntime(optimise: bool, case: Case, ablation: str | None = None) -> tuple:
     """ONNX Runtime's CPU provider on :func:`layout.onnx_graph.to_onnx` (float32), with the
     default graph optimisations or none (``ORT_DISABLE_ALL``); one thread. (Its
     ``session.set_denormal_as_zero`` is not a variant: it sets the thread pool's threads,
-    and these tiny graphs run on the caller's thread, whose outputs it did not change.)"""
+    and these tiny graphs run on the caller's thread, whose outputs it did not change.)
+    With ``ablation``, on the graph edited to remove the routed expert
+    (:func:`ablated_graph`), returning the logits too."""
     import onnxruntime as ort
 
     from layout.onnx_graph import to_onnx
 
     if "onnx" not in case.memo:
         case.memo["onnx"] = to_onnx(case.weights, "differential case").SerializeToString()
+    graph = case.memo["onnx"] if ablation is None else ablated_graph(case.memo["onnx"], ablation)
     so = ort.SessionOptions()
     so.graph_optimization_level = (ort.GraphOptimizationLevel.ORT_ENABLE_ALL if optimise
                                    else ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
     so.intra_op_num_threads = so.inter_op_num_threads = 1
-    session = ort.InferenceSession(case.memo["onnx"], so, providers=["CPUExecutionProvider"])
-    probs, expert, _ = session.run(None, {"tokens": case.tokens.astype(np.int64)})
-    return probs.astype(np.float64), expert.astype(np.int64)
+    session = ort.InferenceSession(graph, so, providers=["CPUExecutionProvider"])
+    if ablation is None:
+        probs, expert, _ = session.run(None, {"tokens": case.tokens.astype(np.int64)})
+        return probs.astype(np.float64), expert.astype(np.int64)
+    probs, expert, logits = session.run(["probs", "expert", "logits"], {"tokens": case.tokens.astype(np.int64)})
+    return probs.astype(np.float64), expert.astype(np.int64), logits.astype(np.float64)
+
+
+def ablated_graph(model: bytes, ablation: str) -> bytes:
+    """The exported graph (:func:`layout.onnx_graph.to_onnx`) with the routed expert removed
+    and the logits as a third output: "drop", y = r (the output sum an ``Identity`` of r);
+    "select", the ``Where`` that keeps the routed expert's neurons keeps none (its mask
+    ``And``-ed with false: every neuron an exact 0, the output W_2·0 = 0); "zero", the
+    expert's output multiplied by 0 (gate mode top1: a ``Mul`` before the output sum;
+    top1-scaled: the gate scale's ``Mul`` by 0 in place of c)."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    m = onnx.load_from_string(model)
+    g = m.graph
+    nodes = {n.name: n for n in g.node}
+    add_y = nodes["Add_y"]
+    if ablation == "select":
+        g.initializer.append(numpy_helper.from_array(np.zeros(1, bool), "ablate_false"))
+    if ablation == "zero":
+        g.initializer.append(numpy_helper.from_array(np.zeros((), np.float32), "ablate_zero"))
+    new = None
+    if ablation == "drop":
+        r = add_y.input[0]
+        add_y.op_type = "Identity"
+        del add_y.input[:]
+        add_y.input.append(r)
+    elif ablation == "select":
+        where = nodes["Where_z"]
+        new = helper.make_node("And", [where.input[0], "ablate_false"], ["ablate_mask"], name="And_ablate_mask")
+        where.input[0] = "ablate_mask"
+        before = where
+    elif ablation == "zero":
+        if "Mul_expert_scaled" in nodes:
+            nodes["Mul_expert_scaled"].input[1] = "ablate_zero"
+        else:
+            new = helper.make_node("Mul", [add_y.input[1], "ablate_zero"], ["ablate_out"], name="Mul_ablate_out")
+            add_y.input[1] = "ablate_out"
+            before = add_y
+    else:
+        raise ValueError(f"unknown ablation {ablation!r}")
+    if new is not None:
+        at = list(g.node).index(before)
+        g.node.insert(at, new)
+    g.output.append(helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", "V"]))
+    onnx.checker.check_model(m)
+    return m.SerializeToString()
 
 
 # numpy emulator
@@ -747,6 +904,7 @@ class EmulatorConfig:
     acc: str | None = None
     stored: bool = False
     daz: bool = False
+    ablation: str | None = None
 
     @property
     def computes(self) -> str:
@@ -754,29 +912,40 @@ class EmulatorConfig:
 
     @property
     def name(self) -> str:
-        return f"numpy:{self.computes}" + (":stored" if self.stored else "") + (":daz" if self.daz else "")
+        return (f"numpy:{self.computes}" + (":stored" if self.stored else "") + (":daz" if self.daz else "")
+                + (f":ablate-{self.ablation}" if self.ablation else ""))
 
 
-def run_emulator(cfg: EmulatorConfig, case: Case) -> tuple[np.ndarray, np.ndarray]:
+def run_emulator(cfg: EmulatorConfig, case: Case) -> tuple:
     order = ORDERS[case.seed % len(ORDERS)]
     run = Deployed(case.weights, FORMATS[cfg.fmt], order, seed=case.seed, acc=FORMATS[cfg.acc] if cfg.acc else None,
                    daz=cfg.daz, stored=cfg.stored)
-    outs = [run.run(list(t)) for t in case.tokens]
-    return np.array([p for p, _ in outs]), np.array([e for _, e in outs], np.int64)
+    outs = [run.forward(list(t), cfg.ablation) for t in case.tokens]
+    probs, experts = np.array([p for p, _, _ in outs]), np.array([e for _, e, _ in outs], np.int64)
+    return (probs, experts) if cfg.ablation is None else (probs, experts, np.array([z for _, _, z in outs]))
 
 
 def torch_runner(cfg: TorchConfig) -> Runner:
-    return Runner(cfg.name, "torch", cfg.computes, lambda case: run_torch(cfg, case), cfg)
+    return Runner(cfg.name, "torch", cfg.computes, lambda case: run_torch(cfg, case), cfg, cfg.ablation)
 
 
 def emulator_runner(cfg: EmulatorConfig) -> Runner:
-    return Runner(cfg.name, "numpy", cfg.computes, lambda case: run_emulator(cfg, case), cfg)
+    return Runner(cfg.name, "numpy", cfg.computes, lambda case: run_emulator(cfg, case), cfg, cfg.ablation)
+
+
+def onnx_runner(optimise: bool, ablation: str | None = None) -> Runner:
+    name = f"onnxruntime:float32:{'opt' if optimise else 'noopt'}" + (f":ablate-{ablation}" if ablation else "")
+    return Runner(name, "onnxruntime", "float32", lambda case: run_onnxruntime(optimise, case, ablation), optimise,
+                  ablation)
 
 
 EMULATORS = (EmulatorConfig("float32"), EmulatorConfig("float32", daz=True), EmulatorConfig("bfloat16"),
              EmulatorConfig("bfloat16", "float32"), EmulatorConfig("bfloat16", "float32", stored=True),
              EmulatorConfig("bfloat16", "float32", stored=True, daz=True), EmulatorConfig("float32", "float64"),
-             EmulatorConfig("float32", "float64", stored=True))
+             EmulatorConfig("float32", "float64", stored=True)) + \
+    tuple(replace(c, ablation=way) for way in ABLATIONS
+          for c in (EmulatorConfig("float32"), EmulatorConfig("bfloat16"),
+                    EmulatorConfig("bfloat16", "float32", stored=True), EmulatorConfig("float32", "float64", stored=True)))
 
 
 def runners(select: Iterable[str] | None = None) -> list[Runner]:
@@ -788,8 +957,7 @@ def runners(select: Iterable[str] | None = None) -> list[Runner]:
     if "torch" in have:
         out += [torch_runner(c) for c in torch_configs()]
     if "onnxruntime" in have:
-        out += [Runner(f"onnxruntime:float32:{'opt' if opt else 'noopt'}", "onnxruntime", "float32",
-                       lambda case, opt=opt: run_onnxruntime(opt, case), opt) for opt in (True, False)]
+        out += [onnx_runner(opt, way) for way in (None, *ABLATIONS) for opt in (True, False)]
     out += [emulator_runner(c) for c in EMULATORS]
     if select is not None:
         select = list(select)
@@ -818,7 +986,7 @@ def available() -> set[str]:
 class Violation:
     """A runner's execution outside a deployment's claim for one query."""
 
-    kind: str               # "error", "routing" or "gate"
+    kind: str               # "error", "routing" or "gate"; ablated: "ablated error", "ablated object", "ablated gap"
     motif: str
     case: str               # the case's description (motif parameters, shape, queries)
     runner: str
@@ -833,9 +1001,15 @@ class Violation:
     candidates: tuple[int, ...]
 
     def line(self) -> str:
-        what = (f"error {self.error!r} not in [{self.err_lo!r}, {self.err_hi!r}]" if self.kind == "error"
-                else f"routed to expert {self.expert}, certificate: expert {self.certified} with margin {self.margin!r}"
-                     f" (candidates {list(self.candidates)})")
+        if self.kind.startswith("ablated"):
+            measured = {"ablated error": "ablated error", "ablated object": "1 - P_ablated(o)",
+                        "ablated gap": "max_{t != o} z_t - z_o"}[self.kind]
+            what = f"{measured} {self.error!r} not in [{self.err_lo!r}, {self.err_hi!r}]"
+        elif self.kind == "error":
+            what = f"error {self.error!r} not in [{self.err_lo!r}, {self.err_hi!r}]"
+        else:
+            what = (f"routed to expert {self.expert}, certificate: expert {self.certified} with margin {self.margin!r}"
+                    f" (candidates {list(self.candidates)})")
         return f"{self.kind}: {self.runner} vs {self.deployment}, query {self.query}: {what}; {self.case}"
 
 
@@ -865,6 +1039,64 @@ def compare(case: Case, runner: str, dep: str, res: BatchResult, probs: np.ndarr
     return out
 
 
+def targets(case: Case) -> np.ndarray:
+    """Each query's object for the ablated claims: its first valid next token."""
+    return np.ascontiguousarray(case.valid[case.valid_ptr[:-1]], np.int64)
+
+
+def _claims_nothing(res: BatchResult, i: int) -> bool:
+    """Whether the ablated claims of row i are those of a row the pass decides nothing about
+    (error [0, 1], gap −∞, 1 − P(o) >= 0)."""
+    gap, obj = float(res.ablated_gap[i]), float(res.ablated_object_lo[i])
+    return (float(res.ablated_lo[i]) <= 0.0 and float(res.ablated_hi[i]) >= 1.0
+            and not gap > -math.inf and not obj > 0.0)
+
+
+def compare_ablated(case: Case, runner: str, dep: str, res: BatchResult, probs: np.ndarray, experts: np.ndarray,
+                    logits: np.ndarray) -> list[Violation]:
+    """The violations of ``res``'s ablated claims by a runner that removed the routed expert
+    (the localization check's model, y = r): for every query whose ablation is decided, its
+    error 1 − Σ_valid p̂ in [ablated_lo, ablated_hi] ("ablated error"), 1 − p̂(o) at least
+    ``ablated_object_lo`` (L1's number, "ablated object") and max_{t != o} ẑ_t − ẑ_o at least
+    ``ablated_gap`` (L2's, "ablated gap"; the difference of the runner's logits taken
+    exactly), o the query's first valid token (:func:`targets`). A non-finite output fails
+    every claim it meets."""
+    from fractions import Fraction
+
+    out = []
+    target = targets(case)
+    ptr, cand = res.candidates
+    for i in range(case.tokens.shape[0]):
+        if _claims_nothing(res, i):
+            continue
+        e, cert = int(experts[i]), int(res.expert[i])
+        cands = tuple(int(k) for k in cand[ptr[i]:ptr[i + 1]])
+
+        def violation(kind: str, value: float, lo: float, hi: float) -> Violation:
+            return Violation(kind, case.motif, case.describe(), runner, dep, i, value, lo, hi, e, cert,
+                             float(res.margin[i]), cands)
+
+        p = probs[i, case.valid_of(i)]
+        err = 1.0 - math.fsum(p.tolist()) if np.all(np.isfinite(p)) else math.nan
+        lo, hi = float(res.ablated_lo[i]), float(res.ablated_hi[i])
+        if not lo <= err <= hi:
+            out.append(violation("ablated error", err, lo, hi))
+        o = int(target[i])
+        obj_lo, p_o = float(res.ablated_object_lo[i]), float(probs[i, o])
+        if obj_lo > -math.inf:                         # (NaN: no target; −∞: no claim)
+            rest = 1 - Fraction(p_o) if math.isfinite(p_o) else None
+            if rest is None or not rest >= Fraction(obj_lo):
+                out.append(violation("ablated object", math.nan if rest is None else float(rest), obj_lo, math.inf))
+        gap, z = float(res.ablated_gap[i]), logits[i]
+        if gap > -math.inf:
+            others = np.delete(z, o)
+            best = Fraction(float(others.max())) - Fraction(float(z[o])) \
+                if np.all(np.isfinite(z)) and others.size else None
+            if best is None or not best >= Fraction(gap):
+                out.append(violation("ablated gap", math.nan if best is None else float(best), gap, math.inf))
+    return out
+
+
 @dataclass
 class Tally:
     """Per (runner, deployment): examples and queries compared, claims refused (the
@@ -889,8 +1121,12 @@ def certificate(case: Case, dep: str) -> BatchResult | None:
     key = ("certificate", dep)
     if key not in case.memo:
         try:
-            fp = FloatPass(case.weights, deployment(dep), "differential case")
-            case.memo[key] = fp.run_batch(case.tokens, case.valid_ptr, case.valid)
+            case.weights.validate("differential case")
+            if is_dense(case.weights):          # the pass the verifier runs on such weights
+                fp = DeployedDensePass(case.weights, deployment=deployment(dep))
+            else:
+                fp = FloatPass(case.weights, deployment(dep), "differential case")
+            case.memo[key] = fp.run_batch(case.tokens, case.valid_ptr, case.valid, target=targets(case))
         except TaskError:
             case.memo[key] = None
     return case.memo[key]
@@ -906,17 +1142,18 @@ def check(case: Case, runs: list[Runner], tally: Tally | None = None,
         if not deps:
             continue
         try:
-            probs, experts = runner.run(case)
+            outputs = runner.run(case)
         except TaskError:                 # the runtime cannot hold the weights (ONNX: overflow in float32)
-            probs = None
+            outputs = None
         for dep in deps:
             res = certificate(case, dep)
             key = (runner.name, dep)
-            if res is None or probs is None:
+            if res is None or outputs is None:
                 if tally is not None:
                     tally.skipped[key] = tally.skipped.get(key, 0) + 1
                 continue
-            found = compare(case, runner.name, dep, res, probs, experts)
+            found = (compare(case, runner.name, dep, res, *outputs) if runner.ablation is None
+                     else compare_ablated(case, runner.name, dep, res, *outputs))
             if tally is not None:
                 tally.add(key, case, found)
             out += found

@@ -51,6 +51,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 import scipy.sparse as sp
+from tasks.structure import structure_of
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -297,11 +298,10 @@ def measure(taskset, weights, work: Iterable, dtypes: Sequence[str], sample: int
 def verifier_batches(taskset, weights, every: int = 1):
     """The verifier's batches (every ``every``-th) as (tokens, valid_ptr, valid, ablate) in the
     weights' token ids: the same rows, order and batch sizes as ``verify``."""
-    from tasks.structure import StructureTrie
     from verifier.passes.batches import batch_rows, batches
 
     tmap = weights.token_ids(taskset.vocabulary.tokens)    # as verify's token map: by exact string
-    for i, b in enumerate(batches(taskset, StructureTrie(taskset), batch_rows(len(weights.experts)))):
+    for i, b in enumerate(batches(taskset, structure_of(taskset), batch_rows(len(weights.experts)))):
         if i % every == 0:
             yield tmap[b.tokens], b.valid_ptr, tmap[b.valid], b.object_query & (b.determined >= 0)
 
@@ -324,7 +324,7 @@ def end_to_end(directory: str, dtype: str) -> dict:
 
     from layout.npz import load
     from tasks.io import load_tasks
-    from tasks.structure import StructureTrie  # noqa: F401  (verifier_batches': loaded with the rest)
+    import tasks.structure  # noqa: F401  (structure_of, for verifier_batches: loaded with the rest)
     from verifier.passes.batches import batches  # noqa: F401  (not the verifier's pass: nothing of numba)
 
     if not gc.isenabled():              # what `python -m verifier` does once its modules are in

@@ -1,3 +1,4 @@
-"""The command line. ``python -m verifier``: check, inspect, build, export, edit, watch,
-explain, plot and accessible. It parses arguments, calls :mod:`workflow` (or the layers
-below it) and prints (:mod:`cli.main`; the watcher's lines: :mod:`cli.watch`)."""
+"""The command line, ``python -m verifier COMMAND``. One module per command (its flags and
+its ``run``, which calls :mod:`workflow` and prints), listed once in
+:data:`cli.main.COMMANDS`; :mod:`cli.main` assembles the parser and maps errors to exit
+statuses; :mod:`cli.common` holds what the commands share."""

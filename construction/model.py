@@ -25,9 +25,10 @@ from construction.params import BETA, GAMMA
 from construction.residual import residual_space
 from construction.symbolic import SymMatrix
 from tasks.errors import TaskError
-from tasks.model import TaskSet
+from tasks.model import MAX_TEMPLATE_LENGTH, TaskSet, long_template
 from tasks.structure import StructureTrie, check_routable
 from layout import Expert, Head, Weights
+from tasks.structure import structure_of
 
 DEFAULT_EPSILON = 0.01
 
@@ -106,9 +107,6 @@ class SymbolicModel:
 
 
 GRID = 65536
-#: Longest template the construction builds: it has L − 1 structure heads and every query's
-#: residual holds about L·p leak entries, so verification grows like L³ per sentence.
-MAX_TEMPLATE_LENGTH = 1000
 
 
 def dyadic(x: float) -> Fraction:
@@ -157,12 +155,10 @@ def route(taskset: TaskSet, trie: StructureTrie | None = None) -> tuple[Space, G
         k, t = next((k, t) for k, task in enumerate(taskset.tasks) for t, tpl in enumerate(task.templates)
                     if len(tpl.parts) == taskset.L)
         file, line = taskset.template_source(k, t)
-        err = TaskError(f"a template of {taskset.L} words is longer than the {MAX_TEMPLATE_LENGTH} the construction "
-                        f"builds (it needs {taskset.L - 1} structure heads, and verification grows like L³ per "
-                        f"sentence)", file=file, line=line, fix="split the sentence into shorter templates")
+        err = TaskError(long_template(taskset.L), file=file, line=line, fix="split the sentence into shorter templates")
         err.refs = [(k, t)]  # type: ignore[attr-defined]
         raise err
-    trie = trie if trie is not None else StructureTrie(taskset)
+    trie = trie if trie is not None else structure_of(taskset)
     try:
         check_routable(taskset, trie)
         residual = residual_space(taskset)

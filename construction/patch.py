@@ -41,7 +41,7 @@ from construction.params import BETA, GAMMA, LAMBDA
 from construction.residual import residual_space
 from layout import Expert, Head, Weights
 from tasks.model import TaskSet
-from tasks.structure import StructureTrie
+from tasks.structure import structure_of
 
 
 def _renumber(m: sp.spmatrix, rows: np.ndarray | None, cols: np.ndarray | None, shape: tuple[int, int]) -> sp.spmatrix:
@@ -66,7 +66,7 @@ def _same_vocabulary(a: TaskSet, b: TaskSet) -> bool:
 
 def _gate(ts: TaskSet, residual) -> tuple:
     """The closed-form gate (construction.gate): structure features, λ on the subjects, η."""
-    trie = StructureTrie(ts)
+    trie = structure_of(ts)
     K = len(ts.tasks)
     index, _ = features(ts, trie)
     F_k = task_features(ts, trie, index)

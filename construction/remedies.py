@@ -25,7 +25,8 @@ from dataclasses import dataclass
 from construction.gate import RoutingError
 from tasks.errors import TaskError
 from tasks.model import OBJECT, Facts, Task, TaskSet, Template
-from tasks.structure import StructureTrie, object_query_collisions
+from tasks.structure import count_collisions, object_query_collisions
+from tasks.structure import structure_of
 
 #: Longest chain of edits tried when no single edit makes the set constructible.
 MAX_CHAIN = 6
@@ -179,7 +180,7 @@ def _template_edits(ts: TaskSet, k: int, t: int, upto: int) -> list[Edit]:
 
 
 def _candidates(ts: TaskSet, refusal: Refusal) -> list[Edit]:
-    trie = StructureTrie(ts)
+    trie = structure_of(ts)
     out: list[Edit] = []
     if refusal.kind == "ill-posed":
         for c in object_query_collisions(trie):
@@ -216,7 +217,7 @@ def _badness(ts: TaskSet) -> tuple[int, int]:
     if refusal is None:
         return (0, 0)
     if refusal.kind == "ill-posed":
-        return (1 + len(object_query_collisions(StructureTrie(ts))), 0)
+        return (1 + count_collisions(structure_of(ts)), 0)
     return (1, 1)
 
 

@@ -34,14 +34,15 @@ def main(argv=None) -> int:
     p.add_argument("--json", metavar="PATH", help="write every outcome and the table as JSON")
     p.add_argument("--jobs", type=int, default=1, help="worker processes (default 1)")
     p.add_argument("--operators", nargs="+", choices=M.all_operator_names(), help="only these operators")
-    p.add_argument("--sets", nargs="+", choices=sorted(M.small_sets()) + sorted(M.larger_sets()),
-                   help="these task sets (default: the small ones; wikidata-400 is larger and slower)")
+    p.add_argument("--sets", nargs="+", choices=sorted(M.small_sets()) + sorted(M.larger_sets()) + sorted(M.trained_sets()),
+                   help="these task sets (default: the small ones; wikidata-400 is larger and slower; "
+                        "capitals-trained: a trained (dense) model of capitals, which the dense pass verifies)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     args = p.parse_args(argv)
 
     sets = M.small_sets()
     if args.sets:
-        every = {**sets, **M.larger_sets()}
+        every = {**sets, **M.larger_sets(), **M.trained_sets()}
         sets = {k: every[k] for k in args.sets}
     show = counter(args.quiet, "mutants", "mutant")
     start = time.perf_counter()

@@ -9,7 +9,9 @@ mutation scripts follow the same rules:
 * :class:`Parser`: argparse whose usage errors are such one-line bad input;
 * flag types that refuse what cannot be meant (ε outside (0, 1), non-positive numbers);
 * progress bars (tqdm) on stderr, only when stderr is a terminal and ``--quiet`` is
-  not given, so piped and logged runs stay clean.
+  not given, so piped and logged runs stay clean;
+* pictures through :func:`require_matplotlib`: matplotlib is an optional extra, and its
+  absence is one line of bad input.
 """
 
 from __future__ import annotations
@@ -98,3 +100,21 @@ def counter(quiet: bool, desc: str, unit: str = "it") -> Callable[[int, int], No
         bar.update(done - bar.n)
 
     return update
+
+
+#: What to install for pictures (matplotlib, the ``plots`` extra).
+PLOTS_HINT = "install the plots extra: pip install -e .[plots]"
+
+
+def require_matplotlib():
+    """The pyplot module (Agg backend), or a TaskError saying how to install it."""
+    from tasks.errors import TaskError
+
+    try:
+        import matplotlib
+    except ImportError:
+        raise TaskError("matplotlib is not installed", fix=PLOTS_HINT) from None
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    return plt

@@ -44,7 +44,8 @@ from tasks.files import atomic_files
 from tasks.messages import show_name
 from tasks.model import Facts, Task, TaskSet, check_name
 from tasks.reading import loads_tasks, task_sources
-from tasks.structure import Collision, StructureTrie, check_routable, object_query_collisions
+from tasks.structure import Collision, check_routable, object_query_collisions
+from tasks.structure import structure_of
 
 
 @dataclass(frozen=True)
@@ -130,7 +131,7 @@ def _refuse_if_ill_posed(before: TaskSet, after: TaskSet, k: int, added: set[str
     """Raise an :class:`EditRefusal` if subjects ``added`` to task k make ``after`` ill-posed
     (an object query of two tasks). A set that was ill-posed before the edit gets
     :func:`tasks.structure.check_routable`'s error about the set itself."""
-    trie = StructureTrie(after)
+    trie = structure_of(after)
     collisions = object_query_collisions(trie)
     if not collisions:
         return

@@ -28,6 +28,7 @@ from typing import Iterator
 
 from tasks.errors import TaskError
 from tasks.messages import show_name
+from tasks.model import MAX_NAME_LENGTH
 from tasks.yaml_nodes import UTF8_BOM, UTF16_BOMS
 
 #: Longest line accepted in a facts file, in bytes.
@@ -160,7 +161,10 @@ def read_plain(path: str, data: bytes | None = None) -> tuple[list[str], list[st
     every line decodes, and splitting the text at "\\n" gives the same lines. Everything the
     line reader refuses (a UTF-16 mark, a NUL byte, a line longer than the limit, bytes that
     are not UTF-8, a line without exactly 2 fields, a likely header) makes this return None
-    instead.
+    instead, and so does a field longer than :data:`~tasks.model.MAX_NAME_LENGTH` characters
+    (its name may be too long): every field returned is at most that long. The fields are
+    measured only in a file with a line that long (a field has no more characters than its
+    line bytes).
 
     ``data``: the file's bytes, read before (:func:`facts_file_bytes`); else the file is read.
     """
@@ -174,13 +178,14 @@ def read_plain(path: str, data: bytes | None = None) -> tuple[list[str], list[st
             return None
     if data.startswith(UTF16_BOMS) or b"\x00" in data:
         return None
-    if len(data) > MAX_LINE_BYTES:
+    longest = len(data)                # bytes of the longest line, its line end counted
+    if longest > min(MAX_NAME_LENGTH, MAX_LINE_BYTES):
         import numpy as np
 
         ends = np.flatnonzero(np.frombuffer(data, np.uint8) == 0x0A)
-        starts = np.concatenate(([0], ends + 1))
-        stops = np.concatenate((ends + 1, [len(data)]))
-        if int((stops - starts).max()) > MAX_LINE_BYTES:
+        if ends.size:
+            longest = max(int(np.diff(ends).max(initial=0)), int(ends[0]) + 1, len(data) - int(ends[-1]) - 1)
+        if longest > MAX_LINE_BYTES:
             return None
     if data.startswith(UTF8_BOM):
         data = data[len(UTF8_BOM):]
@@ -202,6 +207,8 @@ def read_plain(path: str, data: bytes | None = None) -> tuple[list[str], list[st
         # every line is one field, the separator, one field (no comment, no blank line: a line
         # that is blank has no separator): the fields alternate, subject first
         fields = sep.join(lines).split(sep)
+        if longest > MAX_NAME_LENGTH and max(map(len, fields)) > MAX_NAME_LENGTH:
+            return None
         first = [x.strip() for x in fields[:2]]
         start = 2 if first == ["subject", "object"] else 0
         if start == 0 and likely_header(fields[:2], fields[2:4]):
@@ -224,6 +231,8 @@ def read_plain(path: str, data: bytes | None = None) -> tuple[list[str], list[st
             return None
         subjects.append(fields[0])
         objects.append(fields[1])
+    if longest > MAX_NAME_LENGTH and max(map(len, subjects + objects), default=0) > MAX_NAME_LENGTH:
+        return None
     return subjects, objects
 
 

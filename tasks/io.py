@@ -50,6 +50,11 @@ Rules
 * Anchors are allowed, aliases (``*name``) and merge keys (``<<``) are not: write the
   value out. Nesting deeper than 32 levels is refused.
 * The file is UTF-8 (a UTF-8 byte-order mark is tolerated).
+* Limits, each checked before any work that grows faster than the input: the file holds
+  at most 4 MiB and each of its lines at most 1 MiB (checked on the bytes, before the YAML
+  is parsed; larger dictionaries belong in facts files); a template has at most 1,000
+  words (slots counted); a name (task, template word, subject, object) at most 1,000
+  characters.
 
 Facts files
 -----------
@@ -67,6 +72,7 @@ fields containing commas, exactly 2 columns); any other name (``.tsv``, ``.tab``
   upper-case letter (``language<TAB>creator``) is refused as a likely header, never read
   as a fact (:mod:`tasks.facts_files`);
 * fields are stripped of surrounding whitespace.
+* a line holds at most 1 MiB; the file's size is not limited.
 
 Errors
 ------
@@ -85,7 +91,8 @@ safely to a tab-separated file (a subject starting with ``#``, control character
 keeps its facts inline. ``ascii=True`` writes the YAML in ASCII (``*1``/``*2`` and
 escapes); facts files are always UTF-8. Every output file is written to a temporary
 file in the same directory and moved into place with :func:`os.replace`, so a failed
-dump leaves the previous files untouched and no partial file behind.
+dump leaves the previous files untouched and no partial file behind. A YAML the reader would
+refuse for its size (facts inline beyond 4 MiB) is not written: give ``facts_dir``.
 """
 
 from __future__ import annotations

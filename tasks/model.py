@@ -56,6 +56,18 @@ Symbol = "str | Slot"
 SLOT_SPELLINGS: dict[str, Slot] = {"⋆1": SUBJECT, "⋆2": OBJECT, "*1": SUBJECT, "*2": OBJECT}
 
 
+#: Longest name (task name, template word, subject, object) accepted, in characters. Real
+#: labels are far shorter (a Wikidata label holds at most 250); the limit keeps one name
+#: from costing more than the tasks it names (every name is stored and compared whole).
+MAX_NAME_LENGTH = 1000
+#: Longest template the tools build, in words (the slots counted): the construction has L − 1
+#: structure heads and every query's residual holds about L·p leak entries, so verification
+#: grows like L³ per sentence; the structure trie holds every prefix (about L²/2 symbols).
+#: The tasks file reader refuses a longer template before any of that work, and
+#: :func:`construction.model.route` one given in Python.
+MAX_TEMPLATE_LENGTH = 1000
+
+
 #: A tab, or a character at which ``str.splitlines`` breaks (inside a stripped name: a second line).
 _TAB_OR_LINE_BREAK = re.compile("[\t\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029]")
 #: NUL or a lone surrogate: not storable in a weights file's string arrays.
@@ -76,8 +88,21 @@ def control_character(text: str) -> str | None:
     return None if m is None else f"U+{ord(m.group()):04X}"
 
 
+def long_template(length: int) -> str:
+    """What is wrong with a template of ``length`` words, longer than :data:`MAX_TEMPLATE_LENGTH`."""
+    return (f"a template of {length} words is longer than the {MAX_TEMPLATE_LENGTH} the construction builds (it "
+            f"needs {length - 1} structure heads, and verification grows like L³ per sentence)")
+
+
+def too_long(name: str, what: str) -> TaskError:
+    """The error for a name longer than :data:`MAX_NAME_LENGTH` (its start shown, not all of it)."""
+    return TaskError(f"{what} {name[:20]!r}... is {len(name):,} characters long, more than the "
+                     f"{MAX_NAME_LENGTH:,} a name may have", fix="shorten it")
+
+
 def check_name(text: object, what: str) -> str:
-    """A token (word or entity) name: a string, stripped, non-empty, one line, no control character."""
+    """A token (word or entity) name: a string, stripped, non-empty, at most
+    :data:`MAX_NAME_LENGTH` characters, one line, no control character."""
     if not isinstance(text, str):
         raise TaskError(
             f"{what} {text!r} is a {type(text).__name__}, not a string",
@@ -86,6 +111,8 @@ def check_name(text: object, what: str) -> str:
     name = text.strip()
     if not name:
         raise TaskError(f"{what} is empty", fix="give it a name")
+    if len(name) > MAX_NAME_LENGTH:
+        raise too_long(name, what)
     if _TAB_OR_LINE_BREAK.search(name):
         raise TaskError(f"{what} {name!r} contains a tab or line break", fix="remove it")
     if _UNSTORABLE.search(name):
@@ -100,11 +127,15 @@ def check_name(text: object, what: str) -> str:
     return name
 
 
-def plain_names(names: Sequence[str]) -> bool:
+def plain_names(names: Sequence[str], longest: int | None = None) -> bool:
     """True when :func:`check_name` accepts every one of ``names`` (each already stripped)
     and returns it unchanged: checked in bulk, for facts files of millions of lines. (A space
-    joins them: it is none of the refused characters.)"""
+    joins them: it is none of the refused characters.) ``longest``: a bound on the names'
+    lengths that the caller knows (:func:`tasks.facts_files.read_plain` gives fields of at
+    most :data:`MAX_NAME_LENGTH` characters); without it they are measured."""
     if not all(names) or not SLOT_SPELLINGS.keys().isdisjoint(names):
+        return False
+    if (longest if longest is not None else max(map(len, names), default=0)) > MAX_NAME_LENGTH:
         return False
     return _REFUSED.search(" ".join(names)) is None
 
@@ -144,6 +175,8 @@ class Template:
             if not isinstance(p, Slot):
                 if not isinstance(p, str) or not p or any(c.isspace() for c in p):
                     raise TaskError(f"template '{text}' has a bad word {p!r}", fix="words are non-empty and contain no spaces")
+                if len(p) > MAX_NAME_LENGTH:
+                    raise too_long(p, "template word")
                 if p in SLOT_SPELLINGS:
                     raise TaskError(f"template '{text}' has a word {p!r} spelled like a slot marker", fix="use Slot.SUBJECT / Slot.OBJECT for slots")
                 control = control_character(p)
@@ -492,11 +525,11 @@ class TaskSet:
         self._check_words_are_not_entities()
 
     def _check_words_are_not_entities(self) -> None:
-        word_use: dict[str, str] = {}
+        word_use: dict[str, tuple[Template, str]] = {}     # a word -> its first use (the text made if reported)
         for task in self.tasks:
             for t in task.templates:
                 for w in t.words:
-                    word_use.setdefault(w, f"a word of template '{t}' in task '{task.name}'")
+                    word_use.setdefault(w, (t, task.name))
         words = word_use.keys()
         for task in self.tasks:
             if words.isdisjoint(task.facts.subjects) and words.isdisjoint(task.facts.objects):
@@ -504,8 +537,10 @@ class TaskSet:
             for s, o in task.facts.items():                # the first offending fact, in order, for the message
                 for name, role in ((s, "subject"), (o, "object")):
                     if name in word_use:
+                        t, first = word_use[name]
                         raise TaskError(
-                            f"token '{name}' is {word_use[name]} and also the {role} of a fact in task '{task.name}'",
+                            f"token '{name}' is a word of template '{t}' in task '{first}' and also the {role} of a "
+                            f"fact in task '{task.name}'",
                             fix="a token is either a template word or an entity; rename one of them",
                         )
 
@@ -550,6 +585,14 @@ class TaskSet:
     def fact_ids(self) -> tuple[tuple[np.ndarray, np.ndarray], ...]:
         """Per task, (subject ids, object ids) as token ids, sorted by subject id."""
         return tuple(sorted_fact_ids(self.vocabulary, task.facts) for task in self.tasks)
+
+    def __getstate__(self) -> dict:
+        """The state pickled (for a worker process or a cluster): everything but the
+        structure trie (:func:`tasks.structure.structure_of` keeps it with the task set),
+        which is built again where it is needed rather than travelling with every copy."""
+        state = dict(self.__dict__)
+        state.pop("_structure", None)
+        return state
 
     def sentences(self) -> Iterator[tuple[tuple[str, ...], int, Template, str]]:
         """Every dataset sentence: (tokens, task index, template, subject)."""

@@ -32,6 +32,7 @@ import numpy as np
 
 from tasks.model import TaskSet
 from tasks.structure import OBJ, SUBJ, Node, StructureTrie
+from tasks.structure import structure_of
 
 
 @dataclass(frozen=True)
@@ -255,7 +256,7 @@ def _one_task(node: Node, k: int, obj: np.ndarray, n: int):
 
 def query_groups(taskset: TaskSet, trie: StructureTrie | None = None) -> Iterator[QueryGroup]:
     """Every query of the task set, one group per structure node."""
-    trie = trie or StructureTrie(taskset)
+    trie = trie or structure_of(taskset)
     for node in trie:
         yield build_group(taskset, trie, node)
 

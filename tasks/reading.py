@@ -17,9 +17,11 @@ from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 from tasks.errors import TaskError
 from tasks.facts_files import facts_file_bytes, facts_key, iter_facts_file, read_plain
 from tasks.messages import one_line, quoted, show_name, suggest_key, where_line
-from tasks.model import Facts, Sources, Task, TaskSet, Template, check_name, plain_names
+from tasks.model import (MAX_NAME_LENGTH, MAX_TEMPLATE_LENGTH, Facts, Sources, Task, TaskSet, Template, check_name,
+                         long_template, plain_names)
 from tasks.structure import check_routable
-from tasks.yaml_nodes import FLOAT, IMPLICIT, INT, MAP, MAX_DEPTH, MERGE, NULL, SEQ, STR, LineMap, compose, decode, describe, line_of, read_bytes
+from tasks.yaml_nodes import (FLOAT, IMPLICIT, INT, MAP, MAX_DEPTH, MAX_TASKS_FILE_BYTES, MERGE, NULL, SEQ, STR, LineMap,
+                              check_size, compose, decode, describe, line_of, read_bytes, too_large)
 
 TOP_KEYS = ("epsilon", "parameters", "tasks")
 TASK_KEYS = ("name", "templates", "facts", "facts_file")
@@ -282,6 +284,9 @@ class _Builder:
                 template = Template.parse(text)
             except TaskError as e:
                 raise e.located(self.file, line) from None
+            if template.length > MAX_TEMPLATE_LENGTH:     # before any work that grows faster than its length
+                raise self.error(long_template(template.length), line=line,
+                                 fix="split the sentence into shorter templates")
             if template.parts in seen:
                 raise self.error(f"{label} lists template '{template}' twice (lines {seen[template.parts]} and {line})",
                                  line=line, fix="remove the copy")
@@ -289,13 +294,14 @@ class _Builder:
             head.templates.append(template)
             head.template_lines.append(line)
 
-    def word_uses(self, heads: list[_TaskHead]) -> dict[str, tuple[str, str, int]]:
-        """word -> (template text, task name, YAML line) of its first use."""
-        uses: dict[str, tuple[str, str, int]] = {}
+    def word_uses(self, heads: list[_TaskHead]) -> dict[str, tuple[Template, str, int]]:
+        """word -> (template, task name, YAML line) of its first use (the template's text is
+        made only for a message: made per word, it cost a template of n words n² steps)."""
+        uses: dict[str, tuple[Template, str, int]] = {}
         for head in heads:
             for template, line in zip(head.templates, head.template_lines):
                 for w in template.words:
-                    uses.setdefault(w, (str(template), head.name, line))
+                    uses.setdefault(w, (template, head.name, line))
         return uses
 
     # --- facts ----------------------------------------------------------------------------
@@ -329,7 +335,7 @@ class _Builder:
             self._data[full] = facts_file_bytes(full, head.name, self.file, yaml_line)
         return self._data[full]
 
-    def facts(self, head: _TaskHead, words: dict[str, tuple[str, str, int]]) -> Facts:
+    def facts(self, head: _TaskHead, words: dict[str, tuple[Template, str, int]]) -> Facts:
         """The task's dictionary, each fact checked where it was written (or, with a cache, the
         facts read before from facts files of the same bytes).
 
@@ -349,7 +355,7 @@ class _Builder:
         finally:
             self._data.clear()
 
-    def parsed_facts(self, head: _TaskHead, words: dict[str, tuple[str, str, int]]) -> Facts:
+    def parsed_facts(self, head: _TaskHead, words: dict[str, tuple[Template, str, int]]) -> Facts:
         """The task's dictionary, parsed (:meth:`facts`)."""
         plain = self.plain_facts(head, words)
         if plain is not None:
@@ -361,9 +367,9 @@ class _Builder:
             o = self.name(raw_o, "object", file, line)
             for token, role in ((s, "subject"), (o, "object")):
                 if token in words:
-                    text, task, t_line = words[token]
+                    template, task, t_line = words[token]
                     raise TaskError(
-                        f"{show_name(token)} is the {role} of a fact of {label} and also a word of template '{text}' "
+                        f"{show_name(token)} is the {role} of a fact of {label} and also a word of template '{template}' "
                         f"of task {show_name(task)} ({where_line(self.file, t_line, file)})",
                         file=file, line=line, fix="a token is either a template word or an entity; rename one of them",
                     )
@@ -381,7 +387,7 @@ class _Builder:
                              fix="give it at least one fact")
         return Facts(pairs)
 
-    def plain_facts(self, head: _TaskHead, words: dict[str, tuple[str, str, int]]) -> Facts | None:
+    def plain_facts(self, head: _TaskHead, words: dict[str, tuple[Template, str, int]]) -> Facts | None:
         """A task's facts read in bulk when they come only from facts files and nothing in them
         is to be reported: the facts :meth:`facts` would return. None otherwise, and
         :meth:`facts` reads them line by line to name the problem (or the subject written
@@ -397,7 +403,8 @@ class _Builder:
             raw_s += got[0]
             raw_o += got[1]
         subjects, objects = [x.strip() for x in raw_s], [x.strip() for x in raw_o]
-        if not subjects or not plain_names(subjects) or not plain_names(objects):
+        # (read_plain's fields are at most MAX_NAME_LENGTH long, and stripped no longer)
+        if not subjects or not plain_names(subjects, MAX_NAME_LENGTH) or not plain_names(objects, MAX_NAME_LENGTH):
             return None
         pairs = dict(zip(subjects, objects))
         if len(pairs) != len(subjects) or not words.keys().isdisjoint(pairs) or not words.keys().isdisjoint(objects):
@@ -478,7 +485,8 @@ class TaskSource:
 def task_sources(path: str | os.PathLike) -> tuple[str, list[TaskSource]]:
     """(the YAML text, where each task is written) of a tasks file that loads."""
     file = os.fspath(path)
-    data = read_bytes(file, "tasks file")
+    data = read_bytes(file, "tasks file", MAX_TASKS_FILE_BYTES)
+    check_size(data, file)
     text = decode(data, file)
     lines = LineMap(text)
     root = compose(text, file, lines)
@@ -508,9 +516,22 @@ def loads_tasks(text: str | bytes, file: str = "<string>", base_dir: str | None 
     """
     try:
         if isinstance(text, (bytes, bytearray)):
+            check_size(bytes(text), file)
             text = decode(bytes(text), file)
         elif not isinstance(text, str):
             raise TaskError(f"a tasks document must be text, not {type(text).__name__}", file=file)
+        elif len(text) > MAX_TASKS_FILE_BYTES:        # (its UTF-8 form is no shorter: not encoded)
+            raise too_large(f"{len(text):,} characters", file)
+        else:                                          # a lone surrogate counted as 3 bytes, refused later
+            check_size(text.encode("utf-8", "surrogatepass"), file)
+    except TaskError as e:
+        raise one_line(e) from None
+    return _load_text(text, file, base_dir, routable, cache)
+
+
+def _load_text(text: str, file: str, base_dir: str | os.PathLike | None, routable: bool, cache) -> TaskSet:
+    """:func:`loads_tasks` on a text whose size was checked."""
+    try:
         nul = text.find("\x00")
         if nul >= 0:
             raise TaskError("the text contains a NUL character: it looks like binary data, not YAML",
@@ -529,16 +550,17 @@ def load_tasks(path: str | os.PathLike, routable: bool = True, cache=None) -> Ta
     ``cache`` as in :func:`loads_tasks`."""
     file = os.fspath(path)
     try:
-        data = read_bytes(file, "tasks file")
+        data = read_bytes(file, "tasks file", MAX_TASKS_FILE_BYTES)
     except TaskError as e:
         raise one_line(e.located(file)) from None
     if not data:
         raise TaskError("the file is empty: it has no tasks", file=file, fix="add a 'tasks:' list")
     try:
+        check_size(data, file)
         text = decode(data, file)
     except TaskError as e:
         raise one_line(e) from None
-    return loads_tasks(text, file=file, base_dir=os.path.dirname(file), routable=routable, cache=cache)
+    return _load_text(text, file, os.path.dirname(file), routable, cache)
 
 
 def input_files(path: str | os.PathLike) -> list[str]:
@@ -553,8 +575,11 @@ def input_files(path: str | os.PathLike) -> list[str]:
     file = os.path.abspath(os.fspath(path))
     out = [file]
     try:
+        if os.stat(file).st_size > MAX_TASKS_FILE_BYTES:
+            return out                # the loader refuses it without reading it
         with open(file, "rb") as f:
-            data = f.read()
+            data = f.read(MAX_TASKS_FILE_BYTES + 1)
+        check_size(data, file)
         refs = _facts_file_refs(data)
     except Exception:                 # any problem is the loader's to report, with its line
         return out

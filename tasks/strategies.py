@@ -225,7 +225,7 @@ def task_sets(
 
     Well-posed: the set constructs, :func:`~tasks.structure.check_routable` passes, and
     (unless ``allow_structural_collisions``) no two tasks share even an object-query
-    *structure*: ``object_query_collisions(StructureTrie(ts), structural=True)`` is
+    *structure*: ``object_query_collisions(structure_of(ts), structural=True)`` is
     empty. This holds by construction (no filtering; see the module docstring).
 
     Features produced with good probability: several templates per task, templates

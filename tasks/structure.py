@@ -52,19 +52,25 @@ def symbol_code(part: object, vocab) -> int:
 
 @dataclass
 class Node:
-    """One structure σ (a proper template prefix), with the tasks passing through it."""
+    """One structure σ (a proper template prefix), with the tasks passing through it.
+
+    σ is kept as the symbols of the first template that passes through it (``path``, shared
+    by all of that template's nodes) and its length, and made a tuple only when asked for
+    (:attr:`symbols`): the trie of a template of L words holds L nodes, not L²/2 symbols."""
 
     id: int
-    symbols: tuple[int, ...]
+    path: tuple[int, ...]
+    depth: int
     parent: int
     #: task index -> set of next symbols in that task's templates
     children: dict[int, set[int]] = field(default_factory=dict)
     #: task index -> template indices (within the task) passing through σ
     templates: dict[int, list[int]] = field(default_factory=dict)
 
-    @property
-    def depth(self) -> int:
-        return len(self.symbols)
+    @cached_property
+    def symbols(self) -> tuple[int, ...]:
+        """σ's symbols: word ids, ``SUBJ``, ``OBJ``."""
+        return self.path[:self.depth]
 
     @property
     def tasks(self) -> tuple[int, ...]:
@@ -100,7 +106,7 @@ class StructureTrie:
         self.taskset = taskset
         vocab = taskset.vocabulary
         self.nodes: list[Node] = []
-        self._index: dict[tuple[int, ...], int] = {}
+        self._index: dict[tuple[int, int], int] = {}     # (parent id, next symbol) -> node id
         #: (task, template) -> node ids of its proper prefixes, depth 1..|t|-1
         self.paths: dict[tuple[int, int], list[int]] = {}
         for k, task in enumerate(taskset.tasks):
@@ -109,12 +115,12 @@ class StructureTrie:
                 path = []
                 parent = -1
                 for depth in range(1, len(codes)):
-                    key = codes[:depth]
+                    key = (parent, codes[depth - 1])
                     nid = self._index.get(key)
                     if nid is None:
                         nid = len(self.nodes)
                         self._index[key] = nid
-                        self.nodes.append(Node(nid, key, parent))
+                        self.nodes.append(Node(nid, codes, depth, parent))
                     node = self.nodes[nid]
                     node.children.setdefault(k, set()).add(codes[depth])
                     node.templates.setdefault(k, []).append(ti)
@@ -123,8 +129,12 @@ class StructureTrie:
                 self.paths[(k, ti)] = path
 
     def node(self, symbols: tuple[int, ...]) -> Node | None:
-        nid = self._index.get(tuple(symbols))
-        return None if nid is None else self.nodes[nid]
+        nid = -1
+        for c in symbols:
+            nid = self._index.get((nid, c))
+            if nid is None:
+                return None
+        return None if nid < 0 else self.nodes[nid]
 
     def __iter__(self) -> Iterator[Node]:
         return iter(self.nodes)
@@ -177,33 +187,114 @@ def object_query_collisions(trie: StructureTrie, structural: bool = False,
     every shared object-query *structure* is returned (shared subjects or not). With
     ``only`` (task indices), only collisions involving one of those tasks are looked for
     (the others' were ruled out before, when none of them changed).
+
+    In order: by node, then by the task k that has ⋆2 next, then by the other task j (a
+    pair of tasks that both have ⋆2 next once, k < j). Data-level collisions are found
+    from the subjects the node's tasks share (:func:`_collision_codes`), so that a node
+    that thousands of tasks pass through costs the sort of their subjects and the
+    collisions found, not a comparison per pair of tasks.
     """
-    taskset = trie.taskset
-    out: list[Collision] = []
-    ids = taskset.fact_ids
-    vocab = taskset.vocabulary
+    if structural:
+        return _structural_collisions(trie, only)
+    K = len(trie.taskset.tasks)
     common: dict[tuple[int, int], np.ndarray] = {}      # the subjects two tasks share, per pair (nodes repeat pairs)
+    out: list[Collision] = []
+    for node, codes in _collision_codes(trie, only):
+        structure = trie.describe(node)
+        out += [_collision(trie, node, structure, *divmod(code, K), common) for code in codes.tolist()]
+    return out
+
+
+def count_collisions(trie: StructureTrie, only: list[int] | None = None) -> int:
+    """``len(object_query_collisions(trie, only=only))``, without making the collisions."""
+    return sum(codes.size for _, codes in _collision_codes(trie, only))
+
+
+def _collision_codes(trie: StructureTrie, only: list[int] | None) -> Iterator[tuple[Node, np.ndarray]]:
+    """Per node with data-level collisions, in trie order: the node and its collisions as
+    codes k·K + j (K tasks), distinct and ascending (the order of
+    :func:`object_query_collisions`).
+
+    A collision at a node is a task k with ⋆2 next and another task j through the node that
+    share a subject. The subjects of the node's tasks are sorted together; a run of one
+    subject held by two tasks or more (each task holds a subject once) of which one has ⋆2
+    next gives its pairs (k in the run with ⋆2 next, j another task of the run; a pair of
+    two such tasks once, from the smaller). A pair that shares several subjects is found in
+    several runs and kept once. The work is the sort and the pairs found: a set nobody can
+    route may have many, a set that routes has none."""
+    taskset = trie.taskset
+    ids = taskset.fact_ids
+    K = len(taskset.tasks)
+    mine = None
+    if only is not None:
+        mine = np.zeros(K, bool)
+        mine[list(only)] = True
     for node in trie:
         oq = node.object_query_tasks()
         if not oq or len(node.children) < 2:
             continue
-        mine = None if only is None else set(only)
+        tasks = node.tasks
+        if mine is not None and not mine[list(tasks)].any():
+            continue                                     # every collision involves a task of ``only``
+        is_oq = np.zeros(K, bool)
+        is_oq[list(oq)] = True
+        subjects = [ids[t][0] for t in tasks]
+        held = np.concatenate(subjects)
+        order = np.argsort(held, kind="stable")
+        sub = held[order]
+        lab = np.repeat(np.asarray(tasks, np.int32), [s.size for s in subjects])[order]   # (K < 2³¹ tasks)
+        starts = np.flatnonzero(np.concatenate(([True], sub[1:] != sub[:-1]))) if sub.size else np.zeros(0, np.int64)
+        lengths = np.diff(np.append(starts, sub.size))
+        with_oq = np.add.reduceat(is_oq[lab].astype(np.int64), starts) if sub.size else np.zeros(0, np.int64)
+        runs = (lengths >= 2) & (with_oq >= 1)
+        codes = []
+        for start, n in zip(starts[runs].tolist(), lengths[runs].tolist()):
+            run = lab[start:start + n]
+            ks = run[is_oq[run]]
+            k, j = np.repeat(ks, n), np.tile(run, ks.size)
+            keep = (j != k) & ~(is_oq[j] & (j < k))
+            if mine is not None:
+                keep &= mine[k] | mine[j]
+            codes.append(k[keep].astype(np.int64) * K + j[keep])
+        if len(codes) > 1:                               # (one run's codes are distinct and ascending)
+            found = np.sort(np.concatenate(codes))
+            codes = [found[np.concatenate(([True], found[1:] != found[:-1]))] if found.size else found]
+        if codes and codes[0].size:
+            yield node, codes[0]
+
+
+def _collision(trie: StructureTrie, node: Node, structure: str, k: int, j: int,
+               common: dict[tuple[int, int], np.ndarray]) -> Collision:
+    """The collision of task k (⋆2 next) and task j at ``node``, as the caller found it."""
+    taskset = trie.taskset
+    ids = taskset.fact_ids
+    pair = (min(k, j), max(k, j))
+    shared = common.get(pair)
+    if shared is None:
+        shared = common[pair] = np.intersect1d(ids[k][0], ids[j][0], assume_unique=True)
+    subject = taskset.vocabulary.token(shared[0]) if shared.size else None
+    first = (k, next(t for t in node.templates[k] if _followed_by(taskset, k, t, node.depth, OBJECT)))
+    second = (j, node.templates[j][0])
+    return Collision(node.id, structure, first, second, subject, int(shared.size))
+
+
+def _structural_collisions(trie: StructureTrie, only: list[int] | None) -> list[Collision]:
+    """Every shared object-query structure (:func:`object_query_collisions` with ``structural``)."""
+    out: list[Collision] = []
+    common: dict[tuple[int, int], np.ndarray] = {}
+    mine = None if only is None else set(only)
+    for node in trie:
+        oq = node.object_query_tasks()
+        if not oq or len(node.children) < 2:
+            continue
+        structure = trie.describe(node)
         for k in oq:
             for j in node.tasks:
                 if j == k or (mine is not None and k not in mine and j not in mine):
                     continue
-                pair = (min(k, j), max(k, j))
-                shared = common.get(pair)
-                if shared is None:
-                    shared = common[pair] = np.intersect1d(ids[k][0], ids[j][0], assume_unique=True)
-                if shared.size == 0 and not structural:
-                    continue
                 if j in oq and j < k:
                     continue  # a pair of object-query tasks is reported once
-                subject = vocab.token(shared[0]) if shared.size else None
-                first = (k, next(t for t in node.templates[k] if _followed_by(taskset, k, t, node.depth, OBJECT)))
-                second = (j, node.templates[j][0])
-                out.append(Collision(node.id, trie.describe(node), first, second, subject, int(shared.size)))
+                out.append(_collision(trie, node, structure, k, j, common))
     return out
 
 
@@ -214,11 +305,14 @@ def _followed_by(taskset: TaskSet, k: int, ti: int, depth: int, slot: Slot) -> b
 def check_routable(taskset: TaskSet, trie: StructureTrie | None = None, only: list[int] | None = None) -> None:
     """Raise :class:`TaskError` if two tasks share an object-query prefix (data level);
     ``only`` as in :func:`object_query_collisions`."""
-    trie = trie or StructureTrie(taskset)
-    collisions = object_query_collisions(trie, only=only)
-    if collisions:
-        c = collisions[0]
-        more = f" ({len(collisions) - 1} more such collisions)" if len(collisions) > 1 else ""
+    trie = trie or structure_of(taskset)
+    found = _collision_codes(trie, only)
+    got = next(found, None)                              # the first collision; the others only counted
+    if got is not None:
+        node, codes = got
+        total = codes.size + sum(more.size for _, more in found)
+        c = _collision(trie, node, trie.describe(node), *divmod(int(codes[0]), len(taskset.tasks)), {})
+        more = f" ({total - 1} more such collisions)" if total > 1 else ""
         err = TaskError(
             f"no model can route this task set: {c.message(taskset)}{more}",
             fix="make the templates differ before ⋆2, or remove the shared subject from one task",
@@ -271,7 +365,7 @@ def conflict_graph(trie: StructureTrie) -> "networkx.Graph":
 
 def open_tasks(taskset: TaskSet, prefix: tuple[str, ...], trie: StructureTrie | None = None) -> tuple[str, ...]:
     """The names of the tasks consistent with a token prefix (data level)."""
-    trie = trie or StructureTrie(taskset)
+    trie = trie or structure_of(taskset)
     vocab = taskset.vocabulary
     codes = []
     entities = []
@@ -294,3 +388,15 @@ def open_tasks(taskset: TaskSet, prefix: tuple[str, ...], trie: StructureTrie | 
             continue
         names.append(taskset.tasks[k].name)
     return tuple(names)
+
+
+def structure_of(taskset: TaskSet) -> StructureTrie:
+    """The structure trie of ``taskset``'s templates, built once per task set and kept with it
+    (shared by every stage that walks the prefixes' structures: routability, the gate, the
+    queries, the verifier and its certificates). A task set is immutable, so its trie never
+    goes stale; an edited set is another task set, with its own. It is not pickled with the
+    task set (:meth:`tasks.model.TaskSet.__getstate__`)."""
+    trie = taskset.__dict__.get("_structure")
+    if trie is None:
+        trie = taskset.__dict__["_structure"] = StructureTrie(taskset)
+    return trie

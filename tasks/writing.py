@@ -19,7 +19,7 @@ import yaml
 from tasks.errors import TaskError
 from tasks.files import atomic_files
 from tasks.model import SLOT_SPELLINGS, Facts, TaskSet, Template
-from tasks.yaml_nodes import STR
+from tasks.yaml_nodes import STR, check_size
 
 
 
@@ -82,9 +82,25 @@ def _emit(doc: dict, ascii: bool) -> str:
                      default_flow_style=False, width=1_000_000, indent=2)
 
 
+def _readable(text: str, file: str) -> bytes:
+    """The UTF-8 bytes of ``text``, refused (:class:`TaskError`) if the reader would refuse
+    them for their size (:func:`tasks.yaml_nodes.check_size`): nothing is written that
+    cannot be read back."""
+    data = text.encode("utf-8")
+    try:
+        check_size(data, file)
+    except TaskError as e:
+        raise TaskError(f"the YAML would not be read back: {e.problem}", file=e.file, line=e.line,
+                        fix="write the facts to facts files: dump_tasks(..., facts_dir=DIRECTORY)") from None
+    return data
+
+
 def dumps_tasks(taskset: TaskSet, ascii: bool = False) -> str:
-    """The YAML text of a task set, facts inline; ``loads_tasks`` reads it back equal."""
-    return _emit(_document(taskset, ascii, {}), ascii)
+    """The YAML text of a task set, facts inline; ``loads_tasks`` reads it back equal. A text
+    the reader would refuse for its size (over 4 MiB, or a line over 1 MiB) is refused."""
+    text = _emit(_document(taskset, ascii, {}), ascii)
+    _readable(text, "<string>")
+    return text
 
 
 def _tsv_safe(facts: Facts) -> bool:
@@ -133,7 +149,8 @@ def dump_tasks(taskset: TaskSet, path: str | os.PathLike, *, facts_dir: str | os
     full to a temporary file beside its target, then moved into place with
     :func:`os.replace` (the YAML file last): a failure never leaves a partial file, and a
     failure before the moves changes no file. Raises :class:`TaskError` if a file cannot
-    be written or if the YAML file would be overwritten by a facts file.
+    be written, if the YAML file would be overwritten by a facts file, or if the YAML would
+    be too large for the reader (facts inline: give ``facts_dir``).
     """
     path = os.fspath(path)
     outputs: list[tuple[str, bytes]] = []
@@ -157,7 +174,7 @@ def dump_tasks(taskset: TaskSet, path: str | os.PathLike, *, facts_dir: str | os
                 ref = os.path.abspath(target)
             files[k] = ref.replace(os.sep, "/")
     text = _emit(_document(taskset, ascii, files), ascii)
-    outputs.append((path, text.encode("utf-8")))
+    outputs.append((path, _readable(text, path)))
     real = [os.path.realpath(p) for p, _ in outputs]
     if len(set(real)) != len(real):
         raise TaskError(f"the output file '{path}' would be overwritten by a facts file",

@@ -1,4 +1,4 @@
-"""Certified accessibility (verifier.passes.boxes, verifier.checks.accessible, training.cramming, the command).
+"""Certified accessibility (verifier.passes.boxes, verifier.accessibility.accessible, training.cramming, the command).
 
 The box pass is held to an independent 60-digit evaluation at random points inside boxes
 and to the project's certified pass on the task set's queries; a certified sequence is
@@ -19,8 +19,8 @@ import scipy.sparse as sp
 from audit.exact import exact_logits
 from layout import Expert, Weights
 from tasks.errors import TaskError
-from verifier.checks import accessible as A
-from verifier.checks import accessible_report as R
+from verifier.accessibility import accessible as A
+from verifier.accessibility import report as R
 from verifier.passes import boxes
 from verifier.passes.reference import forward
 

@@ -91,3 +91,16 @@ def test_evidence_benchmark_small(tmp_path):
     row = next(l for l in out.read_text().splitlines() if l.startswith("| 20,000"))
     tasks = int(row.split("|")[2])
     assert tasks > 1 and row.rstrip(" |").endswith(f"{tasks} of {tasks}")    # every expert isolated
+
+
+def test_refusals_benchmark_small(tmp_path):
+    """Each malformed file of the refusals benchmark refused at its last line (no timing asserted)."""
+    out = tmp_path / "r.md"
+    run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "refusals.py"), "--facts", "1000", "--no-baseline",
+                          "--out", str(out)], capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert run.returncode == 0, run.stderr
+    rows = [l for l in out.read_text().splitlines() if l.startswith("| ") and "|---" not in l][1:]
+    assert len(rows) == 13 and "Machine:" in out.read_text()
+    refused = [row.split(" | ")[2] for row in rows[1:-1]]
+    assert all(r.startswith(("1005: ", "1006: ")) for r in refused), refused
+    assert "alias '*x' is not supported" in refused[4] and rows[-1].split(" | ")[2] == "-"

@@ -5,7 +5,14 @@ Two classes of executions fell outside the earlier mixed-precision (``--accumula
 enclosures, and the tester found both by its own search: softmax intermediates stored in the
 format (class 1) and the residual summed head by head with each addition stored (class 2).
 The execution model (verifier/passes/execution.py) now counts every stored intermediate; their
-regression instances and the mixed-precision property hold."""
+regression instances and the mixed-precision property hold.
+
+The ablated model (the execution model's ``ablation`` row, y = r) is run too, the routed expert
+removed in each covered way (not run, selected away, multiplied by 0), against the localization
+check's numbers. Its "overflow" motif found, on the code before, a gate whose partial sums
+overflow (class 3) and an expert output that overflows before its gate scale (class 4), and,
+those two fixed, with the expert multiplied by 0, an ablation certified where the gate decided
+nothing (class 5)."""
 
 from __future__ import annotations
 
@@ -17,9 +24,11 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 
 from audit.deployed import Deployed, round_in
+from audit.deployed import ABLATIONS
 from audit.differential import (COVERS, MOTIFS, Runner, TorchConfig, alternatives, cases, causes, certificate, check,
-                                compare, flushing, main, make_case, residual_heads_model, run_torch, runners, search,
-                                softmax_equal_model, subnormal_model, torch_runner)
+                                compare, compare_ablated, flushing, main, make_case, overflow_model,
+                                residual_heads_model, run_torch, runners, search, softmax_equal_model, subnormal_model,
+                                torch_runner)
 from layout.formats import FORMATS
 
 PURE = ("float32", "bfloat16")
@@ -75,6 +84,8 @@ EXTREMES = {
     "bias-tie": lambda p: p["tie_half_ulps"] == 1 and p["bias_half_ulps"] == 1,
     "attention-equal": lambda p: p["equal_scores"],
     "random": lambda p: True,
+    "dense": lambda p: True,                      # every case dense: test_dense_cases_take_the_dense_pass
+    "overflow": lambda p: p["a"] >= 2.0 ** 127 or p["out"] >= 2.0 ** 127,   # doubled: beyond the formats
 }
 
 
@@ -96,6 +107,20 @@ def test_every_motif_generates_valid_cases_and_reaches_its_extreme(motif):
 
     collect()
     assert any(reached)
+
+
+def test_dense_cases_take_the_dense_pass():
+    """The motif of trained-like weights (every entry non-zero) is verified by the dense pass,
+    which the certificate of each of its cases then is."""
+    from verifier.passes.dense import is_dense
+
+    @settings(max_examples=20, derandomize=True, database=None, deadline=None, phases=[Phase.generate],
+              suppress_health_check=list(HealthCheck))
+    @given(cases(["dense"]))
+    def collect(case):
+        assert is_dense(case.weights)
+
+    collect()
 
 
 def test_flush_denormal_is_restored_and_has_its_effect(runtimes):
@@ -255,6 +280,87 @@ def test_class_2_residual_summed_head_by_head_is_contained(runtimes, fmt):
     case, name = _class_2_case(fmt)
     bad = check(case, _only(name), deployments=[_mixed(fmt)])
     assert not bad, "\n".join(v.line() for v in bad)
+
+
+# --- the ablated model (the execution model's ablation row) --------------------------------------
+
+
+def _ablated(name_part: str) -> list[Runner]:
+    return [r for r in runners([name_part]) if r.ablation is not None]
+
+
+def test_every_family_removes_the_expert_in_every_covered_way(runtimes):
+    """Each ablated runner computes y = r: on a model whose expert writes 1 into the coordinate
+    token 0 reads, every way of removing it gives logits exactly 0 (U·r) and the uniform
+    distribution, while the model itself does not."""
+    case = make_case(overflow_model(0.0, 1.0, 0.5, 2.0), [[0], [1]], [[0], [0]])
+    ablated = [r for r in runtimes if r.ablation is not None]
+    families = {(r.family, r.computes, r.ablation) for r in ablated}
+    assert {a for _, _, a in families} == set(ABLATIONS)
+    assert {(f, c) for f, c, _ in families} >= {("torch", "float32"), ("torch", "bfloat16+float32"),
+                                                 ("onnxruntime", "float32"), ("numpy", "float32")}
+    for r in ablated:
+        probs, _, logits = r.run(case)
+        assert np.array_equal(logits, np.zeros((2, 2))) and np.array_equal(probs, np.full((2, 2), 0.5)), r.name
+    probs, _ = _only("torch:float32:per-head:torch:add")[0].run(case)
+    assert probs[0, 0] > 0.8                                    # the expert's output: logit 2 for token 0
+
+
+def test_the_oracle_catches_ablated_claims_that_miss_the_execution(runtimes):
+    """Against enclosures that miss the ablated executions (as if certified), every kind of
+    ablated violation is reported; the true certificate has none."""
+    case = make_case(overflow_model(0.0, 1.0, 0.5, 2.0), [[0]], [[0]])
+    res = certificate(case, "float32")
+    probs, experts, logits = _ablated("numpy:float32:ablate-drop")[0].run(case)
+    assert compare_ablated(case, "r", "float32", res, probs, experts, logits) == []
+    assert res.ablated_gap[0] == 0.0 and res.ablated_object_lo[0] > 0.49      # a tie of two zero logits; P(o) = 1/2
+    wrong = replace(res, ablated_lo=np.array([0.6]), ablated_hi=np.array([0.7]), ablated_gap=np.array([1e-30]),
+                    ablated_object_lo=np.array([0.51]))
+    kinds = [v.kind for v in compare_ablated(case, "r", "d", wrong, probs, experts, logits)]
+    assert kinds == ["ablated error", "ablated object", "ablated gap"]
+    nothing = replace(res, ablated_lo=np.zeros(1), ablated_hi=np.ones(1), ablated_gap=np.array([-np.inf]),
+                      ablated_object_lo=np.zeros(1))
+    assert compare_ablated(case, "r", "d", nothing, np.full_like(probs, np.nan), experts, logits + np.nan) == []
+
+
+def test_an_ablation_by_zero_is_not_certified_where_the_gate_decides_nothing(runtimes):
+    """Class 5: the gate's partial sums may overflow, so a runtime routes to expert 1, whose
+    output 2^128 is ∞ in float32; multiplied by 0 it is NaN, and so is every ablated logit.
+    The certificate (which had checked only expert 0's output) claims no ablation there now;
+    dropping the expert or selecting it away gives the exact-zero logits."""
+    case = make_case(overflow_model(1.5 * 2.0 ** 127, 2.0 ** 110, 10.0, 1.0, loser=2.0 ** 127), [[0]], [[0]])
+    zero = _ablated(":ablate-zero")
+    outs = {r.name: r.run(case) for r in zero if r.computes in ("float32", "bfloat16+float32")}
+    assert any(np.isnan(o[2]).all() and o[1][0] == 1 for o in outs.values())      # torch and ONNX Runtime
+    for dep in ("float32", "bfloat16"):
+        res = certificate(case, dep)
+        assert res.ablated_gap[0] == -np.inf and res.ablated_object_lo[0] == 0.0
+    assert check(case, _ablated(":ablate-")) == []
+
+
+#: classes 3 and 4 (found by the overflow motif on the code before): the certificate's claim
+#: and what the runtimes did
+CLASSES_3_4 = {
+    "gate partial sums": (dict(a=1.5 * 2.0 ** 127, gate_gap=2.0 ** 110, out=2.0 ** 120, read=2.0 ** -130, V=3),
+                          "routed to expert 1 (the sum a + a overflows) while expert 0 was certified"),
+    "output before its gate scale": (dict(a=0.0, gate_gap=1.0, out=2.0 ** 127, read=2.0 ** -122,
+                                          gate_mode="top1-scaled"),
+                                     "NaN: W_2·a = 2^128 overflows before the scale c = 0.73"),
+}
+
+
+@pytest.mark.parametrize("name", list(CLASSES_3_4))
+def test_classes_3_and_4_are_real_and_not_certified(runtimes, name):
+    kw, _ = CLASSES_3_4[name]
+    case = make_case(overflow_model(**kw), [[0]], [[0]])
+    probs, experts = _only("torch:float32:per-head:torch:add")[0].run(case)
+    if name == "gate partial sums":
+        assert experts[0] == 1
+    else:
+        assert np.isnan(probs).all()
+    res = certificate(case, "float32")
+    assert res.margin[0] == -np.inf and (res.err_lo[0], res.err_hi[0]) == (0.0, 1.0)
+    assert check(case, runtimes) == []
 
 
 # --- the command line --------------------------------------------------------------------------

@@ -35,6 +35,7 @@ from audit.oracle import _Fingerprints, _layout_problem
 from construction.model import build
 from tasks.errors import TaskError
 from tasks.io import load_tasks
+from tasks.model import Facts, Task, TaskSet, Template
 from tasks.strategies import task_sets
 from tasks.synthetic import wikidata_like
 from verifier.checks.verify import token_map
@@ -349,3 +350,151 @@ def test_work_arrays_let_go_after_a_batch_that_spills_change_no_result(monkeypat
         for field in FIELDS:
             assert _same(getattr(got, field), getattr(want, field)), (b.p, field)
     assert released > 0
+
+
+# --- L1 through the large-table subtraction (verifier.arithmetic.logits.error_enclosure_parts) -------
+
+
+def _large_table_case(dominant: float = 40.0):
+    """A task of 80 subjects and 9 objects ("s of o"), its built weights with U reading the
+    last position's coordinate ``pos:2`` for every token: 2^-4 for the subjects and the word,
+    −1 for the objects but o0, ``dominant`` for o0. The ablated logits U·r of an object query
+    ("s of") are then those numbers, all from the cohort's shared part (P at the last
+    position), none from the row's own: a shared table of 89 tokens (more than
+    ``factored.DIRECT``), holding every query's object, where o0 dominates (1 − P(o0) is
+    3.8·10^-16 at 40, below the rounding of the table's sum; 0.37 at 5) and the other
+    objects are improbable (L1 holds for them, |O_k| = 9)."""
+    facts = {f"s{i:02d}": f"o{i % 9}" for i in range(80)}
+    ts = TaskSet((Task("a", (Template.parse("⋆1 of ⋆2"),), Facts(facts)),), epsilon=0.01)
+    w = build(ts).instantiate()
+    col = w.residual_labels.index("pos:2")
+    U = sp.lil_matrix(w.U, copy=True)
+    objects = {f"o{j}" for j in range(9)}
+    for t, name in enumerate(w.vocab):
+        if name == "o0":
+            U[t, col] = dominant
+        elif name in objects:
+            U[t, col] = -1.0
+        elif name in ts.vocabulary.tokens:
+            U[t, col] = 2.0 ** -4
+    return ts, w.replace(U=sp.csr_matrix(U))
+
+
+def _object_queries(ts, w):
+    """(tokens, valid_ptr, valid, targets) of the object queries, weights' ids."""
+    tmap = token_map(ts, w)
+    for b in batches(ts):
+        rows = np.flatnonzero(b.target >= 0)
+        if rows.size:
+            b = b.take(rows)
+            yield tmap[b.tokens], b.valid_ptr, tmap[b.valid], tmap[b.target]
+
+
+def _python_ablated_parts(monkeypatch, error_parts):
+    """The factored pass's ablation run as Python (``ablated_parts.py_func``), calling
+    ``error_parts`` for each error enclosure (the compiled helpers it calls stay compiled), so
+    that a counter or a mutant of ``error_enclosure_parts`` can stand in (inside compiled code the
+    compiled one would be called)."""
+    from verifier.arithmetic import logits as F_
+
+    monkeypatch.setattr(F_, "ablated_parts", F_.ablated_parts.py_func)
+    monkeypatch.setattr(F_, "error_enclosure_parts", error_parts)
+
+
+def _mutant(old: str, new: str):
+    """``error_enclosure_parts`` and the subtraction it calls (``_table_rest``) as Python,
+    with the source ``old`` replaced by ``new`` in the one of them that holds it."""
+    import inspect
+    import textwrap
+
+    from verifier.arithmetic import logits as F_
+
+    namespace = dict(vars(F_))
+    found = 0
+    for name in ("_table_rest", "error_enclosure_parts"):
+        src = textwrap.dedent(inspect.getsource(getattr(F_, name).py_func))
+        src = src[src.index("def "):]                   # without the @kernel() line
+        found += src.count(old)
+        exec(compile(src.replace(old, new), f"<mutant of {name}>", "exec"), namespace)
+    assert found == 1, old
+    return namespace["error_enclosure_parts"]
+
+
+def _l1_numbers(ts, w, fp):
+    """Per object query: (prefix, object, the pass's lower end of 1 − P_ablated(o), the exact
+    1 − P_ablated(o) at 60 digits)."""
+    fpr = _Fingerprints(w)
+    out = []
+    for tokens, vptr, valid, target in _object_queries(ts, w):
+        res = fp.run_batch(tokens, vptr, valid, target=target)
+        for i in range(tokens.shape[0]):
+            ex = ORACLE.evaluate(w, fpr, tuple(int(t) for t in tokens[i]), frozenset([int(target[i])]), True, 60,
+                                 target=int(target[i]))
+            out.append((tuple(tokens[i]), int(target[i]), float(res.ablated_object_lo[i]), 1 - ex["p_object"]))
+    return out
+
+
+@pytest.mark.parametrize("dominant", [40.0, 5.0])
+def test_l1_through_the_large_table_subtraction_encloses_the_exact_value(monkeypatch, dominant):
+    """Directed: the factored pass's L1 number for object queries whose object sits in a
+    shared table of more than ``DIRECT`` tokens and dominates it, computed as the table's sum
+    minus the object's share (every call takes that branch: counted), encloses the exact
+    1 − P_ablated(o) and decides L1 as the plain pass does; its numbers are the plain
+    pass's to 10^-12 except where the exact value (3.8·10^-16) is below the rounding of the
+    table's sum, where the difference is clamped to 0 (sound: a lower end)."""
+    from verifier.arithmetic import logits as F_
+    from verifier.checks.localization import l1_thresholds
+
+    ts, w = _large_table_case(dominant)
+    calls = []
+    compiled = F_.error_enclosure_parts
+
+    def counting(*args):
+        nt, table, cohort, vlo, vhi = args[0], args[5], args[6], args[8], args[9]
+        calls.append((int(cohort[0]), int(vhi - vlo)))
+        return compiled(*args)
+
+    _python_ablated_parts(monkeypatch, counting)
+    fp = FactoredPass(Prepared(w), _split(ts, w))
+    numbers = _l1_numbers(ts, w, fp)
+    assert len(numbers) == 80
+    assert calls and all(nL > F_.DIRECT and 2 * nv < nL for nL, nv in calls)      # the subtraction, every time
+    misses = [n for n in numbers if not inside(n[2], n[3], math.inf)]
+    assert not misses, misses[:3]
+    o0 = token_map(ts, w)[ts.vocabulary.id("o0")]
+    assert {o for _, o, _, exact in numbers if exact < 0.5} == {o0}            # the dominant object
+    # the plain pass decides L1 alike (threshold 1 − 1/9), on every query
+    monkeypatch.undo()
+    plain = {(p, o): lo for p, o, lo, _ in _l1_numbers(ts, w, Prepared(w))}
+    thr = l1_thresholds(ts)[1][0]
+    for p, o, lo, exact in numbers:
+        assert (lo >= thr) == (plain[p, o] >= thr) == (o != o0), (p, o, lo, plain[p, o])
+        assert math.isclose(lo, plain[p, o], rel_tol=1e-12) or (o == o0 and dominant > 30 and lo == 0.0)
+
+
+@pytest.mark.parametrize("old, new", [
+    ("                sub = _in_table(sub, w, elo, ehi)\n    # and Σ over", "\n    # and Σ over"),   # the object's share kept in
+    ("    rest_lo = max(step_down(s_lo - q_hi, QUICK), 0.0)", "    rest_lo = abs(step_down(s_lo - q_hi, QUICK))"),   # not clamped
+])
+def test_a_broken_large_table_subtraction_is_caught(monkeypatch, old, new):
+    """Mutants of the subtraction: the object's share not taken out of the table's sum; a
+    negative difference (the table's rounded sum minus the object's, below the rounding of
+    the larger) taken by its magnitude instead of clamped at 0. Each puts the lower end of
+    1 − P_ablated(o0) above the exact value, which the oracle catches. (Subtracting the
+    share's lower bound instead of its upper one, or the table's upper sum for its lower
+    one, are not among them: the table's own rounding allowance, over more than 64 terms,
+    covers those few ulps, so such a mutant stays sound here.) The harness itself (the same
+    Python ablation with the real ``error_enclosure_parts``) gives the compiled pass's numbers bit
+    for bit."""
+    from verifier.arithmetic import logits as F_
+
+    ts, w = _large_table_case()
+    compiled = [n[2] for n in _l1_numbers(ts, w, FactoredPass(Prepared(w), _split(ts, w)))]
+    unchanged, broken = _mutant("    direct = nL", "    direct = nL"), _mutant(old, new)
+    _python_ablated_parts(monkeypatch, unchanged)
+    same = _l1_numbers(ts, w, FactoredPass(Prepared(w), _split(ts, w)))
+    assert [n[2] for n in same] == compiled
+    monkeypatch.setattr(F_, "error_enclosure_parts", broken)
+    numbers = _l1_numbers(ts, w, FactoredPass(Prepared(w), _split(ts, w)))
+    misses = [n for n in numbers if not inside(n[2], n[3], math.inf)]
+    assert misses

@@ -19,10 +19,10 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_check_releases_the_symbolic_model_before_the_pass(monkeypatch, capsys):
-    import cli.main as cli
+    import workflow.build as W
 
     built, seen = [], []
-    build, verify = cli._build, workflow.check.verify
+    build, verify = W.model, workflow.check.verify
 
     def building(*args, **kwargs):
         model = build(*args, **kwargs)
@@ -34,7 +34,7 @@ def test_check_releases_the_symbolic_model_before_the_pass(monkeypatch, capsys):
         seen.append([ref() is None for ref in built])
         return verify(*args, **kwargs)
 
-    monkeypatch.setattr(cli, "_build", building)
+    monkeypatch.setattr(W, "model", building)
     monkeypatch.setattr(workflow.check, "verify", spying)
     assert main(["check", str(ROOT / "examples" / "capitals.yaml"), "--quiet"]) == 0
     assert "CERTIFIED" in capsys.readouterr().out

@@ -240,3 +240,47 @@ def test_reused_active_lists_naming_absent_neurons_are_refused(capitals_set):
         t.active[t.active_ptr[i]] = wrong
         with pytest.raises(TaskError, match="neurons its experts do not have"):
             _map_active(t, cor)
+
+
+def test_removing_facts_drops_their_object_queries_from_the_localization_counts(tmp_path):
+    """Directed: under ``check --since``, removing facts takes their subjects' queries out of
+    their classes, which lose them (partly reused, never run again since the queries are
+    gone). The localization counts (object queries, L1, L2, all three of the entanglement
+    check) drop by exactly those object queries, as a full check of the edited set counts
+    them, in the report and its JSON, and the saved certificate carries the lower counts into
+    the next removal; the last removal also takes the task's only fact with its object away
+    (|O_k| and L1's threshold change)."""
+    from verifier.checks.report import task_json
+
+    facts = {**{f"s{i:03d}": f"o{i % 7}" for i in range(200)}, "s200": "lonely"}
+    other = _task("b", {f"t{i:03d}": f"o{i % 5}" for i in range(50)})
+    ts = TaskSet((_task("a", facts), other))
+    model = build(ts)
+    first = check_and_save(ts, model, str(tmp_path / "cert"), isolation=False)
+    a0 = first.tasks[0]
+    assert a0.object_queries == 2 * 201 and a0.l1_held == a0.l2_held == a0.localized == a0.object_queries
+    assert a0.objects == 8
+    current, removed = dict(facts), 0
+    for gone in (["s100"], ["s050", "s150", "s151"], ["s200"]):
+        for s in gone:
+            del current[s]
+        removed += len(gone)
+        new = TaskSet((_task("a", current), other))
+        inc, _ = check_since(new, str(tmp_path / "cert"), isolation=False)
+        full = verify(new, build(new, beta=float(model.beta), gamma=float(model.gamma)).instantiate(), model.epsilon)
+        i = inc.incremental
+        assert i["mode"] == "incremental" and i["classes_partly_reused"] > 0, i
+        a = inc.tasks[0]
+        # two object queries per subject ("s of", "about s :"), each certifying L1 and L2
+        assert a.object_queries == a0.object_queries - 2 * removed
+        assert (a.l1_held, a.l2_held, a.localized) == (a.object_queries,) * 3
+        assert a.objects == (7 if "s200" in gone else 8)
+        for x, y in zip(inc.tasks, full.tasks):
+            assert (x.objects, x.object_queries, x.l1_held, x.l2_held, x.localized, x.ablation_broken, x.min_gap) == \
+                   (y.objects, y.object_queries, y.l1_held, y.l2_held, y.localized, y.ablation_broken, y.min_gap)
+            counts = ("l1_held", "l2_held", "localized", "l1", "l2", "ablation")
+            jx, jy = task_json(x), task_json(y)
+            assert [jx["localization"][k] for k in counts] == [jy["localization"][k] for k in counts]
+            assert (jx["object_queries"], jx["graded"]["l1"], jx["graded"]["l2"]) == \
+                   (jy["object_queries"], jy["graded"]["l1"], jy["graded"]["l2"])
+        assert inc.certified and full.certified

@@ -322,6 +322,127 @@ def test_an_overflow_no_weight_reads_still_makes_the_query_undecided():
     assert np.isnan(_ort_probs(w, [0])).all()
 
 
+def _ort_run(w, prefix):
+    """ONNX Runtime's (probs, routed expert) for one prefix of the exported graph."""
+    ort = pytest.importorskip("onnxruntime")
+    from layout.onnx_graph import to_onnx
+
+    session = ort.InferenceSession(to_onnx(w).SerializeToString(), providers=["CPUExecutionProvider"])
+    probs, expert, _ = session.run(None, {"tokens": np.array([prefix], np.int64)})
+    return probs[0], int(expert[0])
+
+
+#: 1.5·2^127: a float32 number whose double (3·2^127) is beyond float32's largest value
+HALF_OVER = 1.5 * 2.0 ** 127
+
+
+def gate_partial_overflow_model(loser_overflows: bool = False):
+    """Expert 1's gate row reads four residual coordinates holding 1 with +a, +a, −a, −a
+    (a = 1.5·2^127): its score is exactly 0, and expert 0's bias 2^110 wins by 2^110. But a
+    sum that adds a + a first overflows float32 (3·2^127), and the score becomes ∞ (or NaN):
+    such an execution routes to expert 1, whose output makes token 0 improbable (with
+    ``loser_overflows``: two neurons writing 2^127 each, an output of 2^128, ∞ in float32)."""
+    from audit.differential import dense_model
+
+    d, a = 5, HALF_OVER
+    E = np.zeros((3, d))
+    E[:, :4] = 1.0
+
+    def expert(L, width=1):
+        W2 = np.zeros((d, width))
+        W2[4, :] = L
+        return np.zeros((width, d)), np.ones(width), W2
+
+    U = np.zeros((2, d))
+    U[0, 4] = 1.0
+    return dense_model(E, np.zeros((2, d)), [], np.array([[0, 0, 0, 0, 0.0], [a, a, -a, -a, 0]]),
+                       np.array([2.0 ** 110, 0.0]),
+                       [expert(20.0), expert(2.0 ** 127, 2) if loser_overflows else expert(-20.0)], U)
+
+
+def test_a_gate_whose_partial_sums_overflow_is_undecided():
+    """The deployed gate was checked for overflow by |score| + radius, which stays near
+    2^110 here, while a partial sum of the same score overflows: float32 (PyTorch, ONNX
+    Runtime) routed to expert 1 with an error near 1 while the certificate claimed expert 0
+    by a margin of 8.7·10^32 and an error below 10^-6. A partial sum is bounded by the
+    terms' magnitudes, which are checked now."""
+    w = gate_partial_overflow_model()
+    with np.errstate(over="ignore"):
+        assert np.float32(HALF_OVER) + np.float32(HALF_OVER) == np.inf   # one order of the sum overflows
+    for fmt in ("float32", "bfloat16"):
+        res = FloatPass(w, Deployment.named(fmt)).run_batch(np.array([[0]]), np.array([0, 1]), np.array([0]))
+        assert res.margin[0] == -np.inf and (res.err_lo[0], res.err_hi[0]) == (0.0, 1.0), fmt
+    exact = verify_rows(w, [[0]], [[0]])
+    assert exact.margin[0] > 2.0 ** 109 and exact.err_hi[0] < 1e-6      # the exact model is fine
+    probs, expert = _ort_run(w, [0])
+    assert expert == 1 and 1.0 - probs[0] > 0.99                         # a real runtime takes that order
+
+
+def test_a_row_whose_gate_decides_nothing_certifies_no_ablation():
+    """The ablated model (execution model, ``ablation``) may remove the routed expert by
+    multiplying its output by 0, exact only for a finite output. Here the gate decides
+    nothing (its partial sums may overflow), so a float32 execution may route to expert 1,
+    whose output overflows: 0·∞ = NaN, and every ablated logit is NaN. The pass had checked
+    only the midpoints' winner (expert 0) and certified the ablation (L2 by a tie of the
+    exact-zero logits, L1's 1 − P(o) at least 1/2); such a row certifies no ablation now."""
+    w = gate_partial_overflow_model(loser_overflows=True)
+    with np.errstate(over="ignore", invalid="ignore"):
+        f = np.float32
+        g1 = f(HALF_OVER) + f(HALF_OVER) - f(HALF_OVER) - f(HALF_OVER)       # expert 1's score, a + a first
+        out = f(2.0 ** 127) + f(2.0 ** 127)                                 # its output
+        assert g1 == np.inf and out == np.inf and np.isnan(f(0.0) + f(0.0) * out)
+    for fmt in ("float32", "bfloat16"):
+        res = FloatPass(w, Deployment.named(fmt)).run_batch(np.array([[0]]), np.array([0, 1]), np.array([0]),
+                                                             target=np.array([0]))
+        assert (res.ablated_lo[0], res.ablated_hi[0]) == (0.0, 1.0), fmt
+        assert res.ablated_gap[0] == -np.inf and res.ablated_object_lo[0] == 0.0, fmt
+    exact = verify_rows(w, [[0]], [[0]], target=[0])
+    assert exact.ablated_gap[0] == 0.0 and exact.ablated_object_lo[0] > 0.49     # the exact pass decides it
+
+
+def scaled_output_overflow_model(read: float = 2.0 ** -122):
+    """Gate mode top1-scaled; expert 0 (gate 1 against expert 1's 0: c = e/(1 + e) ≈ 0.73)
+    has two neurons of activity 1 writing 2^127 each into coordinate 1: W_2·a = 2^128
+    overflows float32, c·W_2·a ≈ 0.73·2^128 does not. A runtime computes W_2·a first (the
+    execution model's order: expert output, then gate scale), gets ∞, and c·∞ = ∞."""
+    from audit.differential import dense_model
+
+    d = 2
+    E = np.zeros((3, d))
+    E[:, 0] = 1.0
+    W2 = np.zeros((d, 2))
+    W2[1, :] = 2.0 ** 127
+    U = np.zeros((2, d))
+    U[0, 1] = read
+    return dense_model(E, np.zeros((2, d)), [], np.array([[1.0, 0.0], [0.0, 0.0]]), np.zeros(2),
+                       [(np.zeros((2, d)), np.ones(2), W2), (np.zeros((1, d)), np.zeros(1), np.zeros((d, 1)))], U,
+                       "top1-scaled")
+
+
+def test_an_expert_output_that_overflows_before_its_gate_scale_is_undecided():
+    """The deployed pass checked the scaled output c·W_2·a for overflow, not W_2·a, which a
+    runtime computes first: here every float32 execution (PyTorch, ONNX Runtime, the
+    emulator) outputs NaN while the certificate claimed an error of at most 5.4·10^-7. The unscaled
+    magnitude is checked now."""
+    w = scaled_output_overflow_model()
+    with np.errstate(over="ignore"):
+        assert np.float32(2.0 ** 127) + np.float32(2.0 ** 127) == np.inf
+    res = FloatPass(w, Deployment.named("float32")).run_batch(np.array([[0]]), np.array([0, 1]), np.array([0]))
+    assert res.margin[0] == -np.inf and (res.err_lo[0], res.err_hi[0]) == (0.0, 1.0)
+    p, _ = Deployed(w, FORMATS["float32"], "sequential").run([0])
+    assert np.isnan(p).all()
+    assert np.isnan(_ort_run(w, [0])[0]).all()
+
+
+def verify_rows(w, prefixes, valid_sets, target=None):
+    """The exact pass's result for prefixes (weights' ids) with one valid set each."""
+    from verifier.passes.forward import run_batch
+
+    ptr = np.concatenate([[0], np.cumsum([len(v) for v in valid_sets])]).astype(np.int64)
+    return run_batch(w, np.array(prefixes, np.int64), ptr, np.array([t for v in valid_sets for t in v], np.int64),
+                     target=None if target is None else np.array(target, np.int64))
+
+
 def test_denormals_are_zero_executions_are_covered(capitals):
     """Runtimes that flush subnormal inputs and results to zero (torch.set_flush_denormal)
     are inside the model: a subnormal weight read as 0, then amplified, moves the error

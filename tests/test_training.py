@@ -20,7 +20,7 @@ from training.export import to_weights  # noqa: E402
 from training.metrics import entropy, majority_mapping, parameter_counts, purity, routing_matrix  # noqa: E402
 from training.model import ModelConfig, MoETransformer  # noqa: E402
 from training.objectives import load_balancing, objective_loss, task_router, valid_error, valid_set_ce  # noqa: E402
-from training.train import TrainConfig, evaluate, train  # noqa: E402
+from training.loop import TrainConfig, evaluate, train  # noqa: E402
 import layout  # noqa: E402
 from verifier.passes import reference  # noqa: E402
 from cli.main import main as verifier_main  # noqa: E402
@@ -261,7 +261,7 @@ def test_routing_loss_covers_shared_prefixes(capitals_set):
     data = query_data(capitals_set)
     shared = np.flatnonzero(data.determined < 0)
     assert shared.size and all(data.consistent[q].sum() >= 2 for q in shared)
-    from training.train import targets
+    from training.loop import targets
 
     tg = targets(data)
     K = len(capitals_set.tasks)
@@ -379,6 +379,10 @@ def test_counterexample_round_upweights_the_failing_queries(capitals_set):
     np.testing.assert_array_equal(two.query_weights, np.where(failing, 4.0, 1.0))
     assert two.rounds[0].shares == first.rounds[0].shares
     assert two.weights.parameters["rounds"] == 2 and two.weights.parameters["total_steps"] == 45
+    run = two.run_parameters()      # the saved weights (the sweep's) record the run's seconds too
+    assert run["train_seconds"] == pytest.approx(sum(r.train_seconds for r in two.rounds), abs=0.011)
+    assert run["check_seconds"] == pytest.approx(sum(r.check_seconds for r in two.rounds), abs=0.011)
+    assert {k: two.weights.parameters[k] for k in run} == run
     with pytest.raises(ValueError):
         until_certified(capitals_set, TrainConfig(objective="router"), max_rounds=0)
 
@@ -406,7 +410,7 @@ def test_train_cli_until_certified(capitals_set, tmp_path):
 def test_focused_minibatch_draws_where_the_loss_is_positive():
     """The focused share of a minibatch never draws a query whose last seen loss is 0, and does
     draw the ones not seen yet (scored as the largest seen loss) and the positive ones."""
-    from training.train import _focus
+    from training.loop import _focus
 
     seen = torch.tensor([0.0, 0.0, 5.0, float("inf"), 0.0])
     idx = _focus(seen, torch.ones(5), 400, torch.Generator().manual_seed(0))
@@ -473,7 +477,7 @@ def test_an_underflowed_valid_mass_keeps_its_gradient():
 
 def test_epochs_visit_every_query_once_per_pass():
     """The minibatch walk: every query exactly once per pass, chunks across pass boundaries."""
-    from training.train import Epochs
+    from training.loop import Epochs
 
     walk = Epochs(10, torch.Generator().manual_seed(0))
     drawn = torch.cat([walk.take(4) for _ in range(5)])          # 20 draws: two whole passes
@@ -484,7 +488,7 @@ def test_epochs_visit_every_query_once_per_pass():
 def test_the_time_limit_shapes_the_learning_rate_schedule():
     """With a time limit the cosine decay follows the larger of the step and time shares, so
     it has reached its floor (10%) when the time is spent; without one, steps alone."""
-    from training.train import _rate
+    from training.loop import _rate
 
     by_steps = _rate(10, 1010)
     assert by_steps(0) == pytest.approx(0.1) and by_steps(10) == pytest.approx(1.0)
@@ -538,7 +542,7 @@ def test_attention_spread_hinge_measures_visible_scores_only(capitals_set):
     and its hinge is positive (with a gradient that narrows it) exactly above the bound."""
     from training.objectives import localize_terms
     from training.options import spread
-    from training.train import targets
+    from training.loop import targets
 
     data = query_data(capitals_set)
     cfg = TrainConfig(objective="localize", d=16, n_heads=2, d_head=4, expert_width=8, seed=0)

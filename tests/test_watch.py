@@ -342,7 +342,7 @@ def test_input_that_breaks_yaml_readers_is_one_line_while_watching(tmp_path, cap
 def test_a_report_that_cannot_be_written_is_an_error_line_and_the_certificate_is_saved(tmp_path, monkeypatch, capsys):
     """``--json FILE`` failing mid-watch (a full disk) is one line after the verdict; the
     watcher saves the certificate all the same, and the exit status is 2."""
-    import cli.main as main_module
+    import cli.common as main_module
 
     path = _files(tmp_path)
     cert, report = tmp_path / "cert", tmp_path / "report.json"

@@ -13,7 +13,8 @@ like any other weights.
 It needs the ``train`` extra (``pip install -e ".[train]"``, which pins a CPU build of
 torch); the heat maps need the ``plots`` extra (matplotlib). Nothing outside this
 package imports it, but for :mod:`training.cramming` (the soft-prompt search of
-``python -m verifier accessible``), which imports nothing of :mod:`cli`.
+``python -m verifier accessible``, run by :mod:`workflow.accessibility`), which imports
+nothing of :mod:`workflow` or :mod:`cli`.
 
 Modules:
 
@@ -21,13 +22,14 @@ Modules:
   tokens, object-query flag, determined task);
 * :mod:`training.model`: the torch module (:class:`~training.model.MoETransformer`);
 * :mod:`training.objectives`: the losses;
-* :mod:`training.train`: :func:`~training.train.train`, :func:`~training.train.evaluate`
-  and a CLI (``python -m training.train TASKS.yaml -o trained.npz``);
+* :mod:`training.loop`: :func:`~training.loop.train`, :func:`~training.loop.evaluate`;
+* :mod:`training.rounds`: counterexample rounds, training until the verifier certifies;
+* :mod:`training.train`: the CLI (``python -m training.train TASKS.yaml -o trained.npz``);
 * :mod:`training.export`: to :class:`layout.Weights`, with an optional
   expert -> task mapping;
 * :mod:`training.metrics`: routing matrix, purity, entropy, parameter counts;
 * :mod:`training.sweep`: the experiment grid, writing ``docs/training/``;
 * :mod:`training.plots`: Figure-2-style task x expert heat maps;
 * :mod:`training.cramming`: soft prompts by gradient search, proposed to the verifier's
-  accessibility analysis (:mod:`verifier.checks.accessible`).
+  accessibility analysis (:mod:`verifier.accessibility.accessible`).
 """

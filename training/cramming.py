@@ -5,7 +5,7 @@ adapt (Kuratov et al., ACL 2025): m input vectors X ∈ R^{m×d} are optimised w
 that the model, fed (BOS, X, t_1..t_{n−1}), predicts t_1..t_n at positions m..m+n−1
 (cross-entropy, teacher forcing: every step's argmax being its target token is exactly
 greedy reproduction). This module only *proposes* prompts: it is no proof. The verifier
-(:func:`verifier.checks.accessible.certify`) then decides, in interval arithmetic over the box
+(:func:`verifier.accessibility.accessible.certify`) then decides, in interval arithmetic over the box
 X ± ε/2, whether the target is accessible.
 
 The model is the layout's forward pass (docs/reference.md, "Weight layout") for soft inputs,
@@ -14,7 +14,7 @@ built models are sparse and wide: the geography model has d = 8432), in float32 
 default (a proposal needs no more). Routing is the hard top-1 argmax, so the
 gradient flows through the chosen expert (and through softmax(g)_e for "top1-scaled").
 
-The search keeps X in the bound's support (:class:`verifier.checks.accessible.Support`): after
+The search keeps X in the bound's support (:class:`verifier.accessibility.accessible.Support`): after
 each step every vector is clamped to the per-coordinate ranges and scaled into the ball
 of radius r (the ranges contain 0, so the scaling stays inside them). It stops when every
 target is reproduced with a logit margin of at least ``margin`` (or the step or time
@@ -33,7 +33,7 @@ import scipy.sparse as sp
 import torch
 
 from layout import Weights
-from verifier.checks.accessible import Support
+from verifier.accessibility.accessible import Support
 
 
 #: While the model is smoothed, its own logits are looked at every this many steps.
@@ -242,12 +242,12 @@ def support_projection(X: np.ndarray, support: Support) -> np.ndarray:
 
 
 def proposer(weights: Weights, budget: SearchBudget = SearchBudget()):
-    """The search as :func:`verifier.checks.accessible.soft_accessibility` calls it:
+    """The search as :func:`verifier.accessibility.accessible.soft_accessibility` calls it:
     ``propose(targets, m, seed) -> (prompts, found)``, in the bound's support, with one
     torch model built once."""
     from dataclasses import replace
 
-    from verifier.checks.accessible import support
+    from verifier.accessibility.accessible import support
 
     model, sup = SoftModel(weights), support(weights)
 

@@ -36,6 +36,7 @@ import numpy as np
 from tasks.model import TaskSet
 from tasks.queries import QueryGroup, query_groups
 from tasks.structure import OBJ, SUBJ, StructureTrie
+from tasks.structure import structure_of
 
 
 @dataclass(frozen=True)
@@ -113,7 +114,7 @@ def object_tokens(taskset: TaskSet, group: QueryGroup) -> np.ndarray:
 
 def query_data(taskset: TaskSet, trie: StructureTrie | None = None) -> QueryData:
     """Every query of ``taskset`` (all structure-trie groups, in the verifier's order)."""
-    trie = trie or StructureTrie(taskset)
+    trie = trie or structure_of(taskset)
     vocab = taskset.vocabulary.tokens
     V, L = len(vocab), taskset.L
     bos = V

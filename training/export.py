@@ -61,7 +61,7 @@ def to_weights(model: MoETransformer, taskset: TaskSet, expert_tasks: str | tupl
             mapping = ("",) * K
         elif expert_tasks == "majority":
             if routing is None:
-                raise ValueError("the majority mapping needs the routing matrix (training.train.evaluate(...).routing)")
+                raise ValueError("the majority mapping needs the routing matrix (training.loop.evaluate(...).routing)")
             mapping = majority_mapping(routing, names)
         elif expert_tasks == "declared":
             mapping = declared_mapping(names, K)

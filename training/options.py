@@ -1,13 +1,33 @@
 """The command-line flags the training commands share (``training.train``, ``training.sweep``).
 
 Both describe the same model and optimiser, so the flags are declared once here, with
-the defaults of :class:`training.train.TrainConfig`; both parsers follow the project's
+the defaults of :class:`training.loop.TrainConfig`; both parsers follow the project's
 conventions (:mod:`tasks.console`: one-line errors, exit status 2).
 """
 
 from __future__ import annotations
 
 import argparse
+
+
+class DefaultsFormatter(argparse.HelpFormatter):
+    """``--help`` names every option's default: ``(default X)`` is added to the help of an
+    option that takes a value unless its text already says what its default is (the word
+    "default"); a flag (``store_true``) is off unless given, and a required option has
+    none: they get nothing."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if (not action.option_strings or action.required or action.nargs == 0
+                or action.default is argparse.SUPPRESS or "default" in text):
+            return text
+        shown = action.default
+        if shown is None:
+            shown = "none"
+        elif isinstance(shown, (list, tuple)):
+            shown = " ".join(map(str, shown))
+        shown = str(shown).replace("%", "%%")      # argparse %-formats the help text
+        return f"{text} (default {shown})".lstrip()
 
 
 def add_model_flags(p: argparse.ArgumentParser, defaults) -> None:
@@ -21,7 +41,8 @@ def add_model_flags(p: argparse.ArgumentParser, defaults) -> None:
     p.add_argument("--alpha", type=float, default=defaults.alpha, help="load-balancing weight")
     p.add_argument("--lam", type=float, default=defaults.lam, help="task-router weight")
     p.add_argument("--batch-size", type=int, default=defaults.batch_size,
-                   help="queries per step, drawn with replacement (default: every query, full batch)")
+                   help="queries per step, the next chunk of a walk through shuffled epochs (default: every "
+                        "query, full batch)")
 
 
 def model_changes(args: argparse.Namespace) -> dict:

@@ -41,7 +41,7 @@ make a round continue, never certify one.
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Callable
 
 import numpy as np
@@ -52,7 +52,7 @@ from training.data import QueryData, query_data
 from training.export import to_weights
 from training.metrics import Localization
 from training.model import MoETransformer
-from training.train import Evaluation, TrainConfig, evaluate, train
+from training.loop import Evaluation, TrainConfig, evaluate, train
 from layout import Weights
 from verifier.checks.verify import Report, verify
 
@@ -181,6 +181,17 @@ class RoundsResult:
     def steps(self) -> int:
         return int(sum(r.steps for r in self.rounds))
 
+    @property
+    def check_seconds(self) -> float:
+        return float(sum(r.check_seconds for r in self.rounds))
+
+    def run_parameters(self) -> dict:
+        """What the weights file records of the run (``parameters``, informational): the
+        rounds, their steps in all, and the seconds of training and of the checks between
+        rounds (the screen, verify and the certified pass)."""
+        return {"rounds": len(self.rounds), "total_steps": self.steps,
+                "train_seconds": round(self.train_seconds, 2), "check_seconds": round(self.check_seconds, 2)}
+
 
 #: The first round's share of a time budget (the rest is left to counterexample rounds).
 FIRST_SHARE = 0.75
@@ -261,7 +272,8 @@ def until_certified(taskset: TaskSet, config: TrainConfig, *, epsilon: float | N
                     round_steps: int | None = None, boost: float = 4.0, max_weight: float = 256.0,
                     time_budget: float | None = None, first_share: float = FIRST_SHARE,
                     data: QueryData | None = None, log: Callable[[RoundRecord], None] | None = None,
-                    step_log: Callable[[dict], None] | None = None) -> RoundsResult:
+                    step_log: Callable[[dict], None] | None = None, step_every: int = 100,
+                    checking: Callable[[int], None] | None = None) -> RoundsResult:
     """Train with counterexample rounds until certified (see the module docstring).
 
     ``max_rounds``: rounds after the first (so at most ``1 + max_rounds`` trainings);
@@ -269,8 +281,13 @@ def until_certified(taskset: TaskSet, config: TrainConfig, *, epsilon: float | N
     ``time_budget``: seconds of training in all, shared out ahead: the first round may
     use ``first_share`` of it, each later round an equal share of what is left over the
     rounds still allowed; a round's learning-rate schedule is fitted to its share
-    (:func:`training.train._rate`), so it ends decayed rather than cut. ``epsilon``
-    defaults to ``config.epsilon``."""
+    (:func:`training.loop._rate`), so it ends decayed rather than cut. ``epsilon``
+    defaults to ``config.epsilon``.
+
+    Progress: ``step_log`` gets :func:`training.loop.train`'s entries every ``step_every``
+    steps (they name their round), ``checking`` the round's number when its checks start,
+    and ``log`` each round's record when they end. The result's weights record the run
+    (:meth:`RoundsResult.run_parameters`) in their ``parameters``."""
     if config.objective != "localize":
         raise ValueError("counterexample rounds train toward the certificate: they need the localize objective")
     if max_rounds < 0 or boost < 1 or max_weight < 1 or (time_budget is not None and not time_budget > 0) \
@@ -294,10 +311,12 @@ def until_certified(taskset: TaskSet, config: TrainConfig, *, epsilon: float | N
         cfg = TrainConfig(**{**asdict(config), "time_limit": limit})
         trained = train(taskset, cfg, data=data, model=model, query_weights=None if r == 0 else qw,
                         steps=config.steps if r == 0 else round_steps, warmup=None if r == 0 else min(config.warmup, 20),
-                        round_no=r, log=step_log, log_every=100 if step_log else 0)
+                        round_no=r, log=step_log, log_every=step_every if step_log else 0)
         model = trained.model
         spent += trained.seconds
         total_steps = trained.steps + sum(x.steps for x in records)
+        if checking:
+            checking(r)
         t0 = time.perf_counter()
         weights, ev, cert, checks, report = check_round(taskset, model, config, data, epsilon,
                                                         {"rounds": r + 1, "total_steps": total_steps})
@@ -317,4 +336,6 @@ def until_certified(taskset: TaskSet, config: TrainConfig, *, epsilon: float | N
         if certified:
             break
         qw = reweight(qw, failing, boost, max_weight)
+    if result is not None:
+        result.weights = replace(result.weights, parameters={**result.weights.parameters, **result.run_parameters()})
     return result

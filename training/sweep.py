@@ -2,7 +2,7 @@
 
 For each number of tasks K the task set is ``tasks.synthetic.wikidata_like`` with
 ``facts_per_task · K`` facts and ``data_seed`` (one fixed set per K; the seeds vary the
-training). Each run trains (:mod:`training.train`), evaluates in float64, exports with
+training). Each run trains (:mod:`training.loop`), evaluates in float64, exports with
 the majority expert -> task mapping, runs the verifier (:func:`verifier.checks.verify.verify`)
 and the verifier's per-query certified pass (:mod:`training.compare`), and records the
 agreement between the two. The hand-built model (:func:`construction.model.build`) of
@@ -96,11 +96,10 @@ def task_set(n_facts: int, n_tasks: int, data_seed: int):
 
 def _check_failures(report) -> dict[str, int]:
     """Per verifier check, the number of tasks failing it (and foreign queries)."""
+    from verifier.checks import catalogue
+
     return {
-        "error": sum(not r.error_ok for r in report.tasks),
-        "routing": sum(not r.routing_ok for r in report.tasks),
-        "size": sum(not r.size_ok for r in report.tasks),
-        "entanglement": sum(not r.entanglement_ok for r in report.tasks),
+        **{c.name: sum(not r.ok(c) for r in report.tasks) for c in catalogue.CHECKS},
         "foreign_queries": int(report.foreign),
         "misrouted_queries": int(report.misrouted_queries),
     }
@@ -141,7 +140,7 @@ def run_one(spec: RunSpec) -> dict[str, Any]:
     from training.data import query_data
     from training.export import to_weights
     from training.metrics import distinct_experts, parameter_counts
-    from training.train import TrainConfig, evaluate, train
+    from training.loop import TrainConfig, evaluate, train
     import layout
     from verifier.checks.verify import verify
 
@@ -168,7 +167,9 @@ def run_one(spec: RunSpec) -> dict[str, Any]:
         result = train(ts, config, data=data, log_every=0)
         model, train_seconds, steps = result.model, result.seconds, result.steps
         ev = evaluate(model, data)
-        weights = to_weights(model, ts, "majority", routing=ev.routing, config=config)
+        weights = to_weights(model, ts, "majority", routing=ev.routing, config=config,
+                             extra={"rounds": 1, "total_steps": steps, "train_seconds": round(train_seconds, 2),
+                                    "check_seconds": 0.0})
     t0 = time.perf_counter()
     if report is None:
         report = verify(ts, weights, spec.epsilon, source=spec.name)
@@ -231,7 +232,7 @@ def hand_built(n_facts: int, n_tasks: int, data_seed: int, group: str = "grid") 
         import torch
 
         from training.export import from_weights
-        from training.train import evaluate
+        from training.loop import evaluate
 
         ev = evaluate(from_weights(weights, torch.float64), data)
         worst, how = float(ev.localization.probability.max()), "float64"
@@ -716,20 +717,21 @@ def _claims(runs: list[dict], built: dict[int, dict], sets: list[dict], built_se
 # --- driver ------------------------------------------------------------------------------
 
 def parser() -> argparse.ArgumentParser:
-    from training.train import TrainConfig
+    from training.loop import TrainConfig
 
     from tasks.console import Parser, epsilon
-    from training.options import add_model_flags, count, seconds, steps
+    from training.options import DefaultsFormatter, add_model_flags, count, seconds, steps
 
-    p = Parser(prog="python -m training.sweep", description=(
+    p = Parser(prog="python -m training.sweep", formatter_class=DefaultsFormatter, description=(
         "Train single-layer MoE transformers under four objectives over a grid of tasks x experts x seeds and on "
         "larger task sets, verify them, and write docs/training/results.md with heat maps."))
     p.add_argument("--configs", nargs="*", default=["4x4", "8x8", "16x16"], metavar="TASKSxEXPERTS",
                    help="configurations, e.g. 4x4 8x8 16x16 (default)")
-    p.add_argument("--objectives", nargs="+", choices=OBJECTIVES, default=list(OBJECTIVES))
-    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
-    p.add_argument("--facts-per-task", type=int, default=20)
-    p.add_argument("--data-seed", type=int, default=0)
+    p.add_argument("--objectives", nargs="+", choices=OBJECTIVES, default=list(OBJECTIVES),
+                   help="training objectives of the grid")
+    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2], help="training seeds of the grid")
+    p.add_argument("--facts-per-task", type=int, default=20, help="facts per task of the grid's task sets")
+    p.add_argument("--data-seed", type=int, default=0, help="seed of the grid's synthetic task sets")
     p.add_argument("--epsilon", type=epsilon, default=0.01, help="the verifier's target error")
     add_model_flags(p, TrainConfig())
     p.add_argument("--time-limit", type=float, default=150.0, help="seconds of training per grid run at most")
@@ -739,7 +741,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--sets", nargs="*", default=["1000x16", "1000x16@1", "1000x16@2", "10000x16"],
                    metavar="FACTSxTASKS[@SEED]", help="larger task sets (default: three of 1,000 facts and one of "
                                                        "10,000, 16 tasks each); none with an empty list")
-    p.add_argument("--set-objectives", nargs="+", choices=OBJECTIVES, default=["localize"])
+    p.add_argument("--set-objectives", nargs="+", choices=OBJECTIVES, default=["localize"],
+                   help="training objectives on the larger sets")
     p.add_argument("--set-steps", type=steps, default=4000, help="first-round steps on the larger sets")
     p.add_argument("--set-batch-size", type=steps, default=2048, help="minibatch size on the larger sets")
     p.add_argument("--set-time-budget", type=seconds, default=1800.0,
@@ -863,7 +866,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         import torch
 
-        from training.train import TrainConfig
+        from training.loop import TrainConfig
 
         configs = [_parse_config(c) for c in args.configs]
         sets = [_parse_set(s) for s in args.sets]

@@ -1,19 +1,6 @@
-"""Train a single-layer MoE transformer on every query of a task set, and evaluate it.
-
-Data: every query (proper prefix, see :mod:`training.data`), weighted equally unless
-given weights (counterexample rounds, :mod:`training.rounds`), with the losses of
-:mod:`training.objectives` (no sampling of one target). Optimiser: Adam, full batch by
-default (the sets are small); with ``batch_size`` a minibatch is the next chunk of a
-walk through shuffled epochs (:class:`Epochs`: every query once per pass), each row
-weighted by its query weight in the loss (the same expected gradient as the weighted
-full-batch loss), and under ``localize`` a share ``focus`` of it is drawn in proportion
-to the weight times the loss last seen on the query (the hinges are zero on most
-queries once learned; this spends the batch where they are not, and the walk keeps
-every query revisited). Learning rate: a short linear warm-up and a cosine decay to
-10% over the run's progress, the share of its steps or of its time limit spent,
-whichever is larger (so a time budget shapes the schedule). Training runs in float32; evaluation (:func:`evaluate`) runs in float64 on a copy,
-which is the arithmetic the exported weights are checked against (float32 values are
-exact in float64).
+"""The training command line: train a single-layer MoE transformer on every query of a task
+set (the loop: :mod:`training.loop`; counterexample rounds: :mod:`training.rounds`), export
+it in the weight layout and print its evaluation.
 
 CLI::
 
@@ -25,346 +12,22 @@ CLI::
 from __future__ import annotations
 
 import argparse
-import copy
 import json
-import math
 import sys
 import time
-from dataclasses import asdict, dataclass, field
-from typing import Callable, Sequence
+from dataclasses import asdict
+from typing import Sequence
 
-import numpy as np
-import torch
-
-from tasks.model import TaskSet
-from training.data import QueryData, query_data
-from training.metrics import Localization, entropy, localization, purity, routing_matrix
-from training.model import ModelConfig, MoETransformer
-from training.objectives import OBJECTIVES, Recipe, Targets, localize_loss, objective_loss, valid_error
-
-WIDTHS = ("auto", "uniform", "bound")
-
-
-@dataclass(frozen=True)
-class TrainConfig:
-    """Hyper-parameters of one training run (``n_experts=None``: one per task)."""
-
-    objective: str = "ce"
-    d: int = 64
-    n_heads: int = 4
-    d_head: int = 16
-    n_experts: int | None = None
-    expert_width: int = 32
-    steps: int = 1000
-    lr: float = 3e-3
-    warmup: int = 50
-    batch_size: int | None = None
-    weight_decay: float = 0.0
-    alpha: float = 0.01          # load-balancing weight ("lb")
-    lam: float = 1.0             # task-router weight ("router")
-    seed: int = 0
-    threads: int | None = None   # torch threads (None: leave torch's setting)
-    time_limit: float | None = None  # seconds; stop early when exceeded
-    gate_mode: str = "top1-scaled"
-    expert_widths: str = "auto"  # uniform: every expert expert_width; bound: expert k min(expert_width, c(k));
-                                 # auto: bound for localize, uniform otherwise
-    epsilon: float = 0.01        # localize: the verifier's target error
-    error_room: float = 0.1      # localize: error hinge at error_room · epsilon
-    route_margin: float = 2.0    # localize: gate margin of the consistent experts
-    ablation_margin: float = 1.0  # localize: ablated logit of another token above the object's
-    ablation_room: float = 0.5   # localize: ablated P(object) at most ablation_room / |O_k|
-    focus: float = 0.5           # localize with minibatches: share of each batch drawn by last seen loss
-    attention_spread: float | None = 8.0  # localize: per head, visible attention scores within this many nats (None: free)
-
-    def __post_init__(self) -> None:
-        if self.objective not in OBJECTIVES:
-            raise ValueError(f"objective must be one of {OBJECTIVES}, got {self.objective!r}")
-        if self.expert_widths not in WIDTHS:
-            raise ValueError(f"expert_widths must be one of {WIDTHS}, got {self.expert_widths!r}")
-        if not 0 <= self.focus < 1:
-            raise ValueError(f"focus must be in [0, 1), got {self.focus}")
-
-    @property
-    def sized(self) -> bool:
-        """Expert k's width is min(expert_width, c(k)) (it serves task k)."""
-        return self.expert_widths == "bound" or (self.expert_widths == "auto" and self.objective == "localize")
-
-    def recipe(self) -> Recipe:
-        return Recipe(epsilon=self.epsilon, error_room=self.error_room, route_margin=self.route_margin,
-                      ablation_margin=self.ablation_margin, ablation_room=self.ablation_room,
-                      attention_spread=self.attention_spread)
-
-    def model_config(self, data: QueryData) -> ModelConfig:
-        """The model's sizes. Sized widths and the localize objective pair expert k with
-        task k (the declared mapping), so they need one expert per task."""
-        T = len(data.task_names)
-        K = self.n_experts or T
-        if (self.sized or self.objective == "localize") and K != T:
-            raise ValueError(f"the {self.objective} objective with sized experts pairs expert k with task k: "
-                             f"it needs one expert per task ({T}), not {K}")
-        widths = tuple(int(min(self.expert_width, b)) for b in data.bounds) if self.sized else None
-        return ModelConfig(vocab_size=data.V, n_positions=data.n_positions, d=self.d, n_heads=self.n_heads,
-                           d_head=self.d_head, n_experts=K, expert_width=self.expert_width,
-                           gate_mode=self.gate_mode, expert_widths=widths)
-
-
-@dataclass
-class TrainResult:
-    model: MoETransformer
-    config: TrainConfig
-    history: list[dict] = field(default_factory=list)
-    seconds: float = 0.0
-    steps: int = 0
-
-
-@dataclass
-class Evaluation:
-    """Per-query float64 evaluation of a model, and the summary measures."""
-
-    expert: np.ndarray          # (Q,) chosen expert
-    error: np.ndarray           # (Q,) 1 - P(valid), float64
-    predicted: np.ndarray       # (Q,) argmax token
-    correct: np.ndarray         # (Q,) predicted token is valid
-    gate: np.ndarray            # (Q, K) gate scores
-    routing: np.ndarray         # tasks x experts over determined queries
-    object_query: np.ndarray
-    localization: Localization | None = None   # the ablated model on object queries (float64)
-
-    @property
-    def next_token_accuracy(self) -> float:
-        return float(self.correct.mean())
-
-    @property
-    def object_accuracy(self) -> float:
-        return float(self.correct[self.object_query].mean()) if self.object_query.any() else float("nan")
-
-    @property
-    def mean_error(self) -> float:
-        return float(self.error.mean())
-
-    @property
-    def max_error(self) -> float:
-        return float(self.error.max())
-
-    @property
-    def purity(self) -> float:
-        return purity(self.routing)
-
-    @property
-    def entropy(self) -> float:
-        return entropy(self.routing)
-
-    def summary(self) -> dict[str, float]:
-        out = {"object_accuracy": self.object_accuracy, "next_token_accuracy": self.next_token_accuracy,
-               "mean_error": self.mean_error, "max_error": self.max_error,
-               "routing_purity": self.purity, "routing_entropy": self.entropy,
-               "experts_used": int((self.routing.sum(axis=0) > 0).sum())}
-        loc = self.localization
-        if loc is not None and loc.rows.size:
-            out.update({
-                "worst_ablated_object_probability": float(loc.probability.max()),
-                "worst_ablated_probability_over_bound": float((loc.probability / loc.bound).max()),
-                "localized_share": float(loc.holds.mean()),
-                "ablated_object_still_top_share": float(loc.object_still_top.mean()),
-                "min_ablated_error": float(loc.ablated_error.min()),
-            })
-        return out
-
-
-def _tensors(data: QueryData) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """tokens, lengths, valid, determined as tensors (sharing memory with ``data``)."""
-    return (torch.from_numpy(data.tokens), torch.from_numpy(data.lengths), torch.from_numpy(data.valid),
-            torch.from_numpy(data.determined))
-
-
-def targets(data: QueryData, weight: np.ndarray | None = None) -> Targets:
-    """The localize objective's per-query targets; expert k serves task k (declared).
-
-    ``bound`` is 1/|O_k| on object queries of task k (their determined task) and NaN
-    elsewhere (never read there: the ablation terms run on object queries only)."""
-    Q = len(data)
-    bound = np.full(Q, np.nan)
-    oq = data.object_query
-    bound[oq] = 1.0 / data.n_objects[data.determined[oq]]
-    w = np.ones(Q) if weight is None else np.asarray(weight, np.float64)
-    if w.shape != (Q,) or not np.all(w > 0):
-        raise ValueError(f"query weights must be {Q} positive numbers")
-    return Targets(torch.from_numpy(data.consistent), torch.from_numpy(data.object_token),
-                   torch.from_numpy(bound.astype(np.float32)), torch.from_numpy(w.astype(np.float32)))
-
-
-def _focus(seen: torch.Tensor, weight: torch.Tensor, n: int, gen: torch.Generator) -> torch.Tensor:
-    """``n`` queries drawn with replacement in proportion to weight × the loss last seen on
-    them (not yet seen: the largest seen loss, at least 1), so a step spends part of its
-    batch where the objective is still positive. Every query keeps its uniform share in
-    the rest of the batch, so a learned query is seen again and its loss updated."""
-    known = torch.isfinite(seen)
-    # A loss is >= 0 in real arithmetic, but float32 can make it a hair negative (the valid
-    # mass summed to 1 + 1e-7 gives −log P(valid) = −1e-7): such a query has nothing to learn.
-    seen = torch.where(known, seen.clamp_min(0.0), seen)
-    top = float(seen[known].max()) if bool(known.any()) else 1.0
-    score = torch.where(known, seen, torch.full_like(seen, max(top, 1.0))) * weight
-    if not bool((score > 0).any()):
-        return torch.randint(0, seen.shape[0], (n,), generator=gen)
-    return torch.multinomial(score, n, replacement=True, generator=gen)
-
-
-class Epochs:
-    """Shuffled epochs over the queries: successive random permutations, read in chunks.
-
-    Every query is drawn exactly once per pass (every ⌈Q / n⌉ chunks of n), however rare
-    its prefix: drawing with replacement (the older sampler) leaves a query unseen for a
-    whole epoch with probability (1 − 1/Q)^Q ≈ 1/e, and a handful of singleton prefixes
-    (``the P807 a``) then go many steps without a gradient."""
-
-    def __init__(self, n_queries: int, generator: torch.Generator) -> None:
-        self.n, self.gen = n_queries, generator
-        self.order = torch.randperm(n_queries, generator=generator)
-        self.at = 0
-        self.passes = 0
-
-    def take(self, n: int) -> torch.Tensor:
-        """The next ``n`` queries of the walk (a new permutation when one is used up)."""
-        out = []
-        while n > 0:
-            if self.at == self.n:
-                self.order, self.at = torch.randperm(self.n, generator=self.gen), 0
-                self.passes += 1
-            k = min(n, self.n - self.at)
-            out.append(self.order[self.at: self.at + k])
-            self.at, n = self.at + k, n - k
-        return torch.cat(out)
-
-
-def _rate(warmup: int, steps: int, time_limit: float | None = None) -> Callable[[int, float], float]:
-    """The learning-rate factor at (step, seconds elapsed): a linear warm-up over ``warmup``
-    steps, then a cosine decay to 10% over the run's progress, the larger of the share of
-    ``steps`` done and the share of ``time_limit`` spent. So a run cut by its time budget
-    has finished its decay when the budget ends (the budget shapes the schedule rather
-    than cutting it in its high-rate middle)."""
-    def rate(step: int, elapsed: float = 0.0) -> float:
-        if step < warmup:
-            return (step + 1) / warmup
-        t = (step - warmup) / max(1, steps - warmup)
-        if time_limit:
-            t = max(t, elapsed / time_limit)
-        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(t, 1.0)))
-    return rate
-
-
-def train(taskset: TaskSet, config: TrainConfig = TrainConfig(), data: QueryData | None = None,
-          log: Callable[[dict], None] | None = None, log_every: int = 100, *,
-          model: MoETransformer | None = None, query_weights: np.ndarray | None = None,
-          steps: int | None = None, warmup: int | None = None, round_no: int = 0) -> TrainResult:
-    """Train a model on every query of ``taskset`` (deterministic in ``config.seed``).
-
-    ``model``: continue training this model (a counterexample round) instead of a new one;
-    ``query_weights`` (Q,): positive per-query weights (default all 1); ``steps`` and
-    ``warmup`` override the config's (a round's own schedule, with a fresh optimiser);
-    ``round_no`` makes a round draw its own minibatches."""
-    if config.threads:
-        torch.set_num_threads(config.threads)
-    data = data or query_data(taskset)
-    gen = torch.Generator().manual_seed(config.seed)
-    if model is None:
-        model = MoETransformer(config.model_config(data), generator=gen)
-    if round_no:
-        gen.manual_seed(config.seed + 1_000_003 * round_no)
-    steps = config.steps if steps is None else steps
-    warmup = config.warmup if warmup is None else warmup
-    tokens, lengths, valid, determined = _tensors(data)
-    tg = targets(data, query_weights)
-    objects = torch.from_numpy(data.object_query)
-    Q = len(data)
-    localize = config.objective == "localize"
-    recipe = config.recipe()
-    opt = torch.optim.Adam(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
-    rate = _rate(warmup, steps, config.time_limit)
-    minibatch = bool(config.batch_size and config.batch_size < Q)
-    focused = int(config.focus * config.batch_size) if minibatch and localize else 0
-    seen = torch.full((Q,), float("inf"))     # last seen loss per query (inf: not seen yet)
-    walk = Epochs(Q, gen) if minibatch else None
-    # the walk's rows carry the query weight (relative to the mean, so 1 when uniform); the
-    # focused rows were drawn in proportion to it and carry 1
-    relative = tg.weight / tg.weight.mean()
-    result = TrainResult(model, config)
-    start = time.perf_counter()
-    step = 0
-    for step in range(steps):
-        for group in opt.param_groups:
-            group["lr"] = config.lr * rate(step, time.perf_counter() - start)
-        if minibatch:
-            idx = walk.take(config.batch_size - focused)
-            row_weight = relative[idx]
-            if focused:
-                idx = torch.cat([idx, _focus(seen, tg.weight, focused, gen)])
-                row_weight = torch.cat([row_weight, torch.ones(focused)])
-            batch = (tokens[idx], lengths[idx], valid[idx], determined[idx])
-            btg = tg.rows(idx)
-            btg = Targets(btg.consistent, btg.object_token, btg.bound, row_weight)
-            brows = torch.nonzero(objects[idx], as_tuple=True)[0]
-        else:
-            batch, btg = (tokens, lengths, valid, determined), tg
-            brows = torch.nonzero(objects, as_tuple=True)[0]
-        out = model(batch[0], batch[1], ablate=brows if localize else None)
-        if localize:
-            loss, parts, per_query = localize_loss(out, batch[2], btg, recipe, brows)
-            if focused:
-                seen[idx] = per_query
-        else:
-            loss, parts = objective_loss(config.objective, out, batch[2], batch[3], config.alpha, config.lam)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        if log_every and (step % log_every == 0 or step == steps - 1):
-            entry = {"step": step, "loss": float(loss.detach()), **parts, "seconds": time.perf_counter() - start}
-            result.history.append(entry)
-            if log:
-                log(entry)
-        if config.time_limit and time.perf_counter() - start > config.time_limit:
-            break
-    result.steps = step + 1
-    result.seconds = time.perf_counter() - start
-    return result
-
-
-@torch.no_grad()
-def evaluate(model: MoETransformer, data: QueryData, dtype: torch.dtype = torch.float64,
-             chunk: int = 8192) -> Evaluation:
-    """Evaluate every query on a copy of ``model`` in ``dtype`` (float64 by default), and
-    the ablated model (the routed expert's output removed) on every object query
-    (:func:`training.metrics.localization`)."""
-    m = copy.deepcopy(model).to(dtype).eval()
-    tokens, lengths, valid, _ = _tensors(data)
-    experts, errors, preds, gates, loc = [], [], [], [], []
-    for lo in range(0, len(data), chunk):
-        sl = slice(lo, lo + chunk)
-        rows = np.flatnonzero(data.object_query[sl])
-        out = m(tokens[sl], lengths[sl], ablate=torch.from_numpy(rows))
-        experts.append(out.expert.numpy())
-        errors.append(valid_error(out.logits, valid[sl]).numpy())
-        preds.append(torch.argmax(out.logits, dim=-1).numpy())
-        gates.append(out.gate.numpy())
-        at = lo + rows
-        loc.append(localization(out.ablated.numpy(), data.object_token[at], data.valid[at],
-                                1.0 / data.n_objects[data.determined[at]]))
-    expert = np.concatenate(experts)
-    predicted = np.concatenate(preds)
-    correct = data.valid[np.arange(len(data)), predicted]
-    K = m.config.n_experts
-    rows = np.flatnonzero(data.object_query)
-    parts = {key: np.concatenate([p[key] for p in loc]) for key in loc[0]} if loc else {}
-    located = Localization(rows=rows, task=data.determined[rows], **parts) if loc else None
-    return Evaluation(expert=expert, error=np.concatenate(errors), predicted=predicted, correct=correct,
-                      gate=np.concatenate(gates), routing=routing_matrix(data.determined, expert, len(data.task_names), K),
-                      object_query=data.object_query, localization=located)
+from training.data import query_data
+from training.loop import TrainConfig, evaluate, train
+from training.objectives import OBJECTIVES
 
 
 def parser() -> argparse.ArgumentParser:
     from tasks.console import Parser, add_json, add_quiet, epsilon
-    from training.options import add_model_flags, add_recipe_flags, count, seconds, steps
+    from training.options import DefaultsFormatter, add_model_flags, add_recipe_flags, count, seconds, steps
 
-    p = Parser(prog="python -m training.train", description=(
+    p = Parser(prog="python -m training.train", formatter_class=DefaultsFormatter, description=(
         "Train a single-layer MoE transformer (the verifier's layout, gate_mode top1-scaled) on every "
         "query of a task set and export it for 'python -m verifier check TASKS --weights OUT'."))
     p.add_argument("tasks", help="the tasks.yaml file")
@@ -376,23 +39,25 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--experts", type=int, help="number of experts (default: one per task)")
     add_model_flags(p, TrainConfig())
     add_recipe_flags(p, TrainConfig())
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, help="torch threads")
+    p.add_argument("--seed", type=int, default=0, help="training seed (initial weights, minibatches)")
+    p.add_argument("--threads", type=int, help="torch threads (default: torch's own setting)")
     p.add_argument("--expert-tasks", choices=("none", "majority", "declared"),
                    help="expert_tasks written to the file: none ('' for every expert; the default except with "
                         "localize), majority (each expert: the task routed to it most), declared (expert i: task "
                         "i, the assignment the task-router and localize losses train; the default with localize)")
     p.add_argument("--until-certified", action="store_true",
-                   help="counterexample rounds (needs --objective localize): after training, check every query "
-                        "with the verifier's certified pass, raise the weights of the failing ones and train "
-                        "again, until the verifier certifies the weights at --epsilon or the rounds or the time "
-                        "budget are spent (exit 1 then; the last weights are written)")
+                   help="counterexample rounds (needs --objective localize): after training, screen every query "
+                        "on the float64 evaluation and, once all pass, run the verifier (its certified pass finds "
+                        "the failing queries if it does not certify); raise the weights of the failing ones and "
+                        "train again, until the verifier certifies the weights at --epsilon or the rounds or the "
+                        "time budget are spent (exit 1 then; the last weights are written)")
     p.add_argument("--max-rounds", type=count, default=5, help="rounds after the first (default 5)")
     p.add_argument("--round-steps", type=steps, help="steps of each later round (default: half of --steps)")
     p.add_argument("--boost", type=float, default=4.0, help="weight factor of a failing query per round (default 4)")
     p.add_argument("--time-budget", type=seconds,
                    help="seconds of training in all rounds at most, shared out ahead (the first round 3/4, the "
-                        "later ones equal parts of the rest); each round's learning-rate decay fits its share")
+                        "later ones equal parts of the rest); each round's learning-rate decay fits its share; the "
+                        "checks between rounds are not counted (default: none, the steps alone end a round)")
     p.add_argument("--epsilon", type=epsilon, default=TrainConfig().epsilon,
                    help="the verifier's target error, for the localize recipe and the rounds (default 0.01)")
     add_json(p, "the evaluation")
@@ -403,21 +68,91 @@ def parser() -> argparse.ArgumentParser:
 def _round_line(r) -> str:
     sh = r.shares
     verdict = "certified" if r.certified else "verified, not certified" if r.verified else "not certified"
-    return (f"round {r.round}: {r.steps} steps in {r.train_seconds:.1f}s; certified share {sh['certified']:.4f} "
-            f"(error {sh['error']:.4f}, routing {sh['routing']:.4f}, entanglement {sh['entanglement']:.4f}, "
-            f"localization {sh['localization']:.4f}); {r.failing} failing queries; worst ablated P(object) "
-            f"{r.worst_ablated_object_probability:.3g}; {verdict}")
+    return (f"round {r.round}: {r.steps} steps in {r.train_seconds:.1f}s, checks {r.check_seconds:.1f}s; certified "
+            f"share {sh['certified']:.4f} (error {sh['error']:.4f}, routing {sh['routing']:.4f}, entanglement "
+            f"{sh['entanglement']:.4f}, localization {sh['localization']:.4f}); {r.failing} failing queries; worst "
+            f"ablated P(object) {r.worst_ablated_object_probability:.3g}; {verdict}")
+
+
+#: Steps between two updates of a progress bar.
+PROGRESS_EVERY = 10
+
+
+class Progress:
+    """Progress bars on stderr (:func:`tasks.console.progress_bar`: only on a terminal and
+    without ``--quiet``): per round (one bar for a run without rounds), its steps done of
+    its steps at most, the current loss and, under a time limit, the share of the round's
+    time spent; while a round's checks run, "checking"; then its certified share.
+    ``active`` is False where no bar would be drawn, and the trainer then logs nothing."""
+
+    def __init__(self, quiet: bool, rounds: bool = True) -> None:
+        self.active = not quiet and sys.stderr.isatty()     # as tasks.console.progress_bar decides
+        self.rounds = rounds
+        self.bar = None
+        self.round: int | None = None
+        self.shown: dict[str, str] = {}
+
+    def step(self, entry: dict) -> None:
+        """An entry of :func:`train`'s log (it names its round and the round's steps)."""
+        if entry["round"] != self.round:
+            self.close()
+            self.round = entry["round"]
+            if self.active:     # tasks.console.progress_bar's bar, with whole steps (no unit scaling: 30/30, not 30.0)
+                from tqdm import tqdm
+
+                self.bar = tqdm(total=entry["of"], desc=f"round {self.round}" if self.rounds else "training",
+                                unit="step", file=sys.stderr, leave=True, dynamic_ncols=True)
+        if self.bar is None:
+            return
+        self.bar.update(entry["step"] + 1 - self.bar.n)
+        self.shown = {"loss": f"{entry['loss']:.4g}"}
+        if entry.get("time_limit"):
+            self.shown["time"] = f"{min(1.0, entry['seconds'] / entry['time_limit']):.0%}"
+        self.bar.set_postfix(self.shown)
+
+    def checking(self, round_no: int) -> None:
+        if self.bar is not None:
+            self.bar.set_postfix({**self.shown, "checks": "running"})
+
+    def checked(self, record) -> None:
+        """A round's record: its certified share shown, its bar closed."""
+        if self.bar is not None:
+            self.bar.set_postfix({**self.shown, "certified": f"{record.shares['certified']:.4f}"})
+        self.close()
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+        self.bar = None
+
+
+def _check_outputs(args: argparse.Namespace) -> None:
+    """Refuse (TaskError) an output path where no file can be written, or that is the tasks
+    file, before the task set is read: a training run is not lost to a path it cannot write."""
+    import os
+
+    from tasks.errors import TaskError
+    from tasks.files import check_target
+
+    for flag, path in (("-o", args.output), ("--json", args.json)):
+        if path is None or (flag == "--json" and path == "-"):
+            continue
+        target = check_target(path)
+        if os.path.exists(args.tasks) and os.path.abspath(args.tasks) == target:
+            raise TaskError(f"{flag} would overwrite the tasks file", file=path, fix="choose another output path")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from tasks.console import EXIT_BAD_INPUT, EXIT_NOT_CERTIFIED, progress_bar
+    from tasks.console import EXIT_BAD_INPUT, EXIT_NOT_CERTIFIED
     from tasks.errors import TaskError
+    from tasks.files import write_text_atomic
     from tasks.io import load_tasks
     from training.export import to_weights
     from training.options import model_changes, recipe_changes
     import layout
 
     args = parser().parse_args(argv)
+    start = time.perf_counter()
     if args.until_certified and args.objective != "localize":
         print("error: --until-certified trains toward the certificate; it needs --objective localize", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -425,6 +160,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: --boost must be at least 1, got {args.boost:g}", file=sys.stderr)
         return EXIT_BAD_INPUT
     try:
+        _check_outputs(args)                # before any training: a path that cannot be written is refused now
         taskset = load_tasks(args.tasks)
     except TaskError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -440,50 +176,57 @@ def main(argv: Sequence[str] | None = None) -> int:
     mapping = args.expert_tasks or ("declared" if args.objective == "localize" else "none")
     summary: dict = {}
     certified = None
+    progress = Progress(args.quiet, rounds=args.until_certified)
+    step_log = progress.step if progress.active else None
     if args.until_certified:
         from training.rounds import until_certified
 
         def log_round(r) -> None:
+            progress.checked(r)
             if not args.quiet:
                 print(_round_line(r), file=sys.stderr, flush=True)
 
         rounds = until_certified(taskset, config, max_rounds=args.max_rounds, round_steps=args.round_steps,
-                                 boost=args.boost, time_budget=args.time_budget, data=data, log=log_round)
+                                 boost=args.boost, time_budget=args.time_budget, data=data, log=log_round,
+                                 step_log=step_log, step_every=PROGRESS_EVERY,
+                                 checking=progress.checking if progress.active else None)
         model, ev, certified = rounds.model, rounds.evaluation, rounds.certified
-        steps, seconds = rounds.steps, rounds.train_seconds
+        run = rounds.run_parameters()
         summary["rounds"] = [r.to_dict() for r in rounds.rounds]
         summary["certified"] = certified
     else:
-        bar = progress_bar(args.quiet, "training", "step", total=config.steps)
-
-        def log(entry: dict) -> None:
-            bar.update(entry["step"] + 1 - bar.n)
-            bar.set_postfix(loss=f"{entry['loss']:.4f}", ce=f"{entry['ce']:.4f}")
-
-        result = train(taskset, config, data=data, log=log if bar is not None else None)
-        if bar is not None:
-            bar.close()
-        model, steps, seconds = result.model, result.steps, result.seconds
+        result = train(taskset, config, data=data, log=step_log, log_every=PROGRESS_EVERY if step_log else 0)
+        progress.close()
+        model = result.model
+        run = {"rounds": 1, "total_steps": result.steps, "train_seconds": round(result.seconds, 2),
+               "check_seconds": 0.0}
         ev = evaluate(model, data)
-    weights = to_weights(model, taskset, expert_tasks=mapping, routing=ev.routing, config=config)
+    weights = to_weights(model, taskset, expert_tasks=mapping, routing=ev.routing, config=config, extra=run)
     layout.save(weights, args.output, small_indices=True, narrow=True)   # trained floats are float32-exact: the same weights, smaller
-    summary = {**ev.summary(), "steps": steps, "seconds": round(seconds, 2), **summary,
+    steps, seconds, checks = run["total_steps"], run["train_seconds"], run["check_seconds"]
+    summary = {**ev.summary(), "steps": steps, "seconds": seconds, "check_seconds": checks, **summary,
                "config": asdict(config), "expert_tasks": list(weights.expert_tasks),
                "expert_widths": [e.width for e in weights.experts], "routing_matrix": ev.routing.tolist()}
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump(summary, f, indent=2)
     line = (f"wrote {args.output}: {len(data)} queries, object-query accuracy {ev.object_accuracy:.3f}, "
             f"next-token accuracy {ev.next_token_accuracy:.3f}, routing purity {ev.purity:.3f}, "
             f"entropy {ev.entropy:.3f} bits")
     if "worst_ablated_object_probability" in summary:
         line += (f", worst ablated P(object) {summary['worst_ablated_object_probability']:.3g} (float64, "
                  f"{summary['localized_share']:.3f} of object queries localized)")
-    line += f", {steps} steps in {seconds:.1f}s"
     if certified is not None:
         line += (f"; the verifier certifies it at epsilon {config.epsilon:g}" if certified else
                  f"; NOT certified at epsilon {config.epsilon:g} within the rounds' budget")
-    print(line)
+    wall = time.perf_counter() - start
+    summary["wall_seconds"] = round(wall, 2)
+    rounds_said = f" in {run['rounds']} round{'s' if run['rounds'] != 1 else ''}" if args.until_certified else ""
+    line += (f"; {steps} steps{rounds_said}, training {seconds:.1f}s"
+             + (f", checks {checks:.1f}s" if args.until_certified else "") + f", wall {wall:.1f}s")
+    if args.json == "-":
+        print(json.dumps(summary, indent=2))
+    else:
+        if args.json:
+            write_text_atomic(args.json, json.dumps(summary, indent=2) + "\n")
+        print(line)
     return EXIT_NOT_CERTIFIED if certified is False else 0
 
 

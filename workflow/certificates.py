@@ -4,16 +4,19 @@
 that leave room for growth (:func:`build_for_certificate`), run the full check recording
 the query classes a later edit reuses (:func:`check_and_record`), and save the directory
 (:func:`save_if_unchanged`; the format is :mod:`verifier.certificates.certificate`).
+A directory that is or holds an input file is refused before anything is saved to it
+(:func:`refuse_inputs_in`).
 """
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Sequence
 
 from construction.model import SymbolicModel
 from tasks.model import TaskSet
 from verifier.checks.verify import Report
 from workflow.check import check_built
+from tasks.structure import structure_of
 
 
 def summary_json(report: Report) -> dict:
@@ -23,6 +26,21 @@ def summary_json(report: Report) -> dict:
 
     from verifier.checks.report import report_json
     return json.loads(json.dumps(report_json(report), default=float))
+
+
+def refuse_inputs_in(directory: str, inputs: Sequence[str]) -> None:
+    """A certificate directory is replaced as a whole when it is saved: refused (TaskError)
+    if it is an input file or holds one."""
+    import os
+
+    from tasks.errors import TaskError
+
+    target = os.path.abspath(directory)
+    for p in inputs:
+        p = os.path.abspath(p)
+        if p == target or os.path.commonpath([p, target]) == target:
+            raise TaskError(f"the certificate directory {directory} is or holds an input file ({p}); saving "
+                            f"replaces the whole directory", fix="give a directory of its own")
 
 
 #: A saved certificate's computed γ serves a vocabulary this many times the task set's, so that
@@ -86,13 +104,12 @@ def check_and_record(taskset: TaskSet, model: SymbolicModel, *, isolation: bool 
     (cells of about ``cell_queries`` queries, default ``verifier.checks.classes.CELL_QUERIES``):
     (report, certificate), nothing saved. ``choice``: how the model's parameters were set
     (:func:`build_for_certificate`), recorded in the certificate."""
-    from tasks.structure import StructureTrie
     from verifier.certificates.certificate import Certificate, task_hash
     from verifier.checks.classes import CellPlan, ClassRecorder
     from verifier.certificates.locality import watched_neurons
 
     weights = model.instantiate()
-    trie = StructureTrie(taskset)
+    trie = structure_of(taskset)
     plan = CellPlan.of(taskset, trie) if cell_queries is None else CellPlan.of(taskset, trie, cell_queries)
     watched = watched_neurons(weights)
     recorder = ClassRecorder.for_weights(taskset, trie, plan, weights, model.epsilon, watched)

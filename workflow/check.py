@@ -3,7 +3,8 @@
 The verifier (:mod:`verifier`) certifies weights without knowing how they were made;
 the construction (:mod:`construction`) knows its closed-form bound and can rebuild each
 expert to check isolation. :func:`check_built` is where both meet; :func:`build_for`
-aims the construction at a floating-point deployment.
+aims the construction at a floating-point deployment (``python -m verifier check`` as a
+whole is :mod:`workflow.checking`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from construction.model import SymbolicModel
 from layout import Weights
 from tasks.model import TaskSet
 from verifier.passes.floating import Deployment
+from verifier.checks import catalogue
 from verifier.running.parallel import Executor, LocalPool
 from verifier.checks.verify import Report, verify
 
@@ -131,11 +133,6 @@ def build_for(taskset: TaskSet, deployment: Deployment, epsilon: float | None = 
 def failing_checks(report: Report) -> str:
     """Which checks failed and on how many queries (for build_for's refusal): a worst error
     below epsilon with routing failing says that routing, not the error, is out of reach.
-    A query consistent with several tasks counts once (the report's distinct counts)."""
-    tasks = report.tasks
-    parts = [f"{what} on {n:,} queries" for what, n in (("error", report.over_epsilon_queries),
-                                                         ("routing", report.misrouted_queries)) if n]
-    parts += [f"{what} of {n} tasks" for what, n in
-              (("size", sum(not t.size_ok for t in tasks)), ("entanglement", sum(not t.entanglement_ok for t in tasks)))
-              if n]
-    return ", ".join(parts) or "none"
+    A query consistent with several tasks counts once (the report's distinct counts;
+    :func:`verifier.checks.catalogue.failing`)."""
+    return catalogue.failing(report)

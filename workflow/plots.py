@@ -66,3 +66,48 @@ def plot_all(taskset: TaskSet, model: SymbolicModel, out_dir: str, name: str, be
                  os.path.join(out_dir, f"{name}_bound_vs_beta.png")),
     ]
     return paths
+
+
+def plot(tasks_path: str, out: str, name: str, *, block: str | None = None, task: str | None = None,
+         at: str | None = None, betas: Sequence[float] | None = None, epsilon: float | None = None,
+         beta: float | None = None, gamma: float | None = None, quiet: bool = True) -> list[str]:
+    """``python -m verifier plot``: build the model of the tasks file and write into ``out``
+    (created if missing) the pictures of :func:`plot_all`, or with ``block`` a heat map per
+    block selected (:func:`plot_blocks`); return their paths."""
+    from tasks.errors import TaskError
+    from tasks.io import load_tasks
+    from workflow.build import model as build
+
+    require_matplotlib()
+    taskset = load_tasks(tasks_path)
+    where = os.path.abspath(out)
+    if os.path.exists(where) and not os.path.isdir(where):
+        raise TaskError("is not a directory", file=out, fix="give a directory for the pictures")
+    try:
+        os.makedirs(where, exist_ok=True)
+    except OSError as exc:
+        raise TaskError(f"cannot create the output directory: {exc.strerror or exc}", file=out) from None
+    model = build(taskset, epsilon, beta, gamma)
+    if block is not None:
+        return plot_blocks(model, out, name, block, task, at, tasks_path)
+    if task is not None or at is not None:
+        raise TaskError("--task and --at apply to --block", fix="add --block NAME (e.g. --block gate)")
+    return plot_all(taskset, model, out, name, betas, quiet=quiet)
+
+
+def plot_blocks(model: SymbolicModel, out: str, name: str, block: str, task: str | None = None,
+                at: str | None = None, tasks_path: str = "the tasks file") -> list[str]:
+    """One heat map per block selected as inspect selects them (:func:`workflow.inspect.listings`):
+    ``<name>_<block>.png`` (':' and '.' become '_')."""
+    import re
+
+    from construction.listing import grid
+    from verifier.checks.plots import plot_block
+    from workflow.inspect import listings
+
+    paths = []
+    for listing in listings(model, block, task, at, tasks_path):
+        stem = re.sub(r"[^A-Za-z0-9_-]+", "_", listing.block.name)
+        path = os.path.join(out, f"{name}_{stem}.png")
+        paths.append(save_png(plot_block(grid(listing, model.values), title=name), path))
+    return paths

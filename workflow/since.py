@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from typing import Callable
 
+from tasks.structure import structure_of
 from tasks.model import TaskSet
 from verifier.running.parallel import in_background
 from verifier.checks.verify import verify
@@ -304,7 +305,6 @@ def _recertify_kept(taskset: TaskSet, *, old, cache=None, isolation: bool = True
     from construction.patch import patched_weights
     from construction.residual import residual_space
     from tasks.compiled import token_map_from
-    from tasks.structure import StructureTrie
     from verifier.certificates.certificate import Certificate
     from verifier.checks.classes import CellPlan, ClassRecorder
     from verifier.certificates.incremental import recertify
@@ -377,7 +377,7 @@ def _recertify_kept(taskset: TaskSet, *, old, cache=None, isolation: bool = True
             isolated_ahead()                 # the child reaped (its answer unused)
         raise
     if report is None:
-        trie = StructureTrie(taskset)
+        trie = structure_of(taskset)
         plan = CellPlan.of(taskset, trie)
         watched = watched_neurons(weights)
         recorder = ClassRecorder.for_weights(taskset, trie, plan, weights, epsilon, watched)

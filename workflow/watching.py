@@ -54,6 +54,7 @@ from tasks.errors import TaskError
 from tasks.io import input_signature
 from tasks.reading import Signature, file_signature
 from verifier.certificates.certificate import FORMAT, FORMAT_FAMILY, save_certificate, stored_format
+from verifier.checks.report import dumps, report_json  # noqa: F401  (each check's report, as watch writes it)
 
 
 @dataclass
@@ -194,3 +195,30 @@ def watch(watcher: Watcher, emit: Callable[[Outcome], None], *, saved: Callable[
         if saved is not None and last.report is not None:
             saved(last)
     return last
+
+
+def require_directory(tasks_path: str, directory: str) -> None:
+    """Refuse (TaskError), before the first check, a certificate directory a watcher cannot
+    keep: not a directory, no parent, an input file or one holding one, or one whose
+    replacing would lose something of the user's (checked again at each save)."""
+    import os
+
+    from tasks.io import input_files
+    from verifier.certificates.certificate import require_replaceable
+    from workflow.certificates import refuse_inputs_in
+
+    if os.path.exists(directory) and not os.path.isdir(directory):
+        raise TaskError("exists and is not a directory", file=directory, fix="give a directory for the certificate")
+    if not os.path.isdir(os.path.dirname(os.path.abspath(directory))):
+        raise TaskError("the certificate's parent directory does not exist", file=directory, fix="create it first")
+    refuse_inputs_in(directory, input_files(tasks_path))
+    require_replaceable(directory)
+
+
+def watcher(tasks_path: str, directory: str, *, jobs: int = 1, isolation: bool = True) -> Watcher:
+    """A :class:`Watcher` of ``tasks_path`` keeping the certificate in ``directory``, its
+    ``jobs`` workers to be forked from this process."""
+    from verifier.running.parallel import before_forking
+
+    before_forking(jobs)
+    return Watcher(tasks_path, directory, jobs=jobs, isolation=isolation)

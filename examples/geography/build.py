@@ -62,7 +62,8 @@ if ROOT not in sys.path:
 from tasks.files import write_text_atomic  # noqa: E402
 from tasks.io import dump_tasks  # noqa: E402
 from tasks.model import SLOT_SPELLINGS, Task, TaskSet, Template  # noqa: E402
-from tasks.structure import StructureTrie, check_routable  # noqa: E402
+from tasks.structure import check_routable  # noqa: E402
+from tasks.structure import structure_of
 
 DEFAULT_MIN_POPULATION = 300_000
 EPSILON = 0.01
@@ -320,7 +321,7 @@ def derive(countries: dict, continents: dict, cities: dict, min_population: int,
 
 def make_taskset(facts: dict[str, dict[str, str]]) -> TaskSet:
     ts = TaskSet(tuple(Task(name, TEMPLATES[name], facts[name]) for name in TEMPLATES), epsilon=EPSILON)
-    check_routable(ts, StructureTrie(ts))
+    check_routable(ts, structure_of(ts))
     return ts
 
 

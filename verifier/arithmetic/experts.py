@@ -104,6 +104,21 @@ def _record(lst, g):
 
 
 @kernel(borrows=True)
+def _unscaled(W2T, g, mag, y, s, new, ny):
+    """Neuron g's share of the magnitudes of W_2·a before the gate scale: mag·|W_2[j, g]|
+    (``mag`` >= a_g's upper end) added to column 5 of each of its output coordinates' rows
+    of the y accumulator ``y`` (stamp s), after zeroing column 5 of the rows the neuron's
+    terms started (touched positions ``new`` .. ``ny`` − 1)."""
+    W2T_ptr, W2T_idx, W2T_val = W2T
+    yacc, ytouched, ywhere = y
+    for u in range(new, ny):
+        yacc[ytouched[u] if ywhere is None else u, 5] = 0.0
+    for t in range(W2T_ptr[g], W2T_ptr[g + 1]):
+        v = row_of(W2T_idx[t], yacc, s, ytouched, ywhere)
+        yacc[v, 5] = up_nonneg(yacc[v, 5] + up_nonneg(mag * abs(W2T_val[t])))
+
+
+@kernel(borrows=True)
 def expert_output(X, row, k, scale, first, W1T, W2T, z, y, s, watch, rec, keep, dep, quick):
     """Expert k applied to row ``row`` of residual rows X (CSR: ptr, idx, mid, rad): its output
     o = c·W_2·ReLU(W_1 x + b_1) into the y accumulator ``y`` = (acc, touched, where), stamp s,
@@ -120,14 +135,22 @@ def expert_output(X, row, k, scale, first, W1T, W2T, z, y, s, watch, rec, keep, 
     each pre-activation widened by its stage's rounding. ``quick``: the rounding steps
     (:mod:`verifier.arithmetic.rounding`).
 
-    Returns (the y accumulator's touched count, a value not finite, Σ of the activities'
-    upper ends (for the deployed pass's allowances))."""
+    With a gate scale (c != 1) in the deployed pass a runtime computes W_2·a before
+    multiplying by c (the execution model's order), so each output coordinate's unscaled
+    magnitude Σ_g |W_2[j, g]|·a_g's upper end is kept too, in column 5 of the y accumulator
+    (which must have six columns), and checked against the format's largest value: c·W_2·a
+    finite does not make W_2·a finite (c may be as small as 1/K), and an infinite W_2·a
+    gives c·∞ = ∞, or 0·∞ = NaN where a runtime removes the expert by a zero scale.
+
+    Returns (the y accumulator's touched count, a value not finite or one that may overflow,
+    Σ of the activities' upper ends (for the deployed pass's allowances))."""
     off, b1, pos_ptr, pos_idx = first
     W2T_ptr, W2T_idx, W2T_val = W2T
     zacc, ztouched, zwhere = z
     yacc, ytouched, ywhere = y
     cm, cr = scale
     scaled = cr != 0.0 or cm != 1.0
+    unscaled = scaled and dep is not None              # W_2·a's own magnitude is checked (column 5 of y)
     lo_n = off[k]
     nz, bad = _z_terms(X, row, W1T, lo_n, off[k + 1], zacc, s, ztouched, 0, zwhere)
     ny = 0
@@ -156,7 +179,10 @@ def expert_output(X, row, k, scale, first, W1T, W2T, z, y, s, watch, rec, keep, 
             _record(rec, g)
         if scaled:
             am, ar = mul_interval(am, ar, cm, cr)
+        seen = ny
         ny = product_terms(W2T_ptr, W2T_idx, W2T_val, g, am, ar, yacc, s, ytouched, ny, ywhere)
+        if unscaled:
+            _unscaled(W2T, g, a_hi, y, s, seen, ny)
     for t in range(pos_ptr[k], pos_ptr[k + 1]):
         g = pos_idx[t]
         if row_of(g - lo_n, zacc, s, ztouched, zwhere) >= 0:
@@ -167,7 +193,17 @@ def expert_output(X, row, k, scale, first, W1T, W2T, z, y, s, watch, rec, keep, 
         l1a = up_nonneg(l1a + abs(am))
         if scaled:
             am, ar = mul_interval(am, ar, cm, cr)
+        seen = ny
         ny = product_terms(W2T_ptr, W2T_idx, W2T_val, g, am, ar, yacc, s, ytouched, ny, ywhere)
+        if unscaled:
+            _unscaled(W2T, g, abs(b1[g]), y, s, seen, ny)
+    if dep is not None:                                # W_2·a itself may overflow before the scale
+        if scaled:
+            fp = dep[0]
+            grow_o = up_one_plus(fp[KC.rho_o])
+            for u in range(ny):
+                if not (up_nonneg(grow_o * yacc[ytouched[u] if ywhere is None else u, 5]) < fp[KC.largest]):
+                    bad = True
     return ny, bad, l1a
 
 

@@ -131,7 +131,8 @@ def decide_rows(rows, X, hot, WG, colmax, bG, g, terms, classes, c, scores, stam
     """The gate's decision for each row i of ``rows``, row i of residual rows X (CSR: ptr,
     idx, mid, rad), all of class ``c`` of ``classes`` (per class: partial sums h, which
     experts they touch, the values v_k, the experts in decreasing order of v_k, the radius
-    sum S of its ``cnt`` shares, the largest |v_k| touched, a value not finite), into row i
+    sum S of its ``cnt`` shares, in the deployed pass the terms' magnitudes M =
+    Σ_j (|xm_j| + xr_j)·c_j, the largest |v_k| touched, a value not finite), into row i
     of ``out`` (:func:`_decisions`). A residual row's decision is a run of one; the rows of
     a run share its class's sums, and are decided in one call.
 
@@ -155,7 +156,7 @@ def decide_rows(rows, X, hot, WG, colmax, bG, g, terms, classes, c, scores, stam
     ptr, idx, mid, rad = X
     WG_ptr, WG_idx, WG_val = WG
     gmid, gstamp, gtouched = scores
-    c_h, c_touch, c_val, c_order, c_S, c_cnt, c_big, c_bad = classes
+    c_h, c_touch, c_val, c_order, c_S, c_M, c_cnt, c_big, c_bad = classes
     e_out, margin, radius, top, top_lo, top_hi = out
     best3, bval = top3
     K = bG.size
@@ -169,7 +170,7 @@ def decide_rows(rows, X, hot, WG, colmax, bG, g, terms, classes, c, scores, stam
             cand_row = grow(cand_row, cand.size)
         nc0 = nc
         # the row's own entries continue the partial sums of the experts they reach
-        S, cnt, bad, big = c_S[c], c_cnt[c], c_bad[c], c_big[c]
+        S, M, cnt, bad, big = c_S[c], c_M[c], c_cnt[c], c_bad[c], c_big[c]
         nt = 0
         for e in range(ptr[i], ptr[i + 1]):
             j = idx[e]
@@ -180,6 +181,8 @@ def decide_rows(rows, X, hot, WG, colmax, bG, g, terms, classes, c, scores, stam
                     continue
             if colmax[j] > 0.0:
                 S = up_nonneg(S + up_nonneg(_gate_term(mid[e], rad[e], g, rel, on) * colmax[j]))
+                if on:
+                    M = up_nonneg(M + up_nonneg(up_nonneg(abs(mid[e]) + rad[e]) * colmax[j]))
                 cnt += 1
                 for q in range(WG_ptr[j], WG_ptr[j + 1]):
                     k = WG_idx[q]
@@ -206,6 +209,9 @@ def decide_rows(rows, X, hot, WG, colmax, bG, g, terms, classes, c, scores, stam
             r = up_nonneg(r + up_nonneg(up_nonneg(rel * bmax)
                                         + up_nonneg(fp[KC.f_g] + zero_read(fp, up_nonneg(l1 + rs_g)))))
             if not (up_nonneg(up_one_plus(rel) * up_nonneg(big + r)) < fp[KC.largest]):
+                bad = True
+            # every partial sum of every score: at most (1 + ρ_g) times its terms' magnitudes
+            if not (up_nonneg(up_one_plus(rel) * up_nonneg(M + bmax)) < fp[KC.largest]):
                 bad = True
         if bad or not np.isfinite(r):
             r = np.inf
@@ -329,8 +335,12 @@ def gate(R_ptr, R_idx, R_mid, R_rad, WG_ptr, WG_idx, WG_val, colmax, hot, bG, ma
     ``deployed`` = (on, constants, the largest row sum of |W_G|): in the deployed pass of a
     format each score also carries the gate's rounding, ρ_g·Σ_j |r̂_j||W_G[k, j]| (bounded
     as the row's radius is, by Σ_j (|xm_j| + xr_j)·c_j) and ρ_g·|b_G[k]|, its floor and its
-    inputs-read-as-zero allowance 2·e_min·(Σ_j |r̂_j| + Σ_j |W_G[k, j]|); a score whose
-    magnitude may reach the format's largest value makes the row undecided.
+    inputs-read-as-zero allowance 2·e_min·(Σ_j |r̂_j| + Σ_j |W_G[k, j]|); a row where a
+    score, or a partial sum of one, may reach the format's largest value is undecided: a
+    runtime sums the terms in any order, so a partial sum is bounded by the terms'
+    magnitudes Σ_j |r̂_j||W_G[k, j]| + |b_G[k]| <= Σ_j (|xm_j| + xr_j)·c_j + max|b_G|, not by
+    the score (terms of opposite signs that cancel in the score can overflow on the way,
+    and the overflowed score routes the query anywhere).
     """
     R = (R_ptr, R_idx, R_mid, R_rad)
     WG = (WG_ptr, WG_idx, WG_val)
@@ -366,10 +376,11 @@ def gate(R_ptr, R_idx, R_mid, R_rad, WG_ptr, WG_idx, WG_val, colmax, hot, bG, ma
     c_val = np.empty((C, K))
     c_order = np.empty((C, K), np.int64)
     c_S = np.empty(C)
+    c_M = np.empty(C)
     c_cnt = np.empty(C, np.int64)
     c_big = np.empty(C)
     c_bad = np.zeros(C, np.bool_)
-    classes = (c_h, c_touch, c_val, c_order, c_S, c_cnt, c_big, c_bad)
+    classes = (c_h, c_touch, c_val, c_order, c_S, c_M, c_cnt, c_big, c_bad)
     rows = np.arange(n)
     oldest = 0
     i = 0
@@ -381,6 +392,7 @@ def gate(R_ptr, R_idx, R_mid, R_rad, WG_ptr, WG_idx, WG_val, colmax, hot, bG, ma
             oldest = (oldest + 1) % C
             h = 0
             S = 0.0
+            M = 0.0
             cnt = 0
             bad = False
             c_h[grp, :] = 0.0
@@ -394,10 +406,12 @@ def gate(R_ptr, R_idx, R_mid, R_rad, WG_ptr, WG_idx, WG_val, colmax, hot, bG, ma
                 if not (np.isfinite(R_mid[e]) and np.isfinite(R_rad[e])):
                     bad = True
                 S = up_nonneg(S + up_nonneg(_gate_term(R_mid[e], R_rad[e], g, rel, on) * colmax[j]))
+                if on:
+                    M = up_nonneg(M + up_nonneg(up_nonneg(abs(R_mid[e]) + R_rad[e]) * colmax[j]))
                 cnt += 1
                 _class_sums(WG, j, R_mid[e], c_h[grp], c_touch[grp])
             c_big[grp], values_bad = _class_values(c_h[grp], c_touch[grp], bG, c_val[grp], c_order[grp])
-            c_len[grp], c_S[grp], c_cnt[grp], c_bad[grp] = h, S, cnt, bad or values_bad
+            c_len[grp], c_S[grp], c_M[grp], c_cnt[grp], c_bad[grp] = h, S, M, cnt, bad or values_bad
         end = i + 1
         while end < n and _in_class(R, end, hot, keys, grp):
             end += 1
@@ -444,8 +458,8 @@ def gate_parts(S, O, cohort, order, WG, colmax, bG, max_terms, gmid, gstamp, gto
     top3 = (np.empty(3, np.int64), np.empty(3))
     # one class, the current cohort's (its shared part's entries)
     classes = (np.zeros((1, K)), np.zeros((1, K), np.bool_), np.empty((1, K)), np.empty((1, K), np.int64),
-               np.zeros(1), np.zeros(1, np.int64), np.zeros(1), np.zeros(1, np.bool_))
-    h, c_touch, c_val, c_order, c_S, c_cnt, c_big, c_bad = classes
+               np.zeros(1), np.zeros(1), np.zeros(1, np.int64), np.zeros(1), np.zeros(1, np.bool_))
+    h, c_touch, c_val, c_order, c_S, c_M, c_cnt, c_big, c_bad = classes
     u0 = 0
     while u0 < n:                                      # the rows of one cohort, of its class
         c = cohort[order[u0]]

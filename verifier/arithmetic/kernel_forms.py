@@ -90,7 +90,8 @@ from tasks.errors import TaskError
 #: The modules whose kernels go into the extension (imported by name when it is needed).
 MODULES = ("verifier.arithmetic.rounding", "verifier.arithmetic.accumulate", "verifier.arithmetic.exponential",
            "verifier.arithmetic.deployed", "verifier.arithmetic.residual", "verifier.arithmetic.gate",
-           "verifier.arithmetic.logits", "verifier.arithmetic.experts")
+           "verifier.arithmetic.logits", "verifier.arithmetic.experts",
+           "verifier.arithmetic.dense")
 #: Modules whose values the kernels' compiled code freezes in (besides MODULES): in the key.
 DEPENDS = ("verifier.arithmetic.constants", __name__)
 #: The prefix of the extension's file and module names (followed by the key).

@@ -74,6 +74,15 @@ def up_nonneg(x):
 
 
 @kernel()
+def down_nonneg(x):
+    """At most the next float below x, for x >= 0, and not below 0: max(x·(1 − 2^-52) −
+    2^-1022, 0). For a normal x in [2^e, 2^(e+1)), x·2^-52 >= ulp(x), so the exact product
+    lies at least one unit below x and rounds (monotonically) to at most the float below x;
+    subtracting the floor cannot raise it. A subnormal x or 0 goes to 0 or below, clamped."""
+    return max(x * STEP_DOWN - FLOOR, 0.0)
+
+
+@kernel()
 def up_one_plus(x):
     """An upper bound of 1 + x, for x >= 0."""
     return up_nonneg(1.0 + x)

@@ -54,7 +54,7 @@ from layout import Weights, load, save
 from tasks.compiled import file_hash
 from tasks.errors import TaskError
 from tasks.model import OBJECT, SUBJECT, Facts, Task, TaskSet
-from verifier.checks.classes import COUNTS, FLOATS, CellPlan, ClassTable
+from verifier.checks.classes import FLOATS, CellPlan, ClassTable, count_columns
 
 #: Version 5: per class also the smallest lower end of 1 − P_ablated(o) for the object
 #: alone (L1 bounds the object's probability, not its valid set's), a version 4 certificate
@@ -216,7 +216,7 @@ def _save_classes(cert: Certificate, path: str) -> None:
         "plan_bounds": _strings(b for k in keys for b in plan.boundaries[k]),
         "watched_ptr": w_ptr,
         "watched": np.concatenate(cert.watched) if cert.watched else np.zeros(0, bool),
-        "columns": _strings(COUNTS + FLOATS),
+        "columns": _strings(count_columns() + FLOATS),
     }
     with open(path, "wb") as f:
         np.savez(f, **arrays)
@@ -224,7 +224,7 @@ def _save_classes(cert: Certificate, path: str) -> None:
 
 def _load_classes(path: str) -> tuple[ClassTable, CellPlan, list[np.ndarray]]:
     with np.load(path, allow_pickle=False) as z:
-        if tuple(z["columns"].tolist()) != COUNTS + FLOATS:
+        if tuple(z["columns"].tolist()) != count_columns() + FLOATS:
             raise TaskError("the certificate's class summaries have other columns than this version writes",
                             file=path, fix="run a full check with --certificate to write a new one")
         worst = list(zip(z["worst_subject"].tolist(), z["worst_object"].tolist()))

@@ -79,7 +79,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from layout import Weights
-from layout.digest import weights_digest
+from tasks.structure import structure_of
 from tasks.errors import TaskError
 from tasks.model import TaskSet
 from tasks.queries import build_group
@@ -87,12 +87,15 @@ from tasks.structure import StructureTrie, check_routable
 from verifier.arithmetic import interval as I
 from verifier.passes.batches import batches_of, batches_of_subjects
 from verifier.certificates.certificate import Certificate
-from verifier.checks.classes import FLOATS, ClassRecorder, ClassTable, merge_classes, records, set_codes
+from verifier.checks import catalogue
+from verifier.checks.classes import (FLOATS, ClassRecorder, ClassTable, count_columns, merge_classes, records,
+                                      set_codes)
 from verifier.checks.localization import l1_thresholds
 from verifier.certificates.locality import Correspondence, Diff, diff, reaching
 from verifier.running.parallel import Executor
 from verifier.running.runner import PassSpec, Runner
-from verifier.checks.verify import Names, Report, Tally, TaskRecord, token_map
+from verifier.checks.verify import (Names, Report, Tally, assemble_report, close_report, record_totals, task_records,
+                                   token_map)
 
 #: Updated bounds closer than this to ε (when the vocabulary size changed) are run again.
 BAND = 1e-9
@@ -181,6 +184,9 @@ def naming_problem(old: Certificate, weights: Weights, cor: Correspondence) -> s
 
 def full_reason(old: Certificate, taskset: TaskSet, weights: Weights, epsilon: float, d: Diff) -> str:
     """Why the edit cannot be re-certified part by part ("" if it can)."""
+    alone = [c.name for c in catalogue.counted() if not c.reused]
+    if alone:
+        return f"the check '{alone[0]}' is decided afresh for every query (its classes are not reused)"
     ots = old.taskset
     if epsilon != old.epsilon:
         return f"epsilon changed ({old.epsilon:g} -> {epsilon:g})"
@@ -433,7 +439,7 @@ def recertify(old: Certificate, taskset: TaskSet, weights: Weights, cor: Corresp
     if T.position or T.tokens[weights.bos]:
         info.mode, info.reason = "full", "a changed weight is reached by a position embedding or by BOS (every query)"
         return None, None, None, info
-    trie = StructureTrie(taskset)
+    trie = structure_of(taskset)
     check_routable(taskset, trie)
     tmap = token_map(taskset, weights, source)
     back = np.full(weights.E.shape[0], -1, np.int64)
@@ -468,8 +474,11 @@ def recertify(old: Certificate, taskset: TaskSet, weights: Weights, cor: Corresp
     counts = table.counts
     F = table.floats
     col = {name: i for i, name in enumerate(FLOATS)}
-    failing = (counts[:, 2] > 0) | (counts[:, 3] > 0) | (counts[:, 5] > 0) | (counts[:, 4] < counts[:, 1]) \
-        | (counts[:, 6] < counts[:, 1]) | (counts[:, 7] < counts[:, 1]) | (counts[:, 8] < counts[:, 1])
+    # a class failing a check anywhere runs again (every failure reported comes from W')
+    failing = table.column("foreign") > 0
+    for c in catalogue.counted():
+        n = table.column(c.column)
+        failing |= (n > 0) if c.failures else (n < table.column("object_queries" if c.objects else "queries"))
     forced = T.classes | failing | np.isin(table.expert, list(T.experts))
     # L1's threshold of each class's task, in the new task set (|O_k| may have changed);
     # object queries are determined, so a class holding any has one consistent task
@@ -535,9 +544,7 @@ def recertify(old: Certificate, taskset: TaskSet, weights: Weights, cor: Corresp
     watch = np.concatenate(watched) if watched else np.zeros(0, bool)
     recorder = ClassRecorder(taskset, trie, old.plan, served, off, epsilon, watch, vocab_size=len(weights.vocab))
     names = taskset.names
-    recs = [TaskRecord(t.name, t.n_templates, t.n_facts, taskset.L, taskset.complexity(k), None, None)
-            for k, t in enumerate(taskset.tasks)]
-    scratch = Report(epsilon, dict(weights.parameters), recs, 0)
+    scratch = Report(epsilon, {}, task_records(taskset, weights), 0)     # the reruns' counterexamples
     scratch.routing_matrix = np.zeros((len(names), len(weights.experts)), np.int64)
     state = Tally(taskset, trie, scratch, served, epsilon, Names.of(weights), exact=True)
     cell_parts = [(nid, ranges[nid][c]) for nid, c in cells]
@@ -565,10 +572,12 @@ def recertify(old: Certificate, taskset: TaskSet, weights: Weights, cor: Corresp
     kept = np.flatnonzero(~dropped)
     reused = table.take(kept)
     reused.counts = reused.counts.copy()
-    reused.counts[:, 0] -= less[kept]
-    reused.counts[:, 1] -= less_oq[kept]
-    for j in (4, 6, 7, 8):                      # a class that loses queries has no failure: each object query
-        reused.counts[:, j] -= less_oq[kept]    # passed (b), L1 and L2
+    columns = count_columns()
+    reused.counts[:, columns.index("queries")] -= less[kept]
+    reused.counts[:, columns.index("object_queries")] -= less_oq[kept]
+    for c in catalogue.counted():               # a class that loses queries has no failure: each query
+        if not c.failures:                      # it loses held every check
+            reused.counts[:, columns.index(c.column)] -= (less_oq if c.objects else less)[kept]
     reused.floats = new_floats[kept]
     reused.expert = cor.experts[reused.expert]
     reused = _map_active(reused, cor)
@@ -582,7 +591,7 @@ def recertify(old: Certificate, taskset: TaskSet, weights: Weights, cor: Corresp
     info.classes_partly_reused = int(np.count_nonzero(less[kept]))
     info.queries_rerun = rerun_count
     info.queries_reused = int(reused.counts[:, 0].sum()) if len(reused) else 0
-    report = _report(taskset, weights, epsilon, merged, state, trie)
+    report = _report(taskset, weights, epsilon, merged, state)
     report.enumerated = report.queries
     t = info.mark("merge", t)
     rerun_tasks = set(fresh.allowed.tolist())
@@ -619,7 +628,7 @@ class _Selection:
                  new_of_old_rows: np.ndarray, back: np.ndarray, cls_node: np.ndarray) -> None:
         self.old, self.taskset, self.trie, self.cls_node = old, taskset, trie, cls_node
         self.old_ts = old.taskset
-        self.old_trie = StructureTrie(self.old_ts)
+        self.old_trie = structure_of(self.old_ts)
         by_key = {_key(self.old_trie, n): n for n in self.old_trie}
         self.old_nodes = [by_key.get(k) for k in keys]
         # certificate's task-set id -> new task-set id (-1: gone), and back
@@ -894,37 +903,10 @@ def _map_active(t: ClassTable, cor: Correspondence) -> ClassTable:
     return t
 
 
-def _report(taskset: TaskSet, weights: Weights, epsilon: float, table: ClassTable, state: Tally, trie) -> Report:
+def _report(taskset: TaskSet, weights: Weights, epsilon: float, table: ClassTable, state: Tally) -> Report:
     """The report from the merged classes; counterexamples from the queries run again."""
-    tot = records(table, taskset, len(weights.experts))
-    expert_of_task = {name: k for k, name in enumerate(weights.expert_tasks) if name}
-    n_objects = l1_thresholds(taskset)[0]
-    recs = []
-    for k, task in enumerate(taskset.tasks):
-        e = expert_of_task.get(task.name)
-        r = TaskRecord(task.name, task.n_templates, task.n_facts, taskset.L, taskset.complexity(k), e,
-                       weights.experts[e].width if e is not None else None, objects=int(n_objects[k]))
-        r.queries, r.object_queries = int(tot.queries[k]), int(tot.object_queries[k])
-        r.misrouted, r.over_epsilon, r.ablation_broken = int(tot.misrouted[k]), int(tot.over_epsilon[k]), int(tot.broken[k])
-        r.l1_held, r.l2_held, r.localized = int(tot.l1[k]), int(tot.l2[k]), int(tot.localized[k])
-        r.min_ablated_lower, r.min_gap = float(tot.min_ablated_lower[k]), float(tot.min_gap[k])
-        r.min_object_lower = float(tot.min_object_lower[k])
-        r.min_margin = float(tot.min_margin[k])
-        if tot.worst[k] > -np.inf:
-            r.worst_error, r.worst_error_lower, r.worst_query = float(tot.worst[k]), float(tot.worst_lower[k]), tot.worst_query[k]
-        recs.append(r)
-    report = Report(epsilon, dict(weights.parameters), recs, tot.total_queries)
-    report.weights_sha256 = weights_digest(weights)
-    report.routing_matrix = tot.routing
-    report.foreign = tot.foreign
-    report.over_epsilon_queries, report.misrouted_queries = tot.over_epsilon_queries, tot.misrouted_queries
+    report = assemble_report(taskset, weights, epsilon, 0)
+    record_totals(report, records(table, taskset, len(weights.experts)))
     report.counterexamples = list(state.report.counterexamples)
-    counts = weights.parameter_counts()
-    counts["facts_per_parameter"] = taskset.n_facts / counts["total"] if counts["total"] else None
-    report.parameter_counts = counts
-    for k, r in enumerate(recs):
-        for e in np.flatnonzero(report.routing_matrix[k]):
-            if weights.experts[e].width > (r.width or 0):
-                r.width, r.expert = weights.experts[e].width, int(e)
-    report.measured_worst = max((r.worst_error for r in recs), default=0.0)
+    close_report(report, [e.width for e in weights.experts])
     return report

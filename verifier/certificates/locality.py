@@ -112,13 +112,6 @@ class Correspondence:
     experts: np.ndarray                # expert indices
     neurons: tuple[np.ndarray, ...]    # per old expert: its neurons in the new expert
 
-    @staticmethod
-    def identity(w: Weights) -> "Correspondence":
-        a = lambda n: np.arange(n, dtype=np.int64)  # noqa: E731
-        return Correspondence(a(w.E.shape[0]), a(w.d), tuple(a(h.W_Q.shape[0]) for h in w.heads),
-                              tuple(a(h.W_V.shape[0]) for h in w.heads), a(len(w.experts)),
-                              tuple(a(e.width) for e in w.experts))
-
 
 @dataclass
 class MatrixChange:
@@ -353,7 +346,7 @@ def diff(old: Weights, new: Weights, cor: Correspondence) -> Diff:
         M[f"heads.{m}.W_V"] = _compare(f"heads.{m}.W_V", a.W_V, b.W_V, cor.values[m], cor.coords, memo)
         M[f"heads.{m}.W_O"] = _compare(f"heads.{m}.W_O", a.W_O, b.W_O, cor.coords, cor.values[m], memo)
     M["W_G"] = _compare("W_G", old.W_G, new.W_G, cor.experts, cor.coords, memo)
-    V_old, V_new = len(old.vocab), len(new.vocab)
+    V_old = len(old.vocab)
     M["U"] = _compare("U", old.U, new.U, cor.tokens[:V_old], cor.coords, memo)
     bg = np.full(len(new.experts), np.nan)
     ok = cor.experts >= 0

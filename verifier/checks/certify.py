@@ -35,14 +35,17 @@ import numpy as np
 
 from layout import Weights
 from tasks.errors import TaskError
-from verifier.passes.forward import Prepared, run_batch
+from verifier.passes.dense import DensePass, is_dense
+from verifier.passes.forward import Prepared
 
 CHUNK = 20_000
 
 
-def prepare(weights: Weights) -> Prepared:
-    """Validate the weights and compute their per-token projections (reusable)."""
-    return Prepared(weights)
+def prepare(weights: Weights) -> Prepared | DensePass:
+    """Validate the weights and compute their per-token projections (reusable): the pass
+    :func:`verifier.checks.verify.verify` runs on them, the dense one for dense weights
+    (:func:`verifier.passes.dense.is_dense`)."""
+    return DensePass(weights) if is_dense(weights) else Prepared(weights)
 
 
 @dataclass(frozen=True)
@@ -75,10 +78,10 @@ def _ids(weights: Weights, tokens, what: str) -> np.ndarray:
     return ids
 
 
-def certify(weights: Weights | Prepared, prefixes: Sequence[Sequence], valid: Sequence[Collection], *,
+def certify(weights: Weights | Prepared | DensePass, prefixes: Sequence[Sequence], valid: Sequence[Collection], *,
             ablate: bool = False, chunk: int = CHUNK) -> Certified:
     """Run the certified forward pass on each prefix (see the module docstring)."""
-    prep = weights if isinstance(weights, Prepared) else Prepared(weights)
+    prep = weights if isinstance(weights, (Prepared, DensePass)) else prepare(weights)
     w = prep.weights
     if len(prefixes) != len(valid):
         raise TaskError(f"{len(prefixes)} prefixes but {len(valid)} sets of valid next tokens")
@@ -102,7 +105,7 @@ def certify(weights: Weights | Prepared, prefixes: Sequence[Sequence], valid: Se
             ptr = np.concatenate([[0], np.cumsum([vals[i].size for i in idx])]).astype(np.int64)
             flat = np.concatenate([vals[i] for i in idx]) if ptr[-1] else np.zeros(0, np.int64)
             target = np.array([vals[i][0] if vals[i].size == 1 else -1 for i in idx], np.int64)
-            res = run_batch(prep, tokens, ptr, flat, ablate=np.full(idx.size, ablate), target=target)
+            res = prep.run_batch(tokens, ptr, flat, ablate=np.full(idx.size, ablate), target=target)
             expert[idx], predicted[idx] = res.expert, res.predicted
             out["margin"][idx], out["err_lo"][idx], out["err_hi"][idx] = res.margin, res.err_lo, res.err_hi
             out["ablated_lo"][idx], out["ablated_hi"][idx] = res.ablated_lo, res.ablated_hi

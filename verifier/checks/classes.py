@@ -33,17 +33,28 @@ import numpy as np
 
 from tasks.model import TaskSet
 from tasks.structure import OBJ, SUBJ, StructureTrie
-from verifier.checks.localization import l1_thresholds, localization, object_lows, row_gaps
+from verifier.checks import catalogue
+from verifier.checks.localization import l1_thresholds
 
 #: Queries per cell at most (about): the most an edit re-runs for one subject (a whole cell).
 CELL_QUERIES = 256
 #: The float summaries of a class, in this order in :attr:`ClassTable.floats`.
 FLOATS = ("err_hi", "err_lo", "rho_lo", "rho_hi", "margin", "ab_lo", "ab_rho_lo", "ab_rho_hi", "margin_all",
           "ab_gap", "ab_zeros", "ab_obj_lo")
-#: The counts of a class, in this order in :attr:`ClassTable.counts`: ``broken`` counts the
-#: object queries whose ablated error is certified >= ε; ``l1``, ``l2`` those certifying L1
-#: and L2; ``localized`` those certifying all three.
+#: The counts of a class, in this order in :attr:`ClassTable.counts` (the certificate's
+#: format): its queries, its object queries, its determined queries routed to another task's
+#: expert (``foreign``), and the column of each count of the catalogue
+#: (:func:`verifier.checks.catalogue.counted`): ``route_bad`` and ``err_bad`` count the queries
+#: failing routing and error; ``broken`` the object queries whose ablated error is certified
+#: >= ε; ``l1``, ``l2`` those certifying L1 and L2; ``localized`` those certifying all three.
+#: A check added to the catalogue adds its column after these (:func:`count_columns`).
 COUNTS = ("queries", "object_queries", "route_bad", "err_bad", "broken", "foreign", "l1", "l2", "localized")
+
+
+def count_columns() -> tuple[str, ...]:
+    """The count columns of a class table: :data:`COUNTS`, then the column of each count of
+    the catalogue not among them (none for the checks this tool ships)."""
+    return COUNTS + tuple(c.column for c in catalogue.counted() if c.column not in COUNTS)
 #: Initial (empty) value of each float summary: the identity of its reduction.
 _FLOAT_INIT = {"err_hi": -np.inf, "err_lo": -np.inf, "rho_lo": np.inf, "rho_hi": -np.inf, "margin": np.inf,
                "ab_lo": np.inf, "ab_rho_lo": np.inf, "ab_rho_hi": -np.inf, "margin_all": np.inf,
@@ -132,12 +143,12 @@ class ClassTable:
         return self.active[self.active_ptr[i]: self.active_ptr[i + 1]]
 
     def column(self, name: str) -> np.ndarray:
-        return self.floats[:, FLOATS.index(name)] if name in FLOATS else self.counts[:, COUNTS.index(name)]
+        return self.floats[:, FLOATS.index(name)] if name in FLOATS else self.counts[:, count_columns().index(name)]
 
     @staticmethod
     def empty() -> "ClassTable":
         z = np.zeros(0, np.int64)
-        return ClassTable([], z, z, z, np.zeros(1, np.int64), z, np.zeros((0, len(COUNTS)), np.int64),
+        return ClassTable([], z, z, z, np.zeros(1, np.int64), z, np.zeros((0, len(count_columns())), np.int64),
                           np.zeros((0, len(FLOATS))), [], np.zeros(1, np.int64), z, np.zeros(0, bool), [])
 
     def take(self, idx: np.ndarray) -> "ClassTable":
@@ -187,6 +198,11 @@ class ClassRecorder:
         self.watch = np.zeros(0, bool) if watch is None else np.asarray(watch, bool)
         self.served, self.off, self.eps = np.asarray(served, np.int64), np.asarray(off, np.int64), float(epsilon)
         self.l1_thr = l1_thresholds(taskset)[1]
+        #: the decision of a batch's rows (the full pass's, verifier.checks.catalogue.decide), and
+        #: where each count of the catalogue goes among the class's counts
+        self.rules = catalogue.Rules(self.served, self.eps, self.l1_thr, self.vocab_size)
+        columns = count_columns()
+        self.columns = [(columns.index(c.column), c) for c in catalogue.counted(self.rules.checks)]
         self.keys = [node_key(trie, n) for n in trie]
         self.thresholds = [plan.thresholds(k, taskset) for k in self.keys]
         self.subject_at = np.array([n.subject_position for n in trie], np.int64)
@@ -195,7 +211,7 @@ class ClassRecorder:
         self.patterns: dict[tuple[int, ...], int] = {}
         self._n = 0
         self._node, self._cell, self._expert, self._pattern = [], [], [], []
-        self._counts = np.zeros((0, len(COUNTS)), np.int64)
+        self._counts = np.zeros((0, len(count_columns())), np.int64)
         self._floats = np.zeros((0, len(FLOATS)))
         self._worst: list[tuple[int, int]] = []
         self._least: list[tuple[int, int]] = []
@@ -214,7 +230,7 @@ class ClassRecorder:
         return ClassRecorder(taskset, trie, plan, served, off, epsilon, watch, vocab_size=len(weights.vocab))
 
     def _grow(self, n_new: int) -> None:
-        self._counts = np.concatenate([self._counts, np.zeros((n_new, len(COUNTS)), np.int64)])
+        self._counts = np.concatenate([self._counts, np.zeros((n_new, self._counts.shape[1]), np.int64)])
         init = np.array([_FLOAT_INIT[name] for name in FLOATS])
         self._floats = np.concatenate([self._floats, np.tile(init, (n_new, 1))])
 
@@ -233,19 +249,10 @@ class ClassRecorder:
             return
         K = len(self.taskset.tasks)
         rows = np.arange(n)
-        e = np.asarray(res.expert, np.int64)
-        served = self.served[e]
+        d = catalogue.decide(self.rules, b, res)
+        e, det, oq = d.rows.expert, b.determined, d.rows.object_query
         counts = np.diff(b.allowed_ptr)
-        pr = np.repeat(rows, counts)
-        member = np.zeros(n, bool)
-        member[pr[np.repeat(served, counts) == b.allowed]] = True
-        route_ok = (~res.ambiguous) & (served >= 0) & member
-        err_bad = ~(res.err_hi < self.eps)
-        det = b.determined
         has = det >= 0
-        oq = b.object_query & has
-        broken, l1, l2, loc = localization(res, det, oq, self.eps, self.l1_thr, self.vocab_size)
-        foreign = has & (served != det) & (served >= 0)
         node = np.asarray(b.node, np.int64)
         sp_ = self.subject_at[node]
         subj = np.where(sp_ >= 0, b.tokens[rows, np.maximum(sp_, 0)], -1)
@@ -276,15 +283,11 @@ class ClassRecorder:
             self._n += new
         c = cls[inv]
         C = self._counts
-        np.add.at(C[:, 0], c, 1)
-        np.add.at(C[:, 1], c, oq)
-        np.add.at(C[:, 2], c, ~route_ok)
-        np.add.at(C[:, 3], c, err_bad)
-        np.add.at(C[:, 4], c, broken)
-        np.add.at(C[:, 5], c, foreign)
-        np.add.at(C[:, 6], c, l1)
-        np.add.at(C[:, 7], c, l2)
-        np.add.at(C[:, 8], c, loc)
+        np.add.at(C[:, COUNTS.index("queries")], c, 1)
+        np.add.at(C[:, COUNTS.index("object_queries")], c, oq)
+        np.add.at(C[:, COUNTS.index("foreign")], c, d.foreign)
+        for j, check in self.columns:
+            np.add.at(C[:, j], c, d.counted(check))
         F = self._floats
         before = F[:, 0].copy()
         np.fmax.at(F[:, 0], c, res.err_hi)
@@ -297,7 +300,7 @@ class ClassRecorder:
         rho_lo, rho_hi = nan(res.rho_lo), nan(res.rho_hi)
         np.minimum.at(F[:, 2], c, np.where(np.isnan(rho_lo), -np.inf, rho_lo))    # NaN: no ρ (becomes -inf)
         np.maximum.at(F[:, 3], c, np.where(np.isnan(rho_hi), np.inf, rho_hi))
-        ok_det = has & route_ok
+        ok_det = has & d.holds[catalogue.ROUTING.name]
         before = F[:, 4].copy()
         np.minimum.at(F[:, 4], c[ok_det], res.margin[ok_det])
         for j in np.unique(c[ok_det]):
@@ -309,11 +312,11 @@ class ClassRecorder:
         np.minimum.at(F[:, 5], c[oq], np.where(np.isnan(ab_lo[oq]), -np.inf, ab_lo[oq]))
         np.minimum.at(F[:, 6], c[oq], np.where(np.isnan(a_rlo[oq]), -np.inf, a_rlo[oq]))
         np.maximum.at(F[:, 7], c[oq], np.where(np.isnan(a_rhi[oq]), np.inf, a_rhi[oq]))
-        gap = row_gaps(res, n)
+        gap = d.rows.gaps
         zeros = np.full(n, -1.0) if res.ablated_zeros is None else np.asarray(res.ablated_zeros, float)
         np.minimum.at(F[:, 9], c[oq], np.where(np.isnan(gap[oq]), -np.inf, gap[oq]))
         np.minimum.at(F[:, 10], c[oq], zeros[oq])
-        obj = object_lows(res, n)
+        obj = d.rows.object_lows
         np.minimum.at(F[:, 11], c[oq], np.where(np.isnan(obj[oq]), -np.inf, obj[oq]))
         if res.active is not None:
             act = np.asarray(res.active)
@@ -356,49 +359,56 @@ class Totals:
 
     queries: np.ndarray
     object_queries: np.ndarray
-    misrouted: np.ndarray
-    over_epsilon: np.ndarray
-    broken: np.ndarray
+    counts: dict[str, np.ndarray]           # per count of the catalogue (verifier.checks.catalogue.counted)
     min_margin: np.ndarray
     worst: np.ndarray
     worst_lower: np.ndarray
     worst_query: list[str]
     routing: np.ndarray
     foreign: int
-    total_queries: int = field(default=0)
-    l1: np.ndarray | None = None            # object queries certifying L1, L2, and all of the entanglement check
-    l2: np.ndarray | None = None
-    localized: np.ndarray | None = None
+    total_queries: int = 0
     min_ablated_lower: np.ndarray | None = None   # smallest ablated error lower end over object queries
     min_gap: np.ndarray | None = None             # smallest L2 gap over object queries
     min_object_lower: np.ndarray | None = None    # smallest lower end of 1 − P_ablated(o) over them
-    over_epsilon_queries: int = 0                 # queries over ε, misrouted: each once (a class's
-    misrouted_queries: int = 0                    # queries are in each of its consistent tasks' counts)
+    #: per check over every query, the queries failing it, each once (a class's queries are
+    #: in each of its consistent tasks' counts)
+    failing: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def over_epsilon_queries(self) -> int:
+        return self.failing.get("error", 0)
+
+    @property
+    def misrouted_queries(self) -> int:
+        return self.failing.get("routing", 0)
 
 
 def records(table: ClassTable, taskset: TaskSet, n_experts: int) -> Totals:
-    """Per task: queries consistent with it, object queries, failures per check, smallest
-    margin over its determined well-routed queries, worst error (and its query's text), and
-    the routing matrix over determined queries; the same meaning as ``verifier.checks.verify``."""
+    """Per task: queries consistent with it, object queries, each count of the catalogue,
+    smallest margin over its determined well-routed queries, worst error (and its query's
+    text), and the routing matrix over determined queries; the same meaning as
+    ``verifier.checks.verify``."""
     K = len(taskset.tasks)
-    t = Totals(*(np.zeros(K, np.int64) for _ in range(5)), np.full(K, np.inf), np.full(K, -np.inf),
-               np.zeros(K), [""] * K, np.zeros((K, n_experts), np.int64), 0, 0,
-               np.zeros(K, np.int64), np.zeros(K, np.int64), np.zeros(K, np.int64), np.full(K, np.inf),
-               np.full(K, np.inf), np.full(K, np.inf))
+    checks = catalogue.counted()
+    t = Totals(np.zeros(K, np.int64), np.zeros(K, np.int64), {c.count: np.zeros(K, np.int64) for c in checks},
+               np.full(K, np.inf), np.full(K, -np.inf), np.zeros(K), [""] * K, np.zeros((K, n_experts), np.int64), 0,
+               0, np.full(K, np.inf), np.full(K, np.inf), np.full(K, np.inf))
     if not len(table):
         return t
-    cnt = {name: table.column(name) for name in COUNTS}
+    cnt = {name: table.column(name) for name in count_columns()}
     size = np.diff(table.allowed_ptr)
     owner = np.repeat(np.arange(len(table)), size)
-    for name, out in (("queries", t.queries), ("route_bad", t.misrouted), ("err_bad", t.over_epsilon)):
-        np.add.at(out, table.allowed, cnt[name][owner])
+    np.add.at(t.queries, table.allowed, cnt["queries"][owner])
     single = size == 1
     det = np.where(single, table.allowed[table.allowed_ptr[:-1]] if len(table) else 0, -1)
     d = det >= 0
     np.add.at(t.object_queries, det[d], cnt["object_queries"][d])
-    np.add.at(t.broken, det[d], cnt["broken"][d])
-    for name in ("l1", "l2", "localized"):
-        np.add.at(getattr(t, name), det[d], cnt[name][d])
+    # a query is counted for each consistent task, an object query for the task it determines
+    for c in checks:
+        if c.objects:
+            np.add.at(t.counts[c.count], det[d], cnt[c.column][d])
+        else:
+            np.add.at(t.counts[c.count], table.allowed, cnt[c.column][owner])
     has_oq = d & (cnt["object_queries"] > 0)
     np.minimum.at(t.min_ablated_lower, det[has_oq], table.column("ab_lo")[has_oq])
     np.minimum.at(t.min_gap, det[has_oq], table.column("ab_gap")[has_oq])
@@ -407,7 +417,8 @@ def records(table: ClassTable, taskset: TaskSet, n_experts: int) -> Totals:
     np.add.at(t.routing, (det[d], table.expert[d]), cnt["queries"][d])
     t.foreign = int(cnt["foreign"].sum())
     t.total_queries = int(cnt["queries"].sum())
-    t.over_epsilon_queries, t.misrouted_queries = int(cnt["err_bad"].sum()), int(cnt["route_bad"].sum())
+    t.failing = {c.name: int(cnt[c.column].sum()) if c.failures else t.total_queries - int(cnt[c.column].sum())
+                 for c in catalogue.PER_QUERY if not c.objects}
     err_hi, err_lo = table.column("err_hi"), table.column("err_lo")
     # per task, the first of its classes (in table order, which is entry order) with the
     # largest err_hi, as argmax picks it: its first NaN if it has one, else its first entry

@@ -15,9 +15,10 @@ expert's output is removed (:mod:`verifier.passes.forward`, step 5), the entangl
   max_{t != o} z_t − z_o is >= 0" (``BatchResult.ablated_gap``);
 * **(b)**: the ablated error's lower end is >= ε (the original criterion).
 
-This module holds the thresholds and the per-row decisions, shared by the full pass's
-tally (:class:`verifier.checks.verify.Tally`) and the query classes a certificate keeps
-(:mod:`verifier.checks.classes`), so that both decide alike.
+This module holds the thresholds and the per-row decisions of the check's parts
+(:data:`verifier.checks.catalogue.ENTANGLEMENT`), which the one decision of a batch
+(:func:`verifier.checks.catalogue.decide`) takes for the full pass's tally and the query
+classes a certificate keeps alike.
 """
 
 from __future__ import annotations

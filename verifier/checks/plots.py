@@ -14,9 +14,9 @@ library layer, :mod:`workflow.plots`, gathers the numbers):
   is not a proven bound).
 
 matplotlib is an optional extra (``pip install -e .[plots]``): it is imported lazily,
-with the non-interactive Agg backend, and :func:`require_matplotlib` turns its absence
-into a one-line bad-input error. Every file is written atomically (a temporary file
-beside the target, then :func:`os.replace`).
+with the non-interactive Agg backend, and :func:`tasks.console.require_matplotlib` turns
+its absence into a one-line bad-input error. Every file is written atomically (a
+temporary file beside the target, then :func:`os.replace`).
 """
 
 from __future__ import annotations
@@ -28,22 +28,8 @@ from typing import Sequence
 
 import numpy as np
 
-from tasks.errors import TaskError
+from tasks.console import require_matplotlib
 from tasks.files import atomic_file
-
-INSTALL_HINT = "install the plots extra: pip install -e .[plots]"
-
-
-def require_matplotlib():
-    """The pyplot module (Agg backend), or a TaskError saying how to install it."""
-    try:
-        import matplotlib
-    except ImportError:
-        raise TaskError("matplotlib is not installed", fix=INSTALL_HINT) from None
-    matplotlib.use("Agg", force=True)
-    import matplotlib.pyplot as plt
-
-    return plt
 
 
 def save_png(fig, path: str) -> str:

@@ -9,6 +9,8 @@ import json
 import math
 from typing import Any
 
+from verifier.checks import catalogue
+from verifier.checks.catalogue import number as _g, printable as _printable
 from verifier.checks.verify import Report, TaskRecord
 
 QUERY_DEFINITION = "every non-empty proper prefix of every sentence (1 to |t| - 1 tokens); the empty prefix (BOS alone) is not a query"
@@ -36,24 +38,18 @@ def task_json(r: TaskRecord) -> dict[str, Any]:
         "worst_error_measured_lower": _num(r.worst_error_lower),
         "worst_query": r.worst_query,
         "min_gate_margin": _num(r.min_margin),
-        "misrouted": r.misrouted,
-        "over_epsilon": r.over_epsilon,
-        "ablation_broken": r.ablation_broken,
+        **{c.count: r.counts[c.count] for c in catalogue.counted() if c.json == "task"},
         "isolated": r.isolated,
         "localization": {
             "objects": r.objects,
             "uniform_bound": _num(r.uniform_bound),
             "worst_p_ablated_upper": _num(r.worst_p_ablated),
             "min_l2_gap": _num(r.min_gap) if r.object_queries else None,
-            "l1_held": r.l1_held,
-            "l2_held": r.l2_held,
-            "localized": r.localized,
-            "l1": r.l1_ok,
-            "l2": r.l2_ok,
-            "ablation": r.ablation_broken == r.object_queries,
+            **{c.count: r.counts[c.count] for c in catalogue.counted() if c.json == "localization"},
+            **{p.name: r.ok(p) for c in catalogue.PER_QUERY for p in c.parts},
         },
         "graded": r.graded(),
-        "checks": {"error": r.error_ok, "routing": r.routing_ok, "size": r.size_ok, "entanglement": r.entanglement_ok},
+        "checks": {c.name: r.ok(c) for c in catalogue.CHECKS},
         "certified": r.certified,
     }
 
@@ -121,24 +117,8 @@ def _fmt(x: float | None, digits: int = 2) -> str:
     return f"{x:.{digits}e}" if (x != 0 and (abs(x) < 1e-2 or abs(x) >= 1e4)) else f"{x:.{digits + 2}g}"
 
 
-def _printable(value: Any) -> str:
-    """``str(value)`` with every unprintable character escaped: text from a weights file
-    (its ``parameters``) can never start a line of its own in the report."""
-    text = str(value)
-    return text if text.isprintable() else "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
-
-
-def _g(x: Any) -> str:
-    """A number for a reader: 4 significant digits, inf/nan spelled out."""
-    if x is None:
-        return "-"
-    x = float(x)
-    return "inf" if x == math.inf else "-inf" if x == -math.inf else "nan" if math.isnan(x) else f"{x:.4g}"
-
-
-def _expert(c: dict) -> str:
-    task = c.get("routed_task")
-    return f"expert {c['routed_expert']}" + (f" ({task})" if task else "")
+#: what names a counterexample's query (the rest of its numbers are its check's)
+_QUERY_KEYS = ("check", "task", "template", "subject", "prefix", "valid_next", "consistent_tasks")
 
 
 def counterexample_lines(c: dict) -> list[str]:
@@ -147,38 +127,25 @@ def counterexample_lines(c: dict) -> list[str]:
     valid = ", ".join(f"'{_printable(v)}'" for v in c.get("valid_next", [])) or "none"
     head = (f"counterexample [{c['check']}]: task '{_printable(c['task'])}', template '{_printable(c['template'])}'{subject}, "
             f"prefix '{_printable(c['prefix'])}' (valid next: {valid})")
-    if c["check"] == "routing":
-        scores = ", ".join(f"expert {s['expert']}{' (' + str(s['task']) + ')' if s.get('task') else ''} "
-                           f"[{_g(s['lower'])}, {_g(s['upper'])}]" for s in c.get("gate_scores", []))
-        what = (f"routed to {_expert(c)}, serving {'no task' if not c.get('routed_task') else repr(c['routed_task'])}; "
-                f"certified margin {_g(c['margin'])} (must be > 0 and the task consistent: "
-                f"{', '.join(c.get('consistent_tasks', []))}); gate scores {scores}")
-    elif c["check"] == "error":
-        what = (f"routed to {_expert(c)}; error 1 - P(valid) in [{_g(c['error_lower'])}, {_g(c['error_upper'])}], "
-                f"not below epsilon {_g(c['epsilon'])}; the top token is '{_printable(c['predicted'])}'")
+    check = catalogue.find(c["check"])
+    if check is not None and check.explain is not None:
+        what = check.explain(c)
     else:
-        failed = c.get("failed") or ["ablation"]
-        parts = []
-        if "L1" in failed:
-            parts.append(f"P(object) may be up to {_g(c.get('p_ablated_upper'))} > 1/|O_k| = {_g(c.get('uniform_bound'))} "
-                         f"(L1: no better than a uniform guess among the task's {c.get('objects')} objects)")
-        if "L2" in failed:
-            parts.append(f"the object may be the strict top token (L2: certified gap {_g(c.get('l2_gap'))}, must be >= 0)")
-        if "ablation" in failed:
-            parts.append(f"the error's lower end is {_g(c['ablated_error_lower'])} < epsilon {_g(c['epsilon'])}")
-        what = (f"with {_expert(c)}'s output removed, {'; '.join(parts)}: the model still answers, "
-                f"the knowledge is not (only) in that expert")
+        numbers = ", ".join(f"{k} {_printable(v)}" for k, v in c.items() if k not in _QUERY_KEYS)
+        what = f"fails {c['check']}: {numbers}"
     return [head, f"  {what}"]
 
 
 def table(report: Report) -> str:
-    head = ["task", "|T|", "N", "L", "c(k)", "width", "queries", "err bound", "err measured", "margin", "routing", "ok"]
+    columns = [c for c in catalogue.CHECKS if isinstance(c, catalogue.QueryCheck) and c.table]
+    head = ["task", "|T|", "N", "L", "c(k)", "width", "queries", "err bound", "err measured", "margin",
+            *(c.label for c in columns), "ok"]
     rows = []
     for r in report.tasks:
         rows.append([
             r.name, str(r.templates), str(r.facts), str(r.L), str(r.bound), "-" if r.width is None else str(r.width),
             str(r.queries), _fmt(r.closed_form_bound), _fmt(r.worst_error), _fmt(r.min_margin),
-            "ok" if r.routing_ok else f"{r.misrouted} bad", "yes" if r.certified else "NO",
+            *("ok" if r.ok(c) else f"{r.counts[c.count]} bad" for c in columns), "yes" if r.certified else "NO",
         ])
     widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(head)]
     lines = ["  ".join(h.ljust(w) for h, w in zip(head, widths)), "  ".join("-" * w for w in widths)]
@@ -193,13 +160,14 @@ def _share(x: float | None) -> str:
 def graded_table(report: Report) -> str:
     """Per task, the share of its queries each check certifies (entanglement: of its object
     queries, L1 and L2 shown apart), the size check yes/no, and the localization's worst case."""
-    head = ["task", "error", "routing", "entanglement", "L1", "L2", "size", "P abl max", "1/|O|", "L2 gap"]
+    checks = catalogue.graded()
+    head = ["task", *(c.label for c in checks), "P abl max", "1/|O|", "L2 gap"]
     rows = []
     for r in report.tasks:
         g = r.graded()
-        rows.append([r.name, _share(g["error"]), _share(g["routing"]), _share(g["entanglement"]), _share(g["l1"]),
-                     _share(g["l2"]), "yes" if g["size"] else "NO", _g(r.worst_p_ablated), _g(r.uniform_bound),
-                     _g(r.min_gap) if r.object_queries else "-"])
+        rows.append([r.name, *(_share(g[c.name]) if isinstance(c, catalogue.QueryCheck) else "yes" if g[c.name] else "NO"
+                               for c in checks),
+                     _g(r.worst_p_ablated), _g(r.uniform_bound), _g(r.min_gap) if r.object_queries else "-"])
     widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(head)]
     lines = ["  ".join(h.ljust(w) for h, w in zip(head, widths)), "  ".join("-" * w for w in widths)]
     lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in rows]

@@ -35,6 +35,10 @@ query, grouped by template structure and chunked, and decides:
    beside 1/|O_k|, and the smallest L2 gap;
 5. **counterexamples** for every failure: task, template, subject, prefix, numbers.
 
+Each check is an entry of :mod:`verifier.checks.catalogue`, and each batch's rows are decided
+once, by :func:`verifier.checks.catalogue.decide` (the query classes of a certificate take
+the same decision); the per-task records, their counts and the report iterate the catalogue.
+
 Per task the report also grades each check: the share of its queries certified (error,
 routing; entanglement over its object queries), so that weights that do not certify
 (trained ones) show how far they are.
@@ -57,15 +61,17 @@ import numpy as np
 from tasks.errors import TaskError
 from tasks.model import TaskSet
 from tasks.queries import QueryGroup, build_group
-from tasks.structure import StructureTrie, check_routable
+from tasks.structure import check_routable
 from verifier.passes.batches import BATCH_ROWS, batch_rows, batches
+from verifier.checks import catalogue
 from verifier.checks.classes import ClassRecorder
-from verifier.checks.localization import l1_thresholds, localization, object_lows, p_upper, row_gaps
+from verifier.checks.localization import l1_thresholds, p_upper
 from verifier.passes.floating import Deployment
 from verifier.running.parallel import Executor, LocalPool
 from verifier.running.runner import PassSpec, Runner, require_allowed, verify_batch
 from layout import Weights
 from layout.digest import weights_digest
+from tasks.structure import structure_of
 
 CHUNK = BATCH_ROWS
 MAX_COUNTEREXAMPLES = 20
@@ -86,18 +92,16 @@ class TaskRecord:
     worst_error_lower: float = 0.0
     worst_query: str = ""
     min_margin: float = float("inf")
-    misrouted: int = 0
-    over_epsilon: int = 0
-    ablation_broken: int = 0     # object queries broken by ablating this task's expert: ablated error >= ε ((b))
     isolated: bool | None = None  # expert built alone is identical (None: not checked)
     closed_form_bound: float | None = None
     objects: int = 0             # |O_k|: the task's distinct objects
-    l1_held: int = 0             # object queries certified P_ablated(o) <= 1/|O_k|
-    l2_held: int = 0             # object queries whose object is certified not the strict top token once ablated
-    localized: int = 0           # object queries with (b), L1 and L2 all certified
     min_ablated_lower: float = float("inf")   # smallest lower end of the ablated error over object queries
     min_object_lower: float = float("inf")    # smallest lower end of 1 − P_ablated(o) (o alone) over them
     min_gap: float = float("inf")             # smallest certified L2 gap over object queries (−inf: undecided)
+    #: per count of the catalogue (verifier.checks.catalogue.counted): the queries failing a
+    #: check (misrouted, over_epsilon) or holding it (ablation_broken: the ablated error >= ε,
+    #: (b); l1_held, l2_held; localized: (b), L1 and L2 all certified)
+    counts: dict[str, int] = field(default_factory=catalogue.zero_counts)
 
     @property
     def uniform_bound(self) -> float | None:
@@ -112,44 +116,32 @@ class TaskRecord:
             return None
         return p_upper(self.min_object_lower)
 
-    @property
-    def l1_ok(self) -> bool:
-        return self.l1_held == self.object_queries
-
-    @property
-    def l2_ok(self) -> bool:
-        return self.l2_held == self.object_queries
+    def ok(self, check: "catalogue.QueryCheck | catalogue.TaskCheck") -> bool:
+        """Whether this task holds the check (an entry of :mod:`verifier.checks.catalogue`)."""
+        return check.task_holds(self)
 
     def graded(self) -> dict[str, Any]:
         """Per check, the share of this task's queries certified (entanglement: of its object
         queries, all three of (b), L1 and L2; None where there are none); size: yes/no."""
-        share = lambda good, n: (good / n) if n else None  # noqa: E731
-        return {"error": share(self.queries - self.over_epsilon, self.queries),
-                "routing": share(self.queries - self.misrouted, self.queries),
-                "entanglement": share(self.localized, self.object_queries),
-                "l1": share(self.l1_held, self.object_queries), "l2": share(self.l2_held, self.object_queries),
-                "size": self.size_ok}
-
-    @property
-    def size_ok(self) -> bool:
-        return self.width is not None and self.width <= self.bound
-
-    @property
-    def routing_ok(self) -> bool:
-        return self.misrouted == 0 and self.expert is not None
-
-    @property
-    def error_ok(self) -> bool:
-        return self.over_epsilon == 0
-
-    @property
-    def entanglement_ok(self) -> bool:
-        return (self.ablation_broken == self.object_queries and self.localized == self.object_queries
-                and self.l1_ok and self.l2_ok and self.isolated is not False)
+        return {c.name: c.share(self) for c in catalogue.graded()}
 
     @property
     def certified(self) -> bool:
-        return self.size_ok and self.routing_ok and self.error_ok and self.entanglement_ok
+        return all(c.task_holds(self) for c in catalogue.CHECKS)
+
+    # the catalogue's counts and verdicts under the names they have always had
+    misrouted = property(lambda self: self.counts["misrouted"])
+    over_epsilon = property(lambda self: self.counts["over_epsilon"])
+    ablation_broken = property(lambda self: self.counts["ablation_broken"])
+    l1_held = property(lambda self: self.counts["l1_held"])
+    l2_held = property(lambda self: self.counts["l2_held"])
+    localized = property(lambda self: self.counts["localized"])
+    error_ok = property(lambda self: catalogue.ERROR.task_holds(self))
+    routing_ok = property(lambda self: catalogue.ROUTING.task_holds(self))
+    size_ok = property(lambda self: catalogue.SIZE.task_holds(self))
+    entanglement_ok = property(lambda self: catalogue.ENTANGLEMENT.task_holds(self))
+    l1_ok = property(lambda self: catalogue.L1.task_holds(self))
+    l2_ok = property(lambda self: catalogue.L2.task_holds(self))
 
 
 @dataclass
@@ -166,8 +158,9 @@ class Report:
     gate: str | None = None
     routing_matrix: np.ndarray | None = None   # tasks x experts, determined queries
     foreign: int = 0                           # determined queries routed to another task's expert
-    over_epsilon_queries: int = 0              # queries whose error is not certified below ε (each once)
-    misrouted_queries: int = 0                 # queries whose routing is not certified (each once)
+    #: per check over every query (error, routing), the queries failing it, each once (a query
+    #: consistent with several tasks is in each of their counts)
+    failing: dict[str, int] = field(default_factory=dict)
     seconds: float = 0.0
     verify_seconds: float = 0.0                # of which the certified pass and its checks
     notes: list[str] = field(default_factory=list)
@@ -187,6 +180,16 @@ class Report:
     @property
     def certified(self) -> bool:
         return all(t.certified for t in self.tasks) and self.foreign == 0 and self.complete
+
+    @property
+    def over_epsilon_queries(self) -> int:
+        """Queries whose error is not certified below ε (each once)."""
+        return self.failing.get("error", 0)
+
+    @property
+    def misrouted_queries(self) -> int:
+        """Queries whose routing is not certified (each once)."""
+        return self.failing.get("routing", 0)
 
     def attach(self, closed_form: str, bound: float, gate: str, isolated: Sequence[bool | None] | None,
                notes: Sequence[str] = (), bound_proven: bool | None = None) -> None:
@@ -259,29 +262,17 @@ def verify(
     start = time.perf_counter()
     tmap = fitting(taskset, weights, source)
     names = taskset.names
-    expert_of_task = {name: k for k, name in enumerate(weights.expert_tasks) if name}
-    K_tasks, K_exp = len(names), len(weights.experts)
     expert_task_index = np.array([names.index(t) if t in names else -1 for t in weights.expert_tasks], np.int64)
-    records = []
-    n_objects, _ = l1_thresholds(taskset)
-    for k, task in enumerate(taskset.tasks):
-        e = expert_of_task.get(task.name)
-        records.append(TaskRecord(task.name, task.n_templates, task.n_facts, taskset.L, taskset.complexity(k),
-                                  e, weights.experts[e].width if e is not None else None, objects=int(n_objects[k])))
-    trie = StructureTrie(taskset)
+    trie = structure_of(taskset)
     check_routable(taskset, trie)   # object queries must determine their task (else: bad input)
     # Progress needs only an estimate (an upper bound: subjects counted once per task through
     # each node); the report's count is the exact number of queries processed.
     sizes = [t.n_facts for t in taskset.tasks]
     total = sum(1 if not n.has_subject else sum(sizes[k] for k in n.tasks) for n in trie)
-    report = Report(epsilon, dict(weights.parameters), records, 0)
-    report.weights_sha256 = weights_digest(weights)
+    report = assemble_report(taskset, weights, epsilon, 0)
     if deployment is not None:
         report.precision, report.precision_model = deployment.fmt.name, deployment.describe()
-    counts = weights.parameter_counts()
-    counts["facts_per_parameter"] = taskset.n_facts / counts["total"] if counts["total"] else None
-    report.parameter_counts = counts
-    report.routing_matrix = np.zeros((K_tasks, K_exp), np.int64)
+    K_exp = len(weights.experts)
     executor = executor if executor is not None else LocalPool(jobs)
     spec = PassSpec.for_taskset(taskset, weights, tmap, deployment)
     require_allowed(spec, executor, classes is not None)
@@ -328,14 +319,66 @@ def verify(
     state.finish()
     if progress:
         progress(done, -1)
-    # Size: every expert that receives a task's determined queries counts, not only the named one.
-    for k, r in enumerate(records):
+    close_report(report, widths)
+    report.seconds = report.verify_seconds = time.perf_counter() - start
+    return report
+
+
+def task_records(taskset: TaskSet, weights: Weights) -> list[TaskRecord]:
+    """A record per task, nothing recorded yet: its size, its bound c(k), |O_k|, and the expert
+    named for it with that expert's width."""
+    expert_of_task = {name: k for k, name in enumerate(weights.expert_tasks) if name}
+    n_objects, _ = l1_thresholds(taskset)
+    records = []
+    for k, task in enumerate(taskset.tasks):
+        e = expert_of_task.get(task.name)
+        records.append(TaskRecord(task.name, task.n_templates, task.n_facts, taskset.L, taskset.complexity(k),
+                                  e, weights.experts[e].width if e is not None else None, objects=int(n_objects[k])))
+    return records
+
+
+def assemble_report(taskset: TaskSet, weights: Weights, epsilon: float, queries: int) -> Report:
+    """The report of ``weights`` on ``taskset`` before its queries' results are recorded
+    (by :class:`Tally`, or from query classes, :func:`record_totals`): the task records, the
+    weights' digest and parameter counts, an empty routing matrix. :func:`close_report`
+    finishes it. The one assembly of a full check's report and a re-certification's."""
+    report = Report(epsilon, dict(weights.parameters), task_records(taskset, weights), queries)
+    report.weights_sha256 = weights_digest(weights)
+    counts = weights.parameter_counts()
+    counts["facts_per_parameter"] = taskset.n_facts / counts["total"] if counts["total"] else None
+    report.parameter_counts = counts
+    report.routing_matrix = np.zeros((len(taskset.tasks), len(weights.experts)), np.int64)
+    return report
+
+
+def close_report(report: Report, widths: Sequence[int]) -> None:
+    """What follows from the recorded queries: the size check's width (every expert that
+    receives a task's determined queries counts, not only the named one; ``widths`` per
+    expert) and the worst error measured."""
+    for k, r in enumerate(report.tasks):
         for e in np.flatnonzero(report.routing_matrix[k]):
             if widths[e] > (r.width or 0):
                 r.width, r.expert = widths[e], int(e)
-    report.measured_worst = max((r.worst_error for r in records), default=0.0)
-    report.seconds = report.verify_seconds = time.perf_counter() - start
-    return report
+    report.measured_worst = max((r.worst_error for r in report.tasks), default=0.0)
+
+
+def record_totals(report: Report, tot) -> None:
+    """Record a table of query classes' totals (:func:`verifier.checks.classes.records`) in
+    ``report``: per task its counts, extremes and worst query; the routing matrix, the
+    foreign queries, the queries failing each check (each once) and the queries recorded."""
+    for k, r in enumerate(report.tasks):
+        r.queries, r.object_queries = int(tot.queries[k]), int(tot.object_queries[k])
+        for name, values in tot.counts.items():
+            r.counts[name] = int(values[k])
+        r.min_ablated_lower, r.min_gap = float(tot.min_ablated_lower[k]), float(tot.min_gap[k])
+        r.min_object_lower = float(tot.min_object_lower[k])
+        r.min_margin = float(tot.min_margin[k])
+        if tot.worst[k] > -np.inf:
+            r.worst_error, r.worst_error_lower, r.worst_query = float(tot.worst[k]), float(tot.worst_lower[k]), tot.worst_query[k]
+    report.queries = tot.total_queries
+    report.routing_matrix = tot.routing
+    report.foreign = tot.foreign
+    report.failing = dict(tot.failing)
 
 
 @dataclass(frozen=True)
@@ -355,8 +398,9 @@ class TallyRules:
     """What deciding and describing a batch's queries needs, all of it small (it travels
     with every work unit of a cluster): per expert the task it serves, ε, per task L1's
     threshold and |O_k|, the vocabulary size for L1's exact argument (None: a deployed
-    pass), the task names and each expert's task. Tokens are named later, by
-    :meth:`Tally.add` (the vocabulary is not small)."""
+    pass), the task names and each expert's task, and the per-query checks
+    (:data:`verifier.checks.catalogue.PER_QUERY`; :func:`verifier.checks.catalogue.decide`).
+    Tokens are named later, by :meth:`Tally.add` (the vocabulary is not small)."""
 
     serves: np.ndarray
     epsilon: float
@@ -365,29 +409,31 @@ class TallyRules:
     exact_vocab: int | None
     task_names: tuple[str, ...]
     expert_tasks: tuple[str, ...]
+    checks: tuple[catalogue.QueryCheck, ...] = field(default_factory=lambda: catalogue.PER_QUERY)
 
 
 @dataclass
 class BatchTally:
     """What one batch (or some of its rows) adds to the per-task records (:func:`tally`):
-    counts, extremes, its worst query per task and its counterexamples, each category in
-    row order (up to ``MAX_COUNTEREXAMPLES`` each; :meth:`Tally.add` keeps the first of all
-    batches in order). ``worst_at`` and ``pending_at`` hold the batch row of each worst
-    query and counterexample, so that shares of row subsets combine into the batch's own
+    counts, extremes, its worst query per task and its counterexamples, each category (a
+    per-query check, in the order of ``TallyRules.checks``) in row order (up to
+    ``MAX_COUNTEREXAMPLES`` each; :meth:`Tally.add` keeps the first of all batches in
+    order). ``worst_at`` and ``pending_at`` hold the batch row of each worst query and
+    counterexample, so that shares of row subsets combine into the batch's own
     (:meth:`combine`)."""
 
     n: int
-    counts: dict[str, np.ndarray]          # per task: queries, misrouted, over ε, object queries, L1/L2/...
+    counts: dict[str, np.ndarray]          # per task: queries, object queries, and each count of the catalogue
     lows: dict[str, np.ndarray]            # per task: smallest ablated lower end, object lower end, gap, margin
     worst: list[tuple[int, float, float, tuple[int, int, int], int]]   # (task, err_hi, err_lo, ref, index)
     routing: tuple[np.ndarray, np.ndarray, np.ndarray]                  # (task, expert, count) of determined rows
     foreign: int
-    pending: tuple[list, list, list]       # routing, error, entanglement counterexamples
+    pending: tuple[list, ...]              # per check, its counterexamples
     worst_at: list[int]                    # batch row of each entry of worst
-    pending_at: tuple[list, list, list]    # batch row of each counterexample
-    #: queries over ε and misrouted, each counted once (a row of several consistent tasks
-    #: is in each of their ``counts``, so the per-task counts do not add up to these)
-    distinct: tuple[int, int] = (0, 0)
+    pending_at: tuple[list, ...]           # batch row of each counterexample
+    #: per check over every query, the queries failing it, each counted once (a row of several
+    #: consistent tasks is in each of their ``counts``, so the per-task counts do not add up to these)
+    distinct: dict[str, int] = field(default_factory=dict)
 
     @staticmethod
     def combine(n: int, shares: "Sequence[BatchTally]") -> "BatchTally":
@@ -421,7 +467,7 @@ class BatchTally:
         ks = sorted(best)
         routing = tuple(np.concatenate([t.routing[i] for t in shares]) for i in range(3))
         pending, pending_at = [], []
-        for c in range(3):
+        for c in range(len(first.pending)):
             found = sorted(((row, j, entry) for j, t in enumerate(shares)
                             for entry, row in zip(t.pending[c], t.pending_at[c])), key=lambda x: x[0])
             found = found[:MAX_COUNTEREXAMPLES]
@@ -429,7 +475,7 @@ class BatchTally:
             pending_at.append([row for row, _, _ in found])
         return BatchTally(n, counts, lows, [best[k][2] for k in ks], routing, sum(t.foreign for t in shares),
                           tuple(pending), [best[k][1] for k in ks], tuple(pending_at),
-                          (sum(t.distinct[0] for t in shares), sum(t.distinct[1] for t in shares)))
+                          {key: sum(t.distinct[key] for t in shares) for key in first.distinct})
 
 
 def tally(rules: TallyRules, b, res, rows: np.ndarray | None = None) -> BatchTally:
@@ -437,28 +483,22 @@ def tally(rules: TallyRules, b, res, rows: np.ndarray | None = None) -> BatchTal
     run where the batch ran and only its small summary travel (:meth:`Tally.add`).
     ``rows``: the rows of a larger batch that ``b`` holds (increasing; default: b is the
     whole batch), recorded with the worst queries and counterexamples so that the shares
-    of a partition combine exactly (:meth:`BatchTally.combine`)."""
+    of a partition combine exactly (:meth:`BatchTally.combine`). Each row is decided once,
+    by :func:`verifier.checks.catalogue.decide`."""
     n, K = len(b), len(rules.task_names)
     at = np.arange(n) if rows is None else np.asarray(rows, np.int64)
-    eps = rules.epsilon
-    rows = np.arange(n)
-    e = res.expert
-    served = rules.serves[e]
+    d = catalogue.decide(rules, b, res)
+    e, det, oq = d.rows.expert, b.determined, d.rows.object_query
     counts = np.diff(b.allowed_ptr)
-    pr = np.repeat(rows, counts)
+    pr = np.repeat(np.arange(n), counts)
     pt = b.allowed
-    member = np.zeros(n, bool)                   # the routed expert serves a consistent task
-    member[pr[np.repeat(served, counts) == pt]] = True
-    route_ok = (~res.ambiguous) & (served >= 0) & member
-    err_bad = ~(res.err_hi < eps)
-    det = b.determined
     has = det >= 0
     # the distinct (determined task, routed expert) pairs, by one integer key (a sort of
     # integers, not of rows): key = task·(K_exp + 1) + (expert + 1), in the same order
     span = rules.serves.size + 1
     keys, hits = np.unique(det[has].astype(np.int64) * span + (e[has].astype(np.int64) + 1), return_counts=True)
     pairs = np.stack([keys // span, keys % span - 1])
-    foreign = int(np.count_nonzero(has & (served != det) & (served >= 0)))
+    foreign = int(np.count_nonzero(d.foreign))
     # worst error per task, with the first row (in row order) that attains it
     e_hi = res.err_hi[pr]
     worst = np.full(K, -np.inf)
@@ -469,58 +509,32 @@ def tally(rules: TallyRules, b, res, rows: np.ndarray | None = None) -> BatchTal
     top_tasks = np.flatnonzero(first_at < pr.size)
     top_rows = pr[first_at[top_tasks]]
     # smallest certified margin over determined, well-routed queries
-    ok_det = has & route_ok
+    ok_det = has & d.holds[catalogue.ROUTING.name]
     margins = np.full(K, np.inf)
     np.minimum.at(margins, det[ok_det], res.margin[ok_det])
-    oq = b.object_query & has
-    b_ok, l1, l2, loc = localization(res, det, oq, eps, rules.l1_thr, rules.exact_vocab)
     ab_low = np.full(K, np.inf)
     np.minimum.at(ab_low, det[oq], np.where(np.isnan(res.ablated_lo[oq]), -np.inf, res.ablated_lo[oq]))
-    obj = object_lows(res, n)
+    obj = d.rows.object_lows
     obj_low = np.full(K, np.inf)
     np.minimum.at(obj_low, det[oq], np.where(np.isnan(obj[oq]), -np.inf, obj[oq]))
-    gap = row_gaps(res, n)
+    gap = d.rows.gaps
     gaps = np.full(K, np.inf)
     np.minimum.at(gaps, det[oq], gap[oq])
-    out_counts = {"queries": np.bincount(pt, minlength=K), "misrouted": np.bincount(pt[~route_ok[pr]], minlength=K),
-                  "over_epsilon": np.bincount(pt[err_bad[pr]], minlength=K),
-                  "object_queries": np.bincount(det[oq], minlength=K), "ablation_broken": np.bincount(det[b_ok], minlength=K),
-                  "l1_held": np.bincount(det[l1], minlength=K), "l2_held": np.bincount(det[l2], minlength=K),
-                  "localized": np.bincount(det[loc], minlength=K)}
+    out_counts = {"queries": np.bincount(pt, minlength=K), "object_queries": np.bincount(det[oq], minlength=K)}
+    for c in catalogue.counted(rules.checks):
+        mask = d.counted(c)
+        out_counts[c.count] = np.bincount(det[mask] if c.objects else pt[mask[pr]], minlength=K)
     lows = {"min_ablated_lower": ab_low, "min_object_lower": obj_low, "min_gap": gaps, "min_margin": margins}
     worst_rows = [(int(k), float(res.err_hi[i]), float(res.err_lo[i]), _ref(b, i), int(b.index[i]))
                   for i, k in zip(top_rows.tolist(), top_tasks.tolist())]
-    names = rules.task_names
-    routing_cx = []
-    routing_rows = np.flatnonzero(~route_ok)[:MAX_COUNTEREXAMPLES]
-    for i in routing_rows:
-        k = int(e[i])
-        routing_cx.append(("routing", _ref(b, i), int(b.index[i]), {
-            "routed_expert": k, "routed_task": names[served[i]] if served[i] >= 0 else None,
-            "margin": float(res.margin[i]), "gate_scores": _top_gate(res, i, rules.expert_tasks)}))
-    error_cx = []
-    error_rows = np.flatnonzero(err_bad)[:MAX_COUNTEREXAMPLES]
-    for i in error_rows:
-        error_cx.append(("error", _ref(b, i), int(b.index[i]), {      # "predicted": a token id (Tally.add names it)
-            "routed_expert": int(e[i]), "routed_task": names[served[i]] if served[i] >= 0 else None, "error_lower": float(res.err_lo[i]), "error_upper": float(res.err_hi[i]),
-            "epsilon": eps, "predicted": int(res.predicted[i])}))
-    entangled_rows = np.flatnonzero(oq & ~loc)[:MAX_COUNTEREXAMPLES]
-    entangled_cx = []
-    for i in entangled_rows:
-        k = int(det[i])
-        failed = [name for name, ok in (("ablation", b_ok[i]), ("L1", l1[i]), ("L2", l2[i])) if not ok]
-        entangled_cx.append(("entanglement", _ref(b, i), int(b.index[i]), {
-            "routed_expert": int(e[i]), "routed_task": names[served[i]] if served[i] >= 0 else None,
-            "ablated_error_lower": float(res.ablated_lo[i]), "epsilon": eps,
-            "p_ablated_upper": p_upper(obj[i]), "objects": int(rules.n_objects[k]),
-            "uniform_bound": 1.0 / int(rules.n_objects[k]) if rules.n_objects[k] else None,
-            "l2_gap": float(gap[i]), "failed": failed,
-            "why": "with its expert's output removed the model still answers this object query: "
-                   "the knowledge is not (only) in that expert"}))
-    return BatchTally(n, out_counts, lows, worst_rows, (pairs[0], pairs[1], hits), foreign,
-                      (routing_cx, error_cx, entangled_cx), at[top_rows].tolist(),
-                      tuple(at[r].tolist() for r in (routing_rows, error_rows, entangled_rows)),
-                      (int(np.count_nonzero(err_bad)), int(np.count_nonzero(~route_ok))))
+    pending, pending_rows = [], []
+    for c in rules.checks:
+        found = np.flatnonzero(d.failing(c))[:MAX_COUNTEREXAMPLES] if c.describe is not None else np.zeros(0, np.int64)
+        pending.append([(c.name, _ref(b, i), int(b.index[i]), c.describe(d, i)) for i in found])
+        pending_rows.append(found)
+    distinct = {c.name: int(np.count_nonzero(d.failing(c))) for c in rules.checks if not c.objects}
+    return BatchTally(n, out_counts, lows, worst_rows, (pairs[0], pairs[1], hits), foreign, tuple(pending),
+                      at[top_rows].tolist(), tuple(at[r].tolist() for r in pending_rows), distinct)
 
 
 def _tallied(state: tuple, batch) -> BatchTally:
@@ -561,15 +575,16 @@ class Tally:
         rep = self.report
         np.add.at(rep.routing_matrix, (t.routing[0], t.routing[1]), t.routing[2])
         rep.foreign += t.foreign
-        rep.over_epsilon_queries += t.distinct[0]
-        rep.misrouted_queries += t.distinct[1]
+        for name, n in t.distinct.items():
+            rep.failing[name] = rep.failing.get(name, 0) + n
         c, lo = t.counts, t.lows
+        named = [name for name in c if name not in ("queries", "object_queries")]
         for k in np.flatnonzero(c["queries"]):
             r = rep.tasks[k]
-            r.queries += int(c["queries"][k]); r.misrouted += int(c["misrouted"][k])
-            r.over_epsilon += int(c["over_epsilon"][k])
-            r.object_queries += int(c["object_queries"][k]); r.ablation_broken += int(c["ablation_broken"][k])
-            r.l1_held += int(c["l1_held"][k]); r.l2_held += int(c["l2_held"][k]); r.localized += int(c["localized"][k])
+            r.queries += int(c["queries"][k])
+            r.object_queries += int(c["object_queries"][k])
+            for name in named:
+                r.counts[name] += int(c[name][k])
             r.min_ablated_lower = min(r.min_ablated_lower, float(lo["min_ablated_lower"][k]))
             r.min_object_lower = min(r.min_object_lower, float(lo["min_object_lower"][k]))
             r.min_gap = min(r.min_gap, float(lo["min_gap"][k]))
@@ -581,13 +596,13 @@ class Tally:
                 rec.worst_error, rec.worst_error_lower = hi, low
                 self.worst_ref[k] = (ref, index)
         vocab = self.names.vocab
-        for found in t.pending:
+        for check, found in zip(self.rules.checks, t.pending):
             room = MAX_COUNTEREXAMPLES - len(self.pending)
-            for check, ref, index, numbers in found[:max(room, 0)]:
-                if check == "error":
-                    pred = numbers["predicted"]
-                    numbers = {**numbers, "predicted": vocab[pred] if pred >= 0 else "(a zero-logit token)"}
-                self.pending.append((check, ref, index, numbers))
+            for name, ref, index, numbers in found[:max(room, 0)]:
+                for key in check.token_keys:
+                    token = numbers[key]
+                    numbers = {**numbers, key: vocab[token] if token >= 0 else "(a zero-logit token)"}
+                self.pending.append((name, ref, index, numbers))
 
     def finish(self) -> None:
         """Describe the worst query of each task and the counterexamples, building each
@@ -625,9 +640,3 @@ def _describe(taskset: TaskSet, group: QueryGroup, i: int) -> dict[str, Any]:
         "valid_next": sorted(vocab.token(t) for t in group.valid_of(i))[:10],
         "consistent_tasks": [taskset.names[j] for j in group.allowed_of(i)],
     }
-
-
-def _top_gate(res, i: int, expert_tasks) -> list[dict[str, Any]]:
-    ids, lo, hi = res.top_gate
-    return [{"expert": int(k), "task": expert_tasks[k] or None, "lower": float(a), "upper": float(b)}
-            for k, a, b in zip(ids[i], lo[i], hi[i]) if k >= 0]

@@ -16,6 +16,7 @@ import numpy as np
 from tasks.model import TaskSet
 from tasks.queries import Part, QueryGroup, build_group, group_parts
 from tasks.structure import OBJ, SUBJ, StructureTrie
+from tasks.structure import structure_of
 
 
 #: Rows per part of a large structure group (queries built at once).
@@ -136,7 +137,7 @@ def batches(taskset: TaskSet, trie: StructureTrie | None = None, chunk: int = 20
     first consistent task, so memory is bounded by one part plus one chunk whatever the
     number of facts.
     """
-    trie = trie or StructureTrie(taskset)
+    trie = trie or structure_of(taskset)
     by_depth: dict[int, list] = {}
     for node in trie:
         by_depth.setdefault(node.depth, []).append(node)

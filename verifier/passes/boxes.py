@@ -7,7 +7,7 @@ X ∈ R^{m×d} replaces E[x_i] at positions i = 1..m (P[i] is still added), and 
 vector in [X − ρ, X + ρ] (per coordinate) must be covered. With ρ = 0 and X = E[x] it is
 a token prompt. It is a small, dense, numpy-only pass built from the primitives of
 :mod:`verifier.arithmetic.interval` (mid-radius intervals, every radius rounded up, enclosed exp),
-written for the accessibility analysis (:mod:`verifier.checks.accessible`), which asks one
+written for the accessibility analysis (:mod:`verifier.accessibility.accessible`), which asks one
 question per step: is the greedy next token the same, and unique, for every input in
 the box?
 

@@ -27,6 +27,12 @@ produced it, already among the n, so stores add nothing.
 ``stores`` of a step is ``fixed + per_head·H``: only the residual depends on H, the number
 of heads whose W_O writes the coordinate (o_m is exactly 0 elsewhere, and adding an exact
 zero is exact, so only those heads' additions round).
+
+The ``ablation`` row is the model the localization check (L1, L2 and the ablated error,
+:mod:`verifier.checks.localization`) certifies in a deployed pass: y = r exactly, so its
+logits are U·r̂ through the ``logits`` row alone (``output sum`` is not on their path,
+:func:`verifier.arithmetic.logits.ablated`), and its row says which ways of removing the
+expert give exactly that y.
 """
 
 from __future__ import annotations
@@ -82,6 +88,15 @@ STEPS: tuple[Step, ...] = (
          "(the others not run, or discarded by selection)"),
     Step("gate scale", "c · W_2^e ReLU(z), c = softmax(g)_e", 1, "one multiplication (top1-scaled only)"),
     Step("output sum", "y = r + c · W_2^e ReLU(z)", 1, "one addition"),
+    Step("ablation", "y = r", 0,
+         "exact: the model the entanglement check (L1, L2, ablated error) is about, the routed expert removed, "
+         "whichever expert that is, its logits the next row's with y = r; removed by not running its branch, by "
+         "selecting exact zeros for its neurons or its output (a mask, `Where`: y = r + 0; a gate scale c applied "
+         "after is finite wherever the gate decides), or by multiplying its "
+         "output by 0 or setting its gate scale c to 0, which is exact only where that output is finite (0 · ∞ is "
+         "NaN): the pass certifies the output W_2^e ReLU(z) of every expert that may be routed finite in the "
+         "format, and a query where one may not be, or whose gate decides nothing, certifies no ablation. Not "
+         "covered: every expert's output multiplied by a weight that is 0 for the removed one", exact=True),
     Step("logits", "l = U y", 1, ANY_ORDER),
 )
 

@@ -23,8 +23,15 @@ unit roundoff u, smallest subnormal η, largest finite Ω) that satisfies the ex
      4: relative error at most κ = 2·ulps·u, absolute max(ulps, 1)·2^emin below the
      normal range, which covers an exp that flushes tiny results to zero).
 (F4) No intermediate value overflows: checked, not assumed. A query any of whose values
-     (a key or value at any position, a score, a neuron of an expert that may win, a
-     residual or logit entry) may reach Ω is undecided: margin −∞, error [0, 1].
+     (a key or value at any position, a score, a neuron of an expert that may win, its
+     output W_2·ReLU(z) before the gate scale, a residual or logit entry, or a partial sum
+     of any of them) may reach Ω is undecided: margin −∞, error [0, 1].
+(F5) The ablated model (the localization check's) is y = r exactly, its logits U·r̂ (the
+     execution model's ``ablation`` row): the routed expert's branch not run, or its
+     neurons or output replaced by zeros by selection, or its output (or gate scale)
+     multiplied by 0. The last is exact only for a finite output; by F4 every expert that
+     may win has a finite output wherever a row is decided, and a row whose gate decides
+     nothing (a runtime may route it anywhere) has its ablation undecided too.
 
 **Lemma F1** (a stage's rounding; Higham §3.1). A computed sum is Σ_i t_i·Π_k (1 + δ_k)
 over the roundings term i passes through; with at most n roundings in the working format

@@ -380,7 +380,9 @@ class Prepared:
             if V >= 2 ** 31:
                 raise ValueError(f"{V} tokens: the logits' slot map holds 32-bit slots")
             K = len(self.weights.experts)
-            self._scratch = {"z": spa(w), "y": spa(max(d, 1)), "L": spa(max(V, 1)),
+            # "y" has a sixth column: the deployed pass's unscaled magnitude of an expert output (experts.experts)
+            self._scratch = {"z": spa(w), "y": (np.zeros((max(d, 1), 6)), np.zeros(max(d, 1), np.int64)),
+                             "L": spa(max(V, 1)),
                              # the slot map of logits.logits, which keeps its sums compactly in "L"
                              # (accumulate.slot; stamps are never reused, so the two layouts share it safely)
                              "Lw": np.zeros(max(V, 1), np.int32),
@@ -886,9 +888,14 @@ def run_batch(prep: Prepared | Weights, tokens: np.ndarray, valid_ptr: np.ndarra
                                                 (Rc.indptr, Rc.indices, Rc.mid, Rc.rad), prep.U_arrays, sc["u"])
     undecided = ~np.isfinite(Grad) | undecided_rows     # the gate cannot say which expert wins
     err_lo[undecided], err_hi[undecided] = 0.0, 1.0
-    if prep.deployed is not None and undecided_rows.any():     # (reported as a row the gate cannot decide)
-        margin = np.where(undecided_rows, -np.inf, margin)
-        sel = undecided_rows & ablate
+    if prep.deployed is not None:
+        if undecided_rows.any():                         # (reported as a row the gate cannot decide)
+            margin = np.where(undecided_rows, -np.inf, margin)
+        # The ablation claims nothing either: a runtime that removes the routed expert by
+        # multiplying its output by 0 (execution model, "ablation") gets NaN from an infinite
+        # output, and where the gate decides nothing it may route to an expert whose output
+        # was never checked (only the midpoints' winner is a candidate then).
+        sel = undecided & ablate
         ab_lo[sel], ab_hi[sel] = 0.0, 1.0
         ab_gap[sel & (target >= 0)] = -np.inf
         ab_obj[sel & (target >= 0)] = 0.0

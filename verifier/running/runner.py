@@ -39,6 +39,7 @@ import scipy.sparse as sp
 from layout import Weights
 from tasks.errors import TaskError
 from verifier.passes.floating import Deployment
+from verifier.passes.dense import DensePass, DeployedDensePass, is_dense
 from verifier.passes.factored import FactoredPass, Split
 from verifier.passes.forward import BatchResult, Prepared
 from verifier.passes.protocol import Pass
@@ -58,11 +59,15 @@ class PassSpec:
     #: the exact pass factored over cohorts (:mod:`verifier.passes.factored`) with the full
     #: weights' split, mapped to a cut's numbering; None: the plain pass
     split: Split | None = None
+    #: the exact pass of dense weights on BLAS (:mod:`verifier.passes.dense`)
+    dense: bool = False
 
     @staticmethod
     def for_taskset(taskset, weights: Weights, tmap: np.ndarray, deployment: Deployment | None = None) -> "PassSpec":
         """The pass that verifies ``taskset``'s queries: the exact pass factored over cohorts
         (the task set's entities own their terms), or the deployed pass of a format."""
+        if is_dense(weights):
+            return PassSpec(deployment, dense=True)
         if deployment is not None:
             return PassSpec(deployment)
         return PassSpec(split=Split.of(weights, tmap[taskset.vocabulary.n_words:]))
@@ -74,6 +79,11 @@ class PassSpec:
     def build(self, weights: Weights, watch: np.ndarray | None = None) -> Pass:
         """The pass's tables for ``weights``; ``watch`` (exact pass): the global neurons whose
         possible activity each row records (:class:`verifier.checks.classes.ClassRecorder`)."""
+        if self.dense and watch is None:
+            if self.deployment is not None:
+                return DeployedDensePass(weights, vocab_size=self.vocab_size, deployment=self.deployment,
+                                         stages=self.stages)
+            return DensePass(weights, vocab_size=self.vocab_size)
         prep = Prepared(weights, gate_terms=self.gate_terms, vocab_size=self.vocab_size, deployment=self.deployment,
                         stages=self.stages)
         if watch is not None:
@@ -112,8 +122,14 @@ COMBINATIONS: dict[tuple[str, str, bool], Refusal | None] = {
 
 def require_allowed(spec: PassSpec, executor, classes: bool) -> None:
     """Raise the table's refusal (TaskError) for this pass, executor and class recording."""
-    where = "local" if executor is None or executor.shares_memory else "cluster"
-    refusal = COMBINATIONS[(spec.kind, where, bool(classes))]
+    require_combination(spec.kind, "local" if executor is None or executor.shares_memory else "cluster", classes)
+
+
+def require_combination(kind: str, where: str, classes: bool) -> None:
+    """Raise the table's refusal (TaskError) for a pass of ``kind`` ("exact", "float") run
+    ``where`` ("local", "cluster"), recording query classes or not: the one place the table
+    is read, also before anything runs (a command refuses its flags up front)."""
+    refusal = COMBINATIONS[(kind, where, bool(classes))]
     if refusal is not None:
         raise TaskError(refusal.why, fix=refusal.fix)
 
@@ -441,7 +457,19 @@ class Runner:
     def _on_shards(self, stream: Iterable, reduce: Reduce | None = None) -> Iterator[tuple[Any, Any]]:
         from verifier.running.shards import Plan
 
-        plan = Plan.make(self.taskset, self._weights(), self.tmap, self.executor.shards)
+        if self.spec.dense:
+            # dense weights: every row reaches every token, so a part is the whole weights, one
+            # copy per shard, and each batch goes whole to one of them in turn (a batch's rows are
+            # then multiplied together as on local processes: the same BLAS products, the same report)
+            weights = self._weights()
+            n = max(1, int(self.executor.shards))
+            plan = Plan((np.zeros(len(self.taskset.tasks), np.int64)),
+                        (np.arange(len(weights.vocab), dtype=np.int64),) * n,
+                        (np.arange(len(weights.experts), dtype=np.int64),) * n)
+            split = ((b, [(i % n, np.arange(len(b)))]) for i, b in enumerate(stream))
+        else:
+            plan = Plan.make(self.taskset, self._weights(), self.tmap, self.executor.shards)
+            split = ((b, plan.split(b)) for b in stream)
         parts: dict[int, ShardPart] = {}
 
         def part(s: int) -> ShardPart:
@@ -449,7 +477,6 @@ class Runner:
                 parts[s] = self.part(plan.experts[s], plan.tokens[s])
             return parts[s]
 
-        split = ((b, plan.split(b)) for b in stream)
         if reduce is None:
             return self._cut_run(split, part, self.executor)
         return self._cut_reduce(split, part, self.executor, reduce)

@@ -72,7 +72,6 @@ def _keep(m: sp.spmatrix, rows: np.ndarray | None = None, cols: np.ndarray | Non
     if m.format not in ("csr", "csc"):
         m = m.tocsr()
     major, minor = (rows, cols) if m.format == "csr" else (cols, rows)
-    n_major = m.indptr.size - 1
     per_major = np.diff(m.indptr)
     keep = np.ones(m.indices.size, bool)
     if minor is not None:

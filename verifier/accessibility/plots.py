@@ -1,20 +1,20 @@
 """The picture of ``python -m verifier accessible --plot FILE.png``: accessible length against m.
 
-Drawn from an :class:`verifier.checks.accessible.Analysis` (this module computes nothing): for
+Drawn from an :class:`verifier.accessibility.accessible.Analysis` (this module computes nothing): for
 each prompt length m, the longest certified accessible sequence from token prompts and
 from soft prompts, the soft prompts' n50 (hollow where the positions cap it), the
 positions' cap n_positions − m, and the paper's bound lines C·m and C_aniso·m. The
 lengths span a few tokens and the bound thousands, so the y axis is linear up to 10 and
 logarithmic above (symlog). matplotlib is the ``plots`` extra, imported lazily
-(:func:`verifier.checks.plots.require_matplotlib`).
+(:func:`tasks.console.require_matplotlib`).
 """
 
 from __future__ import annotations
 
 import math
 
-from verifier.checks.accessible import Analysis
-from verifier.checks.plots import require_matplotlib
+from verifier.accessibility.accessible import Analysis
+from tasks.console import require_matplotlib
 
 
 def plot_accessibility(analysis: Analysis, title: str = ""):

@@ -1,8 +1,8 @@
 """The accessibility analysis as a report: JSON (every sequence with its proof) and text.
 
 The JSON fields are documented in the docs/accessibility.md; a proof entry
-reads back into a :class:`verifier.checks.accessible.Proof` with :func:`proof_from_json`, for
-:func:`verifier.checks.accessible.recheck`.
+reads back into a :class:`verifier.accessibility.accessible.Proof` with :func:`proof_from_json`, for
+:func:`verifier.accessibility.accessible.recheck`.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import math
 import numpy as np
 
 from layout import Weights
-from verifier.checks.accessible import (OUTSIDE, PART, SENTENCE, TOKEN_BOX, Analysis, Proof, SoftReport, Step)
+from verifier.accessibility.accessible import (OUTSIDE, PART, SENTENCE, TOKEN_BOX, Analysis, Proof, SoftReport, Step)
 
 
 def _finite(x: float) -> float | None:

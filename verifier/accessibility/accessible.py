@@ -53,8 +53,6 @@ from verifier.passes.boxes import BoxModel
 
 #: The paper's precision ε (absolute), as in their Table 1.
 PAPER_EPSILON = 2.0 ** -10
-#: Token prompts enumerated at most, by default.
-MAX_PROMPTS = 300_000
 
 
 # --- proofs -----------------------------------------------------------------------------------------
