@@ -41,8 +41,8 @@ same sum of the same products in another order, and Lemma D holds word for word.
 Rounding steps on whole arrays. ``np.nextafter`` is a library call per element; for
 non-negative arrays (every radius) :func:`up_nonneg_array` uses the two-flop step of
 :func:`verifier.arithmetic.rounding.up_nonneg`, x·(1 + 2^-52) + 2^-1022 >= nextafter(x, +∞), and
-for signed values the compiled kernels use :func:`verifier.arithmetic.rounding.up_signed` /
-:func:`verifier.arithmetic.rounding.down_signed` (proofs there).
+for signed values the compiled kernels use :func:`verifier.arithmetic.rounding.up_finite` /
+:func:`verifier.arithmetic.rounding.down_finite` (proofs there).
 
 **The output softmax over dense logits** (:func:`readout`): per row, the error
 1 − P(valid) of softmax(z) for z in the logits' enclosures, as
@@ -64,10 +64,10 @@ import scipy.sparse as sp
 from verifier.arithmetic import interval as I
 from verifier.arithmetic.accumulate import B1, F1, F2, F3, I1, I2
 from verifier.arithmetic.constants import FLOOR, STEP, U
-from verifier.arithmetic.exponential import exp_lower, exp_upper
+from verifier.arithmetic.exponential import exp_lower, exp_upper, horner
 from verifier.arithmetic.kernel_forms import kernel
-from verifier.arithmetic.rounding import (STEP_DOWN, down, down_nonneg, down_signed, gamma, sum_factor, up, up_nonneg,
-                                          up_signed)
+from verifier.arithmetic.rounding import (STEP_DOWN, down, down_finite, down_nonneg, gamma, sum_factor, up, up_finite,
+                                          up_nonneg)
 
 #: A block whose matrix stores at least this share of its entries is multiplied dense (BLAS).
 DENSE = 0.25
@@ -224,7 +224,7 @@ SHIFT = 6
 J_LOW = -745 * 64
 J_HIGH = 64 * 64
 #: Taylor coefficients of e^r to degree 6 (rounded to nearest; their rounding is in REL).
-POLY = tuple(1.0 / math.factorial(i) for i in range(7))
+POLY = np.array([1.0 / math.factorial(i) for i in range(7)])
 #: A relative bound of everything between the computed polynomial p̂(r̂) and e^(x − j/64):
 #: Horner's rounding (positive coefficients and argument: at most γ_13), the coefficients'
 #: rounding (u), the truncation r^7/7!·e^r <= 2^-42/5040·e^(1/64) < u/2, and r's own rounding
@@ -245,14 +245,9 @@ def _exp_table() -> tuple[np.ndarray, np.ndarray]:
 EXP_LO, EXP_HI = _exp_table()
 
 
-
-
 @kernel()
 def _poly(r):
-    acc = POLY[6]
-    for i in range(5, -1, -1):
-        acc = acc * r + POLY[i]
-    return acc
+    return horner(POLY, r)
 
 
 @kernel()
@@ -335,7 +330,7 @@ def _from_bounds(lo, hi):
     if lo == hi:
         return lo, 0.0
     m = 0.5 * lo + 0.5 * hi
-    return m, max(up_signed(hi - m), up_signed(m - lo))
+    return m, max(up_finite(hi - m), up_finite(m - lo))
 
 
 @kernel(args=(F2, F2), returns=(F2, F2))
@@ -353,8 +348,8 @@ def relu(mid, rad):
             if not (np.isfinite(m) and np.isfinite(r)):
                 om[i, j], orad[i, j] = m, np.inf
                 continue
-            lo = down_signed(m - r)
-            hi = up_signed(m + r)
+            lo = down_finite(m - r)
+            hi = up_finite(m + r)
             if lo >= 0.0:
                 om[i, j], orad[i, j] = m, r
             elif hi <= 0.0:
@@ -433,8 +428,8 @@ def attention(ids, QEm, QEr, QPm, QPr, KEm, KEr, KPm, KPr, starts, widths, lo_t,
             tot_lo = 0.0
             tot_hi = 0.0
             for j in range(p1):
-                e_lo[j] = exp_below(down_signed(down_signed(s_m[j] - s_r[j]) - M), lo_t)
-                e_hi[j] = exp_above(up_signed(up_signed(s_m[j] + s_r[j]) - M), hi_t)
+                e_lo[j] = exp_below(down_finite(down_finite(s_m[j] - s_r[j]) - M), lo_t)
+                e_hi[j] = exp_above(up_finite(up_finite(s_m[j] + s_r[j]) - M), hi_t)
                 tot_lo += e_lo[j]
                 tot_hi += e_hi[j]
             tot_hi = up_nonneg(cp * tot_hi)
@@ -476,6 +471,67 @@ def _dot_radius(S, Uabs, i, t, c, f):
     return up_nonneg(up_nonneg(c * acc) + f)
 
 
+@kernel()
+def _masses(sums, grow, shrink, skip_hi):
+    """The valid and invalid masses of :func:`_add_term`'s ``sums`` enclosed: each float sum's
+    lower end times ``shrink``, its upper end times ``grow`` plus its skipped tokens' bound
+    ``skip_hi`` each (the callers' proofs); the others' lower sum and the target's term as
+    they are. Returns (valid lo, valid hi, invalid lo, invalid hi, others' lo, target's hi)."""
+    v_lo, v_hi, i_lo, i_hi, o_lo, t_hi, v_skip, i_skip = sums
+    return (down(shrink * v_lo), up(up(grow * v_hi) + up(v_skip * skip_hi)), down(shrink * i_lo),
+            up(up(grow * i_hi) + up(i_skip * skip_hi)), o_lo, t_hi)
+
+
+@kernel()
+def _readout_arrays(n):
+    """Per row: error lower and upper end, argmax token (−1: none yet), gap and lower bound
+    of 1 − P(o) (NaN: no target)."""
+    return np.empty(n), np.empty(n), np.full(n, -1, np.int64), np.full(n, np.nan), np.full(n, np.nan)
+
+
+@kernel()
+def _mark_valid(i, valid_ptr, valid, vstamp):
+    """Row i's valid next tokens marked i in ``vstamp`` (a token t is valid for row i where
+    vstamp[t] == i)."""
+    for q in range(valid_ptr[i], valid_ptr[i + 1]):
+        vstamp[valid[q]] = i
+
+
+@kernel()
+def _nothing_known(i, o, err_lo, err_hi, gap, obj_lo):
+    """Row i where a value is not finite: its error in [0, 1] and, with a target ``o``, no
+    gap (−∞) and no lower bound of the ablated error (0)."""
+    err_lo[i], err_hi[i] = 0.0, 1.0
+    if o >= 0:
+        gap[i] = -np.inf
+        obj_lo[i] = 0.0
+
+
+@kernel()
+def _add_term(sums, valid, target, skipped, e_lo, e_hi):
+    """A token's term added to a row's sums ``sums`` = (valid lo, valid hi, invalid lo,
+    invalid hi, the other tokens' lo, the target's hi, valid skipped, invalid skipped): its
+    bounds [e_lo, e_hi] of e^(z − M) to the valid or the invalid mass and, unless it is the
+    ``target``, to the others'; a ``skipped`` token (its upper bound below e^SKIP, never the
+    target) only counted, to be bounded as a whole."""
+    v_lo, v_hi, i_lo, i_hi, o_lo, t_hi, v_skip, i_skip = sums
+    if skipped:
+        if valid:
+            return v_lo, v_hi, i_lo, i_hi, o_lo, t_hi, v_skip + 1, i_skip
+        return v_lo, v_hi, i_lo, i_hi, o_lo, t_hi, v_skip, i_skip + 1
+    if valid:
+        v_lo += e_lo
+        v_hi += e_hi
+    else:
+        i_lo += e_lo
+        i_hi += e_hi
+    if target:
+        t_hi = e_hi
+    else:
+        o_lo += e_lo
+    return v_lo, v_hi, i_lo, i_hi, o_lo, t_hi, v_skip, i_skip
+
+
 @kernel(args=(F2, F2, F2, F2, F1, "f64", "f64", I1, I1, I1, I1, F1, F1), returns=(F1, F1, I1, F1, F1))
 def readout(Lm, Lr, S, Uabs, ub, c, f, valid_ptr, valid, target, vstamp, lo_t, hi_t):
     """Per row i of dense logits z = U·y enclosed as [Lm ± rad] (a row with a non-finite
@@ -512,19 +568,13 @@ def readout(Lm, Lr, S, Uabs, ub, c, f, valid_ptr, valid, target, vstamp, lo_t, h
     n, V = Lm.shape
     d = S.shape[1]
     lazy = d > 0
-    err_lo = np.empty(n)
-    err_hi = np.empty(n)
-    pred = np.full(n, -1, np.int64)
-    gap = np.full(n, np.nan)
-    obj_lo = np.full(n, np.nan)
+    err_lo, err_hi, pred, gap, obj_lo = _readout_arrays(n)
     cV = sum_factor(V + 1)
     dd = down(1.0 - gamma(V + 1))
     skip_hi = exp_above(SKIP, hi_t)
-    for t in range(V):
-        vstamp[t] = -1
+    vstamp[:V] = -1
     for i in range(n):
-        for q in range(valid_ptr[i], valid_ptr[i + 1]):
-            vstamp[valid[q]] = i
+        _mark_valid(i, valid_ptr, valid, vstamp)
         o = target[i]
         M = -np.inf
         arg = -1
@@ -545,59 +595,30 @@ def readout(Lm, Lr, S, Uabs, ub, c, f, valid_ptr, valid, target, vstamp, lo_t, h
                 arg = t
         pred[i] = arg
         if bad or not np.isfinite(M):
-            err_lo[i], err_hi[i] = 0.0, 1.0
-            if o >= 0:
-                gap[i] = -np.inf
-                obj_lo[i] = 0.0
+            _nothing_known(i, o, err_lo, err_hi, gap, obj_lo)
             continue
-        inv_lo = 0.0
-        inv_hi = 0.0
-        val_lo = 0.0
-        val_hi = 0.0
-        oth_lo = 0.0
-        skip_inv = 0
-        skip_val = 0
-        eo_hi = 0.0
-        best = -np.inf
-        hi_o = 0.0
+        sums, best, hi_o = (0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0, 0), -np.inf, 0.0     # (_add_term's sums)
         for t in range(V):
             m = Lm[i, t]
             if lazy:
                 r = up_nonneg(up_nonneg(s1 * ub[t]) + f)
-                if t == o or up_signed(up_signed(m + r) - M) >= SKIP:
+                if t == o or up_finite(up_finite(m + r) - M) >= SKIP:
                     r = _dot_radius(S, Uabs, i, t, c, f)
             else:
                 r = Lr[i, t]
             xc = m - M
             delta = up_nonneg(r + up_nonneg(U * abs(xc)))
-            x_hi = up_signed(xc + delta)
+            x_hi = up_finite(xc + delta)
             if t == o:
-                hi_o = up_signed(m + r)
+                hi_o = up_finite(m + r)
             elif o >= 0:
-                low = down_signed(m - r)
+                low = down_finite(m - r)
                 if low > best:
                     best = low
-            if x_hi < SKIP and t != o:
-                if vstamp[t] == i:
-                    skip_val += 1
-                else:
-                    skip_inv += 1
-                continue
-            e_lo, e_hi = exp_around(xc, delta, lo_t, hi_t)
-            if vstamp[t] == i:
-                val_lo += e_lo
-                val_hi += e_hi
-            else:
-                inv_lo += e_lo
-                inv_hi += e_hi
-            if t == o:
-                eo_hi = e_hi
-            else:
-                oth_lo += e_lo
-        inv_hi = up(up(cV * inv_hi) + up(skip_inv * skip_hi))
-        val_hi = up(up(cV * val_hi) + up(skip_val * skip_hi))
-        inv_lo = down(dd * inv_lo)
-        val_lo = down(dd * val_lo)
+            skipped = x_hi < SKIP and t != o
+            e_lo, e_hi = (0.0, 0.0) if skipped else exp_around(xc, delta, lo_t, hi_t)
+            sums = _add_term(sums, vstamp[t] == i, t == o, skipped, e_lo, e_hi)
+        val_lo, val_hi, inv_lo, inv_hi, oth_lo, eo_hi = _masses(sums, cV, dd, skip_hi)
         hi_ = up(inv_hi / down(inv_hi + val_lo))
         lo_ = down(inv_lo / up(inv_lo + val_hi))
         err_hi[i] = hi_ if hi_ <= 1.0 else 1.0
@@ -654,11 +675,7 @@ def readout_deployed(Lm, Lr, S, Uabs, ub, c, f, Mv, rs_l, l1y, cst, valid_ptr, v
     d = S.shape[1]
     lazy = d > 0
     undecided = np.zeros(n, np.bool_)
-    err_lo = np.empty(n)
-    err_hi = np.empty(n)
-    pred = np.full(n, -1, np.int64)
-    gap = np.full(n, np.nan)
-    obj_lo = np.full(n, np.nan)
+    err_lo, err_hi, pred, gap, obj_lo = _readout_arrays(n)
     cf = sum_factor(V + 2)
     dd = down(1.0 - gamma(V + 2))
     rel, tiny, lo_f, hi_f = cst[DC_REL], cst[DC_TINY], cst[DC_LO], cst[DC_HI]
@@ -667,11 +684,9 @@ def readout_deployed(Lm, Lr, S, Uabs, ub, c, f, Mv, rs_l, l1y, cst, valid_ptr, v
     largest = cst[DC_LARGEST]
     skip_hi = up_nonneg(exp_above(SKIP, hi_t) * hi_f)
     total_hi = up_nonneg(f_hi + tau)
-    for t in range(V):
-        vstamp[t] = -1
+    vstamp[:V] = -1
     for i in range(n):
-        for q in range(valid_ptr[i], valid_ptr[i + 1]):
-            vstamp[valid[q]] = i
+        _mark_valid(i, valid_ptr, valid, vstamp)
         o = target[i]
         s1 = 0.0
         s1m = 0.0
@@ -697,69 +712,42 @@ def readout_deployed(Lm, Lr, S, Uabs, ub, c, f, Mv, rs_l, l1y, cst, valid_ptr, v
                     acc += Mv[i, j] * Uabs[t, j]
                 if not (up_nonneg(rho1 * up_nonneg(up_nonneg(c * acc) + f)) < largest):
                     bad = True
-            Mhi = max(Mhi, up_signed(m + r))
+            Mhi = max(Mhi, up_finite(m + r))
             if m > cs:
                 cs = m
                 arg = t
         pred[i] = arg
         if bad or not (np.isfinite(Mhi) and np.isfinite(cs)):
-            err_lo[i], err_hi[i] = 0.0, 1.0
+            _nothing_known(i, o, err_lo, err_hi, gap, obj_lo)
             undecided[i] = True
-            if o >= 0:
-                gap[i] = -np.inf
-                obj_lo[i] = 0.0
             continue
-        A_lo = 0.0
-        A_hi = 0.0
-        B_lo = 0.0
-        B_hi = 0.0
-        oth_lo = 0.0
-        eo_hi = 0.0
-        skip_A = 0
-        skip_B = 0
-        best = -np.inf
-        hi_o = 0.0
+        sums, best, hi_o = (0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0, 0), -np.inf, 0.0     # (_add_term's sums)
         for t in range(V):
             m = Lm[i, t]
             absolute = _absolute(rs_l[t], l1y[i], cst)
             if lazy:
                 r = up_nonneg(up_nonneg(up_nonneg(s1 * ub[t]) + f) + absolute)
-                lo = down_signed(m - r)
-                theta = up_nonneg(up_nonneg(rel * up_signed(Mhi - lo)) + tiny)
-                if t == o or up_signed(up_signed(up_signed(m + r) + theta) - cs) >= SKIP:
+                lo = down_finite(m - r)
+                theta = up_nonneg(up_nonneg(rel * up_finite(Mhi - lo)) + tiny)
+                if t == o or up_finite(up_finite(up_finite(m + r) + theta) - cs) >= SKIP:
                     r = up_nonneg(_dot_radius(S, Uabs, i, t, c, f) + absolute)
             else:
                 r = up_nonneg(Lr[i, t] + absolute)
-            lo = down_signed(m - r)
-            hi = up_signed(m + r)
-            theta = up_nonneg(up_nonneg(rel * up_signed(Mhi - lo)) + tiny)
+            lo = down_finite(m - r)
+            hi = up_finite(m + r)
+            theta = up_nonneg(up_nonneg(rel * up_finite(Mhi - lo)) + tiny)
             if t == o:
                 hi_o = hi
             elif o >= 0 and lo > best:
                 best = lo
-            x_hi = up_signed(up_signed(hi + theta) - cs)
-            if x_hi < SKIP and t != o:
-                if vstamp[t] == i:
-                    skip_A += 1
-                else:
-                    skip_B += 1
-                continue
-            e_lo = max(down_nonneg(exp_below(down_signed(down_signed(lo - theta) - cs), lo_t) * lo_f), 0.0)
-            e_hi = up_nonneg(exp_above(x_hi, hi_t) * hi_f)
-            if vstamp[t] == i:
-                A_lo += e_lo
-                A_hi += e_hi
-            else:
-                B_lo += e_lo
-                B_hi += e_hi
-            if t == o:
-                eo_hi = e_hi
-            else:
-                oth_lo += e_lo
-        A_hi = up(up(cf * A_hi) + up(skip_A * skip_hi))
-        B_hi = up(up(cf * B_hi) + up(skip_B * skip_hi))
-        A_lo = down(dd * A_lo)
-        B_lo = down(dd * B_lo)
+            x_hi = up_finite(up_finite(hi + theta) - cs)
+            skipped = x_hi < SKIP and t != o
+            e_lo = e_hi = 0.0
+            if not skipped:
+                e_lo = max(down_nonneg(exp_below(down_finite(down_finite(lo - theta) - cs), lo_t) * lo_f), 0.0)
+                e_hi = up_nonneg(exp_above(x_hi, hi_t) * hi_f)
+            sums = _add_term(sums, vstamp[t] == i, t == o, skipped, e_lo, e_hi)
+        A_lo, A_hi, B_lo, B_hi, oth_lo, eo_hi = _masses(sums, cf, dd, skip_hi)
         r_lo = down(A_lo / up(A_lo + B_hi))
         r_hi = up(A_hi / down(A_hi + B_lo))
         if not (r_lo >= 0.0):

@@ -27,11 +27,18 @@ MEMO = 256
 
 
 @kernel()
-def _horner(r):
-    acc = TAYLOR[14]
-    for i in range(13, -1, -1):
-        acc = acc * r + TAYLOR[i]
+def horner(coefficients, r):
+    """Σ_i c_i·r^i by Horner's rule, in float arithmetic (its error bounded where it is used)."""
+    n = coefficients.size
+    acc = coefficients[n - 1]
+    for i in range(n - 2, -1, -1):
+        acc = acc * r + coefficients[i]
     return acc
+
+
+@kernel()
+def _horner(r):
+    return horner(TAYLOR, r)
 
 
 @kernel()

@@ -104,6 +104,27 @@ def up_signed(x):
 
 
 @kernel()
+def up_finite(x):
+    """At least the next float above a finite x of either sign, branch-free (as a loop over
+    many values wants it; :func:`up_signed` also takes −∞): x + |x|·2^-52 + 2^-1022.
+
+    For |x| >= 2^-970 the product |x|·2^-52 is exact and at least the unit in the last
+    place of x on the side toward +∞ (for x = −2^e the unit below 2^e is half as large);
+    so the exact x + |x|·2^-52 lies at or beyond nextafter(x, +∞), a float, and rounding
+    to nearest, being monotone, keeps it there; adding 2^-1022 cannot lower it. For
+    |x| < 2^-970 the unit is at most 2^-1022, and fl(x + |x|·2^-52) >= x, so the exact
+    sum with 2^-1022 is at least x + 2^-1022 >= nextafter(x, +∞), kept by rounding.
+    +∞ stays +∞; −∞ and NaN give NaN (a caller checks finiteness)."""
+    return (x + abs(x) * 2.0 ** -52) + FLOOR
+
+
+@kernel()
+def down_finite(x):
+    """At most the next float below a finite x: −up_finite(−x) (the same proof, mirrored)."""
+    return (x - abs(x) * 2.0 ** -52) - FLOOR
+
+
+@kernel()
 def down_signed(x):
     """At least the next float below x, for any x: −up_signed(−x)."""
     return -up_signed(-x)
