@@ -23,7 +23,7 @@ from tasks.reading import load_tasks
 
 SETS = M.small_sets()
 #: Object queries "X lives in" with two valid next tokens, the object and the word "the":
-#: L1 encloses P_ablated(o) alone there (:func:`verifier.arithmetic.kernels.ablated`).
+#: L1 encloses P_ablated(o) alone there (:func:`verifier.arithmetic.logits.ablated`).
 WORD_AND_OBJECT = {"word-and-object": load_tasks(Path(__file__).parent / "data" / "word_and_object.yaml")}
 OPERATORS = sorted(M.OPERATORS)
 ORACLE = Oracle(dps=60)

@@ -384,7 +384,7 @@ TIMING = re.compile(r"(?<![\w.^])\d[\d,.]*\s?(?:s|ms|µs|us|min|mins|h|seconds?|
 TIMING_ALLOWED: tuple[str, ...] = (
     "after at most 20 s or the timeout",        # the client's reconnection limit (docs/scale.md)
     "`distributed.scheduler.worker-ttl`, 5 minutes by default",   # Dask's setting
-    "A process waits at most 300 s for another's build",          # compiled.LOCK_TIMEOUT (docs/verification.md)
+    "A process waits at most 300 s for another's build",          # kernel_forms.LOCK_TIMEOUT (docs/verification.md)
 )
 
 

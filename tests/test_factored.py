@@ -14,7 +14,7 @@ deciding as the plain pass does.
   on a compact shard (tests/test_shards.py runs its bitwise test for both passes);
 * on built models the factored pass **decides as the plain pass**: the same winner,
   candidates, certified routing and error verdicts, enclosures equal to rounding;
-* its **compact accumulators** (kernels._at) give each column of a row one slot, in the
+* its **compact accumulators** (accumulate.slot) give each column of a row one slot, in the
   order first touched, and know exactly which columns the current row has, whatever
   earlier rows left in them.
 """
@@ -274,7 +274,8 @@ def test_compact_accumulator_slots_are_a_rows_columns_in_order(rows):
     gets the column's slot among the row's columns in order of first touch, a lookup finds
     exactly the row's columns, and a column an earlier row left behind is never taken for
     the current row's (the stale slot maps of earlier rows are the case that matters)."""
-    from verifier.arithmetic.kernels import _at, _slot_of
+    from verifier.arithmetic.accumulate import slot as _at
+    from verifier.arithmetic.accumulate import slot_of as _slot_of
 
     n = 10
     acc, touched, where = np.zeros((n, 5)), np.zeros(n, np.int64), np.zeros(n, np.int32)
@@ -292,6 +293,38 @@ def test_compact_accumulator_slots_are_a_rows_columns_in_order(rows):
             assert _slot_of(col, acc, s, touched, where) == mine.get(col, -1)
         for col, sl in mine.items():
             assert touched[sl] == col and acc[sl, 1] == cols.count(col)
+
+
+@settings(max_examples=examples(100), deadline=None)
+@given(st.lists(st.lists(st.tuples(st.integers(0, 9), st.floats(-1e6, 1e6), st.floats(0, 1e3)), max_size=20),
+                min_size=1, max_size=6))
+def test_dense_and_compact_accumulators_hold_the_same_sums(rows):
+    """The plain pass keeps a row's sums at each column's own index (dense), the factored pass
+    in slots (compact); the kernel functions both run take either (accumulate.place): the same
+    columns in the same order with bitwise the same sums, row after row."""
+    from verifier.arithmetic.accumulate import product_terms
+    from verifier.arithmetic.logits import row_logits
+
+    n = 10
+    dense, d_touched = np.zeros((n, 5)), np.zeros(n, np.int64)
+    compact, c_touched, where = np.zeros((n, 5)), np.zeros(n, np.int64), np.zeros(n, np.int32)
+    for r, terms in enumerate(rows):
+        s = float(r + 1)
+        ptr = np.array([0, len(terms)], np.int64)
+        idx = np.array([c for c, _, _ in terms], np.int64)
+        mid = np.array([m for _, m, _ in terms])
+        rad = np.array([x for _, _, x in terms])
+        rows_ = (ptr, idx, mid, rad, rad)                 # logit rows: (ptr, idx, mid, rad, magnitude)
+        no_y = (np.zeros((1, 5)), np.zeros(1, np.int64), None)
+        UT = (np.zeros(1, np.int64), np.zeros(0, np.int64), np.zeros(0))
+        nd = row_logits(rows_, 0, UT, no_y, 0, dense, s, d_touched, None, None, 1.0, 0.0)[0]
+        nc = row_logits(rows_, 0, UT, no_y, 0, compact, s, c_touched, where, None, 1.0, 0.0)[0]
+        nd = product_terms(ptr, idx, mid, 0, 1.5, 0.25, dense, s, d_touched, nd, None)
+        nc = product_terms(ptr, idx, mid, 0, 1.5, 0.25, compact, s, c_touched, nc, where)
+        assert nd == nc == len(set(idx.tolist()))
+        assert np.array_equal(d_touched[:nd], c_touched[:nc])
+        for u in range(nc):
+            assert dense[d_touched[u]].tobytes() == compact[u].tobytes()
 
 
 def test_work_arrays_let_go_after_a_batch_that_spills_change_no_result(monkeypatch):
@@ -319,7 +352,7 @@ def test_work_arrays_let_go_after_a_batch_that_spills_change_no_result(monkeypat
     assert released > 0
 
 
-# --- L1 through the large-table subtraction (verifier.arithmetic.factored._error_parts) ---------------
+# --- L1 through the large-table subtraction (verifier.arithmetic.logits.error_enclosure_parts) -------
 
 
 def _large_table_case(dominant: float = 40.0):
@@ -360,27 +393,31 @@ def _object_queries(ts, w):
 def _python_ablated_parts(monkeypatch, error_parts):
     """The factored pass's ablation run as Python (``ablated_parts.py_func``), calling
     ``error_parts`` for each error enclosure (the compiled helpers it calls stay compiled), so
-    that a counter or a mutant of ``_error_parts`` can stand in (inside compiled code the
+    that a counter or a mutant of ``error_enclosure_parts`` can stand in (inside compiled code the
     compiled one would be called)."""
-    from verifier.arithmetic import factored as F_
+    from verifier.arithmetic import logits as F_
 
     monkeypatch.setattr(F_, "ablated_parts", F_.ablated_parts.py_func)
-    monkeypatch.setattr(F_, "_error_parts", error_parts)
+    monkeypatch.setattr(F_, "error_enclosure_parts", error_parts)
 
 
 def _mutant(old: str, new: str):
-    """``_error_parts`` with the source line ``old`` replaced by ``new``, as Python."""
+    """``error_enclosure_parts`` and the subtraction it calls (``_table_rest``) as Python,
+    with the source ``old`` replaced by ``new`` in the one of them that holds it."""
     import inspect
     import textwrap
 
-    from verifier.arithmetic import factored as F_
+    from verifier.arithmetic import logits as F_
 
-    src = textwrap.dedent(inspect.getsource(F_._error_parts.py_func))
-    src = src[src.index("def "):]                       # without the @kernel() line
-    assert src.count(old) == 1, old
     namespace = dict(vars(F_))
-    exec(compile(src.replace(old, new), "<mutant of _error_parts>", "exec"), namespace)
-    return namespace["_error_parts"]
+    found = 0
+    for name in ("_table_rest", "error_enclosure_parts"):
+        src = textwrap.dedent(inspect.getsource(getattr(F_, name).py_func))
+        src = src[src.index("def "):]                   # without the @kernel() line
+        found += src.count(old)
+        exec(compile(src.replace(old, new), f"<mutant of {name}>", "exec"), namespace)
+    assert found == 1, old
+    return namespace["error_enclosure_parts"]
 
 
 def _l1_numbers(ts, w, fp):
@@ -405,12 +442,12 @@ def test_l1_through_the_large_table_subtraction_encloses_the_exact_value(monkeyp
     1 − P_ablated(o) and decides L1 as the plain pass does; its numbers are the plain
     pass's to 10^-12 except where the exact value (3.8·10^-16) is below the rounding of the
     table's sum, where the difference is clamped to 0 (sound: a lower end)."""
-    from verifier.arithmetic import factored as F_
+    from verifier.arithmetic import logits as F_
     from verifier.checks.localization import l1_thresholds
 
     ts, w = _large_table_case(dominant)
     calls = []
-    compiled = F_._error_parts
+    compiled = F_.error_enclosure_parts
 
     def counting(*args):
         nt, table, cohort, vlo, vhi = args[0], args[5], args[6], args[8], args[9]
@@ -436,9 +473,8 @@ def test_l1_through_the_large_table_subtraction_encloses_the_exact_value(monkeyp
 
 
 @pytest.mark.parametrize("old, new", [
-    ("            sub_lo += elo[w]\n            sub_hi += ehi[w]\n            nsub += 1\n        # Σ over",
-     "            nsub += 1\n        # Σ over"),                                     # the object's share kept in
-    ("        rest_lo = max(_down(s_lo - q_hi), 0.0)", "        rest_lo = abs(_down(s_lo - q_hi))"),   # not clamped
+    ("                sub = _in_table(sub, w, elo, ehi)\n    # and Σ over", "\n    # and Σ over"),   # the object's share kept in
+    ("    rest_lo = max(step_down(s_lo - q_hi, QUICK), 0.0)", "    rest_lo = abs(step_down(s_lo - q_hi, QUICK))"),   # not clamped
 ])
 def test_a_broken_large_table_subtraction_is_caught(monkeypatch, old, new):
     """Mutants of the subtraction: the object's share not taken out of the table's sum; a
@@ -448,17 +484,17 @@ def test_a_broken_large_table_subtraction_is_caught(monkeypatch, old, new):
     share's lower bound instead of its upper one, or the table's upper sum for its lower
     one, are not among them: the table's own rounding allowance, over more than 64 terms,
     covers those few ulps, so such a mutant stays sound here.) The harness itself (the same
-    Python ablation with the real ``_error_parts``) gives the compiled pass's numbers bit
+    Python ablation with the real ``error_enclosure_parts``) gives the compiled pass's numbers bit
     for bit."""
-    from verifier.arithmetic import factored as F_
+    from verifier.arithmetic import logits as F_
 
     ts, w = _large_table_case()
     compiled = [n[2] for n in _l1_numbers(ts, w, FactoredPass(Prepared(w), _split(ts, w)))]
-    unchanged, broken = _mutant("nsub = 0\n", "nsub = 0\n"), _mutant(old, new)
+    unchanged, broken = _mutant("    direct = nL", "    direct = nL"), _mutant(old, new)
     _python_ablated_parts(monkeypatch, unchanged)
     same = _l1_numbers(ts, w, FactoredPass(Prepared(w), _split(ts, w)))
     assert [n[2] for n in same] == compiled
-    monkeypatch.setattr(F_, "_error_parts", broken)
+    monkeypatch.setattr(F_, "error_enclosure_parts", broken)
     numbers = _l1_numbers(ts, w, FactoredPass(Prepared(w), _split(ts, w)))
     misses = [n for n in numbers if not inside(n[2], n[3], math.inf)]
     assert misses

@@ -278,34 +278,87 @@ def test_nonfinite_rows_are_flagged(bad):
 @given(st.one_of(st.floats(-800, 800), st.floats(-1e-15, 1e-15), st.floats(700, 712), st.floats(-750, -730),
                  st.sampled_from([0.0, -0.0, 5e-324, -5e-324, 2.0 ** -60, -(2.0 ** -60), 2.0 ** -59])))
 def test_kernel_exp_encloses_exp(x):
-    from verifier.arithmetic import kernels as K
+    from verifier.arithmetic import exponential as X
 
-    lo, hi = K.exp_lower(x), K.exp_upper(x)
+    lo, hi = X.exp_lower(x), X.exp_upper(x)
     with mpmath.workdps(50):
         e = mpmath.exp(mpmath.mpf(x))
         assert mpmath.mpf(lo) <= e <= mpmath.mpf(hi)
 
 
+def test_remembered_exp_bounds_are_the_bounds():
+    """The memo of exp bounds (the factored softmax's) returns the function's value for every
+    argument, whichever arguments share its slots, and None remembers nothing."""
+    from verifier.arithmetic import exponential as X
+
+    rng = np.random.default_rng(7)
+    xs = np.concatenate([rng.uniform(-50, 5, 3000), rng.choice(rng.uniform(-50, 5, 40), 3000),
+                         [0.0, -0.0, 1e301, -1e301, np.inf, -np.inf, np.nan, 2.0 ** -61]])
+    memo = np.full((4, X.MEMO), np.nan)
+    for x in xs:
+        lo, hi = X.exp_lower(x), X.exp_upper(x)
+        for got, want in ((X.exp_memo(x, memo, -1.0), lo), (X.exp_memo(x, memo, 1.0), hi),
+                          (X.exp_memo(x, None, -1.0), lo), (X.exp_memo(x, None, 1.0), hi)):
+            assert got == want or (math.isnan(got) and math.isnan(want))
+
+
 @SETTINGS
 @given(floats(-1074, 1000))
 def test_upward_step_is_at_least_nextafter(x):
-    from verifier.arithmetic import kernels as K
+    from verifier.arithmetic import rounding as R
 
     x = abs(x)
-    assert K.upp(x) >= np.nextafter(x, np.inf)
+    assert R.up_nonneg(x) >= np.nextafter(x, np.inf)
+    assert R.up_one_plus(x) >= np.nextafter(1.0 + x, np.inf) or 1.0 + x == np.inf
+
+
+@SETTINGS
+@given(st.one_of(floats(-1074, 1000), st.sampled_from([0.0, -0.0, 5e-324, -5e-324, np.inf, -np.inf, 2.0 ** -1022,
+                                                       -(2.0 ** -1022), np.finfo(float).max, -np.finfo(float).max])))
+def test_signed_steps_are_at_least_nextafter_for_either_sign(x):
+    """The two-flop steps of the factored kernels, on values of either sign: up_signed(x) is at
+    least the next float above x and down_signed(x) at most the one below; for x >= 0
+    up_signed is up_nonneg to the bit."""
+    from verifier.arithmetic import rounding as R
+
+    for v in (x, -x):
+        with np.errstate(over="ignore"):                         # the next float beyond the largest: ±inf
+            above, below = np.nextafter(v, np.inf), np.nextafter(v, -np.inf)
+        assert R.up_signed(v) >= above and R.down_signed(v) <= below
+        if v >= 0:
+            assert R.up_signed(v) == R.up_nonneg(v)
 
 
 def test_kernel_tables_round_up_like_the_functions():
-    from verifier.arithmetic import kernels as K
+    from verifier.arithmetic import rounding as R
 
-    for n in (0, 1, 2, 3, 17, 100, K.TABLE - 1):
+    for n in (0, 1, 2, 3, 17, 100, R.TABLE - 1):
         exact_g = Fraction(n + 1, 2 ** 53) / (1 - Fraction(n + 1, 2 ** 53))
-        assert _F(K.GAMMA1[n]) >= exact_g and K.GAMMA1[n] == K.gamma(n + 1)
-        assert K.FACTOR[n] == K.sum_factor(n)
+        assert _F(R.GAMMA1[n]) >= exact_g and R.GAMMA1[n] == R.gamma(n + 1)
+        assert R.FACTOR[n] == R.sum_factor(n) == R.factor(n)
+        assert R.SHRINK[n] == R.down(1.0 - R.gamma(n + 1)) == R.shrink(n)
+        assert _F(R.SHRINK[n]) <= 1 - exact_g
+    for n in range(R.TABLE):                                  # every entry is the function's, to the bit
+        assert R.factor(n) == R.sum_factor(n) and R.shrink(n) == R.down(1.0 - R.gamma(n + 1))
+    for n in (R.TABLE, R.TABLE + 1, 10 ** 6):                    # beyond the tables: the functions
+        assert R.factor(n) == R.sum_factor(n) and R.shrink(n) == R.down(1.0 - R.gamma(n + 1))
+
+
+@SETTINGS
+@given(st.one_of(floats(-1074, 1000), st.sampled_from([0.0, -0.0, np.inf, -np.inf, np.nan])))
+def test_a_passes_steps_are_its_own(x):
+    """step_up and step_down are nextafter for the plain pass (quick None) and the two-flop
+    steps for the factored pass (QUICK), to the bit."""
+    from verifier.arithmetic import rounding as R
+
+    for v in (x, -x):
+        for got, want in ((R.step_up(v, None), R.up(v)), (R.step_down(v, None), R.down(v)),
+                          (R.step_up(v, R.QUICK), R.up_signed(v)), (R.step_down(v, R.QUICK), R.down_signed(v))):
+            assert got == want or (math.isnan(got) and math.isnan(want))
 
 
 def test_kernel_products_enclose():
-    from verifier.arithmetic import kernels as K
+    from verifier.arithmetic import accumulate as K
 
     rng = np.random.default_rng(0)
     for _ in range(2000):
@@ -318,9 +371,9 @@ def test_kernel_products_enclose():
 
 
 def test_kernel_platform_check():
-    from verifier.arithmetic import kernels as K
+    from verifier.arithmetic import rounding as R
 
-    K.check()
+    R.check()
 
 
 def test_matmul_rows_do_not_depend_on_the_other_rows():
@@ -351,22 +404,24 @@ def test_matmul_rows_do_not_depend_on_the_other_rows():
 
 
 def test_the_numpy_and_compiled_arithmetic_enclose_alike():
-    """verifier.arithmetic.interval (numpy) and verifier.arithmetic.kernels (numba) read their constants from one
+    """verifier.arithmetic.interval (numpy) and the compiled kernels (numba) read their constants from one
     module (verifier.arithmetic.constants); on the same inputs their exp enclosures, rounding factors
     and upward steps agree bit for bit (so a bound proven for one is the other's)."""
+    from verifier.arithmetic import accumulate as A
     from verifier.arithmetic import constants as C
-    from verifier.arithmetic import kernels as K
+    from verifier.arithmetic import exponential as X
+    from verifier.arithmetic import rounding as R
 
     rng = np.random.default_rng(3)
     xs = np.concatenate([rng.uniform(-800, 800, 4000), rng.uniform(-1, 1, 2000) * 2.0 ** -55,
                          [0.0, -0.0, C.EXP_MIN, C.EXP_MAX, C.EXP_MIN - 1, C.EXP_MAX + 1, 2.0 ** -60, -2.0 ** -60,
                           np.inf, -np.inf, np.nan]])
     lo, hi = I.exp_enclosure(xs, xs)
-    k_lo = np.array([K.exp_lower(x) for x in xs])
-    k_hi = np.array([K.exp_upper(x) for x in xs])
+    k_lo = np.array([X.exp_lower(x) for x in xs])
+    k_hi = np.array([X.exp_upper(x) for x in xs])
     assert np.array_equal(lo, k_lo) and np.array_equal(hi, k_hi)
     for n in (1, 2, 17, 4095, 4096, 10 ** 6):
-        assert I.gamma(n) == K.gamma(n) and I.sum_factor(n) == K.sum_factor(n)
+        assert I.gamma(n) == R.gamma(n) and I.sum_factor(n) == R.sum_factor(n)
     r = np.abs(rng.normal(size=1000)) * 10.0 ** rng.integers(-300, 300, 1000)
-    assert np.all(np.array([K.upp(x) for x in r]) >= I.up(r))
-    assert (K.U, K.FLOOR, K.LN2_LO, K.LN2_HI, K.HORNER_ERR) == (I.U, I.FLOOR, I.LN2_LO, I.LN2_HI, I.HORNER_ERR)
+    assert np.all(np.array([R.up_nonneg(x) for x in r]) >= I.up(r))
+    assert (A.U, A.FLOOR, X.LN2_LO, X.LN2_HI, X.HORNER_ERR) == (I.U, I.FLOOR, I.LN2_LO, I.LN2_HI, I.HORNER_ERR)

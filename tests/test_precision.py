@@ -694,3 +694,26 @@ def test_failing_counts_count_each_query_once():
                    deployment=Deployment.named("bfloat16", accumulate="float32"))
     assert mixed.misrouted_queries == 4 and sum(t.misrouted for t in mixed.tasks) == 8
     assert failing_checks(mixed) == "routing on 4 queries"
+
+
+def test_the_kernels_read_each_constant_where_the_deployed_pass_puts_it(capitals):
+    """The stages' and the output softmax's scalars reach the kernels as two arrays whose
+    order one definition gives (verifier.arithmetic.deployed): each name's position there holds
+    that stage's value, and the softmax's its Lemma F2 constant."""
+    from verifier.arithmetic.deployed import KC, KERNEL_CONSTANTS, SM, SOFTMAX_CONSTANTS
+    from verifier.passes import floating
+
+    ts, w = capitals
+    for name, acc in (("float32", None), ("bfloat16", "float32")):
+        dep = Deployment.named(name, accumulate=acc)
+        st = floating.stages(round_weights(w, dep.fmt), dep)
+        fp = st.kernel_constants()
+        assert fp.shape == (len(KERNEL_CONSTANTS),) and fp[KC.k_value] == st.k_value
+        for field in KERNEL_CONSTANTS:
+            assert fp[getattr(KC, field)] == getattr(st, field), field
+        sm = floating.softmax_constants(len(w.vocab), dep)
+        rel, tiny, lo, hi = floating._exp_constants(dep)
+        f_lo, f_hi, tau = floating._factors(len(w.vocab), dep, mass=True)
+        assert sm.shape == (len(SOFTMAX_CONSTANTS),)
+        assert (sm[SM.rel], sm[SM.tiny], sm[SM.lo], sm[SM.hi]) == (rel, tiny, lo, hi)
+        assert (sm[SM.f_lo], sm[SM.f_hi], sm[SM.tau]) == (f_lo, f_hi, tau)

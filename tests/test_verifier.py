@@ -425,7 +425,7 @@ def test_shared_gate_groups_decide_as_rows_do(monkeypatch):
     groups, far more than the kernel caches (GATE_CLASSES), so groups are rebuilt and
     evicted; every decision and every enclosure must overlap the row-by-row ones."""
     import verifier.passes.forward as F
-    from verifier.arithmetic import kernels
+    from verifier.arithmetic import gate
     from tasks.synthetic import wikidata_like
     from construction.model import build
     from verifier.passes.batches import batches
@@ -448,7 +448,7 @@ def test_shared_gate_groups_decide_as_rows_do(monkeypatch):
         assert np.all(np.maximum(a.gate_lo, c.gate_lo) <= np.minimum(a.gate_hi, c.gate_hi))
         rows += len(b)
         groups += len({bytes(t) for t in b.tokens})
-    assert rows > 1000 and groups > kernels.GATE_CLASSES * 10
+    assert rows > 1000 and groups > gate.GATE_CLASSES * 10
 
 
 def test_certify_gives_the_l2_gap_of_an_object_query(weights):

@@ -1,5 +1,5 @@
 """The cluster workers' warm-up (workflow.warming) loads every compiled kernel a run uses,
-in either form (verifier.arithmetic.compiled): the extension, or numba's JIT dispatchers."""
+in either form (verifier.arithmetic.kernel_forms): the extension, or numba's JIT dispatchers."""
 
 from __future__ import annotations
 
@@ -16,21 +16,24 @@ ROOT = Path(__file__).resolve().parent.parent
 # In a fresh interpreter (this one has loaded kernels already): the warm-up for a precision,
 # then runs of other task sets in it (and, after a float32 warm-up, in exact arithmetic
 # too); after each, whether the extension is loaded and the JIT signatures of the plain
-# pass's kernels (a float32 warm-up does not reach the factored exact pass's own).
+# pass's kernels called from Python (a float32 warm-up does not reach the factored exact
+# pass's own; every helper is compiled inside the kernels that call it).
 _SCRIPT = """
 import json, sys
 from construction.model import build
 from tasks.io import load_tasks
 from tasks.synthetic import wikidata_like
-from verifier.arithmetic.compiled import KERNELS
+from verifier.arithmetic.kernel_forms import KERNELS
 from verifier.checks.verify import verify
 from verifier.passes.floating import Deployment
 from verifier.running.parallel import LocalPool
 from workflow.warming import warm_up
 
+FACTORED = {"residual_part", "gate_parts", "experts_parts", "ablated_parts"}
+
 def loaded():
     jit = {k.__name__: sorted(map(str, k._jit.signatures)) for k in KERNELS.kernels
-           if k._jit is not None and k.__module__ == "verifier.arithmetic.kernels"}
+           if k._jit is not None and k.args is not None and k.__name__ not in FACTORED}
     return {"extension": KERNELS.module not in (None, False), "jit": jit}
 
 deployment = None if sys.argv[2] == "exact" else Deployment.named(sys.argv[2])

@@ -1,6 +1,6 @@
 """The arithmetic's constants, one definition for the numpy code and the compiled kernels.
 
-:mod:`verifier.arithmetic.interval` (numpy) and :mod:`verifier.arithmetic.kernels` (numba) compute the same
+:mod:`verifier.arithmetic.interval` (numpy) and the compiled kernels (numba) compute the same
 enclosures with the same arithmetic model; every constant either uses is defined here, so
 the two cannot drift apart (``tests/test_interval.py`` checks each constant against exact
 arithmetic, and that the two implementations enclose alike).
@@ -18,7 +18,7 @@ ETA = 2.0 ** -1074
 #: η/2 per product; any larger bound is as sound, and the smallest normal number keeps radii
 #: out of the subnormal range, where x86 arithmetic takes a microcode path many times slower.
 FLOOR = 2.0 ** -1022
-#: x·STEP + FLOOR >= nextafter(x, +inf) for x >= 0 (verifier.arithmetic.kernels.upp).
+#: x·STEP + FLOOR >= nextafter(x, +inf) for x >= 0 (verifier.arithmetic.rounding.up_nonneg).
 STEP = 1.0 + 2.0 ** -52
 #: The floats just below and just above ln 2 (checked in tests).
 LN2_LO = 0.6931471805599452862

@@ -39,14 +39,14 @@ instead (:class:`Matrix` decides by the share of stored entries): under (A3) it 
 same sum of the same products in another order, and Lemma D holds word for word.
 
 Rounding steps on whole arrays. ``np.nextafter`` is a library call per element; for
-non-negative arrays (every radius) :func:`up_nonneg` uses the two-flop step of
-:func:`verifier.arithmetic.kernels.upp`, x·(1 + 2^-52) + 2^-1022 >= nextafter(x, +∞), and
-for signed values the compiled kernels use :func:`up_signed` / :func:`down_signed` (proof
-there).
+non-negative arrays (every radius) :func:`up_nonneg_array` uses the two-flop step of
+:func:`verifier.arithmetic.rounding.up_nonneg`, x·(1 + 2^-52) + 2^-1022 >= nextafter(x, +∞), and
+for signed values the compiled kernels use :func:`verifier.arithmetic.rounding.up_finite` /
+:func:`verifier.arithmetic.rounding.down_finite` (proofs there).
 
 **The output softmax over dense logits** (:func:`readout`): per row, the error
 1 − P(valid) of softmax(z) for z in the logits' enclosures, as
-:func:`verifier.arithmetic.kernels._error` encloses it (every token of a dense row is
+:func:`verifier.arithmetic.logits.error_enclosure` encloses it (every token of a dense row is
 touched: no logit is a structural 0), with the exponential of each term enclosed by
 :func:`exp_bounds` (a table of e^(j/64) and a degree-6 polynomial: a few flops instead of
 the degree-14 evaluation, with the same enclosing property) and the terms too small to
@@ -62,12 +62,13 @@ import numpy as np
 import scipy.sparse as sp
 
 from verifier.arithmetic import interval as I
-from verifier.arithmetic.compiled import kernel
+from verifier.arithmetic.accumulate import B1, F1, F2, F3, I1, I2
 from verifier.arithmetic.constants import FLOOR, STEP, U
-from verifier.arithmetic.kernels import B1, F1, F2, F3, I1, I2, down, exp_lower, exp_upper, gamma, sum_factor, up, upp
+from verifier.arithmetic.exponential import exp_lower, exp_upper, horner
+from verifier.arithmetic.kernel_forms import kernel
+from verifier.arithmetic.rounding import (STEP_DOWN, down, down_finite, down_nonneg, gamma, sum_factor, up, up_finite,
+                                          up_nonneg)
 
-#: 1 − 2^-52: x·STEP_DOWN − 2^-1022, clamped at 0, is <= nextafter(x, −∞) for x >= 0 (:func:`down_nonneg`).
-STEP_DOWN = 1.0 - 2.0 ** -52
 #: A block whose matrix stores at least this share of its entries is multiplied dense (BLAS).
 DENSE = 0.25
 
@@ -75,15 +76,15 @@ DENSE = 0.25
 # --- rounding steps on arrays -------------------------------------------------------------------
 
 
-def up_nonneg(x: np.ndarray) -> np.ndarray:
+def up_nonneg_array(x: np.ndarray) -> np.ndarray:
     """An upper bound of each x >= 0 rounded up by one step: x·(1 + 2^-52) + 2^-1022
-    (>= nextafter(x, +∞): :func:`verifier.arithmetic.kernels.upp`; +∞ and NaN stay)."""
+    (>= nextafter(x, +∞), as :func:`verifier.arithmetic.rounding.up_nonneg`; +∞ and NaN stay)."""
     out = np.multiply(x, STEP)
     out += FLOOR
     return out
 
 
-def down_nonneg(x: np.ndarray) -> np.ndarray:
+def down_nonneg_array(x: np.ndarray) -> np.ndarray:
     """A lower bound of each x >= 0 one step down: max(x·(1 − 2^-52) − 2^-1022, 0).
 
     For a normal x in [2^e, 2^(e+1)), x·2^-52 >= ulp(x), so the exact product lies at least
@@ -176,10 +177,10 @@ def product_parts(Xm: np.ndarray, Xr: np.ndarray | None, B: Matrix):
         mid = _times(Xm, B.B)
         S = np.abs(Xm)
         S *= g
-        S = up_nonneg(S)
+        S = up_nonneg_array(S)
         if Xr is not None:
             S += Xr
-            S = up_nonneg(S)
+            S = up_nonneg_array(S)
     return mid, S, c, 2.0 * k * FLOOR
 
 
@@ -195,9 +196,9 @@ def finish(S: np.ndarray, B: Matrix, c: float, f: float, mid: np.ndarray) -> np.
     with np.errstate(invalid="ignore", over="ignore"):
         rad = _times(S, B.absB)
         rad *= c
-        rad = up_nonneg(rad)
+        rad = up_nonneg_array(rad)
         rad += f
-        rad = up_nonneg(rad)
+        rad = up_nonneg_array(rad)
     return I.guard(mid, rad)
 
 
@@ -208,9 +209,9 @@ def add_exact(mid: np.ndarray, rad: np.ndarray, b: np.ndarray) -> tuple[np.ndarr
         m = mid + b
         r = np.abs(m)
         r *= U
-        r = up_nonneg(r)
+        r = up_nonneg_array(r)
         r += rad
-        r = up_nonneg(r)
+        r = up_nonneg_array(r)
     return m, I.guard(m, r)
 
 
@@ -223,7 +224,7 @@ SHIFT = 6
 J_LOW = -745 * 64
 J_HIGH = 64 * 64
 #: Taylor coefficients of e^r to degree 6 (rounded to nearest; their rounding is in REL).
-POLY = tuple(1.0 / math.factorial(i) for i in range(7))
+POLY = np.array([1.0 / math.factorial(i) for i in range(7)])
 #: A relative bound of everything between the computed polynomial p̂(r̂) and e^(x − j/64):
 #: Horner's rounding (positive coefficients and argument: at most γ_13), the coefficients'
 #: rounding (u), the truncation r^7/7!·e^r <= 2^-42/5040·e^(1/64) < u/2, and r's own rounding
@@ -245,30 +246,8 @@ EXP_LO, EXP_HI = _exp_table()
 
 
 @kernel()
-def up_signed(x):
-    """A float >= nextafter(x, +∞) for a finite x of either sign: x + |x|·2^-52 + 2^-1022.
-
-    For |x| >= 2^-970 the product |x|·2^-52 is exact and at least the unit in the last
-    place of x on the side toward +∞ (for x = −2^e the unit below 2^e is half as large);
-    so the exact x + |x|·2^-52 lies at or beyond nextafter(x, +∞), a float, and rounding
-    to nearest, being monotone, keeps it there; adding 2^-1022 cannot lower it. For
-    |x| < 2^-970 the unit is at most 2^-1022, and fl(x + |x|·2^-52) >= x, so the exact
-    sum with 2^-1022 is at least x + 2^-1022 >= nextafter(x, +∞), kept by rounding."""
-    return (x + abs(x) * 2.0 ** -52) + FLOOR
-
-
-@kernel()
-def down_signed(x):
-    """A float <= nextafter(x, −∞) for a finite x: −up_signed(−x) (the same proof, mirrored)."""
-    return (x - abs(x) * 2.0 ** -52) - FLOOR
-
-
-@kernel()
 def _poly(r):
-    acc = POLY[6]
-    for i in range(5, -1, -1):
-        acc = acc * r + POLY[i]
-    return acc
+    return horner(POLY, r)
 
 
 @kernel()
@@ -278,8 +257,8 @@ def exp_below(x, lo_t):
     x = j/64 + r with j = floor(64x) (64x is exact), r = x − j/64 in [0, 1/64): e^x =
     e^(j/64)·e^r >= lo_t[j]·p(r), p the degree-6 Taylor polynomial (its terms are
     positive, so p(r) <= e^r), and p(r) >= p̂·(1 − REL) for the computed p̂ (:data:`REL`);
-    each product is rounded down (:func:`down_nonneg`'s step). Outside the table the
-    degree-14 enclosure :func:`verifier.arithmetic.kernels.exp_lower` is used."""
+    each product is rounded down (:func:`down_nonneg_array`'s step). Outside the table the
+    degree-14 enclosure :func:`verifier.arithmetic.exponential.exp_lower` is used."""
     if not (x >= J_LOW / 64.0):
         return 0.0
     if not (x < J_HIGH / 64.0):
@@ -300,7 +279,7 @@ def exp_above(x, hi_t):
     """An upper bound of e^x (x a float; NaN: +∞), by the table ``hi_t`` (:data:`EXP_HI`):
     e^x = e^(j/64)·e^r <= hi_t[j]·p̂·(1 + REL) (:data:`REL` includes the truncation), each
     product rounded up; below the table hi_t[0] >= e^(J_LOW/64) >= e^x; above it, the
-    degree-14 enclosure :func:`verifier.arithmetic.kernels.exp_upper`."""
+    degree-14 enclosure :func:`verifier.arithmetic.exponential.exp_upper`."""
     if not (x < J_HIGH / 64.0):
         return exp_upper(x)
     if x < J_LOW / 64.0:
@@ -337,7 +316,7 @@ def exp_around(xc, delta, lo_t, hi_t):
     lo = (lo * STEP_DOWN - FLOOR) * (1.0 - delta)
     lo = max(lo * STEP_DOWN - FLOOR, 0.0)
     hi = hi_t[k] * ((p * (1.0 + REL)) * STEP + FLOOR)
-    hi = (hi * STEP + FLOOR) * upp(1.0 + upp(delta + upp(delta * delta)))
+    hi = (hi * STEP + FLOOR) * up_nonneg(1.0 + up_nonneg(delta + up_nonneg(delta * delta)))
     return lo, hi * STEP + FLOOR
 
 
@@ -351,7 +330,7 @@ def _from_bounds(lo, hi):
     if lo == hi:
         return lo, 0.0
     m = 0.5 * lo + 0.5 * hi
-    return m, max(up_signed(hi - m), up_signed(m - lo))
+    return m, max(up_finite(hi - m), up_finite(m - lo))
 
 
 @kernel(args=(F2, F2), returns=(F2, F2))
@@ -369,8 +348,8 @@ def relu(mid, rad):
             if not (np.isfinite(m) and np.isfinite(r)):
                 om[i, j], orad[i, j] = m, np.inf
                 continue
-            lo = down_signed(m - r)
-            hi = up_signed(m + r)
+            lo = down_finite(m - r)
+            hi = up_finite(m + r)
             if lo >= 0.0:
                 om[i, j], orad[i, j] = m, r
             elif hi <= 0.0:
@@ -420,7 +399,7 @@ def attention(ids, QEm, QEr, QPm, QPr, KEm, KEr, KPm, KPr, starts, widths, lo_t,
             for u in range(t):
                 v = QEm[x, a0 + u] + QPm[p, a0 + u]
                 qm[u] = v
-                qr[u] = upp(upp(QEr[x, a0 + u] + QPr[p, a0 + u]) + upp(U * abs(v)))
+                qr[u] = up_nonneg(up_nonneg(QEr[x, a0 + u] + QPr[p, a0 + u]) + up_nonneg(U * abs(v)))
             bad = False
             for j in range(p1):
                 y = ids[i, j]
@@ -428,13 +407,13 @@ def attention(ids, QEm, QEr, QPm, QPr, KEm, KEr, KPm, KPr, starts, widths, lo_t,
                 acc = 0.0
                 for u in range(t):
                     km = KEm[y, a0 + u] + KPm[j, a0 + u]
-                    kr = upp(upp(KEr[y, a0 + u] + KPr[j, a0 + u]) + upp(U * abs(km)))
+                    kr = up_nonneg(up_nonneg(KEr[y, a0 + u] + KPr[j, a0 + u]) + up_nonneg(U * abs(km)))
                     mid += qm[u] * km
                     aq = abs(qm[u])
                     ak = abs(km)
-                    w = upp(upp(upp(aq * kr) + upp(qr[u] * ak)) + upp(qr[u] * kr))
-                    acc = upp(acc + upp(w + upp(g * upp(aq * ak))))
-                rad = upp(upp(ct * acc) + (t + 1) * FLOOR) if t > 0 else 0.0
+                    w = up_nonneg(up_nonneg(up_nonneg(aq * kr) + up_nonneg(qr[u] * ak)) + up_nonneg(qr[u] * kr))
+                    acc = up_nonneg(acc + up_nonneg(w + up_nonneg(g * up_nonneg(aq * ak))))
+                rad = up_nonneg(up_nonneg(ct * acc) + (t + 1) * FLOOR) if t > 0 else 0.0
                 if not (np.isfinite(mid) and np.isfinite(rad)):
                     bad = True
                 s_m[j] = mid
@@ -449,11 +428,11 @@ def attention(ids, QEm, QEr, QPm, QPr, KEm, KEr, KPm, KPr, starts, widths, lo_t,
             tot_lo = 0.0
             tot_hi = 0.0
             for j in range(p1):
-                e_lo[j] = exp_below(down_signed(down_signed(s_m[j] - s_r[j]) - M), lo_t)
-                e_hi[j] = exp_above(up_signed(up_signed(s_m[j] + s_r[j]) - M), hi_t)
+                e_lo[j] = exp_below(down_finite(down_finite(s_m[j] - s_r[j]) - M), lo_t)
+                e_hi[j] = exp_above(up_finite(up_finite(s_m[j] + s_r[j]) - M), hi_t)
                 tot_lo += e_lo[j]
                 tot_hi += e_hi[j]
-            tot_hi = upp(cp * tot_hi)
+            tot_hi = up_nonneg(cp * tot_hi)
             tot_lo = max(down(dp * tot_lo), 0.0)
             for j in range(p1):
                 others_hi = up(tot_hi - e_hi[j])
@@ -475,7 +454,7 @@ def attention(ids, QEm, QEr, QPm, QPr, KEm, KEr, KPm, KPr, starts, widths, lo_t,
 def _gap(best, hi_o):
     """The L2 gap's lower bound from max_{t != o} lo(z_t) (``best``) and hi(z_o): rounded down,
     and >= 0 where the floats compare best >= hi(z_o) (the exact difference is then >= 0; a tie
-    counts: :func:`verifier.arithmetic.kernels._top_gap`); −∞ when nothing bounds the maximum."""
+    counts: :func:`verifier.arithmetic.logits._top_gap`); −∞ when nothing bounds the maximum."""
     if not np.isfinite(best):
         return -np.inf
     if best >= hi_o:
@@ -489,7 +468,68 @@ def _dot_radius(S, Uabs, i, t, c, f):
     acc = 0.0
     for j in range(S.shape[1]):
         acc += S[i, j] * Uabs[t, j]
-    return upp(upp(c * acc) + f)
+    return up_nonneg(up_nonneg(c * acc) + f)
+
+
+@kernel()
+def _masses(sums, grow, shrink, skip_hi):
+    """The valid and invalid masses of :func:`_add_term`'s ``sums`` enclosed: each float sum's
+    lower end times ``shrink``, its upper end times ``grow`` plus its skipped tokens' bound
+    ``skip_hi`` each (the callers' proofs); the others' lower sum and the target's term as
+    they are. Returns (valid lo, valid hi, invalid lo, invalid hi, others' lo, target's hi)."""
+    v_lo, v_hi, i_lo, i_hi, o_lo, t_hi, v_skip, i_skip = sums
+    return (down(shrink * v_lo), up(up(grow * v_hi) + up(v_skip * skip_hi)), down(shrink * i_lo),
+            up(up(grow * i_hi) + up(i_skip * skip_hi)), o_lo, t_hi)
+
+
+@kernel()
+def _readout_arrays(n):
+    """Per row: error lower and upper end, argmax token (−1: none yet), gap and lower bound
+    of 1 − P(o) (NaN: no target)."""
+    return np.empty(n), np.empty(n), np.full(n, -1, np.int64), np.full(n, np.nan), np.full(n, np.nan)
+
+
+@kernel()
+def _mark_valid(i, valid_ptr, valid, vstamp):
+    """Row i's valid next tokens marked i in ``vstamp`` (a token t is valid for row i where
+    vstamp[t] == i)."""
+    for q in range(valid_ptr[i], valid_ptr[i + 1]):
+        vstamp[valid[q]] = i
+
+
+@kernel()
+def _nothing_known(i, o, err_lo, err_hi, gap, obj_lo):
+    """Row i where a value is not finite: its error in [0, 1] and, with a target ``o``, no
+    gap (−∞) and no lower bound of the ablated error (0)."""
+    err_lo[i], err_hi[i] = 0.0, 1.0
+    if o >= 0:
+        gap[i] = -np.inf
+        obj_lo[i] = 0.0
+
+
+@kernel()
+def _add_term(sums, valid, target, skipped, e_lo, e_hi):
+    """A token's term added to a row's sums ``sums`` = (valid lo, valid hi, invalid lo,
+    invalid hi, the other tokens' lo, the target's hi, valid skipped, invalid skipped): its
+    bounds [e_lo, e_hi] of e^(z − M) to the valid or the invalid mass and, unless it is the
+    ``target``, to the others'; a ``skipped`` token (its upper bound below e^SKIP, never the
+    target) only counted, to be bounded as a whole."""
+    v_lo, v_hi, i_lo, i_hi, o_lo, t_hi, v_skip, i_skip = sums
+    if skipped:
+        if valid:
+            return v_lo, v_hi, i_lo, i_hi, o_lo, t_hi, v_skip + 1, i_skip
+        return v_lo, v_hi, i_lo, i_hi, o_lo, t_hi, v_skip, i_skip + 1
+    if valid:
+        v_lo += e_lo
+        v_hi += e_hi
+    else:
+        i_lo += e_lo
+        i_hi += e_hi
+    if target:
+        t_hi = e_hi
+    else:
+        o_lo += e_lo
+    return v_lo, v_hi, i_lo, i_hi, o_lo, t_hi, v_skip, i_skip
 
 
 @kernel(args=(F2, F2, F2, F2, F1, "f64", "f64", I1, I1, I1, I1, F1, F1), returns=(F1, F1, I1, F1, F1))
@@ -509,7 +549,7 @@ def readout(Lm, Lr, S, Uabs, ub, c, f, valid_ptr, valid, target, vstamp, lo_t, h
     readout almost every token lies far below the top, so the radius product costs next to
     nothing.
 
-    **The error** is :func:`verifier.arithmetic.kernels._error`'s enclosure with no
+    **The error** is :func:`verifier.arithmetic.logits.error_enclosure`'s enclosure with no
     untouched token: with M the largest midpoint, z_t − M lies within δ = up(r_t + up(u·|x_c|))
     of x_c = fl(m_t − M) ((A1): the subtraction errs by at most u·|x_c|), and e_t = e^(z_t − M)
     is enclosed by :func:`exp_around`; S_val and S_inv the sums over the valid tokens and the others (Lemma 1:
@@ -521,26 +561,20 @@ def readout(Lm, Lr, S, Uabs, ub, c, f, valid_ptr, valid, target, vstamp, lo_t, h
 
     **The gap**: z_o <= hi(z_o), and max_{t != o} z_t >= lo(z_t) for each t != o (with either
     radius), the difference rounded down; where the floats compare best >= hi(z_o) the exact
-    difference is >= 0 (a tie counts: :func:`verifier.arithmetic.kernels._top_gap`).
+    difference is >= 0 (a tie counts: :func:`verifier.arithmetic.logits._top_gap`).
     1 − P(o) = S_others/(S_others + e_o), S_others over every t != o, enclosed as the error is.
 
     ``vstamp``: a work array of V int64 (overwritten)."""
     n, V = Lm.shape
     d = S.shape[1]
     lazy = d > 0
-    err_lo = np.empty(n)
-    err_hi = np.empty(n)
-    pred = np.full(n, -1, np.int64)
-    gap = np.full(n, np.nan)
-    obj_lo = np.full(n, np.nan)
+    err_lo, err_hi, pred, gap, obj_lo = _readout_arrays(n)
     cV = sum_factor(V + 1)
     dd = down(1.0 - gamma(V + 1))
     skip_hi = exp_above(SKIP, hi_t)
-    for t in range(V):
-        vstamp[t] = -1
+    vstamp[:V] = -1
     for i in range(n):
-        for q in range(valid_ptr[i], valid_ptr[i + 1]):
-            vstamp[valid[q]] = i
+        _mark_valid(i, valid_ptr, valid, vstamp)
         o = target[i]
         M = -np.inf
         arg = -1
@@ -549,7 +583,7 @@ def readout(Lm, Lr, S, Uabs, ub, c, f, valid_ptr, valid, target, vstamp, lo_t, h
         if lazy:
             for j in range(d):
                 s1 += S[i, j]
-            s1 = upp(c * s1)
+            s1 = up_nonneg(c * s1)
             if not np.isfinite(s1):
                 bad = True
         for t in range(V):
@@ -561,59 +595,30 @@ def readout(Lm, Lr, S, Uabs, ub, c, f, valid_ptr, valid, target, vstamp, lo_t, h
                 arg = t
         pred[i] = arg
         if bad or not np.isfinite(M):
-            err_lo[i], err_hi[i] = 0.0, 1.0
-            if o >= 0:
-                gap[i] = -np.inf
-                obj_lo[i] = 0.0
+            _nothing_known(i, o, err_lo, err_hi, gap, obj_lo)
             continue
-        inv_lo = 0.0
-        inv_hi = 0.0
-        val_lo = 0.0
-        val_hi = 0.0
-        oth_lo = 0.0
-        skip_inv = 0
-        skip_val = 0
-        eo_hi = 0.0
-        best = -np.inf
-        hi_o = 0.0
+        sums, best, hi_o = (0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0, 0), -np.inf, 0.0     # (_add_term's sums)
         for t in range(V):
             m = Lm[i, t]
             if lazy:
-                r = upp(upp(s1 * ub[t]) + f)
-                if t == o or up_signed(up_signed(m + r) - M) >= SKIP:
+                r = up_nonneg(up_nonneg(s1 * ub[t]) + f)
+                if t == o or up_finite(up_finite(m + r) - M) >= SKIP:
                     r = _dot_radius(S, Uabs, i, t, c, f)
             else:
                 r = Lr[i, t]
             xc = m - M
-            delta = upp(r + upp(U * abs(xc)))
-            x_hi = up_signed(xc + delta)
+            delta = up_nonneg(r + up_nonneg(U * abs(xc)))
+            x_hi = up_finite(xc + delta)
             if t == o:
-                hi_o = up_signed(m + r)
+                hi_o = up_finite(m + r)
             elif o >= 0:
-                low = down_signed(m - r)
+                low = down_finite(m - r)
                 if low > best:
                     best = low
-            if x_hi < SKIP and t != o:
-                if vstamp[t] == i:
-                    skip_val += 1
-                else:
-                    skip_inv += 1
-                continue
-            e_lo, e_hi = exp_around(xc, delta, lo_t, hi_t)
-            if vstamp[t] == i:
-                val_lo += e_lo
-                val_hi += e_hi
-            else:
-                inv_lo += e_lo
-                inv_hi += e_hi
-            if t == o:
-                eo_hi = e_hi
-            else:
-                oth_lo += e_lo
-        inv_hi = up(up(cV * inv_hi) + up(skip_inv * skip_hi))
-        val_hi = up(up(cV * val_hi) + up(skip_val * skip_hi))
-        inv_lo = down(dd * inv_lo)
-        val_lo = down(dd * val_lo)
+            skipped = x_hi < SKIP and t != o
+            e_lo, e_hi = (0.0, 0.0) if skipped else exp_around(xc, delta, lo_t, hi_t)
+            sums = _add_term(sums, vstamp[t] == i, t == o, skipped, e_lo, e_hi)
+        val_lo, val_hi, inv_lo, inv_hi, oth_lo, eo_hi = _masses(sums, cV, dd, skip_hi)
         hi_ = up(inv_hi / down(inv_hi + val_lo))
         lo_ = down(inv_lo / up(inv_lo + val_hi))
         err_hi[i] = hi_ if hi_ <= 1.0 else 1.0
@@ -641,22 +646,22 @@ def _absolute(rs, l1y, cst):
     """A deployed logit's absolute allowance for a token whose row of U sums to ``rs`` (in
     absolute values): the output sum's floor carried through U (with the logits' rounding),
     the logits' floor, and the inputs-read-as-zero allowance 2·e_min·(||ŷ||_1 + Σ|U_t|)
-    (:func:`verifier.arithmetic.kernels._deployed_logit`)."""
-    sum_floor = upp(upp(rs * cst[DC_F_Y]) * upp(1.0 + cst[DC_RHO_L])) if cst[DC_WITH_SUM] != 0.0 else 0.0
-    return upp(upp(sum_floor + cst[DC_F_L]) + upp(upp(2.0 * cst[DC_EMIN]) * upp(l1y + rs)))
+    (:func:`verifier.arithmetic.deployed.widen_logit`)."""
+    sum_floor = up_nonneg(up_nonneg(rs * cst[DC_F_Y]) * up_nonneg(1.0 + cst[DC_RHO_L])) if cst[DC_WITH_SUM] != 0.0 else 0.0
+    return up_nonneg(up_nonneg(sum_floor + cst[DC_F_L]) + up_nonneg(up_nonneg(2.0 * cst[DC_EMIN]) * up_nonneg(l1y + rs)))
 
 
 @kernel(args=(F2, F2, F2, F2, F1, "f64", "f64", F2, F1, F1, F1, I1, I1, I1, I1, F1, F1), returns=(F1, F1, I1, F1, F1, B1))
 def readout_deployed(Lm, Lr, S, Uabs, ub, c, f, Mv, rs_l, l1y, cst, valid_ptr, valid, target, vstamp, lo_t, hi_t):
     """:func:`readout` for every execution in a floating-point format (Lemma F2 of
     :mod:`verifier.passes.floating` for the output softmax, as
-    :func:`verifier.arithmetic.kernels._error_deployed` encloses it, with no untouched token).
+    :func:`verifier.arithmetic.logits.error_enclosure_deployed` encloses it, with no untouched token).
 
     A logit's radius is Lemma D's for the enclosure of U·ŷ with its inputs S = up(S_y +
     up(ρ·m)) (``S``, or whole in ``Lr``): S_y the exact pass's parts of ŷ, m = |r̂| + |ô| per
     coordinate (``Mv``: the magnitudes of the terms a runtime adds), ρ the output sum's and the
     logits' rounding, so that the radius covers ρ·Σ_j |U_tj|·m_j (the stages' rounding,
-    :func:`verifier.arithmetic.kernels._deployed_logit`) besides the exact pass's; plus the
+    :func:`verifier.arithmetic.deployed.widen_logit`) besides the exact pass's; plus the
     token's absolute allowance (:func:`_absolute`, ``l1y`` the row's ||ŷ||_1 bound, ``rs_l`` the
     rows of |U| summed). A token whose magnitude (1 + ρ)·Σ_j |U_tj|·m_j may reach the format's
     largest value makes the row undecided (its bound first from (Σ_j m_j)·max_j |U_tj|, then,
@@ -670,24 +675,18 @@ def readout_deployed(Lm, Lr, S, Uabs, ub, c, f, Mv, rs_l, l1y, cst, valid_ptr, v
     d = S.shape[1]
     lazy = d > 0
     undecided = np.zeros(n, np.bool_)
-    err_lo = np.empty(n)
-    err_hi = np.empty(n)
-    pred = np.full(n, -1, np.int64)
-    gap = np.full(n, np.nan)
-    obj_lo = np.full(n, np.nan)
+    err_lo, err_hi, pred, gap, obj_lo = _readout_arrays(n)
     cf = sum_factor(V + 2)
     dd = down(1.0 - gamma(V + 2))
     rel, tiny, lo_f, hi_f = cst[DC_REL], cst[DC_TINY], cst[DC_LO], cst[DC_HI]
     f_lo, f_hi, tau = cst[DC_F_LO], cst[DC_F_HI], cst[DC_TAU]
-    rho1 = upp(1.0 + cst[DC_RHO])
+    rho1 = up_nonneg(1.0 + cst[DC_RHO])
     largest = cst[DC_LARGEST]
-    skip_hi = upp(exp_above(SKIP, hi_t) * hi_f)
-    total_hi = upp(f_hi + tau)
-    for t in range(V):
-        vstamp[t] = -1
+    skip_hi = up_nonneg(exp_above(SKIP, hi_t) * hi_f)
+    total_hi = up_nonneg(f_hi + tau)
+    vstamp[:V] = -1
     for i in range(n):
-        for q in range(valid_ptr[i], valid_ptr[i + 1]):
-            vstamp[valid[q]] = i
+        _mark_valid(i, valid_ptr, valid, vstamp)
         o = target[i]
         s1 = 0.0
         s1m = 0.0
@@ -695,87 +694,60 @@ def readout_deployed(Lm, Lr, S, Uabs, ub, c, f, Mv, rs_l, l1y, cst, valid_ptr, v
             s1m += Mv[i, j]
             if lazy:
                 s1 += S[i, j]
-        s1 = upp(c * s1)
-        s1m = upp(c * s1m)
+        s1 = up_nonneg(c * s1)
+        s1m = up_nonneg(c * s1m)
         bad = not (np.isfinite(s1) and np.isfinite(s1m) and np.isfinite(l1y[i]))
         Mhi = -np.inf
         cs = -np.inf
         arg = -1
         for t in range(V):
             m = Lm[i, t]
-            r = upp(upp(s1 * ub[t]) + f) if lazy else Lr[i, t]
-            r = upp(r + _absolute(rs_l[t], l1y[i], cst))
+            r = up_nonneg(up_nonneg(s1 * ub[t]) + f) if lazy else Lr[i, t]
+            r = up_nonneg(r + _absolute(rs_l[t], l1y[i], cst))
             if not (np.isfinite(m) and np.isfinite(r)):
                 bad = True
-            if not (upp(rho1 * upp(s1m * ub[t])) < largest):
+            if not (up_nonneg(rho1 * up_nonneg(s1m * ub[t])) < largest):
                 acc = 0.0
                 for j in range(Mv.shape[1]):
                     acc += Mv[i, j] * Uabs[t, j]
-                if not (upp(rho1 * upp(upp(c * acc) + f)) < largest):
+                if not (up_nonneg(rho1 * up_nonneg(up_nonneg(c * acc) + f)) < largest):
                     bad = True
-            Mhi = max(Mhi, up_signed(m + r))
+            Mhi = max(Mhi, up_finite(m + r))
             if m > cs:
                 cs = m
                 arg = t
         pred[i] = arg
         if bad or not (np.isfinite(Mhi) and np.isfinite(cs)):
-            err_lo[i], err_hi[i] = 0.0, 1.0
+            _nothing_known(i, o, err_lo, err_hi, gap, obj_lo)
             undecided[i] = True
-            if o >= 0:
-                gap[i] = -np.inf
-                obj_lo[i] = 0.0
             continue
-        A_lo = 0.0
-        A_hi = 0.0
-        B_lo = 0.0
-        B_hi = 0.0
-        oth_lo = 0.0
-        eo_hi = 0.0
-        skip_A = 0
-        skip_B = 0
-        best = -np.inf
-        hi_o = 0.0
+        sums, best, hi_o = (0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0, 0), -np.inf, 0.0     # (_add_term's sums)
         for t in range(V):
             m = Lm[i, t]
             absolute = _absolute(rs_l[t], l1y[i], cst)
             if lazy:
-                r = upp(upp(upp(s1 * ub[t]) + f) + absolute)
-                lo = down_signed(m - r)
-                theta = upp(upp(rel * up_signed(Mhi - lo)) + tiny)
-                if t == o or up_signed(up_signed(up_signed(m + r) + theta) - cs) >= SKIP:
-                    r = upp(_dot_radius(S, Uabs, i, t, c, f) + absolute)
+                r = up_nonneg(up_nonneg(up_nonneg(s1 * ub[t]) + f) + absolute)
+                lo = down_finite(m - r)
+                theta = up_nonneg(up_nonneg(rel * up_finite(Mhi - lo)) + tiny)
+                if t == o or up_finite(up_finite(up_finite(m + r) + theta) - cs) >= SKIP:
+                    r = up_nonneg(_dot_radius(S, Uabs, i, t, c, f) + absolute)
             else:
-                r = upp(Lr[i, t] + absolute)
-            lo = down_signed(m - r)
-            hi = up_signed(m + r)
-            theta = upp(upp(rel * up_signed(Mhi - lo)) + tiny)
+                r = up_nonneg(Lr[i, t] + absolute)
+            lo = down_finite(m - r)
+            hi = up_finite(m + r)
+            theta = up_nonneg(up_nonneg(rel * up_finite(Mhi - lo)) + tiny)
             if t == o:
                 hi_o = hi
             elif o >= 0 and lo > best:
                 best = lo
-            x_hi = up_signed(up_signed(hi + theta) - cs)
-            if x_hi < SKIP and t != o:
-                if vstamp[t] == i:
-                    skip_A += 1
-                else:
-                    skip_B += 1
-                continue
-            e_lo = max(down_nonneg_(exp_below(down_signed(down_signed(lo - theta) - cs), lo_t) * lo_f), 0.0)
-            e_hi = upp(exp_above(x_hi, hi_t) * hi_f)
-            if vstamp[t] == i:
-                A_lo += e_lo
-                A_hi += e_hi
-            else:
-                B_lo += e_lo
-                B_hi += e_hi
-            if t == o:
-                eo_hi = e_hi
-            else:
-                oth_lo += e_lo
-        A_hi = up(up(cf * A_hi) + up(skip_A * skip_hi))
-        B_hi = up(up(cf * B_hi) + up(skip_B * skip_hi))
-        A_lo = down(dd * A_lo)
-        B_lo = down(dd * B_lo)
+            x_hi = up_finite(up_finite(hi + theta) - cs)
+            skipped = x_hi < SKIP and t != o
+            e_lo = e_hi = 0.0
+            if not skipped:
+                e_lo = max(down_nonneg(exp_below(down_finite(down_finite(lo - theta) - cs), lo_t) * lo_f), 0.0)
+                e_hi = up_nonneg(exp_above(x_hi, hi_t) * hi_f)
+            sums = _add_term(sums, vstamp[t] == i, t == o, skipped, e_lo, e_hi)
+        A_lo, A_hi, B_lo, B_hi, oth_lo, eo_hi = _masses(sums, cf, dd, skip_hi)
         r_lo = down(A_lo / up(A_lo + B_hi))
         r_hi = up(A_hi / down(A_hi + B_lo))
         if not (r_lo >= 0.0):
@@ -794,9 +766,3 @@ def readout_deployed(Lm, Lr, S, Uabs, ub, c, f, Mv, rs_l, l1y, cst, valid_ptr, v
                 p_hi = 1.0
             obj_lo[i] = down(1.0 - min(up(up(p_hi * f_hi) + tau), total_hi))
     return err_lo, err_hi, pred, gap, obj_lo, undecided
-
-
-@kernel()
-def down_nonneg_(x):
-    """:func:`down_nonneg` of one value (compiled): max(x·(1 − 2^-52) − 2^-1022, 0) for x >= 0."""
-    return max(x * STEP_DOWN - FLOOR, 0.0)

@@ -44,7 +44,7 @@ the report a full ``verify`` of W' would give, running only part of the queries:
    The ablated error changes the same way, and so does 1 − P_ablated(o) for the object o
    alone (the error of the valid set {o}: L1's number); margins do not change. The localization check's
    L2 gap of an object query, max_{t != o} z_t − z_o bounded below from the ablated logit
-   enclosures (:func:`verifier.arithmetic.kernels.ablated`), changes only through the
+   enclosures (:func:`verifier.arithmetic.logits.ablated`), changes only through the
    tokens of logit exactly 0 other than o: the witness t may be one of them, and their
    count Z moves by Δ exactly (every token added or removed is one, and none is o: a
    query whose object came or went has a changed fact, step 3). While Z > 0 before and

@@ -134,8 +134,8 @@ class DensePass:
         g = I.gamma(self.terms + 1)
         with np.errstate(invalid="ignore", over="ignore"):
             self.tab_m = np.ascontiguousarray(tab_m)
-            self.tab_w1 = D.up_nonneg(tab_r + D.up_nonneg(g * np.abs(tab_m)))     # vr + γ|vm|, rounded up
-            self.tab_w2 = D.up_nonneg(np.abs(tab_m) + tab_r)                      # |vm| + vr, rounded up
+            self.tab_w1 = D.up_nonneg_array(tab_r + D.up_nonneg_array(g * np.abs(tab_m)))     # vr + γ|vm|, rounded up
+            self.tab_w2 = D.up_nonneg_array(np.abs(tab_m) + tab_r)                      # |vm| + vr, rounded up
         self.oe_off = np.arange(H, dtype=np.int64) * V1
         self.op_off = H * V1 + np.arange(H, dtype=np.int64) * npos
         self.e_off, self.p_off = H * (V1 + npos), H * (V1 + npos) + V1
@@ -179,7 +179,7 @@ class DensePass:
             mid = np.asarray(Am @ self.tab_m)
             r1 = np.asarray(abs(Am) @ self.tab_w1)
             r2 = np.asarray(Ar @ self.tab_w2)
-            rad = D.up_nonneg(D.up_nonneg(D.up_nonneg(c * r1) + D.up_nonneg(c * r2)) + 3.0 * T * D.FLOOR)
+            rad = D.up_nonneg_array(D.up_nonneg_array(D.up_nonneg_array(c * r1) + D.up_nonneg_array(c * r2)) + 3.0 * T * D.FLOOR)
         if T > self.terms:
             raise AssertionError("a residual entry has more terms than its tables' rounding allows")
         return mid, I.guard(mid, rad)
@@ -211,7 +211,7 @@ class DensePass:
                 om = cm[:, None] * om
         with np.errstate(invalid="ignore", over="ignore"):
             ym = rm + om
-            yr = D.up_nonneg(D.up_nonneg(rr + orad) + D.up_nonneg(I.U * np.abs(ym)))
+            yr = D.up_nonneg_array(D.up_nonneg_array(rr + orad) + D.up_nonneg_array(I.U * np.abs(ym)))
         return ym, I.guard(ym, yr), np.zeros(ym.shape[0], bool), None
 
     def readout(self, ym: np.ndarray, yr: np.ndarray, valid_ptr: np.ndarray, valid: np.ndarray,
@@ -436,7 +436,7 @@ class DeployedDensePass(DensePass):
         R = residual(self.plain, np.ascontiguousarray(ids[:, 1:]))
         rm, rr = R.dense()
         with np.errstate(invalid="ignore", over="ignore"):
-            self._l1r = I.up(D.up_nonneg(np.abs(rm) + rr).sum(axis=1) * I.sum_factor(max(rm.shape[1], 1)))
+            self._l1r = I.up(D.up_nonneg_array(np.abs(rm) + rr).sum(axis=1) * I.sum_factor(max(rm.shape[1], 1)))
         return rm, rr
 
     def _stage(self, Xm, Xr, B: D.Matrix, rho: float):
@@ -447,9 +447,9 @@ class DeployedDensePass(DensePass):
         with np.errstate(invalid="ignore", over="ignore"):
             mid = D._times(Xm, B.B)
             ax = np.abs(Xm)
-            S = D.up_nonneg(D.up_nonneg(I.up(1.0 + rho) * Xr) + D.up_nonneg(I.up(g + rho) * ax))
-            rad = D.up_nonneg(D.up_nonneg(c * D._times(S, B.absB)) + 2.0 * (k + 1) * D.FLOOR)
-            mag = D.up_nonneg(D.up_nonneg(c * D._times(D.up_nonneg(ax + Xr), B.absB)) + 2.0 * (k + 1) * D.FLOOR)
+            S = D.up_nonneg_array(D.up_nonneg_array(I.up(1.0 + rho) * Xr) + D.up_nonneg_array(I.up(g + rho) * ax))
+            rad = D.up_nonneg_array(D.up_nonneg_array(c * D._times(S, B.absB)) + 2.0 * (k + 1) * D.FLOOR)
+            mag = D.up_nonneg_array(D.up_nonneg_array(c * D._times(D.up_nonneg_array(ax + Xr), B.absB)) + 2.0 * (k + 1) * D.FLOOR)
         return mid, rad, mag
 
     def gate(self, rm: np.ndarray, rr: np.ndarray):
@@ -459,12 +459,12 @@ class DeployedDensePass(DensePass):
         with np.errstate(invalid="ignore", over="ignore"):
             gm = mid + self.bG
             b = np.abs(self.bG)
-            gr = D.up_nonneg(rad + D.up_nonneg(I.U * np.abs(gm)))
-            daz = D.up_nonneg(D.up_nonneg(2.0 * st.e_min) * D.up_nonneg(self._l1r[:, None] + self.rs_g[None, :]))
-            gr = D.up_nonneg(gr + D.up_nonneg(D.up_nonneg(rho * b) + D.up_nonneg(st.f_g + daz)))
+            gr = D.up_nonneg_array(rad + D.up_nonneg_array(I.U * np.abs(gm)))
+            daz = D.up_nonneg_array(D.up_nonneg_array(2.0 * st.e_min) * D.up_nonneg_array(self._l1r[:, None] + self.rs_g[None, :]))
+            gr = D.up_nonneg_array(gr + D.up_nonneg_array(D.up_nonneg_array(rho * b) + D.up_nonneg_array(st.f_g + daz)))
             rho1 = I.up(1.0 + rho)
-            bad = ~(D.up_nonneg(rho1 * D.up_nonneg(np.abs(gm) + gr)) < st.largest)
-            bad |= ~(D.up_nonneg(rho1 * D.up_nonneg(mag + b)) < st.largest)   # every partial sum of the score
+            bad = ~(D.up_nonneg_array(rho1 * D.up_nonneg_array(np.abs(gm) + gr)) < st.largest)
+            bad |= ~(D.up_nonneg_array(rho1 * D.up_nonneg_array(mag + b)) < st.largest)   # every partial sum of the score
         gr = np.where(bad.any(axis=1)[:, None], np.inf, I.guard(gm, gr))
         return decide(gm, gr)
 
@@ -486,47 +486,47 @@ class DeployedDensePass(DensePass):
             mid, rad, mag = self._stage(rm, rr, W1, st.rho_z)
             zm = mid + b1
             b = np.abs(b1)
-            zr = D.up_nonneg(rad + D.up_nonneg(I.U * np.abs(zm)))
-            daz = D.up_nonneg(D.up_nonneg(2.0 * st.e_min) * D.up_nonneg(l1r[:, None] + self.rs_z[k][None, :]))
-            zr = D.up_nonneg(zr + D.up_nonneg(D.up_nonneg(st.rho_z * b) + D.up_nonneg(st.f_z + daz)))
-            bad = ~(D.up_nonneg(I.up(1.0 + st.rho_z) * D.up_nonneg(mag + b)) < largest).any(axis=1)
+            zr = D.up_nonneg_array(rad + D.up_nonneg_array(I.U * np.abs(zm)))
+            daz = D.up_nonneg_array(D.up_nonneg_array(2.0 * st.e_min) * D.up_nonneg_array(l1r[:, None] + self.rs_z[k][None, :]))
+            zr = D.up_nonneg_array(zr + D.up_nonneg_array(D.up_nonneg_array(st.rho_z * b) + D.up_nonneg_array(st.f_z + daz)))
+            bad = ~(D.up_nonneg_array(I.up(1.0 + st.rho_z) * D.up_nonneg_array(mag + b)) < largest).any(axis=1)
             zr = I.guard(zm, zr)
             am, ar = D.relu(np.ascontiguousarray(zm), np.ascontiguousarray(zr))
-            a_hi = D.up_nonneg(np.abs(am) + ar)
+            a_hi = D.up_nonneg_array(np.abs(am) + ar)
             l1a = I.up(a_hi.sum(axis=1) * I.sum_factor(max(a_hi.shape[1], 1)))
             # o = c·W_2·a: the exact enclosure, then the stages' rounding relative to |c|·Σ|W_2|·a_hi
             om, orad = D.product(am, ar, W2)
             k2 = W2.terms
-            unscaled = D.up_nonneg(D.up_nonneg(I.sum_factor(k2) * D._times(a_hi, W2.absB)) + 2.0 * (k2 + 1) * D.FLOOR)
+            unscaled = D.up_nonneg_array(D.up_nonneg_array(I.sum_factor(k2) * D._times(a_hi, W2.absB)) + 2.0 * (k2 + 1) * D.FLOOR)
             if cm is not None:
                 orad = I.mul_rad(cm[:, None], cr[:, None], om, orad)
                 om = cm[:, None] * om
-                cmax = D.up_nonneg(np.abs(cm) + cr)[:, None]
-                bad |= ~(D.up_nonneg(I.up(1.0 + st.rho_o) * unscaled) < largest).any(axis=1)   # W_2·a before c
+                cmax = D.up_nonneg_array(np.abs(cm) + cr)[:, None]
+                bad |= ~(D.up_nonneg_array(I.up(1.0 + st.rho_o) * unscaled) < largest).any(axis=1)   # W_2·a before c
             else:
                 cmax = np.ones((om.shape[0], 1))
             rho_o = I.up(st.rho_o + I.up(st.rho_sc * I.up(1.0 + st.rho_o)))
-            mag_o = D.up_nonneg(cmax * unscaled)
-            daz_o = D.up_nonneg(D.up_nonneg(2.0 * st.e_min) * D.up_nonneg(l1a[:, None] + self.rs_2[None, :]))
-            absolute = D.up_nonneg(D.up_nonneg(D.up_nonneg(cmax * D.up_nonneg(st.f_o + daz_o)) * I.up(1.0 + st.rho_sc))
+            mag_o = D.up_nonneg_array(cmax * unscaled)
+            daz_o = D.up_nonneg_array(D.up_nonneg_array(2.0 * st.e_min) * D.up_nonneg_array(l1a[:, None] + self.rs_2[None, :]))
+            absolute = D.up_nonneg_array(D.up_nonneg_array(D.up_nonneg_array(cmax * D.up_nonneg_array(st.f_o + daz_o)) * I.up(1.0 + st.rho_sc))
                                    + st.f_sc)
-            orad = D.up_nonneg(orad + D.up_nonneg(D.up_nonneg(rho_o * mag_o) + absolute))
-            bad |= ~(D.up_nonneg(I.up(1.0 + rho_o) * mag_o) < largest).any(axis=1)
+            orad = D.up_nonneg_array(orad + D.up_nonneg_array(D.up_nonneg_array(rho_o * mag_o) + absolute))
+            bad |= ~(D.up_nonneg_array(I.up(1.0 + rho_o) * mag_o) < largest).any(axis=1)
             orad = I.guard(om, orad)
             # ŷ = fl(r̂ + ô), and what its logits' rounding needs: per coordinate |r̂| + |ô|, ||ŷ||_1
             ym = rm + om
-            yr = I.guard(ym, D.up_nonneg(D.up_nonneg(rr + orad) + D.up_nonneg(I.U * np.abs(ym))))
-            Mv = D.up_nonneg(D.up_nonneg(np.abs(rm) + rr) + D.up_nonneg(np.abs(om) + orad))
+            yr = I.guard(ym, D.up_nonneg_array(D.up_nonneg_array(rr + orad) + D.up_nonneg_array(I.U * np.abs(ym))))
+            Mv = D.up_nonneg_array(D.up_nonneg_array(np.abs(rm) + rr) + D.up_nonneg_array(np.abs(om) + orad))
             d = rm.shape[1]
-            l1o = I.up(D.up_nonneg(np.abs(om) + orad).sum(axis=1) * I.sum_factor(max(d, 1)))
-            l1y = D.up_nonneg(D.up_nonneg(I.up(1.0 + st.rho_y) * D.up_nonneg(l1r + l1o)) + 2.0 * d * st.f_y)
+            l1o = I.up(D.up_nonneg_array(np.abs(om) + orad).sum(axis=1) * I.sum_factor(max(d, 1)))
+            l1y = D.up_nonneg_array(D.up_nonneg_array(I.up(1.0 + st.rho_y) * D.up_nonneg_array(l1r + l1o)) + 2.0 * d * st.f_y)
         bad |= ~(np.isfinite(ym).all(axis=1) & np.isfinite(yr).all(axis=1))
         rho_L = I.up(st.rho_y + I.up(st.rho_l * I.up(1.0 + st.rho_y)))
         return ym, yr, bad, (Mv, l1y, rho_L, True)
 
     def ablation_extra(self, rm: np.ndarray, rr: np.ndarray):
         with np.errstate(invalid="ignore", over="ignore"):
-            Mv = D.up_nonneg(np.abs(rm) + rr)
+            Mv = D.up_nonneg_array(np.abs(rm) + rr)
             l1 = I.up(Mv.sum(axis=1) * I.sum_factor(max(rm.shape[1], 1)))
         return (Mv, l1, self.st.rho_l, False)
 
@@ -547,7 +547,7 @@ class DeployedDensePass(DensePass):
             vp, vv = _take_csr(valid_ptr, valid, a, b)
             Lm, S, c, f = D.product_parts(ym[a:b], yr[a:b], self.UT)
             with np.errstate(invalid="ignore", over="ignore"):
-                S = D.up_nonneg(S + D.up_nonneg(rho * Mv[a:b]))
+                S = D.up_nonneg_array(S + D.up_nonneg_array(rho * Mv[a:b]))
             Lm = np.ascontiguousarray(Lm)
             with np.errstate(invalid="ignore"):
                 live = np.count_nonzero(Lm >= Lm.max(axis=1, initial=-np.inf, keepdims=True) + (D.SKIP - 1.0))

@@ -31,7 +31,7 @@ zero is exact, so only those heads' additions round).
 The ``ablation`` row is the model the localization check (L1, L2 and the ablated error,
 :mod:`verifier.checks.localization`) certifies in a deployed pass: y = r exactly, so its
 logits are U·r̂ through the ``logits`` row alone (``output sum`` is not on their path,
-:func:`verifier.arithmetic.kernels.ablated`), and its row says which ways of removing the
+:func:`verifier.arithmetic.logits.ablated`), and its row says which ways of removing the
 expert give exactly that y.
 """
 

@@ -22,7 +22,9 @@ the *shared part* s_c of the row's **cohort** c and the row's **own part** o_i, 
   (every term of the row but its own, in the plain pass's order) is a function of the
   key alone, enclosed once per cohort.
 
-The kernels (:mod:`verifier.arithmetic.factored`) carry the two parts through the gate,
+The kernels (each stage's factored twin: :func:`verifier.arithmetic.residual.residual_part`,
+:func:`verifier.arithmetic.gate.gate_parts`, :func:`verifier.arithmetic.experts.experts_parts`,
+:func:`verifier.arithmetic.logits.ablated_parts`) carry the two parts through the gate,
 the experts and the softmax, enclosing once per cohort (or per cohort and expert) what
 the rows share and per row what its own part touches; their docstrings give the
 arguments. A row's result depends on the row, the weights and the split only, never on
@@ -45,8 +47,11 @@ import scipy.sparse as sp
 
 from layout import Weights
 from verifier.arithmetic import interval as I
-from verifier.arithmetic import kernels as K_
-from verifier.arithmetic import factored as F_
+from verifier.arithmetic import experts as experts_k
+from verifier.arithmetic import exponential, rounding
+from verifier.arithmetic import gate as gate_k
+from verifier.arithmetic import logits as logits_k
+from verifier.arithmetic import residual as residual_k
 from verifier.passes.batches import take_csr
 from verifier.passes.forward import (ACTIVE_SLOTS, LOGITS_PER_RUN, BatchResult, Prepared, _row_runs, _unique_rows,
                                      attention)
@@ -115,7 +120,7 @@ def diverse_heads(weights: Weights, entities: np.ndarray) -> tuple[bool, ...]:
 
 class FactoredPass:
     """The exact certified pass of some weights, factored over cohorts (the pass protocol of
-    :class:`verifier.running.runner.Pass`): built on :class:`Prepared`'s tables, with
+    :class:`verifier.passes.protocol.Pass`): built on :class:`Prepared`'s tables, with
     ``split`` the full weights'. Weights in gate mode "top1-scaled" and the deployed pass
     run :class:`Prepared`'s plain pass."""
 
@@ -153,19 +158,19 @@ class FactoredPass:
     def scratch(self) -> dict:
         """Work arrays of the factored kernels (allocated once per process, on first use)."""
         if self._scratch is None:
-            K_.check()
+            rounding.check()
             w = self.prep.weights
             d, V, width = max(w.d, 1), max(len(w.vocab), self.prep.vocab_size, 1), max(self.prep.max_width, 1)
 
             def spa(size):
-                """A compact accumulator over ``size`` columns (kernels._at): (acc, touched, where).
+                """A compact accumulator over ``size`` columns (accumulate.slot): (acc, touched, where).
                 Only its first slots are written (np.zeros: untouched pages cost nothing) and
                 ``where`` is 4 bytes per column. Stamp 0 is no row's (Prepared.stamps starts at 1)."""
                 if size >= 2 ** 31:
                     raise ValueError(f"{size} columns: the accumulators' slot maps hold 32-bit slots")
                 return np.zeros((size, 5)), np.zeros(size, np.int64), np.zeros(size, np.int32)
 
-            # a cohort's logit table (verifier.arithmetic.factored._cohort_table): tokens, mid, rad,
+            # a cohort's logit table (verifier.arithmetic.logits.cohort_table): tokens, mid, rad,
             # exp bounds, by midpoint, by lower end, sorted tokens and their positions
             table = (np.zeros(V, np.int64), np.zeros(V), np.zeros(V), np.zeros(V), np.zeros(V),
                      np.zeros(V, np.int64), np.zeros(V, np.int64), np.zeros(V, np.int64), np.zeros(V, np.int64))
@@ -175,8 +180,10 @@ class FactoredPass:
                              # per slot of "z": the shared z and activity
                              "shared_z": (np.zeros(width), np.zeros(width), np.zeros(width), np.zeros(width),
                                           np.zeros(width, bool)),
-                             "v": np.zeros(V), "table": table, "watched": np.zeros(width, np.int64),
-                             "memo": np.full((4, F_.MEMO), np.nan),
+                             "v": np.zeros(V), "table": table,
+                             # the watched shared neurons, their count last (experts._record)
+                             "watched": np.zeros(width + 1, np.int64),
+                             "memo": np.full((4, exponential.MEMO), np.nan),
                              "u": (np.zeros(d), np.zeros(d), np.zeros((d, 2)))}
         return self._scratch
 
@@ -265,16 +272,16 @@ def run_batch(fp: FactoredPass, tokens: np.ndarray, valid_ptr: np.ndarray, valid
     OE = (prep.OE.indptr, prep.OE.indices, prep.OE.mid, prep.OE.rad)
     OP = (prep.OP.indptr, prep.OP.indices, prep.OP.mid, prep.OP.rad)
     with np.errstate(invalid="ignore", over="ignore"):
-        S = F_.residual_part(np.ascontiguousarray(ids[first]), np.ascontiguousarray(own[first]), fp.diverse, True,
+        S = residual_k.residual_part(np.ascontiguousarray(ids[first]), np.ascontiguousarray(own[first]), fp.diverse, True,
                              (np.ascontiguousarray(att_c), am, ar), E, P, OE, OP, heads, sc["y"],
                              prep.stamps(first.size))
-        O = F_.residual_part(ids, own, fp.diverse, False, (att, am, ar), E, P, OE, OP, heads, sc["y"], prep.stamps(n))
+        O = residual_k.residual_part(ids, own, fp.diverse, False, (att, am, ar), E, P, OE, OP, heads, sc["y"], prep.stamps(n))
     order = np.argsort(cohort, kind="stable")
     K = len(w.experts)
     G = np.empty((n, K)) if scores else np.empty((1, 1))
     gmid, gstamp, gtouched = sc["g"]
     with np.errstate(invalid="ignore", over="ignore"):
-        e, margin, Grad, top, top_lo, top_hi, cand_row, cand = F_.gate_parts(
+        e, margin, Grad, top, top_lo, top_hi, cand_row, cand = gate_k.gate_parts(
             S, O, cohort, order, prep.WGT_arrays, prep.wg_colmax, np.asarray(w.b_G, np.float64), prep.wg_max_terms,
             gmid, gstamp, gtouched, prep.stamps(n), G, scores)
     per_row = np.bincount(cand_row, minlength=n)
@@ -300,8 +307,8 @@ def run_batch(fp: FactoredPass, tokens: np.ndarray, valid_ptr: np.ndarray, valid
     scratch = (*sc["z"], *sc["shared_z"], *sc["z_own"], *sc["y"], *sc["L"], sc["v"], sc["table"], sc["watched"],
                sc["memo"])
     ab_sorted = order[ablate[order]]                        # ablated rows, grouped by cohort
-    bound_o = K_.logits_bound(O[0], O[1], UT[0])
-    bound_s = K_.logits_bound(S[0], S[1], UT[0])
+    bound_o = logits_k.logits_bound(O[0], O[1], UT[0])
+    bound_s = logits_k.logits_bound(S[0], S[1], UT[0])
     if int(bound_o.sum()) + int(bound_s.sum()) <= LOGITS_PER_RUN:
         runs = [(np.arange(n), 0, first.size, p_rows, p_exp, ab_sorted)]
     else:
@@ -333,13 +340,13 @@ def run_batch(fp: FactoredPass, tokens: np.ndarray, valid_ptr: np.ndarray, valid
             Lo = _logits(prep, sc, Or, bound_o[rows] if not whole else bound_o)
             act = np.full((q_rows.size, R_ACT + 1), -1, np.int64)
             act[:, R_ACT] = 0
-            lo, hi, pred, r_lo, r_hi = F_.experts_parts((lr, q_exp), coh, Sr, Or, Ls, Lo, *expert_args, (vp, vv),
+            lo, hi, pred, r_lo, r_hi = experts_k.experts_parts((lr, q_exp), coh, Sr, Or, Ls, Lo, *expert_args, (vp, vv),
                                                         scratch, prep.stamps(2 * q_rows.size), prep.watch, act)
             out_pairs.append((q_rows, q_exp, lo, hi, pred, r_lo, r_hi, act))
             if ab_rows.size:
                 la = ab_rows if whole else np.ascontiguousarray(local[ab_rows])
                 sc_L = sc["L"]
-                res = F_.ablated_parts(la, coh, Ls, Lo, V, vp, vv, sc_L, sc["v"], sc["table"], sc["memo"],
+                res = logits_k.ablated_parts(la, coh, Ls, Lo, V, vp, vv, sc_L, sc["v"], sc["table"], sc["memo"],
                                        prep.stamps(3 * ab_rows.size), tg, Sr, Or, prep.U_arrays, sc["u"])
                 (ab_lo[ab_rows], ab_hi[ab_rows], ab_rho_lo[ab_rows], ab_rho_hi[ab_rows], ab_gap[ab_rows],
                  ab_zeros[ab_rows], ab_obj[ab_rows]) = res
@@ -373,7 +380,7 @@ def _rows(X: tuple, idx: np.ndarray) -> tuple:
 
 
 def _logits(prep: Prepared, sc: dict, X: tuple, bound: np.ndarray) -> tuple:
-    """U·X for the rows of a part (:func:`verifier.arithmetic.kernels.logits`)."""
+    """U·X for the rows of a part (:func:`verifier.arithmetic.logits.logits`)."""
     UT = prep.UT_arrays
-    return K_.logits(X[0], X[1], X[2], X[3], UT[0], UT[1], UT[2], *sc["L"], prep.stamps(X[0].size - 1),
+    return logits_k.logits(X[0], X[1], X[2], X[3], UT[0], UT[1], UT[2], *sc["L"], prep.stamps(X[0].size - 1),
                      max(int(bound.sum()), 1))

@@ -45,7 +45,7 @@ than 2^emin·(Σ|x| + Σ|w|), carried by at most 2. A stage's input is itself an
 by ρ·Σ|terms| (the terms' magnitudes bounded by |mid| + rad) and the absolute allowances,
 encloses the deployed value. :class:`Stages` holds every stage's ρ and floor for given
 weights; the compiled pass adds them to the exact pass's enclosures (verifier.passes.forward,
-``Deployed``; verifier.arithmetic.kernels, the ``deployed`` arguments).
+``Deployed``; verifier.arithmetic.deployed, the kernels' ``deployed`` arguments).
 
 **Lemma F2** (softmax in F). Let ŝ be the computed scores, M = max ŝ, t̂_j the shifted
 score as computed and stored (|t̂_j − (ŝ_j − M)| <= rel·W_j + tiny, W_j = max_l hi_l − lo_j),
@@ -74,6 +74,7 @@ from layout import Weights
 from layout.formats import FORMATS, Format
 from verifier.passes import execution
 from verifier.arithmetic import interval as I
+from verifier.arithmetic.deployed import KERNEL_CONSTANTS, SOFTMAX_CONSTANTS
 from verifier.arithmetic.interval import ratio_bounds
 
 #: Default accuracy of exp and of the division in the deployed softmax, in ulps (F3).
@@ -199,7 +200,7 @@ class Stages:
     """Every stage's rounding, for weights as deployed (already rounded to the format): the
     execution model of :mod:`verifier.passes.execution` read through :meth:`Deployment.rel` and
     :meth:`Deployment.floor`, for the numbers of terms these weights have. The compiled pass
-    (:mod:`verifier.passes.forward`, :mod:`verifier.arithmetic.kernels`) adds, at each stage, ``rho`` times the
+    (:mod:`verifier.passes.forward`, :mod:`verifier.arithmetic.deployed`) adds, at each stage, ``rho`` times the
     stage's sum of |terms| (which it already accumulates for its own float64 rounding) and
     the stage's absolute ``floor`` (underflow) and ``daz`` allowance (inputs read as zero:
     each product x·w loses less than e_min·(|x| + |w|), so a sum loses less than
@@ -269,16 +270,9 @@ class Stages:
         return float(I.up(I.up(I.up(I.up(1.0 + self.rho_h) * I.up(1.0 + self.rho_v)) * I.up(1.0 + self.rho_mix)) - 1.0))
 
     def kernel_constants(self) -> np.ndarray:
-        """The scalars the kernels read, in the order :data:`KERNEL_CONSTANTS` names them."""
-        values = {name: getattr(self, name) for name in KERNEL_CONSTANTS if name != "k_value"}
-        values["k_value"] = self.k_value
-        return np.array([float(values[n]) for n in KERNEL_CONSTANTS])
-
-
-#: The scalar constants the kernels receive (an array, in this order); verifier.arithmetic.kernels reads
-#: them by these positions (KC_* there).
-KERNEL_CONSTANTS = ("e_min", "largest", "rho_h", "f_h", "k_value", "rho_g", "f_g", "rho_z", "f_z", "rho_o", "f_o",
-                    "rho_sc", "f_sc", "rho_y", "f_y", "rho_l", "f_l")
+        """The scalars the kernels read, in the order
+        :data:`verifier.arithmetic.deployed.KERNEL_CONSTANTS` names them (each an attribute here)."""
+        return np.array([float(getattr(self, name)) for name in KERNEL_CONSTANTS])
 
 
 def stages(weights: Weights, dep: Deployment) -> Stages:
@@ -372,9 +366,12 @@ def _exp_constants(dep: Deployment) -> tuple[float, float, float, float]:
 
 
 def softmax_constants(V: int, dep: Deployment) -> np.ndarray:
-    """The output softmax's constants for the compiled pass (verifier.arithmetic.kernels: SM_*): the
-    exps' (:func:`_exp_constants`) and the valid mass's factors and τ (:func:`_factors`)."""
-    return np.array([*_exp_constants(dep), *_factors(V, dep, mass=True)])
+    """The output softmax's constants for the compiled pass, in the order
+    :data:`verifier.arithmetic.deployed.SOFTMAX_CONSTANTS` names them: the exps'
+    (:func:`_exp_constants`) and the valid mass's factors and τ (:func:`_factors`)."""
+    values = dict(zip(("rel", "tiny", "lo", "hi"), _exp_constants(dep)))
+    values.update(zip(("f_lo", "f_hi", "tau"), _factors(V, dep, mass=True)))
+    return np.array([values[name] for name in SOFTMAX_CONSTANTS])
 
 
 def _exp_terms(lo, hi, Mhi, c, dep: Deployment):

@@ -6,21 +6,21 @@ certified margin, and the error 1 − P(valid) of the next-token distribution, f
 model and for the model with the routed expert's output removed (ablation). The
 equations are those of :mod:`layout`; the arithmetic is :mod:`verifier.arithmetic.interval`
 (mid-radius, every radius rounded upward, enclosed exp), carried out per row by the
-compiled kernels of :mod:`verifier.arithmetic.kernels`.
+compiled kernels of :mod:`verifier.arithmetic`, one module per stage.
 
 Stages of :func:`run_batch`:
 
 1. **Attention** (numpy): per head, the score intervals and softmax enclosures, once per
    distinct row of token classes (rows whose tokens have identical projections share
    them); every head and position in the same array operations.
-2. **Residual** (:func:`verifier.arithmetic.kernels.residual`): E[x_p] + P[p] + each head's value
+2. **Residual** (:func:`verifier.arithmetic.residual.residual`): E[x_p] + P[p] + each head's value
    rows scaled by its attention intervals, summed per entry.
-3. **Gate** (:func:`verifier.arithmetic.kernels.gate`): scores and one radius per row; the routed
+3. **Gate** (:func:`verifier.arithmetic.gate.gate`): scores and one radius per row; the routed
    expert, the certified margin, and every expert that may still win.
-4. **Experts and error** (:func:`verifier.arithmetic.kernels.experts`): for each (row, expert that
+4. **Experts and error** (:func:`verifier.arithmetic.experts.experts`): for each (row, expert that
    may win), W_1·r + b_1, ReLU, y = r + c·W_2·a, the logits U·y and the error enclosure;
    the reported enclosure is the worst over the experts that may win.
-5. **Ablation** (:func:`verifier.arithmetic.kernels.ablated`): the error of softmax(U·r), and
+5. **Ablation** (:func:`verifier.arithmetic.logits.ablated`): the error of softmax(U·r), and
    for a row with a target token o (an object query's object) a lower bound of
    max_{t != o} z_t − z_o over z = U·r (the localization check's L2) and a lower end of
    1 − P(o) for o alone (its L1).
@@ -41,10 +41,15 @@ import scipy.sparse as sp
 
 from layout import Weights
 from verifier.arithmetic import interval as I
-from verifier.arithmetic import kernels as K_
+from verifier.arithmetic import experts as experts_k
+from verifier.arithmetic import gate as gate_k
+from verifier.arithmetic import logits as logits_k
+from verifier.arithmetic import residual as residual_k
+from verifier.arithmetic import rounding
 from verifier.arithmetic.interval import SparseInterval, softmax_bounds
 from verifier.passes.batches import take_csr
-from verifier.passes.floating import KERNEL_CONSTANTS, Deployment, softmax_constants
+from verifier.arithmetic.deployed import KERNEL_CONSTANTS
+from verifier.passes.floating import Deployment, softmax_constants
 from verifier.passes.floating import softmax as deployed_softmax
 from verifier.passes.floating import stages as stages_of
 
@@ -64,7 +69,7 @@ class BatchResult:
     top_gate: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None  # (n, 3) experts, lower, upper ends
     candidates: tuple[np.ndarray, np.ndarray] | None = None  # CSR (ptr, experts): the experts that may win each row
     #: enclosure of the probability one token of logit exactly 0 has, with the routed expert
-    #: (rho) and with it removed (ablated_rho); NaN where not computed (kernels._error)
+    #: (rho) and with it removed (ablated_rho); NaN where not computed (logits.error_enclosure)
     rho_lo: np.ndarray | None = None
     rho_hi: np.ndarray | None = None
     ablated_rho_lo: np.ndarray | None = None
@@ -144,7 +149,7 @@ class _RowTable:
 
 #: Tokens per chunk when the per-token head projections are computed.
 TOKEN_CHUNK = 1 << 16
-#: A residual direction read by at least this many rows of W_G is "hot" (kernels.gate).
+#: A residual direction read by at least this many rows of W_G is "hot" (gate.gate).
 HOT_READERS = 16
 
 
@@ -317,7 +322,7 @@ class Prepared:
         self.P_arrays = _csr_arrays(I.as_csr(weights.P))
         # The gate and the unembedding as CSR arrays over the residual directions.
         self.UT_arrays = _csr_arrays(weights.U.T.tocsr())
-        #: U by token (the ablation's top-token gap compares two rows: kernels._pair_gap)
+        #: U by token (the ablation's top-token gap compares two rows: logits._pair_gap)
         self.U_arrays = _csr_arrays(weights.U) if deployment is None else _csr_arrays(sp.csr_matrix((0, d)))
         self.WGT_arrays = _csr_arrays(weights.W_G.T.tocsr())
         WG = I.as_csr(weights.W_G)
@@ -325,7 +330,7 @@ class Prepared:
         self.wg_colmax = np.zeros(d)
         np.maximum.at(self.wg_colmax, WG.indices, np.abs(WG.data))
         self.wg_max_terms = max(int(np.diff(WG.indptr).max(initial=1)), int(gate_terms))
-        # columns read by many experts: their part of the gate scores is shared by rows (kernels.gate)
+        # columns read by many experts: their part of the gate scores is shared by rows (gate.gate)
         self.wg_hot = np.diff(self.WGT_arrays[0]) >= HOT_READERS
         # All experts side by side for the kernels: neuron g of expert k is global neuron
         # off[k] + g; W_1^T rows list (global neuron, weight) sorted by neuron.
@@ -359,13 +364,13 @@ class Prepared:
                   ablate: np.ndarray | None = None, scores: bool = True,
                   target: np.ndarray | None = None) -> "BatchResult":
         """The certified pass over a batch (:func:`run_batch`): the pass protocol of
-        :class:`verifier.running.runner.Pass`, which the deployed pass of a format shares."""
+        :class:`verifier.passes.protocol.Pass`, which the deployed pass of a format shares."""
         return run_batch(self, tokens, valid_ptr, valid, ablate=ablate, scores=scores, target=target)
 
     def scratch(self):
         """Sparse-accumulator work arrays (allocated once per process, on first use)."""
         if self._scratch is None:
-            K_.check()
+            rounding.check()
             d, V, w = self.weights.d, len(self.weights.vocab), max(self.max_width, 1)
 
             def spa(size):
@@ -375,11 +380,11 @@ class Prepared:
             if V >= 2 ** 31:
                 raise ValueError(f"{V} tokens: the logits' slot map holds 32-bit slots")
             K = len(self.weights.experts)
-            # "y" has a sixth column: the deployed pass's unscaled magnitude of an expert output (kernels.experts)
+            # "y" has a sixth column: the deployed pass's unscaled magnitude of an expert output (experts.experts)
             self._scratch = {"z": spa(w), "y": (np.zeros((max(d, 1), 6)), np.zeros(max(d, 1), np.int64)),
                              "L": spa(max(V, 1)),
-                             # the slot map of kernels.logits, which keeps its sums compactly in "L"
-                             # (kernels._at; stamps are never reused, so the two layouts share it safely)
+                             # the slot map of logits.logits, which keeps its sums compactly in "L"
+                             # (accumulate.slot; stamps are never reused, so the two layouts share it safely)
                              "Lw": np.zeros(max(V, 1), np.int32),
                              "m": np.zeros((max(d, 1), 2)), "lm": np.zeros(max(self.vocab_size, V, 1)),
                              "g": (np.zeros(K), np.full(K, -1.0), np.zeros(K, np.int64)),
@@ -666,7 +671,7 @@ def residual(prep: Prepared, tokens: np.ndarray) -> SparseInterval:
     """r at the last position for rows of ``tokens`` (n x p, weights' ids), enclosed.
 
     r = E[x_p] + P[p] + Σ_m (head m's output), each entry a sum of terms with a rounding
-    bound (:func:`verifier.arithmetic.kernels.residual`).
+    bound (:func:`verifier.arithmetic.residual.residual`).
     """
     w = prep.weights
     n, p = tokens.shape
@@ -676,11 +681,11 @@ def residual(prep: Prepared, tokens: np.ndarray) -> SparseInterval:
     OE, OP = prep.OE, prep.OP
     npos = w.P.shape[0]
     (Ep, Ei, Ev), (Pp, Pi, Pv) = prep.E_arrays, prep.P_arrays
-    cap = K_.residual_bound(ids, Ep, Pp, OE.indptr, OP.indptr, H, prep.v_row, npos)
+    cap = residual_k.residual_bound(ids, Ep, Pp, OE.indptr, OP.indptr, H, prep.v_row, npos)
     yacc, ytouched = prep.scratch()["y"]
     stamp0 = prep.stamps(n)
     with np.errstate(invalid="ignore", over="ignore"):
-        ptr, idx, mid, rad = K_.residual(ids, (att, am, ar), (Ep, Ei, Ev), (Pp, Pi, Pv),
+        ptr, idx, mid, rad = residual_k.residual(ids, (att, am, ar), (Ep, Ei, Ev), (Pp, Pi, Pv),
                                         (OE.indptr, OE.indices, OE.mid, OE.rad), (OP.indptr, OP.indices, OP.mid, OP.rad),
                                         (H, prep.v_row, npos), (yacc, ytouched), stamp0, max(cap, 1),
                                         _residual_deployed(prep, ids, att, am, ar))
@@ -750,7 +755,7 @@ def _row_runs(bound: np.ndarray, limit: int) -> list[tuple[int, int]]:
 
 
 def gate_decisions(prep: Prepared, R: SparseInterval, scores: bool):
-    """The gate's decisions (:func:`verifier.arithmetic.kernels.gate`): winner, margin, radius per row,
+    """The gate's decisions (:func:`verifier.arithmetic.gate.gate`): winner, margin, radius per row,
     top three, the experts that may win (CSR), and the (n, K) midpoints if ``scores``."""
     n, K = R.shape[0], len(prep.weights.experts)
     G = np.empty((n, K)) if scores else np.empty((1, 1))
@@ -758,7 +763,7 @@ def gate_decisions(prep: Prepared, R: SparseInterval, scores: bool):
     with np.errstate(invalid="ignore", over="ignore"):
         D = prep.deployed
         deployed = (True, D.fp, D.stages.rs_g) if D is not None else (False, np.zeros(1), 0.0)
-        out = K_.gate(R.indptr, R.indices, R.mid, R.rad, *prep.WGT_arrays, prep.wg_colmax, prep.wg_hot,
+        out = gate_k.gate(R.indptr, R.indices, R.mid, R.rad, *prep.WGT_arrays, prep.wg_colmax, prep.wg_hot,
                       np.asarray(prep.weights.b_G, np.float64), prep.wg_max_terms,
                       gmid, gstamp, gtouched, prep.stamps(n), G, scores, deployed)
     return (*out, G if scores else None)
@@ -843,19 +848,19 @@ def run_batch(prep: Prepared | Weights, tokens: np.ndarray, valid_ptr: np.ndarra
     undecided_rows = np.zeros(n, bool)
     UT_ptr, UT_idx, UT_val = prep.UT_arrays
     # U·r for a run of rows at a time, so that memory stays bounded for any unembedding
-    bound = K_.logits_bound(R.indptr, R.indices, UT_ptr)
+    bound = logits_k.logits_bound(R.indptr, R.indices, UT_ptr)
     for a, b in _row_runs(bound, LOGITS_PER_RUN):
         Rc = R if (a, b) == (0, n) else R.rows(np.arange(a, b))
         vp, vv = take_csr(vptr, vals, np.arange(a, b))
         with np.errstate(invalid="ignore", over="ignore"):
-            L = K_.logits(Rc.indptr, Rc.indices, Rc.mid, Rc.rad, UT_ptr, UT_idx, UT_val, *sc["L"], sc["Lw"],
+            L = logits_k.logits(Rc.indptr, Rc.indices, Rc.mid, Rc.rad, UT_ptr, UT_idx, UT_val, *sc["L"], sc["Lw"],
                           prep.stamps(b - a), max(int(bound[a:b].sum()), 1))
             deployed = _experts_deployed(prep, Rc, sc)
             sel = (pair_rows >= a) & (pair_rows < b)
             n_sel = int(sel.sum())
             act = np.full((n_sel, R_ACT + 1), -1, np.int64)
             act[:, R_ACT] = 0
-            lo, hi, pred, r_lo, r_hi, pair_bad = K_.experts(
+            lo, hi, pred, r_lo, r_hi, pair_bad = experts_k.experts(
                 ((pair_rows[sel] - a).astype(np.int64), pair_experts[sel].astype(np.int64)),
                 (np.ascontiguousarray(cm[sel]), np.ascontiguousarray(cr[sel])),
                 (Rc.indptr, Rc.indices, Rc.mid, Rc.rad), L, prep.W1T, (prep.off, prep.b1, prep.pos_ptr, prep.pos_idx),
@@ -878,7 +883,7 @@ def run_batch(prep: Prepared | Weights, tokens: np.ndarray, valid_ptr: np.ndarra
             ab = np.flatnonzero(ablate[a:b])
             if ab.size:
                 (ab_lo[a + ab], ab_hi[a + ab], ab_rho_lo[a + ab], ab_rho_hi[a + ab], ab_gap[a + ab],
-                 ab_zeros[a + ab], ab_obj[a + ab]) = K_.ablated(ab.astype(np.int64), L, V, vp, vv, *sc["L"], sc["v"],
+                 ab_zeros[a + ab], ab_obj[a + ab]) = logits_k.ablated(ab.astype(np.int64), L, V, vp, vv, *sc["L"], sc["v"],
                                                                prep.stamps(2 * ab.size), deployed, target[a:b],
                                                 (Rc.indptr, Rc.indices, Rc.mid, Rc.rad), prep.U_arrays, sc["u"])
     undecided = ~np.isfinite(Grad) | undecided_rows     # the gate cannot say which expert wins

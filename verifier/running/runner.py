@@ -1,4 +1,4 @@
-"""Where the certified pass runs: the pass protocol, the weights cut to shards, one runner.
+"""Where the certified pass runs: the weights cut to shards, one runner.
 
 A verification sends batches of queries (:mod:`verifier.passes.batches`) through a certified
 forward pass and reads back, per query, the enclosures the checks decide on. This module
@@ -6,8 +6,9 @@ owns everything between the two:
 
 * **the pass** (:class:`PassSpec`): the exact pass of :mod:`verifier.passes.forward` or the
   deployed pass of a floating-point format (:mod:`verifier.passes.floating`), both with
-  ``run_batch(tokens, valid_ptr, valid, ablate, scores, target) -> BatchResult``; a spec is small
-  and picklable, and the pass's tables are built where they are used;
+  ``run_batch(tokens, valid_ptr, valid, ablate, scores, target) -> BatchResult`` (the pass
+  protocol, :class:`verifier.passes.protocol.Pass`); a spec is small and picklable, and the
+  pass's tables are built where they are used;
 * **a shard** (:class:`Shard`): weights, the task-set -> weights token map and a spec;
   :class:`ShardPart`: the weights *cut* to a cone of influence (some tasks' experts, some
   tokens: :mod:`verifier.running.shards`) and renumbered, whose results are the full pass's bit
@@ -30,7 +31,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, replace
 from functools import partial
-from typing import Any, Callable, Iterable, Iterator, Protocol
+from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 import scipy.sparse as sp
@@ -41,15 +42,7 @@ from verifier.passes.floating import Deployment
 from verifier.passes.dense import DensePass, DeployedDensePass, is_dense
 from verifier.passes.factored import FactoredPass, Split
 from verifier.passes.forward import BatchResult, Prepared
-
-
-class Pass(Protocol):
-    """A certified forward pass of fixed weights (:mod:`verifier.passes.forward`: the exact pass;
-    :mod:`verifier.passes.floating`: every execution in a floating-point format)."""
-
-    def run_batch(self, tokens: np.ndarray, valid_ptr: np.ndarray, valid: np.ndarray,
-                  ablate: np.ndarray | None = None, scores: bool = True,
-                  target: np.ndarray | None = None) -> BatchResult: ...
+from verifier.passes.protocol import Pass
 
 
 @dataclass(frozen=True)

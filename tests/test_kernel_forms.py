@@ -1,4 +1,4 @@
-"""The kernels' two forms (verifier.arithmetic.compiled): ahead of time and just in time.
+"""The kernels' two forms (verifier.arithmetic.kernel_forms): ahead of time and just in time.
 
 The ahead-of-time form runs only calls whose arguments match a kernel's declared types,
 exactly as numba types them; it returns bitwise what the JIT form returns; a whole check
@@ -9,6 +9,7 @@ build that fails, a file that does not load, a probe that fails) runs just in ti
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -20,8 +21,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from budget import examples
-from verifier.arithmetic import compiled, kernels
-from verifier.arithmetic.compiled import KERNELS, Kernel, Kernels, matches, numba_type
+from verifier.arithmetic import kernel_forms, logits, rounding
+from verifier.arithmetic.kernel_forms import KERNELS, Kernel, Kernels, matches, numba_type
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -52,13 +53,13 @@ def near(draw, spec, change=None):
         elif how == "add":
             items.append(np.zeros(1))
         return items if how == "list" else tuple(items)
-    m = compiled._ARRAY.match(spec)
+    m = kernel_forms._ARRAY.match(spec)
     if m is None:
         good = {"i64": [0, -(2 ** 63), 2 ** 63 - 1, np.int64(3)], "f64": [1.5, np.float64(2.0)],
                 "bool": [True, np.bool_(False)]}[spec]
         other = [2 ** 63, -(2 ** 63) - 1, 2 ** 70, 1.5, 1, True, np.int32(3), np.float32(2.0), np.uint64(1), None, "x"]
         return draw(st.sampled_from(other if change else good))
-    dtype, ndim = compiled._DTYPES[m.group(1)], int(m.group(2))
+    dtype, ndim = kernel_forms._DTYPES[m.group(1)], int(m.group(2))
     how = draw(st.sampled_from(["dtype", "ndim", "F", "strided", "readonly", "subclass"])) if change else None
     if how == "dtype":
         dtype = draw(st.sampled_from(DTYPES))
@@ -115,9 +116,21 @@ def test_the_declared_types_reject_what_the_extension_would_misread():
 def test_every_exported_kernel_declares_types_numba_can_build():
     exported = KERNELS.exported()
     names = {k.export_name for k in exported}
-    assert {"kernels___probe", "kernels__experts", "factored__experts_parts", "factored__ablated_parts"} <= names
+    assert {"rounding___probe", "rounding__up", "experts__experts", "experts__experts_parts", "logits__ablated_parts",
+            "residual__residual_part", "gate__gate"} <= names
     for k in exported:
         numba_type(k.returns)(*[numba_type(a) for a in k.args])
+
+
+def test_every_module_with_kernels_is_in_the_key():
+    """The extension's key hashes the sources of MODULES: a kernel defined in any other module
+    would be compiled into the extension without its source in the key (a changed file would
+    load a stale extension)."""
+    KERNELS.exported()
+    assert {k.__module__ for k in KERNELS.kernels} <= set(kernel_forms.MODULES)
+    defining = {f"verifier.arithmetic.{p.stem}" for p in (ROOT / "verifier" / "arithmetic").glob("*.py")
+                if re.search(r"^@kernel\(", p.read_text(encoding="utf-8"), re.M)}
+    assert defining == set(kernel_forms.MODULES)
 
 
 # -- the same numbers in both forms --------------------------------------------------------
@@ -140,7 +153,7 @@ def test_both_forms_return_bitwise_the_same_for_every_call_of_a_check(monkeypatc
     from verifier.passes.floating import Deployment
     from verifier.running.parallel import LocalPool
 
-    kernels.check()
+    rounding.check()
     if KERNELS.module is False:
         pytest.skip(f"no compiled extension in this process: {KERNELS.note}")
     seen = {}
@@ -165,12 +178,12 @@ def test_both_forms_return_bitwise_the_same_for_every_call_of_a_check(monkeypatc
 
 
 def test_a_call_that_does_not_fit_runs_just_in_time():
-    kernels.check()
+    rounding.check()
     rows = np.array([0, 2, 3], np.int64)
     idx = np.array([0, 1, 1], np.int64)
     ut = np.array([0, 1, 3], np.int64)
-    expected = kernels.logits_bound(rows, idx, ut)
-    k = kernels.logits_bound
+    expected = logits.logits_bound(rows, idx, ut)
+    k = logits.logits_bound
     saved = k._aot
 
     def refuse(*args):
@@ -191,7 +204,7 @@ _NO_NUMBA = """
 import sys
 from construction.model import build
 from tasks.io import load_tasks
-from verifier.arithmetic.compiled import KERNELS
+from verifier.arithmetic.kernel_forms import KERNELS
 from verifier.checks.verify import verify
 from verifier.passes.floating import Deployment
 from verifier.running.parallel import LocalPool
@@ -238,12 +251,12 @@ def _environ():
 # -- every way of having no extension ------------------------------------------------------
 
 def _fresh(monkeypatch, tmp_path) -> Kernels:
-    """A registry of the real kernels' functions (probed as kernels.py probes its own), with
+    """A registry of the real kernels' functions (probed as rounding.py probes its own), with
     its own directory for the extension (every kernel module imported first, whichever test runs alone)."""
     KERNELS.exported()
     reg = Kernels(dirs=[tmp_path])
     by_name = {k.__name__: Kernel(k.py_func, reg, k.options, k.args, k.returns) for k in KERNELS.kernels}
-    reg.add_probe(lambda form: kernels._ieee(lambda k: form(by_name[k.__name__])))
+    reg.add_probe(lambda form: rounding._ieee(lambda k: form(by_name[k.__name__])))
     monkeypatch.setattr(reg, "exported", lambda: [k for k in reg.kernels if k.args is not None])
     return reg
 
@@ -260,7 +273,7 @@ def test_a_build_that_fails_leaves_a_note_and_runs_just_in_time(monkeypatch, tmp
         calls.append(name)
         raise RuntimeError("no C compiler\nlinker said: cc not found")
 
-    monkeypatch.setattr(compiled, "build", failing)
+    monkeypatch.setattr(kernel_forms, "build", failing)
     assert _probe_of(reg)(1.0, 2.0) == (2.0, 3.0)
     assert reg.module is False and "cc not found" in reg.note and len(calls) == 1
     failed = list(tmp_path.glob("moe_kernels_*.failed"))
@@ -271,9 +284,9 @@ def test_a_build_that_fails_leaves_a_note_and_runs_just_in_time(monkeypatch, tmp
 
 def test_an_extension_that_does_not_load_runs_just_in_time(monkeypatch, tmp_path):
     reg = _fresh(monkeypatch, tmp_path)
-    name = compiled.PREFIX + reg.key()
-    (tmp_path / (name + compiled.extension_suffix())).write_bytes(b"not a shared object")
-    monkeypatch.setattr(compiled, "build", lambda *a: pytest.fail("built over an existing file"))
+    name = kernel_forms.PREFIX + reg.key()
+    (tmp_path / (name + kernel_forms.extension_suffix())).write_bytes(b"not a shared object")
+    monkeypatch.setattr(kernel_forms, "build", lambda *a: pytest.fail("built over an existing file"))
     assert _probe_of(reg)(3.0, 4.0) == (12.0, 7.0)
     assert reg.module is False and "could not be loaded" in reg.note
 
@@ -281,14 +294,14 @@ def test_an_extension_that_does_not_load_runs_just_in_time(monkeypatch, tmp_path
 def test_told_to_run_just_in_time_it_builds_and_loads_nothing(monkeypatch, tmp_path):
     reg = _fresh(monkeypatch, tmp_path)
     monkeypatch.setenv("MOE_KERNELS", "jit")
-    monkeypatch.setattr(compiled, "build", lambda *a: pytest.fail("built although told not to"))
+    monkeypatch.setattr(kernel_forms, "build", lambda *a: pytest.fail("built although told not to"))
     assert _probe_of(reg)(1.0, 1.0) == (1.0, 2.0)
     assert reg.module is False and list(tmp_path.glob("moe_kernels_*")) == []
 
 
 def test_a_form_that_fails_its_probe_is_not_used(monkeypatch, tmp_path):
     """A probe that fails drops the extension (its kernels then run just in time), and a JIT
-    form that fails it raises instead of computing; kernels.check refuses such a form too."""
+    form that fails it raises instead of computing; rounding.check refuses such a form too."""
     reg = _fresh(monkeypatch, tmp_path)
 
     monkeypatch.setattr(reg, "_load", lambda: _ExtensionStandIn(step=lambda x: x))   # not an upward step
@@ -303,7 +316,7 @@ def test_a_form_that_fails_its_probe_is_not_used(monkeypatch, tmp_path):
     with pytest.raises(RuntimeError, match="round to nearest"):  # and again: never trusted half-way
         _probe_of(jit)(1.0, 1.0)
     with pytest.raises(RuntimeError, match="IEEE"):
-        kernels._ieee(lambda k: (lambda *a: (0.0, 0.0)) if k is kernels._probe else (lambda x: x))
+        rounding._ieee(lambda k: (lambda *a: (0.0, 0.0)) if k is rounding._probe else (lambda x: x))
 
 
 def test_the_key_is_of_the_sources_as_imported(monkeypatch, tmp_path):
@@ -311,13 +324,13 @@ def test_the_key_is_of_the_sources_as_imported(monkeypatch, tmp_path):
     changed after the import does not: the key names the code the process runs."""
     reg = _fresh(monkeypatch, tmp_path)
     key = reg.key()
-    assert key is not None and set(reg.sources) >= {*compiled.MODULES, *compiled.DEPENDS}
-    real = compiled._source_bytes
-    for name in (*compiled.MODULES, *compiled.DEPENDS):
-        monkeypatch.setattr(compiled, "_source_bytes", lambda n, _name=name: real(n) + (b"#" if n == _name else b""))
+    assert key is not None and set(reg.sources) >= {*kernel_forms.MODULES, *kernel_forms.DEPENDS}
+    real = kernel_forms._source_bytes
+    for name in (*kernel_forms.MODULES, *kernel_forms.DEPENDS):
+        monkeypatch.setattr(kernel_forms, "_source_bytes", lambda n, _name=name: real(n) + (b"#" if n == _name else b""))
         assert reg.key() == key                           # the process's own code: unchanged
         assert _fresh(monkeypatch, tmp_path).key() != key, name   # a process importing the changed file
-    monkeypatch.setattr(compiled, "_source_bytes", lambda n: None)
+    monkeypatch.setattr(kernel_forms, "_source_bytes", lambda n: None)
     assert _fresh(monkeypatch, tmp_path).key() is None
 
 
@@ -343,8 +356,8 @@ class _ExtensionStandIn:
     """An extension module's stand-in: every kernel a no-op but ``_probe`` and ``up``."""
 
     def __init__(self, step):
-        self.kernels__up = step
-        self.kernels___probe = lambda a, b: (a * b, a + b)
+        self.rounding__up = step
+        self.rounding___probe = lambda a, b: (a * b, a + b)
 
     def __getattr__(self, name):
         return lambda *a: None
@@ -362,7 +375,7 @@ def test_the_machines_troubles_run_just_in_time_without_a_traceback(monkeypatch,
     monkeypatch.undo()
 
     reg = _fresh(monkeypatch, tmp_path)
-    monkeypatch.setattr(compiled, "build", lambda *a: (_ for _ in ()).throw(OSError(28, "No space left on device")))
+    monkeypatch.setattr(kernel_forms, "build", lambda *a: (_ for _ in ()).throw(OSError(28, "No space left on device")))
     assert _probe_of(reg)(1.0, 2.0) == (2.0, 3.0) and "No space" in reg.note
     assert list(tmp_path.glob("*.failed")) == []
 
@@ -373,12 +386,50 @@ def test_the_machines_troubles_run_just_in_time_without_a_traceback(monkeypatch,
     monkeypatch.delenv("NUMBA_CACHE_DIR", raising=False)
     monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
     monkeypatch.setattr(Path, "home", classmethod(lambda cls: (_ for _ in ()).throw(RuntimeError("no home"))))
-    assert compiled.cache_dirs() == [Path(compiled.__file__).resolve().parent / "__pycache__"]
+    assert kernel_forms.cache_dirs() == [Path(kernel_forms.__file__).resolve().parent / "__pycache__"]
 
 
 def test_an_exported_kernel_takes_no_numba_options():
     with pytest.raises(TypeError, match="options"):
-        compiled.kernel(args=("f64",), returns="f64", inline="always")
+        kernel_forms.kernel(args=("f64",), returns="f64", inline="always")
+    with pytest.raises(TypeError, match="options"):
+        kernel_forms.kernel(args=("f64",), returns="f64", borrows=True)
+
+
+def test_a_borrowing_kernel_can_neither_make_nor_return_an_array(monkeypatch, tmp_path):
+    """A helper compiled without reference counting (``borrows=True``) must not hand its
+    caller an array (the caller would release a reference it was never given): its dispatcher
+    refuses to compile such a signature, called from Python or from compiled code; making an
+    array there does not compile either. One that reads and writes its arrays compiles."""
+    monkeypatch.setenv("MOE_KERNELS", "jit")
+    reg = Kernels(dirs=[tmp_path])
+
+    def returns(a):
+        return a
+
+    def returns_in_a_tuple(a):
+        return 1.0, a[:1]
+
+    def makes(n):
+        return np.empty(n).size
+
+    def writes(a, v):
+        a[0] = v
+        return a.size
+
+    for f, args in ((returns, (np.ones(3),)), (returns_in_a_tuple, (np.ones(3),)), (makes, (3,))):
+        k = Kernel(f, reg, {"_nrt": False})
+        with pytest.raises(Exception, match="borrows|empty"):
+            k(*args)
+    k = Kernel(writes, reg, {"_nrt": False})
+    a = np.zeros(2)
+    assert k(a, 2.5) == 2 and a[0] == 2.5
+    borrower = Kernel(returns, reg, {"_nrt": False})
+
+    def calls(a):
+        return borrower(a).size
+    with pytest.raises(Exception, match="borrows"):
+        Kernel(calls, reg, {})(np.ones(3))
 
 
 # -- another process's build: waiting for it, and what a killed one leaves -------------------
@@ -387,7 +438,7 @@ _STUCK_BUILDER = """
 import sys, time
 from pathlib import Path
 import numba.pycc
-from verifier.arithmetic import compiled
+from verifier.arithmetic import kernel_forms
 
 class Stuck:
     '''numba's CC, stuck in its compile: makes its temporary directories as numba's does, then waits.'''
@@ -403,8 +454,8 @@ class Stuck:
 
 numba.pycc.CC = Stuck
 directory, name = Path(sys.argv[1]), sys.argv[2]
-with compiled._Lock(directory / (name + ".lock"), 0):
-    compiled.build(name, directory, [])
+with kernel_forms._Lock(directory / (name + ".lock"), 0):
+    kernel_forms.build(name, directory, [])
 """
 
 
@@ -440,15 +491,15 @@ class _StuckBuilder:
 def test_a_process_waiting_on_a_stuck_build_gives_up_with_one_line_and_runs_just_in_time(monkeypatch, tmp_path,
                                                                                           capsys):
     reg = _fresh(monkeypatch, tmp_path)
-    name = compiled.PREFIX + reg.key()
+    name = kernel_forms.PREFIX + reg.key()
     monkeypatch.setenv("MOE_KERNELS_LOCK_TIMEOUT", "0.5")
-    monkeypatch.setattr(compiled, "build", lambda *a: pytest.fail("built while another process held the lock"))
+    monkeypatch.setattr(kernel_forms, "build", lambda *a: pytest.fail("built while another process held the lock"))
     rows, idx, ut = np.array([0, 2, 3], np.int64), np.array([0, 1, 1], np.int64), np.array([0, 1, 3], np.int64)
     by_name = {k.__name__: k for k in reg.kernels}
     with _StuckBuilder(tmp_path, name) as holder:
         capsys.readouterr()
         assert _probe_of(reg)(1.0, 2.0) == (2.0, 3.0)
-        assert np.array_equal(by_name["logits_bound"](rows, idx, ut), kernels.logits_bound(rows, idx, ut))
+        assert np.array_equal(by_name["logits_bound"](rows, idx, ut), logits.logits_bound(rows, idx, ut))
         lines = capsys.readouterr().err.splitlines()
         assert reg.module is False and reg.jit_state == "ok"         # ran just in time
         assert len(lines) == 1, lines
@@ -457,7 +508,7 @@ def test_a_process_waiting_on_a_stuck_build_gives_up_with_one_line_and_runs_just
         assert f"process {holder.proc.pid}" in reg.note
         # numba's own temporaries of the build are in the build's directory, not the system's
         builds = [p for p in tmp_path.iterdir() if p.name.startswith(".build-")]
-        assert len(builds) == 1 and builds[0].name.startswith(compiled.build_prefix(name))
+        assert len(builds) == 1 and builds[0].name.startswith(kernel_forms.build_prefix(name))
         assert all(p.parent == builds[0] for p in holder.made)
     assert list(tmp_path.glob("*.failed")) == []                    # the next process tries again
 
@@ -467,18 +518,18 @@ def test_a_killed_builders_directory_is_removed_and_nothing_else(monkeypatch, tm
     that takes the lock; other keys' build directories, older ones of another form, files and
     symbolic links with the prefix, and everything else stay."""
     reg = _fresh(monkeypatch, tmp_path)
-    name = compiled.PREFIX + reg.key()
+    name = kernel_forms.PREFIX + reg.key()
     with _StuckBuilder(tmp_path, name) as holder:
         stale = holder.made[0].parent
-    assert stale.is_dir() and stale.name.startswith(compiled.build_prefix(name))   # killed: left behind
+    assert stale.is_dir() and stale.name.startswith(kernel_forms.build_prefix(name))   # killed: left behind
 
     outside = tmp_path / "outside"
     outside.mkdir()
     (outside / "kept").write_text("x")
-    others = {compiled.build_prefix(compiled.PREFIX + "0" * 20) + "abc": "dir",   # another key's builder
+    others = {kernel_forms.build_prefix(kernel_forms.PREFIX + "0" * 20) + "abc": "dir",   # another key's builder
               ".build-xyz": "dir", "keep": "dir",
-              compiled.build_prefix(name) + "file": "file", "notes.txt": "file",
-              compiled.build_prefix(name) + "link": "link"}
+              kernel_forms.build_prefix(name) + "file": "file", "notes.txt": "file",
+              kernel_forms.build_prefix(name) + "link": "link"}
     for other, kind in others.items():
         if kind == "dir":
             (tmp_path / other).mkdir()
@@ -493,13 +544,13 @@ def test_a_killed_builders_directory_is_removed_and_nothing_else(monkeypatch, tm
         seen.append(sorted(p.name for p in directory.iterdir()))
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(compiled, "build", building)
+    monkeypatch.setattr(kernel_forms, "build", building)
     assert _probe_of(reg)(1.0, 2.0) == (2.0, 3.0)
     assert seen and stale.name not in seen[0] and not stale.exists()   # removed before the build
     for other, kind in others.items():
         assert (tmp_path / other).exists(), other
         assert kind != "dir" or (tmp_path / other / "inside").is_file(), other
-    assert (tmp_path / (compiled.build_prefix(name) + "link")).is_symlink() and (outside / "kept").is_file()
+    assert (tmp_path / (kernel_forms.build_prefix(name) + "link")).is_symlink() and (outside / "kept").is_file()
 
 
 def test_numbas_temporaries_are_where_the_build_redirects_them():
@@ -513,22 +564,22 @@ def test_numbas_temporaries_are_where_the_build_redirects_them():
         warnings.simplefilter("ignore", NumbaPendingDeprecationWarning)
         from numba.pycc import cc, platform
     assert cc.tempfile is tempfile and platform.mkdtemp is tempfile.mkdtemp
-    with tempfile.TemporaryDirectory() as tmp, compiled._numba_temporaries_in(tmp):
+    with tempfile.TemporaryDirectory() as tmp, kernel_forms._numba_temporaries_in(tmp):
         assert Path(cc.tempfile.mkdtemp(prefix="p-")).parent == Path(tmp) == Path(platform.mkdtemp()).parent
         assert cc.tempfile.gettempdir is tempfile.gettempdir
     assert cc.tempfile is tempfile and platform.mkdtemp is tempfile.mkdtemp
 
 
-@pytest.mark.parametrize("setting,seconds", [("", compiled.LOCK_TIMEOUT), ("0", 0.0), (" 2.5 ", 2.5)])
+@pytest.mark.parametrize("setting,seconds", [("", kernel_forms.LOCK_TIMEOUT), ("0", 0.0), (" 2.5 ", 2.5)])
 def test_the_lock_timeout_is_set_in_seconds(monkeypatch, setting, seconds):
     monkeypatch.setenv("MOE_KERNELS_LOCK_TIMEOUT", setting)
-    assert compiled.lock_timeout() == seconds
-    assert f"A process waits at most {compiled.LOCK_TIMEOUT:g} s for another's build" in (
+    assert kernel_forms.lock_timeout() == seconds
+    assert f"A process waits at most {kernel_forms.LOCK_TIMEOUT:g} s for another's build" in (
         ROOT / "docs" / "verification.md").read_text()                 # the default, as the threat model says
 
 
 def test_a_lock_timeout_that_is_not_seconds_is_refused_in_one_line(tmp_path):
-    from verifier.arithmetic.compiled import TaskError
+    from verifier.arithmetic.kernel_forms import TaskError
     for bad in ("-1", "nan", "inf", "five"):
         env = {**_environ(), "MOE_KERNELS_LOCK_TIMEOUT": bad}
         done = subprocess.run([sys.executable, "-m", "verifier", "check", "examples/capitals.yaml",

@@ -1,6 +1,7 @@
-"""How the row kernels run: compiled ahead of time once, with numba's JIT as the fallback.
+"""The kernels' two forms: compiled ahead of time once, with numba's JIT as the fallback.
 
-The kernels (:mod:`.kernels`, :mod:`.factored`) are written for numba's nopython mode.
+The kernels (``@kernel``, this module's decorator: :data:`MODULES` lists the modules that
+define them) are written for numba's nopython mode.
 Compiled just in time, every process pays numba's start-up before its first kernel call:
 importing numba, building its typing and target registries, loading each kernel from
 numba's on-disk cache (some 0.5 s on the 2-core machine, a fifth of a 100k-fact check).
@@ -11,8 +12,18 @@ imports it in milliseconds and never imports numba.
 *The same code.* Both forms compile the same Python functions with the same numba and
 LLVM, without fast-math: IEEE binary64 operations in the same order, so each kernel
 returns bitwise the same arrays in either form (a test compares them), and
-:func:`verifier.arithmetic.kernels.check` probes round-to-nearest and gradual underflow
+:func:`verifier.arithmetic.rounding.check` probes round-to-nearest and gradual underflow
 in each form a process runs (:meth:`Kernels.add_probe`).
+
+*Borrowed arrays.* numba counts the references to every array a function is given, on
+entry and on exit (an atomic operation each, in its runtime library), unless the call is
+inlined. A helper called once per row, per (row, expert) pair or per entry, with a dozen
+arrays, spends more time counting than computing. A helper that only reads and writes the
+elements of arrays its caller holds, and neither makes nor returns an array, says
+``@kernel(borrows=True)``: it is compiled without numba's reference counting (numba's
+``_nrt=False``), the arrays staying alive because its caller holds them for as long as it
+runs. (Making an array there fails to compile; so does returning one, which its caller
+would release without having been given a reference.)
 
 *Only where it fits.* An exported kernel has one declared signature (:data:`Spec`: each
 argument's dtype, dimensions and C-contiguous, writable layout, tuples of them, or a
@@ -77,7 +88,10 @@ import numpy as np
 from tasks.errors import TaskError
 
 #: The modules whose kernels go into the extension (imported by name when it is needed).
-MODULES = ("verifier.arithmetic.kernels", "verifier.arithmetic.factored", "verifier.arithmetic.dense")
+MODULES = ("verifier.arithmetic.rounding", "verifier.arithmetic.accumulate", "verifier.arithmetic.exponential",
+           "verifier.arithmetic.deployed", "verifier.arithmetic.residual", "verifier.arithmetic.gate",
+           "verifier.arithmetic.logits", "verifier.arithmetic.experts",
+           "verifier.arithmetic.dense")
 #: Modules whose values the kernels' compiled code freezes in (besides MODULES): in the key.
 DEPENDS = ("verifier.arithmetic.constants", __name__)
 #: The prefix of the extension's file and module names (followed by the key).
@@ -276,18 +290,23 @@ class Kernels:
 
     def _dispatcher(self, kernel: Kernel):
         """``numba.njit`` of the kernel, caching in this key's directory (not caching where
-        no directory is writable)."""
+        no directory is writable); a borrowing kernel's refuses to compile a signature that
+        returns an array (:func:`_refuse_returned_arrays`)."""
         from numba import njit
         from numba.core import config
         where = self._jit_cache()
         if where is None:
-            return njit(cache=False, **kernel.options)(kernel.py_func)
-        saved = config.CACHE_DIR
-        config.CACHE_DIR = str(where)         # read once, as the dispatcher finds its cache
-        try:
-            return njit(cache=True, **kernel.options)(kernel.py_func)
-        finally:
-            config.CACHE_DIR = saved
+            dispatcher = njit(cache=False, **kernel.options)(kernel.py_func)
+        else:
+            saved = config.CACHE_DIR
+            config.CACHE_DIR = str(where)         # read once, as the dispatcher finds its cache
+            try:
+                dispatcher = njit(cache=True, **kernel.options)(kernel.py_func)
+            finally:
+                config.CACHE_DIR = saved
+        if kernel.options.get("_nrt") is False:
+            _refuse_returned_arrays(dispatcher, kernel)
+        return dispatcher
 
     def _jit_cache(self) -> Path | None:
         """The JIT form's cache directory for this key: the first writable one (found once)."""
@@ -388,6 +407,27 @@ class Kernels:
             return self._fail(f"{path} could not be loaded: {e}")
         missing = [k.export_name for k in kernels if not hasattr(module, k.export_name)]
         return self._fail(f"{path} lacks {', '.join(missing)}") if missing else module
+
+
+def _refuse_returned_arrays(dispatcher, kernel: Kernel) -> None:
+    """Make ``dispatcher`` (a borrowing kernel's) refuse every compilation, or cached one,
+    whose result holds an array: compiled without reference counting, it would hand its
+    caller a reference it was never given (the module docstring). Both forms compile a
+    helper through its dispatcher, so neither can build such a kernel."""
+    from numba.core import types
+
+    def holds_array(t) -> bool:
+        if isinstance(t, types.BaseTuple):
+            return any(holds_array(x) for x in t.types)
+        return isinstance(t, (types.Array, types.Optional, types.Buffer))
+
+    add = dispatcher.add_overload
+
+    def checked(cres):
+        if holds_array(cres.signature.return_type):
+            raise TypeError(f"{kernel!r} borrows its arrays (borrows=True) and may not return one: {cres.signature}")
+        add(cres)
+    dispatcher.add_overload = checked
 
 
 def _source_bytes(name: str) -> bytes | None:
@@ -572,11 +612,16 @@ def build(name: str, directory: Path, kernels: list[Kernel]) -> Path:
     return final
 
 
-def kernel(args: tuple | None = None, returns: Spec | None = None, **options) -> Callable[[Callable], Kernel]:
+def kernel(args: tuple | None = None, returns: Spec | None = None, borrows: bool = False,
+           **options) -> Callable[[Callable], Kernel]:
     """Decorate a nopython-mode function as a :class:`Kernel` of :data:`KERNELS`; ``args``
-    and ``returns`` declare the signature it is exported with (none: a helper)."""
-    if args is not None and options:
+    and ``returns`` declare the signature it is exported with (none: a helper). ``borrows``:
+    a helper that only borrows its arrays, compiled without reference counting (the module
+    docstring)."""
+    if args is not None and (options or borrows):
         raise TypeError("an exported kernel takes no numba options: the ahead-of-time build would not apply them")
+    if borrows:
+        options = {**options, "_nrt": False}
 
     def wrap(f: Callable) -> Kernel:
         return Kernel(f, KERNELS, options, args, returns)
