@@ -326,7 +326,8 @@ def table(outcomes: list[Outcome]) -> list[OperatorStats]:
 
 
 def render(stats: list[OperatorStats]) -> str:
-    rows = [("operator", "kind", "mutants", "violating", "caught", "false passes", "true passes", "false failures", "crashes")]
+    rows = [("operator", "kind", "mutants", "violating", "caught", "false passes", "true passes",
+             "false failures", "crashes")]
     for s in stats:
         rows.append((s.operator, s.kind, str(s.mutants), str(s.violating), str(s.caught), str(s.false_passes),
                      str(s.true_passes), str(s.false_failures), str(s.crashes)))
@@ -336,7 +337,8 @@ def render(stats: list[OperatorStats]) -> str:
     widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
     lines = []
     for n, r in enumerate(rows):
-        lines.append("  ".join(x.ljust(wd) if c < 2 else x.rjust(wd) for c, (x, wd) in enumerate(zip(r, widths))).rstrip())
+        lines.append("  ".join(x.ljust(wd) if c < 2 else x.rjust(wd)
+                               for c, (x, wd) in enumerate(zip(r, widths))).rstrip())
         if n == 0 or n == len(rows) - 2:
             lines.append("  ".join("-" * wd for wd in widths))
     reasons = [(s.operator, k, v) for s in stats for k, v in sorted(s.reasons.items(), key=lambda kv: -kv[1])]

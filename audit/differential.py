@@ -945,7 +945,8 @@ EMULATORS = (EmulatorConfig("float32"), EmulatorConfig("float32", daz=True), Emu
              EmulatorConfig("float32", "float64", stored=True)) + \
     tuple(replace(c, ablation=way) for way in ABLATIONS
           for c in (EmulatorConfig("float32"), EmulatorConfig("bfloat16"),
-                    EmulatorConfig("bfloat16", "float32", stored=True), EmulatorConfig("float32", "float64", stored=True)))
+                    EmulatorConfig("bfloat16", "float32", stored=True),
+                    EmulatorConfig("float32", "float64", stored=True)))
 
 
 def runners(select: Iterable[str] | None = None) -> list[Runner]:
@@ -1193,7 +1194,8 @@ def table(tally: Tally) -> str:
     """The survey's table: per runner and deployment, examples, queries, refused, violations."""
     keys = sorted(set(tally.examples) | set(tally.skipped))
     width = max([len(r) for r, _ in keys] + [6])
-    lines = [f"{'runner':<{width}}  {'deployment':<17} {'examples':>8} {'queries':>8} {'refused':>7} {'violations':>10}"]
+    lines = [f"{'runner':<{width}}  {'deployment':<17} {'examples':>8} {'queries':>8} {'refused':>7} "
+             f"{'violations':>10}"]
     for key in keys:
         r, d = key
         lines.append(f"{r:<{width}}  {d:<17} {tally.examples.get(key, 0):>8} {tally.queries.get(key, 0):>8} "
@@ -1269,7 +1271,8 @@ def search(examples: int, seed: int, runs: list[Runner], wanted: Callable[[Case,
         probe()
     except _Found:
         pass
-    except BaseExceptionGroup as group:                   # several distinct failures: all ours
+    # several distinct failures: all ours (BaseExceptionGroup: a builtin from Python 3.11)
+    except BaseExceptionGroup as group:  # noqa: F821
         if not all(isinstance(e, _Found) for e in group.exceptions):
             raise
     if state["last"] is None:

@@ -149,7 +149,8 @@ def _written(w: Weights, e: Expert, i: int) -> str:
 def _neurons(w: Weights, prefix: str) -> list[tuple[int, int]]:
     if w.neuron_labels is None:
         raise NotApplicable("the weights carry no neuron labels")
-    return [(k, i) for k, labels in enumerate(w.neuron_labels) for i, lab in enumerate(labels) if lab.startswith(prefix)]
+    return [(k, i) for k, labels in enumerate(w.neuron_labels)
+            for i, lab in enumerate(labels) if lab.startswith(prefix)]
 
 
 def _append_expert(w: Weights, expert: Expert, gate_row, bias: float, name: str, labels: list[str]) -> Weights:
@@ -494,7 +495,8 @@ def _widened(e: Expert, width: int) -> Expert:
     extra = width - e.width
     if extra <= 0:
         return e
-    return _append_neurons(e, sp.csr_matrix((extra, e.W_1.shape[1])), -np.ones(extra), sp.csr_matrix((e.W_2.shape[0], extra)))
+    return _append_neurons(e, sp.csr_matrix((extra, e.W_1.shape[1])), -np.ones(extra),
+                           sp.csr_matrix((e.W_2.shape[0], extra)))
 
 
 @operator("violating")
@@ -549,7 +551,8 @@ def gate_overflow(w: Weights, rng: np.random.Generator) -> tuple[Weights, str]:
     else:
         what = "common shift only"
     W_G = _set(out.W_G, {(k, j): sign * HUGE for k in range(out.W_G.shape[0])})
-    return out.replace(W_G=W_G, b_G=b_G), f"gate overflow ({variant}): every gate score {'+' if sign > 0 else '-'}2e308; {what}"
+    return (out.replace(W_G=W_G, b_G=b_G),
+            f"gate overflow ({variant}): every gate score {'+' if sign > 0 else '-'}2e308; {what}")
 
 
 @operator("mixed")
@@ -605,7 +608,8 @@ def oversize_expert(w: Weights, rng: np.random.Generator) -> tuple[Weights, str]
     e = w.experts[k]
     big = _widened(e, e.width + w.d + int(rng.integers(1, 4)))
     labels = _labels(w, k) + [f"dead {n}" for n in range(big.width - e.width)] if w.neuron_labels is not None else None
-    return _replace_expert(w, k, big, labels), f"expert {k} ({_task(w, k)}) padded to width {big.width} with dead neurons"
+    return (_replace_expert(w, k, big, labels),
+            f"expert {k} ({_task(w, k)}) padded to width {big.width} with dead neurons")
 
 
 @operator("violating")
@@ -659,7 +663,8 @@ def swap_expert_names(w: Weights, rng: np.random.Generator) -> tuple[Weights, st
     i, j = (int(x) for x in rng.choice(named, 2, replace=False))
     names = list(w.expert_tasks)
     names[i], names[j] = names[j], names[i]
-    return w.replace(expert_tasks=tuple(names)), f"expert_tasks[{i}] <-> expert_tasks[{j}] ({w.expert_tasks[i]}, {w.expert_tasks[j]})"
+    return (w.replace(expert_tasks=tuple(names)),
+            f"expert_tasks[{i}] <-> expert_tasks[{j}] ({w.expert_tasks[i]}, {w.expert_tasks[j]})")
 
 
 @operator("violating")
@@ -668,8 +673,10 @@ def ablate_expert(w: Weights, rng: np.random.Generator) -> tuple[Weights, str]:
     k = int(rng.integers(len(w.experts)))
     e = w.experts[k]
     if rng.random() < 0.5:
-        return _replace_expert(w, k, Expert(e.W_1, e.b_1, sp.csr_matrix(e.W_2.shape))), f"expert {k} ({_task(w, k)}): W_2 = 0"
-    return _replace_expert(w, k, _keep_neurons(e, []), []), f"expert {k} ({_task(w, k)}): every neuron removed (width 0)"
+        return (_replace_expert(w, k, Expert(e.W_1, e.b_1, sp.csr_matrix(e.W_2.shape))),
+                f"expert {k} ({_task(w, k)}): W_2 = 0")
+    return (_replace_expert(w, k, _keep_neurons(e, []), []),
+            f"expert {k} ({_task(w, k)}): every neuron removed (width 0)")
 
 
 @operator("mixed")
@@ -706,7 +713,9 @@ def raise_beta(w: Weights, rng: np.random.Generator) -> tuple[Weights, str]:
 
 @operator("violating")
 def tie_expert(w: Weights, rng: np.random.Generator) -> tuple[Weights, str]:
-    """Add an exact copy of an expert, gate row and bias included, unnamed or named for no task: every query it wins is a tie."""
+    """Add an exact copy of an expert, gate row and bias included, unnamed or named for no task.
+
+    Every query the copy wins is a tie."""
     k = int(rng.integers(len(w.experts)))
     name = _pick(rng, ["", "twin"])
     variant = _pick(rng, ["same", "zero-output"])
@@ -805,7 +814,8 @@ def nan_trap(w: Weights, rng: np.random.Generator) -> tuple[Weights, str]:
         return (out.replace(W_G=zeros_in(out.W_G, range(out.W_G.shape[0])), b_G=b),
                 f"nan trap (gate): explicit zeros read 2e308 in every gate row; b_G[{k}] ({_task(w, k)}) += 5")
     if variant == "logits":
-        return out.replace(U=zeros_in(out.U, range(out.U.shape[0]))), "nan trap (logits): explicit zeros read 2e308 in every U row"
+        return (out.replace(U=zeros_in(out.U, range(out.U.shape[0]))),
+                "nan trap (logits): explicit zeros read 2e308 in every U row")
     k = _pick(rng, [x for x, e in enumerate(out.experts) if e.width])
     e = out.experts[k]
     return (_replace_expert(out, k, Expert(zeros_in(e.W_1, range(e.width)), e.b_1, e.W_2)),
@@ -842,7 +852,8 @@ def rename_tokens(w: Weights, rng: np.random.Generator) -> tuple[Weights, str]:
     E = _csr(w.E[list(perm) + [V]])
     U = _csr(w.U[perm])
     moved = int(np.count_nonzero(perm != np.arange(V)))
-    return w.replace(vocab=vocab, E=E, U=U), f"vocabulary reordered ({moved} of {V} tokens moved), E and U rows with them"
+    return (w.replace(vocab=vocab, E=E, U=U),
+            f"vocabulary reordered ({moved} of {V} tokens moved), E and U rows with them")
 
 
 @operator("harmless")
@@ -918,9 +929,13 @@ def _non_canonical(m, rng: np.random.Generator) -> sp.csr_matrix:
         pick = rng.random(coo.nnz) < 0.5
         half = coo.data[pick] / 2           # exact: a power-of-two split
         vals[0] = np.where(pick, coo.data / 2, coo.data)
-        rows.append(coo.row[pick]); cols.append(coo.col[pick]); vals.append(half)
+        rows.append(coo.row[pick])
+        cols.append(coo.col[pick])
+        vals.append(half)
     n = min(5, m.shape[0] * m.shape[1])
-    rows.append(rng.integers(m.shape[0], size=n)); cols.append(rng.integers(m.shape[1], size=n)); vals.append(np.zeros(n))
+    rows.append(rng.integers(m.shape[0], size=n))
+    cols.append(rng.integers(m.shape[1], size=n))
+    vals.append(np.zeros(n))
     r, c, v = np.concatenate(rows), np.concatenate(cols), np.concatenate(vals)
     order = rng.permutation(r.size)
     r, c, v = r[order], c[order], v[order]
@@ -978,7 +993,8 @@ def _sparse_arrays(w: Weights):
 @operator("mixed")
 def cancelling_duplicates(w: Weights, rng: np.random.Generator) -> tuple[Weights, str]:
     """Store one entry as duplicates whose float sum is not their exact sum: [H, δ, −H] with δ absorbed by H,
-    or an exact pair [H, −(H − δ)]; the exact value changes by δ (a stored entry, or an absent one, e.g. in U or W_G)."""
+    or an exact pair [H, −(H − δ)]; the exact value changes by δ (a stored entry, or an absent one, e.g. in U or
+    W_G)."""
     name, get, put = _pick(rng, _sparse_arrays(w))
     m = _csr(get())
     coo = m.tocoo()
@@ -1025,7 +1041,8 @@ def explicit_zeros(w: Weights, rng: np.random.Generator) -> tuple[Weights, str]:
 @operator("harmless")
 def unsorted_columns(w: Weights, rng: np.random.Generator) -> tuple[Weights, str]:
     """Store one row's columns in reverse order (the same matrix, not canonical)."""
-    choices = [(name, get, put) for name, get, put in _sparse_arrays(w) if np.diff(_csr(get()).indptr).max(initial=0) >= 2]
+    choices = [(name, get, put)
+               for name, get, put in _sparse_arrays(w) if np.diff(_csr(get()).indptr).max(initial=0) >= 2]
     name, get, put = _pick(rng, choices)
     m = _csr(get())
     i = int(_pick(rng, np.flatnonzero(np.diff(m.indptr) >= 2)))
@@ -1099,7 +1116,8 @@ def _readers_writers(w: Weights, j: int, a: int) -> Weights:
         m.data[m.indptr[j]:m.indptr[j + 1]] = np.ldexp(m.data[m.indptr[j]:m.indptr[j + 1]], e)
         return m
 
-    heads = tuple(Head(scale_col(h.W_Q, -a), scale_col(h.W_K, -a), scale_col(h.W_V, -a), scale_row(h.W_O, a)) for h in w.heads)
+    heads = tuple(Head(scale_col(h.W_Q, -a), scale_col(h.W_K, -a), scale_col(h.W_V, -a), scale_row(h.W_O, a))
+                  for h in w.heads)
     experts = tuple(Expert(scale_col(e.W_1, -a), e.b_1, scale_row(e.W_2, a)) for e in w.experts)
     return w.replace(E=scale_col(w.E, a), P=scale_col(w.P, a), heads=heads, W_G=scale_col(w.W_G, -a), experts=experts,
                      U=scale_col(w.U, -a))
@@ -1159,8 +1177,9 @@ def cancelling_pair(w: Weights, rng: np.random.Generator) -> tuple[Weights, str]
     target = int(rng.integers(len(w.vocab)))
     E = _set(out.E, {(t, j1): 2.0 ** h, (t, j2): -(2.0 ** h)})
     U = _set(out.U, {(target, j1): 2.0 ** c * (1 + rho), (target, j2): 2.0 ** c})
-    return (out.replace(E=E, U=U), f"cancelling pair: E[{w.vocab[t]!r}] = ±2^{h}, U[{w.vocab[target]!r}] reads them with "
-                                   f"2^{c}·(1 + {rho:g}) and 2^{c}: exact logit change 2^{c + h}·{rho:g}")
+    return (out.replace(E=E, U=U),
+            f"cancelling pair: E[{w.vocab[t]!r}] = ±2^{h}, U[{w.vocab[target]!r}] reads them with "
+            f"2^{c}·(1 + {rho:g}) and 2^{c}: exact logit change 2^{c + h}·{rho:g}")
 
 
 @operator("mixed")
@@ -1247,7 +1266,8 @@ def boundary_operators(taskset: TaskSet, epsilon: float, oracle) -> dict[str, Op
         F = lambda f: oracle.judge(taskset, scaled(f), epsilon).worst_error  # noqa: E731
         f = _solve(F, target, 0.25, 4.0, epsilon * 10.0 ** -(k + 2))
         got = F(f)
-        return scaled(f), f"U x {f!r}: worst exact error {got!r} = epsilon x (1 {'+' if got >= epsilon else '-'} {abs(got / epsilon - 1):.1e})"
+        return (scaled(f), f"U x {f!r}: worst exact error {got!r} = epsilon x (1 {'+' if got >= epsilon else '-'} "
+                           f"{abs(got / epsilon - 1):.1e})")
 
     def near_tie(w: Weights, rng: np.random.Generator) -> tuple[Weights, str]:
         """Move one gate bias so that at one query a second expert is within ±10^-k of the winner."""

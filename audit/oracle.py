@@ -29,8 +29,8 @@ float64's range, lose nothing; only ``exp`` and divisions (softmax, the error) r
 at 40 significant digits by default. One exception keeps exact sums finite: when the
 terms of a sum span more than 2^16 binades (only possible once a rounded ``exp`` of a
 huge score has entered, e.g. a softmax weight of 2^-(2^1000)), the sum is rounded at
-the working precision plus 64 bits, like the ``exp`` that produced the tiny term. A decision (margin > 0, error >= ε, ablated
-error >= ε) is *settled* at 40 digits when its distance to the threshold exceeds
+the working precision plus 64 bits, like the ``exp`` that produced the tiny term. A decision (margin > 0, error >= ε,
+ablated error >= ε) is *settled* at 40 digits when its distance to the threshold exceeds
 1e-20. Otherwise, and for every query of a model with extreme weights (a magnitude
 above 1e12 or below 1e-12), the query is evaluated again at twice the digits: a
 decision there is settled when its distance to the threshold is more than twice
@@ -475,7 +475,8 @@ class Oracle:
         y = dict(r)
         for i, v in out.items():
             y[i] = c.xadd(y[i], v) if i in y else v
-        err, big = self._cached(self._err, err_key, lambda: self._error(c, w, fp, y, valid)) if err_key else self._error(c, w, fp, y, valid)
+        err, big = (self._cached(self._err, err_key, lambda: self._error(c, w, fp, y, valid)) if err_key
+                    else self._error(c, w, fp, y, valid))
         abl = None
         loc = (None, None, False)
         if want_ablated:
@@ -485,7 +486,8 @@ class Oracle:
                 loc = self._cached(self._err, (rkey, fp.U, "localization", target),
                                    lambda: self._localization(c, w, fp, r, target))
         big = max([big] + [abs(g) for g in gates] + [abs(v) for v in r.values()])
-        return {"gates": gates, "expert": e, "margin": margin, "error": err, "ablated": abl, "dps": dps, "magnitude": big,
+        return {"gates": gates, "expert": e, "margin": margin, "error": err, "ablated": abl,
+                "dps": dps, "magnitude": big,
                 "score": biggest_score, "p_object": loc[0], "gap": loc[1], "gap_structural": loc[2]}
 
     # ---- decisions with escalation
@@ -546,7 +548,8 @@ class Oracle:
         """The values of one query at the base precision (gates, expert, margin, error, ablated)."""
         q = next(q for q in enumerate_queries(taskset) if q.prefix == tuple(prefix))
         index = {tok: i for i, tok in enumerate(w.vocab)}
-        return self.evaluate(w, _Fingerprints(w), tuple(index[t] for t in q.prefix), frozenset(index[t] for t in q.valid),
+        return self.evaluate(w, _Fingerprints(w), tuple(index[t] for t in q.prefix),
+                             frozenset(index[t] for t in q.valid),
                              True, self.base_dps)
 
     # ---- the whole judgement
@@ -601,9 +604,11 @@ class Oracle:
             served = w.expert_tasks[e]
             consistent = {names[k] for k in q.tasks}
             if not settled["margin"] or not margin > 0:
-                res.add("routing", task_name, text, f"no unique gate winner (top expert {e}, margin {mpmath.nstr(margin, 5)})")
+                res.add("routing", task_name, text,
+                        f"no unique gate winner (top expert {e}, margin {mpmath.nstr(margin, 5)})")
             elif served not in consistent:
-                res.add("routing", task_name, text, f"routed to expert {e} ({served or 'no task'!s}), consistent: {sorted(consistent)}")
+                res.add("routing", task_name, text,
+                        f"routed to expert {e} ({served or 'no task'!s}), consistent: {sorted(consistent)}")
             if q.determined is not None:
                 receivers.setdefault(q.determined, set()).add(e)
             err = cur["error"]
@@ -615,21 +620,25 @@ class Oracle:
                 abl = cur["ablated"]
                 res.min_ablated = min(res.min_ablated, float(abl))
                 if not settled["ablated"] or abl < eps:
-                    res.add("entanglement", names[k], text, f"error with expert {e}'s output removed is {mpmath.nstr(abl, 6)} < epsilon")
+                    res.add("entanglement", names[k], text,
+                            f"error with expert {e}'s output removed is {mpmath.nstr(abl, 6)} < epsilon")
                 if cur["p_object"] is not None:
                     p_o, gap = cur["p_object"], cur["gap"]
                     res.max_p_ablated = max(res.max_p_ablated, float(p_o))
                     if not settled["l1"] or p_o > uniform:
-                        res.add("entanglement", names[k], text, f"without expert {e}, P(object) = {mpmath.nstr(p_o, 6)} > "
-                                                              f"1/|O_k| = {mpmath.nstr(uniform, 6)} (L1)")
+                        res.add("entanglement", names[k], text,
+                                f"without expert {e}, P(object) = {mpmath.nstr(p_o, 6)} > "
+                                f"1/|O_k| = {mpmath.nstr(uniform, 6)} (L1)")
                     if not settled["l2"] or not gap >= 0:
-                        res.add("entanglement", names[k], text, f"without expert {e}, the object is the strict top token "
-                                                              f"(gap {mpmath.nstr(gap, 6)}, L2)")
+                        res.add("entanglement", names[k], text,
+                                f"without expert {e}, the object is the strict top token "
+                                f"(gap {mpmath.nstr(gap, 6)}, L2)")
         for k, experts in sorted(receivers.items()):
             for e in sorted(experts):
                 if w.experts[e].width > bound[names[k]] and w.expert_tasks[e] != names[k]:
-                    res.add("size", names[k], None, f"expert {e} receives determined queries of '{names[k]}' and has width "
-                                                    f"{w.experts[e].width} > c = {bound[names[k]]}")
+                    res.add("size", names[k], None,
+                            f"expert {e} receives determined queries of '{names[k]}' and has width "
+                            f"{w.experts[e].width} > c = {bound[names[k]]}")
         return res
 
 
@@ -658,7 +667,8 @@ def _layout_problem(taskset: TaskSet, w: Weights) -> str | None:
               w.W_G.shape == (len(w.experts), d), np.shape(w.b_G) == (len(w.experts),),
               len(w.expert_tasks) == len(w.experts), w.gate_mode in ("top1", "top1-scaled")]
     for h in w.heads:
-        shapes += [h.W_Q.shape[1] == d, h.W_K.shape == h.W_Q.shape, h.W_V.shape[1] == d, h.W_O.shape == (d, h.W_V.shape[0])]
+        shapes += [h.W_Q.shape[1] == d, h.W_K.shape == h.W_Q.shape, h.W_V.shape[1] == d,
+                   h.W_O.shape == (d, h.W_V.shape[0])]
     for e in w.experts:
         n = e.W_1.shape[0]
         shapes += [e.W_1.shape == (n, d), np.shape(e.b_1) == (n,), e.W_2.shape == (d, n)]

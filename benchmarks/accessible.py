@@ -69,7 +69,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--sets", nargs="+", choices=sorted(SETS), default=["capitals", "geography"])
     p.add_argument("--extra", default="", help="more flags for every run, one string (e.g. '--no-soft')")
-    p.add_argument("--out", default=None, help="write the block into this file instead of benchmarks/RESULTS.md ('-': print)")
+    p.add_argument("--out", default=None,
+                   help="write the block into this file instead of benchmarks/RESULTS.md ('-': print)")
     args = p.parse_args(argv)
     extra = shlex.split(args.extra)
     results = [one(name, extra) for name in args.sets]

@@ -12,8 +12,8 @@ workers. Columns: time of each certified pass (building the shards, scattering a
 running the units, recording; the cluster's timed on the same workers a second time,
 the first run on fresh workers in a column of its own: they import the verifier and load
 the compiled kernels, in the warm-up the executor submits to each as it is made, here just
-before the run, where `check --scheduler` makes it before building the model); overhead = cluster ÷ local; the shards and the queries rerun
-over the full weights; the size of the full weights and of the largest (compact) shard
+before the run, where `check --scheduler` makes it before building the model); overhead = cluster ÷ local; the shards
+and the queries rerun over the full weights; the size of the full weights and of the largest (compact) shard
 (sum of the arrays' bytes); each worker's peak resident set (``ru_maxrss`` read on the
 worker); whether the three JSON reports are equal (timings aside). Nothing is
 asserted on time.
@@ -91,16 +91,18 @@ def one(n: int, seed: int, workers: int, runs: int = 1) -> dict:
     a, b, c = report_json(local), report_json(remote), report_json(cold)
     a.pop("seconds"), b.pop("seconds"), c.pop("seconds")
     return {"facts": n, "tasks": len(ts.tasks), "queries": local.queries, "local_s": float(np.median(local_s)),
-            "cold_s": float(np.median(cold_s)), "cluster_s": float(np.median(remote_s)), "local_runs": local_s, "cluster_runs": remote_s,
+            "cold_s": float(np.median(cold_s)), "cluster_s": float(np.median(remote_s)), "local_runs": local_s,
+            "cluster_runs": remote_s,
             "shards": plan.n, "deferred": remote.deferred, "weights_mb": nbytes(weights) / 2 ** 20,
             "shard_mb": largest / 2 ** 20, "worker_peak_mb": worker_peak, "equal": a == b == c,
             "certified": local.certified}
 
 
 def table(rows: list[dict], workers: int) -> str:
-    out = [f"| facts | tasks | queries | local, {workers} processes (s) | LocalCluster, {workers} workers (s) | overhead "
-           "| first run on fresh workers (s) | shards | rerun on the client | full weights (MB) | largest shard (MB) "
-           "| worker peak RSS (MB) | reports equal | rounds, local / cluster (s) |", "|" + "---|" * 14]
+    out = [f"| facts | tasks | queries | local, {workers} processes (s) | LocalCluster, {workers} workers (s) "
+           "| overhead | first run on fresh workers (s) | shards | rerun on the client | full weights (MB) "
+           "| largest shard (MB) | worker peak RSS (MB) | reports equal | rounds, local / cluster (s) |",
+           "|" + "---|" * 14]
     for r in rows:
         out.append(f"| {r['facts']:,} | {r['tasks']} | {r['queries']:,} | {r['local_s']:.1f} | {r['cluster_s']:.1f} | "
                    f"{r['cluster_s'] / r['local_s']:.2f}× | {r['cold_s']:.1f} ({r['cold_s'] / r['local_s']:.2f}×) | "
@@ -136,13 +138,14 @@ def main(argv=None) -> int:
         table(rows, args.workers),
         "",
         "Both passes verify the same weights with the same checks; the cluster run cuts the weights into shards of "
-        "tasks (one per worker, balanced in work), scatters each to one worker, runs its units there and reruns over the full weights, on the client, any "
-        "query whose candidate experts lie outside its shard. One machine shows the overhead of that path, not a "
-        "speed-up. The local pool forks from a parent that has loaded the compiled kernels (a warm-up on 2,000 "
-        "facts); the cluster's workers are timed twice: the first run on fresh workers (which import the verifier "
-        "and load the kernels inside it, in the warm-up the executor submits to each worker as it is made, "
-        "here at the start of the timed run) and again on the same workers (the overhead column), in interleaved rounds "
-        "(the local pool with no cluster running, then a new cluster), medians of the rounds.",
+        "tasks (one per worker, balanced in work), scatters each to one worker, runs its units there and reruns over "
+        "the full weights, on the client, any query whose candidate experts lie outside its shard. One machine shows "
+        "the overhead of that path, not a speed-up. The local pool forks from a parent that has loaded the compiled "
+        "kernels (a warm-up on 2,000 facts); the cluster's workers are timed twice: the first run on fresh workers "
+        "(which import the verifier and load the kernels inside it, in the warm-up the executor submits to each "
+        "worker as it is made, here at the start of the timed run) and again on the same workers (the overhead "
+        "column), in interleaved rounds (the local pool with no cluster running, then a new cluster), "
+        "medians of the rounds.",
     ])
     write_block("cluster", text, Path(args.out))
     print(text)

@@ -96,13 +96,15 @@ def one(n: int, seed: int, timeout: float) -> list[dict]:
 
 
 def table(rows: list[dict]) -> str:
-    out = ["| facts | tasks | worker killed | killed at (s) | run (s) | exit | scattered data lost | report equal to local |",
+    out = ["| facts | tasks | worker killed | killed at (s) | run (s) | exit | scattered data lost "
+           "| report equal to local |",
            "|" + "---|" * 8]
     for r in rows:
         when = "-" if r["killed"] is None else f"{r['killed']:.1f}"
         scenario = {"unkilled": "none", "evidence": "in the evidence phase", "pass": "in the certified pass"}
         out.append(f"| {r['facts']:,} | {r['tasks']} | {scenario[r['scenario']]} | {when} | {r['seconds']:.1f} | "
-                   f"{r['code'] if r['code'] != -9 else 'hung'} | {'yes' if r['lost'] else 'no'} | {'yes' if r['equal'] else 'NO'} |")
+                   f"{r['code'] if r['code'] != -9 else 'hung'} | {'yes' if r['lost'] else 'no'} | "
+                   f"{'yes' if r['equal'] else 'NO'} |")
     return "\n".join(out)
 
 

@@ -86,10 +86,12 @@ def main(argv=None) -> int:
     rows = []
     for label, task, flags, n in edits:
         run(["edit", "tasks.yaml", task, *flags, "--quiet"], work)
-        since_s, code_i, _ = run(["check", "tasks.yaml", "--since", "cert", "--jobs", "2", "--quiet", "--json", "since.json"],
+        since_s, code_i, _ = run(["check", "tasks.yaml", "--since", "cert", "--jobs", "2", "--quiet",
+                                  "--json", "since.json"],
                                  work)
         inc = json.load(open(os.path.join(work, "since.json")))
-        ref_s, code_f, _ = run(["check", "tasks.yaml", "--beta", beta, "--gamma", gamma, "--no-isolation", "--jobs", "2",
+        ref_s, code_f, _ = run(["check", "tasks.yaml", "--beta", beta, "--gamma", gamma,
+                                "--no-isolation", "--jobs", "2",
                                 "--quiet", "--json", "ref.json"], work)
         ref = json.load(open(os.path.join(work, "ref.json")))
         same = inc["verdict"] == ref["verdict"] and counts(inc) == counts(ref)
@@ -101,9 +103,9 @@ def main(argv=None) -> int:
     lines = ["## Editing", "",
              f"`python benchmarks/editing.py --facts {args.facts}` on {machine()}: a set of {args.facts:,} facts "
              f"({len(ts.tasks)} tasks, seed 0) certified with `check --certificate` in "
-             f"{full_s:.1f} s (2 jobs); each edit made with `edit`, re-certified with `check --since --jobs 2` (the whole "
-             f"process, as run), and checked against a full `check` of the same model (β = {beta}, γ = {gamma}, "
-             f"2 jobs).", "",
+             f"{full_s:.1f} s (2 jobs); each edit made with `edit`, re-certified with `check --since --jobs 2` (the "
+             f"whole process, as run), and checked against a full `check` of the same model (β = {beta}, "
+             f"γ = {gamma}, 2 jobs).", "",
              "| edit | facts | mode | queries run again | reused | `check --since` (s) | of which re-certification (s) "
              "| full check (s) | verdict | full check's | same verdict and counts |",
              "|---|---:|---|---:|---:|---:|---:|---:|---|---|---|"]

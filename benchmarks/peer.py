@@ -170,7 +170,8 @@ class Peer:
             heads = torch.arange(self.H)[None, :, None]
             base = self.V1 + self.npos
             cols.append((base + heads * self.V1 + ids[:, None, :]).reshape(n, -1))
-            cols.append((base + self.H * self.V1 + heads * self.npos + torch.arange(p + 1)).expand(n, -1, -1).reshape(n, -1))
+            cols.append((base + self.H * self.V1 + heads * self.npos + torch.arange(p + 1))
+                        .expand(n, -1, -1).reshape(n, -1))
             vals += [a, a]
         col = torch.cat(cols, 1)
         val = torch.cat(vals, 1)
@@ -379,7 +380,8 @@ def paired(facts: int, runs: int, work: Path, seed: int = 0) -> tuple[list[dict]
 
     work.mkdir(parents=True, exist_ok=True)
     dump_tasks(wikidata_like(facts, seed=seed), work / "tasks.yaml", facts_dir=work)
-    subprocess.run([sys.executable, "-m", "verifier", "build", str(work / "tasks.yaml"), "-o", str(work / "weights.npz"),
+    subprocess.run([sys.executable, "-m", "verifier", "build", str(work / "tasks.yaml"), "-o",
+                    str(work / "weights.npz"),
                     "--quiet"], check=True)
     cmds = _commands(str(work))
     # Python's default: modules' bytecode cached on first import (the warm-up round), as on a
@@ -420,16 +422,17 @@ def peer_block(rows: list[dict], command: str) -> str:
     out += ["", "Peer phases, last run (s): " + "; ".join(
         f"{r['facts']:,} facts {p['dtype']}: read {p['read_s']:.2f}, tables {p['tables_s']:.2f}, enumerate "
         f"{p['enumerate_s']:.2f}, forward {p['forward_s']:.2f}" for r in rows for p in r["phases"]), "",
-        "| facts | dtype | rows compared | expert disagreements | errors outside the enclosure |", "|---|---|---|---|---|"]
+        "| facts | dtype | rows compared | expert disagreements | errors outside the enclosure |",
+        "|---|---|---|---|---|"]
     for r in rows:
         for c in r["compared"]:
             out.append(f"| {r['facts']:,} | {c['dtype']} | {c['checked']:,} | {c['expert_disagreements']} | "
                        f"{c['outside_enclosure']} |")
     out += ["", "Each process is timed whole (interpreter start-up, imports, reading the files included), one core "
             "each (`--jobs 1`, one torch thread), the commands in turn within each round so that the machine's drift "
-            "falls on all alike, after a warm-up round that also leaves the modules' bytecode cached (Python's default, "
-            "whatever this shell's PYTHONDONTWRITEBYTECODE); the median of the rounds. Both start alike: no cyclic "
-            "garbage collection while their modules load, which are then frozen out of the collector's reach "
+            "falls on all alike, after a warm-up round that also leaves the modules' bytecode cached (Python's "
+            "default, whatever this shell's PYTHONDONTWRITEBYTECODE); the median of the rounds. Both start alike: no "
+            "cyclic garbage collection while their modules load, which are then frozen out of the collector's reach "
             "(`cli.main.settle`). The peer reads the tasks and the weights, enumerates the "
             "queries batched by prefix length, builds its tables and runs every query (docstring of "
             "`benchmarks/peer.py`); `check --weights` verifies the same weights (every query, every check); the whole "
@@ -459,9 +462,10 @@ def main(argv=None) -> int:
         compared = compare(facts, args.dtype, args.sample)
         for r in compared:
             print(f"{r['facts']:,} facts, {r['queries']:,} queries, {r['dtype']}: certified {r['certified_s']:.2f} s "
-                  f"({r['certified_qps']:,.0f}/s), PyTorch {r['peer_s']:.2f} s ({r['peer_qps']:,.0f}/s), certified/PyTorch "
-                  f"throughput {r['ratio']:.2f}x; sample of {r['checked']}: {r['expert_disagreements']} expert "
-                  f"disagreements, {r['outside_enclosure']} errors outside the enclosure")
+                  f"({r['certified_qps']:,.0f}/s), PyTorch {r['peer_s']:.2f} s ({r['peer_qps']:,.0f}/s), "
+                  f"certified/PyTorch throughput {r['ratio']:.2f}x; sample of {r['checked']}: "
+                  f"{r['expert_disagreements']} expert disagreements, {r['outside_enclosure']} errors "
+                  "outside the enclosure")
         if args.runs:
             import tempfile
 

@@ -109,8 +109,8 @@ def table(rows: list[dict]) -> str:
         return "—" if x is None else f"{x:.2f}"
 
     lines = ["| set | facts | queries | V | d | exact pass (s) | float32 pass (s) | float32 ÷ exact pass "
-             "| `check` (s) | `check --precision float32` (s) | float32 ÷ exact, whole command | ONNX Runtime float32 (s) "
-             "| PyTorch float32 (s) | float32 worst error | margin | certified |",
+             "| `check` (s) | `check --precision float32` (s) | float32 ÷ exact, whole command "
+             "| ONNX Runtime float32 (s) | PyTorch float32 (s) | float32 worst error | margin | certified |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         whole = f"{r['check_f32'] / r['check']:.2f}×" if r.get("check") else "—"

@@ -31,7 +31,8 @@ def machine() -> str:
         mem = f", {kb / 2 ** 20:.0f} GB RAM"
     except (OSError, StopIteration, ValueError):
         pass
-    return f"{cpu}, {os.cpu_count()} CPUs{mem}; Python {platform.python_version()}, {platform.system()} {platform.machine()}"
+    return (f"{cpu}, {os.cpu_count()} CPUs{mem}; Python {platform.python_version()}, {platform.system()} "
+            f"{platform.machine()}")
 
 
 def write_block(name: str, text: str, path: Path = RESULTS) -> None:

@@ -97,9 +97,10 @@ def main(argv=None) -> int:
     comp_totals = [total(c) for _, _, c in rows[1:]]
     text = (f"## Shard memory\n\nMachine: {machine()}. Command: `python benchmarks/shard_memory.py --facts "
             f"{args.facts} --shards {args.shards}`.\n\n" + "\n".join(lines) +
-            f"\n\nCompact shards: largest {max(comp_totals):.1f} MB, median {sorted(comp_totals)[len(comp_totals) // 2]:.1f} MB,"
-            f" {sum(comp_totals):.1f} MB summed over the shards, against {total(whole):.1f} MB for the whole model. "
-            "A shard's size follows its tasks (a task is never split; the generator's task sizes are Zipf-distributed).")
+            f"\n\nCompact shards: largest {max(comp_totals):.1f} MB, median "
+            f"{sorted(comp_totals)[len(comp_totals) // 2]:.1f} MB, {sum(comp_totals):.1f} MB summed over the shards, "
+            f"against {total(whole):.1f} MB for the whole model. A shard's size follows its tasks (a task is never "
+            "split; the generator's task sizes are Zipf-distributed).")
     write_block("shard-memory", text, **({"path": args.out} if args.out else {}))
     return 0
 

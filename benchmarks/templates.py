@@ -57,7 +57,8 @@ def one(length: int, facts: int) -> dict:
 
 
 def table(rows: list[dict]) -> str:
-    out = ["| words | facts | queries | check (s) | wall, with start-up (s) | growth per doubling | peak memory (MB) | verdict |",
+    out = ["| words | facts | queries | check (s) | wall, with start-up (s) | growth per doubling "
+           "| peak memory (MB) | verdict |",
            "|---|---|---|---|---|---|---|---|"]
     prev = None
     for r in rows:
@@ -69,8 +70,8 @@ def table(rows: list[dict]) -> str:
             import math
 
             growth = f"{(r['check_s'] / prev['check_s']) ** (1 / math.log2(r['length'] / prev['length'])):.2f}x"
-        out.append(f"| {r['length']} | {r['facts']} | {r['queries']:,} | {r['check_s']:.2f} | {r['wall_s']:.1f} | {growth} | "
-                   f"{r['peak_mb']:,.0f} | {r['verdict']} |")
+        out.append(f"| {r['length']} | {r['facts']} | {r['queries']:,} | {r['check_s']:.2f} | {r['wall_s']:.1f} "
+                   f"| {growth} | {r['peak_mb']:,.0f} | {r['verdict']} |")
         prev = r
     return "\n".join(out)
 
@@ -91,8 +92,9 @@ def main(argv=None) -> int:
         f"Machine: {machine()}. Command: `{command.strip()}`.", "",
         table(rows), "",
         "Check = the certified pass over every query and the isolation check (the report's seconds); wall = the whole "
-        "command (interpreter start-up, imports, loading, the construction and the check). Growth per doubling: the factor by which check time grows when the template length doubles "
-        "(2.0x is linear, 4.0x quadratic, 8.0x cubic). Peak memory: the largest resident set of the child processes.",
+        "command (interpreter start-up, imports, loading, the construction and the check). Growth per doubling: the "
+        "factor by which check time grows when the template length doubles (2.0x is linear, 4.0x quadratic, 8.0x "
+        "cubic). Peak memory: the largest resident set of the child processes.",
     ])
     print(text)
     if not args.no_write:

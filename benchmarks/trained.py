@@ -181,7 +181,8 @@ def large_model(facts: int, work: Path, seed: int = 0) -> tuple[Path, Path]:
     rng = np.random.default_rng(seed)
     V, K, d = ts.vocabulary.size, len(ts.tasks), 64
     dense = lambda r, c, s: sp.csr_matrix(rng.normal(0.0, s, (r, c)))   # noqa: E731
-    heads = tuple(Head(dense(16, d, 0.25), dense(16, d, 0.25), dense(16, d, 0.25), dense(d, 16, 0.25)) for _ in range(4))
+    heads = tuple(Head(dense(16, d, 0.25), dense(16, d, 0.25), dense(16, d, 0.25), dense(d, 16, 0.25))
+                  for _ in range(4))
     experts = tuple(Expert(dense(min(256, ts.complexity(k)), d, 0.125), rng.normal(0, 0.1, min(256, ts.complexity(k))),
                            dense(d, min(256, ts.complexity(k)), 0.125)) for k in range(K))
     w = Weights(tuple(ts.vocabulary.tokens), dense(V + 1, d, 1.0), dense(ts.L, d, 1.0), heads, dense(K, d, 8.0),

@@ -6,8 +6,8 @@ starts from a directory that ``benchmarks/editing.py`` left: its ``tasks.yaml`` 
 ``cert``), starts ``python -m verifier watch tasks.yaml --certificate cert --jobs 2
 --json -`` and makes the edits of ``benchmarks/editing.py`` with the ``edit`` command, one
 at a time. For each it measures the wall time from the moment the edited file took its place
-(its change time: ``edit`` renames it into place) to the watcher's JSON line (the verdict), which includes the poll interval, reading the
-edited files and hashing the others; the watcher saves the certificate after the line.
+(its change time: ``edit`` renames it into place) to the watcher's JSON line (the verdict), which includes the poll
+interval, reading the edited files and hashing the others; the watcher saves the certificate after the line.
 After each edit a full ``check`` of the same model (the certificate's β and γ) runs, and
 the verdicts and per-task counts must agree. Writes the block "watch" of
 ``benchmarks/RESULTS.md``::
@@ -146,14 +146,16 @@ def main(argv=None) -> int:
                 f"--jobs 2` (first check {startup:.1f} s: start-up, reading the certificate"
                 + (f"; the full check with --certificate took {full_s:.1f} s" if full_s else "") + "). "
                 "Each edit made with the `edit` command; *edit to verdict* is the wall time from the moment the "
-                "edited file took its place (its change time: `edit` renames it into place) to the watcher's verdict line (poll interval 0.1 s, reading the "
-                "tasks file and its facts files, the re-certification); the certificate is saved after the "
-                "line. *Same as full*: the verdict and per-task counts of a full `check` of the same model.", "",
+                "edited file took its place (its change time: `edit` renames it into place) to the watcher's verdict "
+                "line (poll interval 0.1 s, reading the tasks file and its facts files, the re-certification); the "
+                "certificate is saved after the line. *Same as full*: the verdict and per-task counts of a full "
+                "`check` of the same model.", "",
                 "| edit | facts | mode | queries run again | edit to verdict (s) | of which re-certification (s) "
-                "| `edit` exits after its rename (s) | verdict | same as full |", "|---|---:|---|---:|---:|---:|---:|---|---|"]
+                "| `edit` exits after its rename (s) | verdict | same as full |",
+                "|---|---:|---|---:|---:|---:|---:|---|---|"]
     for label, n, mode, rerun, latency, rec, verdict, same, _, tail in rows:
-        lines_md.append(f"| {label} | {n:,} | {mode} | {rerun:,} | {latency:.2f} | {rec:.2f} | {tail:.2f} | {verdict} | "
-                        f"{'-' if same is None else 'yes' if same else 'NO'} |")
+        lines_md.append(f"| {label} | {n:,} | {mode} | {rerun:,} | {latency:.2f} | {rec:.2f} | {tail:.2f} | {verdict} "
+                        f"| {'-' if same is None else 'yes' if same else 'NO'} |")
     lines_md += ["", f"One-fact edits: median {statistics.median(one):.2f} s, slowest {max(one):.2f} s "
                  f"({len(one)} edits). Where the seconds go (per phase, first and last edit; the rest of *edit to "
                  f"verdict* is the poll, the status of the input files taken before and after the read, and the "

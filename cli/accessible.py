@@ -45,7 +45,8 @@ def arguments(ac: argparse.ArgumentParser) -> None:
     ac.add_argument("--prompt-epsilon", type=positive, default=2.0 ** -10, metavar="EPS",
                     help="the paper's precision: soft prompts are certified on X +- EPS/2 (default 2^-10 = "
                          "0.0009765625, absolute, as the paper's Table 1; a fraction such as 1/1024 is read exactly)")
-    ac.add_argument("--plot", metavar="FILE.png", help="draw accessible length against m, with the bound (needs matplotlib)")
+    ac.add_argument("--plot", metavar="FILE.png",
+                    help="draw accessible length against m, with the bound (needs matplotlib)")
     ac.add_argument("--list", type=whole, default=10, metavar="N", help="examples listed per list (default 10)")
     add_json(ac, "the report, every accessible sequence with its proof")
     add_quiet(ac)
@@ -92,7 +93,8 @@ def _search(args, weights):
     try:
         import torch  # noqa: F401
     except ImportError:
-        raise TaskError("the soft-prompt search needs torch", fix='pip install -e ".[train]", or pass --no-soft') from None
+        raise TaskError("the soft-prompt search needs torch",
+                        fix='pip install -e ".[train]", or pass --no-soft') from None
     from training.cramming import SearchBudget, proposer
 
     return proposer(weights, SearchBudget(steps=args.steps, lr=args.lr, seconds=args.seconds, seed=args.seed))

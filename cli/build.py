@@ -42,7 +42,8 @@ def run(args) -> int:
                 "precision": args.precision, "margins": margins, "notes": notes}
         write_text(args.json, json.dumps(data, indent=2, ensure_ascii=False), inputs(args) + [args.output])
     if not args.quiet and args.json != "-":
-        print(f"wrote {args.output}: {len(model.experts)} experts, widths {list(model.widths)}, beta = {model.beta}, gamma = {model.gamma}")
+        print(f"wrote {args.output}: {len(model.experts)} experts, widths {list(model.widths)}, beta = {model.beta}, "
+              f"gamma = {model.gamma}")
         for note in notes:
             print(f"note: {note}")
         for m in margins or []:

@@ -23,7 +23,8 @@ def arguments(c: argparse.ArgumentParser) -> None:
     add_json(c, "the JSON report")
     add_quiet(c)
     c.add_argument("--no-isolation", action="store_true", help="skip the rebuild-without-each-task modularity check")
-    c.add_argument("--jobs", type=_jobs, default=1, metavar="N", help="worker processes (0: one per CPU); the result does not depend on it")
+    c.add_argument("--jobs", type=_jobs, default=1, metavar="N",
+                   help="worker processes (0: one per CPU); the result does not depend on it")
     c.add_argument("--scheduler", metavar="ADDRESS", help="run the work on a Dask cluster instead: a scheduler address "
                    "(tcp://HOST:8786) or local:N for N local workers (needs the dask extra); the report is the same")
     c.add_argument("--cluster-timeout", type=positive, default=None, metavar="SECONDS",

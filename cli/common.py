@@ -26,8 +26,8 @@ def settle() -> None:
     imported (``verifier/__main__.py``): sympy and scipy (and numba, where the kernels
     run just in time) make up to a million long-lived objects as they load, and each full
     collection on the way would scan them all again (up to a fifth of a second at 100k
-    facts). Each command calls this once its modules are in: ``gc.freeze`` moves every object alive now to a generation that is
-    never scanned, and the collector is on again, with its usual thresholds, for what the
+    facts). Each command calls this once its modules are in: ``gc.freeze`` moves every object alive now to a generation
+    that is never scanned, and the collector is on again, with its usual thresholds, for what the
     work makes (forked workers inherit the frozen heap untouched). Nothing computed
     depends on it; the cycles made while loading (few) stay. Called with the collector
     on (a program or a test calling :func:`cli.main.main`), it does nothing."""

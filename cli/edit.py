@@ -25,7 +25,8 @@ def arguments(ed: argparse.ArgumentParser) -> None:
                     help="add the fact, or change the subject's object (split at the first '='); repeatable")
     ed.add_argument("--set-pair", action="append", nargs=2, default=[], metavar=("SUBJECT", "OBJECT"),
                     help="the same, for names that contain '='; repeatable")
-    ed.add_argument("--remove", action="append", default=[], metavar="SUBJECT", help="remove the subject's fact; repeatable")
+    ed.add_argument("--remove", action="append", default=[], metavar="SUBJECT",
+                    help="remove the subject's fact; repeatable")
     ed.add_argument("--delete-task", action="store_true", help="remove the whole task")
     add_json(ed, "what changed")
     add_quiet(ed)

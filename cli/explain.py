@@ -18,7 +18,8 @@ def arguments(e: argparse.ArgumentParser) -> None:
     model_flags(e)
     e.add_argument("prefix", help="the prefix, e.g. \"the capital of France is\" (split into tokens; see --sep)")
     e.add_argument("--sep", metavar="SEP", help="the prefix is its tokens joined by SEP, e.g. --sep '|' "
-                                                "\"the | capital | of | the capital | is\" (for entities holding template words)")
+                                                "\"the | capital | of | the capital | is\" (for entities "
+                                                "holding template words)")
     e.add_argument("--weights", help="use these weights instead of building")
     add_json(e, "the trace")
     add_quiet(e)

@@ -52,8 +52,10 @@ def run(args) -> int:
         write_text(args.json, json.dumps(data, indent=2, ensure_ascii=False), inputs(args))
         if args.json == "-":
             return EXIT_OK
-    print(f"L = {data['L']}, |V| = {data['vocabulary']}, residual width d = {data['residual_width']}, gate: {data['gate']}")
-    print(f"parameters: beta = {data['parameters']['beta']}, gamma = {data['parameters']['gamma']}, epsilon = {data['epsilon']}")
+    print(f"L = {data['L']}, |V| = {data['vocabulary']}, residual width d = {data['residual_width']}, "
+          f"gate: {data['gate']}")
+    print(f"parameters: beta = {data['parameters']['beta']}, gamma = {data['parameters']['gamma']}, "
+          f"epsilon = {data['epsilon']}")
     print(f"closed-form bound: eps(beta, gamma) = {data['closed_form']}")
     proven = ("proven upper bound" if data["bound_proven"] else
               f"NOT a proven bound: {'; '.join(data['unproven_conditions'])}")
@@ -63,11 +65,13 @@ def run(args) -> int:
     name_w = max(4, *(len(e["task"]) for e in data["experts"]))
     print(f"{'task'.ljust(name_w)}  |T|  N_k  template  dictionary  width  bound L|T|+N_k  parameters")
     for e in data["experts"]:
-        print(f"{e['task'].ljust(name_w)}  {e['templates']:>3}  {e['facts']:>3}  {e['template_neurons']:>8}  {e['dictionary_neurons']:>10}  "
-              f"{e['width']:>5}  {e['bound']:>5}  {'ok  ' if e['width'] <= e['bound'] else 'OVER'}  {e['parameters']:>10,}")
+        print(f"{e['task'].ljust(name_w)}  {e['templates']:>3}  {e['facts']:>3}  {e['template_neurons']:>8}  "
+              f"{e['dictionary_neurons']:>10}  {e['width']:>5}  {e['bound']:>5}  "
+              f"{'ok  ' if e['width'] <= e['bound'] else 'OVER'}  {e['parameters']:>10,}")
     c = data["parameter_counts"]
     print(f"parameters (stored entries): {c['total']:,} in total, {c['shared']:,} shared, {c['active_per_query']:,} "
-          f"active per query; {c['facts_per_parameter']:.3g} facts per parameter; dense shapes would hold {c['dense_total']:,}")
+          f"active per query; {c['facts_per_parameter']:.3g} facts per parameter; dense shapes would hold "
+          f"{c['dense_total']:,}")
     return EXIT_OK
 
 
@@ -80,7 +84,8 @@ def _refused(args, inspection) -> int:
         print(f"not constructible ({refusal.kind}): {refusal.error}")
         print(f"proven: {refusal.proven}")
         if inspection.changes:
-            print("smallest changes that make it constructible (each checked by running the construction on the edited set):")
+            print("smallest changes that make it constructible (each checked by running the "
+                  "construction on the edited set):")
             for n, steps in enumerate(inspection.steps, start=1):
                 print(f"  {n}. {steps[0]}" if len(steps) == 1 else f"  {n}. these {len(steps)} edits together:")
                 for step in steps[1:] if len(steps) == 1 else steps:

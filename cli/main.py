@@ -102,5 +102,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         if os.environ.get("MOE_VERIFIER_DEBUG"):
             raise
         print(f"internal error: {type(exc).__name__}: {exc}".replace("\n", " ")
-              + " (a bug: please report it with the command; MOE_VERIFIER_DEBUG=1 shows the traceback)", file=sys.stderr)
+              + " (a bug: please report it with the command; MOE_VERIFIER_DEBUG=1 shows the traceback)",
+              file=sys.stderr)
         return EXIT_INTERNAL

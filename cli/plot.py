@@ -26,7 +26,8 @@ def arguments(pl: argparse.ArgumentParser) -> None:
     pl.add_argument("--name", help="file name prefix, without path separators (default: the tasks file's name, or its "
                                    "directory's for tasks.yaml); the pictures are written in --out")
     pl.add_argument("--betas", type=positive, nargs="+", metavar="BETA",
-                    help="beta values for the bound-vs-beta picture (default: integers from the chosen beta - 4 to + 3)")
+                    help="beta values for the bound-vs-beta picture "
+                         "(default: integers from the chosen beta - 4 to + 3)")
     add_json(pl, "the list of pictures written")
     add_quiet(pl)
 

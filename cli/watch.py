@@ -31,11 +31,14 @@ DESCRIPTION = ("Hold the certificate in DIR in memory (or make it with a full ch
 
 def arguments(w: argparse.ArgumentParser) -> None:
     w.add_argument("tasks", help="the tasks.yaml file")
-    w.add_argument("--certificate", metavar="DIR", required=True, help="the certificate directory to start from and to keep up to date")
+    w.add_argument("--certificate", metavar="DIR", required=True,
+                   help="the certificate directory to start from and to keep up to date")
     add_json(w, "each check's report (to a file: the latest, replaced atomically; '-': one JSON object per line)")
     add_quiet(w)
-    w.add_argument("--no-isolation", action="store_true", help="skip the rebuild-without-each-task check of edited tasks")
-    w.add_argument("--jobs", type=_jobs, default=1, metavar="N", help="worker processes (0: one per CPU); the result does not depend on it")
+    w.add_argument("--no-isolation", action="store_true",
+                   help="skip the rebuild-without-each-task check of edited tasks")
+    w.add_argument("--jobs", type=_jobs, default=1, metavar="N",
+                   help="worker processes (0: one per CPU); the result does not depend on it")
     w.add_argument("--interval", type=positive, default=0.1, metavar="SECONDS",
                    help="how often the files are looked at (default 0.1)")
     w.add_argument("--max-checks", type=int, default=None, metavar="N",

@@ -60,8 +60,8 @@ def leave_one_out_tasks(K: int, n_facts: int) -> list[int]:
 
 def changed_experts(shared, j: int) -> list[str]:
     """The tasks whose expert changes when task ``j`` is removed and the model rebuilt
-    (``shared`` = (task set, the full model's residual space, its experts)): a work unit. The rebuilt set comes from the full set's arrays
-    (:meth:`TaskSet.without`), so its residual maps into the full one by entity rows rather
+    (``shared`` = (task set, the full model's residual space, its experts)): a work unit. The rebuilt set comes from the
+    full set's arrays (:meth:`TaskSet.without`), so its residual maps into the full one by entity rows rather
     than by names (:func:`subset_column_map`); the comparison is of labelled weights."""
     taskset, residual, experts = shared
     rest = taskset.without(taskset.tasks[j].name)

@@ -30,8 +30,8 @@ neuron of s (if s is a subject of task k) has activation in [1 − 2δ_p, 1] (in
 neuron is 0. Before ⋆1 every dictionary neuron is 0.
 
 *Proof.* By the subject-head claim (construction.heads), subj:s ∈ [1 − δ_p, 1]
-(∈ [1 − δ_S, 1] with one entity), so z ∈ [1 − 2δ_p, 1]; every other subj coordinate is at most δ_p < 1/2 (the object, past
-⋆2) or 0, so its neuron has z < 0. Before ⋆1, subj = 0 and z = −1. ∎
+(∈ [1 − δ_S, 1] with one entity), so z ∈ [1 − 2δ_p, 1]; every other subj coordinate is at most δ_p < 1/2 (the object,
+past ⋆2) or 0, so its neuron has z < 0. Before ⋆1, subj = 0 and z = −1. ∎
 
 So at an object query the subject's neuron writes D_k(s), the valid token; elsewhere at
 most that one neuron writes at most 1 on one token (past ⋆2: D_k(s), the object just
@@ -126,7 +126,8 @@ class ExpertEntries:
     def expert(self) -> SymExpert:
         bias = Space.of(block("bias"))
         return SymExpert(self.task, self.neurons, SymMatrix.build(self.neurons, self.residual, self.W_1),
-                         SymMatrix.build(self.neurons, bias, self.b_1), SymMatrix.build(self.residual, self.neurons, self.W_2))
+                         SymMatrix.build(self.neurons, bias, self.b_1),
+                         SymMatrix.build(self.residual, self.neurons, self.W_2))
 
 
 def build_expert(taskset: TaskSet, k: int, residual: Space) -> SymExpert:
@@ -154,9 +155,11 @@ def expert_entries(taskset: TaskSet, k: int, residual: Space) -> ExpertEntries:
     # entry of W_1 and W_2 is 2, every fact entry of W_1 is 2 and of W_2 is 1.
     for n, (sigma, words, subj_follows) in enumerate(nodes):
         p = len(sigma)
-        r1.append(n); c1.append(residual.index("pos", p))
+        r1.append(n)
+        c1.append(residual.index("pos", p))
         for m, sym in enumerate(sigma, start=1):
-            r1.append(n); c1.append(residual.index(f"slot{m}", sym))
+            r1.append(n)
+            c1.append(residual.index(f"slot{m}", sym))
         b.append(-(2.0 * p + 1.0))
         # "next" is labelled by the vocabulary's tokens in id order
         nxt = sorted(next_off + vocab.id(w) for w in words)
@@ -173,7 +176,8 @@ def expert_entries(taskset: TaskSet, k: int, residual: Space) -> ExpertEntries:
     W_1 = (np.concatenate([np.asarray(r1, np.int64), rows]),
            np.concatenate([np.asarray(c1, np.int64), residual.offset("subj") + (subj_ids - W)]),
            np.full(len(r1) + n_d, 2.0))
-    b_1 = (np.arange(n_t + n_d), np.zeros(n_t + n_d, np.int64), np.concatenate([np.asarray(b, np.float64), np.full(n_d, -1.0)]))
+    b_1 = (np.arange(n_t + n_d), np.zeros(n_t + n_d, np.int64),
+           np.concatenate([np.asarray(b, np.float64), np.full(n_d, -1.0)]))
     W_2 = (np.concatenate([r for r, _ in pieces] + [next_off + obj_ids]),
            np.concatenate([c for _, c in pieces] + [rows]),
            np.concatenate([np.full(n_template, 2.0), np.ones(n_d)]))

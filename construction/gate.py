@@ -118,7 +118,8 @@ class Cells:
         c = np.where(in_node, 0.0, 1.0)
         counts = self.allowed_ptr[idx + 1] - self.allowed_ptr[idx]
         rows = np.repeat(np.arange(idx.size), counts)
-        starts = np.repeat(self.allowed_ptr[idx], counts) + (np.arange(rows.size) - np.repeat(np.cumsum(counts) - counts, counts))
+        starts = np.repeat(self.allowed_ptr[idx], counts) + (np.arange(rows.size)
+                                                             - np.repeat(np.cumsum(counts) - counts, counts))
         c[rows, self.allowed[starts]] = 1.0
         c[~self.entity[idx]] = 0.0
         return c
@@ -273,7 +274,8 @@ def _assemble(taskset: TaskSet, residual: Space, index, W_struct, b: np.ndarray,
     coo = W_struct.tocoo()
     by_col = {f: key for key, f in index.items()}
     r = list(coo.row)
-    c = [residual.index("pos", by_col[f][1]) if by_col[f][0] == "pos" else residual.index(f"slot{by_col[f][0]}", by_col[f][1])
+    c = [residual.index("pos", by_col[f][1]) if by_col[f][0] == "pos"
+         else residual.index(f"slot{by_col[f][0]}", by_col[f][1])
          for f in coo.col]
     v = list(coo.data)
     W = taskset.vocabulary.n_words
@@ -286,14 +288,16 @@ def _assemble(taskset: TaskSet, residual: Space, index, W_struct, b: np.ndarray,
         c_parts.append(subj_off + (s - W))
         v_parts.append(np.full(s.size, float(lam[k])))
     experts = Space.of(block("expert", taskset.names))
-    W_G = SymMatrix.build(experts, residual, (np.concatenate(r_parts), np.concatenate(c_parts), np.concatenate(v_parts)))
+    W_G = SymMatrix.build(experts, residual,
+                          (np.concatenate(r_parts), np.concatenate(c_parts), np.concatenate(v_parts)))
     b_G = SymMatrix.build(experts, Space.of(block("bias")), (np.arange(K), np.zeros(K, np.int64), np.asarray(b, float)))
     return W_G, b_G
 
 
 def _mass(W_struct: sp.csr_matrix, index) -> Fraction:
     """A = max_k Σ_m max_c |W_k[m, c]| over the (leaky) slot features; position features are exact."""
-    positions = np.array([-1 if m == "pos" else m for (m, _), f in sorted(index.items(), key=lambda kv: kv[1])], np.int64)
+    positions = np.array([-1 if m == "pos" else m for (m, _), f in sorted(index.items(), key=lambda kv: kv[1])],
+                         np.int64)
     best = Fraction(0)
     W_struct = sp.csr_matrix(W_struct)
     for k in range(W_struct.shape[0]):
@@ -314,8 +318,9 @@ def _collision_message(taskset: TaskSet, trie: StructureTrie, cells: Cells, bad:
     w, j = int(cells.winner[i]), int(rivals[i])
     tw, tj = taskset.tasks[w], taskset.tasks[j]
     j_templates = ", ".join(f"'{t}'" for t in tj.templates)
-    return (f"prefix structure '{trie.describe(node)}' of task '{tw.name}' (template '{tw.templates[node.templates[w][0]]}') "
-            f"cannot be told apart linearly from task '{tj.name}' (templates {j_templates})"
+    return (f"prefix structure '{trie.describe(node)}' of task '{tw.name}' (template "
+            f"'{tw.templates[node.templates[w][0]]}') cannot be told apart linearly from task '{tj.name}' "
+            f"(templates {j_templates})"
             + (f"; {bad.size - 1} more such prefixes" if bad.size > 1 else ""))
 
 
@@ -342,7 +347,9 @@ def _solve_lp(phi: sp.csr_matrix, cells: Cells, S_fixed: np.ndarray, lam_fixed: 
 
     def emit(cols, v, b):
         nonlocal row
-        r_idx.append(np.full(len(cols), row)); c_idx.append(np.asarray(cols, np.int64)); vals.append(np.asarray(v, float))
+        r_idx.append(np.full(len(cols), row))
+        c_idx.append(np.asarray(cols, np.int64))
+        vals.append(np.asarray(v, float))
         rhs.append(b)
         row += 1
 

@@ -91,7 +91,8 @@ def structure_head(taskset: TaskSet, residual: Space, m: int) -> SymHead:
     at, before = 0, 1
     q_rows = [at if i >= m else before for i in range(L)]
     W_Q = SymMatrix.build(qk, residual, (q_rows, residual.indices("pos", range(L)), [1.0] * L), BETA)
-    W_K = SymMatrix.build(qk, residual, ([at, before], [residual.index("pos", m), residual.index("pos", 0)], [1.0, 1.0]))
+    W_K = SymMatrix.build(qk, residual,
+                          ([at, before], [residual.index("pos", m), residual.index("pos", 0)], [1.0, 1.0]))
     alphabet = symbols(taskset)
     val = Space.of(block("symbol", alphabet))
     W = len(alphabet) - 1

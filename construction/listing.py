@@ -94,7 +94,8 @@ def select(blocks: Sequence[NamedBlock], name: str, task: int | None = None) -> 
     return chosen
 
 
-def parse_values(text: str | None, default: Mapping[sympy.Symbol, sympy.Rational]) -> dict[sympy.Symbol, sympy.Rational] | None:
+def parse_values(text: str | None,
+                 default: Mapping[sympy.Symbol, sympy.Rational]) -> dict[sympy.Symbol, sympy.Rational] | None:
     """``beta=4,gamma=1/2`` as exact rationals (``None`` for no substitution); a name left
     out takes its value from ``default`` (the model's)."""
     if text is None:
@@ -266,7 +267,8 @@ def patterns(block: NamedBlock, rows_only: Sequence[int] | None = None, values: 
     pair = rb * len(m.cols.blocks) + cb
     for key in np.unique(pair):
         sel = pair == key
-        same[sel] = _same_labels(m.rows, m.cols, int(key // len(m.cols.blocks)), int(key % len(m.cols.blocks)), rp[sel], cp[sel])
+        same[sel] = _same_labels(m.rows, m.cols, int(key // len(m.cols.blocks)),
+                                 int(key % len(m.cols.blocks)), rp[sel], cp[sel])
     _, value_id = np.unique(vals, axis=0, return_inverse=True) if vals.size else (None, np.zeros(0, np.int64))
     value_id = np.asarray(value_id).reshape(-1)
     kind_r = np.zeros(r.size, np.int64)

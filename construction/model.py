@@ -86,7 +86,8 @@ class SymbolicModel:
         """Numeric weights in the verifier's layout (exact for dyadic β and γ). ``labels``:
         name the residual directions and neurons (up to 200,000 of each; for reading and for
         files: no check, digest or output depends on them)."""
-        values = {BETA: float(self.beta if beta is None else beta), GAMMA: float(self.gamma if gamma is None else gamma)}
+        values = {BETA: float(self.beta if beta is None else beta),
+                  GAMMA: float(self.gamma if gamma is None else gamma)}
         num = lambda m: m.numeric(values)  # noqa: E731
         vec = lambda m: np.asarray(m.numeric(values).toarray()).reshape(-1)  # noqa: E731
         return Weights(
@@ -101,7 +102,8 @@ class SymbolicModel:
             residual_labels=tuple(self.residual.labels()) if labels and self.residual.dim <= 200_000 else None,
             neuron_labels=tuple(tuple(e.neurons.blocks[0].labels) for e in self.experts)
             if labels and sum(self.widths) <= 200_000 else None,
-            parameters={"beta": str(self.beta if beta is None else beta), "gamma": str(self.gamma if gamma is None else gamma),
+            parameters={"beta": str(self.beta if beta is None else beta),
+                        "gamma": str(self.gamma if gamma is None else gamma),
                         "epsilon": self.epsilon, "gate": self.gate.method},
         )
 
@@ -195,8 +197,8 @@ def build(taskset: TaskSet, epsilon: float | None = None, beta: float | None = N
             chosen_gamma = bound.smallest_gamma(L, max(V, vocabulary_reach or 0), chosen_beta, epsilon)
         except ValueError:
             where = {} if beta_flag else dict(zip(("file", "line"), taskset.parameter_source("beta")))
-            raise TaskError(f"no gamma makes the proven error bound reach epsilon = {epsilon:g} at beta = {chosen_beta} "
-                            f"(the attention leak at this beta is too large)",
+            raise TaskError(f"no gamma makes the proven error bound reach epsilon = {epsilon:g} at beta = "
+                            f"{chosen_beta} (the attention leak at this beta is too large)",
                             fix=f"raise beta (the construction would choose {smallest}), give gamma too, or raise "
                                 f"epsilon", **where) from None
     return SymbolicModel(

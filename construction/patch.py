@@ -34,7 +34,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from construction.embedding import embedding, positions, unembedding
-from construction.experts import SymExpert, build_expert, column_map
+from construction.experts import SymExpert, build_expert
 from construction.gate import _assemble, features, task_features
 from construction.heads import heads as make_heads
 from construction.params import BETA, GAMMA, LAMBDA
@@ -76,7 +76,8 @@ def _gate(ts: TaskSet, residual) -> tuple:
 
 
 def patched_weights(old: Weights, old_ts: TaskSet, new_ts: TaskSet, edited: set[str], beta: Fraction,
-                    gamma: Fraction, epsilon: float, memo: dict | None = None) -> tuple[Weights, dict[str, SymExpert]] | None:
+                    gamma: Fraction, epsilon: float,
+                    memo: dict | None = None) -> tuple[Weights, dict[str, SymExpert]] | None:
     """The new model's weights (module docstring) and the edited tasks' symbolic experts, or
     None when the previous model's gate was not the closed form. ``memo``: as in
     :func:`construction.numbering.space_map`."""

@@ -14,7 +14,7 @@ import json
 
 import sympy
 
-from construction.listing import LIST_UP_TO, Listing, Pattern
+from construction.listing import LIST_UP_TO, Listing
 
 #: Largest number of nonzero rows and of nonzero columns drawn as a LaTeX matrix.
 LATEX_MATRIX_UP_TO = 24
@@ -122,7 +122,8 @@ def data(listing: Listing, all_entries: bool = False) -> dict:
         shown = listing.show(p.expr)
         item = {"row": row, "col": col, "same_label": p.same, "value": str(shown), "latex": sympy.latex(shown),
                 "count": p.count,
-                "examples": [[listing.row_label(i), listing.col_label(j)] for i, j in zip(p.rows[:EXAMPLES], p.cols[:EXAMPLES])]}
+                "examples": [[listing.row_label(i), listing.col_label(j)]
+                             for i, j in zip(p.rows[:EXAMPLES], p.cols[:EXAMPLES])]}
         if all_entries:
             item["entries"] = [[listing.row_label(i), listing.col_label(j)] for i, j in zip(p.rows, p.cols)]
         pats.append(item)

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from construction.gate import RoutingError
 from tasks.errors import TaskError
-from tasks.model import OBJECT, Facts, Task, TaskSet, Template
+from tasks.model import Facts, Task, TaskSet, Template
 from tasks.structure import count_collisions, object_query_collisions
 from tasks.structure import structure_of
 

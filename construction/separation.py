@@ -143,7 +143,8 @@ def _memberships(taskset: TaskSet, trie: StructureTrie, node_id: int, winner: in
     subjects = np.unique(group.subjects[mine])
     out: dict[tuple[bool, ...], int] = {}
     members = [taskset.fact_ids[k][0] for k in tasks.tolist()]
-    inside = np.stack([np.isin(subjects, m) for m in members], axis=1) if subjects.size else np.zeros((0, len(members)), bool)
+    inside = (np.stack([np.isin(subjects, m) for m in members], axis=1) if subjects.size
+              else np.zeros((0, len(members)), bool))
     for s, pattern in zip(subjects.tolist(), map(tuple, inside.tolist())):
         out.setdefault(pattern, s)
     return out
@@ -193,7 +194,9 @@ def _rows(taskset: TaskSet, trie: StructureTrie, cells, tasks: np.ndarray, depth
                 r = len(rows)
                 for col, v in entries.items():
                     if v != 0.0:
-                        r_idx.append(r); c_idx.append(col); vals.append(v)
+                        r_idx.append(r)
+                        c_idx.append(col)
+                        vals.append(v)
                 rows.append((i, w, j, s))
     A = sp.csr_matrix((vals, (r_idx, c_idx)), shape=(len(rows), offset + len(feature)))
     return rows, A

@@ -8,5 +8,6 @@ and their rules, :mod:`layout.npz` the file format.
 from layout.npz import FORMAT, load, save, to_arrays
 from layout.weights import GATE_MODES, Expert, Head, Weights, canonical, csr_problem, sparse_problem, vector_problem
 
-__all__ = ["FORMAT", "GATE_MODES", "Expert", "Head", "Weights", "canonical", "csr_problem", "sparse_problem", "vector_problem",
+__all__ = ["FORMAT", "GATE_MODES", "Expert", "Head", "Weights", "canonical", "csr_problem",
+           "sparse_problem", "vector_problem",
            "load", "save", "to_arrays"]

@@ -7,8 +7,8 @@ A zip archive of ``.npy`` members, one per array, each name used once:
   for CSR, or row, for CSC, of each value), ``X.indptr`` (integer, one offset per row
   (CSR) or column (CSC) plus one, starting at 0, non-decreasing, ending at the number of
   values) and ``X.shape`` (two integers). **Canonical form is required**: within a row
-  (CSR) or column (CSC) the indices strictly increase (sorted, no duplicate entry). A duplicate would be ambiguous (its float sum depends on the
-  order) and is refused, never merged. An explicitly stored 0 is the value 0, the same
+  (CSR) or column (CSC) the indices strictly increase (sorted, no duplicate entry). A duplicate would be ambiguous (its
+  float sum depends on the order) and is refused, never merged. An explicitly stored 0 is the value 0, the same
   as an absent entry. Matrix names: ``E``, ``P``, ``heads.<m>.W_Q|W_K|W_V|W_O`` for
   m = 0..n_heads−1, ``W_G``, ``experts.<k>.W_1|W_2`` for k = 0..n_experts−1, ``U``;
 * vectors ``b_G`` and ``experts.<k>.b_1``: float64 arrays;
@@ -139,7 +139,8 @@ class _Reader:
             out = a.astype(np.float64)
         elif kind in "iu":
             if a.size and (a.max() > 2 ** 53 or (kind == "i" and a.min() < -(2 ** 53))):
-                raise self.fail(f"'{name}' holds integers beyond 2^53, not exact in float64", fix="store float64 values")
+                raise self.fail(f"'{name}' holds integers beyond 2^53, not exact in float64",
+                                fix="store float64 values")
             out = a.astype(np.float64)
         else:
             raise self.fail(f"'{name}' has dtype {a.dtype} ({_kind_name(a.dtype)}); weights are real numbers",
@@ -153,13 +154,15 @@ class _Reader:
     def integers(self, name: str) -> np.ndarray:
         a = self.get(name)
         if a.ndim != 1 or a.dtype.kind not in "iu":
-            raise self.fail(f"'{name}' must be a one-dimensional integer array (it has dtype {a.dtype}, shape {a.shape})")
+            raise self.fail(f"'{name}' must be a one-dimensional integer array (it has dtype "
+                            f"{a.dtype}, shape {a.shape})")
         return a.astype(np.int64)
 
     def strings(self, name: str) -> tuple[str, ...]:
         a = self.get(name)
         if a.ndim != 1 or a.dtype.kind != "U":
-            raise self.fail(f"'{name}' must be a one-dimensional array of unicode strings (it has dtype {a.dtype}, shape {a.shape})")
+            raise self.fail(f"'{name}' must be a one-dimensional array of unicode strings (it has dtype "
+                            f"{a.dtype}, shape {a.shape})")
         out = tuple(a.tolist())
         if _BAD_TEXT.search("\x01".join(out)):            # one scan; then find the entry to name it
             for i, t in enumerate(out):
@@ -185,11 +188,13 @@ class _Reader:
         n_major, n_minor = (rows, cols) if fmt == "csr" else (cols, rows)
         major, minor = ("row", "column") if fmt == "csr" else ("column", "row")
         if indptr.shape != (n_major + 1,):
-            raise self.fail(f"'{name}.indptr' has {indptr.size} entries for {n_major} {major}s (expected {n_major + 1})")
+            raise self.fail(f"'{name}.indptr' has {indptr.size} entries for {n_major} {major}s "
+                            f"(expected {n_major + 1})")
         if indices.size != data.size:
             raise self.fail(f"'{name}' has {data.size} values but {indices.size} {minor} indices")
         if indptr[0] != 0 or np.any(np.diff(indptr) < 0) or indptr[-1] != data.size:
-            raise self.fail(f"'{name}.indptr' must start at 0, never decrease and end at {data.size} (the number of values)")
+            raise self.fail(f"'{name}.indptr' must start at 0, never decrease and end at {data.size} "
+                            "(the number of values)")
         if indices.size and (indices.min() < 0 or indices.max() >= n_minor):
             i = int(np.flatnonzero((indices < 0) | (indices >= n_minor))[0])
             raise self.fail(f"'{name}' {major} {_row_of(indptr, i)}: {minor} {int(indices[i])} is out of range "
@@ -257,7 +262,8 @@ def _texts(value: Any) -> Iterator[str]:
 def _read_meta(r: _Reader) -> dict[str, Any]:
     raw = r.get("meta")
     if raw.ndim != 0 or raw.dtype.kind != "U":
-        raise r.fail(f"'meta' must be one unicode string holding a JSON object (it has dtype {raw.dtype}, shape {raw.shape})")
+        raise r.fail("'meta' must be one unicode string holding a JSON object (it has dtype "
+                     f"{raw.dtype}, shape {raw.shape})")
     try:
         meta = json.loads(str(raw), object_pairs_hook=_json_object, parse_constant=_no_constants,
                           parse_float=_finite_float)
@@ -293,7 +299,8 @@ def _read_meta(r: _Reader) -> dict[str, Any]:
         raise r.fail("meta.residual_labels must be null or a list of strings")
     neurons = meta.get("neuron_labels")
     if neurons is not None and not (isinstance(neurons, list)
-                                    and all(isinstance(x, list) and all(isinstance(y, str) for y in x) for x in neurons)):
+                                    and all(isinstance(x, list)
+                                            and all(isinstance(y, str) for y in x) for x in neurons)):
         raise r.fail("meta.neuron_labels must be null or a list of lists of strings")
     params = meta.get("parameters")
     if params is not None and not isinstance(params, dict):
@@ -307,7 +314,8 @@ def _members(path: str) -> dict[str, np.ndarray]:
     The file must be a zip archive (no sniffing: a file that is itself a ``.npy`` is
     refused), every member a ``.npy`` array, every name used once.
     """
-    bad = lambda what: TaskError(what, file=path, fix="it may be truncated or corrupt; export it again with 'verifier build'")  # noqa: E731
+    bad = lambda what: TaskError(  # noqa: E731
+        what, file=path, fix="it may be truncated or corrupt; export it again with 'verifier build'")
     try:
         with open(path, "rb") as f:
             if f.read(4) != b"PK\x03\x04":
@@ -334,7 +342,8 @@ def _members(path: str) -> dict[str, np.ndarray]:
                             raise TaskError(f"array '{name}' holds Python objects (pickled data), which the layout "
                                             "does not allow", file=path,
                                             fix="store numbers as float64 and text as unicode string arrays") from None
-                        raise bad(f"archive member '{name}' is not a readable .npy array ({exc})".replace("\n", " ")) from None
+                        raise bad(f"archive member '{name}' is not a readable .npy array ({exc})"
+                                  .replace("\n", " ")) from None
         return members
     except TaskError:
         raise
@@ -356,11 +365,13 @@ def load(path: str | os.PathLike, validate: bool = True) -> Weights:
     validated weights, and whose hash was checked (a saved certificate's)."""
     path = os.fspath(path)
     if os.path.isdir(path):
-        raise TaskError("is a directory, not a weights file", file=path, fix="give the .npz file written by 'verifier build'")
+        raise TaskError("is a directory, not a weights file", file=path,
+                        fix="give the .npz file written by 'verifier build'")
     r = _Reader(path, _members(path))
     r.trusted = not validate
     meta = _read_meta(r)
-    heads = tuple(Head(r.matrix(f"heads.{m}.W_Q"), r.matrix(f"heads.{m}.W_K"), r.matrix(f"heads.{m}.W_V"), r.matrix(f"heads.{m}.W_O"))
+    heads = tuple(Head(r.matrix(f"heads.{m}.W_Q"), r.matrix(f"heads.{m}.W_K"), r.matrix(f"heads.{m}.W_V"),
+                       r.matrix(f"heads.{m}.W_O"))
                   for m in range(meta["n_heads"]))
     experts = tuple(Expert(r.matrix(f"experts.{k}.W_1"), r.numbers(f"experts.{k}.b_1"), r.matrix(f"experts.{k}.W_2"))
                     for k in range(meta["n_experts"]))
@@ -376,7 +387,8 @@ def load(path: str | os.PathLike, validate: bool = True) -> Weights:
     r.used.add("meta")
     extra = sorted(set(r.members) - r.used)
     if extra:
-        raise r.fail(f"member '{extra[0]}' is not part of the layout (n_heads = {meta['n_heads']}, n_experts = {meta['n_experts']})",
+        raise r.fail(f"member '{extra[0]}' is not part of the layout (n_heads = {meta['n_heads']}, n_experts = "
+                     f"{meta['n_experts']})",
                      fix="remove it, or correct meta.n_heads / meta.n_experts")
     if validate:
         weights.validate(path)

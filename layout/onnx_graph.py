@@ -92,7 +92,8 @@ def to_onnx(weights: Weights, source: str = "weights", metadata: dict[str, str] 
                       init("i2", np.array([2], np.int64))], "length")
     Ppos = op("Slice", [P, init("z0", np.array([0], np.int64)), T1, init("ax0", np.array([0], np.int64))], "P_used")
     h = op("Add", [op("Gather", [E, ids], "E_rows", axis=0), Ppos], "h")                 # (N, T+1, d)
-    last = op("Squeeze", [op("Slice", [h, init("m1", np.array([-1], np.int64)), init("big", np.array([2 ** 62], np.int64)),
+    last = op("Squeeze", [op("Slice", [h, init("m1", np.array([-1], np.int64)),
+                                       init("big", np.array([2 ** 62], np.int64)),
                                        init("ax1", np.array([1], np.int64))], "h_last3"),
                           init("ax1s", np.array([1], np.int64))], "h_last")              # (N, d)
     r = last
@@ -115,7 +116,8 @@ def to_onnx(weights: Weights, source: str = "weights", metadata: dict[str, str] 
     W1 = np.concatenate([f32(x.W_1) for x in w.experts], axis=0) if sum(widths) else np.zeros((0, d), np.float32)
     b1 = np.concatenate([f32(x.b_1) for x in w.experts]) if sum(widths) else np.zeros(0, np.float32)
     W2 = np.concatenate([f32(x.W_2) for x in w.experts], axis=1) if sum(widths) else np.zeros((d, 0), np.float32)
-    z = op("Relu", [op("Add", [op("MatMul", [r, init("W_1_T", W1.T.copy())], "z_lin"), init("b_1", b1)], "z_pre")], "z_all")
+    z = op("Relu", [op("Add", [op("MatMul", [r, init("W_1_T", W1.T.copy())], "z_lin"), init("b_1", b1)], "z_pre")],
+           "z_all")
     mine = op("Equal", [init("neuron_expert", owner[None, :]),
                         op("Unsqueeze", [e, init("ax1u", np.array([1], np.int64))], "expert_col")], "routed_neurons")
     z = op("Where", [mine, z, init("zero", np.zeros(1, np.float32))], "z")
@@ -134,7 +136,8 @@ def to_onnx(weights: Weights, source: str = "weights", metadata: dict[str, str] 
          helper.make_tensor_value_info("expert", onnx.TensorProto.INT64, ["N"]),
          helper.make_tensor_value_info("gate", onnx.TensorProto.FLOAT, ["N", K])],
         inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="moe-knowledge-verifier")
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)],
+                              producer_name="moe-knowledge-verifier")
     model.doc_string = ("Single-layer MoE transformer in the layout of moe-knowledge-verifier (float32). Input tokens "
                         "(N, T) int64 without BOS; outputs probs (N, V), expert (N,), gate (N, K). Vocabulary in "
                         "metadata 'vocab' (JSON list).")

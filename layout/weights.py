@@ -38,8 +38,8 @@ expert_tasks        (K,)            name of the task each expert serves ("" if n
 
 Matrices are canonical float64 scipy CSR or CSC (sorted indices, no duplicate entries,
 finite values; tall matrices such as W_2 and W_O are best stored CSC, whose offsets grow
-with their few columns rather than with d); :meth:`Weights.validate` checks every rule, computing canonical form from the
-index arrays rather than trusting scipy's flags. The file format is :mod:`layout.npz`.
+with their few columns rather than with d); :meth:`Weights.validate` checks every rule, computing canonical form from
+the index arrays rather than trusting scipy's flags. The file format is :mod:`layout.npz`.
 """
 
 
@@ -159,7 +159,8 @@ def _scan(m: Any) -> str | None:
         return f"row {a}, column {b}" if csr else f"row {b}, column {a}"
 
     ptr, idx = np.asarray(m.indptr), np.asarray(m.indices)
-    if ptr.shape != (n_major + 1,) or ptr[0] != 0 or np.any(np.diff(ptr) < 0) or ptr[-1] != idx.size or m.data.size != idx.size:
+    if (ptr.shape != (n_major + 1,) or ptr[0] != 0 or np.any(np.diff(ptr) < 0) or ptr[-1] != idx.size
+            or m.data.size != idx.size):
         return "has an inconsistent indptr (it must start at 0, never decrease and end at the number of entries)"
     if idx.size:
         if idx.min() < 0 or idx.max() >= n_minor:
@@ -263,7 +264,8 @@ class Weights:
         when the copy has the same vocabulary tuple (:meth:`_vocab_checked`)."""
         out = replace(self, **changes)
         if out.vocab is self.vocab:
-            for kept in ("_vocab_memo", "_vocab_array"):     # (the array: verifier.certificates.incremental.vocab_array)
+            # (the array: verifier.certificates.incremental.vocab_array)
+            for kept in ("_vocab_memo", "_vocab_array"):
                 if kept in self.__dict__:
                     object.__setattr__(out, kept, self.__dict__[kept])
         return out
@@ -324,7 +326,8 @@ class Weights:
         index = {t: i for i, t in enumerate(self.vocab)}
         missing = [t for t in tokens if t not in index]
         if missing:
-            raise TaskError(f"the weights' vocabulary lacks {len(missing)} token(s) of the task set, e.g. {missing[0]!r}",
+            raise TaskError(f"the weights' vocabulary lacks {len(missing)} token(s) of the task "
+                            f"set, e.g. {missing[0]!r}",
                             file=source, fix="verify weights built for this task set")
         return np.array([index[t] for t in tokens], np.int64)
 
@@ -351,15 +354,18 @@ class Weights:
         need(self.E.shape == (V + 1, d), f"E has shape {self.E.shape}, expected ({V + 1}, d)")
         need(self.P.shape[1] == d and self.P.shape[0] >= 1, f"P has shape {self.P.shape}, expected (n_pos, {d})")
         for m, h in enumerate(self.heads):
-            need(h.W_Q.shape[1] == d and h.W_K.shape == h.W_Q.shape, f"head {m}: W_Q {h.W_Q.shape} / W_K {h.W_K.shape} do not match d={d}")
-            need(h.W_V.shape[1] == d and h.W_O.shape == (d, h.W_V.shape[0]), f"head {m}: W_V {h.W_V.shape} / W_O {h.W_O.shape} do not match d={d}")
+            need(h.W_Q.shape[1] == d and h.W_K.shape == h.W_Q.shape,
+                 f"head {m}: W_Q {h.W_Q.shape} / W_K {h.W_K.shape} do not match d={d}")
+            need(h.W_V.shape[1] == d and h.W_O.shape == (d, h.W_V.shape[0]),
+                 f"head {m}: W_V {h.W_V.shape} / W_O {h.W_O.shape} do not match d={d}")
         need(K >= 1, "there are no experts")
         need(self.W_G.shape == (K, d), f"W_G has shape {self.W_G.shape}, expected ({K}, {d})")
         problem = vector_problem(self.b_G, K)
         need(problem is None, f"b_G {problem}")
         for k, e in enumerate(self.experts):
             w = e.W_1.shape[0]
-            need(e.W_1.shape == (w, d) and e.W_2.shape == (d, w), f"expert {k}: W_1 {e.W_1.shape}, W_2 {e.W_2.shape} do not fit d={d}")
+            need(e.W_1.shape == (w, d) and e.W_2.shape == (d, w),
+                 f"expert {k}: W_1 {e.W_1.shape}, W_2 {e.W_2.shape} do not fit d={d}")
             problem = vector_problem(e.b_1, w)
             need(problem is None, f"experts.{k}.b_1 {problem}")
         need(self.U.shape == (V, d), f"U has shape {self.U.shape}, expected ({V}, {d})")
@@ -369,10 +375,12 @@ class Weights:
         need(self.gate_mode in GATE_MODES, f"gate_mode {self.gate_mode!r} is not one of {GATE_MODES}")
         named = [t for t in self.expert_tasks if t]
         dup = sorted({t for t in named if named.count(t) > 1})
-        need(not dup, f"expert_tasks names task {dup[0]!r} for several experts; an expert serves one task and a task one expert" if dup else "")
+        need(not dup, f"expert_tasks names task {dup[0]!r} for several experts; an expert serves one task "
+                      "and a task one expert" if dup else "")
         if self.residual_labels is not None:
             need(len(self.residual_labels) == d and _all_strings(self.residual_labels),
-                 f"residual_labels has {len(self.residual_labels)} entries for d = {d} (one string per residual direction)")
+                 f"residual_labels has {len(self.residual_labels)} entries for d = {d} (one string "
+                 "per residual direction)")
         if self.neuron_labels is not None:
             need(len(self.neuron_labels) == K, f"neuron_labels has {len(self.neuron_labels)} lists for {K} experts")
             for k, (labels, e) in enumerate(zip(self.neuron_labels, self.experts)):

@@ -34,7 +34,8 @@ def main(argv=None) -> int:
     p.add_argument("--json", metavar="PATH", help="write every outcome and the table as JSON")
     p.add_argument("--jobs", type=int, default=1, help="worker processes (default 1)")
     p.add_argument("--operators", nargs="+", choices=M.all_operator_names(), help="only these operators")
-    p.add_argument("--sets", nargs="+", choices=sorted(M.small_sets()) + sorted(M.larger_sets()) + sorted(M.trained_sets()),
+    p.add_argument("--sets", nargs="+",
+                   choices=sorted(M.small_sets()) + sorted(M.larger_sets()) + sorted(M.trained_sets()),
                    help="these task sets (default: the small ones; wikidata-400 is larger and slower; "
                         "capitals-trained: a trained (dense) model of capitals, which the dense pass verifies)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")

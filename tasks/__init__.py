@@ -7,7 +7,8 @@ from tasks.queries import Query, QueryGroup, count_queries, iter_queries, query_
 from tasks.structure import StructureTrie, check_routable, conflict_graph, object_query_collisions, open_tasks
 
 __all__ = [
-    "TaskError", "load_tasks", "loads_tasks", "dump_tasks", "dumps_tasks", "Slot", "SUBJECT", "OBJECT", "Template", "Facts", "Task", "TaskSet", "Vocabulary",
+    "TaskError", "load_tasks", "loads_tasks", "dump_tasks", "dumps_tasks", "Slot", "SUBJECT", "OBJECT", "Template",
+    "Facts", "Task", "TaskSet", "Vocabulary",
     "Query", "QueryGroup", "query_groups", "iter_queries", "count_queries",
     "StructureTrie", "check_routable", "conflict_graph", "object_query_collisions", "open_tasks",
 ]

@@ -123,7 +123,8 @@ def atomic_files(outputs: list[tuple[str, bytes]]) -> None:
             os.replace(tmp, target)
             staged.pop(0)
     except OSError as e:
-        raise TaskError(f"cannot write '{target}': {e.strerror or e}", fix="check the directory and its permissions") from None
+        raise TaskError(f"cannot write '{target}': {e.strerror or e}",
+                        fix="check the directory and its permissions") from None
     finally:
         for tmp, _ in staged:
             _remove(tmp)

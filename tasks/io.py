@@ -100,4 +100,5 @@ from __future__ import annotations
 from tasks.reading import PARAMETER_NAMES, input_files, input_signature, load_tasks, loads_tasks
 from tasks.writing import dump_tasks, dumps_tasks
 
-__all__ = ["load_tasks", "loads_tasks", "dump_tasks", "dumps_tasks", "input_files", "input_signature", "PARAMETER_NAMES"]
+__all__ = ["load_tasks", "loads_tasks", "dump_tasks", "dumps_tasks", "input_files",
+           "input_signature", "PARAMETER_NAMES"]

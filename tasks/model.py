@@ -165,7 +165,8 @@ class Template:
                     fix=f"put {slot.value} (or *{slot.value[-1]}) where the {name.split()[0]} goes",
                 )
             if count > 1:
-                raise TaskError(f"template '{text}' has {count} {name.replace(' slot', ' slots')}", fix="keep exactly one")
+                raise TaskError(f"template '{text}' has {count} {name.replace(' slot', ' slots')}",
+                                fix="keep exactly one")
         if parts.index(OBJECT) < parts.index(SUBJECT):
             raise TaskError(
                 f"template '{text}' has ⋆2 before ⋆1",
@@ -174,11 +175,13 @@ class Template:
         for p in parts:
             if not isinstance(p, Slot):
                 if not isinstance(p, str) or not p or any(c.isspace() for c in p):
-                    raise TaskError(f"template '{text}' has a bad word {p!r}", fix="words are non-empty and contain no spaces")
+                    raise TaskError(f"template '{text}' has a bad word {p!r}",
+                                    fix="words are non-empty and contain no spaces")
                 if len(p) > MAX_NAME_LENGTH:
                     raise too_long(p, "template word")
                 if p in SLOT_SPELLINGS:
-                    raise TaskError(f"template '{text}' has a word {p!r} spelled like a slot marker", fix="use Slot.SUBJECT / Slot.OBJECT for slots")
+                    raise TaskError(f"template '{text}' has a word {p!r} spelled like a slot marker",
+                                    fix="use Slot.SUBJECT / Slot.OBJECT for slots")
                 control = control_character(p)
                 if control is not None:
                     raise TaskError(f"template word {p!r} contains the control character {control}",

@@ -2,8 +2,8 @@
 
 A *query* is a non-empty proper prefix of a dataset sentence (1 to |t| − 1 tokens; the
 empty prefix, BOS alone, is not a query: the theorem makes no claim about the first
-token); its *valid next tokens* are the tokens that follow it in some dataset sentence. Queries are grouped by the structure
-trie node σ of their prefix (:mod:`tasks.structure`), which makes enumeration linear in
+token); its *valid next tokens* are the tokens that follow it in some dataset sentence. Queries are grouped by the
+structure trie node σ of their prefix (:mod:`tasks.structure`), which makes enumeration linear in
 the number of facts:
 
 * ``plain`` group (σ has no entity): one query, the structure itself;

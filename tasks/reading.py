@@ -20,7 +20,8 @@ from tasks.messages import one_line, quoted, show_name, suggest_key, where_line
 from tasks.model import (MAX_NAME_LENGTH, MAX_TEMPLATE_LENGTH, Facts, Sources, Task, TaskSet, Template, check_name,
                          long_template, plain_names)
 from tasks.structure import check_routable
-from tasks.yaml_nodes import (FLOAT, IMPLICIT, INT, MAP, MAX_DEPTH, MAX_TASKS_FILE_BYTES, MERGE, NULL, SEQ, STR, LineMap,
+from tasks.yaml_nodes import (FLOAT, IMPLICIT, INT, MAP, MAX_DEPTH, MAX_TASKS_FILE_BYTES, MERGE,
+                              NULL, SEQ, STR, LineMap,
                               check_size, collector_paused, compose, decode, describe, line_of, read_bytes,
                               too_large)
 
@@ -172,7 +173,8 @@ class _Builder:
                 tasks.append(Task(head.name, tuple(head.templates), facts))
             except TaskError as e:
                 raise e.located(self.file, head.line) from None
-        sources = Sources(self.file, {(k, t): line for k, head in enumerate(heads) for t, line in enumerate(head.template_lines)},
+        sources = Sources(self.file, {(k, t): line for k, head in enumerate(heads)
+                                      for t, line in enumerate(head.template_lines)},
                           parameter_lines, self.line(items["epsilon"][1]) if "epsilon" in items else None,
                           self.facts_keys)
         try:
@@ -183,7 +185,8 @@ class _Builder:
         except TaskError as e:
             raise e.located(self.file) from None
         if self.routable:
-            only = self.cache.changed(taskset) if self.cache is not None and (self.cache.reused or self.cache.spliced) else None
+            only = (self.cache.changed(taskset) if self.cache is not None
+                    and (self.cache.reused or self.cache.spliced) else None)
             self.check_routable(taskset, heads, only)
         return taskset
 
@@ -226,7 +229,8 @@ class _Builder:
         for index, task_node in enumerate(items):
             head = self.task_head(index, task_node)
             if head.name in seen:
-                raise self.error(f"two tasks are named {show_name(head.name)} (lines {seen[head.name]} and {head.line})",
+                raise self.error(f"two tasks are named {show_name(head.name)} "
+                                 f"(lines {seen[head.name]} and {head.line})",
                                  line=head.line, fix="give every task its own name")
             seen[head.name] = head.line
             heads.append(head)
@@ -379,8 +383,8 @@ class _Builder:
                 if token in words:
                     template, task, t_line = words[token]
                     raise TaskError(
-                        f"{show_name(token)} is the {role} of a fact of {label} and also a word of template '{template}' "
-                        f"of task {show_name(task)} ({where_line(self.file, t_line, file)})",
+                        f"{show_name(token)} is the {role} of a fact of {label} and also a word of template "
+                        f"'{template}' of task {show_name(task)} ({where_line(self.file, t_line, file)})",
                         file=file, line=self.at(line),
                         fix="a token is either a template word or an entity; rename one of them",
                     )

@@ -100,8 +100,8 @@ def _fields(middle: bytes, sep: str) -> tuple[list[str], list[str]]:
 def splice(old: bytes, new: bytes, path: str, old_facts: int, max_lines: int | None = None) -> Splice | None:
     """The middle lines of ``new`` against ``old`` (module docstring), or None when the file
     must be read in full: ``old`` not in plain form or with a subject twice (more fact lines
-    than ``old_facts``) or a first line of lower-case names, an edit that reaches the first line, a new middle line not in
-    plain form (a comment, a blank line, a quote in a ``.csv``, ...), or middles of more
+    than ``old_facts``) or a first line of lower-case names, an edit that reaches the first line, a new middle line not
+    in plain form (a comment, a blank line, a quote in a ``.csv``, ...), or middles of more
     than ``max_lines`` lines together (the caller's choice: reading the file costs no more)."""
     if not plain_form(old, path) or fact_lines(old, path) != old_facts:
         return None

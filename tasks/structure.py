@@ -30,12 +30,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 import numpy as np
 
 from tasks.errors import TaskError
 from tasks.model import OBJECT, SUBJECT, Slot, TaskSet
+
+if TYPE_CHECKING:
+    import networkx
 
 #: Symbol codes in the trie: word ids are >= 0.
 SUBJ = -1
@@ -351,7 +354,8 @@ def conflict_graph(trie: StructureTrie) -> "networkx.Graph":
                 (k1, t1), (k2, t2) = members[a], members[b]
                 if k1 == k2:
                     continue
-                oq = _followed_by(taskset, k1, t1, node.depth, OBJECT) or _followed_by(taskset, k2, t2, node.depth, OBJECT)
+                oq = (_followed_by(taskset, k1, t1, node.depth, OBJECT)
+                      or _followed_by(taskset, k2, t2, node.depth, OBJECT))
                 graph.add_edge(
                     members[a],
                     members[b],

@@ -30,7 +30,8 @@ ORACLE = Oracle(dps=60)
 
 
 def _value():
-    exponent = st.one_of(st.integers(-1074, 1010), st.integers(-1074, -1000), st.integers(990, 1010), st.integers(-40, 40))
+    exponent = st.one_of(st.integers(-1074, 1010), st.integers(-1074, -1000), st.integers(990, 1010),
+                         st.integers(-40, 40))
     return st.builds(lambda m, e, s: s * math.ldexp(m, e), st.integers(1, 255), exponent, st.sampled_from([1.0, -1.0]))
 
 

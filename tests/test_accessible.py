@@ -51,7 +51,8 @@ def test_random_points_inside_boxes_land_inside_the_enclosures(weights, model):
     the maximum is a candidate, and its exact logits lie in that candidate's enclosures."""
     rng = np.random.default_rng(3)
     V, m, B, rad = len(weights.vocab), 2, 4, 0.05
-    soft = weights.E[rng.integers(0, V, B * m)].toarray().reshape(B, m, weights.d) + rng.normal(0, 0.2, (B, m, weights.d))
+    soft = (weights.E[rng.integers(0, V, B * m)].toarray().reshape(B, m, weights.d)
+            + rng.normal(0, 0.2, (B, m, weights.d)))
     tokens = np.concatenate([np.full((B, 1), weights.bos), np.full((B, m), -1), rng.integers(0, V, (B, 1))], axis=1)
     st = boxes.step(model, tokens, soft, rad)
     for b in range(B):
@@ -171,7 +172,8 @@ def _two_experts(second_writes: int) -> Weights:
     w2[second_writes, 0] = 10.0
     return Weights(vocab=("a", "b"), E=csr([[1, 0], [0, 1], [0, 0]]), P=csr(np.zeros((2, 2))), heads=(),
                    W_G=csr(np.eye(2)), b_G=np.zeros(2),
-                   experts=(Expert(csr([[1, 1]]), np.zeros(1), csr([[10], [0]])), Expert(csr([[1, 1]]), np.zeros(1), csr(w2))),
+                   experts=(Expert(csr([[1, 1]]), np.zeros(1), csr([[10], [0]])),
+                            Expert(csr([[1, 1]]), np.zeros(1), csr(w2))),
                    U=csr(np.eye(2)), expert_tasks=("s", "t"))
 
 

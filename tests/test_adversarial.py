@@ -43,7 +43,8 @@ def _enclosures(taskset, w, queries):
 
 PROFILE_SMALL = settings(max_examples=examples(20), deadline=None,
                          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-PROFILE = settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+PROFILE = settings(max_examples=examples(60), deadline=None,
+                   suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 
 @PROFILE

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from budget import examples
@@ -19,12 +18,14 @@ def _by_dict(labels, other) -> list[int]:
 
 
 def _labels(draw, kind: str, pool: list[str]):
-    names = sorted(set(draw(st.lists(st.sampled_from(pool), min_size=0, max_size=200) | st.lists(st.sampled_from(pool), min_size=150, max_size=250))))
+    names = sorted(set(draw(st.lists(st.sampled_from(pool), min_size=0, max_size=200)
+                            | st.lists(st.sampled_from(pool), min_size=150, max_size=250))))
     if kind == "tuple":
         return tuple(names)
     if kind == "unsorted":
         return tuple(draw(st.permutations(names)))
-    head = tuple(sorted(set(draw(st.lists(st.sampled_from(["template:x", "fact:a", "fact:", "t"] + pool), max_size=3)))))
+    head = tuple(sorted(set(draw(st.lists(st.sampled_from(["template:x", "fact:a", "fact:", "t"] + pool),
+                                          max_size=3)))))
     prefix = draw(st.sampled_from(["fact:", "f", ""]))
     items = [x for x in names if prefix + x not in head]
     return Prefixed(head, prefix, items)

@@ -24,7 +24,8 @@ def test_peer_benchmark_smallest_size():
                          capture_output=True, text=True, cwd=ROOT, timeout=600)
     assert run.returncode == 0, run.stderr
     lines = run.stdout.strip().splitlines()
-    assert len(lines) == 2 and all("0 expert disagreements, 0 errors outside the enclosure" in l for l in lines), run.stdout
+    assert len(lines) == 2, run.stdout
+    assert all("0 expert disagreements, 0 errors outside the enclosure" in line for line in lines), run.stdout
 
 
 def test_cluster_benchmark_smallest_size(tmp_path):
@@ -33,7 +34,8 @@ def test_cluster_benchmark_smallest_size(tmp_path):
 
     pytest.importorskip("distributed")
     out = tmp_path / "results.md"
-    run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "cluster.py"), "--sizes", "2000", "--out", str(out)],
+    run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "cluster.py"), "--sizes",
+                          "2000", "--out", str(out)],
                          capture_output=True, text=True, cwd=ROOT, timeout=600)
     assert run.returncode == 0, run.stderr
     text = out.read_text()
@@ -47,7 +49,8 @@ def test_precision_benchmark_smallest_set(tmp_path):
     pytest.importorskip("onnxruntime")
     pytest.importorskip("torch")
     out = tmp_path / "results.md"
-    run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "precision.py"), "--sets", "capitals", "--out", str(out)],
+    run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "precision.py"), "--sets",
+                          "capitals", "--out", str(out)],
                          capture_output=True, text=True, cwd=ROOT, timeout=600)
     assert run.returncode == 0, run.stderr
     text = out.read_text()
@@ -56,7 +59,8 @@ def test_precision_benchmark_smallest_set(tmp_path):
 
 def test_shard_memory_benchmark_small(tmp_path):
     out = tmp_path / "results.md"
-    run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "shard_memory.py"), "--facts", "3000", "--shards", "3",
+    run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "shard_memory.py"), "--facts",
+                          "3000", "--shards", "3",
                           "--out", str(out)], capture_output=True, text=True, cwd=ROOT, timeout=600)
     assert run.returncode == 0, run.stderr
     text = out.read_text()

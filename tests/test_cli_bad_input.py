@@ -114,7 +114,8 @@ def _csr_replace(a, name, dense):
     import scipy.sparse as sp
 
     m = sp.csr_matrix(dense)
-    a[f"{name}.data"], a[f"{name}.indices"], a[f"{name}.indptr"] = m.data, m.indices.astype(np.int64), m.indptr.astype(np.int64)
+    a[f"{name}.data"], a[f"{name}.indices"], a[f"{name}.indptr"] = (m.data, m.indices.astype(np.int64),
+                                                                    m.indptr.astype(np.int64))
     a[f"{name}.shape"] = np.asarray(m.shape, np.int64)
     a[f"{name}.format"] = np.array("csr")
     return a
@@ -159,18 +160,24 @@ WEIGHTS_CASES = {
     "missing_meta": (lambda t, g: write(t / "w.npz", _drop(arrays(g), "meta")), "is missing"),
     "missing_head": (lambda t, g: write(t / "w.npz", _meta(arrays(g), n_heads=9)), "is missing"),
     "missing_expert": (lambda t, g: write(t / "w.npz", _meta(arrays(g), n_experts=4)), "is missing"),
-    "meta_not_json": (lambda t, g: write(t / "w.npz", _set(arrays(g), "meta", np.array("{not json"))), "not valid JSON"),
+    "meta_not_json": (lambda t, g: write(t / "w.npz", _set(arrays(g), "meta", np.array("{not json"))),
+                      "not valid JSON"),
     "unknown_format": (lambda t, g: write(t / "w.npz", _meta(arrays(g), format="other/9")), "unknown weights format"),
     "unknown_gate_mode": (lambda t, g: write(t / "w.npz", _meta(arrays(g), gate_mode="top2")), "gate_mode"),
-    "W_G_wrong_shape": (lambda t, g: write(t / "w.npz", _csr_replace(arrays(g), "W_G", np.ones((3, 5)))), "W_G has shape"),
-    "W_G_too_many_rows": (lambda t, g: write(t / "w.npz", _csr_replace(arrays(g), "W_G", np.ones((4, 122)))), "W_G has shape"),
+    "W_G_wrong_shape": (lambda t, g: write(t / "w.npz", _csr_replace(arrays(g), "W_G", np.ones((3, 5)))),
+                        "W_G has shape"),
+    "W_G_too_many_rows": (lambda t, g: write(t / "w.npz", _csr_replace(arrays(g), "W_G", np.ones((4, 122)))),
+                          "W_G has shape"),
     "b_G_wrong_length": (lambda t, g: write(t / "w.npz", _set(arrays(g), "b_G", np.zeros(2))), "b_G has shape"),
     "U_wrong_shape": (lambda t, g: write(t / "w.npz", _csr_replace(arrays(g), "U", np.ones((22, 122)))), "U has shape"),
     "E_wrong_shape": (lambda t, g: write(t / "w.npz", _csr_replace(arrays(g), "E", np.ones((23, 122)))), "E has shape"),
-    "expert_W_2_wrong_shape": (lambda t, g: write(t / "w.npz", _csr_replace(arrays(g), "experts.0.W_2", np.ones((122, 3)))),
+    "expert_W_2_wrong_shape": (lambda t, g: write(t / "w.npz",
+                                                  _csr_replace(arrays(g), "experts.0.W_2", np.ones((122, 3)))),
                                "expert 0"),
-    "head_W_O_wrong_shape": (lambda t, g: write(t / "w.npz", _csr_replace(arrays(g), "heads.0.W_O", np.ones((5, 5)))), "head 0"),
-    "csr_index_out_of_range": (lambda t, g: write(t / "w.npz", _set(arrays(g), "U.indices", arrays(g)["U.indices"] + 10_000)),
+    "head_W_O_wrong_shape": (lambda t, g: write(t / "w.npz", _csr_replace(arrays(g), "heads.0.W_O", np.ones((5, 5)))),
+                             "head 0"),
+    "csr_index_out_of_range": (lambda t, g: write(t / "w.npz",
+                                                  _set(arrays(g), "U.indices", arrays(g)["U.indices"] + 10_000)),
                                "out of range"),
     "csr_indptr_short": (lambda t, g: write(t / "w.npz", _set(arrays(g), "E.indptr", arrays(g)["E.indptr"][:-3])),
                          "indptr"),
@@ -181,18 +188,22 @@ WEIGHTS_CASES = {
                                "'U.format'"),
     "csc_read_as_csr": (lambda t, g: write(t / "w.npz", _set(arrays(g), "experts.0.W_2.format", np.array("csr"))),
                         "experts.0.W_2.indptr"),
-    "negative_shape": (lambda t, g: write(t / "w.npz", _set(arrays(g), "P.shape", np.array([-6, 122]))), "non-negative"),
+    "negative_shape": (lambda t, g: write(t / "w.npz", _set(arrays(g), "P.shape", np.array([-6, 122]))),
+                       "non-negative"),
     "nan_weight": (lambda t, g: write(t / "w.npz", _nan(arrays(g), "E.data")), "not a finite number"),
     "inf_bias": (lambda t, g: write(t / "w.npz", _inf(arrays(g), "b_G")), "not a finite number"),
     "vocabulary_lacks_a_token": (lambda t, g: write(t / "w.npz", _vocab_without(arrays(g), "Paris")), "lacks 1 token"),
     "vocabulary_repeats_a_token": (lambda t, g: write(t / "w.npz", _set(arrays(g), "vocab", np.array(["Asia"] * 23))),
                                    "repeated tokens"),
-    "repeated_expert_tasks": (lambda t, g: write(t / "w.npz", _set(arrays(g), "expert_tasks", np.array(["capital", "capital", "located"]))),
+    "repeated_expert_tasks": (lambda t, g: write(t / "w.npz", _set(arrays(g), "expert_tasks",
+                                                                   np.array(["capital", "capital", "located"]))),
                               "names task 'capital' for several experts"),
     "expert_tasks_too_short": (lambda t, g: write(t / "w.npz", _set(arrays(g), "expert_tasks", np.array(["capital"]))),
                                "expert_tasks has 1 entries"),
-    "too_few_positions": (lambda t, g: write(t / "w.npz", _csr_replace(arrays(g), "P", np.ones((3, 122)))), "positions"),
-    "pickled_object_array": (lambda t, g: write(t / "w.npz", _set(arrays(g), "vocab", np.array([1, "a", None], dtype=object))),
+    "too_few_positions": (lambda t, g: write(t / "w.npz", _csr_replace(arrays(g), "P", np.ones((3, 122)))),
+                          "positions"),
+    "pickled_object_array": (lambda t, g: write(t / "w.npz",
+                                                _set(arrays(g), "vocab", np.array([1, "a", None], dtype=object))),
                              "Python objects"),
 }
 
@@ -361,7 +372,8 @@ def test_refuses_to_overwrite_a_facts_file(good_copy, capsys, command):
     facts = good_copy / "places.csv"   # read by tasks.yaml (facts_file: places.csv)
     before = facts.read_bytes()
     flag = "-o" if command == "build" else "--json"
-    code = main([command, str(good_copy / "tasks.yaml"), flag, str(facts)] + (["--quiet"] if command == "check" else []))
+    code = main([command, str(good_copy / "tasks.yaml"), flag, str(facts)]
+                + (["--quiet"] if command == "check" else []))
     capsys.readouterr()
     assert code == 2 and facts.read_bytes() == before
 
@@ -396,7 +408,8 @@ def test_a_csc_matrix_with_a_duplicate_is_refused(good_npz, tmp_path, capsys):
     ptr = a[f"{name}.indptr"]
     col = int(np.flatnonzero(np.diff(ptr) >= 2)[0])
     idx[ptr[col] + 1] = idx[ptr[col]]
-    line = one_line_exit_2(capsys, ["check", EXAMPLE, "--weights", write(tmp_path / "w.npz", _set(a, f"{name}.indices", idx)),
+    line = one_line_exit_2(capsys, ["check", EXAMPLE, "--weights",
+                                    write(tmp_path / "w.npz", _set(a, f"{name}.indices", idx)),
                                     "--quiet"])
     assert "stored twice" in line and f"column {col}" in line, line
 

@@ -41,7 +41,8 @@ def write(tmp_path, text: str, name: str = "tasks.yaml") -> Path:
     return path
 
 
-CAPITAL = "tasks:\n  - name: capital\n    templates: [the capital of *1 is *2]\n    facts: {France: Paris, Japan: Tokyo}\n"
+CAPITAL = ("tasks:\n  - name: capital\n    templates: [the capital of *1 is *2]\n"
+           "    facts: {France: Paris, Japan: Tokyo}\n")
 
 
 # --- 1 and 4: parameters ----------------------------------------------------------------------------
@@ -49,8 +50,8 @@ CAPITAL = "tasks:\n  - name: capital\n    templates: [the capital of *1 is *2]\n
 
 @pytest.mark.parametrize("command", ["check", "inspect", "build", "explain", "plot"])
 def test_beta_without_a_reachable_gamma_is_bad_input_in_every_command(tmp_path, capsys, command):
-    extra = {"build": ["-o", tmp_path / "w.npz"], "explain": ["the capital of France is"], "plot": ["--out", tmp_path]}[command] \
-        if command in ("build", "explain", "plot") else []
+    extra = {"build": ["-o", tmp_path / "w.npz"], "explain": ["the capital of France is"],
+             "plot": ["--out", tmp_path]}[command] if command in ("build", "explain", "plot") else []
     line = one_line_exit_2(capsys, [command, EXAMPLE, "--beta", "3", *extra])
     assert "no gamma" in line and "beta" in line
 
@@ -94,7 +95,8 @@ def test_a_template_beyond_the_limit_is_refused_up_front(tmp_path, capsys):
 # --- 3: explain and entities that contain template words -----------------------------------------------
 
 
-AMBIGUOUS = "tasks:\n  - name: capital\n    templates: [the capital of *1 is *2]\n    facts: {the capital: Paris, France: Paris}\n"
+AMBIGUOUS = ("tasks:\n  - name: capital\n    templates: [the capital of *1 is *2]\n"
+             "    facts: {the capital: Paris, France: Paris}\n")
 
 
 def test_explain_picks_the_reading_that_is_a_query(tmp_path, capsys):
@@ -174,7 +176,8 @@ def test_parameters_are_read_as_the_report_prints_them(capsys):
     assert main(["check", str(EXAMPLE), "--json", "-", "--quiet"]) == 0
     params = json.loads(capsys.readouterr().out)["parameters"]
     assert "/" in params["gamma"]
-    assert main(["check", str(EXAMPLE), "--beta", params["beta"], "--gamma", params["gamma"], "--json", "-", "--quiet"]) == 0
+    assert main(["check", str(EXAMPLE), "--beta", params["beta"], "--gamma", params["gamma"],
+                 "--json", "-", "--quiet"]) == 0
     again = json.loads(capsys.readouterr().out)["parameters"]
     assert (again["beta"], again["gamma"]) == (params["beta"], params["gamma"])
     for bad in ("1/0", "-3/4", "x/2"):
@@ -212,7 +215,8 @@ def test_no_wall_clock_assertions_in_the_tests():
         tree = ast.parse(path.read_text(encoding="utf-8"))
         for node in ast.walk(tree):
             if isinstance(node, ast.FunctionDef):
-                reads_clock = any(isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute) and c.func.attr in clocks
+                reads_clock = any(isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute)
+                                  and c.func.attr in clocks
                                   for c in ast.walk(node))
                 asserts = [a for a in ast.walk(node) if isinstance(a, ast.Assert)]
                 assert not (reads_clock and asserts), (path, node.name, "reads a clock and asserts")
@@ -460,7 +464,8 @@ def test_checking_given_weights_does_not_load_the_construction(tmp_path):
              "try:\n"
              "    runpy.run_module('verifier', run_name='__main__')\n"
              "except SystemExit as e:\n"
-             "    print('status', e.code, 'sympy' in sys.modules, 'construction.model' in sys.modules, file=sys.stderr)\n")
+             "    print('status', e.code, 'sympy' in sys.modules, 'construction.model' in "
+             "sys.modules, file=sys.stderr)\n")
     for extra, loaded in ((["--weights", str(weights)], False), ([], True)):
         out = subprocess.run([sys.executable, "-c", probe, str(EXAMPLE), *extra], capture_output=True, text=True,
                              cwd=ROOT)

@@ -133,7 +133,8 @@ def test_modularity_without_a_task(capitals_set, capitals_model):
 
 
 def test_modularity_adding_a_task(capitals_set, capitals_model):
-    bigger = TaskSet(capitals_set.tasks + (Task("currency", ("the currency of ⋆1 is ⋆2",), {"France": "EUR", "Japan": "JPY"}),))
+    bigger = TaskSet(capitals_set.tasks
+                     + (Task("currency", ("the currency of ⋆1 is ⋆2",), {"France": "EUR", "Japan": "JPY"}),))
     space = residual_space(bigger)
     for k, task in enumerate(capitals_set.tasks):
         assert labelled_entries(build_expert(bigger, k, space)) == labelled_entries(capitals_model.experts[k])
@@ -198,7 +199,8 @@ def test_generated_sets_build_within_bounds_and_predict(ts):
     reference_check(ts, model, model.epsilon)
 
 
-@settings(max_examples=examples(20), deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=examples(20), deadline=None, derandomize=True, database=None,
+          suppress_health_check=list(HealthCheck))
 @given(task_sets(max_tasks=4, max_templates=2, max_facts=5, max_template_length=5))
 def test_alone_column_map_is_the_column_map(ts):
     """The residual map of a task alone into the whole set's, from integer ids, is the one
@@ -322,7 +324,8 @@ def test_matrices_built_from_ordered_entries_are_the_general_builds(entries, tal
         assert a.dtype == b.dtype and np.array_equal(a, b)
 
 
-@settings(max_examples=examples(25), deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=examples(25), deadline=None, derandomize=True, database=None,
+          suppress_health_check=list(HealthCheck))
 @given(task_sets(max_tasks=3, max_templates=2, max_facts=5, max_template_length=5), st.data())
 def test_entries_compared_as_listed_decide_as_the_built_expert(ts, data):
     """``same_as_built`` (an expert's entries compared with a built expert's arrays as

@@ -31,8 +31,9 @@ def floats(lo: int = -1074, hi: int = 1000):
     """±m·2^(e-b+1) with m of b <= 8 bits, so the leading bit sits at 2^e, e anywhere in [lo, hi]
     (weighted towards both ends), or 0. Below 2^-1074 + b the value rounds to a subnormal or 0."""
     exponent = st.one_of(st.integers(lo, hi), st.integers(lo, lo + 60), st.integers(hi - 60, hi), st.integers(-30, 30))
-    return st.one_of(st.just(0.0), st.builds(lambda m, e, s: s * math.ldexp(m, e - m.bit_length() + 1), st.integers(1, 255), exponent,
-                                             st.sampled_from([1.0, -1.0])))
+    return st.one_of(st.just(0.0),
+                     st.builds(lambda m, e, s: s * math.ldexp(m, e - m.bit_length() + 1), st.integers(1, 255), exponent,
+                               st.sampled_from([1.0, -1.0])))
 
 
 def matrices(rows: int, cols: int, lo: int = -1074, hi: int = 1000, zeros: float = 0.0):

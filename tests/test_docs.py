@@ -349,7 +349,8 @@ def misplaced_commands(path: Path, content: str) -> list[str]:
             if block.language in COMMAND_FENCES and line.startswith(PROMPT):
                 found.append(f"{block.document}:{i}: a prompt in a {block.language} block (use console)")
             elif block.language not in COMMAND_FENCES and LOOKS_LIKE_A_COMMAND.match(line):
-                found.append(f"{block.document}:{i}: a command in a {block.language or 'plain'} block (use sh or console)")
+                found.append(f"{block.document}:{i}: a command in a {block.language or 'plain'} "
+                             "block (use sh or console)")
     inside = False
     for i, line in enumerate(content.split("\n"), start=1):
         if line.startswith("```"):
@@ -402,7 +403,8 @@ def test_documents_carry_no_timings():
     """Timings only in benchmarks/RESULTS.md: a document points to its block instead."""
     for path in written():
         found = timings(path.read_text(encoding="utf-8"))
-        assert not found, f"{path.relative_to(ROOT)} carries timings (move them to benchmarks/RESULTS.md):\n" + "\n".join(found)
+        assert not found, (f"{path.relative_to(ROOT)} carries timings (move them to benchmarks/RESULTS.md):\n"
+                           + "\n".join(found))
 
 
 def test_the_timing_check_finds_timings():
@@ -473,5 +475,6 @@ def test_every_module_and_name_a_document_cites_exists():
 
 
 def test_the_citation_check_finds_a_stale_name():
-    assert cited_names("γ for (`cli.compose.VOCABULARY_HEADROOM`) and `tasks.yaml`") == ["cli.compose.VOCABULARY_HEADROOM"]
+    assert (cited_names("γ for (`cli.compose.VOCABULARY_HEADROOM`) and `tasks.yaml`")
+            == ["cli.compose.VOCABULARY_HEADROOM"])
     assert not _resolves("cli.compose.VOCABULARY_HEADROOM") and _resolves("workflow.certificates.VOCABULARY_HEADROOM")

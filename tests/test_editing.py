@@ -16,7 +16,6 @@ from pathlib import Path
 from collections import Counter
 
 import numpy as np
-import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from budget import examples
@@ -143,7 +142,8 @@ def test_incremental_verdicts_equal_full_ones(tmp_path_factory):
     @settings(max_examples=examples(200), deadline=None, derandomize=True, database=None,
               suppress_health_check=list(HealthCheck))
     @given(st.one_of(task_sets(**SMALL), shared_template_task_sets(max_sharing=3, max_groups=1, max_other_tasks=1,
-                                                                    max_templates=2, max_facts=3, max_template_length=5)),
+                                                                    max_templates=2, max_facts=3,
+                                                                    max_template_length=5)),
            st.data())
     def sequences(ts, data):
         fresh = [0]
@@ -170,7 +170,8 @@ BOUNDARY_KINDS = ("remove the boundary's subject", "remove the subject before a 
                   "change an object to a new name", "change an object to an existing entity")
 
 
-@settings(max_examples=examples(60), deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=examples(60), deadline=None, derandomize=True, database=None,
+          suppress_health_check=list(HealthCheck))
 @given(st.integers(6, 14), st.integers(2, 4), st.data())
 def test_edits_at_cell_boundaries(tmp_path_factory, n_subjects, cell, data):
     """Two tasks over one pool of names, cells of ``cell`` subjects, so that removed and added
@@ -207,7 +208,8 @@ def test_edits_at_cell_boundaries(tmp_path_factory, n_subjects, cell, data):
         elif kind == "change an object to a new name":
             facts[data.draw(st.sampled_from(sorted(facts)))] = b + "b"
         else:
-            facts[data.draw(st.sampled_from(sorted(facts)))] = data.draw(st.sampled_from(list(current.vocabulary.entities)))
+            facts[data.draw(st.sampled_from(sorted(facts)))] = data.draw(
+                st.sampled_from(list(current.vocabulary.entities)))
         try:
             new = _with_task(current, k, Task(current.tasks[k].name, current.tasks[k].templates, Facts(facts.items())))
             check_routable(new)

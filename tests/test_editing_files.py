@@ -5,7 +5,6 @@ to full builds."""
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -117,7 +116,8 @@ def test_an_edit_that_makes_the_set_ill_posed_is_refused(tmp_path, capsys):
                           "added to task 'b', is also a subject of task 'a'")
     assert "template '⋆1 is in ⋆2' (line 6) of 'b' and template '⋆1 is in ⋆2' (line 3) of 'a'" in err
     assert "share the object-query prefix 'x is in'" in err
-    assert f"leave 'x' out of task 'b', or remove it from task 'a' first (python -m verifier edit {path} a --remove x)" in err
+    assert (f"leave 'x' out of task 'b', or remove it from task 'a' first "
+            f"(python -m verifier edit {path} a --remove x)") in err
     assert "inspect" not in err
     assert main(["inspect", str(path), "--quiet"]) == 0       # what the old advice led to: nothing wrong
 
@@ -179,7 +179,8 @@ def test_check_since_and_the_certificate(tmp_path, capsys):
     assert inc["mode"] == "incremental" and inc["edited_tasks"] == ["capital"]
     assert inc["queries_rerun"] + inc["queries_reused"] == data["queries"]
     assert any("fact:Japan" in e for e in inc["changed_rows"]["experts.0.W_2"])
-    assert set(inc["changed_weights"]) <= {"E", "U", "heads.5.W_V", "heads.5.W_O", "experts.0.W_2"}   # head 5: the subject head
+    # head 5: the subject head
+    assert set(inc["changed_weights"]) <= {"E", "U", "heads.5.W_V", "heads.5.W_O", "experts.0.W_2"}
     # the certificate was updated: a second --since with no edit runs nothing again
     assert main(["check", str(path), "--since", str(cert), "--json", "-"]) == 0
     again = json.loads(capsys.readouterr().out)["incremental"]
@@ -235,7 +236,8 @@ def test_removing_a_task_falls_back_to_a_full_check(tmp_path, capsys):
     assert inc["mode"] == "full" and "tasks were added, removed or reordered" in inc["reason"]
 
 
-@settings(max_examples=examples(30), deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=examples(30), deadline=None, derandomize=True, database=None,
+          suppress_health_check=list(HealthCheck))
 @given(task_sets(max_tasks=3, max_templates=2, max_facts=4, max_template_length=5), st.data())
 def test_patched_weights_equal_a_full_build(ts, data):
     from tests.test_editing import edit
@@ -287,7 +289,8 @@ def test_patched_weights_reuse_what_the_vocabulary_fixes(change):
     old = model.instantiate()
     got, _ = patched_weights(old, ts, new, {"capital"}, model.beta, model.gamma, model.epsilon)
     _arrays_equal(got, build(new, beta=float(model.beta), gamma=float(model.gamma)).instantiate())
-    kept = [a is b for a, b in ((got.E, old.E), (got.U, old.U), (got.heads, old.heads), (got.experts[1], old.experts[1]))]
+    kept = [a is b for a, b in ((got.E, old.E), (got.U, old.U), (got.heads, old.heads),
+                                (got.experts[1], old.experts[1]))]
     assert kept == [change != "new entity"] * 4
     assert (got.W_G is old.W_G) == (change == "object")
     assert got.experts[0] is not old.experts[0]

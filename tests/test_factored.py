@@ -450,7 +450,7 @@ def test_l1_through_the_large_table_subtraction_encloses_the_exact_value(monkeyp
     compiled = F_.error_enclosure_parts
 
     def counting(*args):
-        nt, table, cohort, vlo, vhi = args[0], args[5], args[6], args[8], args[9]
+        cohort, vlo, vhi = args[6], args[8], args[9]
         calls.append((int(cohort[0]), int(vhi - vlo)))
         return compiled(*args)
 
@@ -473,8 +473,10 @@ def test_l1_through_the_large_table_subtraction_encloses_the_exact_value(monkeyp
 
 
 @pytest.mark.parametrize("old, new", [
-    ("                sub = _in_table(sub, w, elo, ehi)\n    # and Σ over", "\n    # and Σ over"),   # the object's share kept in
-    ("    rest_lo = max(step_down(s_lo - q_hi, QUICK), 0.0)", "    rest_lo = abs(step_down(s_lo - q_hi, QUICK))"),   # not clamped
+    # the object's share kept in
+    ("                sub = _in_table(sub, w, elo, ehi)\n    # and Σ over", "\n    # and Σ over"),
+    # not clamped
+    ("    rest_lo = max(step_down(s_lo - q_hi, QUICK), 0.0)", "    rest_lo = abs(step_down(s_lo - q_hi, QUICK))"),
 ])
 def test_a_broken_large_table_subtraction_is_caught(monkeypatch, old, new):
     """Mutants of the subtraction: the object's share not taken out of the table's sum; a

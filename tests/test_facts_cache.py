@@ -22,7 +22,8 @@ from tasks.reading import task_sources
 from tasks.strategies import task_sets
 
 
-@settings(max_examples=examples(25), deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=examples(25), deadline=None, derandomize=True, database=None,
+          suppress_health_check=list(HealthCheck))
 @given(task_sets(max_tasks=3, max_templates=2, max_facts=6), st.data())
 def test_read_against_a_certificate_is_the_plain_read(ts, data):
     with tempfile.TemporaryDirectory() as d:
@@ -43,7 +44,8 @@ def test_read_against_a_certificate_is_the_plain_read(ts, data):
                 if len(facts) > 1:
                     facts.pop(s, None)
             with open(files[task.name][0], "w", encoding="utf-8") as f:     # (the header kept: spliced reads)
-                f.write("subject\tobject\n" * data.draw(st.booleans()) + "".join(f"{s}\t{o}\n" for s, o in facts.items()))
+                f.write("subject\tobject\n" * data.draw(st.booleans())
+                        + "".join(f"{s}\t{o}\n" for s, o in facts.items()))
         try:
             plain = load_tasks(path)
         except Exception:                                 # an edit the task set refuses: nothing to compare

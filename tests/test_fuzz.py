@@ -172,7 +172,8 @@ def test_query_enumeration_matches_an_independent_one(ts):
     from audit.oracle import enumerate_queries
 
     mine = {(q.prefix, q.valid, tuple(ts.names[k] for k in q.tasks),
-             ts.names[q.determined] if q.determined is not None else None, bool(q.object_of)) for q in enumerate_queries(ts)}
+             ts.names[q.determined] if q.determined is not None else None, bool(q.object_of))
+            for q in enumerate_queries(ts)}
     theirs = {(q.prefix, q.valid, q.tasks, q.determined, q.object_query) for q in iter_queries(ts)}
     assert mine == theirs
     assert count_queries(ts) == len(mine)
@@ -201,7 +202,8 @@ def test_mutants_of_generated_sets_are_never_certified_falsely(ts, name, seed):
 
 
 @fuzz(150)
-@given(shared_template_task_sets(**SHARED), st.sampled_from(sorted(M.all_operator_names())), st.integers(0, 2 ** 32 - 1))
+@given(shared_template_task_sets(**SHARED), st.sampled_from(sorted(M.all_operator_names())),
+       st.integers(0, 2 ** 32 - 1))
 def test_mutants_of_shared_template_sets_are_never_certified_falsely(ts, name, seed):
     """The first-entity subject head and a gate that leans on subject membership give the
     mutants new places to hide (past ⋆2, where subject and object both sit in the prefix)."""
@@ -223,7 +225,8 @@ def test_mutants_of_shared_template_sets_are_never_certified_falsely(ts, name, s
 def renamed(ts: TaskSet, words: dict[str, str], entities: dict[str, str]) -> TaskSet:
     tasks = []
     for task in ts.tasks:
-        templates = tuple(Template(tuple(words[p] if isinstance(p, str) else p for p in t.parts)) for t in task.templates)
+        templates = tuple(Template(tuple(words[p] if isinstance(p, str) else p for p in t.parts))
+                          for t in task.templates)
         tasks.append(Task(task.name, templates, Facts((entities[s], entities[o]) for s, o in task.facts.items())))
     return TaskSet(tuple(tasks), ts.epsilon, ts.parameters)
 
@@ -263,7 +266,7 @@ def test_reordering_tasks_templates_and_facts_keeps_the_verdict(ts, data):
     assert (a is None) == (b is None)
     if a is None:
         return
-    (m1, w1, r1), (m2, w2, r2) = a, b
+    (m1, _, r1), (m2, w2, r2) = a, b
     assert r1.certified == r2.certified
     assert records(r1) == records(r2)
     assert w2.expert_tasks == ts2.names                      # experts follow the new task order
@@ -284,11 +287,13 @@ def extra_task(draw, ts: TaskSet) -> Task:
     for i in range(n_templates):
         before = draw(st.lists(st.sampled_from(pool), max_size=2)) if pool else []
         middle = draw(st.lists(st.sampled_from(pool), max_size=1)) if pool else []
-        parts = tuple(before) + ((f"{marker}{i}",) if draw(st.booleans()) else ()) + ("⋆1",) + tuple(middle) + (f"{marker}{i}",) + ("⋆2",)
+        parts = (tuple(before) + ((f"{marker}{i}",) if draw(st.booleans()) else ()) + ("⋆1",) + tuple(middle)
+                 + (f"{marker}{i}",) + ("⋆2",))
         templates.append(" ".join(parts))
     templates = list(dict.fromkeys(templates))
     subjects = draw(st.lists(st.sampled_from(entities + ["fresh subject"]), min_size=1, max_size=3, unique=True))
-    objects = draw(st.lists(st.sampled_from(entities + ["fresh object"]), min_size=len(subjects), max_size=len(subjects)))
+    objects = draw(st.lists(st.sampled_from(entities + ["fresh object"]), min_size=len(subjects),
+                            max_size=len(subjects)))
     name = "added " + "+" * (1 + max(len(n) for n in ts.names))   # longer than every name: unique
     return Task(name, tuple(templates), Facts(zip(subjects, objects)))
 

@@ -34,7 +34,8 @@ def overflowing_gate(sign: float) -> tuple[TaskSet, Weights]:
     cols = [i for i, label in enumerate(w.residual_labels) if label == "one" or label.startswith("pos:")]
     W_G[:, cols] = sign * 1.5e308   # 'one' + the position one-hot: every exact score is sign·3e308 (+ bias)
     b_G = np.array([0.0, 1e300])      # expert 1 (the shadow) wins by 1e300 on every query
-    return ts, w.replace(experts=(e0, shadow), W_G=sp.csr_matrix(W_G), b_G=b_G, expert_tasks=("a", ""), neuron_labels=None)
+    return ts, w.replace(experts=(e0, shadow), W_G=sp.csr_matrix(W_G), b_G=b_G,
+                         expert_tasks=("a", ""), neuron_labels=None)
 
 
 @pytest.mark.parametrize("sign", [1.0, -1.0])

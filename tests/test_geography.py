@@ -126,7 +126,8 @@ def test_derive_cleans_the_mess():
         ("a", "FR", 500_000),                                         # spelled like a template word
         ("Zero\u200bWidth", "FR", 500_000),                           # an invisible character
     ]
-    cities = {str(i): {"geonameid": i, "name": n, "countrycode": cc, "population": p} for i, (n, cc, p) in enumerate(rows)}
+    cities = {str(i): {"geonameid": i, "name": n, "countrycode": cc, "population": p}
+              for i, (n, cc, p) in enumerate(rows)}
     facts, mess = b.derive(countries, continents, cities, 300_000, "disambiguate")
     assert facts["city"] == {
         "Paris": "France", "Córdoba": "Argentina", "Córdoba (ES)": "Spain", "Sevilla": "Spain",

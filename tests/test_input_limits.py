@@ -53,7 +53,8 @@ def long_template(words: int) -> str:
 
 
 def long_set(words: int) -> str:
-    return f'tasks:\n  - name: long\n    templates: ["{long_template(words)}"]\n    facts:\n      S0: O0\n      S1: O1\n'
+    return (f'tasks:\n  - name: long\n    templates: ["{long_template(words)}"]\n    facts:\n'
+            '      S0: O0\n      S1: O1\n')
 
 
 @pytest.fixture
@@ -375,7 +376,8 @@ def test_a_tab_in_a_comment_or_quotes_is_not_refused(counted):
     assert ts.epsilon == 0.5 and ts.tasks[0].facts == {"A": "B"}
 
 
-SEEDS = [Path(__file__).parent.parent / "examples" / "capitals.yaml", Path(__file__).parent.parent / "examples" / "located.yaml",
+SEEDS = [Path(__file__).parent.parent / "examples" / "capitals.yaml",
+         Path(__file__).parent.parent / "examples" / "located.yaml",
          Path(__file__).parent / "data" / "good" / "tasks.yaml"]
 #: What one edit inserts: YAML's indicators, white space, quotes, comments, line breaks PyYAML
 #: counts (a byte-order mark inside the text, a tag and a directive left out: libyaml refuses
@@ -387,7 +389,8 @@ PIECES = ["\t", "\t", " ", "  ", "\n", "\r", ":", ": ", "- ", "[", "]", "{", "}"
 
 @needs_libyaml
 @settings(max_examples=examples(400), deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(seed=st.sampled_from(SEEDS), where=st.floats(0, 1), piece=st.sampled_from(PIECES), how=st.sampled_from(["insert", "replace", "delete"]))
+@given(seed=st.sampled_from(SEEDS), where=st.floats(0, 1), piece=st.sampled_from(PIECES),
+       how=st.sampled_from(["insert", "replace", "delete"]))
 def test_one_edit_of_a_valid_file_is_read_as_without_the_scan(seed, where, piece, how):
     """One edit of a valid tasks file: read with and without the scan, the same task set, or
     refusals at the same line, with the same message but for libyaml's wording of a syntax
@@ -447,7 +450,8 @@ def test_a_name_longer_than_the_limit_is_refused_at_its_line(tmp_path, capsys, w
     path.write_text(f'tasks:\n  - name: {name}\n    templates: ["{template}"]\n    facts:\n      {s}: {o}\n',
                     encoding="utf-8")
     got = one_line_exit_2(capsys, ["check", path])
-    assert f"{path}:{line}: " in got and "'nnnnnnnnnnnnnnnnnnnn'... is 1,001 characters long, more than the 1,000" in got
+    assert f"{path}:{line}: " in got
+    assert "'nnnnnnnnnnnnnnnnnnnn'... is 1,001 characters long, more than the 1,000" in got
     assert len(got) < 400                            # the name is not printed whole
 
 

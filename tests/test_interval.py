@@ -172,7 +172,8 @@ def test_structural_pattern_keeps_underflowed_entries(X, B):
 
 
 @SETTINGS
-@given(st.lists(st.tuples(st.integers(0, 2), st.integers(0, 2), floats(), floats(-1074, -1000)), min_size=1, max_size=25))
+@given(st.lists(st.tuples(st.integers(0, 2), st.integers(0, 2), floats(), floats(-1074, -1000)),
+                min_size=1, max_size=25))
 def test_sum_terms_encloses(terms):
     rows, cols, mids, rads = zip(*terms)
     rads = np.abs(rads)
@@ -202,13 +203,15 @@ def test_dot_rows_encloses(pairs):
         m, r = I.dot_rows(am, ar, bm, br)
     # the worst case over the box: |Σ (a+δa)(b+δb) − m| <= Σ |a|δb + δa|b| + δaδb + |Σab − m|
     centre = sum(_F(a) * _F(b) for a, b in zip(am[0], bm[0]))
-    spread = sum(abs(_F(a)) * _F(y) + _F(x) * abs(_F(b)) + _F(x) * _F(y) for a, x, b, y in zip(am[0], ar[0], bm[0], br[0]))
+    spread = sum(abs(_F(a)) * _F(y) + _F(x) * abs(_F(b)) + _F(x) * _F(y)
+                 for a, x, b, y in zip(am[0], ar[0], bm[0], br[0]))
     if math.isfinite(m[0]) and math.isfinite(r[0]):
         assert abs(centre - _F(m[0])) + spread <= _F(r[0])
 
 
 @SETTINGS
-@given(sparse(3, 4), st.lists(floats(-60, 60), min_size=3, max_size=3), st.lists(floats(-1074, -1000), min_size=3, max_size=3))
+@given(sparse(3, 4), st.lists(floats(-60, 60), min_size=3, max_size=3),
+       st.lists(floats(-1074, -1000), min_size=3, max_size=3))
 def test_scale_rows_encloses(X, am, ar):
     am, ar = np.array(am), np.abs(np.array(ar))
     Xi = I.exact(X)
@@ -366,7 +369,8 @@ def test_kernel_products_enclose():
         ar, br = (abs(math.ldexp(float(rng.uniform(0, 1)), int(rng.integers(-1074, 600)))) for _ in range(2))
         m, r = K.mul_interval(am, ar, bm, br)
         if math.isfinite(r):
-            worst = max(abs((_F(am) + sa * _F(ar)) * (_F(bm) + sb * _F(br)) - _F(m)) for sa in (-1, 1) for sb in (-1, 1))
+            worst = max(abs((_F(am) + sa * _F(ar)) * (_F(bm) + sb * _F(br)) - _F(m))
+                        for sa in (-1, 1) for sb in (-1, 1))
             assert worst <= _F(r)
 
 

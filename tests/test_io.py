@@ -116,7 +116,8 @@ BAD_CASES: dict[str, tuple] = {
     "file_bad_columns.yaml": (3, "3 comma-separated columns", "bad_columns.csv"),
     "file_bad_quote.yaml": (2, "badly formed CSV line", "bad_quote.csv"),
     "file_nul.yaml": (2, "NUL byte", "nul.tsv"),
-    "file_conflict_two_files.yaml": (2, "two objects: 'Paris' (tests/data/bad/conflict_a.tsv:1) and 'Lyon'", "conflict_b.tsv"),
+    "file_conflict_two_files.yaml": (2, "two objects: 'Paris' (tests/data/bad/conflict_a.tsv:1) and 'Lyon'",
+                                     "conflict_b.tsv"),
     "file_only_header.yaml": (5, "empty dictionary (facts file only_header.tsv)"),
     "file_word_clash.yaml": (2, "'is' is the subject of a fact", "clash.tsv"),
     "file_list_empty.yaml": (5, "facts_file list of task 'capital' is empty"),
@@ -190,7 +191,8 @@ def test_permission_denied(tmp_path):
 
 def test_very_deep_nesting_is_refused():
     """Refused by depth, before any nested value is built (no wall-clock assertion: machines are shared)."""
-    for text in ("tasks: " + "[" * 200_000, "tasks: " + "{a: " * 50_000, "".join("  " * i + "a:\n" for i in range(300))):
+    for text in ("tasks: " + "[" * 200_000, "tasks: " + "{a: " * 50_000,
+                 "".join("  " * i + "a:\n" for i in range(300))):
         with pytest.raises(TaskError, match="nested too deeply"):
             loads_tasks(text, file="deep.yaml")
 
@@ -572,7 +574,8 @@ def test_a_header_with_other_names_is_refused_not_read_as_a_fact(tmp_path, name)
         f"the only header is 'subject{shown}object' (this line would be read as the fact 'language' -> 'creator'); "
         f"write the header as 'subject{shown}object' or comment it out with '#'; if it is a fact, put the header "
         f"line 'subject{shown}object' above it")
-    assert tasks.facts_files.read_plain(str(tmp_path / name)) is None      # the bulk reader leaves it to the line reader
+    # the bulk reader leaves it to the line reader
+    assert tasks.facts_files.read_plain(str(tmp_path / name)) is None
 
 
 @pytest.mark.parametrize("facts,expected", [
@@ -650,8 +653,10 @@ def test_names_with_a_control_character_are_refused_with_file_line_and_code(tmp_
     escaped = '"\\x%02x"' % ord(c)       # a YAML double-quoted escape: the YAML reader refuses the raw byte
     cases = [
         ("tasks:\n  - name: " + escaped[:-1] + 't"\n    templates: [a *1 b *2]\n    facts: {x: y}\n', 2, "task name"),
-        ("tasks:\n  - name: t\n    templates: [" + escaped[:-1] + ' *1 b *2"]\n    facts: {x: y}\n', 3, "template word"),
-        ("tasks:\n  - name: t\n    templates: [a *1 b *2]\n    facts:\n      x: y\n      " + escaped + ": y\n", 6, "subject"),
+        ("tasks:\n  - name: t\n    templates: [" + escaped[:-1] + ' *1 b *2"]\n    facts: {x: y}\n',
+         3, "template word"),
+        ("tasks:\n  - name: t\n    templates: [a *1 b *2]\n    facts:\n      x: y\n      " + escaped + ": y\n",
+         6, "subject"),
     ]
     for text, line, what in cases:
         with pytest.raises(TaskError) as e:

@@ -327,7 +327,8 @@ def test_the_key_is_of_the_sources_as_imported(monkeypatch, tmp_path):
     assert key is not None and set(reg.sources) >= {*kernel_forms.MODULES, *kernel_forms.DEPENDS}
     real = kernel_forms._source_bytes
     for name in (*kernel_forms.MODULES, *kernel_forms.DEPENDS):
-        monkeypatch.setattr(kernel_forms, "_source_bytes", lambda n, _name=name: real(n) + (b"#" if n == _name else b""))
+        monkeypatch.setattr(kernel_forms, "_source_bytes",
+                            lambda n, _name=name: real(n) + (b"#" if n == _name else b""))
         assert reg.key() == key                           # the process's own code: unchanged
         assert _fresh(monkeypatch, tmp_path).key() != key, name   # a process importing the changed file
     monkeypatch.setattr(kernel_forms, "_source_bytes", lambda n: None)

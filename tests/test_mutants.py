@@ -121,7 +121,8 @@ def test_oracle_finds_the_built_model_correct(capitals_set, capitals_model):
     assert res.min_ablated == pytest.approx(22 / 23)   # ablated: uniform over the 23 tokens
 
 
-@pytest.mark.parametrize("op", ["swap_facts", "lower_gamma", "perturb_gate_row", "scaled_gate", "small_noise", "dead_neuron"])
+@pytest.mark.parametrize("op", ["swap_facts", "lower_gamma", "perturb_gate_row", "scaled_gate",
+                                "small_noise", "dead_neuron"])
 def test_oracle_agrees_with_the_60_digit_pass(capitals_set, capitals_model, op):
     """The oracle's routing and errors equal audit/exact.py's (written separately) to 30 digits."""
     w, _ = M.OPERATORS[op](capitals_model.instantiate(), np.random.default_rng(1))
@@ -179,7 +180,8 @@ def test_oracle_sees_through_float_overflow(capitals_set, capitals_model):
     w = capitals_model.instantiate()
     clean = Oracle().judge(capitals_set, w, 0.01)
     oracle = Oracle()
-    for name, word in (("gate_overflow", "harmless"), ("logit_overflow", "harmless"), ("residual_overflow", "harmless")):
+    for name, word in (("gate_overflow", "harmless"), ("logit_overflow", "harmless"),
+                       ("residual_overflow", "harmless")):
         rng = np.random.default_rng(0)
         for _ in range(40):
             mutant, text = M.OPERATORS[name](w, rng)
@@ -259,7 +261,8 @@ def test_both_earlier_false_passes_are_caught(outcomes):
     assert seen["gate-overflow-shadow"] >= 1 and sum(v for k, v in seen.items() if k.startswith("named")) >= 1
 
 
-CHUNKED_OPS = ["swap_facts", "delete_fact_neuron", "delete_template_neuron", "swap_experts", "change_bias", "small_noise",
+CHUNKED_OPS = ["swap_facts", "delete_fact_neuron", "delete_template_neuron", "swap_experts",
+               "change_bias", "small_noise",
                "shadow_expert", "gate_overflow", "permute_unembedding", "lower_gamma", "dead_neuron", "rename_tokens"]
 
 
@@ -313,7 +316,8 @@ def test_swap_facts_chooses_as_listing_every_pair_would(capitals_model, data):
     experts = list(w.experts)
     for k, e in enumerate(experts):
         d, n = e.W_2.shape
-        cells = data.draw(st.lists(st.sampled_from([0.0, -0.0, 1.0, 2.0, float("nan")]), min_size=n * 3, max_size=n * 3))
+        cells = data.draw(st.lists(st.sampled_from([0.0, -0.0, 1.0, 2.0, float("nan")]),
+                                   min_size=n * 3, max_size=n * 3))
         rows = data.draw(st.lists(st.integers(0, min(d, 3) - 1), min_size=n * 3, max_size=n * 3))
         cols = np.repeat(np.arange(n), 3)
         W_2 = sp.coo_matrix((cells, (rows, cols)), shape=(d, n)).tocsr()   # duplicates summed, zeros stored

@@ -38,7 +38,8 @@ def _rows(g) -> list[tuple]:
              bool(g.object_query[i]), int(g.determined[i])) for i in range(len(g))]
 
 
-@settings(max_examples=examples(60), deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=examples(60), deadline=None, derandomize=True, database=None,
+          suppress_health_check=list(HealthCheck))
 @given(SETS, st.data())
 def test_a_group_of_some_subjects_is_the_full_groups_rows_with_them(ts, data):
     trie = StructureTrie(ts)
@@ -51,7 +52,8 @@ def test_a_group_of_some_subjects_is_the_full_groups_rows_with_them(ts, data):
         assert _rows(build_group(ts, trie, node, subjects=chosen)) == full
 
 
-@settings(max_examples=examples(40), deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=examples(40), deadline=None, derandomize=True, database=None,
+          suppress_health_check=list(HealthCheck))
 @given(SETS)
 def test_a_subject_batch_row_names_the_part_that_holds_it(ts):
     """Counterexamples are described by rebuilding the part a row names (verify._State.finish)."""
@@ -78,7 +80,8 @@ def _recorder(ts, trie, weights, plan):
     return ClassRecorder.for_weights(ts, trie, plan, weights, 0.01, watched_neurons(weights))
 
 
-@settings(max_examples=examples(40), deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=examples(40), deadline=None, derandomize=True, database=None,
+          suppress_health_check=list(HealthCheck))
 @given(SETS, st.integers(0, 2 ** 16))
 def test_classes_recorded_in_two_runs_and_merged_are_one_runs(ts, seed):
     weights = build(ts).instantiate()
@@ -138,7 +141,8 @@ def test_an_edit_of_one_subject_reruns_its_queries_not_its_cell(tmp_path):
                (b.objects, b.l1_held, b.l2_held, b.localized, b.min_gap)
 
 
-@settings(max_examples=examples(60), deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=examples(60), deadline=None, derandomize=True, database=None,
+          suppress_health_check=list(HealthCheck))
 @given(task_sets(max_tasks=3, max_templates=2, max_facts=6), st.data())
 def test_changed_subjects_by_ids_are_the_subjects_whose_fact_differs_by_name(ts, data):
     """verifier.certificates.incremental.changed_subjects compares facts as integer pairs through the
@@ -167,7 +171,8 @@ def test_changed_subjects_by_ids_are_the_subjects_whose_fact_differs_by_name(ts,
         assert changed_set == (fa.keys() != fb.keys())
 
 
-@settings(max_examples=examples(20), deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=examples(20), deadline=None, derandomize=True, database=None,
+          suppress_health_check=list(HealthCheck))
 @given(shared_template_task_sets(max_sharing=3, max_facts=4), st.data())
 def test_records_pick_each_tasks_worst_class_as_argmax_does(ts, data):
     """A task's worst query is that of its first class (in table order) at the largest upper

@@ -35,7 +35,8 @@ def test_plot_writes_three_pngs(tmp_path, capsys):
 def test_plot_name_option(tmp_path, capsys):
     pytest.importorskip("matplotlib")
     assert main(["plot", str(EXAMPLE), "--out", str(tmp_path), "--name", "demo", "--betas", "8", "--quiet"]) == 0
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["demo_bound_vs_beta.png", "demo_routing.png", "demo_widths.png"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["demo_bound_vs_beta.png",
+                                                          "demo_routing.png", "demo_widths.png"]
 
 
 @pytest.mark.parametrize("name", ["../x", "sub/x", "/tmp/x", "a\0b"])

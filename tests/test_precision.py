@@ -49,7 +49,8 @@ def _contained(ts, weights, fmt_name: str, orders=ORDERS, seeds=(0,), accumulate
                 for i in range(tokens.shape[0]):
                     p, e = run.run(list(tokens[i]))
                     err = 1.0 - math.fsum(p[valid[vptr[i]:vptr[i + 1]]])
-                    assert res.err_lo[i] <= err <= res.err_hi[i] or e != res.expert[i], (order, i, err, res.err_lo[i], res.err_hi[i])
+                    assert res.err_lo[i] <= err <= res.err_hi[i] or e != res.expert[i], \
+                        (order, i, err, res.err_lo[i], res.err_hi[i])
                     if res.margin[i] > 0:
                         assert e == res.expert[i], (order, i)
         count += tokens.shape[0]
@@ -223,7 +224,8 @@ def test_check_precision_cli(tmp_path, capsys):
     assert data["precision"] == "float32" and "any summation order" in data["precision_model"]
     assert data["certified"] and data["closed_form"]["measured_worst"] < 0.01
     counts = data["parameter_counts"]
-    assert counts["total"] == counts["shared"] + sum(counts["per_expert"]) and counts["active_per_query"] < counts["total"]
+    assert counts["total"] == counts["shared"] + sum(counts["per_expert"])
+    assert counts["active_per_query"] < counts["total"]
     # bfloat16 at 0.01 is out of reach of the certificate: one line, exit 2, why
     assert main(["check", "examples/capitals.yaml", "--precision", "bfloat16"]) == 2
     assert "no parameters can certify epsilon = 0.01 in bfloat16" in capsys.readouterr().err
@@ -587,8 +589,6 @@ def test_every_step_of_the_execution_model_is_counted(monkeypatch):
 
 
 def test_the_readme_shows_the_execution_model_table():
-    from pathlib import Path
-
     from verifier.passes import execution
 
     from documents import text

@@ -138,8 +138,8 @@ def test_epsilon_changed_in_the_tasks_file_is_honoured(tmp_path, capsys):
     assert data["incremental"]["mode"] == "full" and "epsilon changed" in data["incremental"]["reason"]
     assert "chosen anew" in data["incremental"]["reason"]
     # with gamma pinned in the file it stays, the check fails, and the report names the pin
-    path.write_text(text.replace("epsilon: 0.01", "epsilon: 0.0000001").replace("tasks:", "parameters:\n  gamma: 8\ntasks:", 1),
-                    encoding="utf-8")
+    path.write_text(text.replace("epsilon: 0.01", "epsilon: 0.0000001")
+                    .replace("tasks:", "parameters:\n  gamma: 8\ntasks:", 1), encoding="utf-8")
     assert main(["check", str(path), "--since", str(cert), "--no-isolation", "--json", "-"]) == 1
     data = json.loads(capsys.readouterr().out)
     assert data["verdict"] == "not certified"
@@ -177,7 +177,8 @@ def test_a_facts_file_renamed_to_csv_is_read_again(tmp_path, capsys):
 
 def test_a_subject_just_before_a_cell_boundary_leaves(tmp_path):
     facts = {f"e{i:04d}": f"o{i % 5}" for i in range(600)}
-    ts = _facts_set([("rel", ["the rel of ⋆1 is ⋆2"], facts), ("other", ["where is ⋆1 ? ⋆2"], {"e0001": "o1", "o3": "o4"})])
+    ts = _facts_set([("rel", ["the rel of ⋆1 is ⋆2"], facts),
+                     ("other", ["where is ⋆1 ? ⋆2"], {"e0001": "o1", "o3": "o4"})])
     edited = dict(facts)
     del edited["e0255"]                      # the cell boundary is e0256 (256 queries a cell)
     info = _since_equals_full(ts, _facts_set([("rel", ["the rel of ⋆1 is ⋆2"], edited),
@@ -202,7 +203,8 @@ def test_a_new_name_longer_than_every_old_token(tmp_path, capsys):
     (tmp_path / "b.tsv").write_text("subject\tobject\nij\tkl\n", encoding="utf-8")
     path = tmp_path / "tasks.yaml"
     path.write_text("tasks:\n  - name: capital\n    templates: [the capital of *1 is *2]\n    facts_file: a.tsv\n"
-                    "  - name: other\n    templates: [the other of *1 is *2]\n    facts_file: b.tsv\n", encoding="utf-8")
+                    "  - name: other\n    templates: [the other of *1 is *2]\n    facts_file: b.tsv\n",
+                    encoding="utf-8")
     cert = tmp_path / "cert"
     assert main(["check", str(path), "--certificate", str(cert), "--quiet", "--no-isolation"]) == 0
     with open(tmp_path / "b.tsv", "a", encoding="utf-8") as f:

@@ -102,7 +102,8 @@ def test_suggested_changes_make_the_set_constructible(ts):
     assert len(summarize(changes)) <= 6
 
 
-@settings(max_examples=examples(40), deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=examples(40), deadline=None, derandomize=True, database=None,
+          suppress_health_check=list(HealthCheck))
 @given(ill_posed_task_sets(max_tasks=3, max_templates=2, max_facts=4, max_template_length=5))
 def test_ill_posed_sets_get_checked_changes(tasks):
     ts = TaskSet(tasks)
@@ -123,8 +124,9 @@ def _write(tmp_path, text: str) -> str:
 
 XOR_YAML = ("tasks:\n  - name: a\n    templates: [p p *1 *2, q q *1 *2]\n    facts: {x1: y1}\n"
             "  - name: b\n    templates: [p q *1 *2, q p *1 *2]\n    facts: {x2: y2}\n")
-ILL_YAML = ("tasks:\n  - name: city\n    templates: [\"*1 is located in *2\"]\n    facts: {Paris: France, Lyon: France}\n"
-            "  - name: country\n    templates: [\"*1 is located in *2\"]\n    facts: {France: Europe, Paris: Europe}\n")
+ILL_YAML = ("tasks:\n  - name: city\n    templates: [\"*1 is located in *2\"]\n"
+            "    facts: {Paris: France, Lyon: France}\n  - name: country\n    templates: [\"*1 is located in *2\"]\n"
+            "    facts: {France: Europe, Paris: Europe}\n")
 
 
 def test_inspect_explains_a_proven_refusal(tmp_path, capsys):

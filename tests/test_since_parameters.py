@@ -45,7 +45,8 @@ def test_the_readme_flow_with_new_entities_certifies(tmp_path, capsys, example, 
     made = _json(["check", str(path), "--certificate", str(cert)], capsys, 0)
     saved = json.loads((cert / "certificate.json").read_text())["parameter_choice"]
     V = load_tasks(path).vocabulary.size
-    assert saved == {"beta": "chosen", "gamma": "chosen", "vocabulary": VOCABULARY_HEADROOM * V, "L": load_tasks(path).L}
+    assert saved == {"beta": "chosen", "gamma": "chosen", "vocabulary": VOCABULARY_HEADROOM * V,
+                     "L": load_tasks(path).L}
     assert main(["edit", str(path), *edit, "--quiet"]) == 0
     capsys.readouterr()
     since = _json(["check", str(path), "--since", str(cert)], capsys, 0)

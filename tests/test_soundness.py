@@ -181,7 +181,8 @@ def test_explicit_zeros_are_the_value_zero(capitals_set, built):
 def test_cli_refuses_a_file_with_duplicate_entries(tmp_path, built):
     arrays = layout.to_arrays(built)
     w = cancelling_unembedding(built)
-    arrays["U.data"], arrays["U.indices"], arrays["U.indptr"] = w.U.data, w.U.indices.astype(np.int64), w.U.indptr.astype(np.int64)
+    arrays["U.data"], arrays["U.indices"], arrays["U.indptr"] = (w.U.data, w.U.indices.astype(np.int64),
+                                                                 w.U.indptr.astype(np.int64))
     path = tmp_path / "dup.npz"
     np.savez(path, **arrays)
     out = subprocess.run([sys.executable, "-m", "verifier", "check", str(EXAMPLE), "--weights", str(path)],
@@ -289,7 +290,8 @@ MALFORMED = {
     "fractional float indices": lambda a: {**a, "U.indices": a["U.indices"].astype(np.float64) + 0.5},
     "integral float indices": lambda a: {**a, "U.indices": a["U.indices"].astype(np.float64)},
     "float shape": lambda a: {**a, "U.shape": a["U.shape"].astype(np.float64)},
-    "index out of range": lambda a: {**a, "U.indices": np.where(np.arange(a["U.indices"].size) == 0, 10 ** 6, a["U.indices"])},
+    "index out of range": lambda a: {**a, "U.indices": np.where(np.arange(a["U.indices"].size) == 0,
+                                                                10 ** 6, a["U.indices"])},
     "indptr not starting at 0": lambda a: {**a, "U.indptr": a["U.indptr"] + 1},
     "non-finite weight": lambda a: {**a, "U.data": np.where(np.arange(a["U.data"].size) == 0, np.inf, a["U.data"])},
     "integers beyond 2^53": lambda a: {**a, "b_G": np.array([2 ** 60 + 1, 0, 0], np.int64)},

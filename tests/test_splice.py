@@ -66,7 +66,8 @@ def _full(data: bytes, path: str) -> dict[str, str] | None:
     return pairs if len(pairs) == len(subjects) and all(subjects) and all(objects) else None
 
 
-@settings(max_examples=examples(600), deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=examples(600), deadline=None, derandomize=True, database=None,
+          suppress_health_check=list(HealthCheck))
 @given(files())
 def test_a_splice_gives_what_the_full_read_gives(case):
     old, new, path = case

@@ -57,8 +57,6 @@ def test_example_file_is_the_test_fixture(capitals_set):
 
 def _rows_of(group):
     """Each query of a group as a hashable record: prefix ids, allowed tasks, valid next tokens."""
-    import numpy as np
-
     out = set()
     for i in range(len(group)):
         out.add((int(group.subjects[i]), int(group.objects[i]), tuple(group.allowed_of(i).tolist()),
@@ -324,7 +322,8 @@ def test_the_task_structure_is_constructed_in_one_place_outside_the_tests():
         if rel.startswith(("tests/", ".")) or "/." in rel:
             continue
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None)) == "StructureTrie":
+            if (isinstance(node, ast.Call)
+                    and getattr(node.func, "id", getattr(node.func, "attr", None)) == "StructureTrie"):
                 found.append(rel)
     assert found == ["tasks/structure.py"], found
 

@@ -39,7 +39,8 @@ def trained(capitals_set):
 
 def test_query_data_matches_the_task_set(capitals_set):
     data = query_data(capitals_set)
-    assert len(data) == sum(1 for _ in __import__("tasks.queries", fromlist=["iter_queries"]).iter_queries(capitals_set))
+    iter_queries = __import__("tasks.queries", fromlist=["iter_queries"]).iter_queries
+    assert len(data) == sum(1 for _ in iter_queries(capitals_set))
     assert data.tokens.shape[1] == capitals_set.L and (data.tokens[:, 0] == data.bos).all()
     i = next(i for i in range(len(data)) if data.prefix(i) == ("the", "capital", "of", "France", "is"))
     assert [data.vocab[v] for v in np.flatnonzero(data.valid[i])] == ["Paris"]
@@ -222,7 +223,7 @@ def test_sweep_smoke(tmp_path):
 
 from training.metrics import Localization, localization  # noqa: E402
 from training.objectives import Recipe, ablation_hinges, error_hinge, gate_set_ce, routing_hinge  # noqa: E402
-from training.rounds import QueryChecks, query_checks, reweight, until_certified  # noqa: E402
+from training.rounds import query_checks, reweight, until_certified  # noqa: E402
 from training.compare import CertifiedPass  # noqa: E402
 
 
@@ -251,7 +252,8 @@ def test_localize_terms_vanish_exactly_when_their_check_holds_with_room():
     valid_ab = torch.tensor([[True, False, False, False], [True, False, False, False]])
     terms = ablation_hinges(ab, obj, valid_ab, torch.tensor([0.25, 0.25], dtype=torch.float64), recipe)
     assert all(float(t[1].detach()) == 0.0 for t in terms.values())
-    assert float(terms["top"][0].detach()) == pytest.approx(6.0) and terms["probability"][0] > 0 and terms["valid"][0] > 0
+    assert float(terms["top"][0].detach()) == pytest.approx(6.0)
+    assert terms["probability"][0] > 0 and terms["valid"][0] > 0
     sum(t.sum() for t in terms.values()).backward()
     assert ab.grad[0, 0] > 0                                         # descent lowers the object's ablated logit
 
@@ -280,7 +282,8 @@ def test_routing_loss_covers_shared_prefixes(capitals_set):
 
     o = Out()
     o.gate = gate
-    assert float(task_router(o, torch.from_numpy(data.determined))) < 2.0   # blind to them: the determined rows are ties
+    # blind to them: the determined rows are ties
+    assert float(task_router(o, torch.from_numpy(data.determined))) < 2.0
 
 
 def test_sized_experts_export_their_width_and_compute_the_same(capitals_set):
@@ -563,7 +566,8 @@ def test_attention_spread_hinge_measures_visible_scores_only(capitals_set):
                            Recipe(attention_spread=20.0), torch.zeros(0, dtype=torch.int64))
     expect = torch.relu(out.spread - 20.0).sum(-1)
     torch.testing.assert_close(terms["attention"], expect)
-    assert bool((terms["attention"] > 0).any()) and bool((terms["attention"][out.spread.max(-1).values <= 20] == 0).all())
+    assert bool((terms["attention"] > 0).any())
+    assert bool((terms["attention"][out.spread.max(-1).values <= 20] == 0).all())
     terms["attention"].sum().backward()
     assert model.W_Q.grad.abs().sum() > 0
     assert "attention" not in localize_terms(out, torch.from_numpy(data.valid), targets(data), Recipe(),

@@ -48,7 +48,8 @@ def test_help_names_every_default(module, capsys):
     p = module.parser()
     helps = expanded_help(p)
     for action in p._actions:
-        if action.option_strings and action.nargs != 0 and not action.required and action.default is not argparse.SUPPRESS:
+        if (action.option_strings and action.nargs != 0 and not action.required
+                and action.default is not argparse.SUPPRESS):
             assert "default" in helps[action.option_strings[-1]], action.option_strings
     with pytest.raises(SystemExit) as exc:
         module.main(["--help"])

@@ -163,7 +163,8 @@ def test_distinct_rows_are_exactly_the_equal_rows(seed, dtype, collide):
 
 def _expert(weights, k, W_1=None, b_1=None, W_2=None):
     e = weights.experts[k]
-    new = Expert(W_1 if W_1 is not None else e.W_1, b_1 if b_1 is not None else e.b_1, W_2 if W_2 is not None else e.W_2)
+    new = Expert(W_1 if W_1 is not None else e.W_1, b_1 if b_1 is not None else e.b_1,
+                 W_2 if W_2 is not None else e.W_2)
     experts = list(weights.experts)
     experts[k] = new
     labels = weights.neuron_labels
@@ -362,7 +363,8 @@ def test_cli_check_certifies_and_json():
     assert data["verdict"] == "certified" and data["epsilon"] == 0.01
     assert [t["name"] for t in data["tasks"]] == ["capital", "continent", "located"]
     t = data["tasks"][0]
-    assert {"bound", "width", "queries", "worst_error_bound", "worst_error_measured", "min_gate_margin", "checks"} <= set(t)
+    assert {"bound", "width", "queries", "worst_error_bound", "worst_error_measured", "min_gate_margin",
+            "checks"} <= set(t)
 
 
 def test_cli_weights_round_trip_and_perturbed_fails(tmp_path, capitals_set, weights):
@@ -401,7 +403,8 @@ def test_cli_explain_and_inspect():
     assert "routed to expert 0 (capital)" in out.stdout and "fact:France" in out.stdout and "next: Paris" in out.stdout
     out = run("inspect", str(EXAMPLE), "--json", "-")
     data = json.loads(out.stdout)
-    assert [e["width"] for e in data["experts"]] == [10, 10, 9] and [e["bound"] for e in data["experts"]] == [16, 16, 11]
+    assert [e["width"] for e in data["experts"]] == [10, 10, 9]
+    assert [e["bound"] for e in data["experts"]] == [16, 16, 11]
 
 
 def test_words_after_the_object_and_self_facts_certify():
@@ -410,7 +413,8 @@ def test_words_after_the_object_and_self_facts_certify():
     from tasks.model import Task, TaskSet
 
     ts = TaskSet((
-        Task("successor", ("after ⋆1 comes ⋆2 .", "⋆1 is followed by ⋆2 in order"), {"one": "two", "two": "three", "three": "three"}),
+        Task("successor", ("after ⋆1 comes ⋆2 .", "⋆1 is followed by ⋆2 in order"),
+             {"one": "two", "two": "three", "three": "three"}),
         Task("same", ("⋆1 equals ⋆2 exactly", "⋆1 same as ⋆2 itself ."), {"one": "one", "two": "two", "four": "one"}),
     ), epsilon=0.01)
     model = build(ts)
@@ -520,7 +524,8 @@ def test_l1_encloses_the_objects_probability_alone():
         seen = 0
         for b in batches(ts):
             tokens = tmap[b.tokens]
-            res = run_batch(prep, tokens, b.valid_ptr, tmap[b.valid], target=np.where(b.target >= 0, tmap[b.target], -1))
+            res = run_batch(prep, tokens, b.valid_ptr, tmap[b.valid],
+                            target=np.where(b.target >= 0, tmap[b.target], -1))
             for i in np.flatnonzero(b.target >= 0):
                 valid = tmap[b.valid[b.valid_ptr[i]:b.valid_ptr[i + 1]]]
                 if valid.size < 2:

@@ -317,7 +317,8 @@ def test_a_certificate_directory_that_holds_an_input_is_refused(tmp_path, capsys
     ("tasks:\n  - name: a\n    templates: ['*1 is *2']\n    facts: " + "[" * 100_000 + "]" * 100_000 + "\n",
      "nested too deeply"),
     ("tasks:\n  - name: a\n    templates: ['*1 is *2']\n    facts: {Rome: 2024-02-30}\n", "2024-02-30"),
-    ("tasks:\n  - name: a\n    templates: ['*1 is *2']\n    facts_file: \"cap\\0ital.tsv\"\n", "contains a NUL character"),
+    ("tasks:\n  - name: a\n    templates: ['*1 is *2']\n    facts_file: \"cap\\0ital.tsv\"\n",
+     "contains a NUL character"),
 ])
 def test_input_that_breaks_yaml_readers_is_one_line_while_watching(tmp_path, capsys, text, problem):
     """A document nested 100,000 deep, a date that does not exist, a NUL in a path: the

@@ -256,7 +256,8 @@ def test_random_edits_of_valid_files_are_read_alike(seed, line_end, edits):
 
 # --- inline facts read in bulk ---------------------------------------------------------------------
 
-NAMES = ["A", "B", "C", " A ", "x", "yes", "1", "~", "", "⋆1", "*2", "a\tb", "é", "'q'", '"A"', "[A]", "{A: B}", "!!str C"]
+NAMES = ["A", "B", "C", " A ", "x", "yes", "1", "~", "", "⋆1", "*2", "a\tb", "é", "'q'", '"A"', "[A]",
+         "{A: B}", "!!str C"]
 
 
 @settings(max_examples=examples(400), deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -6,7 +6,8 @@ runs the verifier's certified forward pass (:func:`verifier.checks.certify.certi
 query, batched by prefix length, and returns, per query row: the chosen
 expert, the certified gate margin, the error enclosure [err_lo, err_hi] of
 1 - P(valid), the predicted token and, on object queries (``ablate_objects``), the
-enclosure [ablated_lo, ablated_hi] of the error with the routed expert's output removed. :func:`agreement` compares them with a float64
+enclosure [ablated_lo, ablated_hi] of the error with the routed expert's output removed. :func:`agreement` compares them
+with a float64
 :class:`training.loop.Evaluation`; :func:`routing_failures` applies the verifier's routing
 rule per query, split into task-determining queries and prefixes shared by several tasks.
 """

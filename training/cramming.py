@@ -134,7 +134,8 @@ class SoftModel:
         g = self.W_G(r) + self.b_G
         if temperature > 0:
             mix = torch.softmax(g / temperature, dim=-1)
-            out = sum(mix[..., k:k + 1] * W_2(torch.relu(W_1(r) + b_1)) for k, (W_1, b_1, W_2) in enumerate(self.experts))
+            out = sum(mix[..., k:k + 1] * W_2(torch.relu(W_1(r) + b_1))
+                      for k, (W_1, b_1, W_2) in enumerate(self.experts))
             return self.U(r + out)
         e = torch.argmax(g, dim=-1)
         out = torch.zeros_like(r)
@@ -168,8 +169,8 @@ def search(weights: Weights, targets: np.ndarray, m: int, support: Support, budg
            model: SoftModel | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Soft prompts (B, m, d) proposed for ``targets`` (B, n) token ids (-1 pads a shorter
     target at its end), and whether each reproduced its target greedily in the search's
-    arithmetic (a positive margin at every target step; the certificate decides). Each row starts from the embeddings of m random
-    tokens (seeded): a point of the support."""
+    arithmetic (a positive margin at every target step; the certificate decides). Each row starts from the embeddings of
+    m random tokens (seeded): a point of the support."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)       # many small operations: one thread, and no spinning against other processes
     try:

@@ -11,8 +11,8 @@ to the weight times the loss last seen on the query (the hinges are zero on most
 queries once learned; this spends the batch where they are not, and the walk keeps
 every query revisited). Learning rate: a short linear warm-up and a cosine decay to
 10% over the run's progress, the share of its steps or of its time limit spent,
-whichever is larger (so a time budget shapes the schedule). Training runs in float32; evaluation (:func:`evaluate`) runs in float64 on a copy,
-which is the arithmetic the exported weights are checked against (float32 values are
+whichever is larger (so a time budget shapes the schedule). Training runs in float32; evaluation (:func:`evaluate`) runs
+in float64 on a copy, which is the arithmetic the exported weights are checked against (float32 values are
 exact in float64).
 
 The command line that trains and exports is :mod:`training.train`.
@@ -67,7 +67,8 @@ class TrainConfig:
     ablation_margin: float = 1.0  # localize: ablated logit of another token above the object's
     ablation_room: float = 0.5   # localize: ablated P(object) at most ablation_room / |O_k|
     focus: float = 0.5           # localize with minibatches: share of each batch drawn by last seen loss
-    attention_spread: float | None = 8.0  # localize: per head, visible attention scores within this many nats (None: free)
+    # localize: per head, visible attention scores within this many nats (None: free)
+    attention_spread: float | None = 8.0
 
     def __post_init__(self) -> None:
         if self.objective not in OBJECTIVES:
@@ -355,5 +356,6 @@ def evaluate(model: MoETransformer, data: QueryData, dtype: torch.dtype = torch.
     parts = {key: np.concatenate([p[key] for p in loc]) for key in loc[0]} if loc else {}
     located = Localization(rows=rows, task=data.determined[rows], **parts) if loc else None
     return Evaluation(expert=expert, error=np.concatenate(errors), predicted=predicted, correct=correct,
-                      gate=np.concatenate(gates), routing=routing_matrix(data.determined, expert, len(data.task_names), K),
+                      gate=np.concatenate(gates),
+                      routing=routing_matrix(data.determined, expert, len(data.task_names), K),
                       object_query=data.object_query, localization=located)

@@ -67,7 +67,8 @@ class Localization:
     def holds_with_slack(self) -> np.ndarray:
         """L1 and L2 with room: P_ablated(o) ≤ (1 − slack)/|O_k| and another token's logit
         ≥ the object's + slack · max(1, |z_o|) (what the rounds require)."""
-        return (self.probability <= self.bound * (1 - LOCALIZATION_SLACK)) & (self.gap >= LOCALIZATION_SLACK * self.scale)
+        return ((self.probability <= self.bound * (1 - LOCALIZATION_SLACK))
+                & (self.gap >= LOCALIZATION_SLACK * self.scale))
 
     @property
     def object_still_top(self) -> np.ndarray:
@@ -87,7 +88,8 @@ class Localization:
         return np.divide(ok, n, out=np.full(n_tasks, np.nan), where=n > 0)
 
 
-def localization(ablated: np.ndarray, objects: np.ndarray, valid: np.ndarray, bound: np.ndarray) -> dict[str, np.ndarray]:
+def localization(ablated: np.ndarray, objects: np.ndarray, valid: np.ndarray,
+                 bound: np.ndarray) -> dict[str, np.ndarray]:
     """Per row of ablated logits ``ablated`` (A, V, float64): the object's probability, the gap
     max_{v != o} z_v − z_o, the ablated error 1 − P(valid) and max(1, |z_o|).
 
@@ -103,7 +105,8 @@ def localization(ablated: np.ndarray, objects: np.ndarray, valid: np.ndarray, bo
     invalid = np.where(valid, -np.inf, z)
     mi = invalid.max(axis=1, keepdims=True)
     with np.errstate(invalid="ignore"):
-        inv_lse = np.where(np.isfinite(mi[:, 0]), mi[:, 0] + np.log(np.exp(invalid - np.where(np.isfinite(mi), mi, 0)).sum(axis=1)), -np.inf)
+        inv_lse = np.where(np.isfinite(mi[:, 0]),
+                           mi[:, 0] + np.log(np.exp(invalid - np.where(np.isfinite(mi), mi, 0)).sum(axis=1)), -np.inf)
     return {"probability": np.exp(z_o - lse), "gap": others.max(axis=1) - z_o,
             "ablated_error": np.exp(inv_lse - lse), "scale": np.maximum(1.0, np.abs(z_o)),
             "bound": np.asarray(bound, np.float64)}

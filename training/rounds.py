@@ -310,7 +310,8 @@ def until_certified(taskset: TaskSet, config: TrainConfig, *, epsilon: float | N
         limit = min(limits) if limits else None
         cfg = TrainConfig(**{**asdict(config), "time_limit": limit})
         trained = train(taskset, cfg, data=data, model=model, query_weights=None if r == 0 else qw,
-                        steps=config.steps if r == 0 else round_steps, warmup=None if r == 0 else min(config.warmup, 20),
+                        steps=config.steps if r == 0 else round_steps,
+                        warmup=None if r == 0 else min(config.warmup, 20),
                         round_no=r, log=step_log, log_every=step_every if step_log else 0)
         model = trained.model
         spent += trained.seconds

@@ -127,7 +127,8 @@ def _localization_record(ev, data) -> dict[str, Any]:
     loc = ev.localization
     T = len(data.task_names)
     return {"localized": bool(loc.holds.all()),
-            "worst_ablated_object_probability_per_task": [None if np.isnan(x) else float(x) for x in loc.worst_probability(T)],
+            "worst_ablated_object_probability_per_task": [None if np.isnan(x) else float(x)
+                                                          for x in loc.worst_probability(T)],
             "localized_share_per_task": [None if np.isnan(x) else float(x) for x in loc.share_per_task(T)],
             "n_objects": data.n_objects.tolist()}
 
@@ -173,14 +174,16 @@ def run_one(spec: RunSpec) -> dict[str, Any]:
     t0 = time.perf_counter()
     if report is None:
         report = verify(ts, weights, spec.epsilon, source=spec.name)
-    verify_seconds = time.perf_counter() - t0    # 0 when the last round's verify is reused (its time is in the round's checks)
+    # 0 when the last round's verify is reused (its time is in the round's checks)
+    verify_seconds = time.perf_counter() - t0
     if cert is None:
         cert = certified_pass(ts, weights, data, ablate_objects=True)
     path = None
     if spec.weights_dir:
         os.makedirs(spec.weights_dir, exist_ok=True)
         path = os.path.join(spec.weights_dir, spec.name + ".npz")
-        layout.save(weights, path, small_indices=True, narrow=True)   # the same floats (float32-exact), a third of the bytes
+        # the same floats (float32-exact), a third of the bytes
+        layout.save(weights, path, small_indices=True, narrow=True)
     loc = _localization_record(ev, data)
     return {
         "kind": "trained", "group": spec.group, "name": spec.name, "n_tasks": spec.n_tasks, "n_experts": spec.n_experts,
@@ -188,7 +191,8 @@ def run_one(spec: RunSpec) -> dict[str, Any]:
         "objective": spec.objective, "seed": spec.seed, "queries": len(data),
         "object_queries": int(data.object_query.sum()), "vocabulary": data.V,
         **ev.summary(), "distinct_top_experts": distinct_experts(ev.routing),
-        "routing_matrix": ev.routing.tolist(), "verifier_routing_matrix_equal": bool(np.array_equal(report.routing_matrix, ev.routing)),
+        "routing_matrix": ev.routing.tolist(),
+        "verifier_routing_matrix_equal": bool(np.array_equal(report.routing_matrix, ev.routing)),
         "agreement": agreement(ev, cert), "params": parameter_counts(weights, ev.expert),
         "routing_check": routing_failures(data, cert, weights.expert_tasks),
         "verifier_certified": bool(report.certified), **loc,
@@ -197,7 +201,8 @@ def run_one(spec: RunSpec) -> dict[str, Any]:
         **_graded(data, weights, cert, ev, spec.epsilon),
         "verifier_worst_error": float(report.measured_worst),
         "train_seconds": round(train_seconds, 2), "steps": steps, "verify_seconds": round(verify_seconds, 2),
-        "rounds": rounds, "expert_tasks": list(weights.expert_tasks), "expert_widths": [e.width for e in weights.experts],
+        "rounds": rounds, "expert_tasks": list(weights.expert_tasks),
+        "expert_widths": [e.width for e in weights.experts],
         "weights": path, "config": asdict(config),
     }
 
@@ -246,7 +251,8 @@ def hand_built(n_facts: int, n_tasks: int, data_seed: int, group: str = "grid") 
         "params": parameter_counts(weights, cert.expert), "verifier_certified": bool(report.certified),
         "certified": bool(report.certified) and localized, "localized": localized,
         "worst_ablated_object_probability": worst, "ablated_measure": how, **_verifier_localization(report),
-        "failures": _check_failures(report), "isolation_checked": group == "grid", "epsilon": model.epsilon, "beta": str(model.beta), "gamma": str(model.gamma),
+        "failures": _check_failures(report), "isolation_checked": group == "grid", "epsilon": model.epsilon,
+        "beta": str(model.beta), "gamma": str(model.gamma),
         "d": weights.d, "widths": [e.width for e in weights.experts], "verify_seconds": round(report.seconds, 2),
     }
 
@@ -378,8 +384,9 @@ def render(data: dict[str, Any], out: str) -> str:
     if src.get("commit"):
         changed = src.get("local_changes") or []
         L.append("")
-        L.append(f"Code: commit `{src['commit']}`" + (f", with local changes to {', '.join(f'`{c}`' for c in changed[:12])}"
-                                                       f"{' ...' if len(changed) > 12 else ''}" if changed else ", no local changes")
+        L.append(f"Code: commit `{src['commit']}`"
+                 + (f", with local changes to {', '.join(f'`{c}`' for c in changed[:12])}"
+                    f"{' ...' if len(changed) > 12 else ''}" if changed else ", no local changes")
                  + " (the task sets come from `tasks/synthetic.py`; a different generator gives different sets).")
     L.append("")
     t = args["train"]
@@ -397,18 +404,19 @@ def render(data: dict[str, Any], out: str) -> str:
     L.append("")
     L.append("**The certificate recipe** (`--objective localize`, `training/objectives.py`): CE plus one hinge per "
              f"check, each zero once its check holds with room: *error*, log(1 − P(valid)) ≤ log({t['error_room']}·ε); "
-             f"*routing* on **every** prefix, shared ones included: the gate's set cross-entropy over the experts of the "
-             f"prefix's consistent tasks and a hinge asking the best consistent expert's score to beat every other by "
-             f"{t['route_margin']}; *localization* on object queries, with the ablated logits U·r: the object's logit "
-             f"{t['ablation_margin']} below the best other token's (L2), log P_ablated(o) ≤ log({t['ablation_room']}/|O_k|) "
-             "(L1), and the ablated error ≥ min(1/2, 4ε) (the older criterion). Experts sized to the verifier's bound: "
-             f"expert k has min({t['expert_width']}, c(k)) neurons (the others masked, so the exported width is what "
-             "trained), expert k serves task k (declared mapping). **Counterexample rounds** "
-             f"(`training/rounds.py`): after {t['steps']} steps every query is screened on the float64 evaluation (the "
-             "verifier's certified pass finds the counterexamples when the verifier runs and does not certify); "
-             f"failing queries have their weight multiplied by {args['rounds']['boost']} and training continues "
-             f"{args['rounds']['round_steps'] or t['steps'] // 2} steps, at most {args['rounds']['max_rounds']} more rounds, "
-             "until `verifier.checks.verify.verify` certifies the export and every object query passes the localization measure.")
+             "*routing* on **every** prefix, shared ones included: the gate's set cross-entropy over the experts of "
+             "the prefix's consistent tasks and a hinge asking the best consistent expert's score to beat every other "
+             f"by {t['route_margin']}; *localization* on object queries, with the ablated logits U·r: the object's "
+             f"logit {t['ablation_margin']} below the best other token's (L2), log P_ablated(o) ≤ "
+             f"log({t['ablation_room']}/|O_k|) (L1), and the ablated error ≥ min(1/2, 4ε) (the older criterion). "
+             f"Experts sized to the verifier's bound: expert k has min({t['expert_width']}, c(k)) neurons (the others "
+             "masked, so the exported width is what trained), expert k serves task k (declared mapping). "
+             f"**Counterexample rounds** (`training/rounds.py`): after {t['steps']} steps every query is screened on "
+             "the float64 evaluation (the verifier's certified pass finds the counterexamples when the verifier runs "
+             f"and does not certify); failing queries have their weight multiplied by {args['rounds']['boost']} and "
+             f"training continues {args['rounds']['round_steps'] or t['steps'] // 2} steps, at most "
+             f"{args['rounds']['max_rounds']} more rounds, until `verifier.checks.verify.verify` certifies the export "
+             "and every object query passes the localization measure.")
     L.append("")
     L.append("**Measures** (float64 evaluation of the trained weights, all queries): *object acc.* = share of object "
              "queries (⋆2 next) whose argmax token is the fact's object; *purity* = per task, share of its "
@@ -427,15 +435,15 @@ def render(data: dict[str, Any], out: str) -> str:
     L.append("")
     L.append("**Which checks apply to trained weights.** Error, routing, size, entanglement (ablated error ≥ ε) and "
              "localization (L1, L2) read only the weights and the task set: they apply to any weights. The isolation "
-             "check (each expert rebuilt from its task alone, and after removing other tasks) and the closed-form bound "
-             "are evidence about the construction, which the verifier is given only when the tool built the model; "
-             "they do not apply to trained weights.")
+             "check (each expert rebuilt from its task alone, and after removing other tasks) and the closed-form "
+             "bound are evidence about the construction, which the verifier is given only when the tool built the "
+             "model; they do not apply to trained weights.")
     L.append("")
     if any(r.get("verifier_worst_ablated_object_probability") is None for r in runs + sets):
         L.append("**Status of the localization figures.** Some runs here were recorded before the verifier certified "
                  "L1/L2 (they carry no verifier figure), so the localization columns are the float64 measure of "
-                 "`training/metrics.py` (not enclosures); the counterexample rounds require it with a relative slack of "
-                 "1e-6 toward failing, and the recipe trains it with margins of a whole logit and a factor 2 in "
+                 "`training/metrics.py` (not enclosures); the counterexample rounds require it with a relative slack "
+                 "of 1e-6 toward failing, and the recipe trains it with margins of a whole logit and a factor 2 in "
                  "probability. The saved recipe models, re-verified with the verifier that certifies L1/L2 (its L1 "
                  "bounds the object's probability alone), all certify; their certified figures are in docs/training.md "
                  "(*The localization figures*). For the hand-built models the figure is exact: their U reads no "
@@ -458,7 +466,8 @@ def render(data: dict[str, Any], out: str) -> str:
                      f"{_ms([r['routing_purity'] for r in rs])} | {_ms([r['routing_entropy'] for r in rs], 2)} | "
                      f"{_ms([r['distinct_top_experts'] for r in rs], 1)} | "
                      f"{_ms([_off_top(r) for r in rs], 1)} / {int(np.sum(rs[0]['routing_matrix']))} | "
-                     f"{_ms([r['localized_share'] for r in rs])} | {_ms([r['ablated_object_still_top_share'] for r in rs])} | "
+                     f"{_ms([r['localized_share'] for r in rs])} | "
+                     f"{_ms([r['ablated_object_still_top_share'] for r in rs])} | "
                      f"{_g(max(r['worst_ablated_object_probability'] for r in rs))} | "
                      f"{_ms([_wall(r) for r in rs], 0)} | {sum(r['certified'] for r in rs)}/{len(rs)} |")
     L.append("")
@@ -492,21 +501,25 @@ def render(data: dict[str, Any], out: str) -> str:
     for K in sorted({c[0] for c in configs} | set(built)):
         if K in built:
             b = built[K]
-            L.append(f"| {K} | hand-built (Theorem 4.2), {b['n_experts']} experts, widths {min(b['widths'])}-{max(b['widths'])} | {b['d']} | "
-                     f"{b['params']['total']:,} | {b['params']['active']:,.0f} | {_f(b['object_accuracy'])} | "
-                     f"{_f(b['routing_purity'])} | {b['max_error']:.2e} | {_g(b['worst_ablated_object_probability'])} | - | "
-                     f"{'yes' if b['certified'] else 'no'} |")
+            L.append(f"| {K} | hand-built (Theorem 4.2), {b['n_experts']} experts, "
+                     f"widths {min(b['widths'])}-{max(b['widths'])} | {b['d']} | {b['params']['total']:,} | "
+                     f"{b['params']['active']:,.0f} | {_f(b['object_accuracy'])} | "
+                     f"{_f(b['routing_purity'])} | {b['max_error']:.2e} | {_g(b['worst_ablated_object_probability'])} "
+                     f"| - | {'yes' if b['certified'] else 'no'} |")
         for E in sorted({c[1] for c in configs if c[0] == K}):
             for obj in objectives:
                 rs = _runs(runs, n_tasks=K, n_experts=E, objective=obj)
                 if not rs:
                     continue
                 widths = sorted({w for r in rs for w in r["expert_widths"]})
-                shape = f"{E} experts × {widths[0]}" if len(widths) == 1 else f"{E} experts, widths {widths[0]}-{widths[-1]}"
+                shape = (f"{E} experts × {widths[0]}" if len(widths) == 1
+                         else f"{E} experts, widths {widths[0]}-{widths[-1]}")
                 L.append(f"| {K} | trained, {OBJECTIVE_NAMES[obj]}, {shape} | "
                          f"{rs[0]['config']['d']} | {np.mean([r['params']['total'] for r in rs]):,.0f} | "
-                         f"{np.mean([r['params']['active'] for r in rs]):,.0f} | {_f(np.mean([r['object_accuracy'] for r in rs]))} | "
-                         f"{_f(np.mean([r['routing_purity'] for r in rs]))} | {np.mean([r['max_error'] for r in rs]):.2e} | "
+                         f"{np.mean([r['params']['active'] for r in rs]):,.0f} | "
+                         f"{_f(np.mean([r['object_accuracy'] for r in rs]))} | "
+                         f"{_f(np.mean([r['routing_purity'] for r in rs]))} | "
+                         f"{np.mean([r['max_error'] for r in rs]):.2e} | "
                          f"{_g(max(r['worst_ablated_object_probability'] for r in rs))} | "
                          f"{np.mean([_wall(r) for r in rs]):.0f} | {sum(r['certified'] for r in rs)}/{len(rs)} |")
     L.append("")
@@ -531,20 +544,24 @@ def render(data: dict[str, Any], out: str) -> str:
             if key in built_sets:
                 b = built_sets[key]
                 iso = "" if b.get("isolation_checked", True) else ", isolation not checked"
-                L.append(f"| {F:,} | {K} | {ds} | hand-built, d = {b['d']}, widths {min(b['widths'])}-{max(b['widths'])}{iso} | {b['queries']:,} | {b['vocabulary']:,} | "
-                         f"{b['params']['total']:,} | {b['params']['active']:,.0f} | {_f(b['object_accuracy'])} | "
-                         f"{_f(b['routing_purity'])} | {b['max_error']:.2e} | {_g(b['worst_ablated_object_probability'])} | - | - | "
-                         f"{b['verify_seconds']:.0f} | {'yes' if b['certified'] else 'no'} |")
-            for r in sorted(_runs(sets, n_facts=F, n_tasks=K, data_seed=ds), key=lambda r: OBJECTIVES.index(r["objective"])):
+                L.append(f"| {F:,} | {K} | {ds} "
+                         f"| hand-built, d = {b['d']}, widths {min(b['widths'])}-{max(b['widths'])}{iso} "
+                         f"| {b['queries']:,} | {b['vocabulary']:,} | {b['params']['total']:,} "
+                         f"| {b['params']['active']:,.0f} | {_f(b['object_accuracy'])} | {_f(b['routing_purity'])} "
+                         f"| {b['max_error']:.2e} | {_g(b['worst_ablated_object_probability'])} | - | - "
+                         f"| {b['verify_seconds']:.0f} | {'yes' if b['certified'] else 'no'} |")
+            for r in sorted(_runs(sets, n_facts=F, n_tasks=K, data_seed=ds),
+                            key=lambda r: OBJECTIVES.index(r["objective"])):
                 checks = r["verify_seconds"] + sum(x["check_seconds"] for x in (r.get("rounds") or []))
                 c = r["config"]
                 setup = (f"d = {c['d']}, W = {c['expert_width']}, batch {c['batch_size']}, {c['steps']} steps, "
                          f"budget {_f((r.get('set_settings') or args).get('set_time_budget'), 0)} s")
                 L.append(f"| {F:,} | {K} | {ds} | trained, {OBJECTIVE_NAMES[r['objective']]}, {setup} | "
-                         f"{r['queries']:,} | {r['vocabulary']:,} | {r['params']['total']:,} | {r['params']['active']:,.0f} | "
-                         f"{_f(r['object_accuracy'])} | {_f(r['routing_purity'])} | {r['max_error']:.2e} | "
-                         f"{_g(r['worst_ablated_object_probability'])} | {_rounds(r)} | {r['train_seconds']:.0f} | "
-                         f"{checks:.0f} | {'yes' if r['certified'] else 'no: ' + _failed_checks(r)} |")
+                         f"{r['queries']:,} | {r['vocabulary']:,} | {r['params']['total']:,} | "
+                         f"{r['params']['active']:,.0f} | {_f(r['object_accuracy'])} | {_f(r['routing_purity'])} | "
+                         f"{r['max_error']:.2e} | {_g(r['worst_ablated_object_probability'])} | {_rounds(r)} | "
+                         f"{r['train_seconds']:.0f} | {checks:.0f} | "
+                         f"{'yes' if r['certified'] else 'no: ' + _failed_checks(r)} |")
         L.append("")
 
     # Counterexample rounds.
@@ -571,8 +588,8 @@ def render(data: dict[str, Any], out: str) -> str:
              "queries passing it (error / routing / entanglement / localization; entanglement and localization over "
              "object queries). Full per-task shares are in `results.json` (`task_shares`).")
     L.append("")
-    L.append("| tasks | objective | seed | object acc. | purity | off top | max error | worst ablated P(o) | still top | "
-             "failing checks (tasks) | worst task's share | agrees | train s | verify s |")
+    L.append("| tasks | objective | seed | object acc. | purity | off top | max error | worst ablated P(o) "
+             "| still top | failing checks (tasks) | worst task's share | agrees | train s | verify s |")
     L.append("|---:|---|---:|---:|---:|---:|---:|---:|---:|---|---|---|---:|---:|")
     for r in sorted(runs, key=lambda r: (r["n_tasks"], r["n_experts"], OBJECTIVES.index(r["objective"]), r["seed"])):
         a = r["agreement"]
@@ -610,7 +627,8 @@ def render(data: dict[str, Any], out: str) -> str:
 
 def _tasks_file(r: dict) -> str:
     """The task set file the sweep wrote for a run (in the output directory)."""
-    name = f"K{r['n_tasks']}" if r.get("group", "grid") == "grid" else _set_name(r["n_facts"], r["n_tasks"], r["data_seed"])
+    name = (f"K{r['n_tasks']}" if r.get("group", "grid") == "grid"
+            else _set_name(r["n_facts"], r["n_tasks"], r["data_seed"]))
     return f"tasks-{name}.yaml"
 
 
@@ -682,12 +700,14 @@ def _claims(runs: list[dict], built: dict[int, dict], sets: list[dict], built_se
                "token) with the routed expert's output removed, mean over runs: "
                + "; ".join(f"{OBJECTIVE_NAMES[o]} {mean(o, 'ablated_object_still_top_share'):.3f}" for o in present)
                + "; worst ablated P(o): " + "; ".join(
-                   f"{OBJECTIVE_NAMES[o]} {_g(max(r['worst_ablated_object_probability'] for r in runs if r['objective'] == o))}"
+                   f"{OBJECTIVE_NAMES[o]} "
+                   f"{_g(max(r['worst_ablated_object_probability'] for r in runs if r['objective'] == o))}"
                    for o in present)
-               + (f"; hand-built {_g(max(b['worst_ablated_object_probability'] for b in built.values()))} (1/V)." if built else "."))
+               + (f"; hand-built {_g(max(b['worst_ablated_object_probability'] for b in built.values()))} (1/V)."
+                  if built else "."))
     cert = sum(r["certified"] for r in runs)
-    out.append(f"* **Verification.** {cert}/{len(runs)} trained grid models certify (the verifier's verdict and L1/L2); "
-               f"{sum(b['certified'] for b in built.values())}/{len(built)} hand-built models do.")
+    out.append(f"* **Verification.** {cert}/{len(runs)} trained grid models certify (the verifier's verdict and "
+               f"L1/L2); {sum(b['certified'] for b in built.values())}/{len(built)} hand-built models do.")
     for obj in present:
         rs = [r for r in runs if r["objective"] == obj]
         fails = ", ".join(f"{c} {sum(r['failures'][c] > 0 for r in rs)}/{len(rs)}"
@@ -697,20 +717,22 @@ def _claims(runs: list[dict], built: dict[int, dict], sets: list[dict], built_se
         split = ""
         if rc:
             split = (f"; the verifier's routing rule fails on {sum(c['determined_misrouted'] for c in rc)} of "
-                     f"{sum(c['determined'] for c in rc)} task-determining queries and {sum(c['shared_misrouted'] for c in rc)} "
-                     f"of {sum(c['shared'] for c in rc)} prefixes shared by several tasks")
-        out.append(f"  {OBJECTIVE_NAMES[obj]}: {sum(r['certified'] for r in rs)}/{len(rs)} certified; runs failing each "
-                   f"check: {fails}, localization {loc}/{len(rs)}{split}.")
+                     f"{sum(c['determined'] for c in rc)} task-determining queries and "
+                     f"{sum(c['shared_misrouted'] for c in rc)} of {sum(c['shared'] for c in rc)} prefixes "
+                     "shared by several tasks")
+        out.append(f"  {OBJECTIVE_NAMES[obj]}: {sum(r['certified'] for r in rs)}/{len(rs)} certified; runs failing "
+                   f"each check: {fails}, localization {loc}/{len(rs)}{split}.")
     for r in sets:
         key = (r["n_facts"], r["n_tasks"], r["data_seed"])
         b = built_sets.get(key)
         out.append(f"* **{r['n_facts']:,} facts, {r['n_tasks']} tasks (data seed {r['data_seed']}), "
                    f"{OBJECTIVE_NAMES[r['objective']]}:** {'certified' if r['certified'] else 'not certified'} after "
-                   f"{len(r.get('rounds') or [1])} round(s), {r['train_seconds']:.0f} s of training; worst ablated P(o) "
-                   f"{_g(r['worst_ablated_object_probability'])}" + (f" (hand-built {_g(b['worst_ablated_object_probability'])})" if b else "") + ".")
+                   f"{len(r.get('rounds') or [1])} round(s), {r['train_seconds']:.0f} s of training; "
+                   f"worst ablated P(o) {_g(r['worst_ablated_object_probability'])}"
+                   + (f" (hand-built {_g(b['worst_ablated_object_probability'])})" if b else "") + ".")
     agree = sum(r["agreement"]["expert_mismatches"] == 0 and r["agreement"]["outside"] == 0 for r in runs + sets)
-    out.append(f"* **Consistency.** In {agree}/{len(runs) + len(sets)} runs the verifier's certified pass and the training "
-               "code's float64 pass agree on every query's expert and error.")
+    out.append(f"* **Consistency.** In {agree}/{len(runs) + len(sets)} runs the verifier's certified pass and the "
+               "training code's float64 pass agree on every query's expert and error.")
     return out
 
 
@@ -747,7 +769,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--set-batch-size", type=steps, default=2048, help="minibatch size on the larger sets")
     p.add_argument("--set-time-budget", type=seconds, default=1800.0,
                    help="seconds of training over all rounds on a larger set (default 1800: 30 minutes)")
-    p.add_argument("--set-width", type=steps, help="neurons per expert on the larger sets, at most c(k) (default: --width)")
+    p.add_argument("--set-width", type=steps,
+                   help="neurons per expert on the larger sets, at most c(k) (default: --width)")
     p.add_argument("--set-threads", type=int, default=2, help="torch threads per larger-set run")
     p.add_argument("--jobs", type=int, default=1, help="grid runs in parallel (processes)")
     p.add_argument("--threads", type=int, default=1, help="torch threads per grid run")
@@ -853,11 +876,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                 with open(path, encoding="utf-8") as f:
                     parts.append(json.load(f))
             except (OSError, ValueError) as exc:
-                print(f"error: {path}: cannot read a sweep record ({exc}); give the results.json of a sweep", file=sys.stderr)
+                print(f"error: {path}: cannot read a sweep record ({exc}); give the results.json of a sweep",
+                      file=sys.stderr)
                 return 2
             here = os.path.dirname(path)
             for name in os.listdir(here or "."):
-                if name.startswith("tasks-") and name.endswith(".yaml") and os.path.abspath(here) != os.path.abspath(out):
+                if (name.startswith("tasks-") and name.endswith(".yaml")
+                        and os.path.abspath(here) != os.path.abspath(out)):
                     shutil.copyfile(os.path.join(here, name), os.path.join(out, name))
         data = merge(parts)
     elif args.render:
@@ -914,7 +939,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                                   r["n_tasks"], r["seed"]))
         example = saved[0] if saved else None
         if example is not None:
-            name = f"K{example['n_tasks']}" if example["group"] == "grid" else _set_name(example["n_facts"], example["n_tasks"], example["data_seed"])
+            name = (f"K{example['n_tasks']}" if example["group"] == "grid"
+                    else _set_name(example["n_facts"], example["n_tasks"], example["data_seed"]))
             transcript = _cli_transcript(os.path.join(out, f"tasks-{name}.yaml"), example["weights"])
         settings = {k: v for k, v in vars(args).items() if k not in ("render",)}
         settings["train"] = base
@@ -922,7 +948,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                                  "expert_width": args.set_width or base["expert_width"]}
         settings["rounds"] = {"max_rounds": args.max_rounds, "round_steps": args.round_steps, "boost": args.boost}
         data = {
-            "command": "python -m training.sweep" + ("" if not argv and len(sys.argv) <= 1 else " " + shlex.join(list(argv if argv is not None else sys.argv[1:]))),
+            "command": "python -m training.sweep"
+                       + ("" if not argv and len(sys.argv) <= 1
+                          else " " + shlex.join(list(argv if argv is not None else sys.argv[1:]))),
             "python": platform.python_version(), "torch": torch.__version__, "cpus": os.cpu_count(),
             "seconds": time.perf_counter() - start, "settings": settings, "runs": runs, "transcript": transcript,
             "source": source,

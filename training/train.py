@@ -202,7 +202,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                "check_seconds": 0.0}
         ev = evaluate(model, data)
     weights = to_weights(model, taskset, expert_tasks=mapping, routing=ev.routing, config=config, extra=run)
-    layout.save(weights, args.output, small_indices=True, narrow=True)   # trained floats are float32-exact: the same weights, smaller
+    # trained floats are float32-exact: the same weights, smaller
+    layout.save(weights, args.output, small_indices=True, narrow=True)
     steps, seconds, checks = run["total_steps"], run["train_seconds"], run["check_seconds"]
     summary = {**ev.summary(), "steps": steps, "seconds": seconds, "check_seconds": checks, **summary,
                "config": asdict(config), "expert_tasks": list(weights.expert_tasks),

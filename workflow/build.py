@@ -42,7 +42,8 @@ def model_for(taskset: TaskSet, deployment: Deployment | None, epsilon: float | 
                    f"{deployment.fmt.name} certificate held ({tried})"], verified
 
 
-def margins(taskset: TaskSet, built: SymbolicModel, deployment: Deployment, verified: Report | None = None) -> list[dict]:
+def margins(taskset: TaskSet, built: SymbolicModel, deployment: Deployment,
+            verified: Report | None = None) -> list[dict]:
     """Worst error and margin ε − worst of the built weights, exact and in ``deployment``
     (``verified``: the deployed report build_for already has)."""
     weights = built.instantiate()

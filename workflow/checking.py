@@ -59,7 +59,8 @@ def check(tasks: str, *, weights: str | None = None, epsilon: float | None = Non
 
 def check_with_certificate(tasks: str, deployment: Deployment | None = None, *, weights: str | None = None,
                            epsilon: float | None = None, beta: float | None = None, gamma: float | None = None,
-                           isolation: bool = True, jobs: int = 1, scheduler: str | None = None, cluster_timeout: float | None = None,
+                           isolation: bool = True, jobs: int = 1, scheduler: str | None = None,
+                           cluster_timeout: float | None = None,
                            certificate: str | None = None, since: str | None = None,
                            progress: Callable[[int, int], None] | None = None) -> Report:
     """``check --certificate DIR`` / ``--since DIR``: a full check that saves its certificate
@@ -85,7 +86,8 @@ def check_with_certificate(tasks: str, deployment: Deployment | None = None, *, 
                 raise TaskError(f"--since keeps the certificate's beta and gamma; --{name} does not combine with it",
                                 fix=f"drop --{name}, or run a full check with --certificate")
         if epsilon is not None:
-            raise TaskError("--since takes epsilon from the tasks file (else the certificate); --epsilon does not combine with it",
+            raise TaskError("--since takes epsilon from the tasks file (else the certificate); --epsilon "
+                            "does not combine with it",
                             fix="drop --epsilon, or run a full check with --certificate")
         start = time.perf_counter()
         read_as = input_signature(tasks)

@@ -53,7 +53,8 @@ def executor(jobs: int = 1, scheduler: str | None = None, cluster_timeout: float
         yield LocalPool(jobs)
         return
     if jobs != 1:
-        raise TaskError("--jobs and --scheduler exclude each other", fix="size the cluster instead (local:N, or its workers)")
+        raise TaskError("--jobs and --scheduler exclude each other",
+                        fix="size the cluster instead (local:N, or its workers)")
     from verifier.running.cluster import NO_WORKER_TIMEOUT, connect
     from workflow.warming import warm_up
 

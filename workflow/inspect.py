@@ -32,7 +32,8 @@ class Inspection:
 
     def refusal_json(self) -> dict:
         """The refusal as inspect's JSON gives it."""
-        return {"constructible": False, "refusal": self.refusal.as_dict(), "changes": [c.as_dict() for c in self.changes]}
+        return {"constructible": False, "refusal": self.refusal.as_dict(),
+                "changes": [c.as_dict() for c in self.changes]}
 
 
 def inspect(taskset: TaskSet, epsilon: float | None = None, beta: float | None = None,

@@ -71,7 +71,8 @@ def pinned_parameters(old, taskset: TaskSet) -> tuple[float, float]:
         return float(Fraction(p["beta"])), float(Fraction(p["gamma"]))
     except (KeyError, ValueError, ZeroDivisionError):
         from tasks.errors import TaskError
-        raise TaskError("the certificate's weights do not record beta and gamma", fix="write a new certificate") from None
+        raise TaskError("the certificate's weights do not record beta and gamma",
+                        fix="write a new certificate") from None
 
 
 def changed_entries(d, names, per_array: int = 6) -> dict[str, list[str]]:
@@ -89,12 +90,14 @@ def changed_entries(d, names, per_array: int = 6) -> dict[str, list[str]]:
             row, col = (lambda i: f"expert:{names.experts[i]}"), names.residual.label
         elif parts[0] == "heads":
             h = int(parts[1])
-            rows_space = {"W_Q": names.qk[h], "W_K": names.qk[h], "W_V": names.values[h], "W_O": names.residual}[parts[2]]
+            rows_space = {"W_Q": names.qk[h], "W_K": names.qk[h], "W_V": names.values[h],
+                          "W_O": names.residual}[parts[2]]
             cols_space = names.values[h] if parts[2] == "W_O" else names.residual
             row, col = rows_space.label, cols_space.label
         elif parts[0] == "experts":
             neurons = names.neurons(int(parts[1]))
-            row, col = (neurons.label, names.residual.label) if parts[2] == "W_1" else (names.residual.label, neurons.label)
+            row, col = ((neurons.label, names.residual.label) if parts[2] == "W_1"
+                        else (names.residual.label, neurons.label))
         else:
             continue
         out[key] = [f"{row(int(r))} <- {col(int(c))}" for r, c in zip(m.rows[:per_array], m.cols[:per_array])]
@@ -170,7 +173,8 @@ def recertify_since(taskset: TaskSet, directory: str | None = None, *, old=None,
         beyond = (f"the edited set has {V} tokens, more than the {choice.get('vocabulary')} the certificate's "
                   f"gamma was chosen for")
     elif free and L != choice.get("L"):
-        beyond = f"the longest template now has {L} tokens (the certificate's parameters were chosen for {choice.get('L')})"
+        beyond = (f"the longest template now has {L} tokens (the certificate's parameters were chosen "
+                  f"for {choice.get('L')})")
     kept = dict(zip(("beta", "gamma"), pinned_parameters(old, taskset)))
     # parameters the certificate was made with by the user's choice stay (the tasks file's are read by build)
     held = {p: kept[p] for p in ("beta", "gamma") if choice.get(p) != "chosen" and p not in taskset.parameters}
@@ -215,7 +219,8 @@ def _same_task_set(old, taskset: TaskSet, directory: str | None) -> None:
         theirs, ours = ", ".join(old.taskset.names[:4]), ", ".join(taskset.names[:4])
         raise TaskError(f"the certificate{' in ' + directory if directory else ''} is of another task set (its "
                         f"tasks: {theirs}; this file's: {ours}); nothing was changed",
-                        fix="give the certificate made from this tasks file, or make one with check --certificate NEWDIR")
+                        fix="give the certificate made from this tasks file, or make one with check "
+                            "--certificate NEWDIR")
 
 
 def _pinned_hint(taskset: TaskSet, old, pinned: list[str], epsilon: float) -> str:
@@ -236,11 +241,13 @@ def _pinned_hint(taskset: TaskSet, old, pinned: list[str], epsilon: float) -> st
         where.append(f"{p} = {_exact(value[p])} ({place})")
     try:
         L = taskset.L
-        beta = bound.smallest_beta(L, route(taskset)[1].beta_condition()) if "beta" in pinned else Fraction(value["beta"])
+        beta = (bound.smallest_beta(L, route(taskset)[1].beta_condition()) if "beta" in pinned
+                else Fraction(value["beta"]))
         gamma = bound.smallest_gamma(L, VOCABULARY_HEADROOM * taskset.vocabulary.size,
                                      Fraction(value["beta"]) if "beta" not in pinned else beta, epsilon)
         choice = {"beta": beta, "gamma": gamma}
-        would = "the construction would choose " + ", ".join(f"{p} = {choice[p]}" for p in pinned) + " for the edited set"
+        would = ("the construction would choose " + ", ".join(f"{p} = {choice[p]}" for p in pinned)
+                 + " for the edited set")
     except Exception as exc:          # the edited set may not be constructible at all (reported elsewhere)
         would = f"the construction chooses no parameters for the edited set ({exc})"
     return f"{'; '.join(where)}: not changed by --since; {would} (remove the pin, or check --certificate anew)"
@@ -282,7 +289,8 @@ def _recertify_anew(taskset: TaskSet, old, reason: str, *, epsilon: float, model
     info = Incremental("full", reason)
     info.vocabulary_delta = taskset.vocabulary.size - old.taskset.vocabulary.size
     report.incremental = info.as_dict()
-    report.incremental.update(phases={"model": round(t_model, 3), "full check": round(time.perf_counter() - start - t_model, 3)},
+    report.incremental.update(phases={"model": round(t_model, 3),
+                                      "full check": round(time.perf_counter() - start - t_model, 3)},
                               edited_tasks=sorted(edited), model="built in full, parameters chosen anew",
                               recertify_seconds=round(time.perf_counter() - start, 3))
     report.seconds = time.perf_counter() - start
@@ -339,7 +347,8 @@ def _recertify_kept(taskset: TaskSet, *, old, cache=None, isolation: bool = True
             # (hash-checked) expression and value are what computing them again gives
             closed_form, bound_value = kept["expression"], kept["bound"]
         else:
-            closed_form, bound_value = str(bound.error_bound(L, V)), bound.bound_upper(L, V, Fraction(beta), Fraction(gamma))
+            closed_form, bound_value = (str(bound.error_bound(L, V)),
+                                        bound.bound_upper(L, V, Fraction(beta), Fraction(gamma)))
         gate = "closed form"
         # the gate's condition needs the routing cells, which the patched model does not build:
         # the leak conditions alone can only show the bound unproven (None: not known)

@@ -693,7 +693,8 @@ def soft_accessibility(model: BoxModel, tokens: TokenReport, propose, m_values: 
     fit = fit_line([float(x) for x, _ in usable], [y for _, y in usable])
     in_sup = all(sup.contains(t.proof.soft) for t in found_targets if t.proof.soft is not None and t.proof.steps)
     settings = {"m": sorted(set(m_values)), "per_length": per_length, "restarts": restarts, "seed": seed,
-                "objects_searched": len(missing), "objects_unreached_by_tokens": len(set(f.object for f in tokens.facts) - reached)}
+                "objects_searched": len(missing),
+                "objects_unreached_by_tokens": len(set(f.object for f in tokens.facts) - reached)}
     return SoftReport(epsilon, radius, paper_bound(w, epsilon), found_targets, levels, fit, [m for m, _ in usable],
                       in_sup, settings, time.monotonic() - start)
 

@@ -31,10 +31,12 @@ def plot_accessibility(analysis: Analysis, title: str = ""):
     soft = analysis.soft
     if soft is not None:
         lv = soft.levels
-        ax.plot([x.m for x in lv], [x.longest for x in lv], "s-", color="tab:green", label="soft prompts: longest certified")
+        ax.plot([x.m for x in lv], [x.longest for x in lv], "s-", color="tab:green",
+                label="soft prompts: longest certified")
         full = [x for x in lv if not x.capped]
         capped = [x for x in lv if x.capped]
-        ax.plot([x.m for x in full], [x.n50 for x in full], "D", color="tab:red", label="soft prompts: n50 (random targets)")
+        ax.plot([x.m for x in full], [x.n50 for x in full], "D", color="tab:red",
+                label="soft prompts: n50 (random targets)")
         if capped:
             ax.plot([x.m for x in capped], [x.n50 for x in capped], "D", mfc="none", color="tab:red",
                     label="n50 capped by the positions (lower bound)")

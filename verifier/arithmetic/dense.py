@@ -647,11 +647,14 @@ def _absolute(rs, l1y, cst):
     absolute values): the output sum's floor carried through U (with the logits' rounding),
     the logits' floor, and the inputs-read-as-zero allowance 2·e_min·(||ŷ||_1 + Σ|U_t|)
     (:func:`verifier.arithmetic.deployed.widen_logit`)."""
-    sum_floor = up_nonneg(up_nonneg(rs * cst[DC_F_Y]) * up_nonneg(1.0 + cst[DC_RHO_L])) if cst[DC_WITH_SUM] != 0.0 else 0.0
-    return up_nonneg(up_nonneg(sum_floor + cst[DC_F_L]) + up_nonneg(up_nonneg(2.0 * cst[DC_EMIN]) * up_nonneg(l1y + rs)))
+    sum_floor = (up_nonneg(up_nonneg(rs * cst[DC_F_Y]) * up_nonneg(1.0 + cst[DC_RHO_L])) if cst[DC_WITH_SUM] != 0.0
+                 else 0.0)
+    return up_nonneg(up_nonneg(sum_floor + cst[DC_F_L])
+                     + up_nonneg(up_nonneg(2.0 * cst[DC_EMIN]) * up_nonneg(l1y + rs)))
 
 
-@kernel(args=(F2, F2, F2, F2, F1, "f64", "f64", F2, F1, F1, F1, I1, I1, I1, I1, F1, F1), returns=(F1, F1, I1, F1, F1, B1))
+@kernel(args=(F2, F2, F2, F2, F1, "f64", "f64", F2, F1, F1, F1, I1, I1, I1, I1, F1, F1),
+        returns=(F1, F1, I1, F1, F1, B1))
 def readout_deployed(Lm, Lr, S, Uabs, ub, c, f, Mv, rs_l, l1y, cst, valid_ptr, valid, target, vstamp, lo_t, hi_t):
     """:func:`readout` for every execution in a floating-point format (Lemma F2 of
     :mod:`verifier.passes.floating` for the output softmax, as

@@ -77,7 +77,8 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.sparse as sp
 
-from verifier.arithmetic.constants import ETA, EXP_MAX, EXP_MIN, FLOOR, HORNER_ERR, INV_LN2, LN2_HI, LN2_LO, TAYLOR, TINY, U  # noqa: F401
+from verifier.arithmetic.constants import (  # noqa: F401
+    ETA, EXP_MAX, EXP_MIN, FLOOR, HORNER_ERR, INV_LN2, LN2_HI, LN2_LO, TAYLOR, TINY, U)
 
 
 # --- rounding steps -------------------------------------------------------------------------------
@@ -440,7 +441,8 @@ def sum_terms(shape, rows, cols, mids, rads, terms: int | None = None) -> Sparse
     cols = np.asarray(cols, np.int64)
     n_rows, n_cols = shape
     if rows.size == 0:
-        return SparseInterval(tuple(shape), np.zeros(n_rows + 1, np.int64), np.zeros(0, np.int64), np.zeros(0), np.zeros(0))
+        return SparseInterval(tuple(shape), np.zeros(n_rows + 1, np.int64), np.zeros(0, np.int64),
+                              np.zeros(0), np.zeros(0))
     key = rows * n_cols + cols
     order = np.argsort(key, kind="stable")
     key = key[order]

@@ -286,11 +286,13 @@ def require_replaceable(directory: str | os.PathLike) -> None:
     try:
         ok, entries = _only_certificate_entries(target)
     except OSError as e:
-        raise TaskError(f"the directory cannot be read: {e.strerror or e}", file=shown, fix="check its permissions") from None
+        raise TaskError(f"the directory cannot be read: {e.strerror or e}", file=shown,
+                        fix="check its permissions") from None
     if not ok:
         from tasks.messages import show_name
 
-        held = ", ".join(show_name(e) for e in entries[:3]) + (f" and {len(entries) - 3} more" if len(entries) > 3 else "")
+        held = (", ".join(show_name(e) for e in entries[:3])
+                + (f" and {len(entries) - 3} more" if len(entries) > 3 else ""))
         raise TaskError(f"is not empty and not a certificate this tool wrote (it holds {held}); saving replaces the "
                         f"whole directory", file=shown, fix=give)
 
@@ -395,7 +397,8 @@ def load_certificate(directory: str | os.PathLike) -> Certificate:
                         file=path, fix="write the certificate again with 'check --certificate DIR'")
     def refused(name: str) -> TaskError:
         return TaskError(f"the certificate's {name} is missing or does not match its recorded SHA-256",
-                         file=os.path.join(d, name), fix="the directory was changed after it was written; write it again")
+                         file=os.path.join(d, name),
+                         fix="the directory was changed after it was written; write it again")
 
     for name in FILES:
         if not os.path.isfile(os.path.join(d, name)) or manifest.get("files", {}).get(name) is None:

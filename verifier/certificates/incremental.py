@@ -54,8 +54,8 @@ the report a full ``verify`` of W' would give, running only part of the queries:
    the task's distinct objects, which an edit may change: every reused class is compared
    with the new task set's threshold.
 5. A reused class that is not decided (a failure in it, no ρ, or an updated bound within a
-   band of 1e-9 of ε or of L1's threshold when Δ != 0, or an L2 gap that may change, or a margin below the band when the gate's longest row
-   changed, which changes the rounding bound of every gate score in a full check) is run
+   band of 1e-9 of ε or of L1's threshold when Δ != 0, or an L2 gap that may change, or a margin below the band when the
+   gate's longest row changed, which changes the rounding bound of every gate score in a full check) is run
    again too, so every failure in the report, and every counterexample, comes from a query
    run on W'. Every reused class is compared with the ε asked for, from its stored
    enclosures (not from counts recorded at the certificate's ε). The band keeps the verdict
@@ -177,7 +177,8 @@ def naming_problem(old: Certificate, weights: Weights, cor: Correspondence) -> s
             (m.size and not same and (named[m].max() >= nv.size or (ov[m] != nv[named[m]]).any())):
         return "the weights' vocabulary does not name its rows as the task set numbers them"
     ot, nt = list(old.weights.expert_tasks), list(weights.expert_tasks)
-    if cor.experts.size != len(ot) or any(j >= len(nt) or (j >= 0 and nt[j] != ot[i]) for i, j in enumerate(cor.experts.tolist())):
+    if cor.experts.size != len(ot) or any(j >= len(nt) or (j >= 0 and nt[j] != ot[i])
+                                          for i, j in enumerate(cor.experts.tolist())):
         return "the weights' experts are not named as the task set numbers them"
     return ""
 

@@ -135,7 +135,8 @@ class QueryCheck:
     count: str                   # the per-task count: TaskRecord.counts key and the task JSON's key
     column: str                  # the query classes' count column (verifier.checks.classes)
     failures: bool               # the count is of the queries failing it (else of those holding it)
-    objects: bool = False        # decided on object queries, counted for their task (else every query, for each consistent task)
+    # decided on object queries, counted for their task (else every query, for each consistent task)
+    objects: bool = False
     json: str = "task"           # where its count sits in a task's JSON: "task", or its "localization" block
     graded: bool = True          # its share of a task's queries is reported ("graded", the shares table)
     parts: tuple["QueryCheck", ...] = ()
@@ -286,10 +287,12 @@ def _entanglement_line(c: dict) -> str:
     failed = c.get("failed") or ["ablation"]
     parts = []
     if "L1" in failed:
-        parts.append(f"P(object) may be up to {number(c.get('p_ablated_upper'))} > 1/|O_k| = {number(c.get('uniform_bound'))} "
-                     f"(L1: no better than a uniform guess among the task's {c.get('objects')} objects)")
+        parts.append(f"P(object) may be up to {number(c.get('p_ablated_upper'))} > 1/|O_k| = "
+                     f"{number(c.get('uniform_bound'))} (L1: no better than a uniform guess among the task's "
+                     f"{c.get('objects')} objects)")
     if "L2" in failed:
-        parts.append(f"the object may be the strict top token (L2: certified gap {number(c.get('l2_gap'))}, must be >= 0)")
+        parts.append("the object may be the strict top token (L2: certified gap "
+                     f"{number(c.get('l2_gap'))}, must be >= 0)")
     if "ablation" in failed:
         parts.append(f"the error's lower end is {number(c['ablated_error_lower'])} < epsilon {number(c['epsilon'])}")
     return (f"with {_expert(c)}'s output removed, {'; '.join(parts)}: the model still answers, "

@@ -61,7 +61,8 @@ class Certified:
     ablated_lo: np.ndarray   # (n,) the same with the routed expert's output removed (NaN unless ablate)
     ablated_hi: np.ndarray
     predicted: np.ndarray    # (n,) token id with the largest logit midpoint (-1: a token whose logit is 0)
-    ablated_gap: np.ndarray  # (n,) lower bound of max_{t != o} z_t − z_o without the expert (NaN unless ablate, one valid o)
+    # (n,) lower bound of max_{t != o} z_t − z_o without the expert (NaN unless ablate, one valid o)
+    ablated_gap: np.ndarray
 
     def __len__(self) -> int:
         return self.expert.shape[0]

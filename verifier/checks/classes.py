@@ -12,9 +12,9 @@ query either. So the queries are grouped:
   routed expert e. Its *summary* holds exactly what the checks and the per-task records
   need, aggregated: the number of queries; the largest upper end of the error enclosure
   (and that query's lower end, subject and object, to name it); the smallest certified
-  margin (and that query's subject and object); the failures counted per check; over the object queries the smallest lower end
-  of the ablated error and of 1 − P_ablated(o) (the object alone), how many certify L1, L2 and all of the entanglement check
-  (:mod:`verifier.checks.localization`), the smallest L2 gap and the smallest count of
+  margin (and that query's subject and object); the failures counted per check; over the object queries the smallest
+  lower end of the ablated error and of 1 − P_ablated(o) (the object alone), how many certify L1, L2 and all of the
+  entanglement check (:mod:`verifier.checks.localization`), the smallest L2 gap and the smallest count of
   tokens other than the object whose ablated logit is exactly 0 (which lets a count of
   such tokens change soundly, as for ρ); and the ranges of ρ, the probability one token of logit exactly 0
   has (with and without the expert's output), which lets a count of such tokens change
@@ -274,8 +274,12 @@ class ClassRecorder:
             if c is None:
                 c = self.index[key] = self._n + new
                 new += 1
-                self._node.append(key[0]); self._cell.append(key[1]); self._pattern.append(key[2])
-                self._expert.append(key[3]); self._worst.append((-1, -1)); self._overflow.append(False)
+                self._node.append(key[0])
+                self._cell.append(key[1])
+                self._pattern.append(key[2])
+                self._expert.append(key[3])
+                self._worst.append((-1, -1))
+                self._overflow.append(False)
                 self._least.append((-1, -1))
             cls[j] = c
         if new:
@@ -464,8 +468,8 @@ def set_codes(ptr: np.ndarray, values: np.ndarray) -> np.ndarray:
         return out
     position = np.arange(values.size) - np.repeat(ptr[:-1], counts)
     with np.errstate(over="ignore"):
-        term = (values.astype(np.uint64) + np.uint64(1)) * (np.uint64(0x9E3779B97F4A7C15) ** position.astype(np.uint64) |
-                                                             np.uint64(1))
+        term = (values.astype(np.uint64) + np.uint64(1)) * (np.uint64(0x9E3779B97F4A7C15)
+                                                            ** position.astype(np.uint64) | np.uint64(1))
         np.add.at(out, np.repeat(np.arange(n), counts), term)
     return out
 

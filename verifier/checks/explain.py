@@ -43,7 +43,8 @@ def readings(text: str, vocab: tuple[str, ...], limit: int = MAX_READINGS) -> li
     if not tails[0]:
         bad = next((words[i] for i in range(n) if not any(" ".join(words[i:i + s]) in known
                                                            for s in range(1, min(longest, n - i) + 1))), words[0])
-        raise TaskError(f"the prefix has an unknown token {bad!r}", fix="use template words and entities of the task set")
+        raise TaskError(f"the prefix has an unknown token {bad!r}",
+                        fix="use template words and entities of the task set")
     return tails[0]
 
 
@@ -108,7 +109,8 @@ def explain(taskset: TaskSet, weights: Weights, prefix: str | list[str], top: in
         q = H[-1] @ head.W_Q.T.toarray()
         k = H @ head.W_K.T.toarray()
         a = softmax(k @ q)
-        heads.append({"head": m, "role": _head_role(weights, m), "attention": {("<BOS>" if j == 0 else tokens[j - 1]) + f"@{j}": float(a[j]) for j in range(n)}})
+        heads.append({"head": m, "role": _head_role(weights, m),
+                      "attention": {("<BOS>" if j == 0 else tokens[j - 1]) + f"@{j}": float(a[j]) for j in range(n)}})
         R[-1] += (a @ (H @ head.W_V.T.toarray())) @ head.W_O.T.toarray()
     r = R[-1]
     g = weights.W_G @ r + weights.b_G
@@ -117,7 +119,8 @@ def explain(taskset: TaskSet, weights: Weights, prefix: str | list[str], top: in
     z = ex.W_1 @ r + ex.b_1
     act = np.maximum(z, 0.0)
     labels = weights.neuron_labels[e] if weights.neuron_labels else None
-    firing = [{"neuron": labels[i] if labels else int(i), "activation": float(act[i])} for i in np.argsort(-act)[:top] if act[i] > 0]
+    firing = [{"neuron": labels[i] if labels else int(i), "activation": float(act[i])}
+              for i in np.argsort(-act)[:top] if act[i] > 0]
     out = ex.W_2 @ act
     if weights.gate_mode == "top1-scaled":
         out = softmax(g)[e] * out
@@ -129,7 +132,8 @@ def explain(taskset: TaskSet, weights: Weights, prefix: str | list[str], top: in
         "prefix": tokens,
         "note": note,
         "heads": heads,
-        "gate": [{"expert": int(k), "task": weights.expert_tasks[k] or None, "score": float(g[k])} for k in np.argsort(-g)[:top]],
+        "gate": [{"expert": int(k), "task": weights.expert_tasks[k] or None, "score": float(g[k])}
+                 for k in np.argsort(-g)[:top]],
         "expert": e,
         "expert_task": weights.expert_tasks[e] or None,
         "neurons": firing,
@@ -171,8 +175,10 @@ def render(info: dict) -> str:
         role = f" ({h['role']})" if h.get("role") else ""
         lines.append(f"  head {h['head']}{role}: {att}")
     lines.append("gate: " + ", ".join(f"expert {x['expert']} ({x['task']}) {x['score']:.4f}" for x in info["gate"]))
-    lines.append(f"routed to expert {info['expert']} ({info['expert_task']}); certified margin {info['certified_gate_margin']:.4g}")
-    lines.append("neurons: " + (", ".join(f"{x['neuron']} = {x['activation']:.4f}" for x in info["neurons"]) or "none fire"))
+    lines.append(f"routed to expert {info['expert']} ({info['expert_task']}); certified margin "
+                 f"{info['certified_gate_margin']:.4g}")
+    lines.append("neurons: "
+                 + (", ".join(f"{x['neuron']} = {x['activation']:.4f}" for x in info["neurons"]) or "none fire"))
     lines.append("next: " + ", ".join(f"{x['token']} {x['p']:.4f}" for x in info["next_tokens"]))
     if info["certified_error"] is not None:
         lo, hi = info["certified_error"]

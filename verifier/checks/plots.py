@@ -105,7 +105,8 @@ def plot_widths(report, title: str = ""):
     log = bound.max() / max(1.0, bound.min()) > 50
     if log:
         ax.set_yscale("log")
-        ax.set_ylim(max(0.5, 0.5 * min(bound.min(), facts[facts > 0].min() if (facts > 0).any() else 1)), bound.max() * 3)
+        ax.set_ylim(max(0.5, 0.5 * min(bound.min(), facts[facts > 0].min() if (facts > 0).any() else 1)),
+                    bound.max() * 3)
     else:
         ax.set_ylim(0, bound.max() * (1.25 if K <= 12 else 1.15))
     if K <= 30:
@@ -190,7 +191,8 @@ def plot_block(grid, title: str = ""):
     top = float(np.abs(v).max()) if v.size else 1.0
     im = ax.imshow(v if v.size else np.zeros((1, 1)), cmap="RdBu_r", vmin=-top or -1, vmax=top or 1,
                    aspect="auto", interpolation="nearest")
-    for axis, n, labels, spans in (("y", R, grid.row_labels, grid.row_spans), ("x", C, grid.col_labels, grid.col_spans)):
+    for axis, n, labels, spans in (("y", R, grid.row_labels, grid.row_spans),
+                                   ("x", C, grid.col_labels, grid.col_spans)):
         step = _thin(n, 80)
         ticks = list(range(0, n, step))
         text = [labels[i] for i in ticks]

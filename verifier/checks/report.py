@@ -13,7 +13,8 @@ from verifier.checks import catalogue
 from verifier.checks.catalogue import number as _g, printable as _printable
 from verifier.checks.verify import Report, TaskRecord
 
-QUERY_DEFINITION = "every non-empty proper prefix of every sentence (1 to |t| - 1 tokens); the empty prefix (BOS alone) is not a query"
+QUERY_DEFINITION = ("every non-empty proper prefix of every sentence (1 to |t| - 1 tokens); "
+                    "the empty prefix (BOS alone) is not a query")
 
 
 def _num(x: float | None) -> float | None:
@@ -125,8 +126,8 @@ def counterexample_lines(c: dict) -> list[str]:
     """Two readable lines: which query, and the numbers that fail it."""
     subject = f", subject '{_printable(c['subject'])}'" if c.get("subject") is not None else ""
     valid = ", ".join(f"'{_printable(v)}'" for v in c.get("valid_next", [])) or "none"
-    head = (f"counterexample [{c['check']}]: task '{_printable(c['task'])}', template '{_printable(c['template'])}'{subject}, "
-            f"prefix '{_printable(c['prefix'])}' (valid next: {valid})")
+    head = (f"counterexample [{c['check']}]: task '{_printable(c['task'])}', template "
+            f"'{_printable(c['template'])}'{subject}, prefix '{_printable(c['prefix'])}' (valid next: {valid})")
     check = catalogue.find(c["check"])
     if check is not None and check.explain is not None:
         what = check.explain(c)
@@ -165,8 +166,9 @@ def graded_table(report: Report) -> str:
     rows = []
     for r in report.tasks:
         g = r.graded()
-        rows.append([r.name, *(_share(g[c.name]) if isinstance(c, catalogue.QueryCheck) else "yes" if g[c.name] else "NO"
-                               for c in checks),
+        rows.append([r.name,
+                     *(_share(g[c.name]) if isinstance(c, catalogue.QueryCheck) else "yes" if g[c.name] else "NO"
+                       for c in checks),
                      _g(r.worst_p_ablated), _g(r.uniform_bound), _g(r.min_gap) if r.object_queries else "-"])
     widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(head)]
     lines = ["  ".join(h.ljust(w) for h, w in zip(head, widths)), "  ".join("-" * w for w in widths)]
@@ -181,10 +183,11 @@ def localization_line(report: Report) -> str | None:
         return None
     gap = loc["min_l2_gap"]
     tie = " (a tie: some other token's logit equals the object's)" if gap == 0.0 else ""
-    return (f"without its expert: worst P(object) {_g(loc['worst_p_ablated_upper'])} (task '{_printable(loc['task'])}', "
-            f"bound 1/|O_k| = {_g(loc['uniform_bound'])}), at most {_g(loc['worst_ratio_to_bound'])} x its task's bound "
-            f"(task '{_printable(loc['ratio_task'])}'); smallest top-token gap {_g(gap)}{tie}; "
-            f"smallest ablated error {_g(loc['min_ablated_error_lower'])} (epsilon {_g(report.epsilon)})")
+    return (f"without its expert: worst P(object) {_g(loc['worst_p_ablated_upper'])} (task "
+            f"'{_printable(loc['task'])}', bound 1/|O_k| = {_g(loc['uniform_bound'])}), at most "
+            f"{_g(loc['worst_ratio_to_bound'])} x its task's bound (task '{_printable(loc['ratio_task'])}'); smallest "
+            f"top-token gap {_g(gap)}{tie}; smallest ablated error {_g(loc['min_ablated_error_lower'])} (epsilon "
+            f"{_g(report.epsilon)})")
 
 
 def summary(report: Report) -> str:
@@ -193,7 +196,8 @@ def summary(report: Report) -> str:
         lines.append(f"closed-form bound: eps(beta, gamma) = {report.closed_form}")
         proven = {True: " (proven upper bound)", False: " (not proven: its side conditions fail, see the note)"}
         lines.append(f"  at the parameters: {_fmt(report.closed_form_value, 4)}"
-                     f"{proven.get(report.closed_form_proven, '')}; measured worst error: {_fmt(report.measured_worst, 4)}")
+                     f"{proven.get(report.closed_form_proven, '')}; measured worst error: "
+                     f"{_fmt(report.measured_worst, 4)}")
     loc = localization_line(report)
     if loc:
         lines.append(loc)
@@ -202,13 +206,15 @@ def summary(report: Report) -> str:
                   graded_table(report)]
     params = ", ".join(f"{_printable(k)}={_printable(v)}" for k, v in report.parameters.items())
     gate = "" if "gate" in report.parameters else f"; gate: {report.gate or 'given weights'}"
-    lines.append(f"parameters: {params or 'none stored'}{gate}; queries: {report.queries} (non-empty proper prefixes); time: {report.seconds:.2f}s")
+    lines.append(f"parameters: {params or 'none stored'}{gate}; queries: {report.queries} (non-empty proper prefixes); "
+                 f"time: {report.seconds:.2f}s")
     c = report.parameter_counts
     if c:
         per_fact = f"; {c['facts_per_parameter']:.3g} facts per parameter" if c.get("facts_per_parameter") else ""
         lines.append(f"size: {c['total']:,} parameters stored ({c['shared']:,} shared, experts "
                      f"{min(c['per_expert'], default=0):,}..{max(c['per_expert'], default=0):,}); "
-                     f"{c['active_per_query']:,} active per query{per_fact}; dense shapes would hold {c['dense_total']:,}")
+                     f"{c['active_per_query']:,} active per query{per_fact}; dense shapes would hold "
+                     f"{c['dense_total']:,}")
     for note in report.notes:
         lines.append(f"note: {note}")
     inc = report.incremental
@@ -218,8 +224,9 @@ def summary(report: Report) -> str:
         else:
             changed = ", ".join(f"{k} {v}" for k, v in list(inc["changed_weights"].items())[:8]) or "none"
             lines.append(f"since the certificate: {inc['queries_rerun']:,} queries run again in {inc['cells_rerun']:,} "
-                         f"of {inc['cells_total']:,} cells, {inc['queries_reused']:,} reused ({inc['classes_reused']:,} "
-                         f"classes, {inc.get('classes_partly_reused', 0):,} of them in part); vocabulary {inc['vocabulary_delta']:+d} tokens; changed entries: {changed}")
+                         f"of {inc['cells_total']:,} cells, {inc['queries_reused']:,} reused "
+                         f"({inc['classes_reused']:,} classes, {inc.get('classes_partly_reused', 0):,} of them in "
+                         f"part); vocabulary {inc['vocabulary_delta']:+d} tokens; changed entries: {changed}")
             for array, entries in list((inc.get("changed_rows") or {}).items())[:8]:
                 lines.append(f"  changed {array}: {', '.join(entries[:4])}{' ...' if len(entries) > 4 else ''}")
             reused = inc["tasks_reused"]

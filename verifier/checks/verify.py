@@ -223,7 +223,8 @@ def fitting(taskset: TaskSet, weights: Weights, source: str = "weights") -> np.n
     weights.validate(source)
     tmap = token_map(taskset, weights, source)
     if weights.n_positions < taskset.L:
-        raise TaskError(f"the weights have {weights.n_positions} positions; prefixes up to length {taskset.L - 1} need {taskset.L}",
+        raise TaskError(f"the weights have {weights.n_positions} positions; prefixes up to length "
+                        f"{taskset.L - 1} need {taskset.L}",
                         file=source, fix="verify weights built for this task set")
     return tmap
 
@@ -374,7 +375,8 @@ def record_totals(report: Report, tot) -> None:
         r.min_object_lower = float(tot.min_object_lower[k])
         r.min_margin = float(tot.min_margin[k])
         if tot.worst[k] > -np.inf:
-            r.worst_error, r.worst_error_lower, r.worst_query = float(tot.worst[k]), float(tot.worst_lower[k]), tot.worst_query[k]
+            r.worst_error, r.worst_error_lower, r.worst_query = (float(tot.worst[k]),
+                                                                 float(tot.worst_lower[k]), tot.worst_query[k])
     report.queries = tot.total_queries
     report.routing_matrix = tot.routing
     report.foreign = tot.foreign

@@ -156,7 +156,8 @@ def prepare(weights: Weights) -> BoxModel:
 # --- inputs -----------------------------------------------------------------------------------------
 
 
-def input_rows(model: BoxModel, tokens: np.ndarray, soft: np.ndarray | None = None, radius: float = 0.0) -> SparseInterval:
+def input_rows(model: BoxModel, tokens: np.ndarray, soft: np.ndarray | None = None,
+               radius: float = 0.0) -> SparseInterval:
     """The inputs h_j = x_j + P[j] of every position of every sequence, as rows (b, j) -> b·(p+1) + j.
 
     ``tokens`` (B, p+1): token ids per position, BOS (``weights.bos``) at 0, and -1 at a
@@ -179,7 +180,8 @@ def input_rows(model: BoxModel, tokens: np.ndarray, soft: np.ndarray | None = No
 
     def gather(M: sp.csr_matrix, which: np.ndarray, rows: np.ndarray) -> None:
         counts = M.indptr[which + 1] - M.indptr[which]
-        pos = np.repeat(M.indptr[which], counts) + (np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts))
+        pos = np.repeat(M.indptr[which], counts) + (np.arange(int(counts.sum()))
+                                                    - np.repeat(np.cumsum(counts) - counts, counts))
         parts_r.append(np.repeat(rows, counts))
         parts_c.append(M.indices[pos].astype(np.int64))
         parts_m.append(M.data[pos])
@@ -330,7 +332,8 @@ def step(model: BoxModel, tokens: np.ndarray, soft: np.ndarray | None = None, ra
     return StepEnclosure(cat([p.gate_lo for p in parts]), cat([p.gate_hi for p in parts]),
                          cat([p.candidates for p in parts]), cat([p.pair_row + o for p, o in zip(parts, offsets)]),
                          cat([p.pair_expert for p in parts]), cat([p.logit_lo for p in parts]),
-                         cat([p.logit_hi for p in parts]), cat([p.token for p in parts]), cat([p.margin for p in parts]))
+                         cat([p.logit_hi for p in parts]), cat([p.token for p in parts]),
+                         cat([p.margin for p in parts]))
 
 
 def _step(model: BoxModel, tokens: np.ndarray, soft: np.ndarray | None, radius: float) -> StepEnclosure:

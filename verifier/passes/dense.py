@@ -179,7 +179,8 @@ class DensePass:
             mid = np.asarray(Am @ self.tab_m)
             r1 = np.asarray(abs(Am) @ self.tab_w1)
             r2 = np.asarray(Ar @ self.tab_w2)
-            rad = D.up_nonneg_array(D.up_nonneg_array(D.up_nonneg_array(c * r1) + D.up_nonneg_array(c * r2)) + 3.0 * T * D.FLOOR)
+            rad = D.up_nonneg_array(D.up_nonneg_array(D.up_nonneg_array(c * r1) + D.up_nonneg_array(c * r2))
+                                    + 3.0 * T * D.FLOOR)
         if T > self.terms:
             raise AssertionError("a residual entry has more terms than its tables' rounding allows")
         return mid, I.guard(mid, rad)
@@ -263,7 +264,8 @@ class DensePass:
         vptr = np.asarray(valid_ptr, np.int64)
         vals = np.asarray(valid, np.int64)
         target = np.full(n, -1, np.int64) if target is None else np.ascontiguousarray(target, np.int64)
-        if (tokens.size and (tokens.min() < 0 or tokens.max() > V)) or (vals.size and (vals.min() < 0 or vals.max() >= V)) \
+        if (tokens.size and (tokens.min() < 0 or tokens.max() > V)) \
+                or (vals.size and (vals.min() < 0 or vals.max() >= V)) \
                 or (target.size and target.max() >= V) or target.size != n or tokens.shape[1] + 1 > self.npos \
                 or vptr.size != n + 1 or (n and (vptr[0] != 0 or vptr[-1] != vals.size or (np.diff(vptr) < 0).any())):
             raise ValueError("tokens (BOS included), valid next tokens and targets must be token ids of the weights, "
@@ -312,7 +314,8 @@ class DensePass:
         ab = np.flatnonzero(ablate)
         if ab.size:
             vp, vv = _gather_csr(vptr, vals, ab)
-            lo, hi, _, gap, obj, _ = self.readout(rm[ab], rr[ab], vp, vv, target[ab], self.ablation_extra(rm[ab], rr[ab]))
+            lo, hi, _, gap, obj, _ = self.readout(rm[ab], rr[ab], vp, vv, target[ab],
+                                                  self.ablation_extra(rm[ab], rr[ab]))
             ab_lo[ab], ab_hi[ab] = lo, hi
             has = target[ab] >= 0
             ab_gap[ab[has]], ab_obj[ab[has]] = gap[has], obj[has]
@@ -449,7 +452,8 @@ class DeployedDensePass(DensePass):
             ax = np.abs(Xm)
             S = D.up_nonneg_array(D.up_nonneg_array(I.up(1.0 + rho) * Xr) + D.up_nonneg_array(I.up(g + rho) * ax))
             rad = D.up_nonneg_array(D.up_nonneg_array(c * D._times(S, B.absB)) + 2.0 * (k + 1) * D.FLOOR)
-            mag = D.up_nonneg_array(D.up_nonneg_array(c * D._times(D.up_nonneg_array(ax + Xr), B.absB)) + 2.0 * (k + 1) * D.FLOOR)
+            mag = D.up_nonneg_array(D.up_nonneg_array(c * D._times(D.up_nonneg_array(ax + Xr), B.absB))
+                                    + 2.0 * (k + 1) * D.FLOOR)
         return mid, rad, mag
 
     def gate(self, rm: np.ndarray, rr: np.ndarray):
@@ -460,11 +464,13 @@ class DeployedDensePass(DensePass):
             gm = mid + self.bG
             b = np.abs(self.bG)
             gr = D.up_nonneg_array(rad + D.up_nonneg_array(I.U * np.abs(gm)))
-            daz = D.up_nonneg_array(D.up_nonneg_array(2.0 * st.e_min) * D.up_nonneg_array(self._l1r[:, None] + self.rs_g[None, :]))
+            daz = D.up_nonneg_array(D.up_nonneg_array(2.0 * st.e_min)
+                                    * D.up_nonneg_array(self._l1r[:, None] + self.rs_g[None, :]))
             gr = D.up_nonneg_array(gr + D.up_nonneg_array(D.up_nonneg_array(rho * b) + D.up_nonneg_array(st.f_g + daz)))
             rho1 = I.up(1.0 + rho)
             bad = ~(D.up_nonneg_array(rho1 * D.up_nonneg_array(np.abs(gm) + gr)) < st.largest)
-            bad |= ~(D.up_nonneg_array(rho1 * D.up_nonneg_array(mag + b)) < st.largest)   # every partial sum of the score
+            # every partial sum of the score
+            bad |= ~(D.up_nonneg_array(rho1 * D.up_nonneg_array(mag + b)) < st.largest)
         gr = np.where(bad.any(axis=1)[:, None], np.inf, I.guard(gm, gr))
         return decide(gm, gr)
 
@@ -487,8 +493,10 @@ class DeployedDensePass(DensePass):
             zm = mid + b1
             b = np.abs(b1)
             zr = D.up_nonneg_array(rad + D.up_nonneg_array(I.U * np.abs(zm)))
-            daz = D.up_nonneg_array(D.up_nonneg_array(2.0 * st.e_min) * D.up_nonneg_array(l1r[:, None] + self.rs_z[k][None, :]))
-            zr = D.up_nonneg_array(zr + D.up_nonneg_array(D.up_nonneg_array(st.rho_z * b) + D.up_nonneg_array(st.f_z + daz)))
+            daz = D.up_nonneg_array(D.up_nonneg_array(2.0 * st.e_min)
+                                    * D.up_nonneg_array(l1r[:, None] + self.rs_z[k][None, :]))
+            zr = D.up_nonneg_array(zr + D.up_nonneg_array(D.up_nonneg_array(st.rho_z * b)
+                                                          + D.up_nonneg_array(st.f_z + daz)))
             bad = ~(D.up_nonneg_array(I.up(1.0 + st.rho_z) * D.up_nonneg_array(mag + b)) < largest).any(axis=1)
             zr = I.guard(zm, zr)
             am, ar = D.relu(np.ascontiguousarray(zm), np.ascontiguousarray(zr))
@@ -497,7 +505,8 @@ class DeployedDensePass(DensePass):
             # o = c·W_2·a: the exact enclosure, then the stages' rounding relative to |c|·Σ|W_2|·a_hi
             om, orad = D.product(am, ar, W2)
             k2 = W2.terms
-            unscaled = D.up_nonneg_array(D.up_nonneg_array(I.sum_factor(k2) * D._times(a_hi, W2.absB)) + 2.0 * (k2 + 1) * D.FLOOR)
+            unscaled = D.up_nonneg_array(D.up_nonneg_array(I.sum_factor(k2) * D._times(a_hi, W2.absB))
+                                         + 2.0 * (k2 + 1) * D.FLOOR)
             if cm is not None:
                 orad = I.mul_rad(cm[:, None], cr[:, None], om, orad)
                 om = cm[:, None] * om
@@ -507,9 +516,11 @@ class DeployedDensePass(DensePass):
                 cmax = np.ones((om.shape[0], 1))
             rho_o = I.up(st.rho_o + I.up(st.rho_sc * I.up(1.0 + st.rho_o)))
             mag_o = D.up_nonneg_array(cmax * unscaled)
-            daz_o = D.up_nonneg_array(D.up_nonneg_array(2.0 * st.e_min) * D.up_nonneg_array(l1a[:, None] + self.rs_2[None, :]))
-            absolute = D.up_nonneg_array(D.up_nonneg_array(D.up_nonneg_array(cmax * D.up_nonneg_array(st.f_o + daz_o)) * I.up(1.0 + st.rho_sc))
-                                   + st.f_sc)
+            daz_o = D.up_nonneg_array(D.up_nonneg_array(2.0 * st.e_min)
+                                      * D.up_nonneg_array(l1a[:, None] + self.rs_2[None, :]))
+            absolute = D.up_nonneg_array(D.up_nonneg_array(D.up_nonneg_array(cmax * D.up_nonneg_array(st.f_o + daz_o))
+                                                           * I.up(1.0 + st.rho_sc))
+                                         + st.f_sc)
             orad = D.up_nonneg_array(orad + D.up_nonneg_array(D.up_nonneg_array(rho_o * mag_o) + absolute))
             bad |= ~(D.up_nonneg_array(I.up(1.0 + rho_o) * mag_o) < largest).any(axis=1)
             orad = I.guard(om, orad)
@@ -519,7 +530,8 @@ class DeployedDensePass(DensePass):
             Mv = D.up_nonneg_array(D.up_nonneg_array(np.abs(rm) + rr) + D.up_nonneg_array(np.abs(om) + orad))
             d = rm.shape[1]
             l1o = I.up(D.up_nonneg_array(np.abs(om) + orad).sum(axis=1) * I.sum_factor(max(d, 1)))
-            l1y = D.up_nonneg_array(D.up_nonneg_array(I.up(1.0 + st.rho_y) * D.up_nonneg_array(l1r + l1o)) + 2.0 * d * st.f_y)
+            l1y = D.up_nonneg_array(D.up_nonneg_array(I.up(1.0 + st.rho_y) * D.up_nonneg_array(l1r + l1o))
+                                    + 2.0 * d * st.f_y)
         bad |= ~(np.isfinite(ym).all(axis=1) & np.isfinite(yr).all(axis=1))
         rho_L = I.up(st.rho_y + I.up(st.rho_l * I.up(1.0 + st.rho_y)))
         return ym, yr, bad, (Mv, l1y, rho_L, True)

@@ -272,10 +272,12 @@ def run_batch(fp: FactoredPass, tokens: np.ndarray, valid_ptr: np.ndarray, valid
     OE = (prep.OE.indptr, prep.OE.indices, prep.OE.mid, prep.OE.rad)
     OP = (prep.OP.indptr, prep.OP.indices, prep.OP.mid, prep.OP.rad)
     with np.errstate(invalid="ignore", over="ignore"):
-        S = residual_k.residual_part(np.ascontiguousarray(ids[first]), np.ascontiguousarray(own[first]), fp.diverse, True,
+        S = residual_k.residual_part(np.ascontiguousarray(ids[first]),
+                                     np.ascontiguousarray(own[first]), fp.diverse, True,
                              (np.ascontiguousarray(att_c), am, ar), E, P, OE, OP, heads, sc["y"],
                              prep.stamps(first.size))
-        O = residual_k.residual_part(ids, own, fp.diverse, False, (att, am, ar), E, P, OE, OP, heads, sc["y"], prep.stamps(n))
+        O = residual_k.residual_part(ids, own, fp.diverse, False, (att, am, ar), E, P, OE, OP, heads,
+                                     sc["y"], prep.stamps(n))
     order = np.argsort(cohort, kind="stable")
     K = len(w.experts)
     G = np.empty((n, K)) if scores else np.empty((1, 1))

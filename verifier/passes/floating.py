@@ -147,7 +147,8 @@ class Deployment:
         additions (and a bias): at most 2·ops + 2 operations and s stores, each losing less
         than 2^emin, carried through later roundings by at most a factor 2."""
         carry = max(2.0, float(I.up(1.0 + self.rel(ops, steps, heads))))     # 1 + ρ, at least 2
-        return float(I.up(I.up((2.0 * (ops + 1) + self.stored(steps, heads)) * 2.0 ** max(self.fmt.emin, self.work.emin))
+        return float(I.up(I.up((2.0 * (ops + 1) + self.stored(steps, heads))
+                               * 2.0 ** max(self.fmt.emin, self.work.emin))
                           * carry))
 
     def zeta(self, steps: tuple[str, ...]) -> float:
@@ -165,8 +166,8 @@ class Deployment:
         acc = (f"; every operation in {self.acc.name}, its result and any stored intermediate (shifted scores, exps "
                f"and sums of a softmax, partial residuals head by head, a product before its bias) rounded to "
                f"{self.fmt.name}" if self.acc is not None else "")
-        return (f"{self.fmt.name} (u = 2^-{self.fmt.p}; any summation order, with or without FMA, flushing subnormals or not{acc}; "
-                f"exp and division within {self.ulps:g} ulps)")
+        return (f"{self.fmt.name} (u = 2^-{self.fmt.p}; any summation order, with or without FMA, flushing subnormals "
+                f"or not{acc}; exp and division within {self.ulps:g} ulps)")
 
 
 def error_floor(V: int, dep: Deployment) -> float:

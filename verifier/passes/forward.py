@@ -271,7 +271,8 @@ class Prepared:
                 read = WV[m].rows
                 if last[0] is None or not np.array_equal(last[0], read):
                     last = (read, _distinct_rows(E_todo, read))
-                part, which = _by_distinct(E_todo, read, lambda X: I.matmul(I.matmul(I.exact(X), WV[m]), WO[m]), last[1])
+                part, which = _by_distinct(E_todo, read,
+                                           lambda X: I.matmul(I.matmul(I.exact(X), WV[m]), WO[m]), last[1])
                 O_all = part.rows(which)
                 O_classes = _repeated_row_classes(part, which)
             if n and deployed:              # the deployed pass's |W_O||W_V||E[x]| on the same (structural) pattern
@@ -661,7 +662,8 @@ def _deployed_scores(D: Deployed, prep, q_m, q_r, k_m, k_r, s_rad):
     safe = np.minimum(prep.starts, max(qa.shape[-1] - 1, 0))
     l1q = np.add.reduceat(qa, safe, axis=-1) if qa.shape[-1] else np.zeros(qa.shape[:-1] + (prep.starts.size,))
     l1k = np.add.reduceat(ka, safe, axis=-1) if ka.shape[-1] else np.zeros(ka.shape[:-1] + (prep.starts.size,))
-    l1 = I.up(I.up(l1q[:, None, :] * I.sum_factor(max(qa.shape[-1], 1))) + I.up(l1k * I.sum_factor(max(ka.shape[-1], 1))))
+    l1 = I.up(I.up(l1q[:, None, :] * I.sum_factor(max(qa.shape[-1], 1)))
+              + I.up(l1k * I.sum_factor(max(ka.shape[-1], 1))))
     out = I.add_rad(s_rad, I.up(st.rho_s * mag), st.f_s, I.up(I.up(2.0 * st.e_min) * l1))
     over = ~(I.up(I.up(mag * I.up(1.0 + st.rho_s)) + out) < st.largest)
     return np.where(over, np.inf, out)
@@ -686,7 +688,8 @@ def residual(prep: Prepared, tokens: np.ndarray) -> SparseInterval:
     stamp0 = prep.stamps(n)
     with np.errstate(invalid="ignore", over="ignore"):
         ptr, idx, mid, rad = residual_k.residual(ids, (att, am, ar), (Ep, Ei, Ev), (Pp, Pi, Pv),
-                                        (OE.indptr, OE.indices, OE.mid, OE.rad), (OP.indptr, OP.indices, OP.mid, OP.rad),
+                                        (OE.indptr, OE.indices, OE.mid, OE.rad),
+                                        (OP.indptr, OP.indices, OP.mid, OP.rad),
                                         (H, prep.v_row, npos), (yacc, ytouched), stamp0, max(cap, 1),
                                         _residual_deployed(prep, ids, att, am, ar))
     return SparseInterval((n, w.d), ptr, idx, mid, rad)
@@ -727,7 +730,8 @@ def _residual_deployed(prep: Prepared, ids: np.ndarray, att, am, ar) -> tuple:
             zeta = I.up(zeta + I.up(I.up(I.up(1.0 + rmix) * I.up(I.up(a * per_v).sum(axis=1) * I.sum_factor(p1)))
                                     + I.up(st.f_mix + I.up(I.up(2.0 * st.e_min)
                                                            * I.up(a_sum + I.up(vmax.sum(axis=1) * I.sum_factor(p1)))))))
-            c_l1 = I.up(I.up(I.up(1.0 + rmix) * I.up(I.up(a * l1v).sum(axis=1) * I.sum_factor(p1))) + I.up(D.stages.dv * st.f_mix))
+            c_l1 = I.up(I.up(I.up(1.0 + rmix) * I.up(I.up(a * l1v).sum(axis=1) * I.sum_factor(p1)))
+                        + I.up(D.stages.dv * st.f_mix))
             l1c = I.up(l1c + c_l1)
             bad |= ~(I.up(vmax * I.up(1.0 + rmix)).max(axis=1, initial=0.0) < st.largest)
             bad |= ~(c_l1 < st.largest)
@@ -883,7 +887,8 @@ def run_batch(prep: Prepared | Weights, tokens: np.ndarray, valid_ptr: np.ndarra
             ab = np.flatnonzero(ablate[a:b])
             if ab.size:
                 (ab_lo[a + ab], ab_hi[a + ab], ab_rho_lo[a + ab], ab_rho_hi[a + ab], ab_gap[a + ab],
-                 ab_zeros[a + ab], ab_obj[a + ab]) = logits_k.ablated(ab.astype(np.int64), L, V, vp, vv, *sc["L"], sc["v"],
+                 ab_zeros[a + ab], ab_obj[a + ab]) = logits_k.ablated(ab.astype(np.int64), L, V, vp,
+                                                                      vv, *sc["L"], sc["v"],
                                                                prep.stamps(2 * ab.size), deployed, target[a:b],
                                                 (Rc.indptr, Rc.indices, Rc.mid, Rc.rad), prep.U_arrays, sc["u"])
     undecided = ~np.isfinite(Grad) | undecided_rows     # the gate cannot say which expert wins

@@ -22,8 +22,8 @@ containers), copying each page that holds one, so that each worker ends up with 
 private copy of the parent's Python objects. Before that, the C heap's free pages go back
 to the system (:func:`return_free_heap`): building the tables leaves freed temporaries
 that the allocator keeps resident, and that would otherwise stay resident in the parent
-for the whole pass (some 230 MB at 1M facts, 37% of the process). At most ``2 × jobs`` batches are in flight, so memory stays bounded whatever the
-number of queries. With ``jobs <= 1`` (or where fork is unavailable) it runs inline.
+for the whole pass (some 230 MB at 1M facts, 37% of the process). At most ``2 × jobs`` batches are in flight, so memory
+stays bounded whatever the number of queries. With ``jobs <= 1`` (or where fork is unavailable) it runs inline.
 
 :func:`in_background` runs one function in a forked child while the caller goes on (a
 re-certification checks a large edited expert's isolation so, during its pass); the

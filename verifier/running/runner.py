@@ -203,7 +203,8 @@ class ShardPart:
             full = spec.stages if spec.stages is not None else _stages(weights, spec.deployment)
             widths = np.array([e.width for e in weights.experts], np.int64)
             off = np.concatenate([[0], np.cumsum(widths)])
-            neurons = np.concatenate([np.arange(off[k], off[k + 1]) for k in np.unique(experts)] + [np.zeros(0, np.int64)])
+            neurons = np.concatenate([np.arange(off[k], off[k + 1]) for k in np.unique(experts)]
+                                     + [np.zeros(0, np.int64)])
             self.spec = replace(self.spec, stages=full.cut(comp.coords, comp.tokens[:len(comp.weights.vocab)],
                                                             neurons.astype(np.int64)))
         self.weights = comp.weights
@@ -244,7 +245,8 @@ class ShardPart:
         """(compact ids, held?) of full weights' token ids; a token not held maps to BOS."""
         full_ids = np.asarray(full_ids, np.int64)
         pos = np.minimum(np.searchsorted(self.tokens, full_ids), max(self.tokens.size - 1, 0))
-        held = (self.tokens.size > 0) & (self.tokens[pos] == full_ids) if self.tokens.size else np.zeros(full_ids.shape, bool)
+        held = ((self.tokens.size > 0) & (self.tokens[pos] == full_ids) if self.tokens.size
+                else np.zeros(full_ids.shape, bool))
         bos = full_ids == self.vocab_size
         return np.where(held, pos, self.tokens.size), held | bos
 
