@@ -8,6 +8,10 @@ here with the file and the import that makes it.
 from __future__ import annotations
 
 import ast
+import importlib.util
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -67,7 +71,8 @@ def test_every_package_is_checked():
     assert {p for p, _ in _modules()} == set(PACKAGES)
 
 
-@pytest.mark.parametrize("package,path", list(_modules()), ids=lambda x: str(x.relative_to(ROOT)) if isinstance(x, Path) else x)
+@pytest.mark.parametrize("package,path", list(_modules()),
+                         ids=lambda x: str(x.relative_to(ROOT)) if isinstance(x, Path) else x)
 def test_imports_follow_the_layers(package, path):
     rel = path.relative_to(ROOT).as_posix()
     allowed = NARROWER.get(rel, ALLOWED[package]) | ENTRY_POINTS.get(rel, set()) | {package}
@@ -196,3 +201,23 @@ def test_rooms_import_only_the_rooms_below(path):
     bad = [(line, name) for line, name in _imports(path)
            if name.startswith("verifier.") and name.split(".")[1] in ROOMS and ROOMS.index(name.split(".")[1]) > mine]
     assert not bad, f"verifier/{'/'.join(rel)} imports a room above its own: {bad}"
+
+
+def _ruff() -> list[str] | None:
+    """How to run ruff here: the module of the test extra's package, else a ruff on PATH, else None."""
+    if importlib.util.find_spec("ruff") is not None:
+        return [sys.executable, "-m", "ruff"]
+    found = shutil.which("ruff")
+    return [found] if found else None
+
+
+def test_the_code_passes_the_linter():
+    """``ruff check`` with the settings of pyproject.toml (pyflakes, pycodestyle's errors, lines of
+    at most 120 characters) finds nothing in the repository, as CI (``.ci/run``) requires before
+    the tests: a lint finding shows here too."""
+    ruff = _ruff()
+    if ruff is None:
+        pytest.skip("ruff is not installed (it comes with the test extra: pip install -e \".[test]\")")
+    run = subprocess.run(ruff + ["check", "--no-cache", "--output-format", "concise", "."], cwd=ROOT,
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout + run.stderr
