@@ -9,7 +9,7 @@ expression ``Σ_t c_t · M_t[i, j]``.
 Instantiation substitutes parameter values. When the values are themselves binary
 fractions of few bits (the construction chooses them so), every product ``c_t · M_t``
 is exact in float64, and :func:`SymMatrix.numeric` equals :func:`SymMatrix.exact`
-entry for entry; ``tests/test_construction.py`` checks it.
+entry for entry; ``tests/construction/test_construction.py`` checks it.
 """
 
 from __future__ import annotations

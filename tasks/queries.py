@@ -242,7 +242,7 @@ def _one_task(node: Node, k: int, obj: np.ndarray, n: int):
     without sorting. Every row is consistent with k alone; its valid next tokens are k's
     word children (sorted, distinct) and, where ⋆2 follows, the fact's object, an entity,
     whose id is above every word's: each row is sorted and distinct already (the same arrays
-    as :func:`_rows_of_tasks`: tests/test_structure.py)."""
+    as :func:`_rows_of_tasks`: tests/tasks/test_structure.py)."""
     words = _words(node.children[k])
     has_object = OBJ in node.children[k]
     per = words.size + int(has_object)

@@ -1,4 +1,4 @@
-"""Adversarial weights for the soundness properties (tests/test_adversarial.py, tests/test_factored.py).
+"""Adversarial weights for the soundness properties (tests/test_adversarial.py, tests/verifier/passes/test_factored.py).
 
 Hypothesis draws weights from the built models of small task sets and then applies up to
 three adversarial edits: any mutation operator (encodings, underflow paths, huge
@@ -10,7 +10,6 @@ exp at 60 digits) the properties compare with.
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import mpmath
 import numpy as np
@@ -20,11 +19,12 @@ from hypothesis import strategies as st
 from audit import mutants as M
 from audit.oracle import Oracle
 from tasks.reading import load_tasks
+from repository import DATA
 
 SETS = M.small_sets()
 #: Object queries "X lives in" with two valid next tokens, the object and the word "the":
 #: L1 encloses P_ablated(o) alone there (:func:`verifier.arithmetic.logits.ablated`).
-WORD_AND_OBJECT = {"word-and-object": load_tasks(Path(__file__).parent / "data" / "word_and_object.yaml")}
+WORD_AND_OBJECT = {"word-and-object": load_tasks(DATA / "word_and_object.yaml")}
 OPERATORS = sorted(M.OPERATORS)
 ORACLE = Oracle(dps=60)
 
@@ -72,7 +72,6 @@ def adversarial(draw, sets: dict = SETS):
                 w = put(vec)
                 steps.append(f"{aname}[{i}] = {v!r}")
     return name, taskset, w, eps, steps
-
 
 
 @st.composite

@@ -7,8 +7,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-
-ROOT = Path(__file__).resolve().parent.parent
+from repository import ROOT
 
 
 def documents() -> list[Path]:

@@ -15,8 +15,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from repository import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("tasks", "layout", "construction", "verifier", "workflow", "cli", "training", "audit")
 
 #: package -> the project packages it may import (besides itself)
@@ -201,6 +201,20 @@ def test_rooms_import_only_the_rooms_below(path):
     bad = [(line, name) for line, name in _imports(path)
            if name.startswith("verifier.") and name.split(".")[1] in ROOMS and ROOMS.index(name.split(".")[1]) > mine]
     assert not bad, f"verifier/{'/'.join(rel)} imports a room above its own: {bad}"
+
+
+def test_the_tests_mirror_the_rooms():
+    """A test module below the top of tests/ lives at the path of a package of the code (the
+    room it tests: tests/verifier/passes/ for verifier/passes/); the module names are unique,
+    as pytest imports test modules by name (tests/conftest.py states the layout)."""
+    tests = ROOT / "tests"
+    modules = sorted(p for p in tests.rglob("test_*.py") if "data" not in p.relative_to(tests).parts)
+    rooms = {p.parent.relative_to(tests) for p in modules} - {Path(".")}
+    assert rooms, "no test module lives in a room"
+    for room in sorted(rooms):
+        assert (ROOT / room / "__init__.py").is_file(), f"tests/{room.as_posix()}/ mirrors no package of the code"
+    names = [p.name for p in modules]
+    assert sorted({n for n in names if names.count(n) > 1}) == []
 
 
 def _ruff() -> list[str] | None:

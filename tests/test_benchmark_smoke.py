@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parent.parent
+from repository import ROOT
 
 
 def test_scale_benchmark_smallest_size(tmp_path):

@@ -28,6 +28,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from repository import ROOT
 
 distributed = pytest.importorskip("distributed")
 
@@ -36,7 +37,6 @@ from cli.main import main  # noqa: E402
 from tasks.synthetic import wikidata_like  # noqa: E402
 from tasks.writing import dump_tasks  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
 FACTS = 10_000
 BOUND = 180            # seconds: far above a run's few seconds; reached only by a hang
 NO_WORKER = "3"        # --cluster-timeout of these runs

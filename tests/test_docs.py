@@ -62,7 +62,7 @@ EXEMPT: dict[str, str] = {
     "python -m verifier check tasks.yaml --since cert": "tasks.yaml stands for the reader's file; the worked "
         "example below it runs it on examples/geography",
     "python -m verifier watch examples/capitals.yaml --certificate cert":
-        "waits for edits until Ctrl-C; tests/test_watch.py runs the watcher",
+        "waits for edits until Ctrl-C; tests/cli/test_watch.py runs the watcher",
     WATCH: "waits for edits made in another terminal until Ctrl-C: test_the_watch_transcript runs it with "
            "--max-checks 2 and makes the edit the text names",
     "python benchmarks/scale.py --sizes 1000000": "a benchmark (minutes, gigabytes); it writes benchmarks/RESULTS.md",
@@ -70,9 +70,10 @@ EXEMPT: dict[str, str] = {
     "dask scheduler": "a server that runs until stopped, on the reader's hosts",
     "dask worker tcp://HOST:8786 --nthreads 1": "a server, and HOST stands for the reader's scheduler",
     "python -m verifier check tasks.yaml --scheduler tcp://HOST:8786":
-        "HOST and tasks.yaml stand for the reader's; tests/test_cluster.py runs check --scheduler",
+        "HOST and tasks.yaml stand for the reader's; tests/verifier/running/test_cluster.py runs check --scheduler",
     "python -m verifier check tasks.yaml --scheduler local:4":
-        "tasks.yaml stands for the reader's file; tests/test_cluster.py runs check --scheduler local:N",
+        "tasks.yaml stands for the reader's file; tests/verifier/running/test_cluster.py runs "
+        "check --scheduler local:N",
     "python -m training.sweep": "the training experiment (minutes of torch training); it writes docs/training/",
     "python -m training.sweep --configs 8x8 --d 16 --width 8 --facts-per-task 40 --out docs/training/small-model "
     "--weights-dir build/training/small-model": "a training experiment (minutes); it writes docs/training/small-model",

@@ -9,7 +9,6 @@ from __future__ import annotations
 import importlib.util
 import itertools
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -18,8 +17,8 @@ from tasks.io import load_tasks
 from tasks.model import Task, TaskSet
 from tasks.structure import StructureTrie, object_query_collisions
 from workflow.check import check_built
+from repository import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 GEO = ROOT / "examples" / "geography"
 
 

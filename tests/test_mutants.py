@@ -27,8 +27,8 @@ from tasks.queries import iter_queries
 from audit import mutants as M
 from audit.exact import exact_forward
 from audit.oracle import Oracle, enumerate_queries, fingerprint
+from repository import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 ENCODINGS = ("non_canonical_storage", "cancelling_duplicates", "unsorted_columns")
 N_PER_OPERATOR = examples(20, floor=10)   # x 41 operators = 820 mutants over the three sets (410 by default)
 
@@ -146,10 +146,11 @@ def _module(path: Path, name: str):
 
 
 def test_oracle_catches_both_earlier_false_passes(capitals_set, capitals_model):
-    overflowing_gate = _module(ROOT / "tests" / "test_gate_overflow.py", "_gate_overflow").overflowing_gate
+    gate_overflow = _module(ROOT / "tests" / "verifier" / "passes" / "test_gate_overflow.py", "_gate_overflow")
+    overflowing_gate = gate_overflow.overflowing_gate
 
     oracle = Oracle()
-    for sign in (1.0, -1.0):   # the gate overflow of tests/test_gate_overflow.py
+    for sign in (1.0, -1.0):   # the gate overflow of tests/verifier/passes/test_gate_overflow.py
         ts, w = overflowing_gate(sign)
         res = oracle.judge(ts, w, 0.01)
         assert res.counts.get("routing") and res.counts.get("error"), res.summary()

@@ -18,7 +18,6 @@ import json
 import subprocess
 import sys
 import zipfile
-from pathlib import Path
 
 import mpmath
 import numpy as np
@@ -32,8 +31,8 @@ from verifier.checks.certify import certify
 from layout import Expert, Head
 from audit.oracle import Oracle, enumerate_queries
 from verifier.checks.verify import verify
+from repository import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "capitals.yaml"
 
 

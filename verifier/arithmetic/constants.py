@@ -2,7 +2,7 @@
 
 :mod:`verifier.arithmetic.interval` (numpy) and the compiled kernels (numba) compute the same
 enclosures with the same arithmetic model; every constant either uses is defined here, so
-the two cannot drift apart (``tests/test_interval.py`` checks each constant against exact
+the two cannot drift apart (``tests/verifier/arithmetic/test_interval.py`` checks each constant against exact
 arithmetic, and that the two implementations enclose alike).
 """
 

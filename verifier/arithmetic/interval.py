@@ -66,7 +66,7 @@ x = k·ln2 + r with |r| <= 0.35 (ln2 enclosed by two floats), evaluates the degr
 Taylor polynomial of e^r by Horner (error <= (γ_28 + u)·e^|r| plus the remainder
 |r|^15/15!·e^0.35 < 2^-62, together below ``HORNER_ERR``), and scales by 2^k with
 ``ldexp`` (exact unless the result is subnormal; one outward step covers that). e^x is
-increasing, so [e^lo, e^hi] encloses e^[lo, hi]. ``tests/test_interval.py`` checks
+increasing, so [e^lo, e^hi] encloses e^[lo, hi]. ``tests/verifier/arithmetic/test_interval.py`` checks
 the constants and the enclosure against mpmath.
 """
 

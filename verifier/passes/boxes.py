@@ -59,7 +59,7 @@ An enclosure with a non-finite end decides nothing (:func:`verifier.arithmetic.i
 
 The pass is cross-checked against :mod:`verifier.passes.forward` on the task set's queries and
 against an independent high-precision evaluation (:func:`audit.exact.exact_logits`) at
-random points inside boxes (``tests/test_accessible.py``).
+random points inside boxes (``tests/verifier/accessibility/test_accessible.py``).
 """
 
 from __future__ import annotations

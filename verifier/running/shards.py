@@ -36,7 +36,7 @@ a query. Shapes and coordinate numbers are unchanged, so every index agrees. ∎
 A query that does not meet the claim's conditions (a candidate expert outside the shard,
 which happens only for misrouted or undecided queries, or a token outside it) is
 *deferred*: the worker reports it and the caller runs it again over the full weights.
-The bitwise claim is also tested directly (``tests/test_cluster.py``): every batch of
+The bitwise claim is also tested directly (``tests/verifier/running/test_cluster.py``): every batch of
 several task sets, built and mutated, gives identical results both ways.
 """
 

@@ -7,11 +7,10 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+from repository import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 
 # In a fresh interpreter (this one has loaded kernels already): the warm-up for a precision,
 # then runs of other task sets in it (and, after a float32 warm-up, in exact arithmetic

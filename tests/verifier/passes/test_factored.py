@@ -11,7 +11,7 @@ deciding as the plain pass does.
 * the **split** is decided exactly: an entity whose embedding differs in a coordinate a
   head's W_V reads makes that head diverse, one in a coordinate no W_V reads does not;
 * a row's result is **the same in every batch** (bitwise, whichever rows share it), and
-  on a compact shard (tests/test_shards.py runs its bitwise test for both passes);
+  on a compact shard (tests/verifier/running/test_shards.py runs its bitwise test for both passes);
 * on built models the factored pass **decides as the plain pass**: the same winner,
   candidates, certified routing and error verdicts, enclosures equal to rounding;
 * its **compact accumulators** (accumulate.slot) give each column of a row one slot, in the

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import mpmath
 import numpy as np
@@ -23,8 +22,8 @@ from verifier.passes.forward import run_batch
 from layout import Expert
 from workflow.check import check_built
 from verifier.checks.verify import verify
+from repository import DATA, ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "capitals.yaml"
 
 
@@ -493,7 +492,7 @@ def test_l1_on_its_bound_is_decided_exactly():
 
 #: One task whose object queries ``X lives in`` have two valid next tokens: the object and
 #: the template word "the" (a second template), and a second task beside it.
-WORD_AND_OBJECT = Path(__file__).parent / "data" / "word_and_object.yaml"
+WORD_AND_OBJECT = DATA / "word_and_object.yaml"
 
 
 def _word_and_object():

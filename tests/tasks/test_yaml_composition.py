@@ -16,7 +16,6 @@ scalar tagged '!', the end of a text without a last line end, a byte-order mark)
 from __future__ import annotations
 
 import gc
-from pathlib import Path
 
 import pytest
 import yaml
@@ -34,12 +33,12 @@ from tasks.strategies import shared_template_task_sets, task_sets
 from tasks.writing import _document, _Dumper
 from tasks.yaml_nodes import LineMap, _Loader, _Tree
 from test_input_limits import PIECES
+from repository import DATA, ROOT
 
 needs_libyaml = pytest.mark.skipif(yaml_nodes.CParser is None, reason="PyYAML without libyaml")
 
-ROOT = Path(__file__).resolve().parent.parent
 CORPUS = sorted({*ROOT.glob("examples/**/*.yaml"), *ROOT.glob("docs/training/*.yaml"),
-                 *(Path(__file__).parent / "data").glob("**/*.yaml")})
+                 *DATA.glob("**/*.yaml")})
 
 
 def shape(node):
@@ -226,7 +225,7 @@ def test_random_task_sets_in_random_styles_are_read_alike(taskset, style, pairs,
 # --- random edits of valid files --------------------------------------------------------------------
 
 SEEDS = [ROOT / "examples" / "capitals.yaml", ROOT / "examples" / "located.yaml",
-         Path(__file__).parent / "data" / "good" / "tasks.yaml"]
+         DATA / "good" / "tasks.yaml"]
 #: Besides the scan's test pieces: tags, empty values, flow pairs, explicit keys, block scalars.
 MORE_PIECES = ["!!str ", "! ", "!!int ", "!!map ", "!!seq ", "&b ", "? ", "~", "null", "- - ", "\n- ", "''", '""',
                '"\\\n"', "a\n  b", ": ", "-", " #", "1e3", "0x1F", ".inf", "2001-01-01", "yes", "<<: ", "=",
@@ -244,7 +243,7 @@ FLOW_SEED = ('tasks:\n  - {name: a, templates: ["x *1 y *2", z *1 w *2], facts: 
 def test_random_edits_of_valid_files_are_read_alike(seed, line_end, edits):
     """What one side reads, the other reads the same; what one refuses, the other refuses
     (the scan's refusals at the composer's line, for one edit of a file in block style:
-    tests/test_input_limits.py; after several edits, or in flow style, the two parsers may
+    tests/tasks/test_input_limits.py; after several edits, or in flow style, the two parsers may
     meet two problems in another order)."""
     text = (seed.read_text(encoding="utf-8") if seed is not None else FLOW_SEED).replace("\n", line_end)
     for where, piece, how in edits:

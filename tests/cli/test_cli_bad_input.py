@@ -22,8 +22,8 @@ import pytest
 
 import layout
 from cli.main import main
+from repository import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 BAD = ROOT / "tests" / "data" / "bad"
 GOOD = ROOT / "tests" / "data" / "good"
 EXAMPLE = ROOT / "examples" / "capitals.yaml"

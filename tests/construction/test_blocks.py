@@ -21,8 +21,8 @@ from construction.listing import LIST_UP_TO, named_blocks, patterns, select
 from construction.params import BETA, GAMMA
 from construction.printing import render
 from tasks.strategies import task_sets
+from repository import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 CAPITALS = str(ROOT / "examples" / "capitals.yaml")
 GEOGRAPHY = str(ROOT / "examples" / "geography" / "tasks.yaml")
 FORMATS = ("text", "markdown", "latex", "json")

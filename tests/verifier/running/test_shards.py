@@ -36,7 +36,7 @@ def _same(a, b) -> bool:
 def test_compact_shards_are_bitwise_the_full_pass(name, factored):
     """Both exact passes: the plain one, and the factored one with the full weights' split
     (verifier.passes.factored). (Row-local rounding bounds, which the claim needs, are
-    tested directly in tests/test_interval.py.)"""
+    tested directly in tests/verifier/arithmetic/test_interval.py.)"""
     ts = SETS[name]()
     weights = build(ts).instantiate()
     tmap = token_map(ts, weights)

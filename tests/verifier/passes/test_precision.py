@@ -20,6 +20,7 @@ from verifier.passes.batches import batches
 from verifier.passes.floating import Deployment
 from verifier.passes.forward import FloatPass
 from verifier.checks.verify import token_map, verify
+from repository import DATA
 
 
 @pytest.fixture(scope="module")
@@ -102,11 +103,9 @@ def test_ablated_enclosures_contain_executions(fmt):
     "X lives in" admit the word "the" besides o, where that end is the enclosure of o alone."""
     from fractions import Fraction
 
-    from pathlib import Path
-
     from tasks.reading import load_tasks
 
-    ts = load_tasks(Path(__file__).parent / "data" / "word_and_object.yaml")
+    ts = load_tasks(DATA / "word_and_object.yaml")
     dep = Deployment.named(fmt)
     tmap = token_map(ts, build(ts).instantiate())
     words = 0

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from cli.main import main
+from repository import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "capitals.yaml"
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import shutil
-from pathlib import Path
 
 import pytest
 
@@ -16,8 +15,7 @@ from workflow.certificates import VOCABULARY_HEADROOM
 from cli.main import main
 from workflow.watching import Watcher
 from tasks.io import load_tasks
-
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+from repository import EXAMPLES
 
 
 def _json(args, capsys, code=None) -> dict:

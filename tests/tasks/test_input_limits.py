@@ -9,7 +9,7 @@ Malformed YAML (a syntax error, a tab PyYAML refuses, an alias, nesting too deep
 defined twice, a second document) is refused from libyaml's event stream before the
 pure-Python composer starts (tasks.yaml_nodes.scan), with the composer's line and, but for
 libyaml's wording of a syntax error, its message; a text that passes is composed from the
-same events (the composer's node graph: tests/test_yaml_composition.py), so a problem of
+same events (the composer's node graph: tests/tasks/test_yaml_composition.py), so a problem of
 the tasks themselves is found without the composer too.
 No test here times anything: each asserts *where* the refusal happens (the composer or the
 trie never entered, the template's text made a bounded number of times) and what it says.
@@ -36,6 +36,7 @@ from tasks.io import dumps_tasks, input_files, load_tasks, loads_tasks
 from tasks.model import MAX_NAME_LENGTH, MAX_TEMPLATE_LENGTH, Task, TaskSet, Template
 from tasks.structure import StructureTrie
 from tasks.yaml_nodes import MAX_TASKS_FILE_BYTES, MAX_TASKS_LINE_BYTES, _Loader, _Tree
+from repository import DATA, EXAMPLES
 
 
 def one_line_exit_2(capsys, argv) -> str:
@@ -376,9 +377,7 @@ def test_a_tab_in_a_comment_or_quotes_is_not_refused(counted):
     assert ts.epsilon == 0.5 and ts.tasks[0].facts == {"A": "B"}
 
 
-SEEDS = [Path(__file__).parent.parent / "examples" / "capitals.yaml",
-         Path(__file__).parent.parent / "examples" / "located.yaml",
-         Path(__file__).parent / "data" / "good" / "tasks.yaml"]
+SEEDS = [EXAMPLES / "capitals.yaml", EXAMPLES / "located.yaml", DATA / "good" / "tasks.yaml"]
 #: What one edit inserts: YAML's indicators, white space, quotes, comments, line breaks PyYAML
 #: counts (a byte-order mark inside the text, a tag and a directive left out: libyaml refuses
 #: some that PyYAML reads, see tasks.yaml_nodes.scan).

@@ -23,8 +23,7 @@ from hypothesis import strategies as st
 from budget import examples
 from verifier.arithmetic import kernel_forms, logits, rounding
 from verifier.arithmetic.kernel_forms import KERNELS, Kernel, Kernels, matches, numba_type
-
-ROOT = Path(__file__).resolve().parent.parent
+from repository import ROOT
 
 
 # -- the declared types, against numba's own typing -------------------------------------

@@ -24,8 +24,8 @@ import tasks.yaml_nodes
 from tasks.errors import TaskError
 from tasks.io import dump_tasks, dumps_tasks, load_tasks, loads_tasks
 from tasks.model import OBJECT, SLOT_SPELLINGS, SUBJECT, Facts, Task, TaskSet, Template, check_name
+from repository import DATA, ROOT
 
-DATA = Path(__file__).parent / "data"
 BAD = DATA / "bad"
 GOOD = DATA / "good"
 
@@ -128,7 +128,7 @@ BAD_CASES: dict[str, tuple] = {
 @pytest.fixture
 def in_repo(monkeypatch):
     """Run from the repository root so that messages show tests/data/... paths."""
-    monkeypatch.chdir(Path(__file__).parent.parent)
+    monkeypatch.chdir(ROOT)
 
 
 def test_bad_corpus_is_complete():

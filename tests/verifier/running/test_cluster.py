@@ -14,11 +14,11 @@ import json
 import os
 import signal
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
 from budget import FULL, part
+from repository import EXAMPLES
 
 distributed = pytest.importorskip("distributed")
 
@@ -32,7 +32,7 @@ from verifier.checks.report import report_json  # noqa: E402
 from verifier.checks.verify import verify  # noqa: E402
 from tasks.io import load_tasks  # noqa: E402
 
-CAPITALS = str(Path(__file__).resolve().parent.parent / "examples" / "capitals.yaml")
+CAPITALS = str(EXAMPLES / "capitals.yaml")
 
 
 def _comparable(report) -> dict:

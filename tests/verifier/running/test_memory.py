@@ -10,12 +10,10 @@ from __future__ import annotations
 
 import gc
 import weakref
-from pathlib import Path
 
 import workflow.check
 from cli.main import main
-
-ROOT = Path(__file__).resolve().parent.parent
+from repository import ROOT
 
 
 def test_check_releases_the_symbolic_model_before_the_pass(monkeypatch, capsys):

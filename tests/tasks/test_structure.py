@@ -10,6 +10,7 @@ from tasks.model import Task, TaskSet
 from tasks.strategies import task_sets
 from tasks.structure import StructureTrie, conflict_graph, object_query_collisions, open_tasks
 from tasks.structure import structure_of
+from repository import EXAMPLES, ROOT
 
 
 def test_conflict_graph_of_the_example(capitals_set):
@@ -48,11 +49,9 @@ def test_open_tasks(capitals_set):
 
 
 def test_example_file_is_the_test_fixture(capitals_set):
-    from pathlib import Path
-
     from tasks.io import load_tasks
 
-    assert load_tasks(Path(__file__).resolve().parent.parent / "examples" / "capitals.yaml") == capitals_set
+    assert load_tasks(EXAMPLES / "capitals.yaml") == capitals_set
 
 
 def _rows_of(group):
@@ -313,12 +312,10 @@ def test_the_task_structure_is_constructed_in_one_place_outside_the_tests():
     """Every stage takes the trie from :func:`tasks.structure.structure_of` (built once per task
     set), so the only ``StructureTrie(...)`` call of the shipped code is that function's."""
     import ast
-    from pathlib import Path
 
-    root = Path(__file__).resolve().parent.parent
     found = []
-    for path in sorted(root.rglob("*.py")):
-        rel = path.relative_to(root).as_posix()
+    for path in sorted(ROOT.rglob("*.py")):
+        rel = path.relative_to(ROOT).as_posix()
         if rel.startswith(("tests/", ".")) or "/." in rel:
             continue
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):

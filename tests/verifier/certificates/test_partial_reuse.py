@@ -4,7 +4,7 @@ The pieces ``check --since`` rests on when it re-runs single subjects rather tha
 cells (``verifier.certificates.incremental._Selection``): a group built for some subjects is exactly
 the full group's rows with those subjects; a row of such a batch names a part that holds
 it; classes recorded in two runs and merged are the classes one run records. The end-to-end
-property (verdicts, counts, margins equal a full check's) is ``tests/test_editing.py``.
+property (verdicts, counts, margins equal a full check's) is ``tests/workflow/test_editing.py``.
 """
 
 from __future__ import annotations

@@ -12,7 +12,6 @@ the exact value). 200 sequences run in CI.
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from collections import Counter
 
 import numpy as np
@@ -29,6 +28,7 @@ from tasks.model import Facts, Task, TaskSet, Template
 from tasks.strategies import shared_template_task_sets, task_sets
 from tasks.structure import check_routable
 from verifier.checks.verify import verify
+from repository import DATA
 
 KINDS = ("add new subject, new object", "add new subject, existing object", "add existing entity as subject",
          "change object to an existing entity", "change object to a new entity", "remove a fact", "remove a task")
@@ -291,7 +291,7 @@ def test_reuse_keeps_l1_of_the_object_alone(tmp_path):
     from verifier.certificates.locality import Correspondence, watched_neurons
     from verifier.checks.classes import CellPlan, ClassRecorder
 
-    text = (Path(__file__).parent / "data" / "word_and_object.yaml").read_text(encoding="utf-8")
+    text = (DATA / "word_and_object.yaml").read_text(encoding="utf-8")
     ts = loads_tasks(text)
     new = loads_tasks(text.replace("Bob: cook}", "Bob: cook, Eve: smith}"))
 

@@ -31,8 +31,7 @@ from verifier.certificates.incremental import recertify
 from verifier.certificates.locality import Correspondence
 from verifier.checks.classes import FLOATS
 from verifier.checks.verify import verify
-
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+from repository import EXAMPLES
 
 
 def _counts(report) -> list:
