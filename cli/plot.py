@@ -16,12 +16,15 @@ HELP = "draw routing, widths and bound-vs-beta pictures (PNG)"
 DESCRIPTION = (
     "Build and verify the model, then write NAME_routing.png (task x expert routing), NAME_widths.png (expert "
     "width against c(k)) and NAME_bound_vs_beta.png (closed-form bound and measured worst error against beta at "
-    "the model's gamma; each beta is a full verification). Needs matplotlib: pip install -e .[plots]")
+    "the model's gamma; each beta is a full verification); with --weights, the routing and widths pictures of "
+    "those weights. Needs matplotlib: pip install -e .[plots]")
 
 
 def arguments(pl: argparse.ArgumentParser) -> None:
     model_flags(pl)
     pl.add_argument("--out", required=True, metavar="DIR", help="output directory (created if missing)")
+    pl.add_argument("--weights", metavar="NPZ", help="verify these weights (an .npz in the documented layout, e.g. a "
+                    "trained model) instead of building, and draw NAME_routing.png and NAME_widths.png")
     block_flags(pl, "draw these blocks as heat maps (NAME_<block>.png) instead of verifying")
     pl.add_argument("--name", help="file name prefix, without path separators (default: the tasks file's name, or its "
                                    "directory's for tasks.yaml); the pictures are written in --out")
@@ -39,7 +42,7 @@ def run(args) -> int:
     _check_file_prefix(args.name)
     paths = plot(args.tasks, args.out, args.name or picture_name(args.tasks), block=args.block, task=args.task,
                  at=args.at, betas=args.betas, epsilon=args.epsilon, beta=args.beta, gamma=args.gamma,
-                 quiet=args.quiet)
+                 quiet=args.quiet, weights=args.weights)
     if args.json:
         write_text(args.json, json.dumps({"pictures": paths}, indent=2, ensure_ascii=False), inputs(args))
     if args.json != "-":

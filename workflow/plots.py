@@ -70,16 +70,59 @@ def plot_all(taskset: TaskSet, model: SymbolicModel, out_dir: str, name: str, be
 
 def plot(tasks_path: str, out: str, name: str, *, block: str | None = None, task: str | None = None,
          at: str | None = None, betas: Sequence[float] | None = None, epsilon: float | None = None,
-         beta: float | None = None, gamma: float | None = None, quiet: bool = True) -> list[str]:
+         beta: float | None = None, gamma: float | None = None, quiet: bool = True,
+         weights: str | None = None) -> list[str]:
     """``python -m verifier plot``: build the model of the tasks file and write into ``out``
     (created if missing) the pictures of :func:`plot_all`, or with ``block`` a heat map per
-    block selected (:func:`plot_blocks`); return their paths."""
+    block selected (:func:`plot_blocks`), or with ``weights`` (an .npz) those of
+    :func:`plot_weights`; return their paths."""
     from tasks.errors import TaskError
     from tasks.io import load_tasks
-    from workflow.build import model as build
 
     require_matplotlib()
+    if weights is not None:
+        given = [flag for flag, value in (("--block", block), ("--task", task), ("--at", at), ("--betas", betas),
+                                          ("--beta", beta), ("--gamma", gamma)) if value is not None]
+        if given:
+            raise TaskError(f"{', '.join(given)} {'does' if len(given) == 1 else 'do'} not apply to --weights: "
+                            "given weights have no construction parameters and no symbolic blocks",
+                            fix="leave them out, or leave out --weights to plot the constructed model")
     taskset = load_tasks(tasks_path)
+    _directory(out)
+    if weights is not None:
+        return plot_weights(taskset, weights, out, name, epsilon)
+    from workflow.build import model as build
+
+    model = build(taskset, epsilon, beta, gamma)
+    if block is not None:
+        return plot_blocks(model, out, name, block, task, at, tasks_path)
+    if task is not None or at is not None:
+        raise TaskError("--task and --at apply to --block", fix="add --block NAME (e.g. --block gate)")
+    return plot_all(taskset, model, out, name, betas, quiet=quiet)
+
+
+def plot_weights(taskset: TaskSet, path: str, out_dir: str, name: str, epsilon: float | None = None) -> list[str]:
+    """Verify the weights at ``path`` (an .npz in the layout, e.g. a trained model) and write
+    ``<name>_routing.png`` (which expert each task's queries reach) and ``<name>_widths.png``
+    (each task's expert width against c(k)) into ``out_dir``; return their paths. (No
+    bound-vs-β picture: given weights have no β.)"""
+    import layout
+
+    weights = layout.load(path)
+    expert_tasks = weights.expert_tasks
+    # the weights handed over, not kept here: verify lets them go once its pass has its tables
+    report = verify(taskset, weights, epsilon or taskset.epsilon or 0.01, source=path)
+    del weights
+    label = (f"{name} ({os.path.basename(path)}): {len(taskset.tasks)} tasks, {taskset.n_facts} facts, "
+             f"{report.queries} queries, {'certified' if report.certified else 'not certified'}")
+    return [save_png(plot_routing(report, expert_tasks, label), os.path.join(out_dir, f"{name}_routing.png")),
+            save_png(plot_widths(report, label, parts=False), os.path.join(out_dir, f"{name}_widths.png"))]
+
+
+def _directory(out: str) -> None:
+    """``out`` made a directory if it is not one yet (TaskError: it is a file, or cannot be made)."""
+    from tasks.errors import TaskError
+
     where = os.path.abspath(out)
     if os.path.exists(where) and not os.path.isdir(where):
         raise TaskError("is not a directory", file=out, fix="give a directory for the pictures")
@@ -87,12 +130,6 @@ def plot(tasks_path: str, out: str, name: str, *, block: str | None = None, task
         os.makedirs(where, exist_ok=True)
     except OSError as exc:
         raise TaskError(f"cannot create the output directory: {exc.strerror or exc}", file=out) from None
-    model = build(taskset, epsilon, beta, gamma)
-    if block is not None:
-        return plot_blocks(model, out, name, block, task, at, tasks_path)
-    if task is not None or at is not None:
-        raise TaskError("--task and --at apply to --block", fix="add --block NAME (e.g. --block gate)")
-    return plot_all(taskset, model, out, name, betas, quiet=quiet)
 
 
 def plot_blocks(model: SymbolicModel, out: str, name: str, block: str, task: str | None = None,

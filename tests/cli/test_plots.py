@@ -84,3 +84,80 @@ def test_plot_out_is_a_file(tmp_path, capsys):
     target.write_bytes(b"x")
     assert main(["plot", str(EXAMPLE), "--out", str(target), "--betas", "8"]) == 2
     assert "not a directory" in capsys.readouterr().err
+
+
+# --- plot --weights: the pictures of given (trained) weights ------------------------------------
+
+K4 = ROOT / "docs" / "training" / "tasks-K4.yaml"
+K4_WEIGHTS = ROOT / "docs" / "training" / "weights" / "K4-E4-localize-s0.npz"
+
+
+def _drawn(monkeypatch):
+    """What plot --weights hands the drawing functions: [(picture, report, expert_tasks, parts)]."""
+    import workflow.plots as P
+
+    seen = []
+    routing, widths = P.plot_routing, P.plot_widths
+    monkeypatch.setattr(P, "plot_routing", lambda r, e, t="": seen.append(("routing", r, e, None)) or routing(r, e, t))
+    monkeypatch.setattr(P, "plot_widths",
+                        lambda r, t="", parts=True: seen.append(("widths", r, None, parts)) or widths(r, t, parts))
+    return seen
+
+
+def test_plot_weights_draws_the_routing_and_widths_of_the_given_weights(tmp_path, capsys, monkeypatch):
+    """--weights: the routing map and the widths of the weights given, from the verifier's
+    report of those weights (the one ``check --weights`` makes), widths not split into
+    dictionary and template neurons (trained weights have no such parts)."""
+    pytest.importorskip("matplotlib")
+    import numpy as np
+
+    import layout
+    from tasks.io import load_tasks
+    from verifier.checks.verify import verify
+
+    seen = _drawn(monkeypatch)
+    out = tmp_path / "pictures"
+    assert main(["plot", str(K4), "--weights", str(K4_WEIGHTS), "--out", str(out), "--name", "k4"]) == 0
+    assert [Path(p).name for p in capsys.readouterr().out.split()] == ["k4_routing.png", "k4_widths.png"]
+    assert sorted(p.name for p in out.iterdir()) == ["k4_routing.png", "k4_widths.png"]
+    for p in out.iterdir():
+        assert p.read_bytes().startswith(PNG_SIGNATURE)
+    weights = layout.load(K4_WEIGHTS)
+    want = verify(load_tasks(K4), weights, 0.01)
+    (_, routed, experts, _), (_, sized, _, parts) = seen
+    assert np.array_equal(routed.routing_matrix, want.routing_matrix) and experts == weights.expert_tasks
+    assert [t.width for t in sized.tasks] == [t.width for t in want.tasks] and parts is False
+
+
+def test_plot_weights_draws_a_model_that_misroutes(tmp_path, capsys, monkeypatch):
+    """Weights whose gate sends two tasks to each other's expert (its rows swapped) are drawn
+    as they are, exit 0 (plot draws; check certifies): the routing map's counts are off the
+    diagonal."""
+    pytest.importorskip("matplotlib")
+    import numpy as np
+    import scipy.sparse as sp
+
+    import layout
+
+    weights = layout.load(K4_WEIGHTS)
+    order = np.array([1, 0, 2, 3])
+    swapped = weights.replace(W_G=sp.csr_matrix(weights.W_G.toarray()[order]), b_G=weights.b_G[order])
+    path = tmp_path / "swapped.npz"
+    layout.save(swapped, path)
+    seen = _drawn(monkeypatch)
+    assert main(["plot", str(K4), "--weights", str(path), "--out", str(tmp_path / "out"), "--quiet"]) == 0
+    counts = np.asarray(seen[0][1].routing_matrix)
+    names = [t.name for t in seen[0][1].tasks]
+    own = [names.index(t) for t in weights.expert_tasks]
+    assert counts[own[0], 1] > 0 and counts[own[1], 0] > 0     # each of the two reaches the other's expert
+
+
+@pytest.mark.parametrize("flags", [["--beta", "3"], ["--betas", "4", "5"], ["--block", "gate"]])
+def test_plot_weights_refuses_the_construction_flags(tmp_path, capsys, flags):
+    """Given weights have no β, γ or symbolic blocks: those flags are refused in one line,
+    exit 2, nothing written."""
+    out = tmp_path / "out"
+    assert main(["plot", str(K4), "--weights", str(K4_WEIGHTS), "--out", str(out), *flags]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "does not apply to --weights" in err and flags[0] in err
+    assert not out.exists()

@@ -88,8 +88,10 @@ def plot_routing(report, expert_tasks: Sequence[str], title: str = ""):
     return fig
 
 
-def plot_widths(report, title: str = ""):
-    """Bars: expert width (template + dictionary neurons) against the bound c(k) per task."""
+def plot_widths(report, title: str = "", parts: bool = True):
+    """Bars: expert width against the bound c(k) per task; with ``parts`` (a constructed
+    model) split into its dictionary neurons (one per fact) and template neurons, which
+    given weights (a trained model) do not have."""
     plt = require_matplotlib()
     recs = report.tasks
     K = len(recs)
@@ -99,8 +101,11 @@ def plot_widths(report, title: str = ""):
     facts = np.array([min(r.facts, r.width or 0) for r in recs], float)
     fig, ax = plt.subplots(figsize=(min(18.0, max(6.0, 0.55 * K + 3)), 4.8))
     bw = 0.38
-    ax.bar(x - bw / 2, facts, bw, color="#9ecae1", label="width: dictionary neurons (one per fact, N_k)")
-    ax.bar(x - bw / 2, width - facts, bw, bottom=facts, color="#3182bd", label="width: template neurons")
+    if parts:
+        ax.bar(x - bw / 2, facts, bw, color="#9ecae1", label="width: dictionary neurons (one per fact, N_k)")
+        ax.bar(x - bw / 2, width - facts, bw, bottom=facts, color="#3182bd", label="width: template neurons")
+    else:
+        ax.bar(x - bw / 2, width, bw, color="#3182bd", label="width: neurons of the task's expert")
     ax.bar(x + bw / 2, bound, bw, color="#fdae6b", label="bound c(k) = L·|T(k)| + N_k")
     log = bound.max() / max(1.0, bound.min()) > 50
     if log:
@@ -114,7 +119,8 @@ def plot_widths(report, title: str = ""):
             ok = r.width is not None and r.width <= r.bound
             ax.text(x[i], max(width[i], bound[i]) * (1.25 if log else 1.02),
                     (f"{int(width[i])} ≤ {int(bound[i])}" if ok else f"{int(width[i])} > {int(bound[i])} OVER")
-                    + (f"\n{int(facts[i])} + {int(width[i] - facts[i])}" if K <= 12 else ""), ha="center", va="bottom",
+                    + (f"\n{int(facts[i])} + {int(width[i] - facts[i])}" if K <= 12 and parts else ""), ha="center",
+                    va="bottom",
                     fontsize=_tick_font(K), color="black" if ok else "red")
     step = _thin(K)
     ax.set_xticks(x[::step])
