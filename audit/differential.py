@@ -93,6 +93,11 @@ from verifier.passes.dense import DeployedDensePass, is_dense
 from verifier.passes.forward import FloatPass
 from verifier.passes.forward import BatchResult
 
+try:  # several failures at once, as hypothesis raises them: a builtin from Python 3.11, its backport before
+    _GROUP = BaseExceptionGroup
+except NameError:  # Python 3.10
+    from exceptiongroup import BaseExceptionGroup as _GROUP
+
 # --- deployments -------------------------------------------------------------------------------
 
 #: The deployments by the name this module uses: "FMT" or "FMT+ACC" (accumulating in ACC).
@@ -1271,8 +1276,7 @@ def search(examples: int, seed: int, runs: list[Runner], wanted: Callable[[Case,
         probe()
     except _Found:
         pass
-    # several distinct failures: all ours (BaseExceptionGroup: a builtin from Python 3.11)
-    except BaseExceptionGroup as group:  # noqa: F821
+    except _GROUP as group:                            # several distinct failures: all ours
         if not all(isinstance(e, _Found) for e in group.exceptions):
             raise
     if state["last"] is None:
