@@ -2,6 +2,7 @@
 
     python benchmarks/trained.py                      # the committed 1k and 10k models and a 50k one -> RESULTS.md
     python benchmarks/trained.py --models F1000 --runs 1 --out /tmp/r.md     # quick
+    python benchmarks/trained.py --large-runs 1       # the large model's rounds take minutes each
 
 For each model, one process each, timed as a whole (wall clock, medians of ``--runs``
 interleaved rounds after a warm-up round):
@@ -199,12 +200,13 @@ def _commands(tasks: str, weights: str) -> dict[str, list[str]]:
             "PyTorch float64": [py, here, "--peer", "torch", tasks, weights]}
 
 
-def paired(models: dict[str, tuple[str, str]], runs: int) -> list[dict]:
-    """Every command of every model, ``runs`` interleaved rounds after a warm-up one."""
+def paired(models: dict[str, tuple[str, str, int]]) -> list[dict]:
+    """Every command of every model (tasks, weights, runs), its runs in interleaved rounds after
+    a warm-up one."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     env["OPENBLAS_NUM_THREADS"] = env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = "1"
     out = []
-    for name, (tasks, weights) in models.items():
+    for name, (tasks, weights, runs) in models.items():
         cmds = _commands(tasks, weights)
         times: dict[str, list[float]] = {k: [] for k in cmds}
         info: dict[str, dict] = {}
@@ -251,6 +253,7 @@ def main(argv=None) -> int:
                     help="F1000, F10000 (committed) and/or large (default: all three)")
     ap.add_argument("--large", type=int, default=50_000, help="facts of the random dense model (default 50000)")
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--large-runs", type=int, help="runs of the large model (default: --runs)")
     ap.add_argument("--work", default=str(ROOT / "build" / "bench-trained"), help="where the large model is written")
     ap.add_argument("--out", help="write the block to this file instead of benchmarks/RESULTS.md")
     ap.add_argument("--peer", nargs=3, metavar=("KIND", "TASKS", "WEIGHTS"), help=argparse.SUPPRESS)
@@ -263,10 +266,10 @@ def main(argv=None) -> int:
     for name in args.models:
         if name == "large":
             t, w = large_model(args.large, Path(args.work) / f"F{args.large}")
-            models[f"F{args.large} (random dense)"] = (str(t), str(w))
+            models[f"F{args.large} (random dense)"] = (str(t), str(w), args.large_runs or args.runs)
         else:
-            models[name] = COMMITTED[name]
-    rows = paired(models, args.runs)
+            models[name] = (*COMMITTED[name], args.runs)
+    rows = paired(models)
     command = "python benchmarks/trained.py " + " ".join(argv if argv is not None else sys.argv[1:])
     lines = block(rows, command.strip())
     if args.out:
