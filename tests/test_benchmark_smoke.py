@@ -106,3 +106,15 @@ def test_refusals_benchmark_small(tmp_path):
     refused = [row.split(" | ")[2] for row in rows[1:-1]]
     assert all(r.startswith(("1005: ", "1006: ")) for r in refused), refused
     assert "alias '*x' is not supported" in refused[4] and rows[-1].split(" | ")[2] == "-"
+
+
+def test_trained_benchmark_smallest_model(tmp_path):
+    """The trained-models benchmark on the committed 1,000-fact model, one run: a row for the
+    check and for each plain pass, over the same number of queries (no timing asserted)."""
+    out = tmp_path / "t.md"
+    run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "trained.py"), "--models", "F1000", "--runs", "1",
+                          "--out", str(out)], capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert run.returncode == 0, run.stderr
+    rows = [l.split(" | ") for l in out.read_text().splitlines() if l.startswith("| F1000")]
+    assert sorted(r[2] for r in rows) == ["PyTorch float64", "`check --weights`", "numpy float64"]
+    assert len({r[1] for r in rows}) == 1 and int(rows[0][1].replace(",", "")) > 1000
