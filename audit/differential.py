@@ -46,7 +46,7 @@ checks each claim:
     may win; no execution inside the gate enclosures can pick another);
   - ``error``: the runner routed to a candidate and its error lies outside
     [err_lo, err_hi] (the enclosure is the worst over the candidates, so it holds for
-    every candidate; :mod:`tests.test_precision` excuses any expert other than
+    every candidate; ``tests/verifier/passes/test_precision.py`` excuses any expert other than
     ``expert``, which this check does not need to);
   - for an ablated runner, against the localization check's numbers (the certificate
     computed with each query's first valid token as its object): ``ablated error``

@@ -240,7 +240,7 @@ def test_removing_a_task_falls_back_to_a_full_check(tmp_path, capsys):
           suppress_health_check=list(HealthCheck))
 @given(task_sets(max_tasks=3, max_templates=2, max_facts=4, max_template_length=5), st.data())
 def test_patched_weights_equal_a_full_build(ts, data):
-    from tests.test_editing import edit
+    from tests.workflow.test_editing import edit
 
     model = build(ts)
     new = data.draw(edit(ts, [0]))
