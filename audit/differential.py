@@ -230,12 +230,11 @@ def entries() -> st.SearchStrategy[float]:
 # --- motifs ------------------------------------------------------------------------------------
 
 
-@st.composite
-def random_models(draw) -> Case:
-    """Generic weights: every entry from :func:`entries` (zeros, grid and tie values, floats)."""
-    V, d, n_pos = draw(st.integers(2, 10)), draw(st.integers(1, 6)), draw(st.integers(2, 5))
+def _generic(draw, el: st.SearchStrategy[float], least_d: int, name: str) -> Case:
+    """A model of generic shapes (vocabulary, width, positions, heads, experts and their widths
+    drawn small) whose every entry is drawn from ``el``, ``least_d`` the smallest width."""
+    V, d, n_pos = draw(st.integers(2, 10)), draw(st.integers(least_d, 6)), draw(st.integers(2, 5))
     H, K = draw(st.integers(0, 3)), draw(st.integers(1, 4))
-    el = entries()
 
     def a(*shape):
         return draw(arrays(np.float64, shape, elements=el))
@@ -244,13 +243,16 @@ def random_models(draw) -> Case:
     for _ in range(H):
         dh, dv = draw(st.integers(1, 3)), draw(st.integers(1, 3))
         heads.append((a(dh, d), a(dh, d), a(dv, d), a(d, dv)))
-    experts = []
-    for _ in range(K):
-        width = draw(st.integers(1, 3))
-        experts.append((a(width, d), a(width), a(d, width)))
+    experts = [(a(width, d), a(width), a(d, width)) for width in (draw(st.integers(1, 3)) for _ in range(K))]
     gate_mode = draw(st.sampled_from(GATE_MODES))
     w = dense_model(a(V + 1, d), a(n_pos, d), heads, a(K, d), a(K), experts, a(V, d), gate_mode)
-    return _case(draw, "random", {}, w)
+    return _case(draw, name, {}, w)
+
+
+@st.composite
+def random_models(draw) -> Case:
+    """Generic weights: every entry from :func:`entries` (zeros, grid and tie values, floats)."""
+    return _generic(draw, entries(), 1, "random")
 
 
 def nonzero_entries() -> st.SearchStrategy[float]:
@@ -263,21 +265,7 @@ def nonzero_entries() -> st.SearchStrategy[float]:
 def dense_models(draw) -> Case:
     """Dense weights (every entry non-zero, as trained weights are), which the verifier's dense
     pass certifies (:mod:`verifier.passes.dense`); values on the grids and at ties among them."""
-    V, d, n_pos = draw(st.integers(2, 10)), draw(st.integers(2, 6)), draw(st.integers(2, 5))
-    H, K = draw(st.integers(0, 3)), draw(st.integers(1, 4))
-    el = nonzero_entries()
-
-    def a(*shape):
-        return draw(arrays(np.float64, shape, elements=el))
-
-    heads = []
-    for _ in range(H):
-        dh, dv = draw(st.integers(1, 3)), draw(st.integers(1, 3))
-        heads.append((a(dh, d), a(dh, d), a(dv, d), a(d, dv)))
-    experts = [(a(width, d), a(width), a(d, width)) for width in (draw(st.integers(1, 3)) for _ in range(K))]
-    gate_mode = draw(st.sampled_from(GATE_MODES))
-    w = dense_model(a(V + 1, d), a(n_pos, d), heads, a(K, d), a(K), experts, a(V, d), gate_mode)
-    return _case(draw, "dense", {}, w)
+    return _generic(draw, nonzero_entries(), 2, "dense")
 
 
 def _empty_expert(d: int):

@@ -56,23 +56,21 @@ def block_flags(sp: argparse.ArgumentParser, what: str = "list this block's symb
 def count(text: str) -> int:
     """A whole number >= 1 (argparse type): 0 and a negative number get the same message
     (a negative one once said '>= 0', as if 0 were accepted)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {value}")
-    return value
+    return _at_least(text, 1)
 
 
 def whole(text: str) -> int:
     """A whole number >= 0 (argparse type)."""
+    return _at_least(text, 0)
+
+
+def _at_least(text: str, least: int) -> int:
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {value}")
+    if value < least:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= {least}, got {value}")
     return value
 
 
