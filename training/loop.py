@@ -249,13 +249,16 @@ def _rate(warmup: int, steps: int, time_limit: float | None = None) -> Callable[
 def train(taskset: TaskSet, config: TrainConfig = TrainConfig(), data: QueryData | None = None,
           log: Callable[[dict], None] | None = None, log_every: int = 100, *,
           model: MoETransformer | None = None, query_weights: np.ndarray | None = None,
-          steps: int | None = None, warmup: int | None = None, round_no: int = 0) -> TrainResult:
+          steps: int | None = None, warmup: int | None = None, round_no: int = 0,
+          lr_scale: float = 1.0) -> TrainResult:
     """Train a model on every query of ``taskset`` (deterministic in ``config.seed``).
 
     ``model``: continue training this model (a counterexample round) instead of a new one;
     ``query_weights`` (Q,): positive per-query weights (default all 1); ``steps`` and
     ``warmup`` override the config's (a round's own schedule, with a fresh optimiser);
-    ``round_no`` makes a round draw its own minibatches.
+    ``lr_scale`` multiplies the whole schedule (a counterexample round continues at the
+    rate the first round ended at, :data:`training.rounds.ROUND_LR`); ``round_no`` makes
+    a round draw its own minibatches.
 
     Every ``log_every`` steps, on the last step and on the step the time limit ends, an
     entry (step, loss and its parts, seconds, and the round, its steps ``of`` and its
@@ -268,6 +271,8 @@ def train(taskset: TaskSet, config: TrainConfig = TrainConfig(), data: QueryData
         model = MoETransformer(config.model_config(data), generator=gen)
     if round_no:
         gen.manual_seed(config.seed + 1_000_003 * round_no)
+    if not lr_scale > 0:
+        raise ValueError("lr_scale must be > 0")
     steps = config.steps if steps is None else steps
     warmup = config.warmup if warmup is None else warmup
     tokens, lengths, valid, determined = _tensors(data)
@@ -290,7 +295,7 @@ def train(taskset: TaskSet, config: TrainConfig = TrainConfig(), data: QueryData
     step = 0
     for step in range(steps):
         for group in opt.param_groups:
-            group["lr"] = config.lr * rate(step, time.perf_counter() - start)
+            group["lr"] = config.lr * lr_scale * rate(step, time.perf_counter() - start)
         if minibatch:
             idx = walk.take(config.batch_size - focused)
             row_weight = relative[idx]

@@ -4,8 +4,9 @@ Round 0 trains a new model for ``config.steps`` steps with the ``localize`` obje
 (:mod:`training.objectives`). After every round the model is exported (expert k serves
 task k, the mapping the objective trains) and every query is checked; a query failing a
 check has its weight multiplied by ``boost`` (at most ``max_weight``), and the next round
-continues the same model for ``round_steps`` steps (a fresh optimiser and schedule) with
-those weights. Rounds stop when the verifier certifies the weights or when ``max_rounds``
+continues the same model for ``round_steps`` steps (a fresh optimiser and schedule, at
+:data:`ROUND_LR` of the learning rate) with those weights. Rounds stop when the verifier
+certifies the weights or when ``max_rounds``
 rounds or the ``time_budget`` (seconds of training) are spent; the budget is shared out
 ahead (:func:`round_share`), and each round's learning-rate schedule fits its share.
 
@@ -193,6 +194,14 @@ class RoundsResult:
                 "train_seconds": round(self.train_seconds, 2), "check_seconds": round(self.check_seconds, 2)}
 
 
+#: A counterexample round's peak learning rate, as a share of the configured one: the rate
+#: the first round's schedule ends at (:func:`training.loop._rate` decays to 10%). A round
+#: starts a fresh optimiser on a model that already passes nearly every query; at the full
+#: rate its first steps undid more than they fixed (a 30,000-fact model with 4 failing
+#: queries after round 0 had 422, 814 and 716 after three full-rate rounds), so a round
+#: continues at the rate training had reached, and decays from there.
+ROUND_LR = 0.1
+
 #: The first round's share of a time budget (the rest is left to counterexample rounds).
 FIRST_SHARE = 0.75
 
@@ -312,7 +321,8 @@ def until_certified(taskset: TaskSet, config: TrainConfig, *, epsilon: float | N
         trained = train(taskset, cfg, data=data, model=model, query_weights=None if r == 0 else qw,
                         steps=config.steps if r == 0 else round_steps,
                         warmup=None if r == 0 else min(config.warmup, 20),
-                        round_no=r, log=step_log, log_every=step_every if step_log else 0)
+                        lr_scale=1.0 if r == 0 else ROUND_LR, round_no=r,
+                        log=step_log, log_every=step_every if step_log else 0)
         model = trained.model
         spent += trained.seconds
         total_steps = trained.steps + sum(x.steps for x in records)
