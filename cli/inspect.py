@@ -68,6 +68,11 @@ def run(args) -> int:
         print(f"{e['task'].ljust(name_w)}  {e['templates']:>3}  {e['facts']:>3}  {e['template_neurons']:>8}  "
               f"{e['dictionary_neurons']:>10}  {e['width']:>5}  {e['bound']:>5}  "
               f"{'ok  ' if e['width'] <= e['bound'] else 'OVER'}  {e['parameters']:>10,}")
+    for e in data["experts"]:
+        if "compose" in e:
+            first, second = e["compose"]
+            print(f"{e['task']} composes {first} then {second}: its {e['facts']:,} facts are derived, and the "
+                  f"one-layer model stores each again ({e['dictionary_neurons']:,} dictionary neurons)")
     c = data["parameter_counts"]
     print(f"parameters (stored entries): {c['total']:,} in total, {c['shared']:,} shared, {c['active_per_query']:,} "
           f"active per query; {c['facts_per_parameter']:.3g} facts per parameter; dense shapes would hold "

@@ -79,7 +79,10 @@ class Edit:
         elif self.action == "remove facts":
             gone = set(self.subjects)
             facts = Facts([(s, o) for s, o in task.facts.items() if s not in gone])
-        tasks[self.task] = Task(task.name, tuple(templates), facts)
+        # a composed task keeps its parts while its facts are its parts' (a template remedy);
+        # with facts removed it stands for a stored task of the remaining facts
+        compose = task.compose if facts is task.facts else None
+        tasks[self.task] = Task(task.name, tuple(templates), facts, compose=compose)
         return TaskSet(tuple(tasks), ts.epsilon, ts.parameters)      # lines of the file no longer apply
 
     def describe(self, ts: TaskSet) -> str:

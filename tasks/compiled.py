@@ -373,7 +373,7 @@ class FactsCache:
                 s, o = to_new[s], to_new[o]          # both vocabularies sorted: the order is kept
                 s.setflags(write=False)
                 o.setflags(write=False)
-                t = Task(t.name, t.templates, Facts.lazy(tokens, s, o))
+                t = Task(t.name, t.templates, Facts.lazy(tokens, s, o), compose=t.compose)
             else:
                 code = coded[t.name]
                 both = np.where(code >= 0, to_new[np.maximum(code, 0)], -1)
@@ -387,7 +387,7 @@ class FactsCache:
                 s.setflags(write=False)
                 o.setflags(write=False)
                 if t.name in self.spliced:   # its names read through the new vocabulary
-                    t = Task(t.name, t.templates, Facts.lazy(tokens, s, o))
+                    t = Task(t.name, t.templates, Facts.lazy(tokens, s, o), compose=t.compose)
             out_tasks.append(t)
             ids.append((s, o))
         ts = TaskSet.trusted(tuple(out_tasks), tuple(words), entity_names, tuple(ids), epsilon, parameters)

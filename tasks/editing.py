@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 import yaml
 from yaml.nodes import MappingNode, SequenceNode
 
+from tasks.composition import recompose, users
 from tasks.errors import TaskError
 from tasks.facts_files import iter_facts_file
 from tasks.files import atomic_files
@@ -86,14 +87,22 @@ def apply(taskset: TaskSet, edit: Edit, path: str | None = None) -> tuple[TaskSe
         raise TaskError(f"no task is named {show_name(edit.task)}", fix=f"give one of: {', '.join(taskset.names)}")
     k = taskset.index(edit.task)
     tasks = list(taskset.tasks)
+    chained = users(tasks, edit.task)
     if edit.delete_task:
         if len(tasks) == 1:
             raise TaskError(f"task {show_name(edit.task)} is the only task", fix="a task set needs at least one task")
+        if chained:
+            raise TaskError(f"task {show_name(edit.task)} is composed by {', '.join(map(show_name, chained))}",
+                            fix="delete the composed tasks first (--delete-task)")
         del tasks[k]
         out = TaskSet(tuple(tasks), taskset.epsilon, taskset.parameters)
         check_routable(out)
         return out, [f"removed task {show_name(edit.task)} ({taskset.tasks[k].n_facts} facts)"]
     task = tasks[k]
+    if task.compose is not None:
+        first, second = task.compose
+        raise TaskError(f"task {show_name(edit.task)} is composed: its facts are those of {show_name(first)} then "
+                        f"{show_name(second)}", fix=f"edit {show_name(first)} or {show_name(second)} instead")
     facts = dict(task.facts.items())
     changes = []
     for s in edit.remove:
@@ -122,6 +131,12 @@ def apply(taskset: TaskSet, edit: Edit, path: str | None = None) -> tuple[TaskSe
         raise TaskError(f"the edit leaves task {show_name(edit.task)} without facts",
                         fix="keep at least one fact, or remove the task with --delete-task")
     tasks[k] = Task(task.name, task.templates, Facts(facts.items()))
+    if chained:
+        before = {t.name: t.facts for t in tasks if t.compose is not None}
+        tasks = list(recompose(tasks))
+        for t in tasks:
+            if t.compose is not None and t.facts != before[t.name]:
+                changes.append(f"composed task {show_name(t.name)} now has {t.n_facts} facts (derived)")
     out = TaskSet(tuple(tasks), taskset.epsilon, taskset.parameters)
     _refuse_if_ill_posed(taskset, out, k, set(facts) - set(task.facts.keys()), path)
     return out, changes

@@ -35,6 +35,7 @@ from typing import Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
+from tasks.composition import check_compositions
 from tasks.errors import TaskError
 
 
@@ -338,15 +339,22 @@ class Facts(Mapping[str, str]):
 
 @dataclass(frozen=True)
 class Task:
-    """A knowledge task k = (T(k), D_k)."""
+    """A knowledge task k = (T(k), D_k).
+
+    ``compose``: for a composed task, the names of the two tasks it chains (its facts are
+    theirs chained, :mod:`tasks.composition`, checked by the task set); None for a task
+    with facts of its own."""
 
     name: str
     templates: tuple[Template, ...]
     facts: Facts
+    compose: tuple[str, str] | None = None
 
     def __post_init__(self) -> None:
         name = check_name(self.name, "task name")
         object.__setattr__(self, "name", name)
+        if self.compose is not None:
+            object.__setattr__(self, "compose", tuple(check_name(p, "composed task") for p in self.compose))
         templates = tuple(t if isinstance(t, Template) else Template.parse(t) for t in self.templates)
         object.__setattr__(self, "templates", templates)
         if not isinstance(self.facts, Facts):
@@ -370,6 +378,11 @@ class Task:
     def n_facts(self) -> int:
         """N_k = |D_k|."""
         return len(self.facts)
+
+    @property
+    def composed(self) -> bool:
+        """The task's facts are two other tasks' chained (:mod:`tasks.composition`)."""
+        return self.compose is not None
 
     def sentences(self) -> Iterator[tuple[tuple[str, ...], Template, str]]:
         """Every dataset sentence of this task, with its template and subject."""
@@ -523,6 +536,7 @@ class TaskSet:
             if task.name in names:
                 raise TaskError(f"two tasks are named '{task.name}'", fix="give every task its own name")
             names[task.name] = k
+        check_compositions(tasks)
         if self.epsilon is not None and not (0 < self.epsilon < 1):
             raise TaskError(f"epsilon {self.epsilon} is not between 0 and 1", fix="use a number such as 0.01")
         self._check_words_are_not_entities()

@@ -14,6 +14,7 @@ from typing import Iterator, Sequence
 import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
+from tasks.composition import check_parts, derive
 from tasks.errors import TaskError
 from tasks.facts_files import facts_file_bytes, facts_key, iter_facts_file, read_plain
 from tasks.messages import one_line, quoted, show_name, suggest_key, where_line
@@ -26,7 +27,7 @@ from tasks.yaml_nodes import (FLOAT, IMPLICIT, INT, MAP, MAX_DEPTH, MAX_TASKS_FI
                               too_large)
 
 TOP_KEYS = ("epsilon", "parameters", "tasks")
-TASK_KEYS = ("name", "templates", "facts", "facts_file")
+TASK_KEYS = ("name", "templates", "facts", "facts_file", "compose")
 #: Construction parameters a tasks file may set.
 PARAMETER_NAMES = ("beta", "gamma")
 
@@ -42,6 +43,8 @@ class _TaskHead:
     facts_node: Node | None = None
     files: list[tuple[str, int]] = field(default_factory=list)  # (path as written, YAML line)
     facts_line: int = 0
+    compose: tuple[str, ...] | None = None                     # a composed task's parts (tasks.composition)
+    compose_line: int = 0
 
 
 class _Builder:
@@ -168,11 +171,15 @@ class _Builder:
         words = self.word_uses(heads)
         tasks = []
         for head in heads:
+            if head.compose is not None:
+                tasks.append(None)            # derived below, once every stored task is read
+                continue
             facts = self.facts(head, words)
             try:
                 tasks.append(Task(head.name, tuple(head.templates), facts))
             except TaskError as e:
                 raise e.located(self.file, head.line) from None
+        self.composed_tasks(heads, tasks)
         sources = Sources(self.file, {(k, t): line for k, head in enumerate(heads)
                                       for t, line in enumerate(head.template_lines)},
                           parameter_lines, self.line(items["epsilon"][1]) if "epsilon" in items else None,
@@ -256,12 +263,21 @@ class _Builder:
             raise self.error(f"{label} has no templates", node, fix="add 'templates:' with at least one template")
         self.templates(head, label, *items["templates"])
         has_facts, has_file = "facts" in items, "facts_file" in items
+        if "compose" in items:
+            if has_facts or has_file:
+                key = "facts" if has_facts else "facts_file"
+                raise self.error(f"{label} is composed and also has '{key}'", line=self.line(items[key][0]),
+                                 fix=f"remove '{key}': a composed task's facts are derived from the tasks it composes")
+            head.compose = self.compose(label, *items["compose"])
+            head.compose_line = self.line(items["compose"][0])
+            return head
         if has_facts and has_file:
             later = max(self.line(items["facts"][0]), self.line(items["facts_file"][0]))
             raise self.error(f"{label} has both 'facts' and 'facts_file'", line=later, fix="keep one of them")
         if not has_facts and not has_file:
             raise self.error(f"{label} has no facts", node,
-                             fix="add 'facts:' (inline) or 'facts_file:' (a TSV/CSV file)")
+                             fix="add 'facts:' (inline) or 'facts_file:' (a TSV/CSV file), or 'compose: [first, "
+                                 "second]' for a task chaining two others")
         if has_facts:
             head.facts_node = items["facts"][1]
             head.facts_line = self.line(items["facts"][0])
@@ -269,6 +285,30 @@ class _Builder:
             head.files = self.facts_files(label, *items["facts_file"])
             head.facts_line = self.line(items["facts_file"][0])
         return head
+
+    def compose(self, label: str, key_node: Node, node: Node) -> tuple[str, ...]:
+        """The parts of a composed task: a list of task names (their number and names are
+        checked once every task is read, :meth:`composed_tasks`)."""
+        if not isinstance(node, SequenceNode):
+            raise self.error(f"'compose' of {label} is {describe(node)}, not a list of two task names", node,
+                             fix="write 'compose: [first, second]' (the first task's objects are the second's "
+                                 "subjects)")
+        return tuple(self.name(self.string(item, f"a task composed by {label}"), "composed task", self.file,
+                               self.line(item)) for item in self.sequence_items(node, f"'compose' of {label}"))
+
+    def composed_tasks(self, heads: list[_TaskHead], tasks: list[Task | None]) -> None:
+        """Fill in the composed tasks (None in ``tasks``): their parts checked, their facts derived."""
+        stored = {t.name: t for t in tasks if t is not None}
+        composed = {h.name: h for h in heads if h.compose is not None}
+        for k, head in enumerate(heads):
+            if head.compose is None:
+                continue
+            try:
+                first, second = check_parts(head.name, head.compose, stored, composed)
+                pairs = derive(head.name, first, second, stored[first].facts, stored[second].facts)
+                tasks[k] = Task(head.name, tuple(head.templates), Facts(pairs), compose=(first, second))
+            except TaskError as e:
+                raise e.located(self.file, head.compose_line) from None
 
     def templates(self, head: _TaskHead, label: str, key_node: Node, node: Node) -> None:
         if isinstance(node, ScalarNode) and node.tag == STR:

@@ -390,3 +390,44 @@ def ill_posed_task_sets(
         facts_b.append((subject, draw(st.sampled_from(entities))))
     tasks[b] = Task(task_b.name, templates_b, Facts(facts_b))
     return tuple(tasks)
+
+
+@st.composite
+def composed_task_sets(draw: st.DrawFn, min_tasks: int = 2, max_tasks: int = 4, max_composed: int = 2,
+                       max_facts: int = 6, max_template_length: int = 6) -> TaskSet:
+    """A well-posed task set with 1 to ``max_composed`` composed tasks
+    (:mod:`tasks.composition`) chaining its stored tasks, a task possibly with itself.
+
+    Without filtering: the stored tasks are :func:`task_sets`' (each with its marker
+    word); for each composition (first, second), the first task's first fact is pointed at
+    a subject of the second, so the composition has at least one fact; each composed task
+    has a marker word of its own before ⋆2 in every template (and no other word), so it
+    shares no object-query structure with another task. A composition left without facts
+    by a later one (which pointed the same fact elsewhere) is left out."""
+    stored = draw(_task_list(max(2, min_tasks), max(2, min_tasks, max_tasks), 2, max_facts, max_template_length,
+                             False))
+    n = draw(st.integers(1, max_composed))
+    pairs = [(draw(st.integers(0, len(stored) - 1)), draw(st.integers(0, len(stored) - 1))) for _ in range(n)]
+    for a, b in pairs:
+        task, target = stored[a], stored[b]
+        s = task.facts.subjects
+        o = list(task.facts.objects)
+        o[0] = target.facts.subjects[draw(st.integers(0, len(target.facts) - 1))]
+        stored[a] = Task(task.name, task.templates, Facts(zip(s, o)))
+    words_used = {w for t in stored for tp in t.templates for w in tp.words}
+    entities = {e for t in stored for e in (*t.facts.subjects, *t.facts.objects)}
+    markers = _make_unique(draw(st.lists(words(), min_size=n, max_size=n)), words_used | entities, "~")
+    names = _make_unique(draw(st.lists(task_names(), min_size=n, max_size=n)), {t.name for t in stored}, " #")
+    tasks = list(stored)
+    for (a, b), marker, name in zip(pairs, markers, names):
+        # its other words are its marker too: another task's word could let a prefix of it
+        # run through that task's object query
+        chosen = draw(st.lists(_marked_templates([marker], marker, max_template_length), min_size=1, max_size=2,
+                               unique_by=lambda t: t.parts))
+        first, second = stored[a], stored[b]
+        facts = [(s, second.facts[x]) for s, x in first.facts.items() if x in second.facts]
+        if not facts:        # a later pair pointed the same fact elsewhere (the last pair always has one)
+            continue
+        facts = Facts(facts)
+        tasks.append(Task(name, tuple(chosen), facts, compose=(first.name, second.name)))
+    return TaskSet(tuple(tasks))

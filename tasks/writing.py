@@ -68,7 +68,9 @@ def _document(taskset: TaskSet, ascii: bool, facts_files: Mapping[int, str]) -> 
     tasks = []
     for k, task in enumerate(taskset.tasks):
         entry: dict = {"name": task.name, "templates": [_template_text(t, ascii) for t in task.templates]}
-        if k in facts_files:
+        if task.compose is not None:
+            entry["compose"] = list(task.compose)     # its facts are derived when read back
+        elif k in facts_files:
             entry["facts_file"] = facts_files[k]
         else:
             entry["facts"] = dict(task.facts.items())
@@ -164,7 +166,7 @@ def dump_tasks(taskset: TaskSet, path: str | os.PathLike, *, facts_dir: str | os
         yaml_dir = os.path.dirname(os.path.abspath(path))
         for k, stem in enumerate(_safe_file_names(taskset.names)):
             facts = taskset.tasks[k].facts
-            if not _tsv_safe(facts):
+            if taskset.tasks[k].compose is not None or not _tsv_safe(facts):
                 continue
             target = os.path.join(facts_dir, stem + ".tsv")
             outputs.append((target, _tsv_bytes(facts)))

@@ -68,7 +68,8 @@ def inspect_data(model: SymbolicModel) -> dict:
         "vocabulary": ts.vocabulary.size,
         "residual_width": model.residual.dim,
         "experts": [{"task": t.name, "templates": t.n_templates, "facts": t.n_facts, "width": w, "bound": c,
-                     "template_neurons": w - t.n_facts, "dictionary_neurons": t.n_facts, "parameters": n}
+                     "template_neurons": w - t.n_facts, "dictionary_neurons": t.n_facts, "parameters": n,
+                     **({"compose": list(t.compose)} if t.compose is not None else {})}
                     for t, w, c, n in zip(ts.tasks, model.widths, model.bounds, counts["per_expert"])],
     }
 

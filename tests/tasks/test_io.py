@@ -107,6 +107,18 @@ BAD_CASES: dict[str, tuple] = {
     # cross-task rules
     "word_entity_clash.yaml": (7, "'of' is the subject of a fact of task 'capital' and also a word of template"),
     "collision.yaml": (4, "the other template is on line 10"),
+    # composed tasks (tasks.composition)
+    "compose_unknown_task.yaml": (10, "composes 'capitol', which is not a task of the set; did you mean 'capital'"),
+    "compose_three_tasks.yaml": (10, "composes 3 tasks; a composition chains exactly 2"),
+    "compose_itself.yaml": (10, "task 'born_capital' composes itself"),
+    "compose_cycle.yaml": (10, "composes 'b', which is itself composed: that chains more than 2 hops"),
+    "compose_three_hops.yaml": (13, "composes 'born_capital', which is itself composed"),
+    "compose_no_facts.yaml": (10, "no object of 'capital' is a subject of 'born_in': the composition has no facts"),
+    "compose_and_facts.yaml": (11, "is composed and also has 'facts'"),
+    "compose_scalar.yaml": (10, "'compose' of task 'born_capital' is a string, not a list of two task names"),
+    "compose_number.yaml": (10, "'7', which YAML reads as an integer, not a string"),
+    "compose_contradiction.yaml": (3, "share the object-query prefix 'Curie was born in' (the other template is on "
+                                      "line 9)"),
     # facts files
     "file_missing.yaml": (5, "'tests/data/bad/does_not_exist.tsv' of task 'capital' not found"),
     "file_is_directory.yaml": (5, "is a directory"),

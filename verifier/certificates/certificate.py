@@ -171,6 +171,8 @@ def _save_taskset(ts: TaskSet, path: str) -> None:
         s, o = ts.fact_ids[k]
         arrays[f"subjects.{k}"] = np.asarray(s, np.int32 if vocab.size < 2 ** 31 else np.int64)
         arrays[f"objects.{k}"] = np.asarray(o, np.int32 if vocab.size < 2 ** 31 else np.int64)
+        if task.compose is not None:                   # a composed task's parts (absent for the others)
+            arrays[f"compose.{k}"] = _strings(task.compose)
     arrays["templates"] = _strings(template_text)
     arrays["template_ptr"] = np.asarray(template_ptr, np.int64)
     with open(path, "wb") as f:
@@ -189,7 +191,8 @@ def _load_taskset(path: str, epsilon: float | None, parameters: dict) -> TaskSet
         tasks, ids = [], []
         for k, name in enumerate(names):
             s, o = z[f"subjects.{k}"].astype(np.int64), z[f"objects.{k}"].astype(np.int64)
-            tasks.append(Task(name, tuple(templates[ptr[k]: ptr[k + 1]]), Facts.lazy(tokens, s, o)))
+            compose = tuple(z[f"compose.{k}"].tolist()) if f"compose.{k}" in z.files else None
+            tasks.append(Task(name, tuple(templates[ptr[k]: ptr[k + 1]]), Facts.lazy(tokens, s, o), compose=compose))
             s.setflags(write=False)
             o.setflags(write=False)
             ids.append((s, o))

@@ -28,6 +28,7 @@ def task_json(r: TaskRecord) -> dict[str, Any]:
         "name": r.name,
         "templates": r.templates,
         "facts": r.facts,
+        **({"compose": list(r.compose)} if r.compose is not None else {}),   # only for a composed task
         "L": r.L,
         "bound": r.bound,
         "expert": r.expert,

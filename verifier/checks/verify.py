@@ -102,6 +102,7 @@ class TaskRecord:
     #: check (misrouted, over_epsilon) or holding it (ablation_broken: the ablated error >= ε,
     #: (b); l1_held, l2_held; localized: (b), L1 and L2 all certified)
     counts: dict[str, int] = field(default_factory=catalogue.zero_counts)
+    compose: tuple[str, str] | None = None    # a composed task's two parts (tasks.composition)
 
     @property
     def uniform_bound(self) -> float | None:
@@ -334,7 +335,8 @@ def task_records(taskset: TaskSet, weights: Weights) -> list[TaskRecord]:
     for k, task in enumerate(taskset.tasks):
         e = expert_of_task.get(task.name)
         records.append(TaskRecord(task.name, task.n_templates, task.n_facts, taskset.L, taskset.complexity(k),
-                                  e, weights.experts[e].width if e is not None else None, objects=int(n_objects[k])))
+                                  e, weights.experts[e].width if e is not None else None, objects=int(n_objects[k]),
+                                  compose=task.compose))
     return records
 
 
