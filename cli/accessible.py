@@ -57,6 +57,9 @@ def run(args) -> int:
     from workflow import accessibility as W
 
     settle()
+    from workflow.layers import refuse_two_layers
+
+    refuse_two_layers("accessible", args.tasks, args.layers, getattr(args, "weights", None))
     taskset = load(args)
     read = inputs(args)
     for path in (args.json, args.plot):

@@ -32,8 +32,26 @@ def run(args) -> int:
     from workflow import build as W
 
     settle()
-    taskset = load(args)
+    from workflow import layers as WL
+
+    layers, taskset = WL.layers_of_file(args.tasks, args.layers)
     out = output_path(args.output, inputs(args))            # refused before the build (and again at the write)
+    if layers == 2:
+        built = WL.build_file(taskset, out, args.epsilon, args.beta, args.gamma, precision=args.precision,
+                              ulps=args.ulps, accumulate=args.accumulate)
+        stack = built.instantiate()
+        if args.json:
+            data = {"output": args.output, "layers": 2,
+                    "experts": [len(stack.first.experts), len(stack.second.experts)],
+                    "widths": [[e.width for e in stack.first.experts], [e.width for e in stack.second.experts]],
+                    "beta": str(built.beta), "gamma": str(built.gamma), "epsilon": built.epsilon}
+            write_text(args.json, json.dumps(data, indent=2, ensure_ascii=False), inputs(args) + [args.output])
+        if not args.quiet and args.json != "-":
+            w1, w2 = [e.width for e in stack.first.experts], [e.width for e in stack.second.experts]
+            print(f"wrote {args.output}: two layers, {len(w1)} + {len(w2)} experts, widths {w1} + {w2}, "
+                  f"beta = {built.beta}, gamma = {built.gamma}")
+        return EXIT_OK
+    taskset = taskset if taskset is not None else load(args)
     built = W.build_file(taskset, out, args.precision, args.ulps, args.accumulate, args.epsilon, args.beta, args.gamma)
     model, notes, margins = built.model, built.notes, built.margins
     if args.json:

@@ -51,6 +51,11 @@ def arguments(c: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
+    from workflow import layers as WL
+
+    layers, taskset = WL.layers_of_file(args.tasks, args.layers, args.weights)
+    if layers == 2:
+        return _run_two_layers(args, taskset)
     from workflow import checking as W
 
     if not args.weights:
@@ -73,3 +78,19 @@ def run(args) -> int:
         except BrokenPipeError:  # the reader stopped early; the verdict still decides the status
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return code
+
+
+def _run_two_layers(args, taskset) -> int:
+    """``check`` of a two-layer model (:mod:`workflow.layers`)."""
+    from workflow import layers as WL
+
+    settle()
+    report = WL.check(taskset, weights=args.weights, epsilon=args.epsilon, beta=args.beta, gamma=args.gamma,
+                      precision=args.precision, ulps=args.ulps, accumulate=args.accumulate, jobs=args.jobs,
+                      scheduler=args.scheduler, cluster_timeout=args.cluster_timeout, certificate=args.certificate,
+                      since=args.since)
+    if args.json:
+        write_text(args.json, WL.dumps(report), inputs(args))
+    if args.json != "-":
+        print(WL.summary(report))
+    return EXIT_OK if report.certified else EXIT_NOT_CERTIFIED

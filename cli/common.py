@@ -42,6 +42,9 @@ def model_flags(sp: argparse.ArgumentParser) -> None:
     sp.add_argument("--epsilon", type=_epsilon, help="target error (default: the file's, else 0.01)")
     sp.add_argument("--beta", type=positive, help="attention inverse temperature (default: computed)")
     sp.add_argument("--gamma", type=positive, help="logit scale (default: computed)")
+    sp.add_argument("--layers", type=int, choices=(1, 2), default=None,
+                    help="the model's layers: 2 composes stored facts (the default for a task set with a composed "
+                         "task), 1 stores every composed fact (docs/two-hops.md)")
 
 
 def block_flags(sp: argparse.ArgumentParser, what: str = "list this block's symbolic weights") -> None:

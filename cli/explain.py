@@ -29,6 +29,9 @@ def run(args) -> int:
     from workflow import explain as W
 
     settle()
+    from workflow.layers import refuse_two_layers
+
+    refuse_two_layers("explain", args.tasks, args.layers, getattr(args, "weights", None))
     taskset = load(args)
     prefix = args.prefix.split(args.sep) if args.sep else args.prefix
     info = W.explain(taskset, prefix, args.weights, args.epsilon, args.beta, args.gamma)

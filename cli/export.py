@@ -39,6 +39,9 @@ def run(args) -> int:
     from workflow.export import export
 
     settle()
+    from workflow.layers import refuse_two_layers
+
+    refuse_two_layers("export", args.tasks, args.layers, getattr(args, "weights", None))
     taskset = load(args)
     out = output_path(args.onnx, inputs(args))              # refused before the build (and again at the write)
     done = export(taskset, out, weights=args.weights, certificate=args.certificate, precision=args.precision,

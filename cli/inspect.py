@@ -33,6 +33,11 @@ def run(args) -> int:
     from workflow import inspect as W
 
     settle()
+    from workflow import layers as WL
+
+    layers, _ = WL.layers_of_file(args.tasks, args.layers)
+    if layers == 2:
+        return _inspect_two_layers(args)
     taskset = load(args, routable=False)      # a set nobody could route is explained, not just refused
     inspection = W.inspect(taskset, args.epsilon, args.beta, args.gamma)
     if inspection.refusal is not None:
@@ -99,3 +104,19 @@ def _refused(args, inspection) -> int:
             print("no single edit of the templates or facts it names makes it constructible")
     print(f"error: {refusal.error}", file=sys.stderr)
     return EXIT_BAD_INPUT
+
+
+def _inspect_two_layers(args) -> int:
+    """``inspect`` of the two-layer model: per task its neurons in each layer against one layer."""
+    from workflow import layers as WL
+
+    if args.block is not None:
+        raise TaskError("--block lists the one-layer model's symbolic weights; the two-layer model has no listing yet",
+                        fix="add --layers 1 to list the one-layer model's blocks")
+    data = WL.inspect_data(load(args), args.epsilon, args.beta, args.gamma)
+    if args.json:
+        write_text(args.json, json.dumps(data, indent=2, ensure_ascii=False), inputs(args))
+        if args.json == "-":
+            return EXIT_OK
+    print("\n".join(WL.inspect_text(data)))
+    return EXIT_OK

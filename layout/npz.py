@@ -259,7 +259,11 @@ def _texts(value: Any) -> Iterator[str]:
             yield from _texts(v)
 
 
-def _read_meta(r: _Reader) -> dict[str, Any]:
+#: The metadata keys of a two-layer file (:mod:`layout.layers`), beside :data:`META_KEYS`.
+STACK_KEYS = ("layers", "layer2_experts")
+
+
+def _read_meta(r: _Reader, stack: bool = False) -> dict[str, Any]:
     raw = r.get("meta")
     if raw.ndim != 0 or raw.dtype.kind != "U":
         raise r.fail("'meta' must be one unicode string holding a JSON object (it has dtype "
@@ -275,7 +279,10 @@ def _read_meta(r: _Reader) -> dict[str, Any]:
         problem = text_problem(text)
         if problem:
             raise r.fail(f"a string in 'meta' {problem}", fix="write text without NUL or lone surrogates")
-    unknown = sorted(set(meta) - set(META_KEYS))
+    if not stack and "layers" in meta:
+        raise r.fail(f"the file holds a model of {meta['layers']!r} layers, not one",
+                     fix="check it against a task set with composed tasks (docs/two-hops.md)")
+    unknown = sorted(set(meta) - set(META_KEYS) - set(STACK_KEYS if stack else ()))
     if unknown:
         raise r.fail(f"'meta' has an unknown key {unknown[0]!r} (known: {', '.join(META_KEYS)})")
     if meta.get("format") not in FORMATS:
@@ -367,9 +374,31 @@ def load(path: str | os.PathLike, validate: bool = True) -> Weights:
     if os.path.isdir(path):
         raise TaskError("is a directory, not a weights file", file=path,
                         fix="give the .npz file written by 'verifier build'")
+    r, meta = _open(path, validate)
+    weights = _weights(r, meta)
+    r.used.add("meta")
+    extra = sorted(set(r.members) - r.used)
+    if extra:
+        raise r.fail(f"member '{extra[0]}' is not part of the layout (n_heads = {meta['n_heads']}, n_experts = "
+                     f"{meta['n_experts']})",
+                     fix="remove it, or correct meta.n_heads / meta.n_experts")
+    if validate:
+        weights.validate(path)
+    return weights
+
+
+def _open(path: str, validate: bool, stack: bool = False) -> tuple[_Reader, dict[str, Any]]:
+    """The file's reader and its metadata (``stack``: a two-layer file's keys allowed)."""
+    if os.path.isdir(path):
+        raise TaskError("is a directory, not a weights file", file=path,
+                        fix="give the .npz file written by 'verifier build'")
     r = _Reader(path, _members(path))
     r.trusted = not validate
-    meta = _read_meta(r)
+    return r, _read_meta(r, stack)
+
+
+def _weights(r: _Reader, meta: dict[str, Any]) -> Weights:
+    """The one-layer weights the reader's members hold (not validated)."""
     heads = tuple(Head(r.matrix(f"heads.{m}.W_Q"), r.matrix(f"heads.{m}.W_K"), r.matrix(f"heads.{m}.W_V"),
                        r.matrix(f"heads.{m}.W_O"))
                   for m in range(meta["n_heads"]))
@@ -384,12 +413,4 @@ def load(path: str | os.PathLike, validate: bool = True) -> Weights:
         neuron_labels=tuple(tuple(x) for x in meta["neuron_labels"]) if meta.get("neuron_labels") is not None else None,
         parameters=dict(meta.get("parameters") or {}),
     )
-    r.used.add("meta")
-    extra = sorted(set(r.members) - r.used)
-    if extra:
-        raise r.fail(f"member '{extra[0]}' is not part of the layout (n_heads = {meta['n_heads']}, n_experts = "
-                     f"{meta['n_experts']})",
-                     fix="remove it, or correct meta.n_heads / meta.n_experts")
-    if validate:
-        weights.validate(path)
     return weights

@@ -3,13 +3,14 @@
 A composed task c = (first, second) has templates of its own and no facts of its own.
 Its dictionary is
 
-    D_c = { s ↦ D_second(D_first(s)) : s a subject of first whose object is a subject of second },
+    D_c = { s ↦ D_second(D_first(s)) : s a subject of first },
 
 for example ``compose: [born_in, capital]`` with the template ``the capital of the country
 where ⋆1 was born is ⋆2`` answers with the capital of the country a person was born in.
-The object D_first(s) is the *bridge* entity. Subjects of ``first`` whose object is not a
-subject of ``second`` have no composed fact (the composition is a partial map, as the
-dictionaries are); a composition with no fact at all is refused.
+The object D_first(s) is the *bridge* entity. Every object of ``first`` must be a subject
+of ``second``: a composed task asks its question of every subject of its first task (a
+person born in a country without a stored capital has no answer, and the tasks file
+says so rather than leaving a hole in the composed task).
 
 Rules (each a :class:`~tasks.errors.TaskError`):
 
@@ -18,7 +19,7 @@ Rules (each a :class:`~tasks.errors.TaskError`):
   (``compose: [parent, parent]`` is a grandparent relation);
 * the composed task's facts are exactly the derived ones (a task set built in Python with
   other facts is refused, so a composed task never contradicts its parts);
-* the composition has at least one fact.
+* every object of the first task is a subject of the second.
 
 Every other rule holds as for a stored task: the composed task's templates are its own,
 and an object query it shares with another task is refused by the routability rule
@@ -43,7 +44,8 @@ HOPS = 2
 
 
 def composed_facts(first: Mapping[str, str], second: Mapping[str, str]) -> list[tuple[str, str]]:
-    """The chained dictionary of ``first`` then ``second``, in the order of ``first``'s subjects."""
+    """The chained dictionary of ``first`` then ``second``, in the order of ``first``'s
+    subjects (a subject whose object ``second`` lacks is left out: :func:`derive` refuses it)."""
     return [(s, second[b]) for s, b in first.items() if b in second]
 
 
@@ -76,14 +78,17 @@ def check_parts(name: str, parts: Sequence[str], stored: Mapping[str, object], c
 
 def derive(name: str, first: str, second: str, first_facts: Mapping[str, str],
            second_facts: Mapping[str, str]) -> list[tuple[str, str]]:
-    """The facts of composed task ``name``; refused when there are none (no object of
-    ``first`` is a subject of ``second``)."""
+    """The facts of composed task ``name``; refused when an object of ``first`` is not a
+    subject of ``second`` (the first such fact is named)."""
     pairs = composed_facts(first_facts, second_facts)
-    if not pairs:
-        raise TaskError(f"task {show_name(name)} composes {show_name(first)} and {show_name(second)}, but no object "
-                        f"of {show_name(first)} is a subject of {show_name(second)}: the composition has no facts",
-                        fix=f"check the order (the objects of the first task must be subjects of the second), "
-                            f"or add facts to {show_name(second)} whose subjects are objects of {show_name(first)}")
+    if len(pairs) != len(first_facts):
+        s, b = next((s, b) for s, b in first_facts.items() if b not in second_facts)
+        none = "" if pairs else f" (none of the objects of {show_name(first)} is: check the order)"
+        raise TaskError(f"task {show_name(name)} composes {show_name(first)} and {show_name(second)}, but the object "
+                        f"{show_name(b)} of {show_name(s)} in {show_name(first)} is not a subject of "
+                        f"{show_name(second)}{none}",
+                        fix=f"add a fact for {show_name(b)} to {show_name(second)}, or remove {show_name(s)} from "
+                            f"{show_name(first)}")
     return pairs
 
 
@@ -101,24 +106,6 @@ def check_compositions(tasks: Sequence) -> None:
             raise TaskError(f"the facts of composed task {show_name(task.name)} are not those of {show_name(first)} "
                             f"then {show_name(second)}",
                             fix="give a composed task no facts of its own: they are derived from its parts")
-
-
-def recompose(tasks: Sequence) -> tuple:
-    """``tasks`` with every composed task's facts derived again from its parts (after an
-    edit of a part); the tasks that are not composed are returned as they are."""
-    from tasks.model import Facts, Task
-
-    stored = {t.name: t for t in tasks if t.compose is None}
-    composed = {t.name: t for t in tasks if t.compose is not None}
-    out = []
-    for t in tasks:
-        if t.compose is None:
-            out.append(t)
-            continue
-        first, second = check_parts(t.name, t.compose, stored, composed)
-        pairs = derive(t.name, first, second, stored[first].facts, stored[second].facts)
-        out.append(Task(t.name, t.templates, Facts(pairs), compose=t.compose))
-    return tuple(out)
 
 
 def users(tasks: Sequence, name: str) -> list[str]:

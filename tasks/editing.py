@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 import yaml
 from yaml.nodes import MappingNode, SequenceNode
 
-from tasks.composition import recompose, users
+from tasks.composition import check_parts, derive, users
 from tasks.errors import TaskError
 from tasks.facts_files import iter_facts_file
 from tasks.files import atomic_files
@@ -133,13 +133,28 @@ def apply(taskset: TaskSet, edit: Edit, path: str | None = None) -> tuple[TaskSe
     tasks[k] = Task(task.name, task.templates, Facts(facts.items()))
     if chained:
         before = {t.name: t.facts for t in tasks if t.compose is not None}
-        tasks = list(recompose(tasks))
+        tasks = recompose(tasks)
         for t in tasks:
             if t.compose is not None and t.facts != before[t.name]:
                 changes.append(f"composed task {show_name(t.name)} now has {t.n_facts} facts (derived)")
     out = TaskSet(tuple(tasks), taskset.epsilon, taskset.parameters)
     _refuse_if_ill_posed(taskset, out, k, set(facts) - set(task.facts.keys()), path)
     return out, changes
+
+
+def recompose(tasks: list[Task]) -> list[Task]:
+    """``tasks`` with every composed task's facts derived again from its parts (after an
+    edit of a part); the tasks that are not composed are returned as they are."""
+    stored = {t.name: t for t in tasks if t.compose is None}
+    composed = {t.name: t for t in tasks if t.compose is not None}
+    out = []
+    for t in tasks:
+        if t.compose is not None:
+            first, second = check_parts(t.name, t.compose, stored, composed)
+            t = Task(t.name, t.templates, Facts(derive(t.name, first, second, stored[first].facts,
+                                                       stored[second].facts)), compose=t.compose)
+        out.append(t)
+    return out
 
 
 def _refuse_if_ill_posed(before: TaskSet, after: TaskSet, k: int, added: set[str], path: str | None) -> None:

@@ -399,21 +399,31 @@ def composed_task_sets(draw: st.DrawFn, min_tasks: int = 2, max_tasks: int = 4, 
     (:mod:`tasks.composition`) chaining its stored tasks, a task possibly with itself.
 
     Without filtering: the stored tasks are :func:`task_sets`' (each with its marker
-    word); for each composition (first, second), the first task's first fact is pointed at
-    a subject of the second, so the composition has at least one fact; each composed task
-    has a marker word of its own before ⋆2 in every template (and no other word), so it
-    shares no object-query structure with another task. A composition left without facts
-    by a later one (which pointed the same fact elsewhere) is left out."""
+    word); every object of a composition's first task is pointed at a subject of its
+    second (of each of its seconds, when it starts several compositions; a pair whose
+    seconds share no subject is left out); each composed task has a marker word of its own
+    before ⋆2 in every template (and no other word), so it shares no object-query
+    structure with another task."""
     stored = draw(_task_list(max(2, min_tasks), max(2, min_tasks, max_tasks), 2, max_facts, max_template_length,
                              False))
     n = draw(st.integers(1, max_composed))
     pairs = [(draw(st.integers(0, len(stored) - 1)), draw(st.integers(0, len(stored) - 1))) for _ in range(n)]
+    # every object of a first task must be a subject of each of its second tasks (and a task
+    # that is both a first and a second hop keeps its subjects): point each first task's
+    # objects at subjects common to its second tasks, dropping a pair that leaves none
+    kept: list[tuple[int, int]] = []
     for a, b in pairs:
-        task, target = stored[a], stored[b]
-        s = task.facts.subjects
-        o = list(task.facts.objects)
-        o[0] = target.facts.subjects[draw(st.integers(0, len(target.facts) - 1))]
-        stored[a] = Task(task.name, task.templates, Facts(zip(s, o)))
+        seconds = [y for x, y in kept if x == a] + [b]
+        common = set.intersection(*(set(stored[y].facts.subjects) for y in seconds))
+        if common:
+            kept.append((a, b))
+    pairs = kept
+    for a in sorted({x for x, _ in pairs}):
+        seconds = [y for x, y in pairs if x == a]
+        common = sorted(set.intersection(*(set(stored[y].facts.subjects) for y in seconds)))
+        task = stored[a]
+        o = [common[draw(st.integers(0, len(common) - 1))] for _ in task.facts.subjects]
+        stored[a] = Task(task.name, task.templates, Facts(zip(task.facts.subjects, o)))
     words_used = {w for t in stored for tp in t.templates for w in tp.words}
     entities = {e for t in stored for e in (*t.facts.subjects, *t.facts.objects)}
     markers = _make_unique(draw(st.lists(words(), min_size=n, max_size=n)), words_used | entities, "~")
@@ -425,9 +435,6 @@ def composed_task_sets(draw: st.DrawFn, min_tasks: int = 2, max_tasks: int = 4, 
         chosen = draw(st.lists(_marked_templates([marker], marker, max_template_length), min_size=1, max_size=2,
                                unique_by=lambda t: t.parts))
         first, second = stored[a], stored[b]
-        facts = [(s, second.facts[x]) for s, x in first.facts.items() if x in second.facts]
-        if not facts:        # a later pair pointed the same fact elsewhere (the last pair always has one)
-            continue
-        facts = Facts(facts)
+        facts = Facts([(s, second.facts[x]) for s, x in first.facts.items()])
         tasks.append(Task(name, tuple(chosen), facts, compose=(first.name, second.name)))
     return TaskSet(tuple(tasks))

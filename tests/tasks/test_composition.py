@@ -27,7 +27,7 @@ TWO_HOPS = """\
 tasks:
   - name: born_in
     templates: [⋆1 was born in ⋆2]
-    facts: {Curie: Poland, Einstein: Germany, Bohr: Denmark, Fermi: Italy}
+    facts: {Curie: Poland, Einstein: Germany, Bohr: Denmark}
   - name: capital
     templates: [the capital of ⋆1 is ⋆2]
     facts: {Poland: Warsaw, Germany: Berlin, Denmark: Copenhagen, France: Paris}
@@ -49,12 +49,18 @@ def test_the_facts_are_the_parts_chained(two_hops):
     task = ts.tasks[ts.index("born_capital")]
     assert task.compose == ("born_in", "capital")
     assert dict(task.facts.items()) == {"Curie": "Warsaw", "Einstein": "Berlin", "Bohr": "Copenhagen"}
-    assert "Fermi" not in task.facts           # Italy is no subject of capital: no composed fact
+
+
+def test_an_object_that_is_no_subject_of_the_second_task_is_refused(two_hops):
+    text = two_hops.read_text(encoding="utf-8").replace("Bohr: Denmark}", "Bohr: Denmark, Fermi: Italy}")
+    with pytest.raises(TaskError, match="the object 'Italy' of 'Fermi' in 'born_in' is not a subject of 'capital'"):
+        loads_tasks(text)
 
 
 def test_a_task_may_be_both_parts():
-    parent = Task("parent", ("the parent of ⋆1 is ⋆2",), {"a": "b", "b": "c", "c": "d"})
-    grand = Task("grandparent", ("the grandparent of ⋆1 is ⋆2",), {"a": "c", "b": "d"}, compose=("parent", "parent"))
+    parent = Task("parent", ("the parent of ⋆1 is ⋆2",), {"a": "b", "b": "c", "c": "a"})
+    grand = Task("grandparent", ("the grandparent of ⋆1 is ⋆2",), {"a": "c", "b": "a", "c": "b"},
+                 compose=("parent", "parent"))
     ts = TaskSet((parent, grand))
     check_routable(ts)
     assert ts.tasks[1].composed and not ts.tasks[0].composed
@@ -62,21 +68,24 @@ def test_a_task_may_be_both_parts():
 
 @pytest.mark.parametrize("facts, compose, problem", [
     ({"a": "d"}, ("parent", "parent"), "are not those of 'parent' then 'parent'"),
-    ({"a": "c"}, ("parent", "parent"), "are not those of 'parent' then 'parent'"),   # one missing
+    ({"a": "c"}, ("parent", "parent"), "are not those of 'parent' then 'parent'"),   # two missing
     ({"a": "c", "b": "d"}, ("parent", "mother"), "composes 'mother', which is not a task of the set"),
+    ({"a": "c", "b": "d"}, ("parent", "parent"), "the object 'd' of 'c' in 'parent' is not a subject of 'parent'"),
     ({"a": "c", "b": "d"}, ("parent",), "composes 1 tasks"),
     ({"a": "c", "b": "d"}, ("grandparent", "parent"), "composes itself"),
 ])
 def test_python_task_sets_are_checked_too(facts, compose, problem):
-    parent = Task("parent", ("the parent of ⋆1 is ⋆2",), {"a": "b", "b": "c", "c": "d"})
+    parent = Task("parent", ("the parent of ⋆1 is ⋆2",), {"a": "b", "b": "c", "c": "a"})
+    if "not a subject" in problem:
+        parent = Task("parent", ("the parent of ⋆1 is ⋆2",), {"a": "b", "b": "c", "c": "d"})
     with pytest.raises(TaskError, match=problem):
         TaskSet((parent, Task("grandparent", ("the grandparent of ⋆1 is ⋆2",), facts, compose=compose)))
 
 
 def test_three_hops_are_refused_in_python():
-    parent = Task("parent", ("the parent of ⋆1 is ⋆2",), {"a": "b", "b": "c", "c": "d"})
-    grand = Task("grand", ("grand ⋆1 is ⋆2",), {"a": "c", "b": "d"}, compose=("parent", "parent"))
-    great = Task("great", ("great ⋆1 is ⋆2",), {"a": "d"}, compose=("grand", "parent"))
+    parent = Task("parent", ("the parent of ⋆1 is ⋆2",), {"a": "b", "b": "c", "c": "a"})
+    grand = Task("grand", ("grand ⋆1 is ⋆2",), {"a": "c", "b": "a", "c": "b"}, compose=("parent", "parent"))
+    great = Task("great", ("great ⋆1 is ⋆2",), {"a": "a", "b": "b", "c": "c"}, compose=("grand", "parent"))
     with pytest.raises(TaskError, match="itself composed: that chains more than 2 hops"):
         TaskSet((parent, grand, great))
 
@@ -120,14 +129,17 @@ def test_editing_a_part_derives_the_composition_again(two_hops, capsys):
     assert "composed task 'born_capital' now has 4 facts" in capsys.readouterr().out
     ts = load_tasks(two_hops)
     assert ts.tasks[ts.index("born_capital")].facts["Fermi"] == "Paris"
+    assert main(["edit", str(two_hops), "capital", "--set", "France=Lyon"]) == 0
+    assert "composed task 'born_capital' now has 4 facts" in capsys.readouterr().out
+    assert load_tasks(two_hops).tasks[2].facts["Fermi"] == "Lyon"
     assert "compose: [born_in, capital]" in two_hops.read_text(encoding="utf-8")   # the rest byte for byte
 
 
 @pytest.mark.parametrize("argv, problem", [
     (["born_capital", "--set", "Curie=Paris"], "task 'born_capital' is composed: its facts are those of 'born_in'"),
     (["born_in", "--delete-task"], "task 'born_in' is composed by 'born_capital'"),
-    (["capital", "--remove", "Poland", "--remove", "Germany", "--remove", "Denmark"],
-     "no object of 'born_in' is a subject of 'capital': the composition has no facts"),
+    (["capital", "--remove", "Poland"], "the object 'Poland' of 'Curie' in 'born_in' is not a subject of 'capital'"),
+    (["born_in", "--set", "Fermi=Italy"], "the object 'Italy' of 'Fermi' in 'born_in' is not a subject of 'capital'"),
 ])
 def test_edits_that_would_break_a_composition_are_refused(two_hops, capsys, argv, problem):
     before = two_hops.read_bytes()

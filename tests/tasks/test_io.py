@@ -113,7 +113,10 @@ BAD_CASES: dict[str, tuple] = {
     "compose_itself.yaml": (10, "task 'born_capital' composes itself"),
     "compose_cycle.yaml": (10, "composes 'b', which is itself composed: that chains more than 2 hops"),
     "compose_three_hops.yaml": (13, "composes 'born_capital', which is itself composed"),
-    "compose_no_facts.yaml": (10, "no object of 'capital' is a subject of 'born_in': the composition has no facts"),
+    "compose_no_facts.yaml": (10, "the object 'Warsaw' of 'Poland' in 'capital' is not a subject of 'born_in' "
+                                  "(none of the objects of 'capital' is: check the order)"),
+    "compose_object_missing.yaml": (10, "the object 'Germany' of 'Einstein' in 'born_in' is not a subject of "
+                                        "'capital'"),
     "compose_and_facts.yaml": (11, "is composed and also has 'facts'"),
     "compose_scalar.yaml": (10, "'compose' of task 'born_capital' is a string, not a list of two task names"),
     "compose_number.yaml": (10, "'7', which YAML reads as an integer, not a string"),
