@@ -105,9 +105,11 @@ def test_random_composed_sets_derive_round_trip_and_route(ts):
     assert back == ts and [t.compose for t in back] == [t.compose for t in ts]
 
 
-def test_check_certifies_and_reports_the_composition(two_hops, tmp_path, capsys):
+def test_one_layer_check_certifies_and_reports_the_composition(two_hops, tmp_path, capsys):
+    """With --layers 1 the composed task's facts are stored as facts of their own (the
+    two-layer model is tests/verifier/test_layers.py's)."""
     out = tmp_path / "report.json"
-    assert main(["check", str(two_hops), "--json", str(out), "--quiet"]) == 0
+    assert main(["check", str(two_hops), "--layers", "1", "--json", str(out), "--quiet"]) == 0
     tasks = {t["name"]: t for t in json.loads(out.read_text())["tasks"]}
     assert tasks["born_capital"]["compose"] == ["born_in", "capital"]
     assert tasks["born_capital"]["facts"] == 3 and tasks["born_capital"]["certified"]
@@ -115,11 +117,11 @@ def test_check_certifies_and_reports_the_composition(two_hops, tmp_path, capsys)
 
 
 def test_inspect_names_the_composition(two_hops, tmp_path, capsys):
-    assert main(["inspect", str(two_hops)]) == 0
+    assert main(["inspect", str(two_hops), "--layers", "1"]) == 0
     text = capsys.readouterr().out
     assert "born_capital composes born_in then capital: its 3 facts are derived" in text
     out = tmp_path / "inspect.json"
-    assert main(["inspect", str(two_hops), "--json", str(out)]) == 0
+    assert main(["inspect", str(two_hops), "--layers", "1", "--json", str(out)]) == 0
     experts = {e["task"]: e for e in json.loads(out.read_text())["experts"]}
     assert experts["born_capital"]["compose"] == ["born_in", "capital"] and "compose" not in experts["capital"]
 
@@ -151,11 +153,11 @@ def test_edits_that_would_break_a_composition_are_refused(two_hops, capsys, argv
 
 def test_since_after_an_edit_of_a_part_equals_a_full_check(two_hops, tmp_path, capsys):
     cert = tmp_path / "cert"
-    assert main(["check", str(two_hops), "--certificate", str(cert), "--quiet"]) == 0
+    assert main(["check", str(two_hops), "--layers", "1", "--certificate", str(cert), "--quiet"]) == 0
     assert main(["edit", str(two_hops), "capital", "--set", "Poland=Krakow"]) == 0
     since, full = tmp_path / "since.json", tmp_path / "full.json"
-    assert main(["check", str(two_hops), "--since", str(cert), "--json", str(since), "--quiet"]) == 0
-    assert main(["check", str(two_hops), "--json", str(full), "--quiet"]) == 0
+    assert main(["check", str(two_hops), "--layers", "1", "--since", str(cert), "--json", str(since), "--quiet"]) == 0
+    assert main(["check", str(two_hops), "--layers", "1", "--json", str(full), "--quiet"]) == 0
     a, b = json.loads(since.read_text()), json.loads(full.read_text())
     tasks = {t["name"]: t for t in a["tasks"]}
     assert tasks["born_capital"]["compose"] == ["born_in", "capital"]

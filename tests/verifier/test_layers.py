@@ -1,0 +1,317 @@
+"""Two layers: the construction for composed tasks, its certified pass against the exact
+oracle, checks that fail when the model is wrong, and the commands around it.
+
+* every enclosure of :mod:`verifier.passes.layers` contains the value the independent
+  oracle (:mod:`audit.layers`, exact linear algebra, 60 digits) computes, on every query
+  of a small set and of random composed sets;
+* the construction certifies random composed sets, except where a composition is a
+  fixpoint (D_g(b) = b: the second hop changes nothing, so removing it cannot break the
+  answer), and there exactly those object queries fail the second hop's entanglement;
+* each mutant of either layer is caught (not certified), and the oracle confirms that it
+  truly answers some query wrong;
+* the command line: two layers by default for a composed set, ``--layers 1`` for one,
+  ``--weights`` round trips, and every unsupported combination refused in one line.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from hypothesis import HealthCheck, given, settings
+from budget import examples
+
+from audit.layers import LayersOracle
+from cli.main import main
+from construction.layers import build_two_layers
+from layout import Expert, canonical
+from layout.layers import MoELayer, Stack, layers_of, load, save
+from tasks import loads_tasks
+from tasks.errors import TaskError
+from tasks.strategies import composed_task_sets
+from tasks.structure import structure_of
+from verifier.checks.layers import verify_layers
+from verifier.passes.batches import batches
+from verifier.passes.layers import LayersPass
+
+PROPERTY = settings(max_examples=examples(12), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+TWO_HOPS = """\
+tasks:
+  - name: born_in
+    templates: [⋆1 was born in ⋆2]
+    facts: {Curie: Poland, Einstein: Germany, Bohr: Denmark}
+  - name: capital
+    templates: [the capital of ⋆1 is ⋆2, ⋆1 has the capital ⋆2]
+    facts: {Poland: Warsaw, Germany: Berlin, Denmark: Copenhagen, France: Paris}
+  - name: born_capital
+    templates: [the capital of the country where ⋆1 was born is ⋆2]
+    compose: [born_in, capital]
+"""
+
+
+@pytest.fixture(scope="module")
+def small():
+    ts = loads_tasks(TWO_HOPS)
+    model = build_two_layers(ts)
+    return ts, model, model.instantiate()
+
+
+def _fixpoints(ts) -> set[tuple[str, str]]:
+    """(composed task, subject) whose bridge is its own object."""
+    out = set()
+    for t in ts.tasks:
+        if t.compose is not None:
+            f, g = (ts.tasks[ts.index(p)].facts for p in t.compose)
+            out |= {(t.name, s) for s, b in f.items() if g[b] == b}
+    return out
+
+
+def _contains_oracle(ts, stack) -> int:
+    """Every query's enclosures against the oracle; returns the number of queries compared."""
+    oracle = LayersOracle(60)
+    pas = LayersPass(stack)
+    n = 0
+    for b in batches(ts, structure_of(ts)):
+        oq = b.object_query & (b.determined >= 0)
+        res = pas.run_batch(b.tokens, b.valid_ptr, b.valid, b.target, oq, oq)
+        for i in range(len(b)):
+            valid = frozenset(b.valid[b.valid_ptr[i]:b.valid_ptr[i + 1]].tolist())
+            ex = oracle.query(stack, tuple(b.tokens[i].tolist()), valid)
+            assert res.err_lo[i] <= ex["error"] <= res.err_hi[i], (i, res.err_lo[i], ex["error"], res.err_hi[i])
+            if res.margin1[i] > 0:
+                assert res.expert1[i] == ex["expert1"] and res.margin1[i] <= ex["margin1"]
+            if res.margin2[i] > 0 and res.margin1[i] > 0:
+                assert res.expert2[i] == ex["expert2"] and res.margin2[i] <= ex["margin2"]
+            if oq[i] and res.margin1[i] > 0 and res.margin2[i] > 0:
+                for hop in (1, 2):
+                    lo, hi = res.ablated[hop][0][i], res.ablated[hop][1][i]
+                    assert lo <= ex[f"ablated{hop}"] <= hi, (hop, lo, ex[f"ablated{hop}"], hi)
+            n += 1
+    return n
+
+
+def test_enclosures_contain_the_exact_values(small):
+    ts, _, stack = small
+    assert _contains_oracle(ts, stack) == verify_layers(ts, stack, 0.01).queries
+
+
+def test_the_small_set_certifies_within_the_bound(small):
+    ts, model, stack = small
+    report = verify_layers(ts, stack, model.epsilon)
+    assert report.certified, report.to_json()
+    assert not model.unproven_conditions()
+    assert report.worst_error <= model.bound_value() * (1 + 1e-9)     # an enclosure of a tight bound
+    composed = [t for t in report.tasks if t.compose]
+    assert composed and all(t.worst_error < 1e-3 for t in composed)      # eps2 is far below eps1
+
+
+@PROPERTY
+@given(composed_task_sets(max_tasks=3, max_facts=4, max_template_length=5))
+def test_random_composed_sets(ts):
+    model = build_two_layers(ts)
+    stack = model.instantiate()
+    report = verify_layers(ts, stack, model.epsilon)
+    fix = _fixpoints(ts)
+    failing = {c: v for c, v in report.failing_queries.items() if v}
+    if not fix:
+        assert report.certified, (failing, report.to_json())
+    else:
+        assert set(failing) <= {"entanglement2", "localization2"} and failing["entanglement2"] > 0
+    assert report.worst_error <= model.bound_value() * (1 + 1e-9)     # an enclosure of a tight bound
+
+
+@settings(max_examples=examples(4), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(composed_task_sets(max_tasks=2, max_composed=1, max_facts=3, max_template_length=4))
+def test_random_enclosures_contain_the_exact_values(ts):
+    _contains_oracle(ts, build_two_layers(ts).instantiate())
+
+
+# --- mutants -----------------------------------------------------------------------------------
+
+
+def _with_second(stack: Stack, **changes) -> Stack:
+    return Stack(stack.first, replace(stack.second, **changes))
+
+
+def _set(m, i, j, v):
+    m = sp.lil_matrix(m, copy=True)
+    m[i, j] = v
+    return canonical(m.tocsr())
+
+
+def _expert2(stack, k, **changes):
+    experts = list(stack.second.experts)
+    experts[k] = replace(experts[k], **changes)
+    return _with_second(stack, experts=tuple(experts))
+
+
+def _mutants(stack: Stack):
+    """(name, mutant) for each way of breaking one layer."""
+    s, w = stack.second, stack.first
+    e = s.experts[1]
+    col = e.W_2.tocsc()[:, 0]
+    obj_row = int(col.indices[np.argmax(col.data)])         # the neuron's +2 on next:D_g(b)
+    yield "layer 2 forgets an object", _expert2(stack, 1, W_2=_set(e.W_2, obj_row, 0, 0.0))
+    yield "layer 2 answers a wrong object", _expert2(stack, 1, W_2=_set(_set(e.W_2, obj_row, 0, 0.0),
+                                                                      (obj_row + 1) % stack.d, 0, 2.0))
+    yield "layer 2 routes to the pass", _with_second(stack, b_G=np.array([1.0, *s.b_G[1:]]))
+    yield "layer 2's neuron never fires", _expert2(stack, 1, b_1=np.full(e.width, -3.0))
+    # layer 1: the detector of the composed task removed (its output column zeroed)
+    k = next(i for i, ex in enumerate(w.experts) if w.neuron_labels and any(
+        lab.startswith("detector:") for lab in w.neuron_labels[i]))
+    ex = w.experts[k]
+    W2 = ex.W_2.tolil(copy=True)
+    W2[:, ex.width - 1] = 0
+    experts = list(w.experts)
+    experts[k] = Expert(ex.W_1, ex.b_1, canonical(W2.tocsr()))
+    yield "layer 1 loses its detector", Stack(w.replace(experts=tuple(experts)), s)
+    # layer 1: the gate sends everything to one expert
+    yield "layer 1 routes everything to one expert", Stack(w.replace(b_G=np.array([100.0] + [0.0] * (len(w.b_G) - 1))),
+                                                           s)
+
+
+@pytest.mark.parametrize("name", ["layer 2 forgets an object", "layer 2 answers a wrong object",
+                                  "layer 2 routes to the pass", "layer 2's neuron never fires",
+                                  "layer 1 loses its detector", "layer 1 routes everything to one expert"])
+def test_every_mutant_is_caught_and_truly_wrong(small, name):
+    ts, model, stack = small
+    mutant = dict(_mutants(stack))[name]
+    report = verify_layers(ts, mutant, model.epsilon)
+    assert not report.certified
+    # the oracle agrees: some query's exact error is at least epsilon, or a layer routes it wrong
+    oracle = LayersOracle(40)
+    names1, names2 = mutant.first.expert_tasks, mutant.second.expert_tasks
+    wrong = 0
+    for b in batches(ts, structure_of(ts)):
+        for i in range(len(b)):
+            valid = frozenset(b.valid[b.valid_ptr[i]:b.valid_ptr[i + 1]].tolist())
+            ex = oracle.query(mutant, tuple(b.tokens[i].tolist()), valid)
+            det = int(b.determined[i])
+            task = ts.tasks[det] if det >= 0 else None
+            owner = task.compose[0] if task is not None and task.compose else (task.name if task else None)
+            composed_oq = bool(b.object_query[i] and task is not None and task.compose)
+            want2 = task.compose[1] if composed_oq else ""
+            wrong += bool(ex["error"] >= model.epsilon or (owner and names1[ex["expert1"]] != owner)
+                          or names2[ex["expert2"]] != want2)
+    assert wrong > 0
+
+
+# --- the layout -------------------------------------------------------------------------------
+
+
+def test_files_round_trip_and_say_their_layers(small, tmp_path):
+    _, _, stack = small
+    path = tmp_path / "two.npz"
+    save(stack, path)
+    back = load(path)
+    assert layers_of(path) == 2 and back.second.expert_tasks == stack.second.expert_tasks
+    for a, b in zip(back.second.experts, stack.second.experts):
+        assert (a.W_1 != b.W_1).nnz == 0 and (a.W_2 != b.W_2).nnz == 0 and np.array_equal(a.b_1, b.b_1)
+    import layout
+    with pytest.raises(TaskError, match="holds a model of 2 layers, not one"):
+        layout.load(path)
+    one = tmp_path / "one.npz"
+    layout.save(stack.first, one)
+    assert layers_of(one) == 1
+    with pytest.raises(TaskError, match="one-layer model, not two layers"):
+        load(one)
+
+
+def test_a_malformed_second_layer_is_refused(small):
+    _, _, stack = small
+    bad = _with_second(stack, W_G=canonical(sp.csr_matrix((3, stack.d))))
+    with pytest.raises(TaskError, match="layer2.W_G has shape"):
+        bad.validate()
+    with pytest.raises(TaskError, match="names a task for several experts"):
+        _with_second(stack, expert_tasks=("capital", "capital")).validate()
+
+
+def test_second_layer_without_experts_is_refused(small):
+    _, _, stack = small
+    empty = MoELayer(canonical(sp.csr_matrix((0, stack.d))), np.zeros(0), (), ())
+    with pytest.raises(TaskError, match="no experts"):
+        Stack(stack.first, empty).validate()
+
+
+# --- the command line -------------------------------------------------------------------------
+
+
+@pytest.fixture
+def two_hops(tmp_path):
+    path = tmp_path / "two.yaml"
+    path.write_text(TWO_HOPS, encoding="utf-8")
+    return path
+
+
+def _one_line(capsys, argv, fragment):
+    assert main([str(a) for a in argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and fragment in err[0], err
+
+
+def test_check_uses_two_layers_and_one_on_request(two_hops, tmp_path, capsys):
+    out = tmp_path / "r.json"
+    assert main(["check", str(two_hops), "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "two layers:" in text and "verdict: CERTIFIED" in text
+    data = json.loads(out.read_text())
+    assert data["layers"] == 2 and data["certified"]
+    composed = next(t for t in data["tasks"] if t["compose"])
+    assert composed["compose"] == ["born_in", "capital"] and composed["failing"]["entanglement2"] == 0
+    assert main(["check", str(two_hops), "--layers", "1", "--json", str(out), "--quiet"]) == 0
+    assert "layers" not in json.loads(out.read_text())
+
+
+def test_build_then_check_the_weights(two_hops, tmp_path, capsys):
+    w = tmp_path / "w.npz"
+    assert main(["build", str(two_hops), "-o", str(w)]) == 0
+    assert "two layers" in capsys.readouterr().out
+    assert main(["check", str(two_hops), "--weights", str(w)]) == 0
+    _one_line(capsys, ["check", two_hops, "--weights", w, "--layers", "1"], "the weights file holds 2 layer(s)")
+
+
+def test_inspect_prints_the_cost_per_task(two_hops, tmp_path, capsys):
+    assert main(["inspect", str(two_hops)]) == 0
+    text = capsys.readouterr().out
+    assert "layer 1" in text and "one layer" in text and "born_capital" in text
+    out = tmp_path / "i.json"
+    assert main(["inspect", str(two_hops), "--json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    row = next(c for c in data["tasks"] if c["task"] == "born_capital")
+    assert row["layer2"] == 0 and row["layer1"] < row["one_layer"]
+    assert next(c for c in data["tasks"] if c["task"] == "capital")["layer2"] == 3    # its facts used as a 2nd hop
+
+
+@pytest.mark.parametrize("extra, fragment", [
+    (["--precision", "float32"], "--precision is not supported for two-layer models yet"),
+    (["--jobs", "2"], "--jobs is not supported for two-layer models yet"),
+    (["--scheduler", "local:1"], "--scheduler is not supported for two-layer models yet"),
+    (["--ulps", "2"], "--ulps is not supported"),
+])
+def test_unsupported_check_flags_are_refused(two_hops, capsys, extra, fragment):
+    _one_line(capsys, ["check", two_hops, *extra], fragment)
+
+
+def test_certificates_are_refused(two_hops, tmp_path, capsys):
+    _one_line(capsys, ["check", two_hops, "--certificate", tmp_path / "c"], "--certificate is not supported")
+    _one_line(capsys, ["check", two_hops, "--since", tmp_path / "c"], "--since is not supported")
+
+
+@pytest.mark.parametrize("argv, fragment", [
+    (["export", "{tasks}", "--onnx", "{tmp}/m.onnx"], "'export' has no two-layer form yet"),
+    (["explain", "{tasks}", "Curie was born in"], "'explain' has no two-layer form yet"),
+    (["accessible", "{tasks}"], "'accessible' has no two-layer form yet"),
+    (["inspect", "{tasks}", "--block", "gate"], "the two-layer model has no listing yet"),
+])
+def test_commands_without_a_two_layer_form_refuse(two_hops, tmp_path, capsys, argv, fragment):
+    _one_line(capsys, [a.format(tasks=two_hops, tmp=tmp_path) for a in argv], fragment)
+
+
+def test_two_layers_need_a_composed_task(tmp_path, capsys):
+    path = tmp_path / "one.yaml"
+    path.write_text("tasks:\n  - name: a\n    templates: [x ⋆1 y ⋆2]\n    facts: {p: q}\n", encoding="utf-8")
+    _one_line(capsys, ["check", path, "--layers", "2"], "--layers 2 needs a composed task")
