@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from budget import examples
 
 from audit.layers import LayersOracle
@@ -315,3 +316,47 @@ def test_two_layers_need_a_composed_task(tmp_path, capsys):
     path = tmp_path / "one.yaml"
     path.write_text("tasks:\n  - name: a\n    templates: [x ⋆1 y ⋆2]\n    facts: {p: q}\n", encoding="utf-8")
     _one_line(capsys, ["check", path, "--layers", "2"], "--layers 2 needs a composed task")
+
+
+# --- the hidden layer's arithmetic ------------------------------------------------------------
+
+
+@settings(max_examples=examples(60), deadline=None)
+@given(st.integers(0, 2 ** 31), st.sampled_from([1.0, 1e-300, 1e300]))
+def test_hidden_encloses_relu_of_every_point(seed, scale):
+    """ReLU(W_1 x + b_1) for x at the centre and the corners of random interval rows, exact
+    in fractions, lies in the enclosure of :func:`hidden`, positive biases included; a
+    neuron outside the pattern is exactly 0 there."""
+    from fractions import Fraction
+
+    from verifier.arithmetic import interval as I
+    from verifier.passes.layers import hidden
+
+    rng = np.random.default_rng(seed)
+    n, d, w = 3, 6, 5
+    mask = rng.random((n, d)) < 0.6
+    mid = np.where(mask, rng.normal(size=(n, d)) * scale, 0.0)
+    rad = np.where(mask, np.abs(rng.normal(size=(n, d))) * scale * rng.choice([0.0, 1e-3, 0.5]), 0.0)
+    rows, cols = np.nonzero(mask)
+    X = I.from_coo((n, d), rows, cols, mid[mask], rad[mask])
+    W = sp.random(w, d, density=0.5, random_state=rng, data_rvs=lambda k: rng.normal(size=k)).tocsr()
+    W = canonical(W)
+    b = rng.choice([-1.0, 0.0, 0.5, 2.0], size=w) * rng.choice([1.0, scale])
+    H = hidden(X, I.as_csr(W).T.tocsr(), b)
+    hm, hr = H.dense()
+    stored = np.zeros((n, w), bool)
+    stored[H.row_ids(), H.indices] = True
+    Wd = W.toarray()
+    for i in range(n):
+        for corner in range(4):
+            sign = np.array([1, -1, 0, 1])[corner] * np.where(rng.random(d) < 0.5, 1, -1)
+            x = [Fraction(float(mid[i, j])) + sign[j] * Fraction(float(rad[i, j])) for j in range(d)]
+            for k in range(w):
+                z = sum((Fraction(float(Wd[k, j])) * x[j] for j in range(d)), Fraction(float(b[k])))
+                exact = max(z, Fraction(0))
+                if not stored[i, k]:
+                    assert exact == 0, (i, k, exact)
+                    continue
+                lo = Fraction(float(hm[i, k])) - Fraction(float(hr[i, k]))
+                hi = Fraction(float(hm[i, k])) + Fraction(float(hr[i, k]))
+                assert lo <= exact <= hi, (i, k, float(lo), float(exact), float(hi))

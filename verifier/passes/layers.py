@@ -37,34 +37,47 @@ from verifier.passes.dense import decide
 from verifier.passes.forward import Prepared, residual
 
 
-def relu(X: SparseInterval) -> SparseInterval:
-    """ReLU of every entry (the module docstring); entries that are exactly 0 are dropped."""
-    lo, hi = I.lower(X.mid, X.rad), I.upper(X.mid, X.rad)
-    keep = hi > 0
-    mid = np.where(lo >= 0, X.mid, hi * 0.5)
+def relu_bounds(m: np.ndarray, r: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """ReLU of the intervals [m ± r] (element-wise, the module docstring): (mid, rad, not 0)."""
+    lo, hi = I.lower(m, r), I.upper(m, r)
+    on = lo >= 0
     with np.errstate(invalid="ignore", over="ignore"):
-        half = np.maximum(mid, I.up(hi - mid))
-    rad = np.where(lo >= 0, X.rad, half)
-    rows = X.row_ids()
-    return I.from_coo(X.shape, rows[keep], X.indices[keep], mid[keep], I.guard(mid[keep], rad[keep]))
+        mid = np.where(on, m, hi * 0.5)
+        rad = np.where(on, r, np.maximum(mid, I.up(hi - mid)))
+    return mid, I.guard(mid, rad), hi > 0
 
 
-def add_bias(X: SparseInterval, b: np.ndarray) -> SparseInterval:
-    """X + b on every row (b exact): the pattern gains the columns where b is not 0."""
-    b = np.asarray(b, np.float64)
-    cols = np.flatnonzero(b)
-    n = X.shape[0]
-    rows = np.repeat(np.arange(n, dtype=np.int64), cols.size)
-    B = I.from_coo(X.shape, rows, np.tile(cols, n), np.tile(b[cols], n), np.zeros(rows.size))
-    return I.add(X, B) if X.nnz else B
+def hidden(X: SparseInterval, W1T: sp.csr_matrix, b1: np.ndarray) -> SparseInterval:
+    """ReLU(W_1 X + b_1) for the rows of X (given W_1^T).
+
+    z = W_1 x by Lemma 2 (:func:`verifier.arithmetic.interval.matmul`: a neuron no term
+    reaches has z exactly 0 and is outside the pattern). The bias: a neuron with b > 0 is
+    added to every row's pattern (:func:`verifier.arithmetic.interval.add`); on the pattern,
+    fl(z + b) errs by at most u·|fl(z + b)| (one addition: no underflow term). Outside it a
+    neuron with b <= 0 has pre-activation exactly b, so ReLU gives exactly 0 and it stays
+    out. Then the ReLU of each stored interval; entries exactly 0 after it are dropped."""
+    b1 = np.asarray(b1, np.float64)
+    Z = I.matmul(X, W1T)
+    pos = np.flatnonzero(b1 > 0)
+    if pos.size:
+        n = X.shape[0]
+        rows = np.repeat(np.arange(n, dtype=np.int64), pos.size)
+        Z = I.add(Z, I.from_coo(Z.shape, rows, np.tile(pos, n), np.tile(b1[pos], n), np.zeros(rows.size)))
+    rest = np.where(b1 > 0, 0.0, b1)            # the bias not yet added
+    with np.errstate(invalid="ignore", over="ignore"):
+        m = Z.mid + rest[Z.indices]
+        r = I.guard(m, I.add_rad(Z.rad, I.up(I.U * np.abs(m))))
+    mid, rad, keep = relu_bounds(m, r)
+    ptr = np.zeros(Z.shape[0] + 1, np.int64)
+    np.cumsum(np.bincount(Z.row_ids()[keep], minlength=Z.shape[0]), out=ptr[1:])
+    return SparseInterval(Z.shape, ptr, Z.indices[keep], mid[keep], rad[keep])
 
 
 def expert_output(X: SparseInterval, W1T: sp.csr_matrix, b1: np.ndarray, W2T: sp.csr_matrix) -> SparseInterval:
     """X + W_2 ReLU(W_1 X + b_1) for the rows of X (given W_1^T, W_2^T)."""
     if W1T.shape[1] == 0:
         return X
-    A = relu(add_bias(I.matmul(X, W1T), b1))
-    return I.add(X, I.matmul(A, W2T))
+    return I.add(X, I.matmul(hidden(X, W1T, np.asarray(b1, np.float64)), W2T))
 
 
 def gate(X: SparseInterval, WGT: sp.csr_matrix, b: np.ndarray):
