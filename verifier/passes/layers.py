@@ -47,7 +47,7 @@ def relu_bounds(m: np.ndarray, r: np.ndarray) -> tuple[np.ndarray, np.ndarray, n
     return mid, I.guard(mid, rad), hi > 0
 
 
-def hidden(X: SparseInterval, W1T: sp.csr_matrix, b1: np.ndarray) -> SparseInterval:
+def hidden(X: SparseInterval, W1T, b1: np.ndarray) -> SparseInterval:
     """ReLU(W_1 X + b_1) for the rows of X (given W_1^T).
 
     z = W_1 x by Lemma 2 (:func:`verifier.arithmetic.interval.matmul`: a neuron no term
@@ -73,14 +73,14 @@ def hidden(X: SparseInterval, W1T: sp.csr_matrix, b1: np.ndarray) -> SparseInter
     return SparseInterval(Z.shape, ptr, Z.indices[keep], mid[keep], rad[keep])
 
 
-def expert_output(X: SparseInterval, W1T: sp.csr_matrix, b1: np.ndarray, W2T: sp.csr_matrix) -> SparseInterval:
+def expert_output(X: SparseInterval, W1T, b1: np.ndarray, W2T: sp.csr_matrix) -> SparseInterval:
     """X + W_2 ReLU(W_1 X + b_1) for the rows of X (given W_1^T, W_2^T)."""
     if W1T.shape[1] == 0:
         return X
     return I.add(X, I.matmul(hidden(X, W1T, np.asarray(b1, np.float64)), W2T))
 
 
-def gate(X: SparseInterval, WGT: sp.csr_matrix, b: np.ndarray):
+def gate(X: SparseInterval, WGT, b: np.ndarray):
     """The gate's decisions on rows X (:func:`verifier.passes.dense.decide`)."""
     S = I.matmul(X, WGT)
     m, r = S.dense()
@@ -189,15 +189,16 @@ class LayersPass:
         self.stack = stack
         self.prep = Prepared(stack.first)
         w, s = stack.first, stack.second
-        self.WG1 = I.as_csr(w.W_G).T.tocsr()
+        # each transposed matrix kept by the residual directions it reads (interval.Thin): a
+        # product then meets only those entries of a row (the same sums, bit for bit)
+        thin = I.Thin.transpose_of
+        self.WG1 = thin(w.W_G)
         self.bG1 = np.asarray(w.b_G, np.float64)
-        self.E1 = [(I.as_csr(e.W_1).T.tocsr(), np.asarray(e.b_1, np.float64), I.as_csr(e.W_2).T.tocsr())
-                   for e in w.experts]
-        self.WG2 = I.as_csr(s.W_G).T.tocsr()
+        self.E1 = [(thin(e.W_1), np.asarray(e.b_1, np.float64), I.as_csr(e.W_2).T.tocsr()) for e in w.experts]
+        self.WG2 = thin(s.W_G)
         self.bG2 = np.asarray(s.b_G, np.float64)
-        self.E2 = [(I.as_csr(e.W_1).T.tocsr(), np.asarray(e.b_1, np.float64), I.as_csr(e.W_2).T.tocsr())
-                   for e in s.experts]
-        self.UT = I.as_csr(w.U).T.tocsr()
+        self.E2 = [(thin(e.W_1), np.asarray(e.b_1, np.float64), I.as_csr(e.W_2).T.tocsr()) for e in s.experts]
+        self.UT = thin(w.U)
         self.V = len(w.vocab)
 
     def _layer2(self, Y: SparseInterval):

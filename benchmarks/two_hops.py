@@ -1,0 +1,114 @@
+"""Two hops at scale: a composed task set checked on two layers against the one-layer check
+of its one-hop tasks.
+
+    python benchmarks/two_hops.py [--people 15000] [--runs 3] [--no-write]
+
+Writes a synthetic set (seeded): ``born_in`` (``--people`` people → 200 countries),
+``capital`` (country → its capital), ``continent`` (country → one of 6 continents) and two
+composed tasks, ``born_capital`` = born_in then capital and ``born_continent`` = born_in
+then continent (no composition has a fixpoint). Times, in its own process each, the median
+of ``--runs``: ``python -m verifier check`` of the one-hop tasks alone (one layer), and of
+the whole set (two layers, every composed query included), each from start-up to verdict.
+Writes the block "two-hops" of ``benchmarks/RESULTS.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.results import machine, publish  # noqa: E402
+
+COUNTRIES, CONTINENTS = 200, 6
+
+
+def write_sets(directory: Path, people: int) -> tuple[Path, Path]:
+    """(one-hop tasks file, the whole set's file), facts in TSV files beside them."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    born = {f"person {i}": f"country {int(rng.integers(COUNTRIES))}" for i in range(people)}
+    capital = {f"country {c}": f"capital {c}" for c in range(COUNTRIES)}
+    continent = {f"country {c}": f"continent {c % CONTINENTS}" for c in range(COUNTRIES)}
+    for name, facts in (("born_in", born), ("capital", capital), ("continent", continent)):
+        (directory / f"{name}.tsv").write_text("subject\tobject\n" + "".join(f"{s}\t{o}\n" for s, o in facts.items()),
+                                               encoding="utf-8")
+    one = """epsilon: 0.01
+tasks:
+- name: born_in
+  templates: [⋆1 was born in ⋆2, the birthplace of ⋆1 is ⋆2]
+  facts_file: born_in.tsv
+- name: capital
+  templates: [the capital of ⋆1 is ⋆2]
+  facts_file: capital.tsv
+- name: continent
+  templates: [⋆1 lies on the continent ⋆2]
+  facts_file: continent.tsv
+"""
+    composed = one + """- name: born_capital
+  templates: [the capital of the country where ⋆1 was born is ⋆2]
+  compose: [born_in, capital]
+- name: born_continent
+  templates: [⋆1 was born on the continent ⋆2]
+  compose: [born_in, continent]
+"""
+    a, b = directory / "one-hop.yaml", directory / "two-hops.yaml"
+    a.write_text(one, encoding="utf-8")
+    b.write_text(composed, encoding="utf-8")
+    return a, b
+
+
+def timed(path: Path, runs: int) -> tuple[float, float, str]:
+    """(median wall seconds, median CPU seconds, the verdict line) of ``check`` on ``path``."""
+    walls, cpus, verdict = [], [], ""
+    for _ in range(runs):
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        t0 = time.perf_counter()
+        out = subprocess.run([sys.executable, "-m", "verifier", "check", str(path), "--no-isolation"],
+                             capture_output=True, text=True, cwd=ROOT)
+        walls.append(time.perf_counter() - t0)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpus.append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
+        verdict = next((x for x in out.stdout.splitlines() if x.startswith("verdict")), out.stderr.strip())
+    return statistics.median(walls), statistics.median(cpus), verdict
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--people", type=int, default=15_000)
+    p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--no-write", action="store_true", help="print the block only")
+    args = p.parse_args(argv)
+    with tempfile.TemporaryDirectory() as tmp:
+        one, two = write_sets(Path(tmp), args.people)
+        from tasks import load_tasks
+        from tasks.queries import count_queries
+
+        ts = load_tasks(two)
+        n_all = count_queries(ts)
+        n_one = count_queries(load_tasks(one))
+        w1, c1, v1 = timed(one, args.runs)
+        w2, c2, v2 = timed(two, args.runs)
+    lines = [f"Machine: {machine()}.",
+             f"Command: `python benchmarks/two_hops.py --people {args.people} --runs {args.runs}` (medians of "
+             f"{args.runs}, one process each, start-up included, `check --no-isolation`).", "",
+             "| check | queries | wall s | CPU s | verdict |", "|---|---|---|---|---|",
+             f"| one-hop tasks, one layer | {n_one:,} | {w1:.2f} | {c1:.2f} | {v1} |",
+             f"| with 2 composed tasks, two layers | {n_all:,} ({n_all - n_one:,} composed) | {w2:.2f} | {c2:.2f} "
+             f"| {v2} |", "",
+             f"Ratio two layers / one-hop check: {w2 / w1:.2f}x wall, {c2 / c1:.2f}x CPU (target: at most 2x)."]
+    publish("two-hops", lines, not args.no_write)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
