@@ -1,7 +1,7 @@
 """Two hops at scale: a composed task set checked on two layers against the one-layer check
 of its one-hop tasks.
 
-    python benchmarks/two_hops.py [--people 15000] [--runs 3] [--no-write]
+    python benchmarks/two_hops.py [--people 15000] [--runs 3] [--draws 3] [--no-write]
 
 Writes a synthetic set (seeded): ``born_in`` (``--people`` people → 200 countries),
 ``capital`` (country → its capital), ``continent`` (country → one of 6 continents) and two
@@ -9,7 +9,10 @@ composed tasks, ``born_capital`` = born_in then capital and ``born_continent`` =
 then continent (no composition has a fixpoint). Times, in its own process each, the median
 of ``--runs``: ``python -m verifier check`` of the one-hop tasks alone (one layer), and of
 the whole set (two layers, every composed query included), each from start-up to verdict.
-Writes the block "two-hops" of ``benchmarks/RESULTS.md``.
+Then the mutation campaign (:func:`audit.layers.campaign`): every one-layer mutation
+operator applied ``--draws`` times to each layer of the construction's model of a small
+composed set, each mutant judged by the exact oracle and by the verifier. Writes the block
+"two-hops" of ``benchmarks/RESULTS.md``.
 """
 
 from __future__ import annotations
@@ -82,10 +85,47 @@ def timed(path: Path, runs: int) -> tuple[float, float, str]:
     return statistics.median(walls), statistics.median(cpus), verdict
 
 
+SMALL = """tasks:
+  - name: born_in
+    templates: [⋆1 was born in ⋆2]
+    facts: {Curie: Poland, Einstein: Germany, Bohr: Denmark}
+  - name: capital
+    templates: [the capital of ⋆1 is ⋆2, ⋆1 has the capital ⋆2]
+    facts: {Poland: Warsaw, Germany: Berlin, Denmark: Copenhagen, France: Paris}
+  - name: born_capital
+    templates: [the capital of the country where ⋆1 was born is ⋆2]
+    compose: [born_in, capital]
+"""
+
+
+def campaign_lines(draws: int) -> list[str]:
+    """The mutation campaign's table (the module docstring)."""
+    from audit.layers import LayersOracle, campaign
+    from construction.layers import build_two_layers
+    from tasks import loads_tasks
+
+    ts = loads_tasks(SMALL)
+    model = build_two_layers(ts)
+    rows = campaign(ts, model.instantiate(), model.epsilon, draws=draws, seed=0, oracle=LayersOracle(40))
+    out = [f"Mutation campaign (`--draws {draws}`: every operator of `audit/operators.py` {draws} times per layer, on "
+           "the construction's two-layer model of a 3-task set; truth from the exact oracle `audit/layers.py`):", "",
+           "| layer | mutants | refused by the layout | truly violating | caught | false passes | harmless "
+           "certified | harmless rejected |", "|---|---|---|---|---|---|---|---|"]
+    for layer in (1, 2):
+        mine = [r for r in rows if r[0] == layer]
+        refused = [r for r in mine if r[3] is None]
+        bad = [r for r in mine if r[3]]
+        good = [r for r in mine if r[3] == []]
+        out.append(f"| {layer} | {len(mine)} | {len(refused)} | {len(bad)} | {sum(not r[4] for r in bad)} | "
+                   f"{sum(r[4] for r in bad)} | {sum(r[4] for r in good)} | {sum(not r[4] for r in good)} |")
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--people", type=int, default=15_000)
     p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--draws", type=int, default=3, help="mutants per operator and layer")
     p.add_argument("--no-write", action="store_true", help="print the block only")
     args = p.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
@@ -105,7 +145,8 @@ def main(argv: list[str] | None = None) -> int:
              f"| one-hop tasks, one layer | {n_one:,} | {w1:.2f} | {c1:.2f} | {v1} |",
              f"| with 2 composed tasks, two layers | {n_all:,} ({n_all - n_one:,} composed) | {w2:.2f} | {c2:.2f} "
              f"| {v2} |", "",
-             f"Ratio two layers / one-hop check: {w2 / w1:.2f}x wall, {c2 / c1:.2f}x CPU (target: at most 2x)."]
+             f"Ratio two layers / one-hop check: {w2 / w1:.2f}x wall, {c2 / c1:.2f}x CPU (target: at most 2x).", "",
+             *campaign_lines(args.draws)]
     publish("two-hops", lines, not args.no_write)
     return 0
 

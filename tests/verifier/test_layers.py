@@ -360,3 +360,17 @@ def test_hidden_encloses_relu_of_every_point(seed, scale):
                 lo = Fraction(float(hm[i, k])) - Fraction(float(hr[i, k]))
                 hi = Fraction(float(hm[i, k])) + Fraction(float(hr[i, k]))
                 assert lo <= exact <= hi, (i, k, float(lo), float(exact), float(hi))
+
+
+def test_mutation_campaign_on_both_layers(small):
+    """Every mutation operator on each layer: no false pass (a certified mutant the oracle
+    finds violating), and the truly violating mutants of layer 2 caught as all of layer 1's."""
+    from audit.layers import campaign
+
+    ts, model, stack = small
+    rows = campaign(ts, stack, model.epsilon, draws=1, seed=1, oracle=LayersOracle(40))
+    false_passes = [r for r in rows if r[3] and r[4]]
+    assert not false_passes, false_passes
+    for layer in (1, 2):
+        violating = [r for r in rows if r[0] == layer and r[3]]
+        assert len(violating) >= 10 and not any(r[4] for r in violating), layer
