@@ -30,6 +30,8 @@ Strategies:
   what "well-posed" means and which features it produces);
 * :func:`shared_template_task_sets`: a well-posed task set in which 2 to 5 tasks share
   the same template text and are told apart by their (disjoint) subjects;
+* :func:`composed_task_sets`: a well-posed task set with composed tasks
+  (:mod:`tasks.composition`) chaining its stored ones;
 * :func:`ill_posed_task_sets`: tasks that two-by-two obey every local rule but share
   an object-query prefix with a shared subject.
 
