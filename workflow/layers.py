@@ -22,12 +22,20 @@ UNSUPPORTED = {"precision": "exact", "ulps": None, "accumulate": None, "jobs": 1
 
 
 def layers_of_file(tasks: str, layers: int | None, weights: str | None = None) -> tuple[int, TaskSet | None]:
-    """(layers, the task set if it was read) for a command on the tasks file ``tasks``: a file
-    whose text does not hold the word 'compose' has no composed task and is not read here
-    (the one-layer commands read it themselves)."""
+    """(layers, the task set if it was read) for a command on the tasks file ``tasks``: with
+    ``weights``, as many as the file holds; else a file whose text does not hold the word
+    'compose' has no composed task and is not read here (the one-layer commands read it
+    themselves), and one that does is read (:func:`layers_for`)."""
+    from layout.layers import layers_of
     from tasks.io import load_tasks
 
-    if layers is None and not weights:
+    if weights:
+        held = layers_of(weights)
+        if layers is not None and layers != held:
+            raise TaskError(f"--layers {layers} was given, but the weights file holds {held} layer(s)",
+                            file=weights, fix="drop --layers (the file says how many layers it holds)")
+        return (2, load_tasks(tasks)) if held == 2 else (1, None)
+    if layers is None:
         try:
             with open(tasks, "rb") as f:
                 text = f.read(8 << 20)
@@ -36,7 +44,7 @@ def layers_of_file(tasks: str, layers: int | None, weights: str | None = None) -
         if b"compose" not in text:
             return 1, None
     taskset = load_tasks(tasks)
-    return layers_for(taskset, layers, weights), taskset
+    return layers_for(taskset, layers), taskset
 
 
 def refuse_two_layers(command: str, tasks: str, layers: int | None, weights: str | None = None) -> None:
@@ -47,16 +55,8 @@ def refuse_two_layers(command: str, tasks: str, layers: int | None, weights: str
                         fix="add --layers 1 (one layer, storing every composed fact)")
 
 
-def layers_for(taskset: TaskSet, layers: int | None, weights: str | None = None) -> int:
-    """1 or 2: the model's layers for this command (the module docstring)."""
-    from layout.layers import layers_of
-
-    if weights:
-        held = layers_of(weights)
-        if layers is not None and layers != held:
-            raise TaskError(f"--layers {layers} was given, but the weights file holds {held} layer(s)",
-                            file=weights, fix="drop --layers (the file says how many layers it holds)")
-        return held
+def layers_for(taskset: TaskSet, layers: int | None) -> int:
+    """1 or 2: the layers of the model built for ``taskset`` (the module docstring)."""
     composed = any(t.composed for t in taskset.tasks)
     if layers == 2 and not composed:
         raise TaskError("--layers 2 needs a composed task (a task with 'compose: [first, second]')",
