@@ -90,6 +90,8 @@ class Stack:
                 raise TaskError(what, file=source, fix=_FIX)
 
         self.first.validate(source)
+        need(self.first.gate_mode == "top1", f"the first layer's gate_mode is {self.first.gate_mode!r}; a two-layer "
+                                             "model routes both layers top-1 unscaled ('top1')")
         s, d = self.second, self.d
         for name, m in s.arrays():
             problem = sparse_problem(m) if not name.endswith("b_G") and not name.endswith(".b_1") else None

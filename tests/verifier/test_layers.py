@@ -231,6 +231,13 @@ def test_a_malformed_second_layer_is_refused(small):
         _with_second(stack, expert_tasks=("capital", "capital")).validate()
 
 
+def test_a_scaled_first_gate_is_refused(small):
+    """The two-layer pass encloses unscaled top-1 experts: weights that scale by the gate are refused, not misread."""
+    _, _, stack = small
+    with pytest.raises(TaskError, match="routes both layers top-1 unscaled"):
+        Stack(stack.first.replace(gate_mode="top1-scaled"), stack.second).validate()
+
+
 def test_second_layer_without_experts_is_refused(small):
     _, _, stack = small
     empty = MoELayer(canonical(sp.csr_matrix((0, stack.d))), np.zeros(0), (), ())
