@@ -53,8 +53,10 @@ class LayersOracle:
             out[i] = c.xadd(out[i], v) if i in out else v
         return {j: v for j, v in out.items() if v}
 
-    def query(self, stack: Stack, ids: tuple[int, ...], valid: frozenset[int]) -> dict[str, Any]:
-        """The exact values of the query ``ids`` (the weights' token ids, BOS not included)."""
+    def query(self, stack: Stack, ids: tuple[int, ...], valid: frozenset[int], target: int | None = None
+              ) -> dict[str, Any]:
+        """The exact values of the query ``ids`` (the weights' token ids, BOS not included);
+        with ``target`` (an object o) also ``ablated2_object``, 1 − P(o) with layer 2's expert removed."""
         o = self.oracle
         c = o.ctx(self.dps)
         w, s = stack.first, stack.second
@@ -69,8 +71,11 @@ class LayersOracle:
         a2, _ = self._gate(c, s.W_G, s.b_G, r)
         ab1, _ = o._error(c, w, fp, self._expert(c, s.experts[a2], r), valid)
         ab2, _ = o._error(c, w, fp, y, valid)
-        return {"expert1": e1, "margin1": m1, "expert2": e2, "margin2": m2, "error": err,
-                "ablated1": ab1, "ablated2": ab2}
+        out = {"expert1": e1, "margin1": m1, "expert2": e2, "margin2": m2, "error": err,
+               "ablated1": ab1, "ablated2": ab2}
+        if target is not None:
+            out["ablated2_object"], _ = o._error(c, w, fp, y, frozenset({target}))
+        return out
 
 
 # --- judging a two-layer model, and mutating either layer ------------------------------------
@@ -83,8 +88,8 @@ def judge(taskset, stack: Stack, epsilon: float, oracle: LayersOracle | None = N
     task counting as its first hop; or a tie), ``routing2`` (layer 2's argmax is not the
     expert holding g at an object query of a composed task (f, g), nor one holding no task
     elsewhere; or a tie), ``entanglement1`` (an object query answered within ε without its
-    layer-1 expert), ``entanglement2`` (a composed object query answered within ε without
-    its layer-2 expert), ``size`` (an expert over its bound). Queries are enumerated from the
+    layer-1 expert), ``entanglement2`` (a composed object query whose object o has
+    1 − P(o) < ε without its layer-2 expert), ``size`` (an expert over its bound). Queries are enumerated from the
     task set's sentences (:func:`audit.oracle.enumerate_queries`)."""
     from audit.oracle import enumerate_queries
 
@@ -111,13 +116,16 @@ def judge(taskset, stack: Stack, epsilon: float, oracle: LayersOracle | None = N
         if any(tok not in index for tok in q.prefix) or any(tok not in index for tok in q.valid):
             out.add("layout")
             continue
-        ex = oracle.query(stack, tuple(index[t] for t in q.prefix), frozenset(index[t] for t in q.valid))
+        task = taskset.tasks[q.determined] if q.determined is not None else None
+        object_query = task is not None and q.determined in q.object_of
+        target = None
+        if object_query and task.compose:
+            target = index[task.facts[next(tok for tok in q.prefix if tok in task.facts)]]
+        ex = oracle.query(stack, tuple(index[t] for t in q.prefix), frozenset(index[t] for t in q.valid), target)
         if ex["error"] >= epsilon:
             out.add("error")
         if ex["margin1"] <= 0 or not any(owner[k] == w.expert_tasks[ex["expert1"]] for k in q.tasks):
             out.add("routing1")
-        task = taskset.tasks[q.determined] if q.determined is not None else None
-        object_query = task is not None and q.determined in q.object_of
         composed_oq = bool(object_query and task.compose)
         want = task.compose[1] if composed_oq else ""
         if ex["margin2"] <= 0 or s.expert_tasks[ex["expert2"]] != want:
@@ -125,7 +133,7 @@ def judge(taskset, stack: Stack, epsilon: float, oracle: LayersOracle | None = N
         if object_query:
             if ex["ablated1"] < epsilon:
                 out.add("entanglement1")
-            if composed_oq and ex["ablated2"] < epsilon:
+            if composed_oq and ex["ablated2_object"] < epsilon:
                 out.add("entanglement2")
     return sorted(out)
 

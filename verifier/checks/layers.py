@@ -10,10 +10,12 @@ with the enclosures of :class:`verifier.passes.layers.LayersPass`:
   determined object query of a composed task (f, g), an expert that holds no task ("") at
   every other query;
 * **entanglement, per hop**: at every determined object query, with its layer-1 expert
-  removed, the error's lower end is at least ε; at a composed task's, the same with its
-  layer-2 expert removed. Localization, per hop, on the same rows: L1, the upper end of
-  P(o) at most 1/|O_k| (the task's distinct objects), and L2, another token's logit at
-  least the object's;
+  removed, the error's lower end is at least ε (as for one layer); at a composed task's,
+  with its layer-2 expert removed, the composed object is not answered: the lower end of
+  1 − P(o) for the object o alone is at least ε (a template word that layer 1 predicts
+  there, valid at a prefix that is also another template's, is not the composed answer).
+  Localization, per hop, on the same rows: L1, the upper end of P(o) at most 1/|O_k| (the
+  task's distinct objects), and L2, another token's logit at least the object's;
 * **size**, per task: a stored task's layer-1 expert within L·|T¹(f)| + N_f (T¹: its own
   templates and those of the composed tasks it starts), its layer-2 expert (as a second
   hop) within N_f.
@@ -162,7 +164,7 @@ def verify_layers(taskset: TaskSet, stack: Stack, epsilon: float, source: str = 
         thr = l1_thr[np.maximum(det, 0)]
         ab = res.ablated
         ent1 = ~oq | (ab[1][0] >= epsilon)
-        ent2 = ~composed_oq | (ab[2][0] >= epsilon)
+        ent2 = ~composed_oq | (ab[2][2] >= epsilon)
         loc1 = ~oq | ((ab[1][2] >= thr) & (ab[1][3] >= 0))
         loc2 = ~composed_oq | ((ab[2][2] >= thr) & (ab[2][3] >= 0))
         checks = {"error": err, "routing1": ok1, "routing2": ok2, "entanglement1": ent1,

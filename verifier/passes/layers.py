@@ -34,7 +34,7 @@ from layout.layers import Stack
 from verifier.arithmetic import interval as I
 from verifier.arithmetic.interval import SparseInterval
 from verifier.passes.dense import decide
-from verifier.passes.forward import Prepared, residual
+from verifier.passes.forward import Prepared, gate_decisions, residual
 
 
 def relu_bounds(m: np.ndarray, r: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -234,7 +234,8 @@ class LayersPass:
         vptr, vals = np.asarray(valid_ptr, np.int64), np.asarray(valid, np.int64)
         target = np.asarray(target, np.int64)
         R = residual(self.prep, tokens)
-        e1, margin1, _, _, _, (ptr1, cand1) = gate(R, self.WG1, self.bG1)
+        # layer 1's gate: the one-layer pass's (the same weights, the same enclosure and decisions)
+        e1, margin1, _, _, _, _, ptr1, cand1, _ = gate_decisions(self.prep, R, False)
         pair_rows = np.repeat(np.arange(n, dtype=np.int64), np.diff(ptr1))
         e2 = np.full(n, -1, np.int64)
         margin2 = np.full(n, np.inf)
