@@ -383,3 +383,53 @@ def test_mutation_campaign_on_both_layers(small):
     for layer in (1, 2):
         violating = [r for r in rows if r[0] == layer and r[3]]
         assert len(violating) >= 10 and not any(r[4] for r in violating), layer
+
+
+# --- hostile weights: regressions of the adversarial review -------------------------------------
+
+
+def _overflowing_ablation(stack: Stack) -> Stack:
+    """Layer 2's gate scaled by 2^995 (exact) and two experts appended, both named "": A (width
+    0) and B, whose gate row is A's with a bias one ulp larger (so B beats A exactly at every
+    query). Their scores are H·[word:in] − G·Σ[next:bridge] + 2^980 with H + 2^980 = 2^1024: at
+    'X was born in' with the first layer's expert, G·[next:bridge] brings them far below the
+    pass expert's 2^985; without it (hop 1 ablated) they round to +inf while exactly B wins,
+    and B answers 'Curie was born in' with Poland: its object is answered without hop 1."""
+    w, s = stack.first, stack.second
+    col = list(w.residual_labels).index
+    d = stack.d
+    two = lambda e: float(np.ldexp(1.0, e))    # noqa: E731
+    H = two(1023) * (2 - 2.0 ** -43)
+    G = two(1023) * (2 - 2.0 ** -40) / 0.9999999999999982
+    WG = s.W_G.toarray() * two(995)
+    bG = s.b_G * two(995)
+    bG[0] = two(985)
+    row = np.zeros(d)
+    row[col("word:in")] = H
+    for bridge in ("Poland", "Denmark", "Germany"):
+        row[col("next:" + bridge)] = -G
+    A = Expert(canonical(sp.csr_matrix((0, d))), np.zeros(0), canonical(sp.csr_matrix((d, 0))))
+    W1 = np.zeros((1, d))
+    W1[0, [col("subj:Curie"), col("word:in")]] = 1.0
+    W2 = np.zeros((d, 1))
+    W2[col("next:Poland"), 0] = 50.0
+    B = Expert(canonical(sp.csr_matrix(W1)), np.array([-1.5]), canonical(sp.csr_matrix(W2)))
+    return Stack(w, MoELayer(canonical(sp.csr_matrix(np.vstack([WG, row, row]))),
+                             np.concatenate([bG, [two(980), float(np.nextafter(two(980), np.inf))]]),
+                             s.experts + (A, B), s.expert_tasks + ("", "")))
+
+
+def test_an_overflowing_ablated_gate_may_route_to_any_expert(small):
+    """Hop 1 ablated, layer 2's gate may overflow where the unablated one does not: every
+    expert may then win (the exact scores are finite), not the first infinite midpoint alone.
+    The old pass took A alone (its error without hop 1 is large) and certified a model whose
+    exact hop-1 ablation routes to B and answers."""
+    from audit.layers import judge
+
+    ts, model, stack = small
+    bad = _overflowing_ablation(stack)
+    assert judge(ts, bad, model.epsilon, LayersOracle(40)) == ["entanglement1"]
+    report = verify_layers(ts, bad, model.epsilon)
+    assert not report.certified
+    assert report.failing_queries["entanglement1"] >= 1
+    assert {c for c, v in report.failing_queries.items() if v} <= {"entanglement1", "localization1"}

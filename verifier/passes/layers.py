@@ -81,13 +81,25 @@ def expert_output(X: SparseInterval, W1T, b1: np.ndarray, W2T: sp.csr_matrix) ->
 
 
 def gate(X: SparseInterval, WGT, b: np.ndarray):
-    """The gate's decisions on rows X (:func:`verifier.passes.dense.decide`)."""
+    """The gate's decisions on rows X (:func:`verifier.passes.dense.decide`), except that on
+    a row whose scores are not all finite (an overflow: the exact scores are finite, any of
+    them may be the largest) **every** expert may win, where ``decide`` names the winner
+    alone: the ablation of hop 1 reads no margin, so its worst case must cover every routing."""
     S = I.matmul(X, WGT)
     m, r = S.dense()
     with np.errstate(invalid="ignore", over="ignore"):
         gm = m + b
         gr = I.guard(gm, I.add_rad(r, I.up(I.U * np.abs(gm))))
-    return decide(gm, gr)
+    e, margin, gm, gr, top, (ptr, cand) = decide(gm, gr)
+    n, K = gm.shape
+    undecided = ~(np.isfinite(gm).all(axis=1) & np.isfinite(gr).all(axis=1))
+    if undecided.any():
+        may = np.zeros((n, K), bool)
+        may[np.repeat(np.arange(n), np.diff(ptr)), cand] = True
+        may[undecided] = True
+        ptr = np.concatenate([[0], np.cumsum(may.sum(axis=1))]).astype(np.int64)
+        cand = np.nonzero(may)[1].astype(np.int64)
+    return e, margin, gm, gr, top, (ptr, cand)
 
 
 def readout(L: SparseInterval, vptr: np.ndarray, valid: np.ndarray, target: np.ndarray | None = None):
