@@ -290,7 +290,7 @@ class DensePass:
         err_lo, err_hi = np.full(n, np.inf), np.full(n, -np.inf)
         predicted = np.full(n, -1, np.int64)
         no_target = np.full(pair_rows.size, -1, np.int64)
-        undecided = ~np.isfinite(margin)                # the gate decides nothing
+        undecided = ~(margin > -np.inf)                 # the gate decides nothing (+∞: one expert, decided)
         for k in np.unique(cand):
             sel = np.flatnonzero(cand == k)
             rows = pair_rows[sel]

@@ -397,3 +397,34 @@ def test_deployed_dense_and_plain_passes_agree_on_a_trained_model(fmt):
         for c in ("queries", "object_queries", "misrouted", "over_epsilon", "ablation_broken", "l1_held", "l2_held"):
             assert getattr(a, c) == getattr(b, c), (a.name, c)
         assert a.worst_error == pytest.approx(b.worst_error, rel=2e-2)
+
+
+def test_a_single_expert_is_routed_and_decides(capitals_set):
+    """With one expert the margin is +∞ (nothing to beat): the row is decided, as in the
+    plain pass, not [0, 1] as a gate that decides nothing (a dense one-expert model could
+    never certify). The enclosures agree with the plain pass's and contain the oracle's."""
+    import dataclasses
+
+    from audit.oracle import Oracle, _Fingerprints, enumerate_queries
+    from verifier.passes.dense import DensePass
+    from verifier.passes.forward import Prepared, run_batch
+
+    w = random_dense_model(capitals_set, 4, scaled=False)
+    U = w.U.copy()
+    U.data *= 2.0 ** -6                      # logits of a few units: errors strictly inside (0, 1)
+    w = dataclasses.replace(w, W_G=w.W_G[:1], b_G=np.asarray(w.b_G[:1]), experts=w.experts[:1],
+                            expert_tasks=w.expert_tasks[:1], U=U)
+    index = {t: i for i, t in enumerate(w.vocab)}
+    dp, plain = DensePass(w), Prepared(w)
+    oracle, fp = Oracle(dps=60), _Fingerprints(w)
+    for q in enumerate_queries(capitals_set)[:12]:
+        ids = np.array([[index[t] for t in q.prefix]], np.int64)
+        valid = np.array(sorted(index[t] for t in q.valid), np.int64)
+        ptr = np.array([0, valid.size], np.int64)
+        a = dp.run_batch(ids, ptr, valid, ablate=np.array([False]))
+        b = run_batch(plain, ids, ptr, valid, ablate=np.array([False]))
+        assert a.margin[0] == np.inf and a.err_hi[0] < 1.0
+        assert a.err_hi[0] == pytest.approx(b.err_hi[0], rel=1e-9)
+        assert a.err_lo[0] == pytest.approx(b.err_lo[0], rel=1e-9)
+        got = oracle.evaluate(w, fp, tuple(ids[0].tolist()), frozenset(valid.tolist()), True, 60, None)
+        assert a.err_lo[0] <= got["error"] <= a.err_hi[0]
