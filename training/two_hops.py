@@ -209,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _markdown(rows: list[Row], args, command: str) -> str:
     """The generated page: setup, the table (means over seeds) and the figure."""
-    full, _, _ = task_sets(args.people, args.countries, 1.0, 0)
+    full, _, _ = task_sets(args.people, args.countries, 0.0, 0)     # the composed set does not depend on the share
     from construction.layers import build_two_layers
 
     built = build_two_layers(full)
