@@ -81,9 +81,6 @@ EXEMPT: dict[str, str] = {
     "--threads 1": "minutes of torch training until certified or the budget ends (exit 0 or 1); "
                    "docs/training/results.md has every run's outcome, and the next command checks a saved one",
     "export PYTHONPATH=$PWD": "a shell setting for the sweep commands that follow it",
-    "python -m training.two_hops --people 300 --countries 30 --shares 0 0.5 0.9 --seeds 0 --steps 3000 "
-    "--out docs/training": "the two-hop training experiment (six models, minutes of torch training); it rewrites "
-                           "docs/training/two_hops.*, and tests/training/test_two_hops.py runs its parts",
     "python -m training.sweep --sets --jobs 1 --threads 1 --out build/training/sweep-grid "
     "--weights-dir docs/training/weights --no-plots": "the training grid (about an hour of torch training)",
     "python -m training.sweep --configs --objectives localize --sets 1000x16 --set-steps 100000 --set-batch-size 1024 "
