@@ -41,7 +41,7 @@ from typing import Any, Iterator
 import numpy as np
 import scipy.sparse as sp
 
-from layout.weights import Expert, Weights, sparse_problem, vector_problem
+from layout.weights import Expert, Weights, mixture_problem, sparse_problem
 from tasks.errors import TaskError
 
 #: The meta key that marks a file as a two-layer stack, and its only value.
@@ -96,17 +96,9 @@ class Stack:
         for name, m in s.arrays():
             problem = sparse_problem(m) if not name.endswith("b_G") and not name.endswith(".b_1") else None
             need(problem is None, f"{name} {problem}")
+        problem = mixture_problem(s.W_G, s.b_G, s.experts, d, "layer2.")
+        need(problem is None, problem or "")
         K = len(s.experts)
-        need(K >= 1, "the second layer has no experts")
-        need(s.W_G.shape == (K, d), f"layer2.W_G has shape {s.W_G.shape}, expected ({K}, {d})")
-        problem = vector_problem(s.b_G, K)
-        need(problem is None, f"layer2.b_G {problem}")
-        for k, e in enumerate(s.experts):
-            w = e.W_1.shape[0]
-            need(e.W_1.shape == (w, d) and e.W_2.shape == (d, w),
-                 f"layer2 expert {k}: W_1 {e.W_1.shape}, W_2 {e.W_2.shape} do not fit d={d}")
-            problem = vector_problem(e.b_1, w)
-            need(problem is None, f"layer2.experts.{k}.b_1 {problem}")
         need(isinstance(s.expert_tasks, tuple) and all(isinstance(t, str) for t in s.expert_tasks)
              and len(s.expert_tasks) == K, f"layer2.expert_tasks must be {K} strings")
         named = [t for t in s.expert_tasks if t]

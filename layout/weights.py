@@ -358,16 +358,8 @@ class Weights:
                  f"head {m}: W_Q {h.W_Q.shape} / W_K {h.W_K.shape} do not match d={d}")
             need(h.W_V.shape[1] == d and h.W_O.shape == (d, h.W_V.shape[0]),
                  f"head {m}: W_V {h.W_V.shape} / W_O {h.W_O.shape} do not match d={d}")
-        need(K >= 1, "there are no experts")
-        need(self.W_G.shape == (K, d), f"W_G has shape {self.W_G.shape}, expected ({K}, {d})")
-        problem = vector_problem(self.b_G, K)
-        need(problem is None, f"b_G {problem}")
-        for k, e in enumerate(self.experts):
-            w = e.W_1.shape[0]
-            need(e.W_1.shape == (w, d) and e.W_2.shape == (d, w),
-                 f"expert {k}: W_1 {e.W_1.shape}, W_2 {e.W_2.shape} do not fit d={d}")
-            problem = vector_problem(e.b_1, w)
-            need(problem is None, f"experts.{k}.b_1 {problem}")
+        problem = mixture_problem(self.W_G, self.b_G, self.experts, d)
+        need(problem is None, problem or "")
         need(self.U.shape == (V, d), f"U has shape {self.U.shape}, expected ({V}, {d})")
         need(isinstance(self.expert_tasks, tuple) and all(isinstance(t, str) for t in self.expert_tasks),
              "expert_tasks must be a tuple of strings")
@@ -403,6 +395,27 @@ class Weights:
             yield f"experts.{k}.b_1", e.b_1
             yield f"experts.{k}.W_2", e.W_2
         yield "U", self.U
+
+
+def mixture_problem(W_G, b_G, experts, d: int, prefix: str = "") -> str | None:
+    """The first shape problem of a gate and its experts over a residual of width d (their
+    names prefixed by ``prefix``: a second layer's are ``layer2.``), or None."""
+    K = len(experts)
+    if K < 1:
+        return f"{prefix}experts: there are none" if prefix else "there are no experts"
+    if W_G.shape != (K, d):
+        return f"{prefix}W_G has shape {W_G.shape}, expected ({K}, {d})"
+    problem = vector_problem(b_G, K)
+    if problem:
+        return f"{prefix}b_G {problem}"
+    for k, e in enumerate(experts):
+        w = e.W_1.shape[0]
+        if not (e.W_1.shape == (w, d) and e.W_2.shape == (d, w)):
+            return f"{prefix}expert {k}: W_1 {e.W_1.shape}, W_2 {e.W_2.shape} do not fit d={d}"
+        problem = vector_problem(e.b_1, w)
+        if problem:
+            return f"{prefix}experts.{k}.b_1 {problem}"
+    return None
 
 
 def _all_strings(values) -> bool:

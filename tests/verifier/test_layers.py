@@ -243,7 +243,7 @@ def test_a_scaled_first_gate_is_refused(small):
 def test_second_layer_without_experts_is_refused(small):
     _, _, stack = small
     empty = MoELayer(canonical(sp.csr_matrix((0, stack.d))), np.zeros(0), (), ())
-    with pytest.raises(TaskError, match="no experts"):
+    with pytest.raises(TaskError, match="layer2.experts: there are none"):
         Stack(stack.first, empty).validate()
 
 
