@@ -99,6 +99,11 @@ EXEMPT: dict[str, str] = {
     "--batch-size 2048 --steps 100000 --round-steps 100000 --max-rounds 3 --time-budget 1800 --threads 1 "
     "--json build/training/train-10k.json": "training on 10,000 facts (up to 30 minutes, then the checks); its "
         "exit status depends on the steps the budget allows on the machine",
+    "python -m training.train docs/training/tasks-F30000-K16-d0.yaml -o "
+    "build/training/F30000-d0-K16-E16-localize-s0.npz --objective localize --until-certified --width 256 "
+    "--batch-size 2048 --steps 100000 --round-steps 100000 --max-rounds 3 --time-budget 6600 --threads 1 "
+    "--json build/training/train-30k.json": "training on 30,000 facts (up to about two hours, then the checks); "
+        "its exit status depends on the steps the budget allows on the machine",
     "python scripts/mutation_testing.py --mutants 5400 --seed 0 --jobs 2":
         "a mutation campaign (minutes); tests/test_mutants.py runs a budget of it",
 }
@@ -118,6 +123,9 @@ FULL_ONLY: dict[str, str] = {
     "docs/training/weights/F10000-d0-K16-E16-localize-s0.npz --json build/training/check-10k.json --quiet":
         "the verifier on 45,918 queries of the 10,000-fact model (the dense pass; longer than the default "
         "profile's commands)",
+    "python -m verifier check docs/training/tasks-F30000-K16-d0.yaml --weights "
+    "docs/training/weights/F30000-d0-K16-E16-localize-s0.npz --json build/training/check-30k.json --quiet":
+        "the verifier on 242,616 queries of the 30,000-fact model (the dense pass)",
 }
 
 def extras(command: str) -> list[str]:
