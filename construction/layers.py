@@ -177,23 +177,20 @@ class TwoLayerModel:
         widths1 = dict(zip(t1.names, self.first.widths))
         bridge = dict(zip(self.seconds, self.bridges))
         out = []
-        for k, task in enumerate(ts.tasks):
+        for task in ts.tasks:
             row = {"task": task.name, "templates": task.n_templates, "facts": task.n_facts,
                    "compose": list(task.compose) if task.compose is not None else None}
             if task.compose is None:
-                own = [x for x in t1.tasks if x.name == task.name][0]
-                mine = Task(task.name, task.templates, task.facts)
-                row["layer1"] = _template_neurons(mine) + task.n_facts
+                row["layer1"] = _template_neurons(task) + task.n_facts
                 row["layer1_expert_width"] = widths1[task.name] + sum(1 for d in self.detectors
-                                                                     if d.expert == t1.index(own.name))
+                                                                     if d.expert == t1.index(task.name))
                 row["layer2"] = len(bridge.get(task.name, ()))
                 row["one_layer"] = row["layer1"]
             else:
-                mine = Task(task.name, task.templates, task.facts)
                 dets = sum(1 for d in self.detectors if d.task == task.name)
-                row["layer1"] = _template_neurons(mine) + dets
+                row["layer1"] = _template_neurons(task) + dets
                 row["layer2"] = 0
-                row["one_layer"] = _template_neurons(mine) + task.n_facts
+                row["one_layer"] = _template_neurons(task) + task.n_facts
             out.append(row)
         return out
 

@@ -149,7 +149,6 @@ def run(people: int, countries: int, share: float, seed: int, layers: int, steps
         err_hi = cert.err_hi
         n_params = weights.parameter_counts()["total"]
     else:
-
         stack = to_stack(trained, held, config)
         err_hi = _layers_errors(stack, data_held)
         n_params = stack.parameter_counts()["total"]

@@ -25,7 +25,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from budget import examples
 
-from audit.layers import LayersOracle
+from audit.layers import LayersOracle, judge
 from cli.main import main
 from construction.layers import build_two_layers
 from layout import Expert, canonical
@@ -433,3 +433,52 @@ def test_an_overflowing_ablated_gate_may_route_to_any_expert(small):
     assert not report.certified
     assert report.failing_queries["entanglement1"] >= 1
     assert {c for c, v in report.failing_queries.items() if v} <= {"entanglement1", "localization1"}
+
+
+# --- each check of the two-layer verdict, shown failing ------------------------------------
+
+
+@pytest.mark.parametrize("name, check", [("layer 2 forgets an object", "error"),
+                                         ("layer 1 routes everything to one expert", "routing1"),
+                                         ("layer 2 routes to the pass", "routing2")])
+def test_each_query_check_fails_on_its_mutant(small, name, check):
+    ts, model, stack = small
+    report = verify_layers(ts, dict(_mutants(stack))[name], model.epsilon)
+    assert report.failing_queries[check] > 0 and not report.certified
+
+
+def test_a_fixpoint_fails_the_second_hops_entanglement_and_localization():
+    """g(f(p)) = f(p): without layer 2 the composed object of p is still answered (only
+    there: q's composition is no fixpoint)."""
+    ts = loads_tasks("tasks:\n  - name: f\n    templates: [⋆1 f ⋆2]\n    facts: {p: x, q: y}\n"
+                     "  - name: g\n    templates: [⋆1 g ⋆2]\n    facts: {x: x, y: z}\n"
+                     "  - name: c\n    templates: [⋆1 c ⋆2]\n    compose: [f, g]\n")
+    model = build_two_layers(ts)
+    report = verify_layers(ts, model.instantiate(), model.epsilon)
+    failing = {c: v for c, v in report.failing_queries.items() if v}
+    assert failing == {"entanglement2": 1, "localization2": 1}
+    assert judge(ts, model.instantiate(), model.epsilon, LayersOracle(40)) == ["entanglement2"]   # truly
+
+
+@pytest.mark.parametrize("layer", [1, 2])
+def test_an_expert_over_its_bound_fails_the_size_check(small, layer):
+    """Dead neurons (off everywhere) added until an expert exceeds its bound: every query
+    still passes, and the verdict is NOT CERTIFIED for the size alone."""
+    ts, model, stack = small
+    part = stack.first if layer == 1 else stack.second
+    k = next(i for i, t in enumerate(part.expert_tasks) if t == "capital")
+    e = part.experts[k]
+    extra = (ts.L * 3 + 4) + 1 if layer == 1 else 5
+    grown = Expert(canonical(sp.vstack([e.W_1, sp.csr_matrix((extra, stack.d))])),
+                   np.concatenate([e.b_1, np.full(extra, -1.0)]),
+                   canonical(sp.hstack([e.W_2, sp.csr_matrix((stack.d, extra))])))
+    experts = list(part.experts)
+    experts[k] = grown
+    if layer == 1:
+        mutant = Stack(stack.first.replace(experts=tuple(experts), neuron_labels=None), stack.second)
+    else:
+        mutant = _with_second(stack, experts=tuple(experts))
+    report = verify_layers(ts, mutant, model.epsilon)
+    capital = next(t for t in report.tasks if t.name == "capital")
+    assert not any(report.failing_queries.values())
+    assert not capital.size_ok and not report.certified

@@ -204,14 +204,11 @@ class LayersPass:
         # each transposed matrix kept by the residual directions it reads (interval.Thin): a
         # product then meets only those entries of a row (the same sums, bit for bit)
         thin = I.Thin.transpose_of
-        self.WG1 = thin(w.W_G)
-        self.bG1 = np.asarray(w.b_G, np.float64)
         self.E1 = [(thin(e.W_1), np.asarray(e.b_1, np.float64), I.as_csr(e.W_2).T.tocsr()) for e in w.experts]
         self.WG2 = thin(s.W_G)
         self.bG2 = np.asarray(s.b_G, np.float64)
         self.E2 = [(thin(e.W_1), np.asarray(e.b_1, np.float64), I.as_csr(e.W_2).T.tocsr()) for e in s.experts]
         self.UT = thin(w.U)
-        self.V = len(w.vocab)
 
     def _layer2(self, Y: SparseInterval):
         """Layer 2 on rows Y: (winner, margin, for each candidate (rows, y') pairs)."""
