@@ -505,9 +505,9 @@ class Oracle:
             settled = self._settled(self.ctx(dps), cur, prev, epsilon, uniform)
             if prev is None and extreme:
                 settled = {k: False for k in settled}
-            if all(settled.values()) or dps * 2 > self.max_dps:
+            if all(settled.values()) or dps >= self.max_dps:
                 return cur, settled
-            prev, dps = cur, dps * 2
+            prev, dps = cur, min(dps * 2, self.max_dps)      # the last step at max_dps itself
 
     @staticmethod
     def _settled(c: _Ctx, cur, prev, epsilon: float, uniform=None) -> dict[str, bool]:

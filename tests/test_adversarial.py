@@ -127,3 +127,26 @@ def test_the_objects_ablated_probability_is_enclosed(case):
     if report.certified:
         truth = ORACLE.judge(taskset, w, eps)
         assert not truth.violating, (name, steps, truth.summary(), [v.detail for v in truth.violations])
+
+
+def test_the_oracle_reaches_its_highest_precision():
+    """A gap of 5.5e-233 from a W_O entry of -1.3e-231 (found by test_no_false_certificate
+    in the full profile): below the absolute floor 1e-(dps-8) at 60, 120 and 240 digits, so
+    undecided there; the oracle must evaluate at its highest precision, 320 digits, as its
+    docstring says (it stopped at 240, and called the certified model violating)."""
+    import scipy.sparse as sp
+
+    from adversaries import SETS
+    from construction.model import build
+    from layout import canonical
+
+    ts = SETS["one-task"]
+    w = build(ts).instantiate()
+    head = w.heads[2]
+    O = sp.lil_matrix(head.W_O)
+    O[32, 0] = -1.2882297539194267e-231
+    heads = list(w.heads)
+    heads[2] = type(head)(head.W_Q, head.W_K, head.W_V, canonical(O.tocsr()))
+    w = w.replace(heads=tuple(heads))
+    assert verify(ts, w, 0.01).certified
+    assert not ORACLE.judge(ts, w, 0.01).violating
