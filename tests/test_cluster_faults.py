@@ -88,32 +88,30 @@ def _finish(run: subprocess.Popen) -> tuple[int, str]:
     return run.returncode, err
 
 
-def _when(run: subprocess.Popen, act) -> None:
-    """``act()``, which waits for a unit of a phase to be processing: the test fails if the run ends first."""
-    try:
-        act()
-    except PhaseMissed as exc:
-        run.kill()
-        pytest.fail(f"{exc}: {run.communicate()[1]}")
-
-
-def _killed_in(deployment, tasks_file: Path, tmp_path: Path, phase: str, attempts: int = 3):
-    """A check started, and as soon as a unit of ``phase`` is processing, a worker that holds
-    the only copy of scattered data killed: (the run, its report's path). A run that ends
-    before the scheduler is seen with such a unit (on a loaded machine a phase's units can
-    come and go between two polls) had no fault injected and proves nothing: it is started
-    again, at most ``attempts`` times in all, and the test fails if no run was hit."""
-    pids = deployment.pids()
+def _hit(deployment, tasks_file: Path, tmp_path: Path, act, attempts: int = 3):
+    """A check started, and ``act(run)``, which waits for a unit of a phase to be processing
+    and then injects the fault: (the run, its report's path). A run that ends before the
+    scheduler is seen with such a unit (on a loaded machine a phase's units can come and go
+    between two polls) had no fault injected and proves nothing: it is started again, at
+    most ``attempts`` times in all, and the test fails if no run was hit."""
     for attempt in range(attempts):
         out = tmp_path / f"remote-{attempt}.json"
         run = _check(deployment, tasks_file, out)
         try:
-            deployment.kill_worker(pids[deployment.victim(phase, run, BOUND)])
+            act(run)
             return run, out
         except PhaseMissed as exc:
             run.kill()
             missed = f"{exc}: {run.communicate()[1]}"
     pytest.fail(f"in each of {attempts} runs, {missed}")
+
+
+def _killed_in(deployment, tasks_file: Path, tmp_path: Path, phase: str):
+    """:func:`_hit` by killing, as soon as a unit of ``phase`` is processing, a worker that
+    holds the only copy of scattered data."""
+    pids = deployment.pids()
+    return _hit(deployment, tasks_file, tmp_path,
+                lambda run: deployment.kill_worker(pids[deployment.victim(phase, run, BOUND)]))
 
 
 @pytest.mark.parametrize("phase", [EVIDENCE, PASS])
@@ -131,15 +129,13 @@ def test_every_worker_lost_ends_with_one_line(deployment, tasks_file, tmp_path):
     """Killed in the evidence phase: the shared state is lost with them, and scattering it
     again finds no worker until the timeout."""
     pids = deployment.pids()
-    out = tmp_path / "remote.json"
-    run = _check(deployment, tasks_file, out)
 
-    def kill_all():
+    def kill_all(run):
         deployment.busy_with(EVIDENCE, run, BOUND)
         for worker in pids.values():
             deployment.kill_worker(worker)
 
-    _when(run, kill_all)
+    run, out = _hit(deployment, tasks_file, tmp_path, kill_all)
     code, err = _finish(run)
     assert code == 2 and len(err.strip().splitlines()) == 1, err
     assert f"no Dask worker has been running for {NO_WORKER} s" in err and "no report was produced" in err
@@ -147,10 +143,11 @@ def test_every_worker_lost_ends_with_one_line(deployment, tasks_file, tmp_path):
 
 
 def test_the_scheduler_lost_ends_with_one_line(deployment, tasks_file, tmp_path):
-    out = tmp_path / "remote.json"
-    run = _check(deployment, tasks_file, out)
-    _when(run, lambda: (deployment.busy_with(PASS, run, BOUND),
-                                          os.kill(deployment.scheduler.pid, signal.SIGKILL)))
+    def kill_scheduler(run):
+        deployment.busy_with(PASS, run, BOUND)
+        os.kill(deployment.scheduler.pid, signal.SIGKILL)
+
+    run, out = _hit(deployment, tasks_file, tmp_path, kill_scheduler)
     code, err = _finish(run)
     assert code == 2 and len(err.strip().splitlines()) == 1, err
     assert "connection to the Dask scheduler was lost" in err and "no report was produced" in err
