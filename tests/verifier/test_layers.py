@@ -71,10 +71,11 @@ def _fixpoints(ts) -> set[tuple[str, str]]:
     return out
 
 
-def _contains_oracle(ts, stack) -> int:
-    """Every query's enclosures against the oracle; returns the number of queries compared."""
+def _contains_oracle(ts, stack, factored: bool = True) -> int:
+    """Every query's enclosures against the oracle, the residual enclosed factored over
+    cohorts or row by row; returns the number of queries compared."""
     oracle = LayersOracle(60)
-    pas = LayersPass(stack)
+    pas = LayersPass(stack, np.arange(ts.vocabulary.n_words, len(ts.vocabulary)) if factored else None)
     n = 0
     for b in batches(ts, structure_of(ts)):
         oq = b.object_query & (b.determined >= 0)
@@ -97,9 +98,10 @@ def _contains_oracle(ts, stack) -> int:
     return n
 
 
-def test_enclosures_contain_the_exact_values(small):
+@pytest.mark.parametrize("factored", [True, False])
+def test_enclosures_contain_the_exact_values(small, factored):
     ts, _, stack = small
-    assert _contains_oracle(ts, stack) == verify_layers(ts, stack, 0.01).queries
+    assert _contains_oracle(ts, stack, factored) == verify_layers(ts, stack, 0.01).queries
 
 
 def test_the_small_set_certifies_within_the_bound(small):
@@ -327,48 +329,72 @@ def test_two_layers_need_a_composed_task(tmp_path, capsys):
     _one_line(capsys, ["check", path, "--layers", "2"], "--layers 2 needs a composed task")
 
 
-# --- the hidden layer's arithmetic ------------------------------------------------------------
+# --- a layer's arithmetic ----------------------------------------------------------------------
 
 
 @settings(max_examples=examples(60), deadline=None)
 @given(st.integers(0, 2 ** 31), st.sampled_from([1.0, 1e-300, 1e300]))
-def test_hidden_encloses_relu_of_every_point(seed, scale):
-    """ReLU(W_1 x + b_1) for x at the centre and the corners of random interval rows, exact
-    in fractions, lies in the enclosure of :func:`hidden`, positive biases included; a
-    neuron outside the pattern is exactly 0 there."""
+def test_layer_rows_enclose_the_layer_at_every_point(seed, scale):
+    """y = x + W_2 ReLU(W_1 x + b_1), exact in fractions for x at the centre and at corners of
+    random interval rows, lies in the enclosure of the compiled layer
+    (:func:`verifier.arithmetic.experts.layer_rows`) for every (row, expert) pair, positive
+    biases, a width-0 expert and extreme scales included, in every column it is asked to keep
+    (and in no other); an entry of those outside the pattern is exactly 0 there, and a pair
+    whose values may overflow is flagged."""
     from fractions import Fraction
 
+    from verifier.arithmetic import experts as experts_k
     from verifier.arithmetic import interval as I
-    from verifier.passes.layers import hidden
+    from verifier.passes.tables import LayerTables
 
     rng = np.random.default_rng(seed)
-    n, d, w = 3, 6, 5
+    n, d = 3, 6
     mask = rng.random((n, d)) < 0.6
     mid = np.where(mask, rng.normal(size=(n, d)) * scale, 0.0)
     rad = np.where(mask, np.abs(rng.normal(size=(n, d))) * scale * rng.choice([0.0, 1e-3, 0.5]), 0.0)
     rows, cols = np.nonzero(mask)
     X = I.from_coo((n, d), rows, cols, mid[mask], rad[mask])
-    W = sp.random(w, d, density=0.5, random_state=rng, data_rvs=lambda k: rng.normal(size=k)).tocsr()
-    W = canonical(W)
-    b = rng.choice([-1.0, 0.0, 0.5, 2.0], size=w) * rng.choice([1.0, scale])
-    H = hidden(X, I.as_csr(W).T.tocsr(), b)
-    hm, hr = H.dense()
-    stored = np.zeros((n, w), bool)
-    stored[H.row_ids(), H.indices] = True
-    Wd = W.toarray()
-    for i in range(n):
+    experts = []
+    for w in (5, 0, 3):
+        W1 = canonical(sp.random(w, d, density=0.5, random_state=rng, data_rvs=lambda k: rng.normal(size=k)).tocsr())
+        W2 = canonical(sp.random(d, w, density=0.5, random_state=rng,
+                                 data_rvs=lambda k: rng.normal(size=k) * rng.choice([1.0, scale])).tocsr())
+        b = rng.choice([-1.0, 0.0, 0.5, 2.0], size=w) * rng.choice([1.0, scale])
+        experts.append(Expert(W1, b, W2))
+    t = LayerTables.of(sp.csr_matrix((len(experts), d)), np.zeros(len(experts)), experts, d)
+    pr = np.repeat(np.arange(n, dtype=np.int64), len(experts))
+    pk = np.tile(np.arange(len(experts), dtype=np.int64), n)
+    keep = rng.random(d) < 0.7                      # the columns a reader of y reads: only those are formed
+    width = t.max_width
+    scratch = (np.zeros((width, 5)), np.zeros(width, np.int64), np.zeros((d, 6)), np.zeros(d, np.int64))
+    with np.errstate(invalid="ignore", over="ignore"):
+        ptr, idx, ym, yr, bad = experts_k.layer_rows((pr, pk), (X.indptr, X.indices, X.mid, X.rad), t.W1T,
+                                                     t.first, t.W2T, keep, scratch, 1)
+    Y = I.SparseInterval((pr.size, d), ptr, idx, ym, yr)
+    Ym, Yr = Y.dense()
+    stored = np.zeros((pr.size, d), bool)
+    stored[Y.row_ids(), Y.indices] = True
+    assert not stored[:, ~keep].any()
+    for q in range(pr.size):
+        i, e = int(pr[q]), experts[int(pk[q])]
+        W1, W2 = e.W_1.toarray(), e.W_2.toarray()
         for corner in range(4):
             sign = np.array([1, -1, 0, 1])[corner] * np.where(rng.random(d) < 0.5, 1, -1)
             x = [Fraction(float(mid[i, j])) + sign[j] * Fraction(float(rad[i, j])) for j in range(d)]
-            for k in range(w):
-                z = sum((Fraction(float(Wd[k, j])) * x[j] for j in range(d)), Fraction(float(b[k])))
-                exact = max(z, Fraction(0))
-                if not stored[i, k]:
-                    assert exact == 0, (i, k, exact)
+            a = [max(sum((Fraction(float(W1[g, j])) * x[j] for j in range(d)), Fraction(float(e.b_1[g]))), Fraction(0))
+                 for g in range(e.width)]
+            for j in np.flatnonzero(keep):
+                exact = x[j] + sum((Fraction(float(W2[j, g])) * a[g] for g in range(e.width)), Fraction(0))
+                if bad[q]:
                     continue
-                lo = Fraction(float(hm[i, k])) - Fraction(float(hr[i, k]))
-                hi = Fraction(float(hm[i, k])) + Fraction(float(hr[i, k]))
-                assert lo <= exact <= hi, (i, k, float(lo), float(exact), float(hi))
+                if not stored[q, j]:
+                    assert exact == 0, (q, j, exact)
+                    continue
+                lo = Fraction(float(Ym[q, j])) - Fraction(float(Yr[q, j]))
+                hi = Fraction(float(Ym[q, j])) + Fraction(float(Yr[q, j]))
+                assert lo <= exact <= hi, (q, j, float(lo), float(exact), float(hi))
+    if scale == 1.0:
+        assert not bad.any()                        # nothing near the float range: every pair decides
 
 
 def test_mutation_campaign_on_both_layers(small):

@@ -54,10 +54,11 @@ def test_enclosures_contain_the_exact_values(capitals_set, weights, hot, monkeyp
     whichever gate columns are treated as shared ("hot": read by >= ``hot`` experts; with
     1, every gate input is shared and each batch cycles through many cached groups)."""
     import verifier.passes.forward as F
+    import verifier.passes.tables as T
 
-    monkeypatch.setattr(F, "HOT_READERS", hot)
+    monkeypatch.setattr(T, "HOT_READERS", hot)
     prep = F.Prepared(weights)
-    assert (prep.wg_hot.sum() > 0) == (hot <= 2)
+    assert (prep.layer.wg_hot.sum() > 0) == (hot <= 2)
     vocab = capitals_set.vocabulary
     checked = 0
     for g in query_groups(capitals_set):
@@ -437,9 +438,11 @@ def test_shared_gate_groups_decide_as_rows_do(monkeypatch):
     ts = wikidata_like(3000, seed=3)
     w = build(ts).instantiate()
     plain = F.Prepared(w)
-    monkeypatch.setattr(F, "HOT_READERS", 1)
+    import verifier.passes.tables as T
+
+    monkeypatch.setattr(T, "HOT_READERS", 1)
     shared = F.Prepared(w)
-    assert shared.wg_hot.sum() > 0 and not plain.wg_hot.any()
+    assert shared.layer.wg_hot.sum() > 0 and not plain.layer.wg_hot.any()
     tmap = np.array([w.vocab.index(ts.vocabulary.token(i)) for i in range(len(ts.vocabulary))])
     rows = groups = 0
     for b in batches(ts, StructureTrie(ts), 500):

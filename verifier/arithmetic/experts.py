@@ -34,7 +34,8 @@ from __future__ import annotations
 import numpy as np
 
 from verifier.arithmetic.accumulate import (ACC, B1, CSR, F1, F2, I1, I2, LOGITS, PART, add_term, entry_radius,
-                                            lower_bound, mul_interval, place, prod_terms, product_terms, row_of)
+                                            lower_bound, mul_interval, new_rows, place, prod_terms, product_terms,
+                                            put, room, row_of, trimmed)
 from verifier.arithmetic.kernel_forms import kernel
 from verifier.arithmetic.constants import U
 from verifier.arithmetic.deployed import DEPLOYED, KC, widen, widen_logit, zero_read
@@ -205,6 +206,75 @@ def expert_output(X, row, k, scale, first, W1T, W2T, z, y, s, watch, rec, keep, 
                 if not (up_nonneg(grow_o * yacc[ytouched[u] if ywhere is None else u, 5]) < fp[KC.largest]):
                     bad = True
     return ny, bad, l1a
+
+
+@kernel(args=((I1, I1), PART, CSR, (I1, F1, I1, I1), CSR, B1, (F2, I1, F2, I1), "i64"), returns=(*PART, B1))
+def layer_rows(pairs, X, W1T, first, W2T, keep, scratch, stamp0):
+    """A layer's output rows y = x + W_2·ReLU(W_1·x + b_1) for each pair (row ``rows[q]`` of X,
+    expert ``experts_of[q]``) of ``pairs``, as CSR rows of intervals (ptr, idx, mid, rad), one
+    per pair, and per pair whether a value may be non-finite (its row then decides nothing).
+    Only the entries of the columns ``keep`` marks are formed and stored (those a reader of y
+    reads; an entry of another column is left out, not made 0: y is exact where it is read).
+
+    Per pair: the expert's output o into the dense y accumulator (:func:`expert_output`, gate
+    scale 1: the gate routes top-1 unscaled), then each entry of x as one interval term
+    (midpoint, radius, |midpoint|: the terms of :mod:`verifier.arithmetic.accumulate`), and
+    each touched entry's enclosure from its sums by Lemmas 1 and 2 (:func:`entry_radius`:
+    the products' rounding and the additions'), except an entry o does not reach: x's term
+    alone, as it is (no product, no addition); an expert of no neurons gives y = x as it is.
+    An entry no term reaches is exactly 0 and is not stored. ``scratch`` = (the z accumulator
+    and its touched list, the y accumulator (six columns) and its touched list). Stamps
+    ``stamp0`` .. ``stamp0 + P − 1`` are this call's."""
+    rows, experts_of = pairs
+    zacc, ztouched, yacc, ytouched = scratch
+    X_ptr, X_idx, X_mid, X_rad = X
+    P = rows.size
+    out = new_rows(P, max(X_idx.size, 1))
+    bad_out = np.zeros(P, np.bool_)
+    none = np.zeros(0, np.bool_)
+    rec = np.zeros(1, np.int64)
+    e = 0
+    off = first[0]
+    for q in range(P):
+        i, s, k = rows[q], stamp0 + q, experts_of[q]
+        if off[k] == off[k + 1]:                       # an expert of no neurons: y = x, as it is
+            bad = False
+            out = room(out, e + X_ptr[i + 1] - X_ptr[i])
+            for t in range(X_ptr[i], X_ptr[i + 1]):
+                if not keep[X_idx[t]]:
+                    continue
+                if not (np.isfinite(X_mid[t]) and np.isfinite(X_rad[t])):
+                    bad = True
+                e = put(out, e, X_idx[t], X_mid[t], X_rad[t])
+            out[0][q + 1] = e
+            bad_out[q] = bad
+            continue
+        ny, bad, _ = expert_output(X, i, k, (1.0, 0.0), first, W1T, W2T, (zacc, ztouched, None),
+                                   (yacc, ytouched, None), s, none, rec, None, None, None)
+        n_o = ny                                       # the entries o reaches (their terms are products)
+        for t in range(X_ptr[i], X_ptr[i + 1]):       # x itself, one interval term per entry
+            if not keep[X_idx[t]]:
+                continue
+            u, ny = place(X_idx[t], yacc, s, ytouched, ny, None)
+            add_term(u, X_mid[t], X_rad[t], abs(X_mid[t]), yacc)
+            if not (np.isfinite(X_mid[t]) and np.isfinite(X_rad[t])):
+                bad = True
+        out = room(out, e + ny)
+        for u in range(ny):
+            col = ytouched[u]
+            if not keep[col]:
+                continue
+            if u >= n_o:                               # x's term alone: as it is
+                r_ = yacc[col, 2]
+            else:
+                r_ = entry_radius(yacc[col, 2], yacc[col, 3], int(yacc[col, 4]))
+            if not (np.isfinite(yacc[col, 1]) and np.isfinite(r_)):
+                bad = True
+            e = put(out, e, col, yacc[col, 1], r_)
+        out[0][q + 1] = e
+        bad_out[q] = bad
+    ptr, idx, mid, rad = trimmed(out, e)
+    return ptr, idx, mid, rad, bad_out
 
 
 @kernel()

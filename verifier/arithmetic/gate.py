@@ -19,7 +19,7 @@ the sorted list as far as needed (:func:`decide_rows`).
 Two kernels, one decision:
 
 * :func:`gate` (the plain pass): a row's class is its hot entries (columns read by at
-  least ``HOT_READERS`` experts, :class:`verifier.passes.forward.Prepared`), kept per call
+  least ``HOT_READERS`` experts, :mod:`verifier.passes.tables`), kept per call
   for the last :data:`GATE_CLASSES` of them; steps up and down with nextafter; in the
   deployed pass of a format each score also carries the gate's rounding;
 * :func:`gate_parts` (the factored pass): a row's class is its cohort's shared part s_c,

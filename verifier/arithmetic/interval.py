@@ -375,6 +375,16 @@ class SparseInterval:
         pos = np.repeat(self.indptr[idx] - ptr[:-1], counts) + np.arange(int(ptr[-1]))
         return SparseInterval((idx.size, self.shape[1]), ptr, self.indices[pos], self.mid[pos], self.rad[pos])
 
+    def only(self, columns: np.ndarray) -> "SparseInterval":
+        """The entries in the columns ``columns`` marks (bool per column), each row's in their
+        order; the others dropped (for a reader of those columns alone, the same matrix)."""
+        hit = np.asarray(columns, bool)[self.indices]
+        if hit.all():
+            return self
+        ptr = np.zeros(self.shape[0] + 1, np.int64)
+        np.cumsum(np.bincount(self.row_ids()[hit], minlength=self.shape[0]), out=ptr[1:])
+        return SparseInterval(self.shape, ptr, self.indices[hit], self.mid[hit], self.rad[hit])
+
     def prune(self) -> "SparseInterval":
         """Without entries that are exactly 0 (mid = rad = 0)."""
         keep = (self.mid != 0) | (self.rad != 0)

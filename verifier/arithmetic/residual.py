@@ -250,3 +250,38 @@ def residual_part(ids, own, diverse, shared, attention, E, P, OE, OP, heads, scr
             e = put(out, e, touched[u], m_, r_)
         out[0][i + 1] = e
     return trimmed(out, e)
+
+
+@kernel(args=(PART, PART, I1, B1, (F2, I1), "i64"), returns=PART)
+def parts_sum(S, O, cohort, keep, scratch, stamp0):
+    """r_i = s_c + o_i for every row i, c = ``cohort[i]``, from the shared parts ``S`` (a row
+    per cohort) and the own parts ``O`` (a row per row) of :func:`residual_part`, as CSR
+    (ptr, idx, mid, rad), only in the columns ``keep`` marks (those a reader of r reads: an
+    entry of another column is left out). Each part's entry is one interval term
+    (midpoint, radius, |midpoint|); a column of one term is that term as it is (no
+    addition), of two the sum enclosed by Lemmas 1 and 2 (:func:`_summed`). ``scratch`` =
+    (a dense accumulator, its touched list); stamps ``stamp0`` .. ``stamp0 + n − 1``."""
+    acc, touched = scratch
+    S_ptr, S_idx, S_mid, S_rad = S
+    O_ptr, O_idx, O_mid, O_rad = O
+    n = O_ptr.size - 1
+    out = new_rows(n, max(O_idx.size, 16))
+    e = 0
+    for i in range(n):
+        s = stamp0 + i
+        nt = 0
+        c = cohort[i]
+        for t in range(S_ptr[c], S_ptr[c + 1]):
+            if keep[S_idx[t]]:
+                u, nt = place(S_idx[t], acc, s, touched, nt, None)
+                add_term(u, S_mid[t], S_rad[t], abs(S_mid[t]), acc)
+        for t in range(O_ptr[i], O_ptr[i + 1]):
+            if keep[O_idx[t]]:
+                u, nt = place(O_idx[t], acc, s, touched, nt, None)
+                add_term(u, O_mid[t], O_rad[t], abs(O_mid[t]), acc)
+        out = room(out, e + nt)
+        for u in range(nt):
+            m_, r_ = _summed(acc, touched[u])
+            e = put(out, e, touched[u], m_, r_)
+        out[0][i + 1] = e
+    return trimmed(out, e)

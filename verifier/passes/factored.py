@@ -133,9 +133,8 @@ class FactoredPass:
         self.prep = prep
         self.split = split
         self.weights = prep.weights
-        self.off = prep.off
+        self.off = prep.layer.off
         self.entity = np.ascontiguousarray(split.entity, bool)
-        self.diverse = np.asarray(split.diverse, bool).reshape(-1)
         self.factored = prep.weights.gate_mode == "top1"
         self._scratch = None
 
@@ -160,7 +159,7 @@ class FactoredPass:
         if self._scratch is None:
             rounding.check()
             w = self.prep.weights
-            d, V, width = max(w.d, 1), max(len(w.vocab), self.prep.vocab_size, 1), max(self.prep.max_width, 1)
+            d, V, width = max(w.d, 1), max(len(w.vocab), self.prep.vocab_size, 1), max(self.prep.layer.max_width, 1)
 
             def spa(size):
                 """A compact accumulator over ``size`` columns (accumulate.slot): (acc, touched, where).
@@ -208,12 +207,40 @@ class FactoredPass:
 #: (FactoredPass.trim_scratch): 1M slots, 40 MB of one accumulator.
 SPILL = 1 << 20
 
-def cohorts(fp: FactoredPass, ids: np.ndarray, qk_class: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(first row of each cohort, cohort of each row) for rows ``ids`` (BOS included): the
-    key is the row's tokens with each entity replaced by −1 − its attention class; the
-    rows of one key, exactly (grouped by a hash first, then compared entry by entry:
-    :func:`verifier.passes.forward._unique_rows`)."""
-    return _unique_rows(np.where(fp.entity[ids], -1 - qk_class[ids].astype(np.int64), ids))
+def cohorts(entity: np.ndarray, ids: np.ndarray, qk_class: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(first row of each cohort, cohort of each row) for rows ``ids`` (BOS included; ``entity``
+    per token, the split's): the key is the row's tokens with each entity replaced by
+    −1 − its attention class; the rows of one key, exactly (grouped by a hash first, then
+    compared entry by entry: :func:`verifier.passes.forward._unique_rows`)."""
+    return _unique_rows(np.where(entity[ids], -1 - qk_class[ids].astype(np.int64), ids))
+
+
+def residual_parts(prep: Prepared, split: Split, ids: np.ndarray, scratch: tuple, entity: np.ndarray | None = None):
+    """(S, O, cohort) of rows ``ids`` (BOS included): the shared parts s_c of their cohorts
+    and each row's own part o_i (:func:`verifier.arithmetic.residual.residual_part`; the
+    module docstring), r_i = s_{cohort[i]} + o_i term by term. ``scratch``: a compact
+    accumulator over the residual directions; ``entity`` the split's, narrowed to these
+    weights' tokens (default ``split.entity``)."""
+    w = prep.weights
+    entity = split.entity if entity is None else entity
+    own = np.ascontiguousarray(entity[ids])
+    first, cohort = cohorts(entity, ids, prep.qk_class)
+    cohort = np.ascontiguousarray(cohort, np.int64)
+    # a cohort's rows have one attention class per position, hence one attention row
+    att_c, am, ar = attention(prep, np.ascontiguousarray(ids[first]))
+    att = np.ascontiguousarray(att_c[cohort])
+    heads = (prep.n_heads, prep.v_row, w.P.shape[0])
+    E, P = prep.E_arrays, prep.P_arrays
+    OE = (prep.OE.indptr, prep.OE.indices, prep.OE.mid, prep.OE.rad)
+    OP = (prep.OP.indptr, prep.OP.indices, prep.OP.mid, prep.OP.rad)
+    diverse = np.asarray(split.diverse, bool).reshape(-1)
+    with np.errstate(invalid="ignore", over="ignore"):
+        S = residual_k.residual_part(np.ascontiguousarray(ids[first]), np.ascontiguousarray(own[first]), diverse, True,
+                                     (np.ascontiguousarray(att_c), am, ar), E, P, OE, OP, heads, scratch,
+                                     prep.stamps(first.size))
+        O = residual_k.residual_part(ids, own, diverse, False, (att, am, ar), E, P, OE, OP, heads, scratch,
+                                     prep.stamps(ids.shape[0]))
+    return S, O, cohort
 
 
 def _reduce_pairs(n: int, rows: np.ndarray, values: tuple, single: bool) -> tuple:
@@ -259,32 +286,15 @@ def run_batch(fp: FactoredPass, tokens: np.ndarray, valid_ptr: np.ndarray, valid
         raise ValueError("a query token has no row of E in these weights")
     ablate = np.ones(n, bool) if ablate is None else np.asarray(ablate, bool)
     ids = np.ascontiguousarray(np.concatenate([np.full((n, 1), w.bos, np.int64), tokens], axis=1))
-    own = np.ascontiguousarray(fp.entity[ids])
-    first, cohort = cohorts(fp, ids, prep.qk_class)
-    cohort = np.ascontiguousarray(cohort, np.int64)
-    # a cohort's rows have one attention class per position, hence one attention row
-    att_c, am, ar = attention(prep, np.ascontiguousarray(ids[first]))
-    att = np.ascontiguousarray(att_c[cohort])
+    S, O, cohort = residual_parts(prep, fp.split, ids, fp.scratch()["y"], fp.entity)
     sc = fp.scratch()
-    H = prep.n_heads
-    heads = (H, prep.v_row, w.P.shape[0])
-    E, P = prep.E_arrays, prep.P_arrays
-    OE = (prep.OE.indptr, prep.OE.indices, prep.OE.mid, prep.OE.rad)
-    OP = (prep.OP.indptr, prep.OP.indices, prep.OP.mid, prep.OP.rad)
-    with np.errstate(invalid="ignore", over="ignore"):
-        S = residual_k.residual_part(np.ascontiguousarray(ids[first]),
-                                     np.ascontiguousarray(own[first]), fp.diverse, True,
-                             (np.ascontiguousarray(att_c), am, ar), E, P, OE, OP, heads, sc["y"],
-                             prep.stamps(first.size))
-        O = residual_k.residual_part(ids, own, fp.diverse, False, (att, am, ar), E, P, OE, OP, heads,
-                                     sc["y"], prep.stamps(n))
     order = np.argsort(cohort, kind="stable")
     K = len(w.experts)
     G = np.empty((n, K)) if scores else np.empty((1, 1))
     gmid, gstamp, gtouched = sc["g"]
     with np.errstate(invalid="ignore", over="ignore"):
         e, margin, Grad, top, top_lo, top_hi, cand_row, cand = gate_k.gate_parts(
-            S, O, cohort, order, prep.WGT_arrays, prep.wg_colmax, np.asarray(w.b_G, np.float64), prep.wg_max_terms,
+            S, O, cohort, order, prep.layer.WGT, prep.layer.wg_colmax, prep.layer.b_G, prep.layer.wg_max_terms,
             gmid, gstamp, gtouched, prep.stamps(n), G, scores)
     per_row = np.bincount(cand_row, minlength=n)
     single = n == 0 or per_row.max() == 1
@@ -305,14 +315,14 @@ def run_batch(fp: FactoredPass, tokens: np.ndarray, valid_ptr: np.ndarray, valid
     active = np.full((n, R_ACT + 1), -1, np.int64)
     active[:, R_ACT] = 0
     UT = prep.UT_arrays
-    expert_args = (prep.W1T, (prep.off, prep.b1, prep.pos_ptr, prep.pos_idx), prep.W2T, UT, V)
+    expert_args = (prep.layer.W1T, prep.layer.first, prep.layer.W2T, UT, V)
     scratch = (*sc["z"], *sc["shared_z"], *sc["z_own"], *sc["y"], *sc["L"], sc["v"], sc["table"], sc["watched"],
                sc["memo"])
     ab_sorted = order[ablate[order]]                        # ablated rows, grouped by cohort
     bound_o = logits_k.logits_bound(O[0], O[1], UT[0])
     bound_s = logits_k.logits_bound(S[0], S[1], UT[0])
     if int(bound_o.sum()) + int(bound_s.sum()) <= LOGITS_PER_RUN:
-        runs = [(np.arange(n), 0, first.size, p_rows, p_exp, ab_sorted)]
+        runs = [(np.arange(n), 0, S[0].size - 1, p_rows, p_exp, ab_sorted)]
     else:
         # Rows in runs (in cohort order) whose logits stay within a bound, so that memory is
         # bounded for any unembedding; each run with the shared logits of its cohorts.

@@ -48,6 +48,7 @@ from verifier.arithmetic import residual as residual_k
 from verifier.arithmetic import rounding
 from verifier.arithmetic.interval import SparseInterval, softmax_bounds
 from verifier.passes.batches import take_csr
+from verifier.passes.tables import LayerTables, csr_arrays
 from verifier.arithmetic.deployed import KERNEL_CONSTANTS
 from verifier.passes.floating import Deployment, softmax_constants
 from verifier.passes.floating import softmax as deployed_softmax
@@ -149,8 +150,6 @@ class _RowTable:
 
 #: Tokens per chunk when the per-token head projections are computed.
 TOKEN_CHUNK = 1 << 16
-#: A residual direction read by at least this many rows of W_G is "hot" (gate.gate).
-HOT_READERS = 16
 
 
 class Prepared:
@@ -319,34 +318,14 @@ class Prepared:
         self.OE_magnitudes = (np.concatenate([I.upper(x.mid, x.rad) for x in vm_table.parts]) if vm_table.parts
                               else np.zeros(0)) if deployed else None
         self.v_row = _narrow(v_row)                          # (H, V+1): head m, token x -> row of OE
-        self.E_arrays = _csr_arrays(E)
-        self.P_arrays = _csr_arrays(I.as_csr(weights.P))
-        # The gate and the unembedding as CSR arrays over the residual directions.
-        self.UT_arrays = _csr_arrays(weights.U.T.tocsr())
+        self.E_arrays = csr_arrays(E)
+        self.P_arrays = csr_arrays(I.as_csr(weights.P))
+        # The unembedding as CSR arrays over the residual directions.
+        self.UT_arrays = csr_arrays(weights.U.T.tocsr())
         #: U by token (the ablation's top-token gap compares two rows: logits._pair_gap)
-        self.U_arrays = _csr_arrays(weights.U) if deployment is None else _csr_arrays(sp.csr_matrix((0, d)))
-        self.WGT_arrays = _csr_arrays(weights.W_G.T.tocsr())
-        WG = I.as_csr(weights.W_G)
-        # the largest |W_G[k, j]| per residual direction j (0 where the gate reads nothing)
-        self.wg_colmax = np.zeros(d)
-        np.maximum.at(self.wg_colmax, WG.indices, np.abs(WG.data))
-        self.wg_max_terms = max(int(np.diff(WG.indptr).max(initial=1)), int(gate_terms))
-        # columns read by many experts: their part of the gate scores is shared by rows (gate.gate)
-        self.wg_hot = np.diff(self.WGT_arrays[0]) >= HOT_READERS
-        # All experts side by side for the kernels: neuron g of expert k is global neuron
-        # off[k] + g; W_1^T rows list (global neuron, weight) sorted by neuron.
-        widths = np.array([e.width for e in weights.experts], np.int64)
-        self.off = np.concatenate([[0], np.cumsum(widths)]).astype(np.int64)
-        W1 = sp.vstack([e.W_1 for e in weights.experts]).tocsr() if widths.sum() else sp.csr_matrix((0, d))
-        self.W1T = _csr_arrays(W1.T.tocsr())
-        del W1
-        self.W2T = _csr_arrays(sp.hstack([e.W_2 for e in weights.experts]).T.tocsr() if widths.sum()
-                               else sp.csr_matrix((0, d)))
-        self.b1 = np.concatenate([e.b_1 for e in weights.experts]) if widths.sum() else np.zeros(0)
-        pos = [np.flatnonzero(e.b_1 > 0) + self.off[k] for k, e in enumerate(weights.experts)]
-        self.pos_ptr = np.concatenate([[0], np.cumsum([x.size for x in pos])]).astype(np.int64)
-        self.pos_idx = np.concatenate(pos).astype(np.int64) if pos else np.zeros(0, np.int64)
-        self.max_width = int(widths.max(initial=1))
+        self.U_arrays = csr_arrays(weights.U) if deployment is None else csr_arrays(sp.csr_matrix((0, d)))
+        #: the gate and the experts as the kernels read them
+        self.layer = LayerTables.of(weights.W_G, weights.b_G, weights.experts, d, gate_terms)
         #: global neurons whose possible activity each row records (BatchResult.active); set
         #: by whoever saves a certificate (verifier.checks.classes), empty otherwise
         self.watch = np.zeros(0, bool)
@@ -372,7 +351,7 @@ class Prepared:
         """Sparse-accumulator work arrays (allocated once per process, on first use)."""
         if self._scratch is None:
             rounding.check()
-            d, V, w = self.weights.d, len(self.weights.vocab), max(self.max_width, 1)
+            d, V, w = self.weights.d, len(self.weights.vocab), max(self.layer.max_width, 1)
 
             def spa(size):
                 """(accumulator rows: stamp, mid, A, B, count; the touched columns)."""
@@ -388,7 +367,7 @@ class Prepared:
                              # (accumulate.slot; stamps are never reused, so the two layouts share it safely)
                              "Lw": np.zeros(max(V, 1), np.int32),
                              "m": np.zeros((max(d, 1), 2)), "lm": np.zeros(max(self.vocab_size, V, 1)),
-                             "g": (np.zeros(K), np.full(K, -1.0), np.zeros(K, np.int64)),
+                             "g": gate_work(K),
                              "v": np.zeros(max(V, 1)),
                              "buf": (np.zeros(max(d, 1), np.int64), np.zeros(max(d, 1)), np.zeros(max(d, 1))),
                              "u": (np.zeros(max(d, 1)), np.zeros(max(d, 1)), np.zeros((max(d, 1), 2)))}
@@ -478,13 +457,6 @@ def _sparse_row_bytes(M: SparseInterval, i: int) -> bytes:
     """Row i's stored (index, mid, rad) as bytes: equal bytes iff bitwise equal rows."""
     a, b = int(M.indptr[i]), int(M.indptr[i + 1])
     return M.indices[a:b].astype(np.int64).tobytes() + M.mid[a:b].tobytes() + M.rad[a:b].tobytes()
-
-
-def _csr_arrays(M: sp.csr_matrix) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(indptr, indices, data) of a canonical CSR matrix as int64/float64 arrays."""
-    M = sp.csr_matrix(M)
-    M.sort_indices()
-    return (M.indptr.astype(np.int64), M.indices.astype(np.int64), M.data.astype(np.float64))
 
 
 def _dense_row_classes(X: np.ndarray) -> np.ndarray:
@@ -758,19 +730,29 @@ def _row_runs(bound: np.ndarray, limit: int) -> list[tuple[int, int]]:
     return runs
 
 
-def gate_decisions(prep: Prepared, R: SparseInterval, scores: bool):
+def gate_decisions(prep: Prepared, R: SparseInterval, scores: bool, layer: LayerTables | None = None,
+                   work: tuple | None = None):
     """The gate's decisions (:func:`verifier.arithmetic.gate.gate`): winner, margin, radius per row,
-    top three, the experts that may win (CSR), and the (n, K) midpoints if ``scores``."""
-    n, K = R.shape[0], len(prep.weights.experts)
+    top three, the experts that may win (CSR), and the (n, K) midpoints if ``scores``.
+
+    By default the gate of ``prep``'s layer; ``layer`` another layer's over the same residual
+    directions (a stack's), with ``work`` its per-expert work arrays (gate_work); the exact
+    pass only."""
+    t = prep.layer if layer is None else layer
+    n, K = R.shape[0], t.K
     G = np.empty((n, K)) if scores else np.empty((1, 1))
-    gmid, gstamp, gtouched = prep.scratch()["g"]
+    gmid, gstamp, gtouched = prep.scratch()["g"] if layer is None else work
     with np.errstate(invalid="ignore", over="ignore"):
-        D = prep.deployed
+        D = prep.deployed if layer is None else None
         deployed = (True, D.fp, D.stages.rs_g) if D is not None else (False, np.zeros(1), 0.0)
-        out = gate_k.gate(R.indptr, R.indices, R.mid, R.rad, *prep.WGT_arrays, prep.wg_colmax, prep.wg_hot,
-                      np.asarray(prep.weights.b_G, np.float64), prep.wg_max_terms,
-                      gmid, gstamp, gtouched, prep.stamps(n), G, scores, deployed)
+        out = gate_k.gate(R.indptr, R.indices, R.mid, R.rad, *t.WGT, t.wg_colmax, t.wg_hot, t.b_G, t.wg_max_terms,
+                          gmid, gstamp, gtouched, prep.stamps(n), G, scores, deployed)
     return (*out, G if scores else None)
+
+
+def gate_work(K: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The gate kernel's per-expert work arrays for K experts (stamp −1: no row's)."""
+    return np.zeros(K), np.full(K, -1.0), np.zeros(K, np.int64)
 
 
 def _experts_deployed(prep: Prepared, R: SparseInterval, sc: dict) -> tuple:
@@ -867,8 +849,8 @@ def run_batch(prep: Prepared | Weights, tokens: np.ndarray, valid_ptr: np.ndarra
             lo, hi, pred, r_lo, r_hi, pair_bad = experts_k.experts(
                 ((pair_rows[sel] - a).astype(np.int64), pair_experts[sel].astype(np.int64)),
                 (np.ascontiguousarray(cm[sel]), np.ascontiguousarray(cr[sel])),
-                (Rc.indptr, Rc.indices, Rc.mid, Rc.rad), L, prep.W1T, (prep.off, prep.b1, prep.pos_ptr, prep.pos_idx),
-                prep.W2T, prep.UT_arrays, V, (vp, vv), (*sc["z"], *sc["y"], *sc["L"], sc["v"]),
+                (Rc.indptr, Rc.indices, Rc.mid, Rc.rad), L, prep.layer.W1T, prep.layer.first,
+                prep.layer.W2T, prep.UT_arrays, V, (vp, vv), (*sc["z"], *sc["y"], *sc["L"], sc["v"]),
                 prep.stamps(n_sel), prep.watch, act, deployed)
             rows_sel = pair_rows[sel]
             if prep.deployed is not None:

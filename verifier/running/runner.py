@@ -305,7 +305,7 @@ def verify_shard_batch(part: ShardPart, payload) -> tuple[BatchResult, np.ndarra
     res.predicted = np.where(res.predicted >= 0, part.tokens[np.maximum(res.predicted, 0)], -1)
     if res.active is not None and part.watch is not None and res.active.size:
         act = res.active.copy()              # the part's neuron numbering -> the full weights'
-        shift = (part.full_off[:-1] - part.prepared().off[:-1])[res.expert]
+        shift = (part.full_off[:-1] - part.prepared().layer.off[:-1])[res.expert]
         R = act.shape[1] - 1
         act[:, :R] = np.where(act[:, :R] >= 0, act[:, :R] + shift[:, None], -1)
         res.active = act

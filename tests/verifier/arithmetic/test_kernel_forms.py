@@ -21,9 +21,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from budget import examples
+from construction.layers import build_two_layers
+from tasks import loads_tasks
 from verifier.arithmetic import kernel_forms, logits, rounding
 from verifier.arithmetic.kernel_forms import KERNELS, Kernel, Kernels, matches, numba_type
 from repository import ROOT
+from verifier.checks.layers import verify_layers
 
 
 # -- the declared types, against numba's own typing -------------------------------------
@@ -141,6 +144,19 @@ def _bits(x):
     return (a.dtype.str, a.shape, a.tobytes())
 
 
+_TWO_HOPS = """tasks:
+  - name: born_in
+    templates: [⋆1 was born in ⋆2]
+    facts: {Curie: Poland, Einstein: Germany, Bohr: Denmark}
+  - name: capital
+    templates: [the capital of ⋆1 is ⋆2]
+    facts: {Poland: Warsaw, Germany: Berlin, Denmark: Copenhagen}
+  - name: born_capital
+    templates: [the capital of the country where ⋆1 was born is ⋆2]
+    compose: [born_in, capital]
+"""
+
+
 def test_both_forms_return_bitwise_the_same_for_every_call_of_a_check(monkeypatch, capitals_set, capitals_model):
     """Every exported kernel call of certifying capitals (exact, and deployed in float32 and
     bfloat16, gate modes top1 and top1-scaled) is run in both forms on copies of its
@@ -172,8 +188,10 @@ def test_both_forms_return_bitwise_the_same_for_every_call_of_a_check(monkeypatc
     for weights in (w, w.replace(gate_mode="top1-scaled")):
         for dep in (None, Deployment.named("float32"), Deployment.named("bfloat16")):
             verify(capitals_set, weights, capitals_model.epsilon, executor=LocalPool(1), deployment=dep)
+    two = loads_tasks(_TWO_HOPS)                        # and the two-layer pass's kernels
+    verify_layers(two, build_two_layers(two).instantiate(), 0.01)
     assert set(seen) >= {"residual", "gate", "experts", "ablated", "logits", "logits_bound", "residual_part",
-                         "gate_parts", "experts_parts", "ablated_parts"}
+                         "gate_parts", "experts_parts", "ablated_parts", "layer_rows", "parts_sum"}
 
 
 def test_a_call_that_does_not_fit_runs_just_in_time():
@@ -215,12 +233,17 @@ model = build(ts)
 w = model.instantiate()
 for weights in (w, w.replace(gate_mode="top1-scaled")):
     verify(ts, weights, model.epsilon, executor=LocalPool(1))
+from construction.layers import build_two_layers
+from verifier.checks.layers import verify_layers
+two = load_tasks(sys.argv[2])
+verify_layers(two, build_two_layers(two).instantiate(), 0.01)
 print(KERNELS.module is not False, KERNELS.note, "numba" in sys.modules)
 """
 
 
 def test_a_check_runs_every_kernel_ahead_of_time_without_numba():
-    out = subprocess.run([sys.executable, "-c", _NO_NUMBA, str(ROOT / "examples" / "capitals.yaml")], cwd=ROOT,
+    out = subprocess.run([sys.executable, "-c", _NO_NUMBA, str(ROOT / "examples" / "capitals.yaml"),
+                          str(ROOT / "examples" / "two-hops.yaml")], cwd=ROOT,
                          capture_output=True, text=True, check=True).stdout.split()
     if out[0] == "False":
         pytest.skip(f"no compiled extension here: {' '.join(out[1:-1])}")
