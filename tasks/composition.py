@@ -92,16 +92,6 @@ def derive(name: str, first: str, second: str, first_facts: Mapping[str, str],
     return pairs
 
 
-def derived_facts(name: str, first: str, second: str, first_facts, second_facts):
-    """The facts of composed task ``name`` (:func:`derive`) as :class:`~tasks.model.Facts`:
-    its subjects are ``first``'s (distinct, checked names) and its objects ``second``'s
-    (checked names), so they are not checked again."""
-    from tasks.model import Facts
-
-    pairs = derive(name, first, second, first_facts, second_facts)
-    return Facts.trusted(tuple(s for s, _ in pairs), tuple(o for _, o in pairs))
-
-
 def check_compositions(tasks: Sequence) -> None:
     """Every composed task of ``tasks`` (:class:`~tasks.model.Task`) composes two stored
     tasks of the same sequence, and its facts are exactly the derived ones."""

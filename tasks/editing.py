@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 import yaml
 from yaml.nodes import MappingNode, SequenceNode
 
-from tasks.composition import check_parts, derived_facts, users
+from tasks.composition import check_parts, derive, users
 from tasks.errors import TaskError
 from tasks.facts_files import iter_facts_file
 from tasks.files import atomic_files
@@ -151,8 +151,8 @@ def recompose(tasks: list[Task]) -> list[Task]:
     for t in tasks:
         if t.compose is not None:
             first, second = check_parts(t.name, t.compose, stored, composed)
-            t = Task(t.name, t.templates, derived_facts(t.name, first, second, stored[first].facts,
-                                                        stored[second].facts), compose=t.compose)
+            t = Task(t.name, t.templates, Facts.checked_pairs(derive(t.name, first, second, stored[first].facts,
+                                                                     stored[second].facts)), compose=t.compose)
         out.append(t)
     return out
 

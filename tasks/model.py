@@ -277,6 +277,12 @@ class Facts(Mapping[str, str]):
         return out
 
     @classmethod
+    def checked_pairs(cls, pairs: Sequence[tuple[str, str]]) -> "Facts":
+        """Facts from (subject, object) pairs of names already checked, subjects distinct (a
+        composed task's derived facts: its first part's subjects, its second part's objects)."""
+        return cls.trusted(tuple(s for s, _ in pairs), tuple(o for _, o in pairs))
+
+    @classmethod
     def lazy(cls, names: Sequence[str], subject_ids: np.ndarray, object_ids: np.ndarray) -> "Facts":
         """Trusted facts given as positions in ``names`` (a certificate's entities): the name
         tuples are made only when asked for, so a task set of millions of facts read back

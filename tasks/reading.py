@@ -14,7 +14,7 @@ from typing import Iterator, Sequence
 import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
-from tasks.composition import check_parts, derived_facts
+from tasks.composition import check_parts, derive
 from tasks.errors import TaskError
 from tasks.facts_files import facts_file_bytes, facts_key, iter_facts_file, read_plain
 from tasks.messages import one_line, quoted, show_name, suggest_key, where_line
@@ -305,7 +305,8 @@ class _Builder:
                 continue
             try:
                 first, second = check_parts(head.name, head.compose, stored, composed)
-                facts = derived_facts(head.name, first, second, stored[first].facts, stored[second].facts)
+                facts = Facts.checked_pairs(derive(head.name, first, second, stored[first].facts,
+                                                   stored[second].facts))
                 tasks[k] = Task(head.name, tuple(head.templates), facts, compose=(first, second))
             except TaskError as e:
                 raise e.located(self.file, head.compose_line) from None

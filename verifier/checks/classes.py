@@ -187,7 +187,7 @@ class ClassRecorder:
     """Aggregates a verification's batches into a :class:`ClassTable` (vectorised per batch).
 
     ``served`` maps an expert to the task index it serves (-1: none); ``off`` is the first
-    global neuron of each expert (``Prepared.off``), to store watched neurons locally.
+    global neuron of each expert (``Prepared.layer.off``), to store watched neurons locally.
     """
 
     def __init__(self, taskset: TaskSet, trie: StructureTrie, plan: CellPlan, served: np.ndarray,

@@ -133,10 +133,14 @@ class FactoredPass:
         self.prep = prep
         self.split = split
         self.weights = prep.weights
-        self.off = prep.layer.off
         self.entity = np.ascontiguousarray(split.entity, bool)
         self.factored = prep.weights.gate_mode == "top1"
         self._scratch = None
+
+    @property
+    def layer(self):
+        """The gate and experts as the kernels read them (:class:`verifier.passes.tables.LayerTables`)."""
+        return self.prep.layer
 
     @property
     def watch(self) -> np.ndarray:
