@@ -1,15 +1,18 @@
 """Does training find a composition? Two-layer models trained on one-hop facts and a share of
 the composed ones, judged by the verifier on the composed queries held out.
 
-    python -m training.two_hops [--people 300] [--countries 30] [--shares 0 0.5 0.9] [--seeds 0 1] [--out DIR]
+    python -m training.two_hops [--people 300] [--countries 30] [--shares 0 0.5 0.9] [--seeds 0 1]
+                                [--objectives ce localize] [--out DIR]
 
 The task set (seeded): ``born_in`` (people → countries), ``capital`` (country → capital) and
-``born_capital`` = born_in then capital (:mod:`tasks.composition`). Each model trains with
-the cross-entropy objective (:func:`training.loop.train`) on every query of born_in and
-capital and on the composed queries of a share of the people; the other people's composed
-object queries are held out. Two shapes, the same widths otherwise:
+``born_capital`` = born_in then capital (:mod:`tasks.composition`). Each model trains
+(:func:`training.loop.train`) on every query of born_in and capital and on the composed
+queries of a share of the people; the other people's composed object queries are held out.
+Two objectives: cross-entropy with one expert, and the certificate recipe (``localize``:
+:mod:`training.objectives`) with one expert per trained task, its ablation the first hop's
+(layer 1's expert removed, layer 2 applied). Two shapes, the same widths otherwise:
 
-* **one layer** (:class:`training.model.MoETransformer`, one expert);
+* **one layer** (:class:`training.model.MoETransformer`);
 * **two layers** (:class:`TwoLayerMoE`): the same, and a second layer without attention heads
   and one expert, as the two-layer layout has it (:mod:`layout.layers`), so that the
   exported :class:`layout.layers.Stack` is exactly the trained function.
@@ -41,6 +44,7 @@ from training.data import query_data
 from training.export import _csr, _vec, to_weights
 from training.loop import TrainConfig, evaluate, train
 from training.model import ModelConfig, MoETransformer, Output
+from training.objectives import OBJECTIVE_NAMES
 
 #: The composed template uses the one-hop templates' words only, so that a model trained on
 #: no composed fact has the same vocabulary as the sets it is judged on.
@@ -107,6 +111,7 @@ def task_sets(people: int, countries: int, share: float, seed: int) -> tuple[Tas
 
 @dataclass
 class Row:
+    objective: str         # "ce" or "localize" (training.objectives)
     layers: int
     share: float
     seed: int
@@ -122,13 +127,15 @@ def _composed_rows(data, name: str) -> np.ndarray:
     return np.flatnonzero(data.object_query & (data.determined == k))
 
 
-def run(people: int, countries: int, share: float, seed: int, layers: int, steps: int, epsilon: float = 0.01) -> Row:
+def run(people: int, countries: int, share: float, seed: int, layers: int, steps: int, epsilon: float = 0.01,
+        objective: str = "ce") -> Row:
     """Train one model and judge it on the held-out composed object queries."""
     from training.compare import certified_pass
 
     full, train_set, held = task_sets(people, countries, share, seed)
-    config = TrainConfig(objective="ce", d=64, n_heads=4, d_head=16, n_experts=1, expert_width=128, steps=steps,
-                         lr=3e-3, seed=seed, gate_mode="top1")
+    # CE: one expert; the certificate recipe: one expert per trained task, sized to its bound
+    config = TrainConfig(objective=objective, d=64, n_heads=4, d_head=16, n_experts=1 if objective == "ce" else None,
+                         expert_width=128, steps=steps, lr=3e-3, seed=seed, gate_mode="top1", epsilon=epsilon)
     data_train = query_data(train_set)
     data_held = query_data(held)
     if train_set.vocabulary.tokens != held.vocabulary.tokens:
@@ -152,7 +159,7 @@ def run(people: int, countries: int, share: float, seed: int, layers: int, steps
         stack = to_stack(trained, held, config)
         err_hi = _layers_errors(stack, data_held)
         n_params = stack.parameter_counts()["total"]
-    return Row(layers, share, seed, int(comp.size), accuracy, float((err_hi[comp] < epsilon).mean()),
+    return Row(objective, layers, share, seed, int(comp.size), accuracy, float((err_hi[comp] < epsilon).mean()),
                float((err_hi[one_hop] < epsilon).mean()), n_params)
 
 
@@ -182,66 +189,94 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--shares", type=float, nargs="+", default=[0.0, 0.5, 0.9])
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     p.add_argument("--steps", type=int, default=1500)
+    p.add_argument("--objectives", nargs="+", choices=("ce", "localize"), default=["ce", "localize"])
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--out", default="docs/training")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     rows = []
-    for layers in (1, 2):
-        for share in args.shares:
-            for seed in args.seeds:
-                row = run(args.people, args.countries, share, seed, layers, args.steps)
-                rows.append(row)
-                print(json.dumps(row.__dict__), flush=True)
+    for objective in args.objectives:
+        for layers in (1, 2):
+            for share in args.shares:
+                for seed in args.seeds:
+                    row = run(args.people, args.countries, share, seed, layers, args.steps, objective=objective)
+                    rows.append(row)
+                    print(json.dumps(row.__dict__), flush=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "two_hops.json").write_text(json.dumps({"people": args.people, "countries": args.countries,
-                                                   "steps": args.steps, "rows": [r.__dict__ for r in rows]},
-                                                  indent=2), encoding="utf-8")
+    command = ("python -m training.two_hops --people {} --countries {} --shares {} --seeds {} --steps {} "
+               "--objectives {} --out {}".format(args.people, args.countries, " ".join(f"{x:g}" for x in args.shares),
+                                                 " ".join(map(str, args.seeds)), args.steps,
+                                                 " ".join(args.objectives), args.out))
+    record = {"command": command, "people": args.people, "countries": args.countries, "steps": args.steps,
+              "hand_built": hand_built(args.people, args.countries), "rows": [r.__dict__ for r in rows]}
+    (out / "two_hops.json").write_text(json.dumps(record, indent=2), encoding="utf-8")
     _plot(rows, out / "two_hops.png")
-    command = ("python -m training.two_hops --people {} --countries {} --shares {} --seeds {} --steps {} --out {}"
-               .format(args.people, args.countries, " ".join(f"{x:g}" for x in args.shares),
-                       " ".join(map(str, args.seeds)), args.steps, args.out))
-    (out / "two_hops.md").write_text(_markdown(rows, args, command), encoding="utf-8")
+    (out / "two_hops.md").write_text(_markdown(record), encoding="utf-8")
     return 0
 
 
-def _markdown(rows: list[Row], args, command: str) -> str:
-    """The generated page: setup, the table (means over seeds) and the figure."""
-    full, _, _ = task_sets(args.people, args.countries, 0.0, 0)     # the composed set does not depend on the share
+def hand_built(people: int, countries: int) -> dict:
+    """The hand-built two-layer model of the composed set: its neurons, against one layer
+    storing every composed fact, and what the composition costs (:meth:`construction.layers.TwoLayerModel.costs`)."""
     from construction.layers import build_two_layers
 
-    built = build_two_layers(full)
-    costs = {c["task"]: c for c in built.costs()}
+    full, _, _ = task_sets(people, countries, 0.0, 0)      # the composed set does not depend on the share
+    costs = {c["task"]: c for c in build_two_layers(full).costs()}
+    return {"composed_facts": len(full.tasks[2].facts),
+            "two_layers": sum(c["layer1"] + c["layer2"] for c in costs.values()),
+            "one_layer": sum(c["one_layer"] for c in costs.values()),
+            "composed_layer1": costs["born_capital"]["layer1"], "capital_layer2": costs["capital"]["layer2"]}
+
+
+def summary_lines(record: dict) -> list[str]:
+    """The table of a run of this experiment (means over seeds) and the hand-built model's
+    count, from its JSON record (``two_hops.json``): for this page and for
+    ``docs/training/results.md`` (:func:`training.sweep.render`)."""
+    rows = record["rows"]
+    lines = ["| objective | layers | share trained | held-out queries | accuracy | certified | one-hop certified "
+             "| parameters |", "|---|---|---|---|---|---|---|---|"]
+    for objective in ("ce", "localize"):
+        for layers in (1, 2):
+            for share in sorted({r["share"] for r in rows}):
+                mine = [r for r in rows if r.get("objective", "ce") == objective and r["layers"] == layers
+                        and r["share"] == share]
+                if not mine:
+                    continue
+                mean = lambda key: float(np.mean([r[key] for r in mine]))  # noqa: E731
+                lines.append(f"| {OBJECTIVE_NAMES[objective]} | {layers} | {share:g} | {mine[0]['held_out']} | "
+                             f"{mean('accuracy'):.3f} | {mean('certified'):.3f} | {mean('one_hop_certified'):.3f} | "
+                             f"{mine[0]['parameters']:,} |")
+    h = record["hand_built"]
+    lines += ["", f"Hand-built, the same set ({h['composed_facts']} composed facts): the two-layer construction "
+              f"certifies every query with {h['two_layers']:,} neurons (one layer storing every composed fact: "
+              f"{h['one_layer']:,}); its composed task costs {h['composed_layer1']} neurons in layer 1 and "
+              f"`capital`'s {h['capital_layer2']} used facts are stored again in layer 2."]
+    return lines
+
+
+def _markdown(record: dict) -> str:
+    """The generated page: setup, the table (means over seeds) and the figure."""
     lines = ["# Does training find a composition?", "",
-             "Generated by `training/two_hops.py`; do not edit by hand. Command:", "", "```sh", command, "```", "",
-             f"**Setup.** {args.people} people born in {args.countries} countries (`born_in`), each country's "
-             "capital (`capital`) and the composed task `born_capital` = born_in then capital. Each model trains "
-             f"with cross-entropy, full batch, Adam, {args.steps} steps, on every one-hop query and on the composed "
-             "queries of a share of the people; the verifier then judges the other people's composed object "
-             "queries (held out). One layer: d = 64, 4 heads of width 16, one expert of 128 neurons. Two layers: "
-             "the same and a second layer without heads and one expert of 128 neurons (the two-layer layout). "
-             "*Accuracy*: the float64 argmax is the object; *certified*: the upper end of the verifier's error "
-             "enclosure is below ε = 0.01; *one-hop certified*: the same on the one-hop object queries, trained on.",
-             "",
-             "| layers | share trained | held-out queries | accuracy | certified | one-hop certified | parameters |",
-             "|---|---|---|---|---|---|---|"]
-    for layers in (1, 2):
-        for share in sorted({r.share for r in rows}):
-            mine = [r for r in rows if r.layers == layers and r.share == share]
-            if not mine:
-                continue
-            mean = lambda key: float(np.mean([getattr(r, key) for r in mine]))  # noqa: E731
-            lines.append(f"| {layers} | {share:g} | {mine[0].held_out} | {mean('accuracy'):.3f} | "
-                         f"{mean('certified'):.3f} | {mean('one_hop_certified'):.3f} | {mine[0].parameters:,} |")
-    two = sum(c["layer1"] + c["layer2"] for c in costs.values())
-    one = sum(c["one_layer"] for c in costs.values())
-    lines += ["", f"Hand-built, the same set ({len(full.tasks[2].facts)} composed facts): the two-layer construction "
-              f"certifies every query with {two:,} neurons (one layer storing every composed fact: {one:,}); its "
-              f"composed task costs {costs['born_capital']['layer1']} neurons in layer 1 and `capital`'s "
-              f"{costs['capital']['layer2']} used facts are stored again in layer 2.", "",
-              "![Held-out composed queries: accuracy and certified share](two_hops.png)", ""]
+             "Generated by `training/two_hops.py`; do not edit by hand. Command:", "", "```sh", record["command"],
+             "```", "", setup(record), "", *summary_lines(record), "",
+             "![Held-out composed queries: accuracy and certified share](two_hops.png)", ""]
     return "\n".join(lines)
+
+
+def setup(record: dict) -> str:
+    """The experiment's setup, in a paragraph."""
+    return (f"**Setup.** {record['people']} people born in {record['countries']} countries (`born_in`), each "
+            "country's capital (`capital`) and the composed task `born_capital` = born_in then capital. Each model "
+            f"trains full batch, Adam, {record['steps']} steps, on every one-hop query and on the composed queries "
+            "of a share of the people (as a task of their own); the verifier then judges the other people's "
+            "composed object queries (held out). Objectives: cross-entropy (CE), with one expert; the certificate "
+            "recipe (`localize`, docs/training.md), with one expert per trained task sized to its bound, where "
+            "the ablation is the first hop's: the layer-1 expert removed, layer 2 still applied. One layer: "
+            "d = 64, 4 heads of width 16, experts of up to 128 neurons. Two layers: the same and a second layer "
+            "without heads and one expert of 128 neurons (the two-layer layout). *Accuracy*: the float64 argmax "
+            "is the object; *certified*: the upper end of the verifier's error enclosure is below ε = 0.01; "
+            "*one-hop certified*: the same on the one-hop object queries, trained on.")
 
 
 def _plot(rows: list[Row], path: Path) -> None:
@@ -250,18 +285,21 @@ def _plot(rows: list[Row], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6, 3.2))
-    for layers, marker in ((1, "o"), (2, "s")):
-        mine = [r for r in rows if r.layers == layers]
-        shares = sorted({r.share for r in mine})
-        acc = [np.mean([r.accuracy for r in mine if r.share == s]) for s in shares]
-        cert = [np.mean([r.certified for r in mine if r.share == s]) for s in shares]
-        ax.plot(shares, acc, marker=marker, linestyle="--", label=f"{layers} layer{'s' * (layers > 1)}: accuracy")
-        ax.plot(shares, cert, marker=marker, label=f"{layers} layer{'s' * (layers > 1)}: certified")
-    ax.set_xlabel("share of composed facts trained on")
-    ax.set_ylabel("held-out composed object queries")
-    ax.set_ylim(-0.03, 1.03)
-    ax.legend(fontsize=7)
+    objectives = [o for o in ("ce", "localize") if any(r.objective == o for r in rows)]
+    fig, axes = plt.subplots(1, len(objectives), figsize=(5 * len(objectives), 3.2), squeeze=False, sharey=True)
+    for ax, objective in zip(axes[0], objectives):
+        for layers, marker in ((1, "o"), (2, "s")):
+            mine = [r for r in rows if r.layers == layers and r.objective == objective]
+            shares = sorted({r.share for r in mine})
+            acc = [np.mean([r.accuracy for r in mine if r.share == s]) for s in shares]
+            cert = [np.mean([r.certified for r in mine if r.share == s]) for s in shares]
+            ax.plot(shares, acc, marker=marker, linestyle="--", label=f"{layers} layer{'s' * (layers > 1)}: accuracy")
+            ax.plot(shares, cert, marker=marker, label=f"{layers} layer{'s' * (layers > 1)}: certified")
+        ax.set_title(OBJECTIVE_NAMES[objective], fontsize=9)
+        ax.set_xlabel("share of composed facts trained on")
+        ax.set_ylim(-0.03, 1.03)
+        ax.legend(fontsize=7)
+    axes[0][0].set_ylabel("held-out composed object queries")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 

@@ -59,3 +59,43 @@ def test_a_model_trained_on_no_composed_fact_is_judged_on_all_of_them():
     prefix: the model has positions for it, and every composed object query is held out."""
     row = run(20, 3, 0.0, 0, 1, steps=5)
     assert row.layers == 1 and row.held_out == 20
+
+
+def test_the_certificate_recipe_trains_one_expert_per_task_and_ablates_the_first_hop():
+    """Under ``localize`` each trained task has its expert (three with composed facts trained on),
+    and the objective's ablation is layer 1's expert removed with layer 2 applied."""
+    row = run(20, 3, 0.5, 0, 2, steps=5, objective="localize")
+    assert row.objective == "localize" and row.layers == 2 and row.held_out == 10
+    _, train_set, _ = task_sets(20, 3, 0.5, 0)
+    config = TrainConfig(objective="localize", d=16, n_heads=2, d_head=8, expert_width=16, steps=1, seed=0,
+                         gate_mode="top1")
+    data = query_data(train_set)
+    model = TwoLayerMoE(config.model_config(data), generator=torch.Generator().manual_seed(0))
+    assert model.W_1.shape[0] == len(train_set.tasks) == 3
+    tokens, lengths = torch.from_numpy(data.tokens), torch.from_numpy(data.lengths)
+    rows = torch.arange(4)
+    out = model(tokens, lengths, ablate=rows)
+    r = out.residual[rows]
+    second = r + torch.relu(r @ model.W_1b.T + model.b_1b) @ model.W_2b.T
+    assert torch.allclose(out.ablated, second @ model.U.T)
+
+
+def test_the_record_renders_in_the_training_results_page(tmp_path):
+    """results.md (training.sweep.render) carries the two-hop table when its record is beside it."""
+    from training.sweep import _two_hops
+    from training.two_hops import summary_lines
+
+    record = {"command": "python -m training.two_hops", "people": 20, "countries": 3, "steps": 5,
+              "hand_built": {"composed_facts": 20, "two_layers": 40, "one_layer": 60, "composed_layer1": 10,
+                             "capital_layer2": 3},
+              "rows": [{"objective": "localize", "layers": 2, "share": 0.5, "seed": 0, "held_out": 10, "accuracy": 0.1,
+                        "certified": 0.0, "one_hop_certified": 1.0, "parameters": 123}]}
+    lines = summary_lines(record)
+    assert any(x.startswith("| certificate recipe (localize) | 2 | 0.5 | 10 | 0.100 | 0.000 | 1.000 | 123 |")
+               for x in lines)
+    assert _two_hops(str(tmp_path)) == []
+    import json
+
+    (tmp_path / "two_hops.json").write_text(json.dumps(record), encoding="utf-8")
+    page = _two_hops(str(tmp_path))
+    assert page[0].startswith("## Two hops") and all(x in page for x in lines)
