@@ -85,7 +85,7 @@ def test_the_record_renders_in_the_training_results_page(tmp_path):
     from training.sweep import _two_hops
     from training.two_hops import summary_lines
 
-    record = {"command": "python -m training.two_hops", "people": 20, "countries": 3, "steps": 5,
+    record = {"commands": ["python -m training.two_hops"], "people": 20, "countries": 3, "steps": 5,
               "hand_built": {"composed_facts": 20, "two_layers": 40, "one_layer": 60, "composed_layer1": 10,
                              "capital_layer2": 3},
               "rows": [{"objective": "localize", "layers": 2, "share": 0.5, "seed": 0, "held_out": 10, "accuracy": 0.1,
