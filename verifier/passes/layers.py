@@ -30,6 +30,14 @@ residual those of either layer's gate and first expert matrices and of U, layer 
 those of layer 2 and U, layer 2's those of U. Every later value is a sum over the
 directions its matrix reads, so it is the same sum, term for term, with the rest left out.
 
+*Distinct items.* After layer 1 many rows are equal in the directions still read (every
+person born in one country has the same y at the object query: the bridge entity and the
+template), so layer 2 and the readout run once per distinct item, its result read by every
+row of the item: the key is the row's entries bitwise (:func:`_keys`) with its valid next
+tokens, its object (for an ablation) and whether it decides nothing. The enclosures of
+an item bound the exact values of every input it stands for, since the inputs are the
+same intervals: a row's values depend on its own inputs only.
+
 *Rows that decide nothing.* A row where a value may be non-finite (an overflow: the exact
 value is finite, but nothing bounds it), or a gate whose scores may be non-finite (any
 expert may win, so every route would need checking), claims nothing: its error is [0, 1],
@@ -50,8 +58,8 @@ from verifier.arithmetic import logits as logits_k
 from verifier.arithmetic import residual as residual_k
 from verifier.arithmetic.interval import SparseInterval
 from verifier.passes.batches import take_csr
-from verifier.passes.forward import (LOGITS_PER_RUN, Prepared, _experts_deployed, _row_runs, gate_decisions,
-                                     gate_work, residual)
+from verifier.passes.forward import (LOGITS_PER_RUN, Prepared, _experts_deployed, _row_runs, _unique_rows,
+                                     gate_decisions, gate_work, residual)
 from verifier.passes.factored import Split, residual_parts
 from verifier.passes.tables import LayerTables
 
@@ -185,38 +193,90 @@ class LayersPass:
     def run_batch(self, tokens: np.ndarray, valid_ptr: np.ndarray, valid: np.ndarray, target: np.ndarray,
                   ablate1: np.ndarray, ablate2: np.ndarray) -> LayersResult:
         """The pass over a batch (n × p weights' token ids, BOS added here): routing, the
-        error, and the ablations of the rows ``ablate1`` (hop 1) and ``ablate2`` (hop 2)."""
+        error, and the ablations of the rows ``ablate1`` (hop 1) and ``ablate2`` (hop 2).
+
+        After layer 1 the stages run once per distinct item (module docstring, "Distinct
+        items"): layer 2 and the readout per distinct (y, valid set, y decides nothing), the
+        hop-2 readout per distinct (y, valid set, object, decides nothing), the hop-1 pass per
+        distinct (r in the directions layer 2 and U read, valid set, object)."""
         tokens = np.asarray(tokens, np.int64)
         n = tokens.shape[0]
         vptr, vals = np.asarray(valid_ptr, np.int64), np.asarray(valid, np.int64)
         target = np.asarray(target, np.int64)
         R = self._residual(tokens)
         first = self._layer(0, R)
-        second = self._layer(1, first.Y, first.bad)
-        owner = first.rows[second.rows]                  # the batch row of each pair of pairs
-        err_lo, err_hi, _, _ = self._worst(n, owner, second, vptr, vals, None)
-        margin2 = np.full(n, np.inf)
-        np.minimum.at(margin2, first.rows, second.margin)
+        Y = first.Y
+        vkey = _keys(vptr, (vals,))                      # per batch row: its valid set
+        u, inv = _distinct(Y, vkey[first.rows], first.bad)
+        second = self._layer(1, Y.rows(u), first.bad[u])
+        lo, hi, _, _ = self._worst(u.size, second.rows, second, *take_csr(vptr, vals, first.rows[u]), None)
+        err_lo, err_hi, margin2 = np.full(n, np.inf), np.full(n, -np.inf), np.full(n, np.inf)
+        np.minimum.at(err_lo, first.rows, lo[inv])
+        np.maximum.at(err_hi, first.rows, hi[inv])
+        np.minimum.at(margin2, first.rows, second.margin[inv])
         routed = first.expert == first.winner[first.rows]
         e2 = np.full(n, -1, np.int64)
-        e2[first.rows[routed]] = second.winner[routed]
+        e2[first.rows[routed]] = second.winner[inv[routed]]
         nan = lambda: np.full(n, np.nan)  # noqa: E731
         ablated = {1: (nan(), nan(), nan(), nan()), 2: (nan(), nan(), nan(), nan())}
         a1 = np.flatnonzero(ablate1)
         if a1.size:                                      # hop 1: y = r, then layer 2
-            alone = self._layer(1, R.rows(a1))
-            got = self._worst(a1.size, alone.rows, alone, *take_csr(vptr, vals, a1), target[a1])
+            X = R.only(self._keep[0]).rows(a1)           # (what layer 2 and the readout read of r)
+            u1, inv1 = _distinct(X, vkey[a1], target[a1])
+            alone = self._layer(1, X.rows(u1))
+            got = self._worst(u1.size, alone.rows, alone, *take_csr(vptr, vals, a1[u1]), target[a1[u1]])
             for arr, g in zip(ablated[1], got):
-                arr[a1] = g
+                arr[a1] = g[inv1]
         a2 = np.asarray(ablate2, bool)
         if a2.any():                                     # hop 2: y' = y, for each layer-1 expert that may win
             sel = np.flatnonzero(a2[first.rows])
-            hop2 = _Routed(first.rows[sel], first.expert[sel], first.Y.rows(sel), first.bad[sel], first.winner,
-                           first.margin)
-            got = self._worst(n, hop2.rows, hop2, vptr, vals, target)
-            for arr, g in zip(ablated[2], got):
+            Ys, rows = Y.rows(sel), first.rows[sel]
+            u2, inv2 = _distinct(Ys, vkey[rows], target[rows], first.bad[sel])
+            items = np.arange(u2.size, dtype=np.int64)
+            hop2 = _Routed(items, first.expert[sel][u2], Ys.rows(u2), first.bad[sel][u2], first.winner, first.margin)
+            got = self._worst(u2.size, items, hop2, *take_csr(vptr, vals, rows[u2]), target[rows[u2]])
+            g_lo, g_hi, g_obj, g_gap = got
+            worst = (np.full(n, np.inf), np.full(n, -np.inf), np.full(n, np.inf), np.full(n, np.inf))
+            np.minimum.at(worst[0], rows, g_lo[inv2])
+            np.maximum.at(worst[1], rows, g_hi[inv2])
+            np.minimum.at(worst[2], rows, g_obj[inv2])
+            np.minimum.at(worst[3], rows, g_gap[inv2])
+            for arr, g in zip(ablated[2], worst):
                 arr[a2] = g[a2]
         return LayersResult(first.winner, first.margin, e2, margin2, err_lo, err_hi, ablated)
+
+
+#: The widest row (entries, or valid tokens) a key lists; a wider row is its own item.
+KEY_WIDTH = 32
+
+
+def _distinct(X: SparseInterval, *more: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(the first row of each distinct item, each row's item) for rows X, the item of a row
+    being its entries bitwise (:func:`_keys`) and its values in ``more`` (per row: a key
+    table, or one number)."""
+    cols = [m.astype(np.float64).reshape(m.shape[0], -1) for m in more]
+    return _unique_rows(_keys(X.indptr, (X.indices, X.mid, X.rad)), *cols)
+
+
+def _keys(ptr: np.ndarray, columns: tuple[np.ndarray, ...], width: int = KEY_WIDTH) -> np.ndarray:
+    """Per CSR row (``ptr``; the entries' ``columns``, e.g. index, midpoint, radius), a float64
+    key: two rows have bitwise equal keys only if they hold the same entries bitwise, in the
+    same order. The key lists the entry count, then each column's entries (integers below
+    2^53 are exact floats); a row of more than ``width`` entries is keyed by its own number
+    (it is an item of its own)."""
+    n = ptr.size - 1
+    counts = np.diff(ptr)
+    w = int(min(counts.max(initial=0), width))
+    key = np.zeros((n, 2 + len(columns) * w))
+    key[:, 0] = counts
+    wide = counts > w
+    key[:, 1] = np.where(wide, np.arange(n), -1)
+    rows = np.repeat(np.arange(n, dtype=np.int64), counts)
+    pos = np.arange(int(ptr[-1]) - int(ptr[0])) - np.repeat(ptr[:-1] - ptr[0], counts)
+    keep = ~wide[rows]
+    for c, col in enumerate(columns):
+        key[rows[keep], 2 + c * w + pos[keep]] = np.asarray(col, np.float64)[keep]
+    return key
 
 
 def _reads(d: int, MT: tuple[np.ndarray, np.ndarray, np.ndarray]) -> np.ndarray:
