@@ -508,3 +508,55 @@ def test_an_expert_over_its_bound_fails_the_size_check(small, layer):
     capital = next(t for t in report.tasks if t.name == "capital")
     assert not any(report.failing_queries.values())
     assert not capital.size_ok and not report.certified
+
+
+def _query(stack: Stack, words: str, valid: list[str], target: str, factored_ts=None):
+    """The pass on one query of the weights' tokens (row by row, or factored over ``factored_ts``'s
+    entities): its result."""
+    ids = [stack.vocab.index(t) for t in words.split()]
+    entities = None if factored_ts is None else np.arange(factored_ts.vocabulary.n_words,
+                                                           len(factored_ts.vocabulary))
+    pas = LayersPass(stack, entities)
+    vals = np.array(sorted(stack.vocab.index(t) for t in valid), np.int64)
+    yes = np.array([True])
+    return pas.run_batch(np.array([ids]), np.array([0, vals.size]), vals, np.array([stack.vocab.index(target)]),
+                         yes, yes)
+
+
+@pytest.mark.parametrize("factored", [False, True])
+def test_an_error_of_exactly_zero_is_enclosed_when_every_exp_underflows(small, factored):
+    """Every token valid: the error (and each ablated one) is exactly 0. With U scaled by 2^64
+    the logits' radii exceed 740, so every exp's lower end is 0 and the valid mass's lower end
+    rounds below 0; the old ratio divided by that negative denominator and gave the upper end
+    −3 (the enclosure [0, −3] missed 0)."""
+    ts, _, stack = small
+    w = stack.first
+    big = Stack(w.replace(U=canonical(sp.csr_matrix(w.U) * 2.0 ** 64)), stack.second)
+    res = _query(big, "Curie was born in", list(w.vocab), "Poland", ts if factored else None)
+    ex = LayersOracle(60).query(big, tuple(w.vocab.index(t) for t in "Curie was born in".split()),
+                                frozenset(range(len(w.vocab))), w.vocab.index("Poland"))
+    assert ex["error"] == 0 and ex["ablated1"] == 0 and ex["ablated2"] == 0
+    assert res.err_lo[0] <= 0.0 <= res.err_hi[0], (res.err_lo, res.err_hi)
+    for hop in (1, 2):
+        assert res.ablated[hop][0][0] <= 0.0 <= res.ablated[hop][1][0], (hop, res.ablated[hop])
+
+
+def test_the_one_layer_passes_readout_of_the_same_row_is_sound(small):
+    """The readout's ratio is the one-layer passes' too (row by row and factored): the same
+    row, every token valid, contains its error 0 there, and ρ (a probability, >= 0) gets no
+    upper end below 0 (the old ρ upper ends were −12.3 and −2.4e-15: the masses' lower ends,
+    all 0, rounded below 0 and divided by)."""
+    from verifier.passes.factored import FactoredPass, Split
+    from verifier.passes.forward import Prepared, run_batch
+
+    ts, _, stack = small
+    w = stack.first
+    big = w.replace(U=canonical(sp.csr_matrix(w.U) * 2.0 ** 64))
+    V = len(w.vocab)
+    tokens = np.array([[w.vocab.index(t) for t in "Curie was born in".split()]])
+    plain = run_batch(Prepared(big), tokens, np.array([0, V]), np.arange(V))
+    factored = FactoredPass(Prepared(big), Split.of(big, np.arange(ts.vocabulary.n_words, V))).run_batch(
+        tokens, np.array([0, V]), np.arange(V))
+    for res in (plain, factored):
+        assert res.err_lo[0] <= 0.0 <= res.err_hi[0], (res.err_lo, res.err_hi)
+        assert not (res.rho_hi[0] < 0.0), res.rho_hi

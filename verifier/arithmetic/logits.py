@@ -216,19 +216,28 @@ def _widened(sums, n, zeros, n_valid, z_lo, z_hi, quick):
 @kernel()
 def _ratio(x_lo, x_hi, y_lo, y_hi, quick):
     """Bounds of x/(x + y) for x in [x_lo, x_hi], y in [y_lo, y_hi] (x, y >= 0), within [0, 1]:
-    increasing in x, decreasing in y."""
+    increasing in x, decreasing in y. A lower end rounded down from 0 is a little below 0
+    (:func:`_widened`): where the upper end's denominator x_hi + y_lo is not above 0 (x_hi
+    itself that small: no x at all), the ratio is bounded by 1 alone, not by a quotient of
+    the wrong sign."""
     lo = step_down(x_lo / step_up(x_lo + y_hi, quick), quick)
-    hi = step_up(x_hi / step_down(x_hi + y_lo, quick), quick)
+    den = step_down(x_hi + y_lo, quick)
+    hi = step_up(x_hi / den, quick) if den > 0.0 else 1.0
     return (lo if lo >= 0.0 else 0.0), (hi if hi <= 1.0 else 1.0)
 
 
 @kernel()
 def _error_rho(masses, z_lo, z_hi, quick):
     """(err_lo, err_hi, rho_lo, rho_hi) from the masses (:func:`_widened`): the error
-    S_inv/(S_inv + S_val) and ρ = e^(0 − M)/(S_inv + S_val)."""
+    S_inv/(S_inv + S_val) and ρ = e^(0 − M)/(S_inv + S_val). Where the masses' lower ends
+    add up to nothing above 0 (every exp's lower end underflowed), ρ has no upper bound
+    here: NaN for both (no ρ), not a quotient of the wrong sign."""
     inv_lo, inv_hi, val_lo, val_hi = masses
     err_lo, err_hi = _ratio(inv_lo, inv_hi, val_lo, val_hi, quick)
-    rho_hi = step_up(z_hi / step_down(inv_lo + val_lo, quick), quick)
+    den = step_down(inv_lo + val_lo, quick)
+    if not (den > 0.0):
+        return err_lo, err_hi, np.nan, np.nan
+    rho_hi = step_up(z_hi / den, quick)
     rho_lo = step_down(z_lo / step_up(inv_hi + val_hi, quick), quick)
     return err_lo, err_hi, (rho_lo if rho_lo >= 0.0 else 0.0), (rho_hi if rho_hi <= 1.0 else 1.0)
 
