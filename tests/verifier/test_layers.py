@@ -560,3 +560,23 @@ def test_the_one_layer_passes_readout_of_the_same_row_is_sound(small):
     for res in (plain, factored):
         assert res.err_lo[0] <= 0.0 <= res.err_hi[0], (res.err_lo, res.err_hi)
         assert not (res.rho_hi[0] < 0.0), res.rho_hi
+
+
+@pytest.mark.parametrize("factored", [False, True])
+def test_a_gap_below_the_float_range_is_bounded_by_minus_infinity(small, factored):
+    """U reads Warsaw's logit as LARGEST·(y_one + y_pos:10), where both coordinates are exactly 1
+    at the composed object query (with or without either layer's expert): its exact logit is
+    2·LARGEST and every other token's is small, so the exact gap max_{t != o} z_t − z_o is about
+    −3.6e308, below every float. Its lower bound must be −∞; the old pass turned the −∞ of a
+    row whose logits overflow into −LARGEST (numpy's nan_to_num), above the exact gap."""
+    ts, _, stack = small
+    w = stack.first
+    labels = list(w.residual_labels)
+    U = sp.lil_matrix(w.U, copy=True)
+    for col in ("one", "pos:10"):
+        U[w.vocab.index("Warsaw"), labels.index(col)] = np.finfo(float).max
+    big = Stack(w.replace(U=canonical(U.tocsr())), stack.second)
+    res = _query(big, "the capital of the country where Curie was born is", ["Warsaw"], "Warsaw",
+                 ts if factored else None)
+    for hop in (1, 2):
+        assert res.ablated[hop][3][0] == -np.inf, (hop, res.ablated[hop])

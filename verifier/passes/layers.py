@@ -185,9 +185,9 @@ class LayersPass:
         worst = (np.full(n, np.inf), np.full(n, -np.inf), np.full(n, np.inf), np.full(n, np.inf))
         np.minimum.at(worst[0], owner, lo)
         np.maximum.at(worst[1], owner, hi)
-        if target is not None:
-            np.minimum.at(worst[2], owner, np.nan_to_num(obj, nan=np.inf))
-            np.minimum.at(worst[3], owner, np.nan_to_num(gap, nan=np.inf))
+        if target is not None:                           # NaN (no target) counts as +inf; −∞ stays −∞
+            np.minimum.at(worst[2], owner, np.where(np.isnan(obj), np.inf, obj))
+            np.minimum.at(worst[3], owner, np.where(np.isnan(gap), np.inf, gap))
         return worst
 
     def run_batch(self, tokens: np.ndarray, valid_ptr: np.ndarray, valid: np.ndarray, target: np.ndarray,
