@@ -222,7 +222,8 @@ def layer_rows(pairs, X, W1T, first, W2T, keep, scratch, stamp0):
     each touched entry's enclosure from its sums by Lemmas 1 and 2 (:func:`entry_radius`:
     the products' rounding and the additions'), except an entry o does not reach: x's term
     alone, as it is (no product, no addition); an expert of no neurons gives y = x as it is.
-    An entry no term reaches is exactly 0 and is not stored. ``scratch`` = (the z accumulator
+    An entry no term reaches is exactly 0 and is not stored. The rounding steps are the
+    two-flop ones (:data:`verifier.arithmetic.rounding.QUICK`). ``scratch`` = (the z accumulator
     and its touched list, the y accumulator (six columns) and its touched list). Stamps
     ``stamp0`` .. ``stamp0 + P − 1`` are this call's."""
     rows, experts_of = pairs
@@ -239,7 +240,8 @@ def layer_rows(pairs, X, W1T, first, W2T, keep, scratch, stamp0):
         i, s, k = rows[q], stamp0 + q, experts_of[q]
         if off[k] == off[k + 1]:                       # an expert of no neurons: y = x, as it is
             bad = False
-            out = room(out, e + X_ptr[i + 1] - X_ptr[i])
+            if e + X_ptr[i + 1] - X_ptr[i] > out[1].size:
+                out = room(out, e + X_ptr[i + 1] - X_ptr[i])
             for t in range(X_ptr[i], X_ptr[i + 1]):
                 if not keep[X_idx[t]]:
                     continue
@@ -250,7 +252,7 @@ def layer_rows(pairs, X, W1T, first, W2T, keep, scratch, stamp0):
             bad_out[q] = bad
             continue
         ny, bad, _ = expert_output(X, i, k, (1.0, 0.0), first, W1T, W2T, (zacc, ztouched, None),
-                                   (yacc, ytouched, None), s, none, rec, None, None, None)
+                                   (yacc, ytouched, None), s, none, rec, None, None, QUICK)
         n_o = ny                                       # the entries o reaches (their terms are products)
         for t in range(X_ptr[i], X_ptr[i + 1]):       # x itself, one interval term per entry
             if not keep[X_idx[t]]:
@@ -259,7 +261,8 @@ def layer_rows(pairs, X, W1T, first, W2T, keep, scratch, stamp0):
             add_term(u, X_mid[t], X_rad[t], abs(X_mid[t]), yacc)
             if not (np.isfinite(X_mid[t]) and np.isfinite(X_rad[t])):
                 bad = True
-        out = room(out, e + ny)
+        if e + ny > out[1].size:
+            out = room(out, e + ny)
         for u in range(ny):
             col = ytouched[u]
             if not keep[col]:

@@ -279,7 +279,8 @@ def parts_sum(S, O, cohort, keep, scratch, stamp0):
             if keep[O_idx[t]]:
                 u, nt = place(O_idx[t], acc, s, touched, nt, None)
                 add_term(u, O_mid[t], O_rad[t], abs(O_mid[t]), acc)
-        out = room(out, e + nt)
+        if e + nt > out[1].size:
+            out = room(out, e + nt)
         for u in range(nt):
             m_, r_ = _summed(acc, touched[u])
             e = put(out, e, touched[u], m_, r_)

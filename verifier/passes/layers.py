@@ -206,7 +206,7 @@ class LayersPass:
         R = self._residual(tokens)
         first = self._layer(0, R)
         Y = first.Y
-        vkey = _keys(vptr, (vals,))                      # per batch row: its valid set
+        vkey = _unique_rows(_keys(vptr, (vals,)))[1]     # per batch row: its valid set's class
         u, inv = _distinct(Y, vkey[first.rows], first.bad)
         second = self._layer(1, Y.rows(u), first.bad[u])
         lo, hi, _, _ = self._worst(u.size, second.rows, second, *take_csr(vptr, vals, first.rows[u]), None)
@@ -262,11 +262,12 @@ def _keys(ptr: np.ndarray, columns: tuple[np.ndarray, ...], width: int = KEY_WID
     """Per CSR row (``ptr``; the entries' ``columns``, e.g. index, midpoint, radius), a float64
     key: two rows have bitwise equal keys only if they hold the same entries bitwise, in the
     same order. The key lists the entry count, then each column's entries (integers below
-    2^53 are exact floats); a row of more than ``width`` entries is keyed by its own number
-    (it is an item of its own)."""
+    2^53 are exact floats); a row wider than 99% of the rows, or than ``width``, is keyed by
+    its own number (it is an item of its own)."""
     n = ptr.size - 1
     counts = np.diff(ptr)
-    w = int(min(counts.max(initial=0), width))
+    # as wide as 99% of the rows (at most ``width``): the few wider rows are items of their own
+    w = int(min(np.sort(counts)[(99 * n) // 100] if n else 0, width))
     key = np.zeros((n, 2 + len(columns) * w))
     key[:, 0] = counts
     wide = counts > w
