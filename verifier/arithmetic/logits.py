@@ -11,7 +11,8 @@ midpoint, and 0 when a token has logit 0) and S the sums of e^(z − M) over the
 other tokens (:func:`_tally`, each float sum widened by c_{n+1} upward and 1 − γ_{n+1}
 downward, :func:`_widened`), error = S_inv/(S_inv + S_val), increasing in S_inv and
 decreasing in S_val (:func:`_ratio`). Three forms: :func:`error_enclosure` (the plain pass,
-with the probability ρ one token of logit exactly 0 has, which lets a saved certificate
+with ρ = 1/Σ_t e^(z_t), the probability one token of logit exactly 0 has (above 1 when
+every token has a negative logit: not capped, :func:`_error_rho`), which lets a saved certificate
 account for tokens added to or removed from the vocabulary:
 :mod:`verifier.certificates.incremental`), :func:`error_enclosure_deployed` (Lemma F2 of
 :mod:`verifier.passes.floating`) and :func:`error_enclosure_parts` (the factored pass: a
@@ -229,9 +230,15 @@ def _ratio(x_lo, x_hi, y_lo, y_hi, quick):
 @kernel()
 def _error_rho(masses, z_lo, z_hi, quick):
     """(err_lo, err_hi, rho_lo, rho_hi) from the masses (:func:`_widened`): the error
-    S_inv/(S_inv + S_val) and ρ = e^(0 − M)/(S_inv + S_val). Where the masses' lower ends
-    add up to nothing above 0 (every exp's lower end underflowed), ρ has no upper bound
-    here: NaN for both (no ρ), not a quotient of the wrong sign."""
+    S_inv/(S_inv + S_val) and ρ = e^(0 − M)/(S_inv + S_val) = 1/Σ_t e^(z_t). ρ is a
+    probability (at most 1) only when the row has a token of logit exactly 0; when every
+    token is reached and every logit is below 0 (M < 0), ρ = e^(−M)/(S_inv + S_val) exceeds 1
+    as soon as Σ_t e^(z_t) < 1, so its upper end is the rounded quotient, not capped at 1
+    (a cap there would put the upper end below ρ, and :mod:`verifier.certificates.incremental`
+    would under-estimate the error of a class reused after tokens are added). Its lower end
+    is clipped at 0. Where the masses' lower ends add up to nothing above 0 (every exp's
+    lower end underflowed), ρ has no upper bound here: NaN for both (no ρ), not a quotient
+    of the wrong sign."""
     inv_lo, inv_hi, val_lo, val_hi = masses
     err_lo, err_hi = _ratio(inv_lo, inv_hi, val_lo, val_hi, quick)
     den = step_down(inv_lo + val_lo, quick)
@@ -239,17 +246,18 @@ def _error_rho(masses, z_lo, z_hi, quick):
         return err_lo, err_hi, np.nan, np.nan
     rho_hi = step_up(z_hi / den, quick)
     rho_lo = step_down(z_lo / step_up(inv_hi + val_hi, quick), quick)
-    return err_lo, err_hi, (rho_lo if rho_lo >= 0.0 else 0.0), (rho_hi if rho_hi <= 1.0 else 1.0)
+    return err_lo, err_hi, (rho_lo if rho_lo >= 0.0 else 0.0), rho_hi
 
 
 @kernel(borrows=True)
 def error_enclosure(nt, Ltouched, Lacc, V, vptr_lo, vptr_hi, valid, vstamp, s):
     """Enclosure (lo, hi) of 1 − P(valid), the argmax token (−1: a zero logit), and an
     enclosure (rho_lo, rho_hi) of ρ = e^(0 − M)/(S_inv + S_val), the probability one token
-    of logit exactly 0 has, from the logits in the dense accumulator (for the ``nt`` tokens in
-    ``Ltouched``, mid in column 1 and *radius* in column 2). A token not touched has logit
-    exactly 0 and is counted, not enumerated. The valid tokens are marked with ``s`` in
-    ``vstamp``."""
+    of logit exactly 0 has (or would have beside the row's tokens: above 1 when every token
+    is touched with a negative logit, :func:`_error_rho`), from the logits in the dense
+    accumulator (for the ``nt`` tokens in ``Ltouched``, mid in column 1 and *radius* in
+    column 2). A token not touched has logit exactly 0 and is counted, not enumerated. The
+    valid tokens are marked with ``s`` in ``vstamp``."""
     n_valid = _count_valid(valid, vptr_lo, vptr_hi, vstamp, s, False)
     zeros = V - nt
     M = 0.0 if zeros > 0 else -np.inf

@@ -38,9 +38,11 @@ the report a full ``verify`` of W' would give, running only part of the queries:
    Δ = |V'| − |V| more tokens, each of logit
    exactly 0 there (a new token's logit is written only where its unembedding row's
    coordinates are reached, which step 2 excludes; a removed token had logit 0 there, and
-   was not a valid next token, else step 3 would have found the query). With ρ the
-   probability one token of logit 0 has, the error e becomes 1 − (1 − e)/(1 + Δρ), and ρ
-   becomes ρ/(1 + Δρ): :func:`_grown` encloses both, monotone in e and ρ, rounded outward.
+   was not a valid next token, else step 3 would have found the query). With ρ =
+   1/Σ_t e^(z_t) (the probability one token of logit 0 has when the query has one; above 1
+   when every token has a negative logit, so no bound of ρ is capped at 1), the error e
+   becomes 1 − (1 − e)/(1 + Δρ), and ρ becomes ρ/(1 + Δρ): :func:`_grown` encloses both,
+   monotone in e and ρ, rounded outward.
    The ablated error changes the same way, and so does 1 − P_ablated(o) for the object o
    alone (the error of the valid set {o}: L1's number); margins do not change. The localization check's
    L2 gap of an object query, max_{t != o} z_t − z_o bounded below from the ablated logit
@@ -133,7 +135,9 @@ class Incremental:
 def _grown(e_lo, e_hi, r_lo, r_hi, d: int):
     """Enclosures of e' = 1 − (1 − e)/(1 + dρ) and ρ' = ρ/(1 + dρ) for e ∈ [e_lo, e_hi],
     ρ ∈ [r_lo, r_hi] and d more tokens of logit 0 (d < 0: fewer). e' increases in e, and
-    in ρ when d > 0 (decreases when d < 0); ρ' increases in ρ. NaN where 1 + dρ may be <= 0."""
+    in ρ when d > 0 (decreases when d < 0); ρ' increases in ρ. NaN where 1 + dρ may be <= 0.
+    ρ and ρ' are not capped at 1: a row with no token of logit 0 left has ρ' = 1/Σ_t e^(z_t),
+    above 1 when its logits are all negative (ρ' = 4 for ρ = 0.8, d = −1)."""
     e_lo, e_hi, r_lo, r_hi = (np.asarray(a, float) for a in (e_lo, e_hi, r_lo, r_hi))
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
         r_for_hi, r_for_lo = (r_hi, r_lo) if d > 0 else (r_lo, r_hi)
@@ -146,7 +150,7 @@ def _grown(e_lo, e_hi, r_lo, r_hi, d: int):
         bad = ~((den_lo > 0) & (I.down(1.0 + I.down(d * r_hi)) > 0)) | ~np.isfinite(r_lo) | ~np.isfinite(r_hi)
     for a in (hi, lo, rho_hi, rho_lo):
         a[bad] = np.nan
-    return np.clip(lo, 0.0, 1.0), np.clip(hi, 0.0, 1.0), np.maximum(rho_lo, 0.0), np.minimum(rho_hi, 1.0)
+    return np.clip(lo, 0.0, 1.0), np.clip(hi, 0.0, 1.0), np.maximum(rho_lo, 0.0), rho_hi
 
 
 def vocab_array(weights: Weights) -> np.ndarray:

@@ -16,10 +16,10 @@ query either. So the queries are grouped:
   lower end of the ablated error and of 1 − P_ablated(o) (the object alone), how many certify L1, L2 and all of the
   entanglement check (:mod:`verifier.checks.localization`), the smallest L2 gap and the smallest count of
   tokens other than the object whose ablated logit is exactly 0 (which lets a count of
-  such tokens change soundly, as for ρ); and the ranges of ρ, the probability one token of logit exactly 0
-  has (with and without the expert's output), which lets a count of such tokens change
-  soundly (:mod:`verifier.certificates.incremental`); the smallest margin over all its queries; and
-  which *watched* neurons of e may be on in some query of the class.
+  such tokens change soundly, as for ρ); and the ranges of ρ = 1/Σ_t e^(z_t), the probability one token of
+  logit exactly 0 has (with and without the expert's output; above 1 where every token's logit is negative),
+  which lets a count of such tokens change soundly (:mod:`verifier.certificates.incremental`); the smallest
+  margin over all its queries; and which *watched* neurons of e may be on in some query of the class.
 
 :func:`records` turns a table of classes into the per-task records a :class:`Report` shows,
 with the same meaning as the records the full pass accumulates (``verifier.checks.verify``).
