@@ -194,9 +194,11 @@ class TwoLayerModel:
             out.append(row)
         return out
 
-    def instantiate(self) -> Stack:
-        """The numeric two-layer weights (exact for the dyadic β and γ the construction picks)."""
-        w = self.first.instantiate()
+    def instantiate(self, labels: bool = True) -> Stack:
+        """The numeric two-layer weights (exact for the dyadic β and γ the construction picks);
+        ``labels``: name the residual directions and neurons (as the one-layer model's
+        :meth:`~construction.model.SymbolicModel.instantiate`; a check names none)."""
+        w = self.first.instantiate(labels=labels)
         d0, G = w.d, len(self.seconds)
         d = d0 + G
         cols = lambda M: canonical(sp.hstack([M, sp.csr_matrix((M.shape[0], G))], format="csr"))  # noqa: E731
