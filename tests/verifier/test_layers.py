@@ -397,6 +397,84 @@ def test_layer_rows_enclose_the_layer_at_every_point(seed, scale):
         assert not bad.any()                        # nothing near the float range: every pair decides
 
 
+@settings(max_examples=examples(40), deadline=None)
+@given(st.integers(0, 2 ** 31), st.sampled_from([1.0, 1e-300, 1e300]))
+def test_the_factored_layer_encloses_the_layer_at_every_point(seed, scale):
+    """The layer on rows given in parts, x = s_c + o_i (:func:`verifier.arithmetic.experts.layer_rows_parts`):
+    y = x + W_2 ReLU(W_1 x + b_1), exact in fractions at corners of both parts' intervals,
+    lies in its enclosure for every (row, expert) pair, shared and own parts reaching the
+    same neurons, positive biases, a width-0 expert and extreme scales included, in every
+    kept column and no other; a pair whose values may overflow is flagged."""
+    from fractions import Fraction
+
+    from verifier.arithmetic import experts as experts_k
+    from verifier.arithmetic import interval as I
+    from verifier.passes.tables import LayerTables
+
+    rng = np.random.default_rng(seed)
+    n, d, C = 5, 6, 2
+
+    def part(rows, density):
+        mask = rng.random((rows, d)) < density
+        mid = np.where(mask, rng.normal(size=(rows, d)) * scale, 0.0)
+        rad = np.where(mask, np.abs(rng.normal(size=(rows, d))) * scale * rng.choice([0.0, 1e-3, 0.5]), 0.0)
+        r, c = np.nonzero(mask)
+        return I.from_coo((rows, d), r, c, mid[mask], rad[mask]), mid, rad
+
+    S, s_mid, s_rad = part(C, 0.6)
+    O, o_mid, o_rad = part(n, 0.3)
+    cohort = rng.integers(0, C, size=n).astype(np.int64)
+    experts = []
+    for w in (5, 0, 3):
+        W1 = canonical(sp.random(w, d, density=0.5, random_state=rng, data_rvs=lambda k: rng.normal(size=k)).tocsr())
+        W2 = canonical(sp.random(d, w, density=0.5, random_state=rng,
+                                 data_rvs=lambda k: rng.normal(size=k) * rng.choice([1.0, scale])).tocsr())
+        b = rng.choice([-1.0, 0.0, 0.5, 2.0], size=w) * rng.choice([1.0, scale])
+        experts.append(Expert(W1, b, W2))
+    t = LayerTables.of(sp.csr_matrix((len(experts), d)), np.zeros(len(experts)), experts, d)
+    pr = np.repeat(np.arange(n, dtype=np.int64), len(experts))
+    pk = np.tile(np.arange(len(experts), dtype=np.int64), n)
+    order = np.lexsort((pk, cohort[pr]))
+    pr, pk = np.ascontiguousarray(pr[order]), np.ascontiguousarray(pk[order])
+    keep = rng.random(d) < 0.7
+    w = t.max_width
+    acc = lambda: (np.zeros((w, 5)), np.zeros(w, np.int64), np.zeros(w, np.int32))  # noqa: E731
+    scratch = (*acc(), np.zeros(w), np.zeros(w), np.zeros(w), np.zeros(w), np.zeros(w, bool), *acc(),
+               np.zeros((d, 6)), np.zeros(d, np.int64), np.zeros(d), np.zeros(d), np.zeros(d, np.int64))
+    parts = lambda M: (M.indptr, M.indices, M.mid, M.rad)  # noqa: E731
+    with np.errstate(invalid="ignore", over="ignore"):
+        ptr, idx, ym, yr, bad = experts_k.layer_rows_parts((pr, pk), parts(S), parts(O), cohort, t.W1T, t.first,
+                                                           t.W2T, keep, scratch, 1)
+    Y = I.SparseInterval((pr.size, d), ptr, idx, ym, yr)
+    Ym, Yr = Y.dense()
+    stored = np.zeros((pr.size, d), bool)
+    stored[Y.row_ids(), Y.indices] = True
+    assert not stored[:, ~keep].any()
+    for q in range(pr.size):
+        i, e = int(pr[q]), experts[int(pk[q])]
+        c = int(cohort[i])
+        W1, W2 = e.W_1.toarray(), e.W_2.toarray()
+        for corner in range(4):
+            sign_s = np.array([1, -1, 0, 1])[corner] * np.where(rng.random(d) < 0.5, 1, -1)
+            sign_o = np.array([1, -1, 0, -1])[corner] * np.where(rng.random(d) < 0.5, 1, -1)
+            x = [Fraction(float(s_mid[c, j])) + sign_s[j] * Fraction(float(s_rad[c, j]))
+                 + Fraction(float(o_mid[i, j])) + sign_o[j] * Fraction(float(o_rad[i, j])) for j in range(d)]
+            a = [max(sum((Fraction(float(W1[g, j])) * x[j] for j in range(d)), Fraction(float(e.b_1[g]))), Fraction(0))
+                 for g in range(e.width)]
+            for j in np.flatnonzero(keep):
+                exact = x[j] + sum((Fraction(float(W2[j, g])) * a[g] for g in range(e.width)), Fraction(0))
+                if bad[q]:
+                    continue
+                if not stored[q, j]:
+                    assert exact == 0, (q, j, exact)
+                    continue
+                lo = Fraction(float(Ym[q, j])) - Fraction(float(Yr[q, j]))
+                hi = Fraction(float(Ym[q, j])) + Fraction(float(Yr[q, j]))
+                assert lo <= exact <= hi, (q, j, float(lo), float(exact), float(hi))
+    if scale == 1.0:
+        assert not bad.any()
+
+
 def test_mutation_campaign_on_both_layers(small):
     """Every mutation operator on each layer: no false pass (a certified mutant the oracle
     finds violating), and the truly violating mutants of layer 2 caught as all of layer 1's."""

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from verifier.arithmetic.accumulate import (ACC, B1, CSR, F1, F2, I1, I2, LOGITS, PART, add_term, entry_radius,
+from verifier.arithmetic.accumulate import (ACC, B1, CSR, F1, F2, I1, I2, J1, LOGITS, PART, add_term, entry_radius,
                                             lower_bound, mul_interval, new_rows, place, prod_terms, product_terms,
                                             put, room, row_of, trimmed)
 from verifier.arithmetic.kernel_forms import kernel
@@ -208,6 +208,44 @@ def expert_output(X, row, k, scale, first, W1T, W2T, z, y, s, watch, rec, keep, 
     return ny, bad, l1a
 
 
+@kernel(borrows=True)
+def _interval_terms(X, row, keep, acc, s, touched, nt):
+    """Row ``row`` of interval rows X (CSR: ptr, idx, mid, rad), its entries in the columns
+    ``keep`` marks, into the dense accumulator (stamp s), one interval term each. Returns
+    (touched count, an entry not finite)."""
+    ptr, idx, mid, rad = X
+    bad = False
+    for t in range(ptr[row], ptr[row + 1]):
+        if not keep[idx[t]]:
+            continue
+        u, nt = place(idx[t], acc, s, touched, nt, None)
+        add_term(u, mid[t], rad[t], abs(mid[t]), acc)
+        if not (np.isfinite(mid[t]) and np.isfinite(rad[t])):
+            bad = True
+    return nt, bad
+
+
+@kernel(borrows=True)
+def _put_row(out, e, acc, touched, ny, n_o, keep):
+    """The y accumulator's entries in the columns ``keep`` marks into the rows ``out`` from
+    entry e (room made by the caller): an entry first touched at slot n_o or later holding
+    one term is that interval term as it is, any other entry enclosed by
+    :func:`entry_radius`. Returns (the row's end, an entry not finite)."""
+    bad = False
+    for u in range(ny):
+        col = touched[u]
+        if not keep[col]:
+            continue
+        if u >= n_o and acc[col, 4] == 1.0:
+            r_ = acc[col, 2]
+        else:
+            r_ = entry_radius(acc[col, 2], acc[col, 3], int(acc[col, 4]))
+        if not (np.isfinite(acc[col, 1]) and np.isfinite(r_)):
+            bad = True
+        e = put(out, e, col, acc[col, 1], r_)
+    return e, bad
+
+
 @kernel(args=((I1, I1), PART, CSR, (I1, F1, I1, I1), CSR, B1, (F2, I1, F2, I1), "i64"), returns=(*PART, B1))
 def layer_rows(pairs, X, W1T, first, W2T, keep, scratch, stamp0):
     """A layer's output rows y = x + W_2·ReLU(W_1·x + b_1) for each pair (row ``rows[q]`` of X,
@@ -254,28 +292,111 @@ def layer_rows(pairs, X, W1T, first, W2T, keep, scratch, stamp0):
         ny, bad, _ = expert_output(X, i, k, (1.0, 0.0), first, W1T, W2T, (zacc, ztouched, None),
                                    (yacc, ytouched, None), s, none, rec, None, None, QUICK)
         n_o = ny                                       # the entries o reaches (their terms are products)
-        for t in range(X_ptr[i], X_ptr[i + 1]):       # x itself, one interval term per entry
-            if not keep[X_idx[t]]:
-                continue
-            u, ny = place(X_idx[t], yacc, s, ytouched, ny, None)
-            add_term(u, X_mid[t], X_rad[t], abs(X_mid[t]), yacc)
-            if not (np.isfinite(X_mid[t]) and np.isfinite(X_rad[t])):
-                bad = True
+        ny, bad_x = _interval_terms(X, i, keep, yacc, s, ytouched, ny)     # x itself, one interval term per entry
         if e + ny > out[1].size:
             out = room(out, e + ny)
-        for u in range(ny):
-            col = ytouched[u]
-            if not keep[col]:
-                continue
-            if u >= n_o:                               # x's term alone: as it is
-                r_ = yacc[col, 2]
-            else:
-                r_ = entry_radius(yacc[col, 2], yacc[col, 3], int(yacc[col, 4]))
-            if not (np.isfinite(yacc[col, 1]) and np.isfinite(r_)):
-                bad = True
-            e = put(out, e, col, yacc[col, 1], r_)
+        e, bad_y = _put_row(out, e, yacc, ytouched, ny, n_o, keep)
         out[0][q + 1] = e
-        bad_out[q] = bad
+        bad_out[q] = bad or bad_x or bad_y
+    ptr, idx, mid, rad = trimmed(out, e)
+    return ptr, idx, mid, rad, bad_out
+
+
+@kernel(args=((I1, I1), PART, PART, I1, CSR, (I1, F1, I1, I1), CSR, B1,
+              (F2, I1, J1, F1, F1, F1, F1, B1, F2, I1, J1, F2, I1, F1, F1, I1), "i64"), returns=(*PART, B1))
+def layer_rows_parts(pairs, S, O, cohort, W1T, first, W2T, keep, scratch, stamp0):
+    """:func:`layer_rows` for rows given in two parts, x_i = s_c + o_i (c = ``cohort[i]``: the
+    shared parts ``S``, a row per cohort, and the own parts ``O``, a row per row, of
+    :func:`verifier.arithmetic.residual.residual_part`), the pairs grouped by (cohort, expert).
+
+    **Per (cohort c, expert k), once.** The expert applied to s_c (:func:`expert_output`,
+    keeping each neuron's z^c = W_1·s_c, enclosed before the bias, and its activity a^c),
+    and its output W_2·a^c, each column an enclosed sum (kept as one interval term).
+
+    **Per pair**, what o_i changes: a neuron o_i does not reach has z = z^c + b_1 (the same
+    terms), hence a^c; one it reaches gets z = [z^c] (one interval term, where s_c reaches
+    it too) + the products of o_i + b_1, and its activity a. So, term for term,
+
+        y_i = s_c + o_i + W_2·a^c + Σ_{g reached by o_i} W_2[:, g]·(a_g − a^c_g)
+
+    (a^c_g = b_1 for a neuron s_c does not reach, exactly 0 when it is off; −a^c_g·w is
+    a^c_g·(−w) to the bit): the corrections as product terms, then W_2·a^c, s_c and o_i as
+    interval terms, each column enclosed as :func:`layer_rows` encloses it, in the columns
+    ``keep`` marks. ``scratch`` = (the shared z's compact accumulator (acc, touched, where),
+    per slot of it z^c's mid and radius and a^c's mid, radius and whether it may be on, the
+    row's z accumulator (compact), the dense y accumulator and its touched list, the shared
+    output's mid and radius per column and its columns). Stamps ``stamp0`` .. ``stamp0 +
+    2P − 1`` are this call's."""
+    rows, experts_of = pairs
+    (zacc, ztouched, zwhere, zc_mid, zc_rad, ac_mid, ac_rad, ac_on, zacc2, ztouched2, zwhere2, yacc, ytouched,
+     sy_mid, sy_rad, sy_cols) = scratch
+    off, b1 = first[0], first[1]
+    W2T_ptr, W2T_idx, W2T_val = W2T
+    P = rows.size
+    out = new_rows(P, max(O[1].size, 16))
+    bad_out = np.zeros(P, np.bool_)
+    none = np.zeros(0, np.bool_)
+    rec = np.zeros(1, np.int64)
+    kept = (zc_mid, zc_rad, ac_mid, ac_rad, ac_on)
+    e = 0
+    n_groups = 0
+    q0 = 0
+    while q0 < P:                                      # the pairs of one (cohort, expert)
+        c, k = cohort[rows[q0]], experts_of[q0]
+        q1 = q0 + 1
+        while q1 < P and cohort[rows[q1]] == c and experts_of[q1] == k:
+            q1 += 1
+        sg = stamp0 + P + n_groups
+        n_groups += 1
+        lo_n = off[k]
+        nsy, bad_c, _ = expert_output(S, c, k, (1.0, 0.0), first, W1T, W2T, (zacc, ztouched, zwhere),
+                                      (yacc, ytouched, None), sg, none, rec, kept, None, QUICK)
+        for u in range(nsy):                           # W_2·a^c, each column enclosed
+            col = ytouched[u]
+            sy_cols[u] = col
+            sy_mid[col] = yacc[col, 1]
+            sy_rad[col] = entry_radius(yacc[col, 2], yacc[col, 3], int(yacc[col, 4]))
+        for q in range(q0, q1):
+            i, s = rows[q], stamp0 + q
+            nz, bad = _z_terms(O, i, W1T, lo_n, off[k + 1], zacc2, s, ztouched2, 0, zwhere2)
+            ny = 0
+            for u in range(nz):                        # the neurons o_i reaches: a_g − a^c_g
+                g = lo_n + ztouched2[u]
+                mid_, A, B, cnt = zacc2[u, 1], zacc2[u, 2], zacc2[u, 3], int(zacc2[u, 4])
+                uc = row_of(ztouched2[u], zacc, sg, ztouched, zwhere)   # its slot in z^c, −1: s_c does not reach it
+                if uc >= 0:
+                    mid_ += zc_mid[uc]
+                    A = up_nonneg(A + zc_rad[uc])
+                    B = up_nonneg(B + abs(zc_mid[uc]))
+                    cnt += 1
+                zm, zr = _biased(mid_, entry_radius(A, B, cnt), b1[g])
+                if not (np.isfinite(zm) and np.isfinite(zr)):
+                    bad = True
+                    continue
+                am, ar, a_hi = _activity(zm, zr, QUICK)
+                if uc >= 0:
+                    cm_, cr_, con = ac_mid[uc], ac_rad[uc], ac_on[uc]
+                else:
+                    cm_, cr_, con = b1[g], 0.0, b1[g] > 0.0
+                if a_hi != 0.0:
+                    ny = product_terms(W2T_ptr, W2T_idx, W2T_val, g, am, ar, yacc, s, ytouched, ny, None)
+                if con:
+                    ny = product_terms(W2T_ptr, W2T_idx, W2T_val, g, -cm_, cr_, yacc, s, ytouched, ny, None)
+            n_o = ny
+            for u in range(nsy):                       # W_2·a^c, one interval term per column
+                col = sy_cols[u]
+                if keep[col]:
+                    v, ny = place(col, yacc, s, ytouched, ny, None)
+                    add_term(v, sy_mid[col], sy_rad[col], abs(sy_mid[col]), yacc)
+            ny, bad_s = _interval_terms(S, c, keep, yacc, s, ytouched, ny)
+            ny, bad_o = _interval_terms(O, i, keep, yacc, s, ytouched, ny)
+            need = e + ny
+            if need > out[1].size:
+                out = room(out, need)
+            e, bad_y = _put_row(out, e, yacc, ytouched, ny, n_o, keep)
+            out[0][q + 1] = e
+            bad_out[q] = bad or bad_c or bad_s or bad_o or bad_y
+        q0 = q1
     ptr, idx, mid, rad = trimmed(out, e)
     return ptr, idx, mid, rad, bad_out
 

@@ -12,9 +12,14 @@ reaches is exactly 0).
 1. **Residual** r at the last position: layer 1's attention, the one-layer pass's, row by
    row (:func:`verifier.passes.forward.residual`) or, given the task set's entities,
    factored: r_i = s_c + o_i, the shared part of the row's cohort enclosed once per cohort
-   and the row's own part (:mod:`verifier.passes.factored`), summed per row
-   (:func:`verifier.arithmetic.residual.parts_sum`).
-2. **Layer 1** on r: its gate, and y for each expert that may win.
+   and the row's own part (:mod:`verifier.passes.factored`); r itself is then formed
+   (:func:`verifier.arithmetic.residual.parts_sum`) only in the directions the hop-1 pass
+   reads.
+2. **Layer 1** on r: its gate, and y for each expert that may win. Factored, both read r's
+   parts: the gate as the one-layer factored pass decides it
+   (:func:`verifier.arithmetic.gate.gate_parts`), the experts enclosing once per (cohort,
+   expert) what the rows share and per row what its own part changes
+   (:func:`verifier.arithmetic.experts.layer_rows_parts`).
 3. **Layer 2** on each y: its gate, and y' for each expert that may win.
 4. **Readout** of each y': the logits U·y' (:func:`verifier.arithmetic.logits.logits`) and
    the error 1 − P(valid) enclosed (:func:`verifier.arithmetic.logits.ablated`, which reads
@@ -54,6 +59,7 @@ import numpy as np
 
 from layout.layers import Stack
 from verifier.arithmetic import experts as experts_k
+from verifier.arithmetic import gate as gate_k
 from verifier.arithmetic import logits as logits_k
 from verifier.arithmetic import residual as residual_k
 from verifier.arithmetic.interval import SparseInterval
@@ -116,12 +122,16 @@ class LayersPass:
         l2 = U | _reads(d, self.layers[1].WGT) | _reads(d, self.layers[1].W1T)
         self._keep = (l2, U)                             # what layer 1's, layer 2's outputs keep
         self._read_r = l2 | _reads(d, self.layers[0].WGT) | _reads(d, self.layers[0].W1T)
+        #: factored, layer 1's gate and experts read the parts, and r itself is read by the hop-1 pass
+        self._read_r_parts = l2
+        self._parts_scratch = None
 
-    def _residual(self, tokens: np.ndarray) -> SparseInterval:
-        """r at the last position of each row of ``tokens``, in the directions read after it."""
+    def _residual(self, tokens: np.ndarray) -> tuple[SparseInterval, tuple | None]:
+        """(r at the last position of each row of ``tokens``, in the directions read after it;
+        factored, its parts (S, O, cohort), in which layer 1's experts read it)."""
         prep = self.prep
         if self.split is None:
-            return residual(prep, tokens).only(self._read_r)
+            return residual(prep, tokens).only(self._read_r), None
         n, d = tokens.shape[0], prep.weights.d
         ids = np.ascontiguousarray(np.concatenate([np.full((n, 1), prep.weights.bos, np.int64), tokens], axis=1))
         if self._acc is None:                            # a compact accumulator for the parts (stamp 0: no row's)
@@ -129,27 +139,64 @@ class LayersPass:
         S, O, cohort = residual_parts(prep, self.split, ids, self._acc)
         yacc, ytouched = prep.scratch()["y"]
         with np.errstate(invalid="ignore", over="ignore"):
-            ptr, idx, mid, rad = residual_k.parts_sum(S, O, cohort, self._read_r, (yacc, ytouched), prep.stamps(n))
-        return SparseInterval((n, d), ptr, idx, mid, rad)
+            ptr, idx, mid, rad = residual_k.parts_sum(S, O, cohort, self._read_r_parts, (yacc, ytouched),
+                                                      prep.stamps(n))
+        return SparseInterval((n, d), ptr, idx, mid, rad), (S, O, cohort)
 
-    def _layer(self, i: int, X: SparseInterval, bad_in: np.ndarray | None = None) -> _Routed:
-        """Layer ``i`` (0 or 1) on rows X: its gate, then each expert that may win."""
+    def _layer(self, i: int, X: SparseInterval, bad_in: np.ndarray | None = None, parts: tuple | None = None
+               ) -> _Routed:
+        """Layer ``i`` (0 or 1) on rows X: its gate, then each expert that may win, on X or,
+        given, on the rows' parts (S, O, cohort: :func:`verifier.arithmetic.gate.gate_parts`,
+        :func:`verifier.arithmetic.experts.layer_rows_parts`)."""
         prep, t = self.prep, self.layers[i]
         n = X.shape[0]
-        e, margin, grad, _, _, _, ptr, cand, _ = gate_decisions(prep, X, False, None if i == 0 else t, self._work[i])
+        if parts is None:
+            e, margin, grad, _, _, _, ptr, cand, _ = gate_decisions(prep, X, False, None if i == 0 else t,
+                                                                    self._work[i])
+            rows = np.repeat(np.arange(n, dtype=np.int64), np.diff(ptr))
+        else:                                            # the factored gate (the one-layer factored pass's)
+            S, O, cohort = parts
+            gmid, gstamp, gtouched = prep.scratch()["g"] if i == 0 else self._work[i]
+            with np.errstate(invalid="ignore", over="ignore"):
+                e, margin, grad, _, _, _, rows, cand = gate_k.gate_parts(
+                    S, O, cohort, np.argsort(cohort, kind="stable"), t.WGT, t.wg_colmax, t.b_G, t.wg_max_terms,
+                    gmid, gstamp, gtouched, prep.stamps(n), np.empty((1, 1)), False)
+            rows = np.asarray(rows, np.int64)
         undecided = ~np.isfinite(grad)
         if bad_in is not None:
             undecided |= bad_in
         margin = np.where(undecided, -np.inf, margin)
-        rows = np.repeat(np.arange(n, dtype=np.int64), np.diff(ptr))
         experts = np.ascontiguousarray(cand, np.int64)
         yacc, ytouched = prep.scratch()["y"]
         with np.errstate(invalid="ignore", over="ignore"):
-            ptr_y, idx, mid, rad, bad = experts_k.layer_rows(
-                (rows, experts), (X.indptr, X.indices, X.mid, X.rad), t.W1T, t.first, t.W2T, self._keep[i],
-                (*self._z, yacc, ytouched), prep.stamps(rows.size))
+            if parts is None:
+                ptr_y, idx, mid, rad, bad = experts_k.layer_rows(
+                    (rows, experts), (X.indptr, X.indices, X.mid, X.rad), t.W1T, t.first, t.W2T, self._keep[i],
+                    (*self._z, yacc, ytouched), prep.stamps(rows.size))
+            else:
+                S, O, cohort = parts
+                order = np.lexsort((experts, cohort[rows]))   # the pairs of one (cohort, expert) together
+                rows, experts = np.ascontiguousarray(rows[order]), np.ascontiguousarray(experts[order])
+                ptr_y, idx, mid, rad, bad = experts_k.layer_rows_parts(
+                    (rows, experts), S, O, cohort, t.W1T, t.first, t.W2T, self._keep[i],
+                    (*self._shared_scratch(t), yacc, ytouched, *self._shared_out()), prep.stamps(2 * rows.size))
         Y = SparseInterval((rows.size, X.shape[1]), ptr_y, idx, mid, rad)
         return _Routed(rows, experts, Y, bad | undecided[rows], e, margin)
+
+    def _shared_scratch(self, t: LayerTables) -> tuple:
+        """The factored layer kernel's z work arrays (stamp 0: no row's): the shared z's compact
+        accumulator, z^c and a^c per slot, the row's compact z accumulator."""
+        if self._parts_scratch is None:
+            w = max(t.max_width, 1)
+            acc = lambda: (np.zeros((w, 5)), np.zeros(w, np.int64), np.zeros(w, np.int32))  # noqa: E731
+            d = max(self.prep.weights.d, 1)
+            self._parts_scratch = ((*acc(), np.zeros(w), np.zeros(w), np.zeros(w), np.zeros(w), np.zeros(w, bool),
+                                    *acc()), (np.zeros(d), np.zeros(d), np.zeros(d, np.int64)))
+        return self._parts_scratch[0]
+
+    def _shared_out(self) -> tuple:
+        """The factored layer kernel's shared output per column (mid, radius) and its columns."""
+        return self._parts_scratch[1]
 
     def _readout(self, Y: SparseInterval, vptr: np.ndarray, vals: np.ndarray, target: np.ndarray):
         """Per row of Y: (error lo, error hi, lower end of 1 − P(o), gap lower bound) of
@@ -203,8 +250,8 @@ class LayersPass:
         n = tokens.shape[0]
         vptr, vals = np.asarray(valid_ptr, np.int64), np.asarray(valid, np.int64)
         target = np.asarray(target, np.int64)
-        R = self._residual(tokens)
-        first = self._layer(0, R)
+        R, parts = self._residual(tokens)
+        first = self._layer(0, R, parts=parts)
         Y = first.Y
         vkey = _unique_rows(_keys(vptr, (vals,)))[1]     # per batch row: its valid set's class
         u, inv = _distinct(Y, vkey[first.rows], first.bad)
