@@ -191,7 +191,8 @@ def test_both_forms_return_bitwise_the_same_for_every_call_of_a_check(monkeypatc
     two = loads_tasks(_TWO_HOPS)                        # and the two-layer pass's kernels
     verify_layers(two, build_two_layers(two).instantiate(), 0.01)
     assert set(seen) >= {"residual", "gate", "experts", "ablated", "logits", "logits_bound", "residual_part",
-                         "gate_parts", "experts_parts", "ablated_parts", "layer_rows", "parts_sum"}
+                         "gate_parts", "experts_parts", "ablated_parts", "layer_rows", "layer_rows_parts",
+                         "parts_sum"}
 
 
 def test_a_call_that_does_not_fit_runs_just_in_time():
