@@ -332,28 +332,19 @@ def test_two_layers_need_a_composed_task(tmp_path, capsys):
 # --- a layer's arithmetic ----------------------------------------------------------------------
 
 
-@settings(max_examples=examples(60), deadline=None)
-@given(st.integers(0, 2 ** 31), st.sampled_from([1.0, 1e-300, 1e300]))
-def test_layer_rows_enclose_the_layer_at_every_point(seed, scale):
-    """y = x + W_2 ReLU(W_1 x + b_1), exact in fractions for x at the centre and at corners of
-    random interval rows, lies in the enclosure of the compiled layer
-    (:func:`verifier.arithmetic.experts.layer_rows`) for every (row, expert) pair, positive
-    biases, a width-0 expert and extreme scales included, in every column it is asked to keep
-    (and in no other); an entry of those outside the pattern is exactly 0 there, and a pair
-    whose values may overflow is flagged."""
-    from fractions import Fraction
-
-    from verifier.arithmetic import experts as experts_k
+def _interval_rows(rng, n: int, d: int, density: float, scale: float):
+    """(random interval rows at ``scale``, their midpoints, their radii), dense arrays beside."""
     from verifier.arithmetic import interval as I
-    from verifier.passes.tables import LayerTables
 
-    rng = np.random.default_rng(seed)
-    n, d = 3, 6
-    mask = rng.random((n, d)) < 0.6
+    mask = rng.random((n, d)) < density
     mid = np.where(mask, rng.normal(size=(n, d)) * scale, 0.0)
     rad = np.where(mask, np.abs(rng.normal(size=(n, d))) * scale * rng.choice([0.0, 1e-3, 0.5]), 0.0)
     rows, cols = np.nonzero(mask)
-    X = I.from_coo((n, d), rows, cols, mid[mask], rad[mask])
+    return I.from_coo((n, d), rows, cols, mid[mask], rad[mask]), mid, rad
+
+
+def _random_experts(rng, d: int, scale: float) -> list:
+    """Experts of widths 5, 0 and 3 over d directions, positive biases and ``scale`` included."""
     experts = []
     for w in (5, 0, 3):
         W1 = canonical(sp.random(w, d, density=0.5, random_state=rng, data_rvs=lambda k: rng.normal(size=k)).tocsr())
@@ -361,26 +352,31 @@ def test_layer_rows_enclose_the_layer_at_every_point(seed, scale):
                                  data_rvs=lambda k: rng.normal(size=k) * rng.choice([1.0, scale])).tocsr())
         b = rng.choice([-1.0, 0.0, 0.5, 2.0], size=w) * rng.choice([1.0, scale])
         experts.append(Expert(W1, b, W2))
-    t = LayerTables.of(sp.csr_matrix((len(experts), d)), np.zeros(len(experts)), experts, d)
-    pr = np.repeat(np.arange(n, dtype=np.int64), len(experts))
-    pk = np.tile(np.arange(len(experts), dtype=np.int64), n)
-    keep = rng.random(d) < 0.7                      # the columns a reader of y reads: only those are formed
-    width = t.max_width
-    scratch = (np.zeros((width, 5)), np.zeros(width, np.int64), np.zeros((d, 6)), np.zeros(d, np.int64))
-    with np.errstate(invalid="ignore", over="ignore"):
-        ptr, idx, ym, yr, bad = experts_k.layer_rows((pr, pk), (X.indptr, X.indices, X.mid, X.rad), t.W1T,
-                                                     t.first, t.W2T, keep, scratch, 1)
+    return experts
+
+
+def _assert_layer_enclosed(out, pairs, experts, keep, point, scale) -> None:
+    """The layer kernel's rows ``out`` (ptr, idx, mid, rad, bad; one per pair (row, expert))
+    hold y = x + W_2 ReLU(W_1 x + b_1) exactly in fractions at the points ``point(row,
+    corner)`` (x, a list of fractions), in every column ``keep`` marks and no other; an entry
+    outside the pattern is exactly 0; nothing is flagged at scale 1."""
+    from fractions import Fraction
+
+    from verifier.arithmetic import interval as I
+
+    ptr, idx, ym, yr, bad = out
+    pr, pk = pairs
+    d = keep.size
     Y = I.SparseInterval((pr.size, d), ptr, idx, ym, yr)
     Ym, Yr = Y.dense()
     stored = np.zeros((pr.size, d), bool)
     stored[Y.row_ids(), Y.indices] = True
     assert not stored[:, ~keep].any()
     for q in range(pr.size):
-        i, e = int(pr[q]), experts[int(pk[q])]
+        e = experts[int(pk[q])]
         W1, W2 = e.W_1.toarray(), e.W_2.toarray()
         for corner in range(4):
-            sign = np.array([1, -1, 0, 1])[corner] * np.where(rng.random(d) < 0.5, 1, -1)
-            x = [Fraction(float(mid[i, j])) + sign[j] * Fraction(float(rad[i, j])) for j in range(d)]
+            x = point(int(pr[q]), corner)
             a = [max(sum((Fraction(float(W1[g, j])) * x[j] for j in range(d)), Fraction(float(e.b_1[g]))), Fraction(0))
                  for g in range(e.width)]
             for j in np.flatnonzero(keep):
@@ -397,6 +393,42 @@ def test_layer_rows_enclose_the_layer_at_every_point(seed, scale):
         assert not bad.any()                        # nothing near the float range: every pair decides
 
 
+def _corner(rng, mid, rad, i: int, corner: int) -> list:
+    """Row i of the intervals [mid ± rad] at its centre or a random corner, in fractions."""
+    from fractions import Fraction
+
+    sign = np.array([1, -1, 0, 1])[corner] * np.where(rng.random(mid.shape[1]) < 0.5, 1, -1)
+    return [Fraction(float(mid[i, j])) + sign[j] * Fraction(float(rad[i, j])) for j in range(mid.shape[1])]
+
+
+@settings(max_examples=examples(60), deadline=None)
+@given(st.integers(0, 2 ** 31), st.sampled_from([1.0, 1e-300, 1e300]))
+def test_layer_rows_enclose_the_layer_at_every_point(seed, scale):
+    """y = x + W_2 ReLU(W_1 x + b_1), exact in fractions for x at the centre and at corners of
+    random interval rows, lies in the enclosure of the compiled layer
+    (:func:`verifier.arithmetic.experts.layer_rows`) for every (row, expert) pair, positive
+    biases, a width-0 expert and extreme scales included, in every column it is asked to keep
+    (and in no other); an entry of those outside the pattern is exactly 0 there, and a pair
+    whose values may overflow is flagged."""
+    from verifier.arithmetic import experts as experts_k
+    from verifier.passes.tables import LayerTables
+
+    rng = np.random.default_rng(seed)
+    n, d = 3, 6
+    X, mid, rad = _interval_rows(rng, n, d, 0.6, scale)
+    experts = _random_experts(rng, d, scale)
+    t = LayerTables.of(sp.csr_matrix((len(experts), d)), np.zeros(len(experts)), experts, d)
+    pr = np.repeat(np.arange(n, dtype=np.int64), len(experts))
+    pk = np.tile(np.arange(len(experts), dtype=np.int64), n)
+    keep = rng.random(d) < 0.7                      # the columns a reader of y reads: only those are formed
+    width = t.max_width
+    scratch = (np.zeros((width, 5)), np.zeros(width, np.int64), np.zeros((d, 6)), np.zeros(d, np.int64))
+    with np.errstate(invalid="ignore", over="ignore"):
+        out = experts_k.layer_rows((pr, pk), (X.indptr, X.indices, X.mid, X.rad), t.W1T, t.first, t.W2T, keep,
+                                   scratch, 1)
+    _assert_layer_enclosed(out, (pr, pk), experts, keep, lambda i, corner: _corner(rng, mid, rad, i, corner), scale)
+
+
 @settings(max_examples=examples(40), deadline=None)
 @given(st.integers(0, 2 ** 31), st.sampled_from([1.0, 1e-300, 1e300]))
 def test_the_factored_layer_encloses_the_layer_at_every_point(seed, scale):
@@ -405,32 +437,15 @@ def test_the_factored_layer_encloses_the_layer_at_every_point(seed, scale):
     lies in its enclosure for every (row, expert) pair, shared and own parts reaching the
     same neurons, positive biases, a width-0 expert and extreme scales included, in every
     kept column and no other; a pair whose values may overflow is flagged."""
-    from fractions import Fraction
-
     from verifier.arithmetic import experts as experts_k
-    from verifier.arithmetic import interval as I
     from verifier.passes.tables import LayerTables
 
     rng = np.random.default_rng(seed)
     n, d, C = 5, 6, 2
-
-    def part(rows, density):
-        mask = rng.random((rows, d)) < density
-        mid = np.where(mask, rng.normal(size=(rows, d)) * scale, 0.0)
-        rad = np.where(mask, np.abs(rng.normal(size=(rows, d))) * scale * rng.choice([0.0, 1e-3, 0.5]), 0.0)
-        r, c = np.nonzero(mask)
-        return I.from_coo((rows, d), r, c, mid[mask], rad[mask]), mid, rad
-
-    S, s_mid, s_rad = part(C, 0.6)
-    O, o_mid, o_rad = part(n, 0.3)
+    S, s_mid, s_rad = _interval_rows(rng, C, d, 0.6, scale)
+    O, o_mid, o_rad = _interval_rows(rng, n, d, 0.3, scale)
     cohort = rng.integers(0, C, size=n).astype(np.int64)
-    experts = []
-    for w in (5, 0, 3):
-        W1 = canonical(sp.random(w, d, density=0.5, random_state=rng, data_rvs=lambda k: rng.normal(size=k)).tocsr())
-        W2 = canonical(sp.random(d, w, density=0.5, random_state=rng,
-                                 data_rvs=lambda k: rng.normal(size=k) * rng.choice([1.0, scale])).tocsr())
-        b = rng.choice([-1.0, 0.0, 0.5, 2.0], size=w) * rng.choice([1.0, scale])
-        experts.append(Expert(W1, b, W2))
+    experts = _random_experts(rng, d, scale)
     t = LayerTables.of(sp.csr_matrix((len(experts), d)), np.zeros(len(experts)), experts, d)
     pr = np.repeat(np.arange(n, dtype=np.int64), len(experts))
     pk = np.tile(np.arange(len(experts), dtype=np.int64), n)
@@ -443,36 +458,14 @@ def test_the_factored_layer_encloses_the_layer_at_every_point(seed, scale):
                np.zeros((d, 6)), np.zeros(d, np.int64), np.zeros(d), np.zeros(d), np.zeros(d, np.int64))
     parts = lambda M: (M.indptr, M.indices, M.mid, M.rad)  # noqa: E731
     with np.errstate(invalid="ignore", over="ignore"):
-        ptr, idx, ym, yr, bad = experts_k.layer_rows_parts((pr, pk), parts(S), parts(O), cohort, t.W1T, t.first,
-                                                           t.W2T, keep, scratch, 1)
-    Y = I.SparseInterval((pr.size, d), ptr, idx, ym, yr)
-    Ym, Yr = Y.dense()
-    stored = np.zeros((pr.size, d), bool)
-    stored[Y.row_ids(), Y.indices] = True
-    assert not stored[:, ~keep].any()
-    for q in range(pr.size):
-        i, e = int(pr[q]), experts[int(pk[q])]
-        c = int(cohort[i])
-        W1, W2 = e.W_1.toarray(), e.W_2.toarray()
-        for corner in range(4):
-            sign_s = np.array([1, -1, 0, 1])[corner] * np.where(rng.random(d) < 0.5, 1, -1)
-            sign_o = np.array([1, -1, 0, -1])[corner] * np.where(rng.random(d) < 0.5, 1, -1)
-            x = [Fraction(float(s_mid[c, j])) + sign_s[j] * Fraction(float(s_rad[c, j]))
-                 + Fraction(float(o_mid[i, j])) + sign_o[j] * Fraction(float(o_rad[i, j])) for j in range(d)]
-            a = [max(sum((Fraction(float(W1[g, j])) * x[j] for j in range(d)), Fraction(float(e.b_1[g]))), Fraction(0))
-                 for g in range(e.width)]
-            for j in np.flatnonzero(keep):
-                exact = x[j] + sum((Fraction(float(W2[j, g])) * a[g] for g in range(e.width)), Fraction(0))
-                if bad[q]:
-                    continue
-                if not stored[q, j]:
-                    assert exact == 0, (q, j, exact)
-                    continue
-                lo = Fraction(float(Ym[q, j])) - Fraction(float(Yr[q, j]))
-                hi = Fraction(float(Ym[q, j])) + Fraction(float(Yr[q, j]))
-                assert lo <= exact <= hi, (q, j, float(lo), float(exact), float(hi))
-    if scale == 1.0:
-        assert not bad.any()
+        out = experts_k.layer_rows_parts((pr, pk), parts(S), parts(O), cohort, t.W1T, t.first, t.W2T, keep,
+                                         scratch, 1)
+
+    def point(i, corner):                           # s_c and o_i each at a centre or corner of its own
+        s, o = _corner(rng, s_mid, s_rad, int(cohort[i]), corner), _corner(rng, o_mid, o_rad, i, 3 - corner)
+        return [a + b for a, b in zip(s, o)]
+
+    _assert_layer_enclosed(out, (pr, pk), experts, keep, point, scale)
 
 
 def test_mutation_campaign_on_both_layers(small):

@@ -302,6 +302,61 @@ def layer_rows(pairs, X, W1T, first, W2T, keep, scratch, stamp0):
     return ptr, idx, mid, rad, bad_out
 
 
+@kernel(borrows=True)
+def _group_end(rows, experts_of, cohort, q0):
+    """The end of the run of pairs from ``q0`` of one (cohort, expert) (the pairs grouped so)."""
+    c, k = cohort[rows[q0]], experts_of[q0]
+    q1 = q0 + 1
+    while q1 < rows.size and cohort[rows[q1]] == c and experts_of[q1] == k:
+        q1 += 1
+    return q1
+
+
+@kernel(borrows=True)
+def _corrections(O, i, W1T, lo_n, hi_n, first, W2T, z_own, shared, y, s, watch, rec):
+    """For row i's own part o_i (rows O) and one expert (neurons lo_n..hi_n − 1), the terms
+    W_2[:, g]·(a_g − a^c_g) of every neuron g that o_i reaches, into the y accumulator
+    ``y`` = (acc, touched, where), stamp s, from its first slot: a_g from z = [z^c] (one
+    interval term, where s_c reaches g too) + the products of o_i + b_1, a^c_g the shared
+    activity (b_1 where s_c does not reach g, exactly 0 when it is off; −a^c_g·w is
+    a^c_g·(−w) to the bit). ``shared`` = (the shared z's compact accumulator (acc, touched,
+    where), its stamp, per slot z^c's mid and radius and a^c's mid, radius and whether it may
+    be on). Watched neurons (``watch``; empty: none) that may be on go to ``rec``
+    (:func:`_record`). Returns (the y accumulator's touched count, a value not finite)."""
+    b1 = first[1]
+    W2T_ptr, W2T_idx, W2T_val = W2T
+    zacc2, ztouched2, zwhere2 = z_own
+    zc, sg, zc_mid, zc_rad, ac_mid, ac_rad, ac_on = shared
+    yacc, ytouched, ywhere = y
+    nz, bad = _z_terms(O, i, W1T, lo_n, hi_n, zacc2, s, ztouched2, 0, zwhere2)
+    ny = 0
+    for u in range(nz):
+        g = lo_n + ztouched2[u]
+        mid_, A, B, cnt = zacc2[u, 1], zacc2[u, 2], zacc2[u, 3], int(zacc2[u, 4])
+        uc = row_of(ztouched2[u], zc[0], sg, zc[1], zc[2])   # the neuron's slot in the shared z, −1: not reached
+        if uc >= 0:                                    # the shared z as one interval term
+            mid_ += zc_mid[uc]
+            A = up_nonneg(A + zc_rad[uc])
+            B = up_nonneg(B + abs(zc_mid[uc]))
+            cnt += 1
+        zm, zr = _biased(mid_, entry_radius(A, B, cnt), b1[g])
+        if not (np.isfinite(zm) and np.isfinite(zr)):
+            bad = True
+            continue
+        am, ar, a_hi = _activity(zm, zr, QUICK)
+        if a_hi != 0.0 and watch.size > 0 and watch[g]:
+            _record(rec, g)
+        if uc >= 0:
+            cm_, cr_, con = ac_mid[uc], ac_rad[uc], ac_on[uc]
+        else:
+            cm_, cr_, con = b1[g], 0.0, b1[g] > 0.0
+        if a_hi != 0.0:
+            ny = product_terms(W2T_ptr, W2T_idx, W2T_val, g, am, ar, yacc, s, ytouched, ny, ywhere)
+        if con:                                        # −a^c_g·W_2[:, g]: (−cm)·w is cm·(−w) to the bit
+            ny = product_terms(W2T_ptr, W2T_idx, W2T_val, g, -cm_, cr_, yacc, s, ytouched, ny, ywhere)
+    return ny, bad
+
+
 @kernel(args=((I1, I1), PART, PART, I1, CSR, (I1, F1, I1, I1), CSR, B1,
               (F2, I1, J1, F1, F1, F1, F1, B1, F2, I1, J1, F2, I1, F1, F1, I1), "i64"), returns=(*PART, B1))
 def layer_rows_parts(pairs, S, O, cohort, W1T, first, W2T, keep, scratch, stamp0):
@@ -330,8 +385,7 @@ def layer_rows_parts(pairs, S, O, cohort, W1T, first, W2T, keep, scratch, stamp0
     rows, experts_of = pairs
     (zacc, ztouched, zwhere, zc_mid, zc_rad, ac_mid, ac_rad, ac_on, zacc2, ztouched2, zwhere2, yacc, ytouched,
      sy_mid, sy_rad, sy_cols) = scratch
-    off, b1 = first[0], first[1]
-    W2T_ptr, W2T_idx, W2T_val = W2T
+    off = first[0]
     P = rows.size
     out = new_rows(P, max(O[1].size, 16))
     bad_out = np.zeros(P, np.bool_)
@@ -343,12 +397,9 @@ def layer_rows_parts(pairs, S, O, cohort, W1T, first, W2T, keep, scratch, stamp0
     q0 = 0
     while q0 < P:                                      # the pairs of one (cohort, expert)
         c, k = cohort[rows[q0]], experts_of[q0]
-        q1 = q0 + 1
-        while q1 < P and cohort[rows[q1]] == c and experts_of[q1] == k:
-            q1 += 1
+        q1 = _group_end(rows, experts_of, cohort, q0)
         sg = stamp0 + P + n_groups
         n_groups += 1
-        lo_n = off[k]
         nsy, bad_c, _ = expert_output(S, c, k, (1.0, 0.0), first, W1T, W2T, (zacc, ztouched, zwhere),
                                       (yacc, ytouched, None), sg, none, rec, kept, None, QUICK)
         for u in range(nsy):                           # W_2·a^c, each column enclosed
@@ -356,32 +407,11 @@ def layer_rows_parts(pairs, S, O, cohort, W1T, first, W2T, keep, scratch, stamp0
             sy_cols[u] = col
             sy_mid[col] = yacc[col, 1]
             sy_rad[col] = entry_radius(yacc[col, 2], yacc[col, 3], int(yacc[col, 4]))
+        shared = ((zacc, ztouched, zwhere), float(sg), *kept)
         for q in range(q0, q1):
             i, s = rows[q], stamp0 + q
-            nz, bad = _z_terms(O, i, W1T, lo_n, off[k + 1], zacc2, s, ztouched2, 0, zwhere2)
-            ny = 0
-            for u in range(nz):                        # the neurons o_i reaches: a_g − a^c_g
-                g = lo_n + ztouched2[u]
-                mid_, A, B, cnt = zacc2[u, 1], zacc2[u, 2], zacc2[u, 3], int(zacc2[u, 4])
-                uc = row_of(ztouched2[u], zacc, sg, ztouched, zwhere)   # its slot in z^c, −1: s_c does not reach it
-                if uc >= 0:
-                    mid_ += zc_mid[uc]
-                    A = up_nonneg(A + zc_rad[uc])
-                    B = up_nonneg(B + abs(zc_mid[uc]))
-                    cnt += 1
-                zm, zr = _biased(mid_, entry_radius(A, B, cnt), b1[g])
-                if not (np.isfinite(zm) and np.isfinite(zr)):
-                    bad = True
-                    continue
-                am, ar, a_hi = _activity(zm, zr, QUICK)
-                if uc >= 0:
-                    cm_, cr_, con = ac_mid[uc], ac_rad[uc], ac_on[uc]
-                else:
-                    cm_, cr_, con = b1[g], 0.0, b1[g] > 0.0
-                if a_hi != 0.0:
-                    ny = product_terms(W2T_ptr, W2T_idx, W2T_val, g, am, ar, yacc, s, ytouched, ny, None)
-                if con:
-                    ny = product_terms(W2T_ptr, W2T_idx, W2T_val, g, -cm_, cr_, yacc, s, ytouched, ny, None)
+            ny, bad = _corrections(O, i, W1T, off[k], off[k + 1], first, W2T, (zacc2, ztouched2, zwhere2), shared,
+                                   (yacc, ytouched, None), s, none, rec)
             n_o = ny
             for u in range(nsy):                       # W_2·a^c, one interval term per column
                 col = sy_cols[u]
@@ -519,12 +549,9 @@ def _own_pairs(q0, q1, pairs, O, Lo, net, V, valid, z_own, shared, y, L_scratch,
     rows, experts_of = pairs
     W1T, first, W2T, UT = net
     valid_ptr, valid_ = valid
-    off, b1 = first[0], first[1]
-    W2T_ptr, W2T_idx, W2T_val = W2T
+    off = first[0]
     zacc2, ztouched2, zwhere2 = z_own
     zc, sg, keep, cw, table, meta, bad_c, memo = shared
-    zc_mid, zc_rad, ac_mid, ac_rad, ac_on = keep
-    yacc, ytouched, ywhere = y
     Lacc, Ltouched, Lwhere, vstamp = L_scratch
     tbl_mid, tbl_rad = table[1], table[2]
     err_lo, err_hi, pred, rho_lo, rho_hi = out
@@ -532,32 +559,8 @@ def _own_pairs(q0, q1, pairs, O, Lo, net, V, valid, z_own, shared, y, L_scratch,
     lo_n = off[k]
     for q in range(q0, q1):
         i, s = rows[q], stamp0 + q
-        nz, bad = _z_terms(O, i, W1T, lo_n, off[k + 1], zacc2, s, ztouched2, 0, zwhere2)
-        ny = 0
-        for u in range(nz):
-            g = lo_n + ztouched2[u]
-            mid_, A, B, cnt = zacc2[u, 1], zacc2[u, 2], zacc2[u, 3], int(zacc2[u, 4])
-            uc = row_of(ztouched2[u], zc[0], sg, zc[1], zc[2])   # the neuron's slot in the shared z, −1: not reached
-            if uc >= 0:                                # the shared z as one interval term
-                mid_ += zc_mid[uc]
-                A = up_nonneg(A + zc_rad[uc])
-                B = up_nonneg(B + abs(zc_mid[uc]))
-                cnt += 1
-            zm, zr = _biased(mid_, entry_radius(A, B, cnt), b1[g])
-            if not (np.isfinite(zm) and np.isfinite(zr)):
-                bad = True
-                continue
-            am, ar, a_hi = _activity(zm, zr, QUICK)
-            if a_hi != 0.0 and watch.size > 0 and watch[g]:
-                _record(active[q], g)
-            if uc >= 0:
-                cm_, cr_, con = ac_mid[uc], ac_rad[uc], ac_on[uc]
-            else:
-                cm_, cr_, con = b1[g], 0.0, b1[g] > 0.0
-            if a_hi != 0.0:
-                ny = product_terms(W2T_ptr, W2T_idx, W2T_val, g, am, ar, yacc, s, ytouched, ny, ywhere)
-            if con:                                    # −a^c_g·W_2[:, g]: (−cm)·w is cm·(−w) to the bit
-                ny = product_terms(W2T_ptr, W2T_idx, W2T_val, g, -cm_, cr_, yacc, s, ytouched, ny, ywhere)
+        ny, bad = _corrections(O, i, W1T, lo_n, off[k + 1], first, W2T, z_own, (zc, sg, *keep), y, s,
+                               watch, active[q])
         for u in range(cw[cw.size - 1]):               # the shared neurons the row left as they were
             if row_of(cw[u] - lo_n, zacc2, s, ztouched2, zwhere2) < 0:
                 _record(active[q], cw[u])
@@ -610,9 +613,7 @@ def experts_parts(pairs, cohort, S, O, Ls, Lo, W1T, first, W2T, UT, V, valid, sc
     q0 = 0
     while q0 < P:                                      # the pairs of one (cohort, expert)
         c, k = cohort[rows[q0]], experts_of[q0]
-        q1 = q0 + 1
-        while q1 < P and cohort[rows[q1]] == c and experts_of[q1] == k:
-            q1 += 1
+        q1 = _group_end(rows, experts_of, cohort, q0)
         sg = stamp0 + P + n_groups
         n_groups += 1
         cw[cw.size - 1] = 0
