@@ -122,8 +122,6 @@ class LayersPass:
         l2 = U | _reads(d, self.layers[1].WGT) | _reads(d, self.layers[1].W1T)
         self._keep = (l2, U)                             # what layer 1's, layer 2's outputs keep
         self._read_r = l2 | _reads(d, self.layers[0].WGT) | _reads(d, self.layers[0].W1T)
-        #: factored, layer 1's gate and experts read the parts, and r itself is read by the hop-1 pass
-        self._read_r_parts = l2
         self._parts_scratch = None
 
     def _residual(self, tokens: np.ndarray) -> tuple[SparseInterval, tuple | None]:
@@ -139,8 +137,8 @@ class LayersPass:
         S, O, cohort = residual_parts(prep, self.split, ids, self._acc)
         yacc, ytouched = prep.scratch()["y"]
         with np.errstate(invalid="ignore", over="ignore"):
-            ptr, idx, mid, rad = residual_k.parts_sum(S, O, cohort, self._read_r_parts, (yacc, ytouched),
-                                                      prep.stamps(n))
+            # layer 1's gate and experts read the parts: r itself only where the hop-1 pass reads it
+            ptr, idx, mid, rad = residual_k.parts_sum(S, O, cohort, self._keep[0], (yacc, ytouched), prep.stamps(n))
         return SparseInterval((n, d), ptr, idx, mid, rad), (S, O, cohort)
 
     def _layer(self, i: int, X: SparseInterval, bad_in: np.ndarray | None = None, parts: tuple | None = None
@@ -179,24 +177,21 @@ class LayersPass:
                 rows, experts = np.ascontiguousarray(rows[order]), np.ascontiguousarray(experts[order])
                 ptr_y, idx, mid, rad, bad = experts_k.layer_rows_parts(
                     (rows, experts), S, O, cohort, t.W1T, t.first, t.W2T, self._keep[i],
-                    (*self._shared_scratch(t), yacc, ytouched, *self._shared_out()), prep.stamps(2 * rows.size))
+                    self._parts_work(t, yacc, ytouched), prep.stamps(2 * rows.size))
         Y = SparseInterval((rows.size, X.shape[1]), ptr_y, idx, mid, rad)
         return _Routed(rows, experts, Y, bad | undecided[rows], e, margin)
 
-    def _shared_scratch(self, t: LayerTables) -> tuple:
-        """The factored layer kernel's z work arrays (stamp 0: no row's): the shared z's compact
-        accumulator, z^c and a^c per slot, the row's compact z accumulator."""
+    def _parts_work(self, t: LayerTables, yacc: np.ndarray, ytouched: np.ndarray) -> tuple:
+        """The factored layer kernel's work arrays (stamp 0: no row's; made once): the shared z's
+        compact accumulator, z^c and a^c per slot, the row's compact z accumulator, the y
+        accumulator given, the shared output's mid and radius per column and its columns."""
         if self._parts_scratch is None:
-            w = max(t.max_width, 1)
+            w, d = max(t.max_width, 1), max(self.prep.weights.d, 1)
             acc = lambda: (np.zeros((w, 5)), np.zeros(w, np.int64), np.zeros(w, np.int32))  # noqa: E731
-            d = max(self.prep.weights.d, 1)
             self._parts_scratch = ((*acc(), np.zeros(w), np.zeros(w), np.zeros(w), np.zeros(w), np.zeros(w, bool),
                                     *acc()), (np.zeros(d), np.zeros(d), np.zeros(d, np.int64)))
-        return self._parts_scratch[0]
-
-    def _shared_out(self) -> tuple:
-        """The factored layer kernel's shared output per column (mid, radius) and its columns."""
-        return self._parts_scratch[1]
+        z, shared_out = self._parts_scratch
+        return (*z, yacc, ytouched, *shared_out)
 
     def _readout(self, Y: SparseInterval, vptr: np.ndarray, vals: np.ndarray, target: np.ndarray):
         """Per row of Y: (error lo, error hi, lower end of 1 − P(o), gap lower bound) of
